@@ -1,0 +1,33 @@
+"""headscan's exceptions: one base class, one subclass per kind of user mistake.
+
+Each message names what was asked for (model, file, line, option) and how to fix it; the CLI turns any
+`HeadscanError` into one `click.ClickException` line, so none of these ever reach a user as a traceback.
+"""
+
+
+class HeadscanError(Exception):
+    """Something the user can fix: the message says what and how."""
+
+
+class ModelNotFoundError(HeadscanError):
+    """The model spec is neither an embedded alias, a local checkpoint, nor available from Hugging Face."""
+
+
+class ModelLoadError(HeadscanError):
+    """The model was found but could not be loaded or hooked."""
+
+
+class CorpusError(HeadscanError):
+    """The corpus is missing, empty, or malformed (the message names the file and line)."""
+
+
+class ConfigError(HeadscanError):
+    """An option has a value outside its allowed range or choices."""
+
+
+class MetricError(HeadscanError):
+    """An unknown metric name, or a metric registered twice."""
+
+
+class TablesError(HeadscanError):
+    """A sweep output folder is missing, incomplete, or not written by headscan."""
