@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from .errors import TablesError
 
-__all__ = ["HEADS_COLUMNS", "OFFSETS_COLUMNS", "SweepTables", "load", "head_label", "combine"]
+__all__ = ["HEADS_COLUMNS", "OFFSETS_COLUMNS", "SweepTables", "load", "write", "head_label", "combine", "top_heads"]
 
 # One schema for each table: column name -> pandas dtype. Writers and readers both go through these.
 HEADS_COLUMNS: dict[str, str] = {
@@ -191,3 +191,19 @@ def combine(parts: list[SweepTables]) -> SweepTables:
     heads = add([p.heads for p in parts], keys + ["metric"], HEADS_COLUMNS)
     offsets = add([p.offsets for p in parts], keys + ["offset"], OFFSETS_COLUMNS)
     return SweepTables(heads, offsets, {"combined_from": [p.provenance for p in parts]})
+
+
+def top_heads(heads: pd.DataFrame, metric: str, n: int = 10) -> pd.DataFrame:
+    """The `n` highest-scoring heads of each model on `metric`, with their 95% intervals.
+
+    NaN scores (undefined) rank last and are left out.
+    """
+    from .metrics import get_metric
+
+    get_metric(metric)  # an unknown name gets "did you mean"
+    if n < 1:
+        raise TablesError(f"--top must be at least 1, got {n}")
+    rows = heads[(heads["metric"] == metric) & heads["value"].notna()]
+    rows = rows.sort_values(["model", "value", "layer", "head"], ascending=[True, False, True, True], kind="stable")
+    columns = ["model", "label", "layer", "head", "value", "ci_low", "ci_high", "count"]
+    return rows.groupby("model", sort=False).head(n)[columns].reset_index(drop=True)

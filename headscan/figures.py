@@ -1,0 +1,488 @@
+"""Figures of headscan's tables: each function takes a tidy table plus keyword-only options and ``ax=None``,
+draws on that Axes and returns it.
+
+Layers are always rows (layer 0 at the top) and heads columns; every share-of-attention metric, and every
+attention matrix, uses the one 0-1 colour scale `SHARE_CMAP`, so two heatmaps can be compared by colour
+alone. Unbounded metrics (entropy in nats, distance in tokens) get their own colour map, so they are never
+mistaken for shares.
+
+This module does not choose what to show (which heads are strongest across a report, which findings to
+state): that is `headscan.report`. It does not save files or pick a backend either; the report draws on
+`matplotlib.figure.Figure` objects, which need no pyplot state.
+
+>>> import pandas as pd
+>>> heads = pd.DataFrame({"model": "m", "family": "causal", "layer": [0, 0, 1, 1], "head": [0, 1, 0, 1],
+...                       "label": ["L0H0", "L0H1", "L1H0", "L1H1"], "metric": "prev_token",
+...                       "value": [0.9, 0.1, 0.2, 0.3]})
+>>> ax = head_heatmap(heads, model="m", metric="prev_token", annotate_top=1)
+>>> [t.get_text() for t in ax.texts]
+['0.90']
+>>> ax.get_ylabel(), ax.get_xlabel()
+('layer', 'head')
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import seaborn as sns
+from matplotlib.ticker import MaxNLocator
+
+__all__ = [
+    "SHARE_CMAP",
+    "head_heatmap",
+    "attention_matrix",
+    "offset_profiles",
+    "prev_next_scatter",
+    "entropy_by_layer",
+    "is_share",
+    "model_palette",
+]
+
+SHARE_CMAP = "rocket_r"  # light = little attention, dark = all of it: reads in print and in grey
+UNBOUNDED_CMAP = "mako_r"  # a different hue, so nats or tokens are never read against the share scale
+UNDEFINED_COLOUR = "#d9d9d9"  # cells where a metric is undefined (NaN) show the axes background
+
+# Used only while headscan.metrics cannot be imported; the registry's `.bounded` wins when it can.
+_UNBOUNDED_FALLBACK = {"entropy": "entropy (nats)", "distance": "mean distance (tokens)"}
+
+
+def _registry() -> Mapping:
+    try:
+        return importlib.import_module("headscan.metrics").METRICS
+    except (ImportError, AttributeError):
+        return {}
+
+
+def is_share(metric: str) -> bool:
+    """Whether `metric` is a share of attention in [0, 1] (and so drawn on the shared 0-1 scale).
+
+    Asks the metric registry (``METRICS[metric].bounded``); names it does not know are shares unless they
+    are ``entropy`` or ``distance``.
+
+    >>> is_share("prev_token"), is_share("entropy")
+    (True, False)
+    """
+    entry = _registry().get(metric)
+    if entry is not None and hasattr(entry, "bounded"):
+        return bool(entry.bounded)
+    return metric not in _UNBOUNDED_FALLBACK
+
+
+def _value_label(metric: str) -> str:
+    if is_share(metric):
+        return "share of attention"
+    return _UNBOUNDED_FALLBACK.get(metric, metric)
+
+
+def _fmt(metric: str, value: float) -> str:
+    return f"{value:.2f}" if is_share(metric) else f"{value:.1f}"
+
+
+def model_palette(models: Sequence[str]) -> dict[str, tuple]:
+    """One colour per model, in order, from seaborn's colour-blind-safe palette.
+
+    Pass the same palette to every figure of a report so that a model keeps its colour throughout.
+    """
+    models = list(dict.fromkeys(models))
+    colours = sns.color_palette("colorblind", max(len(models), 1))
+    return dict(zip(models, colours))
+
+
+def _axes(ax):
+    if ax is None:
+        import matplotlib.pyplot as plt  # only when the caller gave no Axes, as seaborn does
+
+        ax = plt.gca()
+    return ax
+
+
+def _select(frame: pd.DataFrame, **conditions) -> pd.DataFrame:
+    """Rows of `frame` matching every column == value; an empty result names what was available."""
+    mask = np.ones(len(frame), dtype=bool)
+    for column, value in conditions.items():
+        mask &= (frame[column] == value).to_numpy()
+    rows = frame[mask]
+    if rows.empty:
+        available = {column: sorted(map(str, frame[column].unique())) for column in conditions}
+        asked = ", ".join(f"{column}={value!r}" for column, value in conditions.items())
+        raise ValueError(f"no rows with {asked}; the table has {available}")
+    return rows
+
+
+def _layer_by_head(rows: pd.DataFrame, what: str) -> pd.DataFrame:
+    if rows.duplicated(["layer", "head"]).any():
+        raise ValueError(
+            f"{what}: several rows per (layer, head); pass one run's table, or rename the models of each "
+            "run apart (headscan.report does this as 'run:model')"
+        )
+    grid = rows.pivot(index="layer", columns="head", values="value")
+    # Every layer and head gets a cell, even one with no row, so the grid shows the model's real shape.
+    return grid.reindex(
+        index=range(int(rows["layer"].max()) + 1), columns=range(int(rows["head"].max()) + 1)
+    ).astype(float)
+
+
+def head_heatmap(
+    heads: pd.DataFrame,
+    *,
+    model: str,
+    metric: str,
+    ax=None,
+    annotate_top: int = 3,
+    vmin: float | None = None,
+    vmax: float | None = None,
+    cmap: str | None = None,
+    cbar: bool = True,
+    title: str | None = None,
+):
+    """Draw one metric of one model as a layer x head heatmap, the strongest heads annotated with their value.
+
+    Parameters
+    ----------
+    heads : DataFrame
+        Rows of ``heads.parquet`` (columns ``model``, ``metric``, ``layer``, ``head``, ``value``); only the
+        rows of `model` and `metric` are drawn.
+    model, metric : str
+        Which model and metric to draw.
+    ax : matplotlib Axes, optional
+        Where to draw; the current Axes by default.
+    annotate_top : int, default 3
+        Write the value into the cells of this many highest-scoring heads (ties go to the lower layer,
+        then head). Nothing is annotated when every head has the same value: none stands out.
+    vmin, vmax : float, optional
+        Colour scale limits. Shares default to 0 and 1 (one scale for every share metric); unbounded metrics
+        to 0 and their largest value here. Pass the same limits to compare several models.
+    cmap : str, optional
+        Colour map; `SHARE_CMAP` for shares, `UNBOUNDED_CMAP` otherwise.
+    cbar : bool, default True
+        Draw a colour bar labelled with the value's unit.
+    title : str, optional
+        Axes title; ``"{model}: {metric}"`` by default.
+
+    Returns
+    -------
+    matplotlib Axes
+        ``ax.collections[0].get_array()`` holds the (layer, head) grid, NaN where undefined.
+    """
+    ax = _axes(ax)
+    grid = _layer_by_head(_select(heads, model=model, metric=metric), f"{model}: {metric}")
+    share = is_share(metric)
+    values = grid.to_numpy()
+    finite = values[np.isfinite(values)]
+    if vmin is None:
+        vmin = 0.0
+    if vmax is None:
+        vmax = 1.0 if share else (float(finite.max()) if finite.size and finite.max() > vmin else vmin + 1.0)
+    cmap = cmap or (SHARE_CMAP if share else UNBOUNDED_CMAP)
+
+    ax.set_facecolor(UNDEFINED_COLOUR)
+    sns.heatmap(
+        grid,
+        ax=ax,
+        vmin=vmin,
+        vmax=vmax,
+        cmap=cmap,
+        cbar=cbar,
+        cbar_kws={"label": _value_label(metric)} if cbar else None,
+        linewidths=0.5,
+        linecolor="white",
+        xticklabels=True,
+        yticklabels=True,
+    )
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.tick_params(axis="y", rotation=0)
+    ax.set_title(title if title is not None else f"{model}: {metric}")
+
+    if annotate_top > 0 and finite.size and finite.max() > finite.min():
+        mesh = ax.collections[0]
+        stacked = grid.stack().dropna().rename("value").reset_index()
+        top = stacked.sort_values(["value", "layer", "head"], ascending=[False, True, True]).head(annotate_top)
+        for row in top.itertuples():
+            # Pick the text colour from the cell's own colour so the number stays legible on dark cells.
+            r, g, b, _ = mesh.cmap(mesh.norm(row.value))
+            dark = 0.2126 * r + 0.7152 * g + 0.0722 * b < 0.45
+            ax.text(
+                row.head + 0.5,
+                row.layer + 0.5,
+                _fmt(metric, row.value),
+                ha="center",
+                va="center",
+                fontsize="small",
+                fontweight="bold",
+                color="white" if dark else "black",
+            )
+    return ax
+
+
+def _plain(text: str) -> str:
+    # Tokens are data, not markup: a "$" must not switch matplotlib into mathtext.
+    return str(text).replace("$", r"\$")
+
+
+def attention_matrix(
+    tokens: Sequence[str],
+    pattern: np.ndarray,
+    *,
+    title: str | None = None,
+    causal: bool = False,
+    ax=None,
+    cbar: bool = True,
+):
+    """Draw one head's attention pattern on one sentence, tokens as tick labels.
+
+    Parameters
+    ----------
+    tokens : sequence of str
+        The sentence's tokens, in order (as the model's tokenizer split it).
+    pattern : array of shape (q_pos, k_pos)
+        Attention weights; row ``q`` is what query ``q`` attends to and sums to 1.
+    title : str, optional
+        Axes title.
+    causal : bool, default False
+        Leave the cells above the diagonal (keys after the query, which a causal model cannot see) blank,
+        so the triangle reads as a triangle beside a bidirectional model's full square.
+    ax : matplotlib Axes, optional
+        Where to draw; the current Axes by default.
+    cbar : bool, default True
+        Draw the shared 0-1 colour bar.
+
+    Returns
+    -------
+    matplotlib Axes
+        Queries are rows (top to bottom), keys columns, on the 0-1 share scale.
+    """
+    ax = _axes(ax)
+    pattern = np.asarray(pattern, dtype=float)
+    if pattern.ndim != 2 or pattern.shape[0] != pattern.shape[1] or pattern.shape[0] != len(tokens):
+        raise ValueError(
+            f"pattern has shape {pattern.shape}, but {len(tokens)} tokens need a square ({len(tokens)}, "
+            f"{len(tokens)}) matrix of one head"
+        )
+    labels = [_plain(t) for t in tokens]
+    mask = np.triu(np.ones_like(pattern, dtype=bool), k=1) if causal else None
+    ax.set_facecolor("white")
+    sns.heatmap(
+        pattern,
+        ax=ax,
+        mask=mask,
+        vmin=0.0,
+        vmax=1.0,
+        cmap=SHARE_CMAP,
+        cbar=cbar,
+        cbar_kws={"label": "share of attention"} if cbar else None,
+        square=True,
+        xticklabels=labels,
+        yticklabels=labels,
+    )
+    ax.set_xlabel("key (attended to)")
+    ax.set_ylabel("query (attending)")
+    ax.tick_params(axis="x", rotation=90)
+    ax.tick_params(axis="y", rotation=0)
+    if title is not None:
+        ax.set_title(title)
+    return ax
+
+
+def offset_profiles(
+    offsets: pd.DataFrame,
+    *,
+    model: str,
+    heads: Sequence[str],
+    ax=None,
+    title: str | None = None,
+    intervals: bool = True,
+):
+    """Draw mean attention against relative offset for a few heads of one model.
+
+    Parameters
+    ----------
+    offsets : DataFrame
+        Rows of ``offsets.parquet`` (columns ``model``, ``label``, ``offset``, ``value`` and, for the
+        intervals, ``ci_low`` and ``ci_high``).
+    model : str
+        Which model.
+    heads : sequence of str
+        Head labels (``"L0H2"``) to draw, one line each, in this order.
+    ax : matplotlib Axes, optional
+        Where to draw; the current Axes by default.
+    title : str, optional
+        Axes title; the model's name by default.
+    intervals : bool, default True
+        Shade each line's 95% interval where the table has one.
+
+    Returns
+    -------
+    matplotlib Axes
+        ``ax.lines[i]`` is head ``heads[i]``: x the offset d (key = query + d), y its mean attention.
+    """
+    ax = _axes(ax)
+    rows = _select(offsets, model=model)
+    colours = sns.color_palette("colorblind", max(len(heads), 1))
+    for label, colour in zip(heads, colours):
+        line = _select(rows, label=label).sort_values("offset")
+        ax.plot(line["offset"], line["value"], marker="o", markersize=3, color=colour, label=label)
+        if intervals and {"ci_low", "ci_high"} <= set(line.columns) and line["ci_low"].notna().any():
+            ax.fill_between(line["offset"], line["ci_low"], line["ci_high"], color=colour, alpha=0.2, linewidth=0)
+    span = rows["offset"].abs().max()
+    ax.set_xlim(-span - 0.5, span + 0.5)
+    ax.set_xticks(range(-span, span + 1, 2 if span > 6 else 1))
+    ax.set_ylim(0, 1.02)
+    ax.axvline(0, color="0.7", linewidth=0.8, zorder=0)
+    ax.set_xlabel("offset d (key = query + d)")
+    ax.set_ylabel("mean attention")
+    ax.set_title(title if title is not None else model)
+    if heads:
+        ax.legend(fontsize="small", frameon=False)
+    return ax
+
+
+def _wide(low: pd.Series, high: pd.Series, threshold: float) -> pd.Series:
+    return ((high - low) > threshold).fillna(False)
+
+
+def prev_next_scatter(
+    heads: pd.DataFrame,
+    *,
+    ax=None,
+    x: str = "prev_token",
+    y: str = "next_token",
+    palette: Mapping[str, tuple] | None = None,
+    ci_threshold: float = 0.1,
+    label_top: bool = True,
+):
+    """Draw each head's previous-token share against its next-token share, one colour per model.
+
+    A causal model's heads all lie on the x axis (it cannot look ahead); a bidirectional model's spread
+    over both: the mirror between the two families in one picture.
+
+    Parameters
+    ----------
+    heads : DataFrame
+        Rows of ``heads.parquet`` with metrics `x` and `y` for every model to draw.
+    ax : matplotlib Axes, optional
+        Where to draw; the current Axes by default.
+    x, y : str, default "prev_token", "next_token"
+        The metrics on each axis.
+    palette : mapping of model to colour, optional
+        Colours by model; `model_palette` of the table's models by default.
+    ci_threshold : float, default 0.1
+        Draw a head's 95% interval as an error bar where it is wider than this.
+    label_top : bool, default True
+        Write the label of each model's highest-scoring head on each axis beside its point.
+
+    Returns
+    -------
+    matplotlib Axes
+        One scatter collection per model, in the table's order: ``ax.collections[i].get_offsets()`` are the
+        (x, y) scores of model i's heads, ordered by layer then head.
+    """
+    ax = _axes(ax)
+    models = list(dict.fromkeys(heads["model"]))
+    palette = dict(palette) if palette is not None else model_palette(models)
+    scattered = []
+    for model in models:
+        rows = heads[(heads["model"] == model) & heads["metric"].isin([x, y])]
+        if not {x, y} <= set(rows["metric"]):
+            continue
+        wide = rows.pivot(index=["layer", "head", "label"], columns="metric",
+                          values=["value", "ci_low", "ci_high"] if "ci_low" in rows else ["value"])
+        wide = wide.sort_index()
+        family = rows["family"].iloc[0] if "family" in rows else ""
+        marker = "^" if family == "bidirectional" else "o"
+        ax.scatter(
+            wide[("value", x)], wide[("value", y)],
+            color=palette[model], marker=marker, s=22, alpha=0.8, edgecolors="none",
+            label=f"{model} ({family})" if family else model,
+        )
+        scattered.append((model, wide))
+    # Error bars after every scatter, so collections[i] stays model i's points.
+    for model, wide in scattered:
+        if ("ci_low", x) not in wide:
+            continue
+        wide_x = _wide(wide[("ci_low", x)], wide[("ci_high", x)], ci_threshold)
+        wide_y = _wide(wide[("ci_low", y)], wide[("ci_high", y)], ci_threshold)
+        show = wide_x | wide_y
+        if show.any():
+            part = wide[show]
+            xerr = np.vstack([part[("value", x)] - part[("ci_low", x)], part[("ci_high", x)] - part[("value", x)]])
+            yerr = np.vstack([part[("value", y)] - part[("ci_low", y)], part[("ci_high", y)] - part[("value", y)]])
+            ax.errorbar(
+                part[("value", x)], part[("value", y)],
+                xerr=np.where(wide_x[show].to_numpy(), xerr, 0), yerr=np.where(wide_y[show].to_numpy(), yerr, 0),
+                fmt="none", ecolor=palette[model], elinewidth=0.8, alpha=0.6,
+            )
+    if label_top:
+        for model, wide in scattered:
+            for metric in (x, y):
+                values = wide[("value", metric)]
+                if values.notna().any() and values.max() > 0:
+                    layer, head, label = values.idxmax()
+                    ax.annotate(
+                        label, (wide.loc[(layer, head, label), ("value", x)], wide.loc[(layer, head, label), ("value", y)]),
+                        xytext=(4, 4), textcoords="offset points", fontsize="x-small", color=palette[model],
+                    )
+    ax.plot([0, 1], [0, 1], color="0.8", linewidth=0.8, linestyle="--", zorder=0)
+    ax.set_xlim(-0.02, 1.02)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_aspect("equal")
+    ax.set_xlabel(f"{x} (share of attention)")
+    ax.set_ylabel(f"{y} (share of attention)")
+    if scattered:
+        ax.legend(fontsize="small", frameon=False, loc="upper right")
+    return ax
+
+
+def entropy_by_layer(
+    heads: pd.DataFrame,
+    *,
+    ax=None,
+    metric: str = "entropy",
+    palette: Mapping[str, tuple] | None = None,
+):
+    """Draw each model's attention entropy layer by layer: every head as a dot, the layer mean as a line.
+
+    Layers run down the y axis (layer 0 at the top), as in the heatmaps.
+
+    Parameters
+    ----------
+    heads : DataFrame
+        Rows of ``heads.parquet`` with `metric` for every model to draw.
+    ax : matplotlib Axes, optional
+        Where to draw; the current Axes by default.
+    metric : str, default "entropy"
+        ``"entropy"`` (nats) or ``"entropy_norm"`` (divided by the entropy of uniform attention, 0-1).
+    palette : mapping of model to colour, optional
+        Colours by model; `model_palette` of the table's models by default.
+
+    Returns
+    -------
+    matplotlib Axes
+        ``ax.lines[i]`` is model i's mean over heads: x the mean entropy, y the layer.
+    """
+    ax = _axes(ax)
+    rows = heads[heads["metric"] == metric]
+    if rows.empty:
+        raise ValueError(f"no rows with metric={metric!r}; the table has {sorted(heads['metric'].unique())}")
+    models = list(dict.fromkeys(rows["model"]))
+    palette = dict(palette) if palette is not None else model_palette(models)
+    for model in models:
+        part = rows[rows["model"] == model]
+        means = part.groupby("layer")["value"].mean()
+        ax.plot(means.to_numpy(), means.index.to_numpy(), marker="o", markersize=4, color=palette[model], label=model)
+    # Individual heads after the lines, so ax.lines stays one line per model.
+    for model in models:
+        part = rows[rows["model"] == model]
+        ax.scatter(part["value"], part["layer"], color=palette[model], s=8, alpha=0.35, edgecolors="none")
+    top_layer = int(rows["layer"].max())
+    ax.set_ylim(top_layer + 0.5, -0.5)  # layer 0 at the top, as in the heatmaps
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("layer")
+    ax.set_xlabel(_value_label(metric) if not is_share(metric) else f"{metric} (0-1)")
+    ax.set_title(f"attention {metric} by layer (line: mean over heads)")
+    ax.legend(fontsize="small", frameon=False)
+    return ax

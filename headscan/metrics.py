@@ -1,0 +1,327 @@
+"""Head metrics: pure, vectorised functions of one layer's attention pattern, registered once by name.
+
+Every metric takes an `AttentionBatch` (one layer's pattern for a batch of segments, with its masks and token
+ids) and returns per-segment ``(sums, counts)`` of shape ``(batch, head)`` (``(batch, head, offset)`` for the
+offset profile). The score of a head is ``sum / count`` over the whole corpus: a mean over the queries that
+count for that metric, NaN when none does. Keeping sums and counts per segment lets the sweep add them up
+exactly and bootstrap over segments without a second pass.
+
+Notation used in every definition: ``A[q, k]`` is the attention weight of query position ``q`` on key
+position ``k`` within one segment; a *real* token is one that is neither padding nor, when the sweep leaves
+special tokens out (``specials="exclude"``), a special token ([CLS], [SEP], BOS). Only real queries count.
+
+Which one should you use?
+
+- ``prev_token`` / ``next_token`` score how much a head looks one token back or ahead; ``positional_prev`` /
+  ``positional_next`` ask how *often* that is where it looks most (Voita et al. 2019 call a head positional
+  when this share is at least 0.9).
+- ``first_token`` and ``sep`` find "attention sinks" (Clark et al. 2019: much of BERT's attention goes to
+  [CLS] and [SEP]); ``entropy`` and ``distance`` say how broad and how far a head looks.
+- ``duplicate_token`` and ``induction`` (Olsson et al. 2022) need repeated tokens: sweep the
+  ``repeat-random`` corpus for a clean signal.
+- the offset profile (``offsets.parquet``) is the whole picture behind prev/self/next.
+
+This module does not run models or read corpora; see `headscan.sweep`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .errors import MetricError
+
+__all__ = ["AttentionBatch", "Metric", "METRICS", "register", "get_metric", "head_metric_names"]
+
+
+@dataclass(frozen=True)
+class AttentionBatch:
+    """One layer's attention for a batch of right-padded segments, with what the metrics need to read it.
+
+    Tensors are never written to: metrics build new tensors from them.
+    """
+
+    pattern: torch.Tensor  # (batch, head, q, k) attention weights; rows of real queries sum to 1
+    query_mask: torch.Tensor  # (batch, q) bool: queries that count (real, and not special when excluded)
+    key_mask: torch.Tensor  # (batch, k) bool: keys that count; q and k index the same positions
+    tokens: torch.Tensor  # (batch, k) token ids
+    sep_mask: torch.Tensor  # (batch, k) bool: [SEP] tokens (all False for models without one)
+    causal: bool  # True when a query can only see keys at or before it
+    max_offset: int = 8  # K of the offset profile: offsets -K..K
+
+    @property
+    def offsets(self) -> torch.Tensor:
+        return torch.arange(-self.max_offset, self.max_offset + 1, device=self.pattern.device)
+
+    def visible(self) -> torch.Tensor:
+        """(batch, q, k) bool: keys that count and that query q could see under the model's mask."""
+        visible = self.key_mask[:, None, :] & self.query_mask[:, :, None]  # (batch, q, k)
+        if self.causal:
+            n = self.pattern.shape[-1]
+            visible = visible & torch.ones(n, n, dtype=torch.bool, device=visible.device).tril()
+        return visible
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A registered metric: its function and what the report needs to know about it."""
+
+    name: str
+    function: Callable[[AttentionBatch], tuple[torch.Tensor, torch.Tensor]]
+    definition: str  # the function's docstring: the precise definition, shown in README and report
+    bounded: bool  # True for shares of attention in [0, 1] (drawn on one shared 0-1 colour scale)
+    table: str  # "heads" or "offsets"
+    unit: str  # what the value is measured in
+
+
+METRICS: dict[str, Metric] = {}
+
+
+def register(name: str, *, bounded: bool = True, table: str = "heads", unit: str = "share of attention"):
+    """Register a metric function under `name`; its docstring becomes its definition."""
+
+    def decorate(function):
+        if name in METRICS:
+            raise MetricError(f"metric {name!r} is registered twice ({METRICS[name].function.__qualname__} "
+                              f"and {function.__qualname__}); pick another name")
+        definition = inspect.cleandoc(function.__doc__ or "")
+        if not definition:
+            raise MetricError(f"metric {name!r} has no docstring: its docstring is its definition")
+        METRICS[name] = Metric(name, function, definition, bounded, table, unit)
+        return function
+
+    return decorate
+
+
+def get_metric(name: str) -> Metric:
+    """The registered metric called `name`; an unknown name gets "did you mean".
+
+    >>> get_metric("prev_token").bounded
+    True
+    >>> get_metric("prev_tokens")
+    Traceback (most recent call last):
+    ...
+    headscan.errors.MetricError: unknown metric 'prev_tokens'. Did you mean 'prev_token'? Available: ...
+    """
+    if name in METRICS:
+        return METRICS[name]
+    close = difflib.get_close_matches(name, METRICS, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise MetricError(f"unknown metric {name!r}.{hint} Available: {', '.join(METRICS)}")
+
+
+def head_metric_names() -> list[str]:
+    """Names of the metrics that go into heads.parquet, in registry order."""
+    return [m.name for m in METRICS.values() if m.table == "heads"]
+
+
+# --- shared reductions -------------------------------------------------------------------------------------
+
+
+def _mean_over_queries(score: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-segment sums and counts of `score` (batch, head, q) over queries where `valid` (batch, q)."""
+    valid = valid[:, None, :]  # (batch, 1, q)
+    # where() rather than multiply: whatever sits in invalid positions (even NaN) must not leak.
+    sums = torch.where(valid, score, torch.zeros((), dtype=score.dtype, device=score.device)).sum(-1)
+    counts = valid.sum(-1).to(score.dtype).expand_as(sums)
+    return sums, counts  # (batch, head) each
+
+
+def _masked_pattern(batch: AttentionBatch) -> torch.Tensor:
+    """(batch, head, q, k) the pattern with keys that do not count set to 0."""
+    return torch.where(batch.key_mask[:, None, None, :], batch.pattern, torch.zeros((), dtype=batch.pattern.dtype))
+
+
+def _at_offsets(batch: AttentionBatch, offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A[q, q + d] for each offset d, and where it is defined (query and key q + d both count).
+
+    Returns (batch, head, q, n_offsets) weights and (batch, q, n_offsets) validity.
+    """
+    b, h, n_q, n_k = batch.pattern.shape
+    positions = torch.arange(n_q, device=batch.pattern.device)
+    keys = positions[:, None] + offsets[None, :]  # (q, n_offsets)
+    in_range = (keys >= 0) & (keys < n_k)
+    keys = keys.clamp(0, n_k - 1)
+    weights = batch.pattern.gather(-1, keys.expand(b, h, n_q, -1))  # (batch, head, q, n_offsets)
+    key_counts = batch.key_mask[:, keys]  # (batch, q, n_offsets)
+    valid = batch.query_mask[:, :, None] & key_counts & in_range
+    return weights, valid
+
+
+def _mean_at_offset(batch: AttentionBatch, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+    weights, valid = _at_offsets(batch, torch.tensor([offset], device=batch.pattern.device))
+    return _mean_over_queries(weights[..., 0], valid[..., 0])
+
+
+def _share_where_argmax_at(batch: AttentionBatch, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+    n = batch.pattern.shape[-1]
+    masked = torch.where(batch.key_mask[:, None, None, :], batch.pattern, torch.tensor(-1.0, dtype=batch.pattern.dtype))
+    top = masked.argmax(-1)  # (batch, head, q)
+    target = torch.arange(n, device=top.device) + offset  # (q,)
+    hit = (top == target).to(batch.pattern.dtype)
+    _, valid = _at_offsets(batch, torch.tensor([offset], device=batch.pattern.device))
+    return _mean_over_queries(hit, valid[..., 0])
+
+
+# --- registered metrics ------------------------------------------------------------------------------------
+
+
+@register("prev_token")
+def prev_token(batch: AttentionBatch):
+    """Mean of A[q, q-1] over real queries q whose previous position q-1 is a real token."""
+    return _mean_at_offset(batch, -1)
+
+
+@register("next_token")
+def next_token(batch: AttentionBatch):
+    """Mean of A[q, q+1] over real queries q whose next position q+1 is a real token.
+
+    Structurally 0 for causal models, whose queries cannot see the future; reported, not dropped.
+    """
+    return _mean_at_offset(batch, +1)
+
+
+@register("self")
+def self_attention(batch: AttentionBatch):
+    """Mean of A[q, q] (attention to the query's own token) over real queries q."""
+    return _mean_at_offset(batch, 0)
+
+
+@register("first_token")
+def first_token(batch: AttentionBatch):
+    """Mean attention on the segment's first token (BOS or [CLS] when the model uses one) over real queries q >= 1.
+
+    Undefined (NaN) when the first token does not count, e.g. when special tokens are left out.
+    """
+    weights = batch.pattern[..., 0]  # (batch, head, q)
+    valid = batch.query_mask & batch.key_mask[:, :1]
+    valid = valid & (torch.arange(valid.shape[-1], device=valid.device) >= 1)
+    return _mean_over_queries(weights, valid)
+
+
+@register("sep")
+def sep(batch: AttentionBatch):
+    """Mean over real queries of the total attention on [SEP] tokens.
+
+    Defined only for segments holding a [SEP] that counts (NaN for models without one, such as GPT-2).
+    """
+    on_sep = batch.sep_mask & batch.key_mask  # (batch, k)
+    weights = (batch.pattern * on_sep[:, None, None, :].to(batch.pattern.dtype)).sum(-1)  # (batch, head, q)
+    valid = batch.query_mask & on_sep.any(-1, keepdim=True)
+    return _mean_over_queries(weights, valid)
+
+
+@register("entropy", bounded=False, unit="nats")
+def entropy(batch: AttentionBatch):
+    """Mean over real queries of the entropy -sum_k A[q, k] log A[q, k] of the query's attention, in nats.
+
+    Only keys that count enter the sum (0 log 0 = 0).
+    """
+    weights = _masked_pattern(batch)
+    per_query = -torch.special.xlogy(weights, weights).sum(-1)  # (batch, head, q)
+    return _mean_over_queries(per_query, batch.query_mask)
+
+
+@register("entropy_norm")
+def entropy_norm(batch: AttentionBatch):
+    """Mean over real queries of the entropy divided by log(n), n the number of keys the query could see.
+
+    0 is attention on one key, 1 is uniform attention over all it could see. Queries that see a single key
+    (the first token of a causal model) have no defined value and do not count.
+    """
+    weights = _masked_pattern(batch)
+    per_query = -torch.special.xlogy(weights, weights).sum(-1)  # (batch, head, q)
+    n_visible = batch.visible().sum(-1).to(weights.dtype)  # (batch, q)
+    normalised = per_query / torch.log(n_visible.clamp_min(2))[:, None, :]
+    return _mean_over_queries(normalised, batch.query_mask & (n_visible >= 2))
+
+
+@register("distance", bounded=False, unit="tokens")
+def distance(batch: AttentionBatch):
+    """Mean over real queries of sum_k A[q, k] |q - k|: how far, in tokens, a head looks on average."""
+    n = batch.pattern.shape[-1]
+    positions = torch.arange(n, device=batch.pattern.device)
+    gap = (positions[:, None] - positions[None, :]).abs().to(batch.pattern.dtype)  # (q, k)
+    per_query = (_masked_pattern(batch) * gap).sum(-1)  # (batch, head, q)
+    return _mean_over_queries(per_query, batch.query_mask)
+
+
+@register("positional_prev")
+def positional_prev(batch: AttentionBatch):
+    """Share of real queries q (with q-1 real) whose largest attention weight is on q-1.
+
+    Voita et al. (2019) call a head positional when this share is at least 0.9.
+    """
+    return _share_where_argmax_at(batch, -1)
+
+
+@register("positional_next")
+def positional_next(batch: AttentionBatch):
+    """Share of real queries q (with q+1 real) whose largest attention weight is on q+1."""
+    return _share_where_argmax_at(batch, +1)
+
+
+def _same_token(batch: AttentionBatch) -> torch.Tensor:
+    """(batch, q, k) bool: key k holds the query's token at another position, and both count."""
+    same = batch.tokens[:, :, None] == batch.tokens[:, None, :]
+    n = same.shape[-1]
+    same = same & ~torch.eye(n, dtype=torch.bool, device=same.device)
+    return same & batch.query_mask[:, :, None] & batch.key_mask[:, None, :]
+
+
+def _attention_on(batch: AttentionBatch, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean total attention on `targets` (batch, q, k) over real queries that have at least one target."""
+    weights = (batch.pattern * targets[:, None].to(batch.pattern.dtype)).sum(-1)  # (batch, head, q)
+    return _mean_over_queries(weights, batch.query_mask & targets.any(-1))
+
+
+@register("duplicate_token")
+def duplicate_token(batch: AttentionBatch):
+    """Mean total attention on the other occurrences of the query's own token.
+
+    Counts the real queries whose token occurs elsewhere in the segment: earlier (causal models), or earlier
+    or later (bidirectional models, where all other occurrences are visible).
+    """
+    same = _same_token(batch)
+    if batch.causal:
+        same = same & torch.ones_like(same[0]).tril(-1)
+    return _attention_on(batch, same)
+
+
+@register("induction")
+def induction(batch: AttentionBatch):
+    """Mean total attention on the tokens right after the other occurrences of the query's token.
+
+    For a query q with token t, the targets are the keys j+1 such that token j is t, j != q, and both j and
+    j+1 count. Causal models: only j < q (Olsson et al. 2022's "attend to the token after the earlier
+    occurrence"); on the `repeat-random` corpus these are the queries of the second copy. Bidirectional
+    models: any j != q, so a first-copy query's target lies in the second copy; the score then means "attends
+    to what followed this token elsewhere", which a bidirectional model can also do by looking ahead. Counts
+    the real queries with at least one target.
+    """
+    same = _same_token(batch)  # (batch, q, j)
+    if batch.causal:
+        same = same & torch.ones_like(same[0]).tril(-1)
+    # target key k = j + 1: shift along keys; the key at k must count too.
+    targets = torch.zeros_like(same)
+    targets[..., 1:] = same[..., :-1]  # a fresh tensor, so writing into it is safe
+    targets = targets & batch.key_mask[:, None, :]
+    return _attention_on(batch, targets)
+
+
+@register("offsets", table="offsets")
+def offset_profile(batch: AttentionBatch):
+    """For each offset d in -K..K, the mean of A[q, q+d] over real queries q whose position q+d is a real token.
+
+    d = -1 is prev_token, 0 is self and +1 is next_token. A row's profile sums to at most 1.
+    """
+    weights, valid = _at_offsets(batch, batch.offsets)  # (batch, head, q, n_off), (batch, q, n_off)
+    valid = valid[:, None]  # (batch, 1, q, n_off)
+    zero = torch.zeros((), dtype=weights.dtype)
+    sums = torch.where(valid, weights, zero).sum(-2)  # (batch, head, n_off)
+    counts = valid.sum(-2).to(weights.dtype).expand_as(sums)
+    return sums, counts
