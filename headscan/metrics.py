@@ -197,7 +197,7 @@ def first_token(batch: AttentionBatch):
 
     Undefined (NaN) when the first token does not count, e.g. when special tokens are left out.
     """
-    weights = batch.pattern[..., 0]  # (batch, head, q)
+    weights = _masked_pattern(batch)[..., 0]  # (batch, head, q)
     valid = batch.query_mask & batch.key_mask[:, :1]
     valid = valid & (torch.arange(valid.shape[-1], device=valid.device) >= 1)
     return _mean_over_queries(weights, valid)
@@ -210,7 +210,7 @@ def sep(batch: AttentionBatch):
     Defined only for segments holding a [SEP] that counts (NaN for models without one, such as GPT-2).
     """
     on_sep = batch.sep_mask & batch.key_mask  # (batch, k)
-    weights = (batch.pattern * on_sep[:, None, None, :].to(batch.pattern.dtype)).sum(-1)  # (batch, head, q)
+    weights = (_masked_pattern(batch) * on_sep[:, None, None, :].to(batch.pattern.dtype)).sum(-1)  # (batch, head, q)
     valid = batch.query_mask & on_sep.any(-1, keepdim=True)
     return _mean_over_queries(weights, valid)
 
@@ -275,7 +275,7 @@ def _same_token(batch: AttentionBatch) -> torch.Tensor:
 
 def _attention_on(batch: AttentionBatch, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean total attention on `targets` (batch, q, k) over real queries that have at least one target."""
-    weights = (batch.pattern * targets[:, None].to(batch.pattern.dtype)).sum(-1)  # (batch, head, q)
+    weights = (_masked_pattern(batch) * targets[:, None].to(batch.pattern.dtype)).sum(-1)  # (batch, head, q)
     return _mean_over_queries(weights, batch.query_mask & targets.any(-1))
 
 

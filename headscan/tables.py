@@ -200,7 +200,8 @@ def top_heads(heads: pd.DataFrame, metric: str, n: int = 10) -> pd.DataFrame:
     """
     from .metrics import get_metric
 
-    get_metric(metric)  # an unknown name gets "did you mean"
+    if get_metric(metric).table != "heads":  # an unknown name gets "did you mean"
+        raise TablesError(f"{metric!r} is a profile in offsets.parquet, not a head score; pick a metric of heads.parquet")
     if n < 1:
         raise TablesError(f"--top must be at least 1, got {n}")
     rows = heads[(heads["metric"] == metric) & heads["value"].notna()]

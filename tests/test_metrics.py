@@ -1,0 +1,248 @@
+"""Metrics against a plain-loop numpy reference, hand-made patterns with known answers, and properties."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from headscan.errors import MetricError
+from headscan.metrics import METRICS, AttentionBatch, get_metric, register
+
+
+def make_batch(lengths, n_heads=2, causal=False, seed=0, tokens=None, sep_id=None, max_offset=3, garbage=0.0):
+    """Random valid right-padded patterns; `garbage` fills every padded cell (it must never matter)."""
+    rng = np.random.default_rng(seed)
+    n = max(lengths)
+    real = np.array([[k < length for k in range(n)] for length in lengths])
+    logits = rng.normal(size=(len(lengths), n_heads, n, n)) * 3
+    allowed = real[:, None, None, :] & real[:, None, :, None]
+    if causal:
+        allowed = allowed & np.tril(np.ones((n, n), bool))
+    logits = np.where(allowed, logits, -np.inf)
+    with np.errstate(invalid="ignore"):
+        pattern = np.exp(logits - logits.max(-1, keepdims=True))
+        pattern = pattern / pattern.sum(-1, keepdims=True)
+    padded = ~(real[:, None, None, :] & real[:, None, :, None])
+    pattern = np.where(padded, garbage, np.nan_to_num(pattern))
+    if tokens is None:
+        tokens = rng.integers(0, 4, size=(len(lengths), n))  # few ids: plenty of repeats
+    tokens = torch.as_tensor(tokens)
+    sep_mask = tokens == sep_id if sep_id is not None else torch.zeros(tokens.shape, dtype=torch.bool)
+    mask = torch.as_tensor(real)
+    return AttentionBatch(torch.tensor(pattern, dtype=torch.float64), mask, mask, tokens, sep_mask, causal, max_offset)
+
+
+def reference(name, batch):
+    """Per-segment (sums, counts) by explicit loops over segments, heads and queries."""
+    A = batch.pattern.numpy()
+    real = batch.key_mask.numpy()
+    tok = batch.tokens.numpy()
+    sep = batch.sep_mask.numpy()
+    B, H, N, _ = A.shape
+    offsets = range(-batch.max_offset, batch.max_offset + 1)
+    shape = (B, H, len(offsets)) if name == "offsets" else (B, H)
+    sums, counts = np.zeros(shape), np.zeros(shape)
+    for b in range(B):
+        keys = [k for k in range(N) if real[b, k]]
+        for h in range(H):
+            for q in keys:
+                visible = [k for k in keys if not batch.causal or k <= q]
+                row = {k: A[b, h, q, k] for k in keys}
+
+                def add(score, index=None):
+                    where = (b, h) if index is None else (b, h, index)
+                    sums[where] += score
+                    counts[where] += 1
+
+                if name == "prev_token" and q - 1 in row:
+                    add(row[q - 1])
+                elif name == "next_token" and q + 1 in row:
+                    add(row[q + 1])
+                elif name == "self":
+                    add(row[q])
+                elif name == "first_token" and q >= 1:
+                    add(row[0])
+                elif name == "sep" and any(sep[b, k] for k in keys):
+                    add(sum(row[k] for k in keys if sep[b, k]))
+                elif name == "entropy":
+                    add(-sum(p * math.log(p) for p in row.values() if p > 0))
+                elif name == "entropy_norm" and len(visible) >= 2:
+                    add(-sum(p * math.log(p) for p in row.values() if p > 0) / math.log(len(visible)))
+                elif name == "distance":
+                    add(sum(p * abs(q - k) for k, p in row.items()))
+                elif name in ("positional_prev", "positional_next"):
+                    target = q - 1 if name == "positional_prev" else q + 1
+                    if target in row:
+                        add(float(max(row, key=lambda k: (row[k], -k)) == target))
+                elif name in ("duplicate_token", "induction"):
+                    others = [j for j in keys if j != q and tok[b, j] == tok[b, q] and (not batch.causal or j < q)]
+                    targets = others if name == "duplicate_token" else [j + 1 for j in others if j + 1 in row]
+                    if targets:
+                        add(sum(row[k] for k in targets))
+                elif name == "offsets":
+                    for i, d in enumerate(offsets):
+                        if q + d in row:
+                            add(row[q + d], i)
+    return sums, counts
+
+
+@pytest.mark.parametrize("name", sorted(METRICS))
+@pytest.mark.parametrize("causal", [False, True])
+def test_metric_matches_loop_reference(name, causal):
+    batch = make_batch([7, 4, 1, 6], n_heads=3, causal=causal, seed=3, sep_id=2)
+    sums, counts = METRICS[name].function(batch)
+    want_sums, want_counts = reference(name, batch)
+    np.testing.assert_allclose(sums.numpy(), want_sums, atol=1e-10)
+    np.testing.assert_allclose(counts.numpy(), want_counts)
+
+
+def one_hot_pattern(n, offset):
+    """(1, 1, n, n) pattern where query q attends fully to q + offset, clamped into the sequence."""
+    pattern = torch.zeros(1, 1, n, n, dtype=torch.float64)
+    for q in range(n):
+        pattern[0, 0, q, min(max(q + offset, 0), n - 1)] = 1.0
+    return pattern
+
+
+@pytest.mark.parametrize(
+    "offset, metric, expected",
+    [
+        (-1, "prev_token", 1.0),
+        (-1, "positional_prev", 1.0),
+        (-1, "next_token", 0.0),
+        (1, "next_token", 1.0),
+        (1, "positional_next", 1.0),
+        (1, "prev_token", 0.0),
+        (0, "self", 1.0),
+        (0, "entropy", 0.0),
+        (-1, "distance", 4 / 5),  # queries 1..4 look 1 back, query 0 looks at itself
+    ],
+)
+def test_known_answers(offset, metric, expected):
+    n = 5
+    mask = torch.ones(1, n, dtype=torch.bool)
+    batch = AttentionBatch(one_hot_pattern(n, offset), mask, mask, torch.arange(n)[None], torch.zeros_like(mask), False)
+    sums, counts = METRICS[metric].function(batch)
+    assert (sums / counts).item() == pytest.approx(expected)
+
+
+def test_uniform_attention_has_entropy_norm_one_and_log_n_entropy():
+    n = 6
+    mask = torch.ones(1, n, dtype=torch.bool)
+    pattern = torch.full((1, 1, n, n), 1 / n, dtype=torch.float64)
+    batch = AttentionBatch(pattern, mask, mask, torch.arange(n)[None], torch.zeros_like(mask), False)
+    s, c = METRICS["entropy"].function(batch)
+    assert (s / c).item() == pytest.approx(math.log(n))
+    s, c = METRICS["entropy_norm"].function(batch)
+    assert (s / c).item() == pytest.approx(1.0)
+
+
+def test_induction_on_a_repeated_sequence():
+    # tokens a b c a b c: a perfect induction head at q in the second copy attends to q - 2
+    tokens = torch.tensor([[5, 6, 7, 5, 6, 7]])
+    n = tokens.shape[1]
+    pattern = torch.zeros(1, 1, n, n, dtype=torch.float64)
+    for q in range(n):
+        pattern[0, 0, q, q - 2 if q >= 3 else 0] = 1.0
+    mask = torch.ones(1, n, dtype=torch.bool)
+    batch = AttentionBatch(pattern, mask, mask, tokens, torch.zeros_like(mask), True)
+    sums, counts = METRICS["induction"].function(batch)
+    assert counts.item() == 3  # only the second copy has an earlier occurrence
+    assert (sums / counts).item() == pytest.approx(1.0)
+    sums, counts = METRICS["duplicate_token"].function(batch)
+    assert (sums / counts).item() == pytest.approx(0.0)  # it never looks at the earlier copy itself
+
+
+def test_metrics_never_write_into_the_pattern():
+    batch = make_batch([5, 3], causal=True, garbage=7.0)
+    before = batch.pattern.clone()
+    for metric in METRICS.values():
+        metric.function(batch)
+    assert torch.equal(batch.pattern, before)
+
+
+def test_unknown_metric_suggests_the_closest_name():
+    with pytest.raises(MetricError, match=r"Did you mean 'next_token'\?"):
+        get_metric("next_tokens")
+
+
+def test_register_refuses_a_duplicate_name():
+    with pytest.raises(MetricError, match="registered twice"):
+        register("prev_token")(lambda batch: None)
+
+
+def test_every_metric_has_a_definition():
+    for metric in METRICS.values():
+        assert len(metric.definition) > 40, metric.name
+
+
+# --- properties -------------------------------------------------------------------------------------------
+
+lengths_strategy = st.lists(st.integers(1, 9), min_size=1, max_size=4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=lengths_strategy, causal=st.booleans(), seed=st.integers(0, 10_000))
+def test_shares_lie_in_unit_interval(lengths, causal, seed):
+    batch = make_batch(lengths, causal=causal, seed=seed, sep_id=1)
+    for metric in METRICS.values():
+        sums, counts = metric.function(batch)
+        assert torch.all(sums >= -1e-9)
+        assert torch.all(counts >= 0)
+        if metric.bounded:
+            assert torch.all(sums <= counts + 1e-9), metric.name
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=lengths_strategy, causal=st.booleans(), seed=st.integers(0, 10_000))
+def test_offset_profile_of_a_row_sums_to_at_most_one(lengths, causal, seed):
+    batch = make_batch(lengths, causal=causal, seed=seed, max_offset=4)
+    weights_per_query = []
+    for q in range(batch.pattern.shape[-1]):
+        # profile of a single query: restrict the queries that count to q
+        only_q = batch.query_mask & (torch.arange(batch.pattern.shape[-1]) == q)
+        one = AttentionBatch(batch.pattern, only_q, batch.key_mask, batch.tokens, batch.sep_mask, causal, 4)
+        sums, _ = METRICS["offsets"].function(one)
+        weights_per_query.append(sums.sum(-1))
+    assert torch.all(torch.stack(weights_per_query) <= 1 + 1e-9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=lengths_strategy, causal=st.booleans(), seed=st.integers(0, 10_000))
+def test_entropy_between_zero_and_log_visible_keys(lengths, causal, seed):
+    batch = make_batch(lengths, n_heads=1, causal=causal, seed=seed)
+    for b, length in enumerate(lengths):
+        for q in range(length):
+            only = torch.zeros_like(batch.query_mask)
+            only[b, q] = True
+            one = AttentionBatch(batch.pattern, only, batch.key_mask, batch.tokens, batch.sep_mask, causal)
+            sums, _ = METRICS["entropy"].function(one)
+            visible = q + 1 if causal else length
+            assert -1e-9 <= sums.sum().item() <= math.log(visible) + 1e-9
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=lengths_strategy, seed=st.integers(0, 10_000))
+def test_next_token_is_zero_for_any_causal_pattern(lengths, seed):
+    sums, _ = METRICS["next_token"].function(make_batch(lengths, causal=True, seed=seed))
+    assert torch.all(sums == 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=lengths_strategy,
+    causal=st.booleans(),
+    seed=st.integers(0, 10_000),
+    garbage=st.sampled_from([0.0, 1.0, -5.0, 1e6, float("nan"), float("inf")]),
+)
+def test_scores_ignore_values_in_padded_positions(lengths, causal, seed, garbage):
+    clean = make_batch(lengths, causal=causal, seed=seed, sep_id=1)
+    dirty = make_batch(lengths, causal=causal, seed=seed, sep_id=1, garbage=garbage)
+    for metric in METRICS.values():
+        want, want_counts = metric.function(clean)
+        got, got_counts = metric.function(dirty)
+        torch.testing.assert_close(got, want, msg=metric.name)
+        torch.testing.assert_close(got_counts, want_counts)
