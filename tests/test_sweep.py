@@ -1,0 +1,144 @@
+"""The sweep on tiny random GPT-2 and BERT checkpoints: padding, batch size, determinism, combining, provenance."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import headscan
+from headscan.corpus import Corpus, Segment, read_corpus
+from headscan.errors import ConfigError, HeadscanError
+from headscan.metrics import head_metric_names
+from headscan.sweep import SweepConfig, sweep, sweep_model
+from headscan.tables import combine, load
+
+CONFIG = SweepConfig(device="cpu", bootstrap=20)
+
+
+def corpus_of(*texts):
+    return Corpus("test", "text", "", tuple(Segment(t, i + 1) for i, t in enumerate(texts)))
+
+
+LONG = "the old man walked down to the river and looked at the boats for a long time before going home"
+SHORT = "a dog ran"
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "bert"])
+def test_padding_inside_a_batch_leaves_every_score_unchanged(tiny_models, arch):
+    model = tiny_models[arch]
+    alone, _, _ = sweep_model(model, corpus_of(SHORT), CONFIG)
+    # batched beside a long segment, SHORT is padded; subtracting LONG's own sums leaves SHORT's.
+    both, _, _ = sweep_model(model, corpus_of(SHORT, LONG), SweepConfig(device="cpu", batch_size=2, bootstrap=0))
+    long_only, _, _ = sweep_model(model, corpus_of(LONG), CONFIG)
+    np.testing.assert_allclose(both["sum"] - long_only["sum"], alone["sum"], atol=1e-5)
+    np.testing.assert_allclose(both["count"] - long_only["count"], alone["count"])
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "bert"])
+def test_scores_do_not_depend_on_batch_size(tiny_models, arch):
+    corpus = read_corpus("builtin", limit=12)
+    one, offsets_one, _ = sweep_model(tiny_models[arch], corpus, SweepConfig(device="cpu", batch_size=1))
+    five, offsets_five, _ = sweep_model(tiny_models[arch], corpus, SweepConfig(device="cpu", batch_size=5))
+    for column in ("value", "sum", "count", "ci_low", "ci_high"):
+        np.testing.assert_allclose(one[column], five[column], atol=1e-5, err_msg=column)
+    np.testing.assert_allclose(offsets_one["value"], offsets_five["value"], atol=1e-5)
+
+
+def test_sweep_is_deterministic(tiny_models):
+    corpus = read_corpus("builtin", limit=6)
+    first, _, _ = sweep_model(tiny_models["bert"], corpus, CONFIG)
+    second, _, _ = sweep_model(tiny_models["bert"], corpus, CONFIG)
+    pd.testing.assert_frame_equal(first, second)
+
+
+def test_sweeps_of_disjoint_halves_combine_exactly(tiny_models):
+    corpus = read_corpus("builtin", limit=10)
+    halves = [Corpus("h", "text", "", corpus.segments[:5]), Corpus("h", "text", "", corpus.segments[5:])]
+    whole, _, _ = sweep_model(tiny_models["gpt2"], corpus, CONFIG)
+    parts = [headscan.SweepTables(*sweep_model(tiny_models["gpt2"], half, CONFIG)[:2]) for half in halves]
+    combined = combine(parts).heads
+    np.testing.assert_allclose(combined["sum"], whole["sum"], atol=1e-9)
+    np.testing.assert_allclose(combined["value"], whole["value"], atol=1e-9)
+
+
+def test_causal_next_token_is_zero_and_undefined_sep_is_nan(tiny_models):
+    heads, _, _ = sweep_model(tiny_models["gpt2"], read_corpus("builtin", limit=4), CONFIG)
+    assert (heads.loc[heads.metric == "next_token", "value"] == 0).all()
+    sep = heads[heads.metric == "sep"]
+    assert sep["value"].isna().all() and (sep["count"] == 0).all()  # GPT-2 has no [SEP]: NaN, never -1
+    assert not (heads["value"] == -1).any()
+
+
+def test_tables_have_every_head_for_every_metric(tiny_models, tmp_path, tiny_gpt2, tiny_bert):
+    tables = sweep([str(tiny_gpt2), str(tiny_bert)], "builtin", tmp_path / "out", SweepConfig(device="cpu", limit=5, bootstrap=10))
+    heads = pd.read_parquet(tmp_path / "out" / "heads.parquet")
+    per_model = heads.groupby(["model", "metric"]).size()
+    assert set(per_model) == {2 * 4}  # 2 layers x 4 heads, for every metric of both models
+    assert set(heads["metric"]) == set(head_metric_names())
+    assert list(heads.columns) == list(headscan.tables.HEADS_COLUMNS)
+    offsets = pd.read_parquet(tmp_path / "out" / "offsets.parquet")
+    assert sorted(offsets["offset"].unique()) == list(range(-8, 9))
+    assert heads["label"].str.fullmatch(r"L\d+H\d+").all()
+    assert (heads["ci_low"] <= heads["value"] + 1e-12).all() or heads["ci_low"].isna().any()
+
+
+def test_provenance_is_recorded_everywhere(tmp_path, tiny_bert):
+    out = tmp_path / "out"
+    sweep([str(tiny_bert)], "builtin", out, SweepConfig(device="cpu", limit=3, bootstrap=0), command="test")
+    run = json.loads((out / "run.json").read_text())
+    assert run["corpus"]["kind"] == "builtin" and len(run["corpus"]["sha256"]) == 64
+    assert run["corpus"]["n_segments"] == 3
+    model = run["models"][0]
+    assert model["family"] == "bidirectional" and model["n_layers"] == 2 and model["n_heads"] == 4
+    assert model["revision"].startswith("sha256:") and model["n_tokens"] > 0
+    for package in ("torch", "transformers", "transformer_lens"):
+        assert run["versions"][package]
+    assert run["config"]["device"] == "cpu" and run["command"] == "test"
+    loaded = load(out)
+    assert loaded.provenance == run
+    import pyarrow.parquet as pq
+
+    assert json.loads(pq.read_schema(out / "heads.parquet").metadata[b"headscan"]) == run
+
+
+def test_a_failed_sweep_leaves_the_output_folder_as_it_was(tmp_path, tiny_bert):
+    out = tmp_path / "out"
+    sweep([str(tiny_bert)], "builtin", out, SweepConfig(device="cpu", limit=2, bootstrap=0))
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(HeadscanError):
+        sweep([str(tiny_bert), str(tmp_path / "no-such-model")], "builtin", out, SweepConfig(device="cpu", limit=2))
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_intervals_shrink_as_the_corpus_grows(tiny_models):
+    widths = []
+    for limit in (8, 64):
+        heads, _, _ = sweep_model(tiny_models["bert"], read_corpus("builtin", limit=limit), SweepConfig(device="cpu", bootstrap=100))
+        shares = heads[heads.metric.isin(["prev_token", "next_token", "first_token"])]
+        widths.append((shares["ci_high"] - shares["ci_low"]).median())
+    assert widths[1] < widths[0] / 2
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"specials": "drop"}, "--specials 'drop' is not one of keep, exclude"),
+        ({"batch_size": 0}, "--batch-size must be a whole number >= 1, got 0"),
+        ({"max_len": 2}, "--max-len must be a whole number >= 4, got 2"),
+    ],
+)
+def test_bad_config_names_the_option(options, message):
+    with pytest.raises(ConfigError, match=message):
+        SweepConfig(**options)
+
+
+def test_excluding_specials_removes_the_sink_from_the_scores(tiny_models):
+    corpus = read_corpus("builtin", limit=4)
+    kept, _, _ = sweep_model(tiny_models["bert"], corpus, CONFIG)
+    left_out, _, _ = sweep_model(tiny_models["bert"], corpus, SweepConfig(device="cpu", bootstrap=20, specials="exclude"))
+    assert kept.loc[kept.metric == "first_token", "value"].notna().all()
+    assert left_out.loc[left_out.metric == "first_token", "value"].isna().all()  # [CLS] no longer counts
+    assert (left_out.loc[left_out.metric == "sep", "count"] == 0).all()
+    # fewer queries count once [CLS] and [SEP] are left out
+    assert (left_out.loc[left_out.metric == "self", "count"].values < kept.loc[kept.metric == "self", "count"].values).all()
