@@ -1,9 +1,12 @@
 """headscan.testing: tiny checkpoints load through the bridge; planted heads attend where they were told to."""
 
+import functools
 from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import AutoConfig, AutoModel, AutoTokenizer
 from transformer_lens.model_bridge import TransformerBridge
 
@@ -38,6 +41,12 @@ def _tokenizer(path):
     return tokenizer
 
 
+@functools.cache
+def _eager_model(path):
+    # eager: the other attention implementations may not return attention weights.
+    return AutoModel.from_pretrained(path, attn_implementation="eager")
+
+
 def test_tiny_checkpoint_hooks_pattern_through_bridge(tiny):
     arch, path = tiny
     bridge = TransformerBridge.boot_transformers(str(path), device="cpu")
@@ -61,8 +70,9 @@ def test_tiny_checkpoint_hooks_pattern_through_bridge(tiny):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_tiny_checkpoint_is_deterministic(arch, tmp_path):
-    first, again, other = (build_tiny_checkpoint(tmp_path / name, arch, seed=seed) for name, seed in
-                           (("a", 0), ("b", 0), ("c", 1)))
+    first = build_tiny_checkpoint(tmp_path / "first", arch, seed=0)
+    again = build_tiny_checkpoint(tmp_path / "again", arch, seed=0)
+    other = build_tiny_checkpoint(tmp_path / "other", arch, seed=1)
     for name in ("model.safetensors", "tokenizer.json", "config.json"):
         assert (first / name).read_bytes() == (again / name).read_bytes(), name
     assert (first / "model.safetensors").read_bytes() != (other / "model.safetensors").read_bytes()
@@ -96,7 +106,7 @@ def head_scores(attention, mask, name):
 
 def test_planted_heads_attend_where_planted(planted, sentences):
     arch, path, heads = planted
-    model = AutoModel.from_pretrained(path, attn_implementation="eager")
+    model = _eager_model(path)
     enc = _tokenizer(path)(sentences, padding=True, truncation=True, max_length=256, return_tensors="pt")
     with torch.no_grad():
         attentions = model(**enc, output_attentions=True).attentions  # per layer (batch, head, q, k)
@@ -110,10 +120,30 @@ def test_planted_heads_attend_where_planted(planted, sentences):
         assert others.mean(0).max() < 0.6, name
 
 
+@settings(max_examples=10, deadline=None)
+@given(data=st.data())
+def test_planted_heads_ignore_the_text(planted, data):
+    """Any token ids, any lengths: the planted heads do not look at the tokens, only at positions."""
+    arch, path, heads = planted
+    model = _eager_model(path)
+    vocab_size = model.config.vocab_size
+    lengths = data.draw(st.lists(st.integers(3, 30), min_size=1, max_size=3))
+    ids = torch.zeros(len(lengths), max(lengths), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, length in enumerate(lengths):  # right padding, pad id 0
+        ids[row, :length] = torch.tensor(data.draw(st.lists(st.integers(1, vocab_size - 1), min_size=length,
+                                                            max_size=length)))
+        mask[row, :length] = 1
+    with torch.no_grad():
+        attention = model(input_ids=ids, attention_mask=mask, output_attentions=True).attentions[0]
+    for name, (layer, head) in heads.items():
+        assert head_scores(attention, mask, name)[:, head].min() > 0.999, name
+
+
 def test_planted_heads_seen_through_bridge(planted, sentences):
     arch, path, heads = planted
     bridge = TransformerBridge.boot_transformers(str(path), device="cpu")
-    model = AutoModel.from_pretrained(path, attn_implementation="eager")
+    model = _eager_model(path)
     enc = _tokenizer(path)(sentences[:8], padding=True, return_tensors="pt")
     patterns = []
     bridge.run_with_hooks(
