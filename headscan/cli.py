@@ -6,7 +6,6 @@ No work happens here: see `headscan.sweep`, `headscan.tables` and `headscan.repo
 from __future__ import annotations
 
 import shlex
-import sys
 from functools import wraps
 from pathlib import Path
 
@@ -26,6 +25,18 @@ def _one_line_errors(command):
             raise click.ClickException(str(error)) from None
 
     return wrapper
+
+
+def _effective_command(context: click.Context) -> str:
+    """The command line with every option spelled out, defaults included, for provenance."""
+    words = [context.command_path]
+    for parameter in context.command.params:
+        flag, value = max(parameter.opts, key=len), context.params.get(parameter.name)
+        for item in value if isinstance(value, tuple) else (value,):
+            if item is None or item is False or parameter.name == "quiet":
+                continue
+            words.append(flag if item is True else f"{flag} {shlex.quote(str(item))}")
+    return " ".join(words)
 
 
 @click.group()
@@ -80,7 +91,7 @@ def sweep(models, corpus, out, max_len, batch_size, limit, device, dtype, specia
         max_len=max_len, batch_size=batch_size, limit=limit, device=device, dtype=dtype, specials=specials,
         max_offset=max_offset, bootstrap=bootstrap, seed=seed, prepend_bos={"auto": None, "yes": True, "no": False}[bos],
     )
-    command = "headscan " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    command = _effective_command(click.get_current_context())
     result = run_sweep(list(models) or ["minilm", "smollm2"], corpus, out, config, progress=not quiet, command=command)
     click.echo(f"wrote {out}/heads.parquet, {out}/offsets.parquet and {out}/run.json")
     for metric in ("prev_token", "next_token"):

@@ -73,9 +73,11 @@ def is_share(metric: str) -> bool:
 
 
 def _value_label(metric: str) -> str:
+    """The colour bar or axis label of `metric`: its unit from the registry, e.g. "entropy (nats)"."""
     if is_share(metric):
         return "share of attention"
-    return _UNBOUNDED_FALLBACK.get(metric, metric)
+    unit = getattr(_registry().get(metric), "unit", None)
+    return f"{metric} ({unit})" if unit else _UNBOUNDED_FALLBACK.get(metric, metric)
 
 
 def _fmt(metric: str, value: float) -> str:

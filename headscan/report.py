@@ -242,12 +242,13 @@ def _pct(value: float) -> str:
     return f"{100 * value:.1f}%"
 
 
-def _interval(row, share: bool) -> str:
-    if pd.isna(row.ci_low) or pd.isna(row.ci_high):
+def _interval(row: pd.Series, share: bool) -> str:
+    low, high = row["ci_low"], row["ci_high"]
+    if pd.isna(low) or pd.isna(high):
         return ""
     if share:
-        return f" (95% interval {_pct(row.ci_low)} to {_pct(row.ci_high)})"
-    return f" (95% interval {row.ci_low:.2f} to {row.ci_high:.2f})"
+        return f" (95% interval {_pct(low)} to {_pct(high)})"
+    return f" (95% interval {low:.2f} to {high:.2f})"
 
 
 def findings(heads: pd.DataFrame, *, threshold: float = 0.5) -> list[str]:
@@ -283,10 +284,10 @@ def findings(heads: pd.DataFrame, *, threshold: float = 0.5) -> list[str]:
                 continue
             best = top.iloc[0]
             wanted = metric == "prev_token" or (metric == "next_token" and family == "bidirectional")
-            if wanted or best.value > threshold:
+            if wanted or best["value"] > threshold:
                 out.append(
-                    f"In {model}, {best.label} puts {_pct(best.value)} of its attention on {_ON[metric]}"
-                    f"{_interval(best, True) if best.wide else ''}."
+                    f"In {model}, {best['label']} puts {_pct(best['value'])} of its attention on {_ON[metric]}"
+                    f"{_interval(best, True) if best['wide'] else ''}."
                 )
         if "prev_token" in metrics:
             prev = rows[rows["metric"] == "prev_token"]["value"]
@@ -362,7 +363,7 @@ def _agreement(heads: pd.DataFrame) -> list[str]:
                 worst = pair.loc[gap.idxmax()]
                 out.append(
                     f"{first} and {second} agree within {gap.max():.3f} on every share score of every head "
-                    f"(the largest gap: `{worst.metric}` of {worst.label})."
+                    f"(the largest gap: `{worst['metric']}` of {worst['label']})."
                 )
     return out
 
@@ -385,8 +386,8 @@ def looking_both_ways_heads(heads: pd.DataFrame) -> pd.DataFrame:
         top = top_heads(part, metric=metric, n=1)
         if not top.empty:
             best = top.iloc[0]
-            rows.append({"model": model, "family": family, "metric": metric, "label": best.label,
-                         "layer": int(best.layer), "head": int(best.head), "value": float(best.value)})
+            rows.append({"model": model, "family": family, "metric": metric, "label": best["label"],
+                         "layer": int(best["layer"]), "head": int(best["head"]), "value": float(best["value"])})
     return pd.DataFrame(rows, columns=["model", "family", "metric", "label", "layer", "head", "value"])
 
 
@@ -763,6 +764,11 @@ def _provenance_blocks(comparison: Comparison) -> list:
     return blocks
 
 
+# What loading a model or running it on the example may raise: headscan's own errors and the I/O or torch
+# failures beneath them. Anything else is a bug and should surface.
+_EXAMPLE_ERRORS = (HeadscanError, OSError, RuntimeError)
+
+
 def _example_figure(comparison: Comparison, text: str, load_models: bool, pngs: _Pngs) -> list:
     """The "looking both ways" section: the figure if any model could be loaded, and why not for the rest."""
     picks = looking_both_ways_heads(comparison.heads)
@@ -789,14 +795,18 @@ def _example_figure(comparison: Comparison, text: str, load_models: bool, pngs: 
         m = by_name[pick.model]
         spec = model_spec(m)
         try:
-            # Two runs of one model load it once.
+            # Two runs of one model load it once; a model that failed to load is not tried again.
             if spec not in loaded:
-                loaded[spec] = load_model(spec, device="cpu")
+                try:
+                    loaded[spec] = load_model(spec, device="cpu")
+                except _EXAMPLE_ERRORS as error:
+                    loaded[spec] = error
+            if isinstance(loaded[spec], BaseException):
+                raise loaded[spec]
             tokens, pattern = example_attention(loaded[spec], text, pick.layer)  # pattern: (head, q_pos, k_pos)
             drawn.append((pick, list(tokens), np.asarray(pattern)[pick.head]))
-        except (HeadscanError, OSError, RuntimeError) as error:
-            loaded.setdefault(spec, None)
-            failed.append(f"{m.name} ({spec}): {type(error).__name__}: {error}")
+        except _EXAMPLE_ERRORS as error:
+            failed.append(f"{m.name} (`{spec}`): {type(error).__name__}: {error}")
     blocks: list = [intro]
     if drawn:
         size = max(len(tokens) for _, tokens, _ in drawn)
@@ -813,8 +823,9 @@ def _example_figure(comparison: Comparison, text: str, load_models: bool, pngs: 
             f"{p.model} {p.label} ({p.metric} {p.value:.3f} over the corpus)" for p, _, _ in drawn)
             + ". One shared 0-1 colour scale; blank cells are keys a causal model cannot see."))
     if failed:
-        blocks.append(_Note("The example attention could not be drawn for " + "; ".join(failed)
-                            + ". Everything else here needs only the tables."))
+        blocks.append(_Note(f"The example attention could not be drawn for {len(failed)} of {len(picks)} "
+                            "models; everything else here needs only the tables. Why:"))
+        blocks.append(_Bullets(failed))
     return blocks
 
 
