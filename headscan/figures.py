@@ -428,7 +428,9 @@ def prev_next_scatter(
                         label, (wide.loc[(layer, head, label), ("value", x)], wide.loc[(layer, head, label), ("value", y)]),
                         xytext=(4, 4), textcoords="offset points", fontsize="x-small", color=palette[model],
                     )
-    ax.plot([0, 1], [0, 1], color="0.8", linewidth=0.8, linestyle="--", zorder=0)
+    if {x, y} == {"prev_token", "next_token"}:
+        # No head can put more than all of its attention on its two neighbours: x + y <= 1.
+        ax.plot([0, 1], [1, 0], color="0.75", linewidth=0.8, linestyle="--", zorder=0)
     ax.set_xlim(-0.02, 1.02)
     ax.set_ylim(-0.02, 1.02)
     ax.set_aspect("equal")

@@ -35,7 +35,7 @@ import torch
 
 from .errors import MetricError
 
-__all__ = ["AttentionBatch", "Metric", "METRICS", "register", "get_metric", "head_metric_names"]
+__all__ = ["AttentionBatch", "Metric", "METRICS", "register", "get_metric", "head_metric_names", "definitions_markdown"]
 
 
 @dataclass(frozen=True)
@@ -226,7 +226,7 @@ def entropy(batch: AttentionBatch):
     return _mean_over_queries(per_query, batch.query_mask)
 
 
-@register("entropy_norm")
+@register("entropy_norm", unit="fraction of the largest possible entropy")
 def entropy_norm(batch: AttentionBatch):
     """Mean over real queries of the entropy divided by log(n), n the number of keys the query could see.
 
@@ -250,7 +250,7 @@ def distance(batch: AttentionBatch):
     return _mean_over_queries(per_query, batch.query_mask)
 
 
-@register("positional_prev")
+@register("positional_prev", unit="share of queries")
 def positional_prev(batch: AttentionBatch):
     """Share of real queries q (with q-1 real) whose largest attention weight is on q-1.
 
@@ -259,7 +259,7 @@ def positional_prev(batch: AttentionBatch):
     return _share_where_argmax_at(batch, -1)
 
 
-@register("positional_next")
+@register("positional_next", unit="share of queries")
 def positional_next(batch: AttentionBatch):
     """Share of real queries q (with q+1 real) whose largest attention weight is on q+1."""
     return _share_where_argmax_at(batch, +1)
@@ -325,3 +325,13 @@ def offset_profile(batch: AttentionBatch):
     sums = torch.where(valid, weights, zero).sum(-2)  # (batch, head, n_off)
     counts = valid.sum(-2).to(weights.dtype).expand_as(sums)
     return sums, counts
+
+
+def definitions_markdown() -> str:
+    """The metric definitions as a Markdown list, straight from the registry (README and report use it)."""
+    lines = []
+    for metric in METRICS.values():
+        where = "offsets.parquet" if metric.table == "offsets" else f"heads.parquet, {metric.unit}"
+        body = " ".join(metric.definition.split())
+        lines.append(f"- **`{metric.name}`** ({where}): {body}")
+    return "\n".join(lines) + "\n"

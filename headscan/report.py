@@ -53,6 +53,7 @@ __all__ = [
     "top_heads",
     "ci_is_wide",
     "findings",
+    "findings_by_model",
     "model_shapes",
     "looking_both_ways_heads",
 ]
@@ -63,6 +64,7 @@ WIDE_CI = 0.1  # an interval wider than this (shares) or than this fraction of t
 ANNOTATE_TOP = 3  # heads annotated in each heatmap
 OFFSET_TOP = 3  # heads drawn in each offset profile
 DPI = 130
+DISPLAY = 0.6  # on the page, a figure's PNG pixels are shown at this scale (about 78 CSS pixels per inch)
 REPORT_FILES = {"index.html", "report.md", "figures"}  # all a report folder holds; see _check_out
 
 # What a share of attention is on, for the findings' sentences; other metrics are named as they are.
@@ -239,7 +241,9 @@ def top_heads(heads: pd.DataFrame, *, metric: str, n: int = 10, model: str | Non
 
 
 def _pct(value: float) -> str:
-    return f"{100 * value:.1f}%"
+    text = f"{100 * value:.1f}%"
+    # 0.9998 is not all of the attention: keep the digit that says so.
+    return f"{100 * value:.2f}%" if text == "100.0%" and value < 1 else text
 
 
 def _interval(row: pd.Series, share: bool) -> str:
@@ -253,6 +257,8 @@ def _interval(row: pd.Series, share: bool) -> str:
 
 def findings(heads: pd.DataFrame, *, threshold: float = 0.5) -> list[str]:
     """Sentences that state what the numbers show, generated from `heads` (never written by hand).
+
+    All of `findings_by_model`'s sentences in one list, model by model, then those across runs.
 
     For each model: its strongest previous-token head (and, in a bidirectional model, next-token head);
     any other head that puts more than `threshold` of its attention on one kind of token; metrics that are
@@ -269,8 +275,14 @@ def findings(heads: pd.DataFrame, *, threshold: float = 0.5) -> list[str]:
     1 of 2 heads in m put more than half of their attention on the previous token.
     m's `next_token` is 0 for every head, as a causal model's must be: it cannot attend to later tokens.
     """
-    out: list[str] = []
+    return [sentence for sentences in findings_by_model(heads, threshold=threshold).values() for sentence in sentences]
+
+
+def findings_by_model(heads: pd.DataFrame, *, threshold: float = 0.5) -> dict[str, list[str]]:
+    """`findings`, keyed by model (in the table's order), with the sentences across runs under ``""``."""
+    by_model: dict[str, list[str]] = {}
     for model in dict.fromkeys(heads["model"]):
+        out = by_model[model] = []
         rows = heads[heads["model"] == model]
         family = str(rows["family"].iloc[0])
         n_heads = len(rows[["layer", "head"]].drop_duplicates())
@@ -337,8 +349,10 @@ def findings(heads: pd.DataFrame, *, threshold: float = 0.5) -> list[str]:
                     f"{WIDE_CI:g}; a larger corpus would narrow them."
                 )
 
-    out.extend(_agreement(heads))
-    return out
+    agreement = _agreement(heads)
+    if agreement:
+        by_model[""] = agreement
+    return by_model
 
 
 def _agreement(heads: pd.DataFrame) -> list[str]:
@@ -359,6 +373,9 @@ def _agreement(heads: pd.DataFrame) -> list[str]:
                 pair = pair[pair["metric"].map(figures.is_share).astype(bool)]
                 gap = (pair["value_a"] - pair["value_b"]).abs().dropna()
                 if gap.empty:
+                    continue
+                if gap.max() < 5e-4:
+                    out.append(f"{first} and {second} give every head the same share scores, to within 0.0005.")
                     continue
                 worst = pair.loc[gap.idxmax()]
                 out.append(
@@ -483,6 +500,11 @@ class _Figures:
 
 
 @dataclass
+class _Panels:
+    items: list[tuple[str, _Table]]  # (heading, table): side by side in HTML, one after another in Markdown
+
+
+@dataclass
 class _Definition:
     term: str
     kind: str
@@ -551,7 +573,9 @@ th{background:var(--soft);font-weight:600}
 td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
 .scroll{overflow-x:auto}
 .note{border-left:4px solid #d4a72c;background:#fff8c5;padding:.6em 1em;border-radius:0 6px 6px 0;max-width:78ch}
-.gallery{display:grid;grid-template-columns:repeat(auto-fill,minmax(340px,1fr));gap:14px;align-items:start}
+.panels{display:grid;grid-template-columns:repeat(auto-fill,minmax(520px,1fr));gap:4px 28px}
+.panels table{width:100%}
+.gallery{display:flex;flex-wrap:wrap;gap:14px;align-items:flex-start}
 figure{margin:.8em 0 1.4em}
 figure img{display:block;max-width:100%;height:auto;border:1px solid var(--line);border-radius:6px}
 figcaption{font-size:.86em;color:var(--muted);margin-top:.4em;max-width:90ch}
@@ -559,6 +583,19 @@ dl dt{margin-top:1.2em;font-weight:600}dl dd{margin:.3em 0 0 1.4em}
 .muted{color:var(--muted)}
 @media print{main{max-width:none;padding:0}nav.toc{display:none}h2{break-before:auto}figure,table{break-inside:avoid}}
 """.strip()
+
+
+def _table_html(block: _Table) -> str:
+    def cls(column):
+        return ' class="num"' if column in block.numeric else ""
+
+    head = "".join(f"<th{cls(c)}>{_inline_html(str(c))}</th>" for c in block.frame.columns)
+    rows = "".join(
+        "<tr>" + "".join(f"<td{cls(c)}>{_inline_html(str(v))}</td>" for c, v in zip(block.frame.columns, r)) + "</tr>"
+        for r in block.frame.itertuples(index=False)
+    )
+    note = f'<p class="muted">{_inline_html(block.note)}</p>' if block.note else ""
+    return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>{note}'
 
 
 def _render_html(title: str, blocks: list, pngs: Mapping[str, bytes]) -> str:
@@ -588,24 +625,24 @@ def _render_html(title: str, blocks: list, pngs: Mapping[str, bytes]) -> str:
         elif isinstance(block, _Bullets):
             body.append("<ul>" + "".join(f"<li>{_inline_html(i)}</li>" for i in block.items) + "</ul>")
         elif isinstance(block, _Table):
-            cls = lambda c: ' class="num"' if c in block.numeric else ""  # noqa: E731
-            head = "".join(f"<th{cls(c)}>{_inline_html(str(c))}</th>" for c in block.frame.columns)
-            rows = "".join(
-                "<tr>" + "".join(f"<td{cls(c)}>{_inline_html(str(v))}</td>" for c, v in zip(block.frame.columns, r))
-                + "</tr>"
-                for r in block.frame.itertuples(index=False)
+            body.append(_table_html(block))
+        elif isinstance(block, _Panels):
+            panels = "".join(
+                f'<section><h3 id="{_Heading(3, title).anchor}">{_inline_html(title)}</h3>{_table_html(table)}</section>'
+                for title, table in block.items
             )
-            body.append(f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>')
-            if block.note:
-                body.append(f'<p class="muted">{_inline_html(block.note)}</p>')
+            body.append(f'<div class="panels">{panels}</div>')
         elif isinstance(block, _Figures):
             images = []
             for name in block.names:
-                data = base64.b64encode(pngs[name]).decode("ascii")
+                data = pngs[name]
+                width, height = (round(DISPLAY * int.from_bytes(data[i:i + 4], "big")) for i in (16, 20))  # IHDR
                 alt = html.escape(name.removesuffix(".png").replace("_", " "), quote=True)
-                images.append(f'<img src="data:image/png;base64,{data}" alt="{alt}" title="figures/{html.escape(name)}">')
-            inner = "".join(f"<div>{img}</div>" for img in images) if len(images) > 1 else images[0]
-            wrap = f'<div class="gallery">{inner}</div>' if len(images) > 1 else inner
+                images.append(
+                    f'<img src="data:image/png;base64,{base64.b64encode(data).decode("ascii")}" width="{width}" '
+                    f'height="{height}" alt="{alt}" title="figures/{html.escape(name)}">'
+                )
+            wrap = f'<div class="gallery">{"".join(images)}</div>' if len(images) > 1 else images[0]
             body.append(f"<figure>{wrap}<figcaption>{_inline_html(block.caption)}</figcaption></figure>")
         elif isinstance(block, _Definition):
             parts = []
@@ -629,6 +666,16 @@ def _render_html(title: str, blocks: list, pngs: Mapping[str, bytes]) -> str:
     )
 
 
+def _table_md(block: _Table) -> str:
+    columns = list(block.frame.columns)
+    lines = ["| " + " | ".join(_inline_md(str(c)) for c in columns) + " |",
+             "| " + " | ".join("---:" if c in block.numeric else "---" for c in columns) + " |"]
+    lines += ["| " + " | ".join(_inline_md(str(v)) for v in r) + " |" for r in block.frame.itertuples(index=False)]
+    if block.note:
+        lines.append(f"\n*{_inline_md(block.note)}*")
+    return "\n".join(lines)
+
+
 def _render_md(blocks: list) -> str:
     toc = [b for b in blocks if isinstance(b, _Heading) and b.level == 2]
     out: list[str] = []
@@ -645,14 +692,10 @@ def _render_md(blocks: list) -> str:
         elif isinstance(block, _Bullets):
             out.append("\n".join(f"- {_inline_md(i)}" for i in block.items))
         elif isinstance(block, _Table):
-            columns = list(block.frame.columns)
-            lines = ["| " + " | ".join(_inline_md(str(c)) for c in columns) + " |",
-                     "| " + " | ".join("---:" if c in block.numeric else "---" for c in columns) + " |"]
-            lines += ["| " + " | ".join(_inline_md(str(v)) for v in r) + " |"
-                      for r in block.frame.itertuples(index=False)]
-            out.append("\n".join(lines))
-            if block.note:
-                out.append(f"*{_inline_md(block.note)}*")
+            out.append(_table_md(block))
+        elif isinstance(block, _Panels):
+            for title, table in block.items:
+                out += [f"### {title}", _table_md(table)]
         elif isinstance(block, _Figures):
             out.append("\n".join(f"![{n.removesuffix('.png')}](figures/{n})" for n in block.names))
             out.append(f"*{_inline_md(block.caption)}*")
@@ -741,7 +784,8 @@ def _provenance_blocks(comparison: Comparison) -> list:
             ("command", f"`{p['command']}`" if p.get("command") else "–"),
             ("started", str(p.get("started", "–"))),
             ("finished", str(p.get("finished", "–"))),
-            ("headscan", str(p.get("headscan_version", "–"))),
+            ("headscan", str(p.get("headscan_version", "–"))
+             + (f" (git {str(p['git_revision'])[:12]})" if p.get("git_revision") else "")),
             ("corpus", corpus_text),
             ("config", config or "–"),
             ("versions", versions or "–"),
@@ -829,8 +873,15 @@ def _example_figure(comparison: Comparison, text: str, load_models: bool, pngs: 
     return blocks
 
 
+def _findings_title(comparison: Comparison, model: str) -> str:
+    if not model:
+        return "Across runs"
+    family = next((m.family for m in comparison.models if m.name == model), "")
+    return f"{model} ({family})" if family else model
+
+
 def _heatmap_size(n_layers: int, n_heads: int) -> tuple[float, float]:
-    return (min(max(3.4, 0.36 * n_heads + 1.9), 12.0), min(max(2.2, 0.27 * n_layers + 1.1), 12.0))
+    return (min(max(3.4, 0.36 * n_heads + 1.9), 12.0), min(max(2.2, 0.21 * n_layers + 1.1), 10.0))
 
 
 def build_report(
@@ -870,7 +921,8 @@ def build_report(
             _TOC,
             _Heading(2, "Findings"),
             _Text("Generated from the tables; each sentence states a number in them."),
-            _Bullets(findings(heads)),
+            *[block for model, sentences in findings_by_model(heads).items()
+              for block in (_Heading(3, _findings_title(comparison, model)), _Bullets(sentences))],
             _Heading(2, "Runs"),
             _Text("Where each table came from: the command, the corpus, the settings and the software versions."),
             *_provenance_blocks(comparison),
@@ -907,8 +959,7 @@ def build_report(
             _Text(f"The {top} highest-scoring heads of each metric in each model: label, value and, where the "
                   "sweep bootstrapped it, the 95% interval over segments."),
         ]
-        for metric in metrics:
-            blocks += [_Heading(3, f"Top {metric}"), _top_table(comparison, metric, top)]
+        blocks.append(_Panels([(f"Top {metric}", _top_table(comparison, metric, top)) for metric in metrics]))
         blocks.append(_Note(f"† marks a 95% interval wider than {WIDE_CI:g} (shares) or than {WIDE_CI:.0%} of the "
                             "value (entropy, distance): read that value with care."))
 
