@@ -29,6 +29,7 @@ from __future__ import annotations
 import difflib
 import inspect
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable
 
 import torch
@@ -56,6 +57,23 @@ class AttentionBatch:
     @property
     def offsets(self) -> torch.Tensor:
         return torch.arange(-self.max_offset, self.max_offset + 1, device=self.pattern.device)
+
+    # Derived tensors several metrics share, computed once per layer (new tensors, never the inputs).
+    @cached_property
+    def masked(self) -> torch.Tensor:
+        """(batch, head, q, k) the pattern with keys that do not count set to 0, whatever they held."""
+        return torch.where(self.key_mask[:, None, None, :], self.pattern, torch.zeros((), dtype=self.pattern.dtype))
+
+    @cached_property
+    def entropy(self) -> torch.Tensor:
+        """(batch, head, q) entropy of each query's attention over the keys that count, in nats."""
+        return -torch.special.xlogy(self.masked, self.masked).sum(-1)
+
+    @cached_property
+    def top_key(self) -> torch.Tensor:
+        """(batch, head, q) the key that gets each query's largest weight, among keys that count."""
+        fill = torch.tensor(-1.0, dtype=self.pattern.dtype)
+        return torch.where(self.key_mask[:, None, None, :], self.pattern, fill).argmax(-1)
 
     def visible(self) -> torch.Tensor:
         """(batch, q, k) bool: keys that count and that query q could see under the model's mask."""
@@ -131,11 +149,6 @@ def _mean_over_queries(score: torch.Tensor, valid: torch.Tensor) -> tuple[torch.
     return sums, counts  # (batch, head) each
 
 
-def _masked_pattern(batch: AttentionBatch) -> torch.Tensor:
-    """(batch, head, q, k) the pattern with keys that do not count set to 0."""
-    return torch.where(batch.key_mask[:, None, None, :], batch.pattern, torch.zeros((), dtype=batch.pattern.dtype))
-
-
 def _at_offsets(batch: AttentionBatch, offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A[q, q + d] for each offset d, and where it is defined (query and key q + d both count).
 
@@ -158,11 +171,8 @@ def _mean_at_offset(batch: AttentionBatch, offset: int) -> tuple[torch.Tensor, t
 
 
 def _share_where_argmax_at(batch: AttentionBatch, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
-    n = batch.pattern.shape[-1]
-    masked = torch.where(batch.key_mask[:, None, None, :], batch.pattern, torch.tensor(-1.0, dtype=batch.pattern.dtype))
-    top = masked.argmax(-1)  # (batch, head, q)
-    target = torch.arange(n, device=top.device) + offset  # (q,)
-    hit = (top == target).to(batch.pattern.dtype)
+    target = torch.arange(batch.pattern.shape[-1], device=batch.pattern.device) + offset  # (q,)
+    hit = (batch.top_key == target).to(batch.pattern.dtype)  # (batch, head, q)
     _, valid = _at_offsets(batch, torch.tensor([offset], device=batch.pattern.device))
     return _mean_over_queries(hit, valid[..., 0])
 
@@ -197,7 +207,7 @@ def first_token(batch: AttentionBatch):
 
     Undefined (NaN) when the first token does not count, e.g. when special tokens are left out.
     """
-    weights = _masked_pattern(batch)[..., 0]  # (batch, head, q)
+    weights = batch.masked[..., 0]  # (batch, head, q)
     valid = batch.query_mask & batch.key_mask[:, :1]
     valid = valid & (torch.arange(valid.shape[-1], device=valid.device) >= 1)
     return _mean_over_queries(weights, valid)
@@ -210,7 +220,7 @@ def sep(batch: AttentionBatch):
     Defined only for segments holding a [SEP] that counts (NaN for models without one, such as GPT-2).
     """
     on_sep = batch.sep_mask & batch.key_mask  # (batch, k)
-    weights = (_masked_pattern(batch) * on_sep[:, None, None, :].to(batch.pattern.dtype)).sum(-1)  # (batch, head, q)
+    weights = torch.einsum("bhqk,bk->bhq", batch.masked, on_sep.to(batch.pattern.dtype))
     valid = batch.query_mask & on_sep.any(-1, keepdim=True)
     return _mean_over_queries(weights, valid)
 
@@ -221,9 +231,7 @@ def entropy(batch: AttentionBatch):
 
     Only keys that count enter the sum (0 log 0 = 0).
     """
-    weights = _masked_pattern(batch)
-    per_query = -torch.special.xlogy(weights, weights).sum(-1)  # (batch, head, q)
-    return _mean_over_queries(per_query, batch.query_mask)
+    return _mean_over_queries(batch.entropy, batch.query_mask)
 
 
 @register("entropy_norm", unit="fraction of the largest possible entropy")
@@ -233,10 +241,8 @@ def entropy_norm(batch: AttentionBatch):
     0 is attention on one key, 1 is uniform attention over all it could see. Queries that see a single key
     (the first token of a causal model) have no defined value and do not count.
     """
-    weights = _masked_pattern(batch)
-    per_query = -torch.special.xlogy(weights, weights).sum(-1)  # (batch, head, q)
-    n_visible = batch.visible().sum(-1).to(weights.dtype)  # (batch, q)
-    normalised = per_query / torch.log(n_visible.clamp_min(2))[:, None, :]
+    n_visible = batch.visible().sum(-1).to(batch.pattern.dtype)  # (batch, q)
+    normalised = batch.entropy / torch.log(n_visible.clamp_min(2))[:, None, :]
     return _mean_over_queries(normalised, batch.query_mask & (n_visible >= 2))
 
 
@@ -246,7 +252,7 @@ def distance(batch: AttentionBatch):
     n = batch.pattern.shape[-1]
     positions = torch.arange(n, device=batch.pattern.device)
     gap = (positions[:, None] - positions[None, :]).abs().to(batch.pattern.dtype)  # (q, k)
-    per_query = (_masked_pattern(batch) * gap).sum(-1)  # (batch, head, q)
+    per_query = (batch.masked * gap).sum(-1)  # (batch, head, q)
     return _mean_over_queries(per_query, batch.query_mask)
 
 
@@ -275,7 +281,7 @@ def _same_token(batch: AttentionBatch) -> torch.Tensor:
 
 def _attention_on(batch: AttentionBatch, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean total attention on `targets` (batch, q, k) over real queries that have at least one target."""
-    weights = (_masked_pattern(batch) * targets[:, None].to(batch.pattern.dtype)).sum(-1)  # (batch, head, q)
+    weights = torch.einsum("bhqk,bqk->bhq", batch.masked, targets.to(batch.pattern.dtype))
     return _mean_over_queries(weights, batch.query_mask & targets.any(-1))
 
 
