@@ -64,7 +64,7 @@ WIDE_CI = 0.1  # an interval wider than this (shares) or than this fraction of t
 ANNOTATE_TOP = 3  # heads annotated in each heatmap
 OFFSET_TOP = 3  # heads drawn in each offset profile
 DPI = 130
-DISPLAY = 0.6  # on the page, a figure's PNG pixels are shown at this scale (about 78 CSS pixels per inch)
+DISPLAY = 0.7  # on the page, a figure's PNG pixels are shown at this scale (about 91 CSS pixels per inch)
 REPORT_FILES = {"index.html", "report.md", "figures"}  # all a report folder holds; see _check_out
 
 # What a share of attention is on, for the findings' sentences; other metrics are named as they are.
@@ -204,7 +204,8 @@ def ci_is_wide(rows: pd.DataFrame, *, threshold: float = WIDE_CI) -> pd.Series:
     width = rows["ci_high"] - rows["ci_low"]
     share = rows["metric"].map(figures.is_share).astype(bool)
     limit = np.where(share, threshold, threshold * rows["value"].abs())
-    return pd.Series((width > limit).fillna(False).to_numpy(dtype=bool), index=rows.index)
+    # The 1e-9 keeps an interval of exactly the threshold (0.55 - 0.45 in floating point) from counting as wide.
+    return pd.Series((width > limit + 1e-9).fillna(False).to_numpy(dtype=bool), index=rows.index)
 
 
 def top_heads(heads: pd.DataFrame, *, metric: str, n: int = 10, model: str | None = None) -> pd.DataFrame:
@@ -524,7 +525,7 @@ def _inline_html(text: str) -> str:
     return "".join(out)
 
 
-_MD_SPECIAL = re.compile(r"([\\*_\[\]<>|$#])")
+_MD_SPECIAL = re.compile(r"([\\*_<>|$#])")
 
 
 def _inline_md(text: str) -> str:
