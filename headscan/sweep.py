@@ -345,5 +345,6 @@ def example_attention(model: HookedModel, text: str, layer: int) -> tuple[list[s
         captured["pattern"] = pattern[0].detach().float().cpu().numpy()  # (head, q, k)
 
     _forward(model, ids.to(device), torch.ones_like(ids).to(device), [(f"blocks.{layer}.attn.hook_pattern", hook)])
-    tokens = model.tokenizer.convert_ids_to_tokens(list(encoded.token_ids[0]))
-    return [str(t) for t in tokens], captured["pattern"]
+    # decode one id at a time: readable labels ("cat", not byte-level BPE's "Ġcat"), whitespace shown quoted
+    words = [model.tokenizer.decode([token]) for token in encoded.token_ids[0]]
+    return [word.strip() or repr(word) for word in words], captured["pattern"]
