@@ -52,7 +52,11 @@ class AttentionBatch:
     tokens: torch.Tensor  # (batch, k) token ids
     sep_mask: torch.Tensor  # (batch, k) bool: [SEP] tokens (all False for models without one)
     causal: bool  # True when a query can only see keys at or before it
-    max_offset: int = 8  # K of the offset profile: offsets -K..K
+    max_offset: int = 8  # K of the offset profile: offsets -K..K (at least 1: prev and next read from it)
+
+    def __post_init__(self):
+        if self.max_offset < 1:
+            raise MetricError(f"max_offset must be at least 1, got {self.max_offset}")
 
     @property
     def offsets(self) -> torch.Tensor:
@@ -62,26 +66,57 @@ class AttentionBatch:
     @cached_property
     def masked(self) -> torch.Tensor:
         """(batch, head, q, k) the pattern with keys that do not count set to 0, whatever they held."""
-        return torch.where(self.key_mask[:, None, None, :], self.pattern, torch.zeros((), dtype=self.pattern.dtype))
+        keep = self.key_mask[:, None, None, :]
+        masked = self.pattern * keep  # four times faster than where() on CPU ...
+        if not torch.isfinite(masked).all():  # ... but NaN or inf in a dropped cell would survive it
+            masked = torch.where(keep, self.pattern, torch.zeros((), dtype=self.pattern.dtype))
+        return masked
 
     @cached_property
     def entropy(self) -> torch.Tensor:
         """(batch, head, q) entropy of each query's attention over the keys that count, in nats."""
-        return -torch.special.xlogy(self.masked, self.masked).sum(-1)
+        # x log x with 0 log 0 = 0: clamping first is over twice as fast as torch.special.xlogy on CPU
+        tiny = torch.finfo(self.masked.dtype).tiny
+        return -(self.masked * torch.log(self.masked.clamp_min(tiny))).sum(-1)
 
     @cached_property
     def top_key(self) -> torch.Tensor:
-        """(batch, head, q) the key that gets each query's largest weight, among keys that count."""
-        fill = torch.tensor(-1.0, dtype=self.pattern.dtype)
-        return torch.where(self.key_mask[:, None, None, :], self.pattern, fill).argmax(-1)
+        """(batch, head, q) the key that gets each query's largest weight among keys that count; -1 where
+        the query puts no weight at all on keys that count (it then has no "top key")."""
+        largest, key = self.masked.max(-1)
+        return torch.where(largest > 0, key, -1)
 
-    def visible(self) -> torch.Tensor:
-        """(batch, q, k) bool: keys that count and that query q could see under the model's mask."""
-        visible = self.key_mask[:, None, :] & self.query_mask[:, :, None]  # (batch, q, k)
+    @cached_property
+    def at_offsets(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """A[q, q + d] for every offset d in -K..K, and where it is defined (query and key q + d both count).
+
+        (batch, head, q, offset) weights and (batch, q, offset) validity; prev/self/next read from it too.
+        """
+        b, h, n_q, n_k = self.pattern.shape
+        keys = torch.arange(n_q, device=self.pattern.device)[:, None] + self.offsets[None, :]  # (q, offset)
+        in_range = (keys >= 0) & (keys < n_k)
+        keys = keys.clamp(0, n_k - 1)
+        weights = self.pattern.gather(-1, keys.expand(b, h, n_q, -1))  # (batch, head, q, offset)
+        valid = self.query_mask[:, :, None] & self.key_mask[:, keys] & in_range  # (batch, q, offset)
+        return weights, valid
+
+    @cached_property
+    def other_occurrences(self) -> torch.Tensor:
+        """(batch, q, k) bool: key k holds the query's token at another position that the query sees.
+
+        Earlier positions only for causal models; both count.
+        """
+        same = self.tokens[:, :, None] == self.tokens[:, None, :]
+        n = same.shape[-1]
+        below = -1 if self.causal else n
+        other = torch.ones(n, n, dtype=torch.bool, device=same.device).tril(below) & ~torch.eye(n, dtype=torch.bool, device=same.device)
+        return same & other & self.query_mask[:, :, None] & self.key_mask[:, None, :]
+
+    def n_visible(self) -> torch.Tensor:
+        """(batch, q) how many keys that count query q could see under the model's mask."""
         if self.causal:
-            n = self.pattern.shape[-1]
-            visible = visible & torch.ones(n, n, dtype=torch.bool, device=visible.device).tril()
-        return visible
+            return self.key_mask.cumsum(-1)  # keys at or before q
+        return self.key_mask.sum(-1, keepdim=True).expand_as(self.key_mask)
 
 
 @dataclass(frozen=True)
@@ -149,32 +184,17 @@ def _mean_over_queries(score: torch.Tensor, valid: torch.Tensor) -> tuple[torch.
     return sums, counts  # (batch, head) each
 
 
-def _at_offsets(batch: AttentionBatch, offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A[q, q + d] for each offset d, and where it is defined (query and key q + d both count).
-
-    Returns (batch, head, q, n_offsets) weights and (batch, q, n_offsets) validity.
-    """
-    b, h, n_q, n_k = batch.pattern.shape
-    positions = torch.arange(n_q, device=batch.pattern.device)
-    keys = positions[:, None] + offsets[None, :]  # (q, n_offsets)
-    in_range = (keys >= 0) & (keys < n_k)
-    keys = keys.clamp(0, n_k - 1)
-    weights = batch.pattern.gather(-1, keys.expand(b, h, n_q, -1))  # (batch, head, q, n_offsets)
-    key_counts = batch.key_mask[:, keys]  # (batch, q, n_offsets)
-    valid = batch.query_mask[:, :, None] & key_counts & in_range
-    return weights, valid
-
-
 def _mean_at_offset(batch: AttentionBatch, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
-    weights, valid = _at_offsets(batch, torch.tensor([offset], device=batch.pattern.device))
-    return _mean_over_queries(weights[..., 0], valid[..., 0])
+    weights, valid = batch.at_offsets
+    column = offset + batch.max_offset
+    return _mean_over_queries(weights[..., column], valid[..., column])
 
 
 def _share_where_argmax_at(batch: AttentionBatch, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
     target = torch.arange(batch.pattern.shape[-1], device=batch.pattern.device) + offset  # (q,)
     hit = (batch.top_key == target).to(batch.pattern.dtype)  # (batch, head, q)
-    _, valid = _at_offsets(batch, torch.tensor([offset], device=batch.pattern.device))
-    return _mean_over_queries(hit, valid[..., 0])
+    _, valid = batch.at_offsets
+    return _mean_over_queries(hit, valid[..., offset + batch.max_offset])
 
 
 # --- registered metrics ------------------------------------------------------------------------------------
@@ -220,7 +240,8 @@ def sep(batch: AttentionBatch):
     Defined only for segments holding a [SEP] that counts (NaN for models without one, such as GPT-2).
     """
     on_sep = batch.sep_mask & batch.key_mask  # (batch, k)
-    weights = torch.einsum("bhqk,bk->bhq", batch.masked, on_sep.to(batch.pattern.dtype))
+    # multiply-and-sum: several times faster than the equivalent einsum (a batched matmul) on CPU
+    weights = (batch.masked * on_sep[:, None, None, :].to(batch.pattern.dtype)).sum(-1)  # (batch, head, q)
     valid = batch.query_mask & on_sep.any(-1, keepdim=True)
     return _mean_over_queries(weights, valid)
 
@@ -241,7 +262,7 @@ def entropy_norm(batch: AttentionBatch):
     0 is attention on one key, 1 is uniform attention over all it could see. Queries that see a single key
     (the first token of a causal model) have no defined value and do not count.
     """
-    n_visible = batch.visible().sum(-1).to(batch.pattern.dtype)  # (batch, q)
+    n_visible = batch.n_visible().to(batch.pattern.dtype)  # (batch, q)
     normalised = batch.entropy / torch.log(n_visible.clamp_min(2))[:, None, :]
     return _mean_over_queries(normalised, batch.query_mask & (n_visible >= 2))
 
@@ -260,6 +281,8 @@ def distance(batch: AttentionBatch):
 def positional_prev(batch: AttentionBatch):
     """Share of real queries q (with q-1 real) whose largest attention weight is on q-1.
 
+    A query with no weight on any key that counts has no largest weight and scores 0 (a miss).
+
     Voita et al. (2019) call a head positional when this share is at least 0.9.
     """
     return _share_where_argmax_at(batch, -1)
@@ -271,17 +294,9 @@ def positional_next(batch: AttentionBatch):
     return _share_where_argmax_at(batch, +1)
 
 
-def _same_token(batch: AttentionBatch) -> torch.Tensor:
-    """(batch, q, k) bool: key k holds the query's token at another position, and both count."""
-    same = batch.tokens[:, :, None] == batch.tokens[:, None, :]
-    n = same.shape[-1]
-    same = same & ~torch.eye(n, dtype=torch.bool, device=same.device)
-    return same & batch.query_mask[:, :, None] & batch.key_mask[:, None, :]
-
-
 def _attention_on(batch: AttentionBatch, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean total attention on `targets` (batch, q, k) over real queries that have at least one target."""
-    weights = torch.einsum("bhqk,bqk->bhq", batch.masked, targets.to(batch.pattern.dtype))
+    weights = (batch.masked * targets[:, None].to(batch.pattern.dtype)).sum(-1)  # (batch, head, q)
     return _mean_over_queries(weights, batch.query_mask & targets.any(-1))
 
 
@@ -292,10 +307,7 @@ def duplicate_token(batch: AttentionBatch):
     Counts the real queries whose token occurs elsewhere in the segment: earlier (causal models), or earlier
     or later (bidirectional models, where all other occurrences are visible).
     """
-    same = _same_token(batch)
-    if batch.causal:
-        same = same & torch.ones_like(same[0]).tril(-1)
-    return _attention_on(batch, same)
+    return _attention_on(batch, batch.other_occurrences)
 
 
 @register("induction")
@@ -309,9 +321,7 @@ def induction(batch: AttentionBatch):
     to what followed this token elsewhere", which a bidirectional model can also do by looking ahead. Counts
     the real queries with at least one target.
     """
-    same = _same_token(batch)  # (batch, q, j)
-    if batch.causal:
-        same = same & torch.ones_like(same[0]).tril(-1)
+    same = batch.other_occurrences  # (batch, q, j)
     # target key k = j + 1: shift along keys; the key at k must count too.
     targets = torch.zeros_like(same)
     targets[..., 1:] = same[..., :-1]  # a fresh tensor, so writing into it is safe
@@ -325,7 +335,7 @@ def offset_profile(batch: AttentionBatch):
 
     d = -1 is prev_token, 0 is self and +1 is next_token. A row's profile sums to at most 1.
     """
-    weights, valid = _at_offsets(batch, batch.offsets)  # (batch, head, q, n_off), (batch, q, n_off)
+    weights, valid = batch.at_offsets  # (batch, head, q, offset), (batch, q, offset)
     valid = valid[:, None]  # (batch, 1, q, n_off)
     zero = torch.zeros((), dtype=weights.dtype)
     sums = torch.where(valid, weights, zero).sum(-2)  # (batch, head, n_off)
