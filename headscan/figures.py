@@ -23,13 +23,14 @@ state): that is `headscan.report`. It does not save files or pick a backend eith
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 import seaborn as sns
 from matplotlib.ticker import MaxNLocator
+
+from .metrics import METRICS
 
 __all__ = [
     "SHARE_CMAP",
@@ -46,38 +47,22 @@ SHARE_CMAP = "rocket_r"  # light = little attention, dark = all of it: reads in 
 UNBOUNDED_CMAP = "mako_r"  # a different hue, so nats or tokens are never read against the share scale
 UNDEFINED_COLOUR = "#d9d9d9"  # cells where a metric is undefined (NaN) show the axes background
 
-# Used only while headscan.metrics cannot be imported; the registry's `.bounded` wins when it can.
-_UNBOUNDED_FALLBACK = {"entropy": "entropy (nats)", "distance": "mean distance (tokens)"}
-
-
-def _registry() -> Mapping:
-    try:
-        return importlib.import_module("headscan.metrics").METRICS
-    except (ImportError, AttributeError):
-        return {}
-
 
 def is_share(metric: str) -> bool:
     """Whether `metric` is a share of attention in [0, 1] (and so drawn on the shared 0-1 scale).
 
-    Asks the metric registry (``METRICS[metric].bounded``); names it does not know are shares unless they
-    are ``entropy`` or ``distance``.
+    Asks the metric registry (``METRICS[metric].bounded``); a name it does not know (a run from another
+    version of headscan) is taken for a share.
 
     >>> is_share("prev_token"), is_share("entropy")
     (True, False)
     """
-    entry = _registry().get(metric)
-    if entry is not None and hasattr(entry, "bounded"):
-        return bool(entry.bounded)
-    return metric not in _UNBOUNDED_FALLBACK
+    return metric not in METRICS or METRICS[metric].bounded
 
 
 def _value_label(metric: str) -> str:
     """The colour bar or axis label of `metric`: its unit from the registry, e.g. "entropy (nats)"."""
-    if is_share(metric):
-        return "share of attention"
-    unit = getattr(_registry().get(metric), "unit", None)
-    return f"{metric} ({unit})" if unit else _UNBOUNDED_FALLBACK.get(metric, metric)
+    return f"{metric} ({METRICS[metric].unit})" if not is_share(metric) else "share of attention"
 
 
 def _fmt(metric: str, value: float) -> str:
@@ -202,16 +187,15 @@ def head_heatmap(
 
     if annotate_top > 0 and finite.size and finite.max() > finite.min():
         mesh = ax.collections[0]
-        stacked = grid.stack().dropna().rename("value").reset_index()
-        top = stacked.sort_values(["value", "layer", "head"], ascending=[False, True, True]).head(annotate_top)
-        for row in top.itertuples():
+        # stack() runs layer by layer, head by head, so nlargest's "first" keeps ties for the lower layer, head.
+        for (layer, head), value in grid.stack().dropna().nlargest(annotate_top, keep="first").items():
             # Pick the text colour from the cell's own colour so the number stays legible on dark cells.
-            r, g, b, _ = mesh.cmap(mesh.norm(row.value))
+            r, g, b, _ = mesh.cmap(mesh.norm(value))
             dark = 0.2126 * r + 0.7152 * g + 0.0722 * b < 0.45
             ax.text(
-                row.head + 0.5,
-                row.layer + 0.5,
-                _fmt(metric, row.value),
+                head + 0.5,
+                layer + 0.5,
+                _fmt(metric, value),
                 ha="center",
                 va="center",
                 fontsize="small",
@@ -219,11 +203,6 @@ def head_heatmap(
                 color="white" if dark else "black",
             )
     return ax
-
-
-def _plain(text: str) -> str:
-    # Tokens are data, not markup: a "$" must not switch matplotlib into mathtext.
-    return str(text).replace("$", r"\$")
 
 
 def attention_matrix(
@@ -240,7 +219,8 @@ def attention_matrix(
     Parameters
     ----------
     tokens : sequence of str
-        The sentence's tokens, in order (as the model's tokenizer split it).
+        The sentence's tokens, in order, as readable text (``headscan.sweep.example_attention`` decodes each
+        one); they are drawn as they are, only a ``$`` escaped.
     pattern : array of shape (q_pos, k_pos)
         Attention weights; row ``q`` is what query ``q`` attends to and sums to 1.
     title : str, optional
@@ -265,7 +245,7 @@ def attention_matrix(
             f"pattern has shape {pattern.shape}, but {len(tokens)} tokens need a square ({len(tokens)}, "
             f"{len(tokens)}) matrix of one head"
         )
-    labels = [_plain(t) for t in tokens]
+    labels = [str(t).replace("$", r"\$") for t in tokens]  # tokens are data: a "$" must not start mathtext
     mask = np.triu(np.ones_like(pattern, dtype=bool), k=1) if causal else None
     ax.set_facecolor("white")
     sns.heatmap(

@@ -13,8 +13,8 @@ attention pattern, through ``headscan.models.load_model`` and ``headscan.sweep.e
 
 >>> import pandas as pd
 >>> heads = pd.DataFrame({"model": "m", "family": "causal", "layer": [0, 0, 1], "head": [0, 1, 0],
-...                       "label": ["L0H0", "L0H1", "L1H0"], "metric": "prev_token",
-...                       "value": [0.2, 0.9, 0.5], "ci_low": float("nan"), "ci_high": float("nan")})
+...                       "label": ["L0H0", "L0H1", "L1H0"], "metric": "prev_token", "value": [0.2, 0.9, 0.5],
+...                       "count": 10.0, "ci_low": float("nan"), "ci_high": float("nan")})
 >>> top_heads(heads, metric="prev_token", n=2)[["model", "rank", "label", "value"]].to_dict("records")
 [{'model': 'm', 'rank': 1, 'label': 'L0H1', 'value': 0.9}, {'model': 'm', 'rank': 2, 'label': 'L1H0', 'value': 0.5}]
 """
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import base64
 import html
-import importlib
+import inspect
 import io
 import math
 import os
@@ -41,8 +41,9 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 
-from . import figures
+from . import figures, tables
 from .errors import ConfigError, HeadscanError
+from .metrics import METRICS
 from .tables import SweepTables, load
 
 __all__ = [
@@ -122,7 +123,7 @@ class Comparison:
     def metrics(self) -> list[str]:
         """The heads table's metrics, in the registry's order where it knows them."""
         present = list(dict.fromkeys(self.heads["metric"]))
-        order = {name: i for i, name in enumerate(_registry())}
+        order = {name: i for i, name in enumerate(METRICS)}
         return sorted(present, key=lambda m: (order.get(m, len(order)), present.index(m)))
 
 
@@ -179,13 +180,6 @@ def merge_runs(runs: Sequence[SweepTables], names: Sequence[str] | None = None) 
     )
 
 
-def _registry() -> Mapping:
-    try:
-        return importlib.import_module("headscan.metrics").METRICS
-    except (ImportError, AttributeError):
-        return {}
-
-
 # ---------------------------------------------------------------------------------------------------------
 # Numbers: what a report shows, as DataFrames and sentences
 
@@ -209,7 +203,7 @@ def ci_is_wide(rows: pd.DataFrame, *, threshold: float = WIDE_CI) -> pd.Series:
 
 
 def top_heads(heads: pd.DataFrame, *, metric: str, n: int = 10, model: str | None = None) -> pd.DataFrame:
-    """The `n` highest-scoring heads of each model on `metric`.
+    """The `n` highest-scoring heads of each model on `metric`: `headscan.tables.top_heads`, ranked.
 
     Heads where the metric is undefined (NaN) are left out; ties go to the lower layer, then head. A model
     whose heads all score the same has no top heads and is left out too (see `findings` for what it says).
@@ -219,26 +213,24 @@ def top_heads(heads: pd.DataFrame, *, metric: str, n: int = 10, model: str | Non
     DataFrame
         Columns ``model, rank, label, layer, head, value, ci_low, ci_high, wide`` (``wide``: see
         `ci_is_wide`), one block of up to `n` rows per model in the table's order, rank 1 first.
+
+    Raises
+    ------
+    MetricError
+        `metric` is not in the registry, or is not a head score.
     """
-    rows = heads[(heads["metric"] == metric) & heads["value"].notna()]
+    rows = heads[heads["metric"] == metric]
     if model is not None:
         rows = rows[rows["model"] == model]
-    order = list(dict.fromkeys(rows["model"]))
-    blocks = []
-    for name in order:
-        part = rows[rows["model"] == name]
-        if part["value"].max() == part["value"].min():
-            continue
-        part = part.sort_values(["value", "layer", "head"], ascending=[False, True, True]).head(n)
-        part = part.assign(rank=range(1, len(part) + 1), wide=ci_is_wide(part))
-        blocks.append(part)
+    scores = rows.groupby("model", sort=False)["value"]
+    varied = scores.max() > scores.min()  # False where every head scores the same, or none is defined
+    top = tables.top_heads(rows[rows["model"].isin(varied.index[varied])], metric, n)
+    order = {name: i for i, name in enumerate(varied.index)}
+    top = top.sort_values("model", key=lambda names: names.map(order), kind="stable").reset_index(drop=True)
+    top["rank"] = top.groupby("model", sort=False).cumcount() + 1
+    top["wide"] = ci_is_wide(top.assign(metric=metric))
     columns = ["model", "rank", "label", "layer", "head", "value", "ci_low", "ci_high", "wide"]
-    if not blocks:
-        return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
-    out = pd.concat(blocks)[columns].reset_index(drop=True)
-    out["model"] = out["model"].astype(str)
-    out["label"] = out["label"].astype(str)
-    return out
+    return top[columns].astype({"model": str, "label": str})
 
 
 def _pct(value: float) -> str:
@@ -269,7 +261,8 @@ def findings(heads: pd.DataFrame, *, threshold: float = 0.5) -> list[str]:
 
     >>> heads = pd.DataFrame({"model": "m", "family": "causal", "layer": 0, "head": [0, 1, 0, 1],
     ...                       "label": ["L0H0", "L0H1"] * 2, "metric": ["prev_token"] * 2 + ["next_token"] * 2,
-    ...                       "value": [0.999, 0.1, 0.0, 0.0], "ci_low": float("nan"), "ci_high": float("nan")})
+    ...                       "value": [0.999, 0.1, 0.0, 0.0], "count": 10.0, "ci_low": float("nan"),
+    ...                       "ci_high": float("nan")})
     >>> for sentence in findings(heads):
     ...     print(sentence)
     In m, L0H0 puts 99.9% of its attention on the previous token.
@@ -540,8 +533,6 @@ def _inline_md(text: str) -> str:
 
 def _paragraphs(body: str) -> list[list[str] | str]:
     """Split a docstring into paragraphs (str) and bullet lists (list of str)."""
-    import inspect
-
     blocks = []
     for chunk in re.split(r"\n\s*\n", inspect.cleandoc(body or "")):
         lines = [line.strip() for line in chunk.splitlines() if line.strip()]
@@ -828,13 +819,9 @@ def _example_figure(comparison: Comparison, text: str, load_models: bool, pngs: 
     if not load_models:
         return [intro, _Note("The example attention could not be drawn: this report was made without loading the "
                              "models. Everything else here needs only the tables.")]
+    from . import models, sweep  # torch and the model bridge, imported only when a report loads models
+
     drawn, failed, loaded = [], [], {}
-    try:
-        load_model = importlib.import_module("headscan.models").load_model
-        example_attention = importlib.import_module("headscan.sweep").example_attention
-    except (ImportError, AttributeError) as error:
-        return [intro, _Note(f"The example attention could not be drawn: headscan cannot load models here "
-                             f"({type(error).__name__}: {error}).")]
     by_name = {m.name: m for m in comparison.models}
     for pick in picks.itertuples():
         m = by_name[pick.model]
@@ -843,12 +830,12 @@ def _example_figure(comparison: Comparison, text: str, load_models: bool, pngs: 
             # Two runs of one model load it once; a model that failed to load is not tried again.
             if spec not in loaded:
                 try:
-                    loaded[spec] = load_model(spec, device="cpu")
+                    loaded[spec] = models.load_model(spec, device="cpu")
                 except _EXAMPLE_ERRORS as error:
                     loaded[spec] = error
             if isinstance(loaded[spec], BaseException):
                 raise loaded[spec]
-            tokens, pattern = example_attention(loaded[spec], text, pick.layer)  # pattern: (head, q_pos, k_pos)
+            tokens, pattern = sweep.example_attention(loaded[spec], text, pick.layer)  # pattern: (head, q_pos, k_pos)
             drawn.append((pick, list(tokens), np.asarray(pattern)[pick.head]))
         except _EXAMPLE_ERRORS as error:
             failed.append(f"{m.name} (`{spec}`): {type(error).__name__}: {error}")
@@ -899,13 +886,13 @@ def build_report(
         Each figure's file name and PNG bytes.
     """
     if top < 1:
-        raise ConfigError(f"--top must be at least 1, not {top}")
+        raise ConfigError(f"--top must be at least 1, not {top}; pass how many heads to list per metric, e.g. --top 10")
     example = example or DEFAULT_EXAMPLE
     heads, offsets = comparison.heads, comparison.offsets
     metrics = comparison.metrics
+    ranked = [metric for metric in metrics if metric in METRICS]  # top_heads refuses names it does not know
     names = [m.name for m in comparison.models]
     palette = figures.model_palette(names)
-    registry = _registry()
     pngs = _Pngs()
     blocks: list = []
 
@@ -960,7 +947,7 @@ def build_report(
             _Text(f"The {top} highest-scoring heads of each metric in each model: label, value and, where the "
                   "sweep bootstrapped it, the 95% interval over segments."),
         ]
-        blocks.append(_Panels([(f"Top {metric}", _top_table(comparison, metric, top)) for metric in metrics]))
+        blocks.append(_Panels([(f"Top {metric}", _top_table(comparison, metric, top)) for metric in ranked]))
         blocks.append(_Note(f"† marks a 95% interval wider than {WIDE_CI:g} (shares) or than {WIDE_CI:.0%} of the "
                             "value (entropy, distance): read that value with care."))
 
@@ -974,8 +961,7 @@ def build_report(
             if part.empty:
                 blocks.append(_Note(f"{m.name} has no offsets table rows."))
                 continue
-            shown = [(metric, top_heads(heads[heads["model"] == m.name], metric=metric, n=OFFSET_TOP))
-                     for metric in metrics]
+            shown = [(metric, top_heads(heads, metric=metric, n=OFFSET_TOP, model=m.name)) for metric in ranked]
             shown = [(metric, t) for metric, t in shown if not t.empty]
             if not shown:
                 continue
@@ -1017,17 +1003,16 @@ def build_report(
         blocks += [_Heading(2, "Metric definitions"),
                    _Text("Read from the metric registry (headscan.metrics.METRICS) of the headscan that wrote "
                          "this report, so they match the code.")]
-        shown = metrics + [n for n, e in registry.items() if getattr(e, "table", "heads") == "offsets"
-                           and n not in metrics]
+        shown = metrics + [n for n, e in METRICS.items() if e.table == "offsets" and n not in metrics]
         for name in shown:
-            entry = registry.get(name)
+            entry = METRICS.get(name)
             if entry is None:
                 blocks.append(_Definition(name, "not in this headscan's registry",
-                                          "No definition: this metric is not registered in the installed headscan."))
+                                          "No definition: this metric is not registered in the installed headscan, "
+                                          "so it is drawn but not ranked."))
                 continue
-            kind = ("share, 0 to 1" if getattr(entry, "bounded", figures.is_share(name)) else "unbounded")
-            kind += f"; {getattr(entry, 'table', 'heads')} table"
-            blocks.append(_Definition(name, kind, str(getattr(entry, "definition", "") or "")))
+            kind = "share, 0 to 1" if entry.bounded else "unbounded"
+            blocks.append(_Definition(name, f"{kind}; {entry.table} table", entry.definition))
 
     return _render_html(title, blocks, pngs), _render_md(blocks), dict(pngs)
 

@@ -1,8 +1,5 @@
 """The figure functions: each draws what its table says, checked on the matplotlib objects, never on pixels."""
 
-import sys
-import types
-
 import matplotlib
 
 matplotlib.use("Agg")
@@ -15,6 +12,7 @@ from matplotlib.collections import PathCollection  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from headscan import figures  # noqa: E402
+from headscan.metrics import METRICS as METRICS_REGISTRY  # noqa: E402
 
 METRICS = ["prev_token", "next_token", "self", "entropy", "distance"]
 
@@ -23,22 +21,6 @@ METRICS = ["prev_token", "next_token", "self", "entropy", "distance"]
 def _close_figures():
     yield
     plt.close("all")
-
-
-@pytest.fixture(autouse=True)
-def registry(monkeypatch):
-    """The real metric registry when it imports; a fake with the same fields while it is being written."""
-    try:
-        import headscan.metrics  # noqa: F401  (importable: use the real registry)
-    except ImportError:
-        fake = types.ModuleType("headscan.metrics")
-        fake.METRICS = {
-            name: types.SimpleNamespace(name=name, definition=f"Definition of {name}.",
-                                        bounded=name not in ("entropy", "distance"), table="heads",
-                                        unit={"entropy": "nats", "distance": "tokens"}.get(name, "share"))
-            for name in METRICS
-        }
-        monkeypatch.setitem(sys.modules, "headscan.metrics", fake)
 
 
 def value(model, metric, layer, head):
@@ -219,3 +201,5 @@ def test_entropy_by_layer_lines_are_layer_means():
 
 def test_is_share_follows_the_registry():
     assert figures.is_share("prev_token") and not figures.is_share("entropy") and not figures.is_share("distance")
+    assert all(figures.is_share(name) == metric.bounded for name, metric in METRICS_REGISTRY.items())
+    assert figures.is_share("not_a_metric")  # a run from another headscan: drawn on the share scale

@@ -76,7 +76,8 @@ def reference(name, batch):
                 elif name in ("positional_prev", "positional_next"):
                     target = q - 1 if name == "positional_prev" else q + 1
                     if target in row:
-                        add(float(max(row, key=lambda k: (row[k], -k)) == target))
+                        top = max(row, key=lambda k: (row[k], -k))
+                        add(float(top == target and row[top] > 0))
                 elif name in ("duplicate_token", "induction"):
                     others = [j for j in keys if j != q and tok[b, j] == tok[b, q] and (not batch.causal or j < q)]
                     targets = others if name == "duplicate_token" else [j + 1 for j in others if j + 1 in row]

@@ -3,7 +3,6 @@
 import io
 import shutil
 import subprocess
-import sys
 import types
 
 import matplotlib
@@ -18,8 +17,9 @@ from PIL import Image  # noqa: E402
 
 import headscan.models  # noqa: E402, F401
 import headscan.sweep  # noqa: E402, F401  (imported before any test patches headscan.models.load_model)
-from headscan import report  # noqa: E402
+from headscan import report, tables  # noqa: E402
 from headscan.errors import ConfigError, ModelNotFoundError, TablesError  # noqa: E402
+from headscan.metrics import METRICS as REGISTRY  # noqa: E402
 from headscan.tables import SweepTables, load, write  # noqa: E402
 
 METRICS = ["prev_token", "next_token", "self", "first_token", "sep", "entropy", "entropy_norm", "distance",
@@ -31,27 +31,6 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def _close_figures():
     yield
     plt.close("all")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def registry():
-    """The real metric registry when it imports; a fake with the same fields while it is being written."""
-    try:
-        from headscan.metrics import METRICS as real
-    except ImportError:
-        real = None
-    with pytest.MonkeyPatch.context() as patch:
-        if real is None:
-            fake = types.ModuleType("headscan.metrics")
-            fake.METRICS = {
-                name: types.SimpleNamespace(name=name, definition=f"Definition of {name}: a test stand-in.",
-                                            bounded=name not in ("entropy", "distance"), table="heads")
-                for name in METRICS
-            }
-            fake.METRICS["offsets"] = types.SimpleNamespace(name="offsets", definition="The offset profile.",
-                                                            bounded=True, table="offsets")
-            patch.setitem(sys.modules, "headscan.metrics", fake)
-        yield sys.modules["headscan.metrics"].METRICS if real is None else real
 
 
 def value(model, family, metric, layer, head):
@@ -133,6 +112,16 @@ def test_top_heads_are_ranked_per_model_with_intervals(runs):
     assert not top["wide"].any()
     wide = report.top_heads(heads, metric="prev_token", n=6, model="gpt")
     assert wide.set_index("label")["wide"].to_dict()["L1H0"] and wide["wide"].sum() == 1
+
+
+def test_top_heads_rank_as_the_tables_do(runs):
+    heads = load(runs[0]).heads
+    for metric in ("prev_token", "self", "entropy"):
+        ours = report.top_heads(heads, metric=metric, n=4)
+        theirs = tables.top_heads(heads, metric, 4)
+        for model in ("gpt", "bert"):
+            assert (ours[ours.model == model]["label"].tolist()
+                    == theirs[theirs.model == model]["label"].tolist()), (metric, model)
 
 
 def test_top_heads_skip_undefined_and_constant_metrics(runs):
@@ -229,10 +218,10 @@ def test_html_is_self_contained(one_report):
     assert '<nav class="toc">' in page and 'href="#top-heads"' in page and 'id="top-heads"' in page
 
 
-def test_report_content(one_report, registry):
+def test_report_content(one_report):
     page, md = (one_report / "index.html").read_text(), (one_report / "report.md").read_text()
     for metric in METRICS:  # each definition, word for word from the registry
-        first = report._paragraphs(registry[metric].definition)[0]
+        first = report._paragraphs(REGISTRY[metric].definition)[0]
         assert isinstance(first, str)
         assert report._inline_html(first) in page and report._inline_md(first) in md
     for text in (page, md):
@@ -331,11 +320,26 @@ def test_default_folder_is_named_after_the_runs(runs, tmp_path, monkeypatch):
     assert (tmp_path / out / "index.html").is_file()
 
 
-def test_errors_name_the_problem(tmp_path):
+def test_errors_name_the_problem(runs, tmp_path):
     with pytest.raises(ConfigError, match="at least one sweep output folder"):
         report.write_report([])
     with pytest.raises(TablesError, match="no such folder"):
         report.write_report([tmp_path / "missing"])
+    with pytest.raises(ConfigError, match=r"^--top must be at least 1, not 0; pass how many heads .*--top 10$"):
+        report.write_report([runs[0]], tmp_path / "r", top=0, load_models=False)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match=r"file: exists and is not a folder; choose another --out"):
+        report.write_report([runs[0]], tmp_path / "file", load_models=False)
+
+
+def test_a_metric_this_headscan_does_not_know_is_drawn_but_not_ranked(tmp_path):
+    run = make_tables([GPT])
+    run.heads.loc[run.heads.metric == "induction", "metric"] = "retired_metric"
+    out = report.write_report([write(run, tmp_path / "old")], tmp_path / "r", load_models=False)
+    md = (out / "report.md").read_text()
+    assert (out / "figures" / "heatmap_retired_metric_gpt.png").is_file() and "### Top prev_token" in md
+    assert "### Top retired_metric" not in md
+    assert "not registered in the installed headscan, so it is drawn but not ranked" in md
 
 
 def test_report_on_a_real_sweep_of_tiny_checkpoints(tiny_gpt2, tiny_bert, tmp_path):
