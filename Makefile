@@ -29,12 +29,13 @@ demo: setup
 test: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
 
-# The committed report: the embedded defaults over the EWT dev sentences and over repeated random tokens.
+# The committed reports: the embedded defaults over the EWT dev sentences and over repeated random tokens.
+# Tables go to reports/runs/NAME, the report of each to reports/NAME.
 reports: setup
-	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --corpus $(EWT) --out reports/ewt-dev/tables --device cpu -q
-	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --corpus repeat-random --out reports/repeat-random/tables --device cpu -q
-	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/ewt-dev/tables --out reports/ewt-dev/report
-	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/repeat-random/tables --out reports/repeat-random/report
+	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --corpus $(EWT) --out reports/runs/ewt-dev --device cpu -q
+	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --corpus repeat-random --out reports/runs/repeat-random --device cpu -q
+	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/ewt-dev --out reports/ewt-dev
+	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/repeat-random --out reports/repeat-random
 
 benchmark: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/sweep_vs_hf.py --corpus $(EWT)

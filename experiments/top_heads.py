@@ -1,6 +1,6 @@
 """Print the top heads of sweep outputs as Markdown tables, with their 95% intervals.
 
-    python experiments/top_heads.py reports/ewt-dev/tables reports/repeat-random/tables \
+    python experiments/top_heads.py reports/runs/ewt-dev reports/runs/repeat-random \
         --metric prev_token --metric next_token --metric induction --metric duplicate_token --top 3
 """
 

@@ -78,3 +78,16 @@ def test_python_dash_m_works():
 
     result = subprocess.run([sys.executable, "-m", "headscan", "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "sweep" in result.stdout
+
+
+def test_sweep_and_report_in_fresh_interpreters(tmp_path, tiny_bert):
+    """As a user runs them: each command in a new process, nothing imported beforehand."""
+    import subprocess
+    import sys
+
+    out, report = tmp_path / "out", tmp_path / "report"
+    for arguments in (["sweep", "-m", str(tiny_bert), "--limit", "3", "--out", str(out), "-q", "--device", "cpu"],
+                      ["report", str(out), "--out", str(report)]):
+        result = subprocess.run([sys.executable, "-m", "headscan", *arguments], capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr[-2000:]
+    assert (report / "index.html").is_file() and (report / "figures" / "looking_both_ways.png").is_file()
