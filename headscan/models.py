@@ -55,8 +55,9 @@ class HookedModel:
     def causal(self) -> bool:
         return self.family == "causal"
 
-    def kv_group(self, head: int) -> int:
-        """The key/value head that query head `head` reads (grouped-query attention)."""
+    def kv_group(self, head):
+        """The key/value head that query head `head` (an int or an integer array) reads under grouped-query
+        attention: query heads are split into n_kv_heads consecutive groups, as in Llama."""
         return head // (self.n_heads // self.n_kv_heads)
 
     def provenance(self) -> dict:

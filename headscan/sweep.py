@@ -252,7 +252,7 @@ def _frames(model: HookedModel, accumulator: _Accumulator, columns) -> tuple[pd.
             "layer": layer.ravel(),
             "head": head.ravel(),
             "label": np.char.add(np.char.add("L", layer.ravel().astype(str)), np.char.add("H", head.ravel().astype(str))),
-            "kv_group": head.ravel() // (model.n_heads // model.n_kv_heads),
+            "kv_group": model.kv_group(head.ravel()),
             "metric": np.array([metric.name for metric, _ in columns])[column.ravel()],
             "offset": np.array([np.nan if d is None else d for _, d in columns])[column.ravel()],
             "value": value.ravel(),
