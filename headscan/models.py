@@ -313,7 +313,7 @@ def load_model(
             try:
                 bridge = _boot(spec, spec, device=device, dtype=torch_dtype)
             except OSError as error:
-                tried.append(f"Hugging Face said: {str(error).splitlines()[0]}")
+                tried.append(f"Hugging Face said: {str(error).splitlines()[0].rstrip('.')}")
                 raise _not_found(spec, tried) from None
             model_id, revision = spec, revision or _hf_cache_revision(spec) or "unknown"
         if source == "alias":  # a machine's site-packages path means nothing elsewhere; name the package

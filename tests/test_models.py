@@ -50,3 +50,25 @@ def test_kv_group_maps_query_heads_to_their_shared_key_value_head(tiny_models):
     assert [model.kv_group(h) for h in range(4)] == [0, 1, 2, 3]
     model_gqa = type(model)(**{**model.__dict__, "n_heads": 9, "n_kv_heads": 3})
     assert [model_gqa.kv_group(h) for h in range(9)] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+
+
+def test_hugging_face_ids_load_from_the_local_cache_offline(tmp_path, tiny_bert):
+    """The real path for Hugging Face ids: a cache laid out as huggingface_hub writes it, read offline."""
+    import shutil
+    import subprocess
+    import sys
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--test-org--tiny-bert"
+    shutil.copytree(tiny_bert, repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    script = (
+        "from headscan.models import load_model; "
+        "m = load_model('test-org/tiny-bert', device='cpu'); "
+        "print(m.source, m.revision, m.family, m.n_layers)"
+    )
+    env = {**__import__("os").environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["huggingface", commit, "bidirectional", "2"]
