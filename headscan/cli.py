@@ -85,6 +85,7 @@ def sweep(models, corpus, out, max_len, batch_size, limit, device, dtype, specia
         headscan sweep --model minilm --corpus en_ewt-ud-dev.conllu --out out/ewt
     """
     from . import tables
+    from .models import DEFAULT_MODELS
     from .sweep import SweepConfig, sweep as run_sweep
 
     config = SweepConfig(
@@ -92,7 +93,7 @@ def sweep(models, corpus, out, max_len, batch_size, limit, device, dtype, specia
         max_offset=max_offset, bootstrap=bootstrap, seed=seed, prepend_bos={"auto": None, "yes": True, "no": False}[bos],
     )
     command = _effective_command(click.get_current_context())
-    result = run_sweep(list(models) or ["minilm", "smollm2"], corpus, out, config, progress=not quiet, command=command)
+    result = run_sweep(list(models) or DEFAULT_MODELS, corpus, out, config, progress=not quiet, command=command)
     click.echo(f"wrote {out}/heads.parquet, {out}/offsets.parquet and {out}/run.json")
     for metric in ("prev_token", "next_token"):
         click.echo(f"\ntop heads by {metric}:")

