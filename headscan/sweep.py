@@ -30,7 +30,7 @@ from .corpus import Corpus, Segment, batches, encode, read_corpus
 from .errors import ConfigError
 from .metrics import METRICS, AttentionBatch, Metric
 from .models import DEFAULT_MODELS, HookedModel, load_model, resolve_device
-from .tables import HEADS_COLUMNS, OFFSETS_COLUMNS, SweepTables, conform, write
+from .tables import HEADS_COLUMNS, OFFSETS_COLUMNS, SweepTables, conform, head_label, write
 
 __all__ = ["SweepConfig", "sweep", "sweep_model", "example_attention"]
 
@@ -251,7 +251,9 @@ def _frames(model: HookedModel, accumulator: _Accumulator, columns) -> tuple[pd.
             "family": model.family,
             "layer": layer.ravel(),
             "head": head.ravel(),
-            "label": np.char.add(np.char.add("L", layer.ravel().astype(str)), np.char.add("H", head.ravel().astype(str))),
+            "label": np.array([head_label(l, h) for l in range(n_layers) for h in range(n_heads)])[
+                layer.ravel() * n_heads + head.ravel()
+            ],
             "kv_group": model.kv_group(head.ravel()),
             "metric": np.array([metric.name for metric, _ in columns])[column.ravel()],
             "offset": np.array([np.nan if d is None else d for _, d in columns])[column.ravel()],

@@ -16,6 +16,7 @@ This module does not compute scores (see `headscan.metrics` and `headscan.sweep`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -104,31 +105,30 @@ class SweepTables:
         ).reset_index()
 
 
+@contextlib.contextmanager
+def _replacing(path: Path):
+    """Yield a temporary name beside `path`, renamed onto it on success: a file appears whole or not at all."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def _write_parquet_atomically(frame: pd.DataFrame, path: Path, provenance: dict) -> None:
     table = pa.Table.from_pandas(frame, preserve_index=False)
     metadata = dict(table.schema.metadata or {})
     metadata[PROVENANCE_KEY] = json.dumps(provenance, default=str).encode()
-    table = table.replace_schema_metadata(metadata)
-    # Write beside the target and rename, so a crash never leaves a half-written table.
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with _replacing(path) as tmp:
+        pq.write_table(table.replace_schema_metadata(metadata), tmp)
 
 
 def _write_text_atomically(text: str, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with _replacing(path) as tmp:
+        Path(tmp).write_text(text)
 
 
 def write(tables: SweepTables, out: str | os.PathLike) -> Path:
