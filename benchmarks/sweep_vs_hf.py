@@ -8,7 +8,7 @@ repetition times, one after another and in alternating order:
                output_attentions=True, under torch.inference_mode(): the least work that yields every
                layer's attention pattern;
   hf_full      the same with the output head (BertForMaskedLM / LlamaForCausalLM): what the bridge wraps;
-  sweep        headscan.sweep.sweep_model: tokenising, the bridge's hooked forward, every metric on every
+  sweep        headscan.scan.sweep_model: tokenising, the bridge's hooked forward, every metric on every
                layer, bootstrap replicates, and building the tables.
 
 Both HF baselines run over the very batches the sweep makes (same grouping, same padding). Prints medians
@@ -32,7 +32,8 @@ import torch  # noqa: E402
 
 from headscan.corpus import batches, encode, read_corpus  # noqa: E402
 from headscan.models import ALIASES, _quiet, load_model  # noqa: E402
-from headscan.sweep import SweepConfig, sweep_model  # noqa: E402
+from headscan import SweepConfig
+from headscan.scan import sweep_model  # noqa: E402
 
 EWT = Path(__file__).resolve().parents[2] / "shared/data/ud-english-ewt/en_ewt-ud-dev.conllu"
 

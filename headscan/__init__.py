@@ -1,28 +1,37 @@
 """headscan: score every attention head of hooked transformers into tidy parquet tables.
 
-The public API is small: `load` reads a sweep's tables back, `METRICS` holds the metric registry, and
-``from headscan.sweep import sweep, SweepConfig`` runs a sweep from Python (the `headscan sweep` command).
+The public API is small:
+
+- ``headscan.sweep(models, corpus, out=None, **settings)`` scores every head (the `headscan sweep` command);
+- ``headscan.load(out)`` reads a sweep's tables back (``pd.read_parquet`` works too);
+- ``headscan.METRICS`` and ``headscan.TABLES`` are the metric and table registries;
+- ``headscan.SweepConfig`` holds the settings, ``headscan.load_model`` loads one hooked model.
+
+Importing headscan imports neither torch nor transformers; the first sweep does.
 
 >>> import headscan
 >>> sorted(headscan.METRICS)[:3]
 ['distance', 'duplicate_token', 'entropy']
+>>> list(headscan.TABLES)
+['heads', 'offsets']
 """
 
 import importlib
 
 __version__ = "0.1.0"
 
+from .config import SweepConfig
 from .errors import HeadscanError
-from .metrics import METRICS
-from .tables import SweepTables, load
+from .tables import TABLES, SweepTables, load
 
-__all__ = ["__version__", "HeadscanError", "METRICS", "SweepTables", "load", "SweepConfig", "load_model"]
+__all__ = ["__version__", "HeadscanError", "METRICS", "TABLES", "SweepTables", "SweepConfig", "load", "load_model",
+           "sweep"]
 
-_LAZY = {"SweepConfig": "headscan.sweep", "load_model": "headscan.models"}
+# Loaded on first use: these import torch and transformers.
+_LAZY = {"sweep": "headscan.scan", "load_model": "headscan.models", "METRICS": "headscan.metrics"}
 
 
 def __getattr__(name):
-    # torch and transformers load lazily, so that `headscan --help` and `headscan.load` stay fast.
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'headscan' has no attribute {name!r}")

@@ -1,6 +1,6 @@
 """The `headscan` command line: parse options, call one library function, turn headscan errors into one line.
 
-No work happens here: see `headscan.sweep`, `headscan.tables` and `headscan.report`.
+No work happens here: see `headscan.scan`, `headscan.tables` and `headscan.report`.
 """
 
 from __future__ import annotations
@@ -11,16 +11,29 @@ from pathlib import Path
 
 import click
 
-from .errors import HeadscanError
+from .config import SweepConfig, choices, default
+from .errors import ConfigError, HeadscanError
+
+# Settings whose flag is not --the-setting-name.
+_FLAGS = {"models": "--model", "prepend_bos": "--bos"}
+
+
+def _flag(setting: str) -> str:
+    return _FLAGS.get(setting, "--" + setting.replace("_", "-"))
 
 
 def _one_line_errors(command):
-    """Show a headscan error as one line (exit 1), never as a traceback."""
+    """Show a headscan error as one line (exit 1), never as a traceback; settings are named by their flag."""
 
     @wraps(command)
     def wrapper(*args, **kwargs):
         try:
             return command(*args, **kwargs)
+        except ConfigError as error:
+            message = str(error)
+            if error.setting and message.startswith(error.setting):
+                message = _flag(error.setting) + message[len(error.setting):]
+            raise click.ClickException(message) from None
         except HeadscanError as error:
             raise click.ClickException(str(error)) from None
 
@@ -37,6 +50,9 @@ def _effective_command(context: click.Context) -> str:
                 continue
             words.append(flag if item is True else f"{flag} {shlex.quote(str(item))}")
     return " ".join(words)
+
+
+_BOS = {"auto": None, "yes": True, "no": False}  # --bos -> SweepConfig.prepend_bos
 
 
 @click.group()
@@ -58,19 +74,21 @@ def cli():
                    "'repeat-random[:n=50,count=64,seed=0]'.")
 @click.option("--out", "-o", default="out", show_default=True, type=click.Path(file_okay=False, path_type=Path),
               help="Folder for heads.parquet, offsets.parquet and run.json.")
-@click.option("--max-len", default=128, show_default=True, help="Tokens per segment; longer ones are truncated.")
-@click.option("--batch-size", default=16, show_default=True, help="Segments per forward pass (scores do not depend on it).")
-@click.option("--limit", type=int, default=None, help="Read at most this many segments.")
-@click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda", "mps"]))
-@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "float16", "bfloat16"]))
-@click.option("--specials", default="keep", show_default=True, type=click.Choice(["keep", "exclude"]),
+@click.option("--max-len", default=default("max_len"), show_default=True, help="Tokens per segment; longer ones are truncated.")
+@click.option("--batch-size", default=default("batch_size"), show_default=True,
+              help="Segments per forward pass (scores do not depend on it).")
+@click.option("--limit", type=int, default=default("limit"), help="Read at most this many segments.")
+@click.option("--device", default=default("device"), show_default=True, type=click.Choice(choices()["device"]))
+@click.option("--dtype", default=default("dtype"), show_default=True, type=click.Choice(choices()["dtype"]))
+@click.option("--specials", default=default("specials"), show_default=True, type=click.Choice(choices()["specials"]),
               help="'exclude': special tokens ([CLS], [SEP], BOS) count neither as queries nor keys, and each "
                    "query's attention is renormalised over the keys left.")
-@click.option("--bos", type=click.Choice(["auto", "yes", "no"]), default="auto", show_default=True,
+@click.option("--bos", type=click.Choice(list(_BOS)), default="auto", show_default=True,
               help="Causal models: put BOS before each segment ('auto' follows TransformerLens' default).")
-@click.option("--max-offset", default=8, show_default=True, help="K of the offset profile (offsets -K..K).")
-@click.option("--bootstrap", default=200, show_default=True, help="Bootstrap replicates for the 95% intervals (0: none).")
-@click.option("--seed", default=0, show_default=True, help="Seed of the bootstrap.")
+@click.option("--max-offset", default=default("max_offset"), show_default=True, help="K of the offset profile (offsets -K..K).")
+@click.option("--bootstrap", default=default("bootstrap"), show_default=True,
+              help="Bootstrap replicates for the 95% intervals (0: none; else at least 20).")
+@click.option("--seed", default=default("seed"), show_default=True, help="Seed of the bootstrap.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @_one_line_errors
 def sweep(models, corpus, out, max_len, batch_size, limit, device, dtype, specials, bos, max_offset, bootstrap, seed, quiet):
@@ -86,15 +104,16 @@ def sweep(models, corpus, out, max_len, batch_size, limit, device, dtype, specia
     """
     from . import tables
     from .models import DEFAULT_MODELS
-    from .sweep import SweepConfig, sweep as run_sweep
+    from .scan import sweep as run_sweep
 
     config = SweepConfig(
         max_len=max_len, batch_size=batch_size, limit=limit, device=device, dtype=dtype, specials=specials,
-        max_offset=max_offset, bootstrap=bootstrap, seed=seed, prepend_bos={"auto": None, "yes": True, "no": False}[bos],
+        max_offset=max_offset, bootstrap=bootstrap, seed=seed, prepend_bos=_BOS[bos],
     )
     command = _effective_command(click.get_current_context())
     result = run_sweep(list(models) or DEFAULT_MODELS, corpus, out, config, progress=not quiet, command=command)
-    click.echo(f"wrote {out}/heads.parquet, {out}/offsets.parquet and {out}/run.json")
+    files = ", ".join(f"{out}/{tables.TABLES[name].file}" for name in result.frames)
+    click.echo(f"wrote {files} and {out}/run.json")
     for metric in ("prev_token", "next_token"):
         click.echo(f"\ntop heads by {metric}:")
         click.echo(tables.top_heads(result.heads, metric, 3).to_string(index=False))

@@ -1,6 +1,6 @@
 """headscan's exceptions: one base class, one subclass per kind of user mistake.
 
-Each message names what was asked for (model, file, line, option) and how to fix it; the CLI turns any
+Each message names what was asked for (model, file, line, setting) and how to fix it; the CLI turns any
 `HeadscanError` into one `click.ClickException` line, so none of these ever reach a user as a traceback.
 """
 
@@ -22,7 +22,15 @@ class CorpusError(HeadscanError):
 
 
 class ConfigError(HeadscanError):
-    """An option has a value outside its allowed range or choices."""
+    """A setting has a value outside its allowed range or choices.
+
+    `setting` names it as the library spells it (``max_len``), and the message starts with that name, so the
+    command line can say ``--max-len`` instead.
+    """
+
+    def __init__(self, message: str, *, setting: str | None = None):
+        super().__init__(message)
+        self.setting = setting
 
 
 class MetricError(HeadscanError):

@@ -21,7 +21,7 @@ Which one should you use?
   ``repeat-random`` corpus for a clean signal.
 - the offset profile (``offsets.parquet``) is the whole picture behind prev/self/next.
 
-This module does not run models or read corpora; see `headscan.sweep`.
+This module does not run models or read corpora; see `headscan.scan`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ import torch
 
 from .errors import MetricError
 
-__all__ = ["AttentionBatch", "Metric", "METRICS", "register", "get_metric", "head_metric_names", "definitions_markdown"]
+__all__ = ["AttentionBatch", "Axis", "Metric", "METRICS", "register", "get_metric", "metric_names", "offset_range",
+           "definitions_markdown"]
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,8 @@ class AttentionBatch:
 
     @property
     def offsets(self) -> torch.Tensor:
-        return torch.arange(-self.max_offset, self.max_offset + 1, device=self.pattern.device)
+        window = offset_range(self.max_offset)
+        return torch.arange(window.start, window.stop, device=self.pattern.device)
 
     # Derived tensors several metrics share, computed once per layer (new tensors, never the inputs).
     @cached_property
@@ -121,23 +123,67 @@ class AttentionBatch:
         return self.key_mask.sum(-1, keepdim=True).expand_as(self.key_mask)
 
 
+def offset_range(max_offset: int) -> range:
+    """The offsets d of the offset profile, -K..K: the one place this range is built.
+
+    >>> list(offset_range(2))
+    [-2, -1, 0, 1, 2]
+    """
+    return range(-max_offset, max_offset + 1)
+
+
 @dataclass(frozen=True)
+class Axis:
+    """Extra key columns a metric adds to its table's rows (the offsets of the offset profile, say).
+
+    The metric's function then returns sums and counts of shape (batch, head, n) for the n `values`.
+    """
+
+    columns: tuple[str, ...]  # key columns of the metric's table that this axis fills
+    values: Callable[[object], list[tuple]]  # sweep settings -> one tuple per position of the function's last axis
+
+
+# Conditions under which a metric is structural rather than measured; the report says why (see Metric).
+CONDITIONS = ("causal", "bidirectional", "no_sep")
+
+
+@dataclass(frozen=True, eq=False)  # one object per registered name: compared and hashed by identity
 class Metric:
-    """A registered metric: its function and what the report needs to know about it."""
+    """A registered metric: its function and what tables, figures and the report need to know about it."""
 
     name: str
     function: Callable[[AttentionBatch], tuple[torch.Tensor, torch.Tensor]]
     definition: str  # the function's docstring: the precise definition, shown in README and report
-    bounded: bool  # True for shares of attention in [0, 1] (drawn on one shared 0-1 colour scale)
-    table: str  # "heads" or "offsets"
-    unit: str  # what the value is measured in
+    table: str  # the name of its table in headscan.tables.TABLES
+    unit: str  # what a value is measured in; the colour-bar label
+    bounded: bool  # values lie in [0, 1] (drawn on one shared 0-1 colour scale)
+    striking: str  # "high" or "low": which end marks a head worth a look (low entropy = a focused head)
+    structural: dict[str, str]  # condition in CONDITIONS -> why the metric is 0 or undefined under it
+    axis: Axis | None = None  # extra key columns, or None for one value per head
+
+    def ranks_high(self) -> bool:
+        return self.striking == "high"
 
 
 METRICS: dict[str, Metric] = {}
 
 
-def register(name: str, *, bounded: bool = True, table: str = "heads", unit: str = "share of attention"):
-    """Register a metric function under `name`; its docstring becomes its definition."""
+def register(
+    name: str,
+    *,
+    unit: str = "share of attention",
+    bounded: bool = True,
+    striking: str = "high",
+    structural: dict[str, str] | None = None,
+    table: str = "heads",
+    axis: Axis | None = None,
+):
+    """Register a metric function under `name`; its docstring becomes its definition.
+
+    `table` names a table of `headscan.tables.TABLES`: the metric's rows go there, keyed by the metric's
+    name where the table has a ``metric`` column and by `axis` for the rest of its keys.
+    """
+    from .tables import TABLES
 
     def decorate(function):
         if name in METRICS:
@@ -146,7 +192,15 @@ def register(name: str, *, bounded: bool = True, table: str = "heads", unit: str
         definition = inspect.cleandoc(function.__doc__ or "")
         if not definition:
             raise MetricError(f"metric {name!r} has no docstring: its docstring is its definition")
-        METRICS[name] = Metric(name, function, definition, bounded, table, unit)
+        if table not in TABLES:
+            raise MetricError(f"metric {name!r}: no table {table!r}; register it first (tables: {', '.join(TABLES)})")
+        extra_keys = [key for key in TABLES[table].keys if key != "metric"]
+        if list(axis.columns if axis else ()) != extra_keys:
+            raise MetricError(f"metric {name!r}: table {table!r} is keyed by {extra_keys} beyond the metric, "
+                              f"so the metric's axis must fill exactly those columns")
+        if striking not in ("high", "low") or set(structural or {}) - set(CONDITIONS):
+            raise MetricError(f"metric {name!r}: striking is 'high' or 'low'; structural conditions are {CONDITIONS}")
+        METRICS[name] = Metric(name, function, definition, table, unit, bounded, striking, dict(structural or {}), axis)
         return function
 
     return decorate
@@ -155,8 +209,8 @@ def register(name: str, *, bounded: bool = True, table: str = "heads", unit: str
 def get_metric(name: str) -> Metric:
     """The registered metric called `name`; an unknown name gets "did you mean".
 
-    >>> get_metric("prev_token").bounded
-    True
+    >>> get_metric("entropy").unit, get_metric("entropy").striking
+    ('nats', 'low')
     >>> get_metric("prev_tokens")
     Traceback (most recent call last):
     ...
@@ -169,9 +223,9 @@ def get_metric(name: str) -> Metric:
     raise MetricError(f"unknown metric {name!r}.{hint} Available: {', '.join(METRICS)}")
 
 
-def head_metric_names() -> list[str]:
-    """Names of the metrics that go into heads.parquet, in registry order."""
-    return [m.name for m in METRICS.values() if m.table == "heads"]
+def metric_names(table: str = "heads") -> list[str]:
+    """Names of the metrics whose rows go into `table`, in registry order."""
+    return [m.name for m in METRICS.values() if m.table == table]
 
 
 # --- shared reductions -------------------------------------------------------------------------------------
@@ -199,6 +253,8 @@ def _share_where_argmax_at(batch: AttentionBatch, offset: int) -> tuple[torch.Te
     return _mean_over_queries(hit, valid[..., offset + batch.max_offset])
 
 
+_NO_FUTURE = "a causal model's queries cannot see later tokens, so it is 0 for every head"
+
 # --- registered metrics ------------------------------------------------------------------------------------
 
 
@@ -208,7 +264,7 @@ def prev_token(batch: AttentionBatch):
     return _mean_at_offset(batch, -1)
 
 
-@register("next_token")
+@register("next_token", structural={"causal": _NO_FUTURE})
 def next_token(batch: AttentionBatch):
     """Mean of A[q, q+1] over real queries q whose next position q+1 is a real token.
 
@@ -235,7 +291,7 @@ def first_token(batch: AttentionBatch):
     return _mean_over_queries(weights, valid)
 
 
-@register("sep")
+@register("sep", structural={"no_sep": "the model has no [SEP] token, so it is undefined for every head"})
 def sep(batch: AttentionBatch):
     """Mean over real queries of the total attention on [SEP] tokens.
 
@@ -248,7 +304,7 @@ def sep(batch: AttentionBatch):
     return _mean_over_queries(weights, valid)
 
 
-@register("entropy", bounded=False, unit="nats")
+@register("entropy", unit="nats", bounded=False, striking="low")
 def entropy(batch: AttentionBatch):
     """Mean over real queries of the entropy -sum_k A[q, k] log A[q, k] of the query's attention, in nats.
 
@@ -257,7 +313,7 @@ def entropy(batch: AttentionBatch):
     return _mean_over_queries(batch.entropy, batch.query_mask)
 
 
-@register("entropy_norm", unit="fraction of the largest possible entropy")
+@register("entropy_norm", unit="fraction of the largest possible entropy", striking="low")
 def entropy_norm(batch: AttentionBatch):
     """Mean over real queries of the entropy divided by log(n), n the number of keys the query could see.
 
@@ -269,7 +325,7 @@ def entropy_norm(batch: AttentionBatch):
     return _mean_over_queries(normalised, batch.query_mask & (n_visible >= 2))
 
 
-@register("distance", bounded=False, unit="tokens")
+@register("distance", unit="tokens", bounded=False)
 def distance(batch: AttentionBatch):
     """Mean over real queries of sum_k A[q, k] |q - k|: how far, in tokens, a head looks on average."""
     n = batch.pattern.shape[-1]
@@ -290,7 +346,7 @@ def positional_prev(batch: AttentionBatch):
     return _share_where_argmax_at(batch, -1)
 
 
-@register("positional_next", unit="share of queries")
+@register("positional_next", unit="share of queries", structural={"causal": _NO_FUTURE})
 def positional_next(batch: AttentionBatch):
     """Share of real queries q (with q+1 real) whose largest attention weight is on q+1."""
     return _share_where_argmax_at(batch, +1)
@@ -331,7 +387,7 @@ def induction(batch: AttentionBatch):
     return _attention_on(batch, targets)
 
 
-@register("offsets", table="offsets")
+@register("offsets", table="offsets", axis=Axis(("offset",), lambda config: [(d,) for d in offset_range(config.max_offset)]))
 def offset_profile(batch: AttentionBatch):
     """For each offset d in -K..K, the mean of A[q, q+d] over real queries q whose position q+d is a real token.
 
@@ -349,7 +405,9 @@ def definitions_markdown() -> str:
     """The metric definitions as a Markdown list, straight from the registry (README and report use it)."""
     lines = []
     for metric in METRICS.values():
-        where = "offsets.parquet" if metric.table == "offsets" else f"heads.parquet, {metric.unit}"
+        where = f"{metric.table}.parquet, {metric.unit}"
+        if metric.striking == "low":
+            where += ", low is striking"
         body = " ".join(metric.definition.split())
         lines.append(f"- **`{metric.name}`** ({where}): {body}")
     return "\n".join(lines) + "\n"

@@ -1,17 +1,21 @@
-"""The tables headscan writes, their one schema, and how to read them back.
+"""The tables headscan writes, declared once in a registry, and how to write, read and combine them.
 
-A sweep output folder (``OUT``) holds:
+A sweep output folder (``OUT``) holds one parquet file per registered table plus ``run.json``:
 
 - ``heads.parquet``: one row per (model, layer, head, metric);
 - ``offsets.parquet``: one row per (model, layer, head, offset);
 - ``run.json``: the run's provenance (also stored in each parquet file's metadata under ``headscan``).
+
+Every table has the same head columns first (`HEAD_COLUMNS`), then its own key columns, then the same value
+columns (`VALUE_COLUMNS`). A new table is one `register_table` call; writing, loading, combining and
+`headscan show` go through `TABLES`, so nothing else changes.
 
 Layers and heads are 0-indexed integers (the TransformerLens convention), and ``label`` spells them
 ``L{layer}H{head}``: Clark et al.'s (2019) 1-indexed BERT "head 3-1" is ``L2H0`` here.
 ``value`` is ``sum / count`` and is NaN where ``count`` is 0 (the metric is not defined there), never -1.
 Sums and counts are kept so that sweeps over disjoint parts of a corpus combine exactly (see `combine`).
 
-This module does not compute scores (see `headscan.metrics` and `headscan.sweep`).
+This module does not compute scores (see `headscan.metrics` and `headscan.scan`), and imports no torch.
 """
 
 from __future__ import annotations
@@ -24,43 +28,81 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from .errors import TablesError
+from .provenance import RunProvenance
 
-__all__ = ["HEADS_COLUMNS", "OFFSETS_COLUMNS", "SweepTables", "load", "write", "head_label", "combine", "top_heads"]
+__all__ = [
+    "HEAD_COLUMNS", "VALUE_COLUMNS", "Table", "TABLES", "register_table", "SweepTables", "load", "write",
+    "head_label", "combine", "concat", "top_heads",
+]
 
-# One schema for each table: column name -> pandas dtype. Writers and readers both go through these.
-HEADS_COLUMNS: dict[str, str] = {
+# The columns every table starts with: which head a row is about. Column name -> pandas dtype.
+HEAD_COLUMNS: dict[str, str] = {
     "model": "string",  # the model's name as given to the sweep (alias, Hugging Face id or folder name)
     "family": "string",  # "causal" or "bidirectional"
     "layer": "int64",  # 0-indexed
     "head": "int64",  # 0-indexed query head
     "label": "string",  # "L{layer}H{head}"
     "kv_group": "int64",  # key/value head this query head reads (grouped-query attention); == head without GQA
-    "metric": "string",  # a name in headscan.metrics.METRICS
+}
+
+# The columns every table ends with: the score and how sure it is.
+VALUE_COLUMNS: dict[str, str] = {
     "value": "float64",  # sum / count; NaN where count == 0
     "sum": "float64",  # sum of per-query scores over the corpus
     "count": "float64",  # number of queries that count for this metric
-    "ci_low": "float64",  # 2.5% point of a Poisson bootstrap over segments; NaN where undefined
-    "ci_high": "float64",  # 97.5% point
+    "ci_low": "float64",  # lower end of the 95% bootstrap interval; NaN where undefined
+    "ci_high": "float64",  # upper end
 }
 
-OFFSETS_COLUMNS: dict[str, str] = {
-    "model": "string",
-    "family": "string",
-    "layer": "int64",
-    "head": "int64",
-    "label": "string",
-    "kv_group": "int64",
-    "offset": "int64",  # d in A[q, q + d]: -1 is the previous token, +1 the next
-    "value": "float64",
-    "sum": "float64",
-    "count": "float64",
-    "ci_low": "float64",
-    "ci_high": "float64",
-}
+
+@dataclass(frozen=True)
+class Table:
+    """A table of the registry: its name (and file), its own key columns, and what a row is."""
+
+    name: str
+    keys: dict[str, str]  # key columns after HEAD_COLUMNS, with dtypes; "metric" is filled with the metric's name
+    description: str  # "one row per ...", shown by `headscan show` and the README
+
+    @property
+    def file(self) -> str:
+        return f"{self.name}.parquet"
+
+    @property
+    def columns(self) -> dict[str, str]:
+        """The whole schema: column name -> pandas dtype, in order."""
+        return HEAD_COLUMNS | self.keys | VALUE_COLUMNS
+
+    @property
+    def row_key(self) -> list[str]:
+        """Columns that identify a row (the head's other columns follow from model, layer and head)."""
+        return [*HEAD_COLUMNS, *self.keys]
+
+    def conform(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """`frame` with exactly this table's columns, in order and with their dtypes."""
+        missing = [c for c in self.columns if c not in frame.columns]
+        if missing:
+            raise TablesError(f"{self.name} table is missing columns {missing}; expected {list(self.columns)}")
+        return frame[list(self.columns)].astype(self.columns).reset_index(drop=True)
+
+
+TABLES: dict[str, Table] = {}
+
+
+def register_table(name: str, keys: dict[str, str], description: str) -> Table:
+    """Declare a table; metrics then name it in `headscan.metrics.register(table=...)`."""
+    if name in TABLES:
+        raise TablesError(f"table {name!r} is registered twice; pick another name")
+    clash = set(keys) & (set(HEAD_COLUMNS) | set(VALUE_COLUMNS))
+    if clash:
+        raise TablesError(f"table {name!r}: key columns {sorted(clash)} clash with the shared columns")
+    TABLES[name] = Table(name, dict(keys), description)
+    return TABLES[name]
+
+
+register_table("heads", {"metric": "string"}, "one row per (model, layer, head, metric)")
+register_table("offsets", {"offset": "int64"}, "one row per (model, layer, head, offset): A[q, q + offset]")
 
 PROVENANCE_KEY = b"headscan"
 
@@ -74,35 +116,59 @@ def head_label(layer: int, head: int) -> str:
     return f"L{layer}H{head}"
 
 
-def conform(frame: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
-    """Return `frame` with exactly `columns`, in order and with their dtypes."""
-    missing = [c for c in columns if c not in frame.columns]
-    if missing:
-        raise TablesError(f"table is missing columns {missing}; expected {list(columns)}")
-    return frame[list(columns)].astype(columns).reset_index(drop=True)
-
-
 @dataclass
 class SweepTables:
-    """The tables of one sweep output, as pandas DataFrames, with their provenance."""
+    """The tables of one sweep, as pandas DataFrames keyed by table name, with their provenance.
 
-    heads: pd.DataFrame
-    offsets: pd.DataFrame
-    provenance: dict = field(default_factory=dict)
+    ``tables["heads"]`` and ``tables.heads`` are the same DataFrame.
+    """
+
+    frames: dict[str, pd.DataFrame]
+    provenance: RunProvenance = field(default_factory=RunProvenance)
     path: Path | None = None
+
+    def __getitem__(self, name: str) -> pd.DataFrame:
+        if name not in self.frames:
+            raise TablesError(f"no table {name!r} in this run; it has {', '.join(self.frames)}")
+        return self.frames[name]
+
+    @property
+    def heads(self) -> pd.DataFrame:
+        return self["heads"]
+
+    @property
+    def offsets(self) -> pd.DataFrame:
+        return self["offsets"]
 
     @property
     def models(self) -> list[str]:
         return list(dict.fromkeys(self.heads["model"]))
 
-    def wide(self, metric_values: str = "value") -> pd.DataFrame:
-        """One row per (model, layer, head), one column per metric."""
-        return self.heads.pivot_table(
-            index=["model", "family", "layer", "head", "label", "kv_group"],
-            columns="metric",
-            values=metric_values,
-            dropna=False,
-        ).reset_index()
+    def wide(self, values: str = "value") -> pd.DataFrame:
+        """heads as one row per (model, layer, head) and one column per metric (the `values` column).
+
+        >>> heads = pd.DataFrame({"model": "m", "family": "causal", "layer": 0, "head": [0, 1, 0, 1],
+        ...     "label": ["L0H0", "L0H1"] * 2, "kv_group": [0, 1] * 2, "metric": ["self"] * 2 + ["entropy"] * 2,
+        ...     "value": [0.5, 0.25, 1.0, 2.0]})
+        >>> SweepTables({"heads": heads}).wide()
+          model  family  layer  head label  kv_group  self  entropy
+        0     m  causal      0     0  L0H0         0  0.50      1.0
+        1     m  causal      0     1  L0H1         1  0.25      2.0
+        """
+        heads = self.heads
+        index = list(HEAD_COLUMNS)
+        metrics = list(dict.fromkeys(heads["metric"]))
+        # set_index + unstack keeps only the (model, layer, head) rows that exist, unlike a pivot_table
+        # with dropna=False, which builds the product of every index level.
+        frame = heads.set_index([*index, "metric"])[values].unstack("metric")
+        frame = frame[metrics].reset_index()
+        frame.columns.name = None
+        models = {name: i for i, name in enumerate(dict.fromkeys(heads["model"]))}
+        return frame.sort_values(["model", "layer", "head"], key=lambda c: c.map(models) if c.name == "model" else c,
+                                 kind="stable").reset_index(drop=True)
+
+
+# --- writing ----------------------------------------------------------------------------------------------
 
 
 @contextlib.contextmanager
@@ -118,7 +184,10 @@ def _replacing(path: Path):
         raise
 
 
-def _write_parquet_atomically(frame: pd.DataFrame, path: Path, provenance: dict) -> None:
+def _write_parquet(frame: pd.DataFrame, path: Path, provenance: dict) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     table = pa.Table.from_pandas(frame, preserve_index=False)
     metadata = dict(table.schema.metadata or {})
     metadata[PROVENANCE_KEY] = json.dumps(provenance, default=str).encode()
@@ -126,7 +195,7 @@ def _write_parquet_atomically(frame: pd.DataFrame, path: Path, provenance: dict)
         pq.write_table(table.replace_schema_metadata(metadata), tmp)
 
 
-def _write_text_atomically(text: str, path: Path) -> None:
+def _write_text(text: str, path: Path) -> None:
     with _replacing(path) as tmp:
         Path(tmp).write_text(text)
 
@@ -135,41 +204,62 @@ def write(tables: SweepTables, out: str | os.PathLike) -> Path:
     """Write `tables` into the folder `out` (created if needed); each file appears whole or not at all."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    heads = conform(tables.heads, HEADS_COLUMNS)
-    offsets = conform(tables.offsets, OFFSETS_COLUMNS)
-    _write_parquet_atomically(heads, out / "heads.parquet", tables.provenance)
-    _write_parquet_atomically(offsets, out / "offsets.parquet", tables.provenance)
-    _write_text_atomically(json.dumps(tables.provenance, indent=2, default=str) + "\n", out / "run.json")
+    provenance = tables.provenance.to_json()
+    frames = {name: TABLES[name].conform(frame) for name, frame in tables.frames.items()}  # check all first
+    for name, frame in frames.items():
+        _write_parquet(frame, out / TABLES[name].file, provenance)
+    _write_text(json.dumps(provenance, indent=2, default=str) + "\n", out / "run.json")
     return out
+
+
+# --- reading ----------------------------------------------------------------------------------------------
 
 
 def load(out: str | os.PathLike) -> SweepTables:
     """Read a sweep output folder back as DataFrames plus its provenance.
 
     ``pd.read_parquet(out / "heads.parquet")`` works just as well; this adds the checks, the dtypes and
-    the provenance.
+    the provenance. Every registered table found in the folder is read; heads.parquet must be there.
     """
+    import pyarrow.parquet as pq
+
     out = Path(out)
     if not out.is_dir():
         raise TablesError(f"{out}: no such folder; pass the --out folder of a `headscan sweep` run")
+    if not (out / TABLES["heads"].file).is_file():
+        raise TablesError(f"{out}: has no heads.parquet; is it the --out folder of a `headscan sweep` run?")
     frames = {}
-    for name, columns in (("heads", HEADS_COLUMNS), ("offsets", OFFSETS_COLUMNS)):
-        path = out / f"{name}.parquet"
-        if not path.is_file():
-            raise TablesError(f"{out}: has no {name}.parquet; is it the --out folder of a `headscan sweep` run?")
-        try:
-            frames[name] = conform(pd.read_parquet(path), columns)
-        except TablesError as error:
-            raise TablesError(f"{path}: {error}") from None
-    provenance = {}
+    for name, table in TABLES.items():
+        path = out / table.file
+        if path.is_file():
+            try:
+                frames[name] = table.conform(pd.read_parquet(path))
+            except TablesError as error:
+                raise TablesError(f"{path}: {error}") from None
     run_json = out / "run.json"
     if run_json.is_file():
         provenance = json.loads(run_json.read_text())
     else:
-        metadata = pq.read_schema(out / "heads.parquet").metadata or {}
-        if PROVENANCE_KEY in metadata:
-            provenance = json.loads(metadata[PROVENANCE_KEY])
-    return SweepTables(frames["heads"], frames["offsets"], provenance, out)
+        metadata = pq.read_schema(out / TABLES["heads"].file).metadata or {}
+        provenance = json.loads(metadata.get(PROVENANCE_KEY, b"{}"))
+    return SweepTables(frames, RunProvenance.from_json(provenance), out)
+
+
+# --- combining --------------------------------------------------------------------------------------------
+
+
+def concat(parts: list[SweepTables], provenance: RunProvenance | None = None) -> SweepTables:
+    """Put sweeps of different models side by side (one run of several models); no rows may repeat."""
+    if not parts:
+        raise TablesError("concat needs at least one sweep")
+    names = [name for part in parts for name in part.models]
+    if len(set(names)) != len(names):
+        raise TablesError(f"a model appears in more than one of the sweeps to put side by side: {names}")
+    frames = {
+        name: pd.concat([part.frames[name] for part in parts if name in part.frames], ignore_index=True)
+        for name in dict.fromkeys(name for part in parts for name in part.frames)
+    }
+    return SweepTables(frames, provenance or parts[0].provenance)
 
 
 def combine(parts: list[SweepTables]) -> SweepTables:
@@ -179,32 +269,36 @@ def combine(parts: list[SweepTables]) -> SweepTables:
     """
     if not parts:
         raise TablesError("combine needs at least one sweep")
-
-    def add(frames: list[pd.DataFrame], keys: list[str], columns: dict[str, str]) -> pd.DataFrame:
-        total = pd.concat(frames).groupby(keys, sort=False, as_index=False)[["sum", "count"]].sum()
+    frames = {}
+    for name in dict.fromkeys(name for part in parts for name in part.frames):
+        table = TABLES[name]
+        total = (
+            pd.concat([part.frames[name] for part in parts if name in part.frames])
+            .groupby(table.row_key, sort=False, as_index=False)[["sum", "count"]]
+            .sum()
+        )
         total["value"] = (total["sum"] / total["count"]).where(total["count"] > 0)
-        total["ci_low"] = float("nan")
-        total["ci_high"] = float("nan")
-        return conform(total, columns)
-
-    keys = ["model", "family", "layer", "head", "label", "kv_group"]
-    heads = add([p.heads for p in parts], keys + ["metric"], HEADS_COLUMNS)
-    offsets = add([p.offsets for p in parts], keys + ["offset"], OFFSETS_COLUMNS)
-    return SweepTables(heads, offsets, {"combined_from": [p.provenance for p in parts]})
+        total["ci_low"] = total["ci_high"] = float("nan")
+        frames[name] = table.conform(total)
+    return SweepTables(frames, RunProvenance(extra={"combined_from": [p.provenance.to_json() for p in parts]}))
 
 
 def top_heads(heads: pd.DataFrame, metric: str, n: int = 10) -> pd.DataFrame:
-    """The `n` highest-scoring heads of each model on `metric`, with their 95% intervals.
+    """The `n` most striking heads of each model on `metric`, with their 95% intervals.
 
-    NaN scores (undefined) rank last and are left out.
+    The metric's registry entry says which end is striking: the highest share of attention, but the lowest
+    entropy (the most focused head). NaN scores (undefined) are left out.
     """
     from .metrics import get_metric
 
-    if get_metric(metric).table != "heads":  # an unknown name gets "did you mean"
-        raise TablesError(f"{metric!r} is a profile in offsets.parquet, not a head score; pick a metric of heads.parquet")
+    entry = get_metric(metric)  # an unknown name gets "did you mean"
+    if entry.table != "heads":
+        raise TablesError(f"{metric!r} is a profile in {entry.table}.parquet, not a head score; "
+                          f"pick a metric of heads.parquet")
     if n < 1:
-        raise TablesError(f"--top must be at least 1, got {n}")
+        raise TablesError(f"top must be at least 1, got {n}")
     rows = heads[(heads["metric"] == metric) & heads["value"].notna()]
-    rows = rows.sort_values(["model", "value", "layer", "head"], ascending=[True, False, True, True], kind="stable")
+    high = entry.ranks_high()
+    rows = rows.sort_values(["model", "value", "layer", "head"], ascending=[True, not high, True, True], kind="stable")
     columns = ["model", "label", "layer", "head", "value", "ci_low", "ci_high", "count"]
     return rows.groupby("model", sort=False).head(n)[columns].reset_index(drop=True)

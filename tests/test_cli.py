@@ -16,7 +16,7 @@ def runner():
 
 def test_sweep_then_show(runner, tmp_path, tiny_gpt2, tiny_bert):
     out = tmp_path / "out"
-    result = runner.invoke(cli, ["sweep", "-m", str(tiny_gpt2), "-m", str(tiny_bert), "--limit", "4", "--out", str(out), "-q", "--bootstrap", "10", "--device", "cpu"])
+    result = runner.invoke(cli, ["sweep", "-m", str(tiny_gpt2), "-m", str(tiny_bert), "--limit", "4", "--out", str(out), "-q", "--bootstrap", "20", "--device", "cpu"])
     assert result.exit_code == 0, result.output
     assert "top heads by prev_token" in result.output
     heads = pd.read_parquet(out / "heads.parquet")

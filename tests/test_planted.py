@@ -5,7 +5,8 @@ import torch
 
 from headscan.corpus import read_corpus
 
-from headscan.sweep import SweepConfig, sweep
+from headscan import SweepConfig
+from headscan.scan import sweep
 from headscan.testing import build_planted_checkpoint
 
 CORPORA = ["builtin", "repeat-random:n=20,count=16,seed=4"]

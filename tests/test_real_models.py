@@ -7,7 +7,8 @@ a causal model never looks ahead; smollm2 has induction heads on repeated random
 import pytest
 
 from headscan.corpus import read_corpus
-from headscan.sweep import SweepConfig, sweep_model
+from headscan import SweepConfig
+from headscan.scan import sweep_model
 
 pytestmark = pytest.mark.real
 CONFIG = SweepConfig(device="cpu", bootstrap=100, max_len=64)
@@ -15,12 +16,12 @@ CONFIG = SweepConfig(device="cpu", bootstrap=100, max_len=64)
 
 @pytest.fixture(scope="module")
 def minilm_ewt(minilm, ewt_dev):
-    return sweep_model(minilm, read_corpus(ewt_dev, limit=96), CONFIG)
+    return sweep_model(minilm, read_corpus(ewt_dev, limit=96), CONFIG).heads
 
 
 @pytest.fixture(scope="module")
 def smollm2_ewt(smollm2, ewt_dev):
-    return sweep_model(smollm2, read_corpus(ewt_dev, limit=32), CONFIG)
+    return sweep_model(smollm2, read_corpus(ewt_dev, limit=32), CONFIG).heads
 
 
 def top(heads, metric):
@@ -50,7 +51,7 @@ def test_causal_smollm2_never_looks_ahead(smollm2_ewt):
 
 
 def test_smollm2_has_induction_heads_on_repeated_random_tokens(smollm2):
-    heads, _, _ = sweep_model(smollm2, read_corpus("repeat-random:n=24,count=12,seed=0"), CONFIG)
+    heads = sweep_model(smollm2, read_corpus("repeat-random:n=24,count=12,seed=0"), CONFIG).heads
     induction = heads[heads.metric == "induction"]["value"]
     assert induction.max() > 0.3
     assert induction.max() > 5 * induction.mean()
@@ -58,8 +59,8 @@ def test_smollm2_has_induction_heads_on_repeated_random_tokens(smollm2):
 
 def test_leaving_specials_out_removes_the_sink_and_raises_prev_next(minilm, ewt_dev):
     corpus = read_corpus(ewt_dev, limit=48)
-    kept, _, _ = sweep_model(minilm, corpus, CONFIG)
-    left_out, _, _ = sweep_model(minilm, corpus, SweepConfig(device="cpu", bootstrap=0, max_len=64, specials="exclude"))
+    kept = sweep_model(minilm, corpus, CONFIG).heads
+    left_out = sweep_model(minilm, corpus, SweepConfig(device="cpu", bootstrap=0, max_len=64, specials="exclude")).heads
 
     def by_head(frame, metric):
         return frame[frame.metric == metric].set_index("label")["value"]

@@ -9,8 +9,9 @@ import pytest
 import headscan
 from headscan.corpus import Corpus, Segment, read_corpus
 from headscan.errors import ConfigError, HeadscanError
-from headscan.metrics import head_metric_names
-from headscan.sweep import SweepConfig, sweep, sweep_model
+from headscan.metrics import metric_names
+from headscan import SweepConfig
+from headscan.scan import sweep, sweep_model
 from headscan.tables import combine, load
 
 CONFIG = SweepConfig(device="cpu", bootstrap=20)
@@ -27,10 +28,10 @@ SHORT = "a dog ran"
 @pytest.mark.parametrize("arch", ["gpt2", "bert"])
 def test_padding_inside_a_batch_leaves_every_score_unchanged(tiny_models, arch):
     model = tiny_models[arch]
-    alone, _, _ = sweep_model(model, corpus_of(SHORT), CONFIG)
+    alone = sweep_model(model, corpus_of(SHORT), CONFIG).heads
     # batched beside a long segment, SHORT is padded; subtracting LONG's own sums leaves SHORT's.
-    both, _, _ = sweep_model(model, corpus_of(SHORT, LONG), SweepConfig(device="cpu", batch_size=2, bootstrap=0))
-    long_only, _, _ = sweep_model(model, corpus_of(LONG), CONFIG)
+    both = sweep_model(model, corpus_of(SHORT, LONG), SweepConfig(device="cpu", batch_size=2, bootstrap=0)).heads
+    long_only = sweep_model(model, corpus_of(LONG), CONFIG).heads
     np.testing.assert_allclose(both["sum"] - long_only["sum"], alone["sum"], atol=1e-5)
     np.testing.assert_allclose(both["count"] - long_only["count"], alone["count"])
 
@@ -38,8 +39,8 @@ def test_padding_inside_a_batch_leaves_every_score_unchanged(tiny_models, arch):
 @pytest.mark.parametrize("arch", ["gpt2", "bert"])
 def test_scores_do_not_depend_on_batch_size(tiny_models, arch):
     corpus = read_corpus("builtin", limit=12)
-    one, offsets_one, _ = sweep_model(tiny_models[arch], corpus, SweepConfig(device="cpu", batch_size=1))
-    five, offsets_five, _ = sweep_model(tiny_models[arch], corpus, SweepConfig(device="cpu", batch_size=5))
+    one, offsets_one = sweep_model(tiny_models[arch], corpus, SweepConfig(device="cpu", batch_size=1)).frames.values()
+    five, offsets_five = sweep_model(tiny_models[arch], corpus, SweepConfig(device="cpu", batch_size=5)).frames.values()
     for column in ("value", "sum", "count", "ci_low", "ci_high"):
         np.testing.assert_allclose(one[column], five[column], atol=1e-5, err_msg=column)
     np.testing.assert_allclose(offsets_one["value"], offsets_five["value"], atol=1e-5)
@@ -47,23 +48,23 @@ def test_scores_do_not_depend_on_batch_size(tiny_models, arch):
 
 def test_sweep_is_deterministic(tiny_models):
     corpus = read_corpus("builtin", limit=6)
-    first, _, _ = sweep_model(tiny_models["bert"], corpus, CONFIG)
-    second, _, _ = sweep_model(tiny_models["bert"], corpus, CONFIG)
+    first = sweep_model(tiny_models["bert"], corpus, CONFIG).heads
+    second = sweep_model(tiny_models["bert"], corpus, CONFIG).heads
     pd.testing.assert_frame_equal(first, second)
 
 
 def test_sweeps_of_disjoint_halves_combine_exactly(tiny_models):
     corpus = read_corpus("builtin", limit=10)
     halves = [Corpus("h", "text", "", corpus.segments[:5]), Corpus("h", "text", "", corpus.segments[5:])]
-    whole, _, _ = sweep_model(tiny_models["gpt2"], corpus, CONFIG)
-    parts = [headscan.SweepTables(*sweep_model(tiny_models["gpt2"], half, CONFIG)[:2]) for half in halves]
+    whole = sweep_model(tiny_models["gpt2"], corpus, CONFIG).heads
+    parts = [sweep_model(tiny_models["gpt2"], half, CONFIG) for half in halves]
     combined = combine(parts).heads
     np.testing.assert_allclose(combined["sum"], whole["sum"], atol=1e-9)
     np.testing.assert_allclose(combined["value"], whole["value"], atol=1e-9)
 
 
 def test_causal_next_token_is_zero_and_undefined_sep_is_nan(tiny_models):
-    heads, _, _ = sweep_model(tiny_models["gpt2"], read_corpus("builtin", limit=4), CONFIG)
+    heads = sweep_model(tiny_models["gpt2"], read_corpus("builtin", limit=4), CONFIG).heads
     assert (heads.loc[heads.metric == "next_token", "value"] == 0).all()
     sep = heads[heads.metric == "sep"]
     assert sep["value"].isna().all() and (sep["count"] == 0).all()  # GPT-2 has no [SEP]: NaN, never -1
@@ -71,16 +72,20 @@ def test_causal_next_token_is_zero_and_undefined_sep_is_nan(tiny_models):
 
 
 def test_tables_have_every_head_for_every_metric(tiny_models, tmp_path, tiny_gpt2, tiny_bert):
-    tables = sweep([str(tiny_gpt2), str(tiny_bert)], "builtin", tmp_path / "out", SweepConfig(device="cpu", limit=5, bootstrap=10))
+    tables = sweep([str(tiny_gpt2), str(tiny_bert)], "builtin", tmp_path / "out", SweepConfig(device="cpu", limit=5, bootstrap=20))
     heads = pd.read_parquet(tmp_path / "out" / "heads.parquet")
     per_model = heads.groupby(["model", "metric"]).size()
     assert set(per_model) == {2 * 4}  # 2 layers x 4 heads, for every metric of both models
-    assert set(heads["metric"]) == set(head_metric_names())
-    assert list(heads.columns) == list(headscan.tables.HEADS_COLUMNS)
+    assert set(heads["metric"]) == set(metric_names())
+    assert list(heads.columns) == list(headscan.TABLES["heads"].columns)
     offsets = pd.read_parquet(tmp_path / "out" / "offsets.parquet")
     assert sorted(offsets["offset"].unique()) == list(range(-8, 9))
     assert heads["label"].str.fullmatch(r"L\d+H\d+").all()
-    assert (heads["ci_low"] <= heads["value"] + 1e-12).all() or heads["ci_low"].isna().any()
+    defined = heads["count"] > 0
+    assert heads.loc[~defined, ["value", "ci_low", "ci_high"]].isna().all().all()  # NaN exactly where undefined
+    rows = heads[defined]
+    assert rows[["value", "ci_low", "ci_high"]].notna().all().all()
+    assert (rows["ci_low"] <= rows["value"] + 1e-12).all() and (rows["value"] <= rows["ci_high"] + 1e-12).all()
 
 
 def test_provenance_is_recorded_everywhere(tmp_path, tiny_bert):
@@ -96,7 +101,8 @@ def test_provenance_is_recorded_everywhere(tmp_path, tiny_bert):
         assert run["versions"][package]
     assert run["config"]["device"] == "cpu" and run["command"] == "test"
     loaded = load(out)
-    assert loaded.provenance == run
+    assert loaded.provenance.to_json() == run
+    assert loaded.provenance.models[0].n_layers == 2 and loaded.provenance.corpus.kind == "builtin"
     import pyarrow.parquet as pq
 
     assert json.loads(pq.read_schema(out / "heads.parquet").metadata[b"headscan"]) == run
@@ -114,7 +120,7 @@ def test_a_failed_sweep_leaves_the_output_folder_as_it_was(tmp_path, tiny_bert):
 def test_intervals_shrink_as_the_corpus_grows(tiny_models):
     widths = []
     for limit in (8, 64):
-        heads, _, _ = sweep_model(tiny_models["bert"], read_corpus("builtin", limit=limit), SweepConfig(device="cpu", bootstrap=100))
+        heads = sweep_model(tiny_models["bert"], read_corpus("builtin", limit=limit), SweepConfig(device="cpu", bootstrap=100)).heads
         shares = heads[heads.metric.isin(["prev_token", "next_token", "first_token"])]
         widths.append((shares["ci_high"] - shares["ci_low"]).median())
     assert widths[1] < widths[0] / 2
@@ -123,20 +129,50 @@ def test_intervals_shrink_as_the_corpus_grows(tiny_models):
 @pytest.mark.parametrize(
     "options, message",
     [
-        ({"specials": "drop"}, "--specials 'drop' is not one of keep, exclude"),
-        ({"batch_size": 0}, "--batch-size must be a whole number >= 1, got 0"),
-        ({"max_len": 2}, "--max-len must be a whole number >= 4, got 2"),
+        ({"specials": "drop"}, "specials must be one of keep, exclude; got 'drop'"),
+        ({"device": "tpu"}, "device must be one of auto, cpu, cuda, mps; got 'tpu'"),
+        ({"dtype": "int8"}, "dtype must be one of float32, float16, bfloat16; got 'int8'"),
+        ({"batch_size": 0}, "batch_size must be a whole number >= 1, got 0"),
+        ({"max_len": 2}, "max_len must be a whole number >= 4, got 2"),
+        ({"max_offset": 0}, "max_offset must be a whole number >= 1, got 0"),
+        ({"limit": 0}, "limit must be a whole number >= 1, got 0"),
+        ({"seed": -1}, "seed must be a whole number >= 0, got -1"),
+        ({"bootstrap": 1}, "bootstrap must be 0 (no intervals) or at least 20, got 1: fewer replicates cannot place "
+                           "the 2.5% and 97.5% points"),
+        ({"max_len": 64.0}, "max_len must be a whole number >= 4, got 64.0"),
+        ({"prepend_bos": "no"}, "prepend_bos must be None, True or False, got 'no'"),
     ],
 )
-def test_bad_config_names_the_option(options, message):
-    with pytest.raises(ConfigError, match=message):
+def test_bad_config_names_the_setting(options, message):
+    with pytest.raises(ConfigError) as caught:
         SweepConfig(**options)
+    assert str(caught.value) == message
+    assert caught.value.setting == next(iter(options))
+
+
+def test_sweep_takes_a_model_string_a_list_of_texts_and_settings_as_keywords(tiny_bert):
+    tables = headscan.sweep(str(tiny_bert), ["The cat sat on the mat.", "  ", "It slept."], device="cpu", bootstrap=0)
+    assert tables.provenance.corpus.kind == "list" and tables.provenance.corpus.n_segments == 2
+    assert tables.provenance.command == f"headscan.sweep([{str(tiny_bert)!r}], <3 texts>, device='cpu', bootstrap=0)"
+    assert tables.provenance.config["bootstrap"] == 0
+    with pytest.raises(ConfigError, match=r"unknown setting\(s\) \['max_length'\]"):
+        headscan.sweep(str(tiny_bert), ["a"], max_length=3)
+
+
+def test_sweep_model_returns_the_tables_sweep_returns(tiny_models, tiny_bert):
+    corpus = read_corpus("builtin", limit=3)
+    alone = sweep_model(tiny_models["bert"], corpus, CONFIG)
+    through_sweep = sweep([str(tiny_bert)], corpus, config=CONFIG)
+    assert type(alone) is type(through_sweep) and list(alone.frames) == list(through_sweep.frames)
+    for name in alone.frames:
+        pd.testing.assert_frame_equal(alone[name], through_sweep[name])
+    assert alone.provenance.models[0].n_tokens == through_sweep.provenance.models[0].n_tokens
 
 
 def test_excluding_specials_removes_the_sink_from_the_scores(tiny_models):
     corpus = read_corpus("builtin", limit=4)
-    kept, _, _ = sweep_model(tiny_models["bert"], corpus, CONFIG)
-    left_out, _, _ = sweep_model(tiny_models["bert"], corpus, SweepConfig(device="cpu", bootstrap=20, specials="exclude"))
+    kept = sweep_model(tiny_models["bert"], corpus, CONFIG).heads
+    left_out = sweep_model(tiny_models["bert"], corpus, SweepConfig(device="cpu", bootstrap=20, specials="exclude")).heads
     assert kept.loc[kept.metric == "first_token", "value"].notna().all()
     assert left_out.loc[left_out.metric == "first_token", "value"].isna().all()  # [CLS] no longer counts
     assert (left_out.loc[left_out.metric == "sep", "count"] == 0).all()

@@ -1,5 +1,7 @@
 """The sweep: run a corpus through hooked models and reduce every layer's attention pattern as it is produced.
 
+`sweep` is also ``headscan.sweep`` (this module is `headscan.scan`, so the two names cannot clash).
+
 One forward pass per batch. A hook on each ``blocks.{L}.attn.hook_pattern`` hands that layer's pattern, the
 padding mask and the token ids to every registered metric, which reduces it at once to per-segment sums and
 counts; the pattern is then dropped. No activation cache is kept, so peak memory does not grow with the
@@ -11,67 +13,38 @@ This module does not draw anything or parse command lines.
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import gc
+import hashlib
+import json
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
-from transformer_lens.model_bridge.exceptions import StopAtLayerException
 
 from . import __version__
+from .config import SweepConfig
 from .corpus import Corpus, Segment, batches, encode, read_corpus
 from .errors import ConfigError
 from .metrics import METRICS, AttentionBatch, Metric
 from .models import DEFAULT_MODELS, HookedModel, load_model, resolve_device
-from .tables import HEADS_COLUMNS, OFFSETS_COLUMNS, SweepTables, conform, head_label, write
+from .provenance import CorpusProvenance, ModelProvenance, RunProvenance
+from .tables import TABLES, SweepTables, concat, head_label, write
 
 __all__ = ["SweepConfig", "sweep", "sweep_model", "example_attention"]
 
-SPECIALS = ("keep", "exclude")
+
+Column = tuple[Metric, tuple]  # a metric and one position of its axis (() for a metric without one)
 
 
-@dataclass(frozen=True)
-class SweepConfig:
-    """How a sweep reads the corpus and scores heads."""
-
-    max_len: int = 128  # tokens per segment, special tokens included; longer segments are truncated
-    batch_size: int = 16  # segments per forward pass; scores do not depend on it
-    limit: int | None = None  # read at most this many segments
-    device: str = "auto"  # auto, cpu, cuda or mps
-    dtype: str = "float32"  # model weights and activations
-    specials: str = "keep"  # "exclude": special tokens neither count as queries nor as keys (see README)
-    max_offset: int = 8  # K of the offset profile, offsets -K..K
-    bootstrap: int = 200  # resampling weights per segment for the 95% intervals; 0 turns intervals off
-    seed: int = 0  # seed of the bootstrap weights (and of nothing else: the forward pass is deterministic)
-    prepend_bos: bool | None = None  # causal models: None follows TransformerLens' default per model
-
-    def __post_init__(self):
-        if self.specials not in SPECIALS:
-            raise ConfigError(f"--specials {self.specials!r} is not one of {', '.join(SPECIALS)}")
-        for name, low in (("max_len", 4), ("batch_size", 1), ("max_offset", 1), ("bootstrap", 0), ("seed", 0)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < low:
-                raise ConfigError(f"--{name.replace('_', '-')} must be a whole number >= {low}, got {value!r}")
-        if self.limit is not None and self.limit < 1:
-            raise ConfigError(f"--limit must be at least 1, got {self.limit}")
-
-
-def _columns(max_offset: int) -> list[tuple[Metric, int | None]]:
-    """The score columns of one head: each heads metric, then each offset of the offsets metric."""
-    columns = []
-    for metric in METRICS.values():
-        if metric.table == "heads":
-            columns.append((metric, None))
-        else:
-            columns.extend((metric, d) for d in range(-max_offset, max_offset + 1))
-    return columns
+def _columns(config: SweepConfig) -> list[Column]:
+    """The score columns of one head, in registry order: each metric once per position of its axis."""
+    return [(metric, key) for metric in METRICS.values() for key in (metric.axis.values(config) if metric.axis else [()])]
 
 
 class _Accumulator:
@@ -167,31 +140,13 @@ def _score(batch: AttentionBatch, columns: list[tuple[Metric, int | None]]) -> t
     return torch.cat(sums, -1), torch.cat(counts, -1)
 
 
-def _stop_after_last_block(residual, hook):
-    # TransformerBridge.forward catches this (it is how its own stop_at_layer works) and returns early.
-    raise StopAtLayerException(residual)
-
-
-@contextlib.contextmanager
-def _pattern_hooks(model: HookedModel, hooks: list):
-    """Attach `hooks` for a whole loop of forward passes that only read attention patterns.
-
-    Two things make the bridge as fast as a plain Hugging Face forward (benchmarks/bridge_overhead.py):
-    no autograd graph (inference mode), and no output head: the forward stops after the last block,
-    since the vocabulary projection alone is about half of minilm's forward and a fifth of smollm2's.
-    """
-    stop = (f"blocks.{model.n_layers - 1}.hook_out", _stop_after_last_block)
-    with torch.inference_mode(), model.bridge.hooks(fwd_hooks=[*hooks, stop]):
-        yield lambda input_ids, attention_mask: model.bridge(input_ids, attention_mask=attention_mask)
-
-
-def sweep_model(model: HookedModel, corpus: Corpus, config: SweepConfig = SweepConfig(), *, progress: bool = False) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
-    """Score every head of `model` over `corpus`: (heads rows, offsets rows, the model's provenance)."""
+def sweep_model(model: HookedModel, corpus: Corpus, config: SweepConfig = SweepConfig(), *, progress: bool = False) -> SweepTables:
+    """Score every head of `model` over `corpus`: its tables, with a provenance of this one model."""
     started = time.perf_counter()
     encoded = encode(corpus, model, config.max_len)
-    columns = _columns(config.max_offset)
+    columns = _columns(config)
     accumulator = _Accumulator(model.n_layers, model.n_heads, len(columns), config.bootstrap)
-    device = next(model.bridge.original_model.parameters()).device
+    device = model.device
     pad = model.special_token_ids["pad"]
     pad = pad if pad is not None else 0  # masked out, so any id will do (GPT-2 has no pad token)
     state = {}
@@ -205,11 +160,11 @@ def sweep_model(model: HookedModel, corpus: Corpus, config: SweepConfig = SweepC
 
         return hook
 
-    hooks = [(f"blocks.{layer}.attn.hook_pattern", reduce_layer(layer)) for layer in range(model.n_layers)]
+    hooks = {layer: reduce_layer(layer) for layer in range(model.n_layers)}
     bar = _progress_bar(len(encoded.token_ids), model.name, progress)
     n_tokens = 0
     try:
-        with _pattern_hooks(model, hooks) as forward:
+        with model.pattern_forward(hooks) as forward:
             for batch in batches(encoded, config.batch_size, pad):
                 ids, mask = batch.input_ids.to(device), batch.attention_mask.to(device)
                 weights = _bootstrap_weights(batch.index, config.bootstrap, config.seed)
@@ -222,15 +177,14 @@ def sweep_model(model: HookedModel, corpus: Corpus, config: SweepConfig = SweepC
     finally:
         if bar is not None:
             bar.close()
-    heads, offsets = _frames(model, accumulator, columns)
-    provenance = model.provenance() | {
+    described = ModelProvenance.from_json(model.provenance() | {
         "n_segments": len(encoded.token_ids),
         "n_tokens": n_tokens,
         "n_truncated": encoded.n_truncated,
         "max_len": encoded.max_len,
         "seconds": round(time.perf_counter() - started, 3),
-    }
-    return heads, offsets, provenance
+    })
+    return SweepTables(_frames(model, accumulator, columns), _run_provenance(corpus, config, [described]))
 
 
 def _progress_bar(total: int, name: str, enabled: bool):
@@ -241,33 +195,37 @@ def _progress_bar(total: int, name: str, enabled: bool):
     return tqdm(total=total, desc=f"sweep {name}", unit="seg", file=sys.stderr, dynamic_ncols=True)
 
 
-def _frames(model: HookedModel, accumulator: _Accumulator, columns) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _frames(model: HookedModel, accumulator: _Accumulator, columns: list[Column]) -> dict[str, pd.DataFrame]:
+    """One DataFrame per table: each score column's rows go to its metric's table."""
     value, sums, counts, low, high = accumulator.values()  # (layer, head, column)
-    n_layers, n_heads, n_columns = value.shape
-    layer, head, column = np.meshgrid(np.arange(n_layers), np.arange(n_heads), np.arange(n_columns), indexing="ij")
-    frame = pd.DataFrame(
-        {
-            "model": model.name,
-            "family": model.family,
-            "layer": layer.ravel(),
-            "head": head.ravel(),
-            "label": np.array([head_label(l, h) for l in range(n_layers) for h in range(n_heads)])[
-                layer.ravel() * n_heads + head.ravel()
-            ],
-            "kv_group": model.kv_group(head.ravel()),
-            "metric": np.array([metric.name for metric, _ in columns])[column.ravel()],
-            "offset": np.array([np.nan if d is None else d for _, d in columns])[column.ravel()],
-            "value": value.ravel(),
-            "sum": sums.ravel(),
-            "count": counts.ravel(),
-            "ci_low": low.ravel(),
-            "ci_high": high.ravel(),
-        }
-    )
-    is_offset = frame["offset"].notna()
-    heads = frame[~is_offset].sort_values(["metric", "layer", "head"], key=_registry_order, kind="stable")
-    offsets = frame[is_offset].sort_values(["layer", "head", "offset"], kind="stable")
-    return conform(heads, HEADS_COLUMNS), conform(offsets.astype({"offset": "int64"}), OFFSETS_COLUMNS)
+    n_layers, n_heads, _ = value.shape
+    layer, head = np.meshgrid(np.arange(n_layers), np.arange(n_heads), indexing="ij")  # (layer, head)
+    per_head = {
+        "model": model.name,
+        "family": model.family,
+        "layer": layer.ravel(),
+        "head": head.ravel(),
+        "label": [head_label(l, h) for l, h in zip(layer.ravel(), head.ravel())],
+        "kv_group": model.kv_group(head.ravel()),
+    }
+    parts: dict[str, list[pd.DataFrame]] = {}
+    for index, (metric, key) in enumerate(columns):
+        table = TABLES[metric.table]
+        keys = dict(zip(metric.axis.columns, key)) if metric.axis else {}
+        if "metric" in table.keys:
+            keys["metric"] = metric.name
+        values = {"value": value, "sum": sums, "count": counts, "ci_low": low, "ci_high": high}
+        part = pd.DataFrame(per_head | keys | {name: array[..., index].ravel() for name, array in values.items()})
+        parts.setdefault(table.name, []).append(part)
+    # Rows of a table: by metric (registry order), then layer, head and the metric's axis.
+    frames = {}
+    for name, pieces in parts.items():
+        frame = pd.concat(pieces, ignore_index=True)
+        keys = list(TABLES[name].keys)
+        order = ["metric"] * ("metric" in keys) + ["layer", "head"] + [k for k in keys if k != "metric"]
+        frame = frame.sort_values(order, key=_registry_order, kind="stable")
+        frames[name] = TABLES[name].conform(frame)
+    return frames
 
 
 def _registry_order(column: pd.Series) -> pd.Series:
@@ -301,52 +259,111 @@ def _versions() -> dict:
     return versions
 
 
+def _run_provenance(corpus: Corpus, config: SweepConfig, models: list[ModelProvenance], *, command: str | None = None,
+                    started: datetime | None = None) -> RunProvenance:
+    return RunProvenance(
+        headscan_version=__version__,
+        git_revision=_git_revision(),
+        command=command,
+        started=started.isoformat(timespec="seconds") if started else None,
+        finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        corpus=CorpusProvenance.from_json(corpus.provenance()),
+        config=config.to_json() | {"device": resolve_device(config.device)},
+        versions=_versions(),
+        models=tuple(models),
+    )
+
+
 def sweep(
-    models: list[str] | tuple[str, ...] = DEFAULT_MODELS,
-    corpus: str | Path = "builtin",
+    models: str | list[str] | tuple[str, ...] = DEFAULT_MODELS,
+    corpus: str | Path | list[str] | Corpus = "builtin",
     out: str | Path | None = None,
-    config: SweepConfig = SweepConfig(),
+    config: SweepConfig | None = None,
     *,
     progress: bool = False,
     command: str | None = None,
+    **settings,
 ) -> SweepTables:
     """Sweep every head of every layer of `models` over `corpus`; write the tables into `out` if given.
 
+    Parameters
+    ----------
+    models
+        One spec or several: an embedded alias (``minilm``, ``smollm2``), a local checkpoint folder, a
+        ``.gguf`` file or a Hugging Face id. Default: both embedded models.
+    corpus
+        A file path (``.txt``, ``.jsonl``, ``.conllu``), ``"builtin"``, ``"repeat-random[:n=50,...]"``, a list
+        of strings (one segment each) or a `headscan.corpus.Corpus`.
+    out
+        A folder to write heads.parquet, offsets.parquet and run.json into; None writes nothing.
+    config, **settings
+        A `SweepConfig`, or its fields as keywords (``max_len=64``); keywords override `config`.
+    command
+        How the sweep was called, for provenance; by default the Python call itself.
+
     Models are loaded one at a time and released before the next, so memory holds one model at most.
     Nothing is written until every model has been swept: a failure leaves `out` as it was.
+
+    Example (a notebook): ``tables = headscan.sweep("minilm", ["The cat sat.", "It slept."], max_len=32)``
     """
+    models = [models] if isinstance(models, str) else list(models)
+    if settings:
+        try:
+            config = dataclasses.replace(config or SweepConfig(), **settings)
+        except TypeError:
+            unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(SweepConfig)})
+            raise ConfigError(f"unknown setting(s) {unknown}; SweepConfig has "
+                              f"{', '.join(f.name for f in dataclasses.fields(SweepConfig))}") from None
+    config = config or SweepConfig()
     if not models:
-        raise ConfigError("no models to sweep; pass --model (for example --model minilm)")
+        raise ConfigError("no models to sweep; pass --model (for example --model minilm)", setting="models")
     if len(set(models)) != len(models):
-        raise ConfigError(f"a model is named twice in {list(models)}; each model's rows would collide")
+        raise ConfigError(f"a model is named twice in {models}; each model's rows would collide", setting="models")
+    if command is None:
+        command = _python_call(models, corpus, out, config)
     started = datetime.now(timezone.utc)
-    text = read_corpus(corpus, limit=config.limit)
-    heads, offsets, described = [], [], []
+    if isinstance(corpus, Corpus):
+        text = corpus
+    elif isinstance(corpus, (list, tuple)):
+        text = _texts_corpus(list(corpus), config.limit)
+    else:
+        text = read_corpus(corpus, limit=config.limit)
+    parts = []
     for spec in models:
         model = load_model(spec, device=config.device, dtype=config.dtype, prepend_bos=config.prepend_bos)
         try:
-            h, o, p = sweep_model(model, text, config, progress=progress)
+            parts.append(sweep_model(model, text, config, progress=progress))
         finally:
             del model
             gc.collect()
-        heads.append(h)
-        offsets.append(o)
-        described.append(p)
-    provenance = {
-        "headscan_version": __version__,
-        "git_revision": _git_revision(),
-        "command": command if command is not None else " ".join(sys.argv),
-        "started": started.isoformat(timespec="seconds"),
-        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "corpus": text.provenance(),
-        "config": asdict(config) | {"device": resolve_device(config.device)},
-        "versions": _versions(),
-        "models": described,
-    }
-    tables = SweepTables(pd.concat(heads, ignore_index=True), pd.concat(offsets, ignore_index=True), provenance)
+    described = [m for part in parts for m in part.provenance.models]
+    tables = concat(parts, _run_provenance(text, config, described, command=command, started=started))
     if out is not None:
         tables.path = write(tables, out)
     return tables
+
+
+def _texts_corpus(texts: list[str], limit: int | None) -> Corpus:
+    """A corpus of the given strings, one segment each (a notebook's list of sentences)."""
+    bad = [i for i, t in enumerate(texts) if not isinstance(t, str)]
+    if bad:
+        raise ConfigError(f"corpus: item {bad[0]} of the list is a {type(texts[bad[0]]).__name__}, not a string",
+                          setting="corpus")
+    segments = tuple(Segment(t.strip(), i + 1) for i, t in enumerate(texts) if t.strip())[:limit]
+    if not segments:
+        raise ConfigError("corpus: the list holds no text (every item is empty)", setting="corpus")
+    digest = hashlib.sha256(json.dumps(texts).encode()).hexdigest()
+    return Corpus(f"<list of {len(texts)} texts>", "list", digest, segments)
+
+
+def _python_call(models: list[str], corpus, out, config: SweepConfig) -> str:
+    """The call as a notebook user would write it, for provenance (lists of texts are summarised)."""
+    shown = f"<{len(corpus)} texts>" if isinstance(corpus, (list, tuple)) else repr(str(corpus))
+    changed = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+               if getattr(config, f.name) != f.default}
+    arguments = [repr(models), shown] + ([f"out={str(out)!r}"] if out is not None else [])
+    arguments += [f"{name}={value!r}" for name, value in changed.items()]
+    return f"headscan.sweep({', '.join(arguments)})"
 
 
 def example_attention(model: HookedModel, text: str, layer: int) -> tuple[list[str], np.ndarray]:
@@ -356,13 +373,13 @@ def example_attention(model: HookedModel, text: str, layer: int) -> tuple[list[s
     corpus = Corpus("example", "text", "", (Segment(text, 0),))
     encoded = encode(corpus, model, model.max_context)
     ids = torch.tensor([encoded.token_ids[0]], dtype=torch.long)
-    device = next(model.bridge.original_model.parameters()).device
+    device = model.device
     captured = {}
 
     def hook(pattern, hook):
         captured["pattern"] = pattern[0].detach().float().cpu().numpy()  # (head, q, k)
 
-    with _pattern_hooks(model, [(f"blocks.{layer}.attn.hook_pattern", hook)]) as forward:
+    with model.pattern_forward({layer: hook}) as forward:
         forward(ids.to(device), torch.ones_like(ids).to(device))
     # decode one id at a time: readable labels ("cat", not byte-level BPE's "Ġcat"), whitespace shown quoted
     words = [model.tokenizer.decode([token]) for token in encoded.token_ids[0]]

@@ -1,0 +1,89 @@
+"""Sweep settings: one frozen dataclass that checks every setting once, so nothing downstream checks again.
+
+The command line builds its options, choices and defaults from `SweepConfig` and the constants here, and
+turns a `ConfigError` naming a setting (``max_len``) into one naming the flag (``--max-len``). Inner functions
+trust a `SweepConfig` they are handed.
+
+This module imports no torch: ``headscan --help`` stays fast.
+
+>>> SweepConfig(max_len=64).max_len
+64
+>>> SweepConfig(specials="drop")
+Traceback (most recent call last):
+...
+headscan.errors.ConfigError: specials must be one of keep, exclude; got 'drop'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal, get_args, get_type_hints
+
+from .errors import ConfigError
+
+__all__ = ["SweepConfig", "DEVICES", "DTYPES", "SPECIALS", "MIN_BOOTSTRAP", "choices"]
+
+Device = Literal["auto", "cpu", "cuda", "mps"]
+DType = Literal["float32", "float16", "bfloat16"]
+Specials = Literal["keep", "exclude"]
+DEVICES: tuple[str, ...] = get_args(Device)
+DTYPES: tuple[str, ...] = get_args(DType)
+SPECIALS: tuple[str, ...] = get_args(Specials)
+
+# Fewer replicates than this cannot place a 2.5% point: with 19 the lowest replicate is already the 5% point.
+MIN_BOOTSTRAP = 20
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """How a sweep reads the corpus and scores heads. Every field is checked when the config is made."""
+
+    max_len: int = 128  # tokens per segment, special tokens included; longer segments are truncated
+    batch_size: int = 16  # segments per forward pass; scores do not depend on it
+    limit: int | None = None  # read at most this many segments
+    device: Device = "auto"  # where the model runs
+    dtype: DType = "float32"  # model weights and activations; metrics and sums stay float32/float64
+    specials: Specials = "keep"  # "exclude": special tokens neither count as queries nor as keys (see README)
+    max_offset: int = 8  # K of the offset profile, offsets -K..K
+    bootstrap: int = 200  # resampling weights per segment for the 95% intervals; 0 turns intervals off
+    seed: int = 0  # seed of the bootstrap weights (and of nothing else: the forward pass is deterministic)
+    prepend_bos: bool | None = None  # causal models: None follows TransformerLens' default per model
+
+    def __post_init__(self):
+        for name, values in choices().items():
+            if getattr(self, name) not in values:
+                raise ConfigError(f"{name} must be one of {', '.join(values)}; got {getattr(self, name)!r}", setting=name)
+        for name, low in (("max_len", 4), ("batch_size", 1), ("max_offset", 1), ("seed", 0)):
+            _whole(name, getattr(self, name), low)
+        if self.limit is not None:
+            _whole("limit", self.limit, 1)
+        _whole("bootstrap", self.bootstrap, 0)
+        if 0 < self.bootstrap < MIN_BOOTSTRAP:
+            raise ConfigError(f"bootstrap must be 0 (no intervals) or at least {MIN_BOOTSTRAP}, got {self.bootstrap}: "
+                              f"fewer replicates cannot place the 2.5% and 97.5% points", setting="bootstrap")
+        if self.prepend_bos not in (None, True, False):
+            raise ConfigError(f"prepend_bos must be None, True or False, got {self.prepend_bos!r}", setting="prepend_bos")
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _whole(name: str, value, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"{name} must be a whole number >= {low}, got {value!r}", setting=name)
+
+
+def choices() -> dict[str, tuple[str, ...]]:
+    """The settings of `SweepConfig` with a closed set of values, read from their `Literal` types.
+
+    >>> choices()["specials"]
+    ('keep', 'exclude')
+    """
+    hints = get_type_hints(SweepConfig)
+    return {name: get_args(hint) for name, hint in hints.items() if getattr(hint, "__origin__", None) is Literal}
+
+
+def default(name: str):
+    """The default of setting `name`, for the command line's options."""
+    return next(f.default for f in dataclasses.fields(SweepConfig) if f.name == name)
