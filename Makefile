@@ -32,6 +32,7 @@ test: setup
 # The committed reports: the embedded defaults over the EWT dev sentences and over repeated random tokens.
 # Tables go to reports/runs/NAME, the report of each to reports/NAME.
 reports: setup
+	@test -f "$(EWT)" || { echo "make reports: no EWT treebank at $(EWT); pass its dev file: make reports EWT=path/to/en_ewt-ud-dev.conllu"; exit 1; }
 	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --corpus $(EWT) --out reports/runs/ewt-dev --device cpu -q
 	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --corpus repeat-random --out reports/runs/repeat-random --device cpu -q
 	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/ewt-dev --out reports/ewt-dev

@@ -12,16 +12,13 @@ from transformer_lens.model_bridge import TransformerBridge
 
 from headscan.testing import build_planted_checkpoint, build_tiny_checkpoint
 
-EWT_DEV = Path(__file__).parents[1].parent / "shared/data/ud-english-ewt/en_ewt-ud-dev.conllu"
 ARCHS = ["gpt2", "bert"]
 
 
 @pytest.fixture(scope="module")
-def sentences():
+def sentences(ewt_dev):
     """The first 50 sentences of the UD English EWT dev set."""
-    if not EWT_DEV.exists():
-        pytest.skip(f"{EWT_DEV} is absent")
-    lines = EWT_DEV.read_text(encoding="utf-8").splitlines()
+    lines = ewt_dev.read_text(encoding="utf-8").splitlines()
     return [line.removeprefix("# text = ") for line in lines if line.startswith("# text = ")][:50]
 
 
