@@ -349,11 +349,12 @@ def _texts_corpus(texts: list[str], limit: int | None) -> Corpus:
     if bad:
         raise ConfigError(f"corpus: item {bad[0]} of the list is a {type(texts[bad[0]]).__name__}, not a string",
                           setting="corpus")
-    segments = tuple(Segment(t.strip(), i + 1) for i, t in enumerate(texts) if t.strip())[:limit]
+    kept = [t.strip() for t in texts if t.strip()][:limit]
+    segments = tuple(Segment(text, i + 1, document=i) for i, text in enumerate(kept))
     if not segments:
         raise ConfigError("corpus: the list holds no text (every item is empty)", setting="corpus")
     digest = hashlib.sha256(json.dumps(texts).encode()).hexdigest()
-    return Corpus(f"<list of {len(texts)} texts>", "list", digest, segments)
+    return Corpus(f"<list of {len(texts)} texts>", "list", digest, segments, documents="none: each text is its own document")
 
 
 def _python_call(models: list[str], corpus, out, config: SweepConfig) -> str:

@@ -48,7 +48,7 @@ def test_empty_corpus_is_refused_before_any_model_loads(runner, tmp_path):
     empty.write_text("\n\n")
     result = runner.invoke(cli, ["sweep", "--corpus", str(empty), "--out", str(tmp_path / "out"), "-q"])
     assert result.exit_code == 1
-    assert result.output.strip() == f"Error: {empty}: holds no text segments (empty, or only blank lines)"
+    assert result.output.strip() == f"Error: {empty}: holds only blank lines; put one segment on each line"
 
 
 def test_unknown_metric_in_show(runner, tmp_path, tiny_bert):

@@ -1,18 +1,34 @@
-"""Reading corpora: every source, its errors (with file and line), tokenisation and batching."""
+"""Reading corpora: every source, its documents, its errors (exact text), tokenisation and batching."""
 
 import json
 
 import pytest
 import torch
 
-from headscan.corpus import batches, encode, read_corpus
+from headscan.corpus import EncodedCorpus, batches, encode, read_corpus
 from headscan.errors import ConfigError, CorpusError
+
+WORD = "{id}\tw{id}\tw\tX\t_\t_\t{head}\tdep\t_\t_"  # a CoNLL-U word line
+
+
+def conllu(*sentences, newdoc=None) -> str:
+    """CoNLL-U text: each sentence a list of heads; `newdoc` maps a sentence index to its comment line."""
+    blocks = []
+    for index, heads in enumerate(sentences):
+        comments = [newdoc[index]] if newdoc and index in newdoc else []
+        blocks.append("\n".join(comments + [WORD.format(id=i, head=h) for i, h in enumerate(heads, start=1)]))
+    return "\n\n".join(blocks) + "\n\n"
+
+
+def documents(path, **options) -> list[int]:
+    return [s.document for s in read_corpus(path, **options).segments]
 
 
 def test_builtin_sample_ships_with_the_package():
     corpus = read_corpus("builtin")
     assert corpus.kind == "builtin" and len(corpus.segments) == 80
     assert len(corpus.sha256) == 64
+    assert corpus.n_documents == 80 and corpus.documents == "none: each segment is its own document"
 
 
 def test_conllu_keeps_words_heads_and_relations(ewt_dev):
@@ -23,6 +39,15 @@ def test_conllu_keeps_words_heads_and_relations(ewt_dev):
     assert first.heads == (3, 3, 4, 0, 6, 4, 4)
     assert first.deprels[3] == "root" and first.line == 1
     assert all(len(s.words) == len(s.heads) == len(s.deprels) for s in corpus.segments)
+
+
+def test_ewt_dev_has_one_document_per_newdoc_line(ewt_dev):
+    corpus = read_corpus(ewt_dev)
+    n_newdoc = sum(line.startswith("# newdoc") for line in ewt_dev.read_text(encoding="utf-8").splitlines())
+    assert (len(corpus.segments), corpus.n_documents, n_newdoc) == (2001, 318, 318)
+    assert corpus.documents == "conllu # newdoc lines"
+    assert corpus.provenance()["n_documents"] == 318
+    assert [s.document for s in corpus.segments[:6]] == [0, 0, 0, 0, 0, 1]  # a five-sentence weblog post first
 
 
 def test_conllu_skips_multiword_ranges_and_empty_nodes(tmp_path):
@@ -40,50 +65,173 @@ def test_conllu_skips_multiword_ranges_and_empty_nodes(tmp_path):
     assert segment.words == ("I", "do", "know") and segment.heads == (3, 3, 0)
 
 
-def test_conllu_error_names_file_and_line(tmp_path):
-    path = tmp_path / "bad.conllu"
-    path.write_text("# text = a\n1\ta\ta\n")
-    with pytest.raises(CorpusError, match=r"bad.conllu, line 2: a CoNLL-U word line has 10 tab-separated columns, found 3"):
-        read_corpus(path)
-
-
-def test_jsonl_reads_the_text_field_and_names_bad_lines(tmp_path):
-    path = tmp_path / "c.jsonl"
-    path.write_text(json.dumps({"text": "one"}) + "\n\n" + json.dumps({"text": "two"}) + "\n")
-    assert [s.text for s in read_corpus(path).segments] == ["one", "two"]
-    path.write_text(json.dumps({"text": "one"}) + "\n{oops\n")
-    with pytest.raises(CorpusError, match=r"c.jsonl, line 2: not valid JSON"):
-        read_corpus(path)
-    path.write_text(json.dumps({"body": "one"}) + "\n")
-    with pytest.raises(CorpusError, match=r"line 1: expected an object with a string field 'text'"):
-        read_corpus(path)
-
-
-def test_plain_text_is_one_segment_per_non_blank_line(tmp_path):
-    path = tmp_path / "c.txt"
-    path.write_text("first line\n\n  \nsecond line\n")
+def test_conllu_newdoc_lines_start_documents(tmp_path):
+    path = tmp_path / "d.conllu"
+    path.write_text(conllu([0], [0], [2, 0], [0], newdoc={1: "# newdoc id = b", 3: "# newdoc"}))
     corpus = read_corpus(path)
-    assert [(s.text, s.line) for s in corpus.segments] == [("first line", 1), ("second line", 4)]
+    assert [s.document for s in corpus.segments] == [0, 1, 1, 2]  # before the first newdoc: document 0
+    assert (corpus.documents, corpus.n_documents) == ("conllu # newdoc lines", 3)
+    path.write_text(conllu([0], [0], [0], newdoc={0: "# newdoc id = a", 2: "# newdoc id = b"}))
+    assert documents(path) == [0, 0, 1]
 
 
-@pytest.mark.parametrize(
-    "content, message",
-    [(b"", "holds no text segments"), (b"\n \n", "holds no text segments"), (b"ok\n\xff\xfe\n", "line 2: not UTF-8")],
-)
-def test_empty_or_undecodable_corpus_is_one_clear_error(tmp_path, content, message):
+def test_conllu_without_newdoc_makes_each_sentence_a_document(tmp_path):
+    path = tmp_path / "d.conllu"
+    path.write_text(conllu([0], [2, 0], [0]))
+    corpus = read_corpus(path)
+    assert [s.document for s in corpus.segments] == [0, 1, 2]
+    assert corpus.documents == "none: no # newdoc lines, so each sentence is its own document"
+
+
+def test_jsonl_reads_the_text_field(tmp_path):
+    path = tmp_path / "c.jsonl"
+    path.write_text(json.dumps({"text": "one"}) + "\n\n" + json.dumps({"text": " "}) + "\n" + json.dumps({"text": "two"}) + "\n")
+    corpus = read_corpus(path)
+    assert [(s.text, s.line) for s in corpus.segments] == [("one", 1), ("two", 4)]
+    assert [s.document for s in corpus.segments] == [0, 1] and corpus.documents == "none: each line is its own document"
+
+
+def test_jsonl_lines_split_on_newlines_only(tmp_path):
+    path = tmp_path / "c.jsonl"
+    path.write_text('{"text": "a\u2028b\x85c"}\r\n{"text": "d"}\n', encoding="utf-8")
+    assert [(s.text, s.line) for s in read_corpus(path).segments] == [("a\u2028b\x85c", 1), ("d", 2)]
+
+
+def test_jsonl_document_field_groups_consecutive_equal_values(tmp_path):
+    path = tmp_path / "c.jsonl"
+    rows = [("a", 1), ("b", 1), ("c", 2), ("", 3), ("d", 1), ("e", "1"), ("f", "1")]
+    path.write_text("".join(json.dumps({"text": t, "doc": d}) + "\n" for t, d in rows))
+    corpus = read_corpus(path, document_field="doc")
+    assert [s.document for s in corpus.segments] == [0, 0, 1, 2, 3, 3]  # a document of empty text leaves no gap
+    assert corpus.documents == "jsonl field 'doc': consecutive lines with equal values"
+    assert documents(path) == [0, 1, 2, 3, 4, 5]
+    assert documents(path, document_field="doc", limit=3) == [0, 0, 1]
+
+
+def test_plain_text_is_one_segment_per_non_blank_line_and_paragraphs_are_documents(tmp_path):
     path = tmp_path / "c.txt"
+    path.write_text("first line\nsecond line\n\n  \nthird line\n\nfourth\n\n")
+    corpus = read_corpus(path)
+    assert [(s.text, s.line, s.document) for s in corpus.segments] == [
+        ("first line", 1, 0), ("second line", 2, 0), ("third line", 5, 1), ("fourth", 7, 2)
+    ]
+    assert (corpus.documents, corpus.n_documents) == ("blank-line paragraphs", 3)
+    assert corpus.provenance() | {"sha256": ""} == {
+        "source": str(path), "kind": "text", "sha256": "", "n_segments": 4,
+        "documents": "blank-line paragraphs", "n_documents": 3,
+    }
+
+
+def test_plain_text_without_blank_lines_between_segments_makes_each_line_a_document(tmp_path):
+    path = tmp_path / "c.txt"
+    path.write_text("\n\none\ntwo\nthree\n\n\n")
+    corpus = read_corpus(path)
+    assert [s.document for s in corpus.segments] == [0, 1, 2]
+    assert corpus.documents == "none: no blank line between segments, so each line is its own document"
+
+
+@pytest.mark.parametrize("name, content", [
+    ("c.txt", b"\xef\xbb\xbfone\ntwo\n"),
+    ("c.jsonl", b'\xef\xbb\xbf{"text": "one"}\n{"text": "two"}\n'),
+    ("c.conllu", b"\xef\xbb\xbf# text = one\n1\tone\t_\t_\t_\t_\t0\troot\t_\t_\n\n# text = two\n1\ttwo\t_\t_\t_\t_\t0\troot\t_\t_\n"),
+])
+def test_a_utf8_byte_order_mark_is_accepted(tmp_path, name, content):
+    path = tmp_path / name
     path.write_bytes(content)
-    with pytest.raises(CorpusError, match=message):
+    assert [s.text for s in read_corpus(path).segments] == ["one", "two"]
+
+
+def test_a_byte_order_mark_does_not_hide_the_first_newdoc(tmp_path):
+    path = tmp_path / "d.conllu"
+    path.write_bytes(b"\xef\xbb\xbf" + conllu([0], [0], [0], newdoc={0: "# newdoc id = a", 2: "# newdoc"}).encode())
+    assert documents(path) == [0, 0, 1]
+
+
+JSONL_HOW = "put one JSON object on each line, the segment in its 'text' field"
+CONLLU_HOW = "give it sentences: word lines of 10 tab-separated columns, a blank line after each"
+BAD_FILES = [
+    # every kind of file
+    ("c.txt", b"", "{path}: is empty; pass a file with at least one segment of text"),
+    ("c.jsonl", b"\xef\xbb\xbf", "{path}: is empty; pass a file with at least one segment of text"),
+    ("c.txt", b"\n \n\t\n", "{path}: holds only blank lines; put one segment on each line"),
+    ("c.txt", b"ok\n\xff\xfe\n", "{path}, line 2: not UTF-8 text; convert it first (iconv -t utf-8)"),
+    ("c.conllu", b"ok\nbin\x00ary\n", "{path}, line 2: holds a NUL byte, so it looks binary (or UTF-16); pass a UTF-8 text file"),
+    ("c.txt", "utf-16 text".encode("utf-16"), "{path}, line 1: holds a NUL byte, so it looks binary (or UTF-16); pass a UTF-8 text file"),
+    # JSONL
+    ("c.jsonl", b"\n\n", f"{{path}}: holds only blank lines; {JSONL_HOW}"),
+    ("c.jsonl", b'{"text": "one"}\n{oops\n',
+     "{path}, line 2: not valid JSON (Expecting property name enclosed in double quotes); put one JSON object on each line"),
+    ("c.jsonl", b"[" * 100_000, "{path}, line 1: not valid JSON (nested too deeply); put one JSON object on each line"),
+    ("c.jsonl", b"1" * 5000, "{path}, line 1: not valid JSON (a number has too many digits); put one JSON object on each line"),
+    ("c.jsonl", b'["one"]\n', '{path}, line 1: expected a JSON object, found an array; put one object like {"text": "..."} on each line'),
+    ("c.jsonl", b'"one"\n', '{path}, line 1: expected a JSON object, found a string; put one object like {"text": "..."} on each line'),
+    ("c.jsonl", b'{"text": "a"}\n{"body": "one"}\n', "{path}, line 2: no 'text' field; every line needs one holding its text"),
+    ("c.jsonl", b'{"text": 3}\n', "{path}, line 1: field 'text' is a number; it must be a string"),
+    ("c.jsonl", b'{"text": null}\n', "{path}, line 1: field 'text' is null; it must be a string"),
+    ("c.jsonl", b'{"text": ["a"]}\n', "{path}, line 1: field 'text' is an array; it must be a string"),
+    ("c.jsonl", b'{"text": "a\\ud800"}\n', "{path}, line 1: field 'text' holds a lone surrogate (\\ud800-\\udfff); remove it"),
+    ("c.jsonl", b'{"text": " "}\n\n{"text": ""}\n', f"{{path}}: every segment is empty or whitespace; {JSONL_HOW}"),
+    # CoNLL-U
+    ("c.conllu", b"\n\n\n", f"{{path}}: holds only blank lines; {CONLLU_HOW}"),
+    ("c.conllu", b"# text = a\n1\ta\ta\n",
+     "{path}, line 2: a CoNLL-U word line has 10 tab-separated columns, found 3; "
+     "separate columns with tabs and write _ for an empty one"),
+    ("c.conllu", conllu([0]).replace("1\t", "one\t", 1).encode(),
+     "{path}, line 1: ID column is 'one', expected a whole number; "
+     "number words 1, 2, 3, ... (ranges like 2-3 and empty nodes like 3.1 are skipped)"),
+    ("c.conllu", conllu([0], [2, 0, 2]).replace("2\tw2", "3\tw2").encode(),
+     "{path}, line 4: word ID is 3, expected 2; number each sentence's words 1, 2, 3, ... in order"),
+    ("c.conllu", conllu([0, 1]).replace("\t1\tdep", "\troot\tdep").encode(),
+     "{path}, line 2: HEAD column is 'root', expected a whole number; write the ID of the word's head, 0 for the root"),
+    ("c.conllu", conllu([0], [3, 0]).encode(),
+     "{path}, line 3: HEAD is 3 but the sentence has 2 words; use 0 for the root or a word ID from 1 to 2"),
+    ("c.conllu", conllu([2, -1]).encode(),
+     "{path}, line 2: HEAD is -1 but the sentence has 2 words; use 0 for the root or a word ID from 1 to 2"),
+    ("c.conllu", b"# sent_id = 1\n# text = a\n\n",
+     "{path}, line 1: sentence has no word lines; add them, or a blank line is missing"),
+    ("c.conllu", b"# text = \n1\t \t_\t_\t_\t_\t0\troot\t_\t_\n", f"{{path}}: every segment is empty or whitespace; {CONLLU_HOW}"),
+]
+
+
+@pytest.mark.parametrize("name, content, message", BAD_FILES)
+def test_bad_files_are_one_clear_error(tmp_path, name, content, message):
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(CorpusError) as error:
         read_corpus(path)
+    assert str(error.value) == message.replace("{path}", str(path))
 
 
-def test_missing_file_says_what_a_corpus_can_be(tmp_path):
-    with pytest.raises(CorpusError, match="no such file; pass a .txt, .jsonl or .conllu file, 'builtin' or 'repeat-random'"):
+def test_missing_document_field_names_file_and_line(tmp_path):
+    path = tmp_path / "c.jsonl"
+    path.write_text('{"text": "a", "doc": 1}\n{"text": "b"}\n')
+    with pytest.raises(CorpusError) as error:
+        read_corpus(path, document_field="doc")
+    assert str(error.value) == f"{path}, line 2: no 'doc' field; every line needs one when documents come from it"
+
+
+def test_document_field_is_for_jsonl_only(tmp_path):
+    path = tmp_path / "c.txt"
+    path.write_text("one\n")
+    with pytest.raises(CorpusError) as error:
+        read_corpus(path, document_field="doc")
+    assert str(error.value) == f"{path}: document_field='doc' applies to .jsonl files only; leave it out"
+
+
+def test_missing_file_or_a_directory_says_what_a_corpus_can_be(tmp_path):
+    with pytest.raises(CorpusError) as error:
         read_corpus(tmp_path / "nope.txt")
+    assert str(error.value) == f"{tmp_path / 'nope.txt'}: no such file; pass a .txt, .jsonl or .conllu file, 'builtin' or 'repeat-random'"
+    with pytest.raises(CorpusError) as error:
+        read_corpus(tmp_path)
+    assert str(error.value) == f"{tmp_path}: is a directory; pass a .txt, .jsonl or .conllu file"
 
 
 def test_repeat_random_options_and_errors():
-    assert read_corpus("repeat-random:n=5,count=7,seed=3").options == {"n": 5, "count": 7, "seed": 3}
+    corpus = read_corpus("repeat-random:n=5,count=7,seed=3")
+    assert corpus.options == {"n": 5, "count": 7, "seed": 3}
+    assert [s.document for s in corpus.segments] == list(range(7))
+    assert corpus.provenance()["n_documents"] == 7
     assert len(read_corpus("repeat-random", limit=4).segments) == 4
     with pytest.raises(CorpusError, match="bad option 'm=5'"):
         read_corpus("repeat-random:m=5")
@@ -118,11 +266,10 @@ def test_causal_models_get_bos_when_the_model_uses_one(tiny_models):
 
 
 def test_batches_are_right_padded_with_a_mask():
-    from headscan.corpus import EncodedCorpus
-
     encoded = EncodedCorpus(((1, 2, 3), (4,), (5, 6)), 0, 8)
     out = list(batches(encoded, 2, pad_id=0))
     assert [b.index.tolist() for b in out] == [[1, 2], [0]]
     assert out[0].input_ids.tolist() == [[4, 0], [5, 6]]
     assert out[0].attention_mask.tolist() == [[1, 0], [1, 1]]
+    assert out[0].input_ids.dtype == torch.long
     assert sum(b.n_tokens for b in out) == 6
