@@ -24,11 +24,11 @@ from .config import SweepConfig
 from .errors import HeadscanError
 from .tables import TABLES, SweepTables, load
 
-__all__ = ["__version__", "HeadscanError", "METRICS", "TABLES", "SweepTables", "SweepConfig", "load", "load_model",
+__all__ = ["__version__", "HeadscanError", "METRICS", "TABLES", "SweepTables", "SweepConfig", "load", "load_model", "merge",
            "sweep"]
 
 # Loaded on first use: these import torch and transformers.
-_LAZY = {"sweep": "headscan.scan", "load_model": "headscan.models", "METRICS": "headscan.metrics"}
+_LAZY = {"sweep": "headscan.jobs", "merge": "headscan.jobs", "load_model": "headscan.models", "METRICS": "headscan.metrics"}
 
 
 def __getattr__(name):

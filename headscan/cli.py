@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from .config import SweepConfig, choices, default
-from .errors import ConfigError, HeadscanError
+from .errors import ConfigError, HeadscanError, SweepInterrupted
 
 # Settings whose flag is not --the-setting-name.
 _FLAGS = {"models": "--model", "prepend_bos": "--bos"}
@@ -29,6 +29,9 @@ def _one_line_errors(command):
     def wrapper(*args, **kwargs):
         try:
             return command(*args, **kwargs)
+        except SweepInterrupted as error:
+            click.echo(f"Interrupted: {error}", err=True)
+            raise SystemExit(130) from None  # the shell's convention for a SIGINT
         except ConfigError as error:
             message = str(error)
             if error.setting and message.startswith(error.setting):
@@ -48,7 +51,10 @@ def _effective_command(context: click.Context) -> str:
         for item in value if isinstance(value, tuple) else (value,):
             if item is None or item is False or parameter.name == "quiet":
                 continue
-            words.append(flag if item is True else f"{flag} {shlex.quote(str(item))}")
+            if isinstance(parameter, click.Argument):
+                words.append(shlex.quote(str(item)))
+            else:
+                words.append(flag if item is True else f"{flag} {shlex.quote(str(item))}")
     return " ".join(words)
 
 
@@ -89,34 +95,83 @@ def cli():
 @click.option("--bootstrap", default=default("bootstrap"), show_default=True,
               help="Bootstrap replicates for the 95% intervals (0: none; else at least 20).")
 @click.option("--seed", default=default("seed"), show_default=True, help="Seed of the bootstrap.")
+@click.option("--bootstrap-unit", default=default("bootstrap_unit"), show_default=True,
+              type=click.Choice(choices()["bootstrap_unit"]),
+              help="What the bootstrap resamples: segments, or whole documents (CoNLL-U '# newdoc', a JSONL "
+                   "--document-field, blank-line paragraphs), whose sentences are not independent.")
+@click.option("--interval", default=default("interval"), show_default=True, type=click.Choice(choices()["interval"]),
+              help="How bootstrap replicates become a 95% interval.")
+@click.option("--window", default=default("window"), show_default=True,
+              help="Segments added up per window: the unit of resuming (state is saved at window ends).")
+@click.option("--save-every", default=120.0, show_default=True, metavar="SECONDS",
+              help="Save the partial state at the first window end after this many seconds.")
+@click.option("--shard", default=None, metavar="K/N",
+              help="Sweep only the K-th of N disjoint parts of the corpus (K from 0); combine with `headscan merge`.")
+@click.option("--overwrite", is_flag=True, help="Replace OUT if it already holds files.")
+@click.option("--restart", is_flag=True, help="Discard the partial state of an earlier, stopped sweep into OUT "
+                                               "instead of resuming from it.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @_one_line_errors
-def sweep(models, corpus, out, max_len, batch_size, limit, device, dtype, specials, bos, max_offset, bootstrap, seed, quiet):
+def sweep(models, corpus, out, max_len, batch_size, limit, device, dtype, specials, bos, max_offset, bootstrap, seed,
+          bootstrap_unit, interval, window, save_every, shard, overwrite, restart, quiet):
     """Score every head of every layer of each MODEL over a corpus.
 
     Writes OUT/heads.parquet (one row per model, layer, head and metric),
     OUT/offsets.parquet (one row per model, layer, head and offset) and
     OUT/run.json (provenance), then prints the top previous- and next-token heads.
 
+    Stopped (Ctrl-C, SIGTERM, a killed job), it keeps what it did in OUT.partial/;
+    the same command resumes from there.
+
     Example:
 
         headscan sweep --model minilm --corpus en_ewt-ud-dev.conllu --out out/ewt
     """
     from . import tables
+    from .jobs import sweep as run_sweep
     from .models import DEFAULT_MODELS
-    from .scan import sweep as run_sweep
 
     config = SweepConfig(
         max_len=max_len, batch_size=batch_size, limit=limit, device=device, dtype=dtype, specials=specials,
-        max_offset=max_offset, bootstrap=bootstrap, seed=seed, prepend_bos=_BOS[bos],
+        max_offset=max_offset, bootstrap=bootstrap, seed=seed, prepend_bos=_BOS[bos], bootstrap_unit=bootstrap_unit,
+        interval=interval, window=window,
     )
     command = _effective_command(click.get_current_context())
-    result = run_sweep(list(models) or DEFAULT_MODELS, corpus, out, config, progress=not quiet, command=command)
+    result = run_sweep(list(models) or DEFAULT_MODELS, corpus, out, config, shard=shard, overwrite=overwrite,
+                       restart=restart, progress=not quiet, command=command, save_every=save_every)
+    for model in result.provenance.models:
+        if model.n_truncated:
+            click.echo(f"{model.name}: {model.n_truncated:,} of {model.n_segments:,} segments were longer than "
+                       f"--max-len {model.max_len} and were cut", err=True)
     files = ", ".join(f"{out}/{tables.TABLES[name].file}" for name in result.frames)
     click.echo(f"wrote {files} and {out}/run.json")
     for metric in ("prev_token", "next_token"):
         click.echo(f"\ntop heads by {metric}:")
         click.echo(tables.top_heads(result.heads, metric, 3).to_string(index=False))
+
+
+@cli.command()
+@click.argument("shards", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--out", "-o", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Folder for the merged tables.")
+@click.option("--overwrite", is_flag=True, help="Replace OUT if it already holds files.")
+@_one_line_errors
+def merge(shards, out, overwrite):
+    """Merge the outputs of the N shards of one sweep into the unsharded tables.
+
+    Values, sums, counts and 95% intervals are those of one sweep over the
+    whole corpus. Refuses a missing or repeated shard, and outputs of
+    different sweeps (naming what differs).
+
+    Example:
+
+        headscan merge out/part-0 out/part-1 out/part-2 out/part-3 --out out/all
+    """
+    from .jobs import merge as run_merge
+
+    command = _effective_command(click.get_current_context())
+    run_merge(list(shards), out, overwrite=overwrite, command=command)
+    click.echo(f"merged {len(shards)} shards into {out}")
 
 
 @cli.command()
@@ -159,17 +214,31 @@ def show(run, metric, top):
 @click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Report folder (default: reports/<run name>).")
 @click.option("--top", default=10, show_default=True, help="Top heads listed per metric.")
-@click.option("--example", default=None, help="Sentence whose attention is drawn for the strongest heads.")
+@click.option("--example", default=None,
+              help="Sentence whose attention is drawn for each model's chosen head (default: a short English one).")
 @click.option("--no-models", is_flag=True, help="Draw only what needs the tables, without loading the models.")
 @_one_line_errors
 def report(runs, out, top, example, no_models):
     """Render one or more sweep outputs into figures, report.md and a self-contained index.html.
 
+    Unless --no-models, each model is loaded once (on the CPU) to draw one head's attention on the
+    --example sentence; a model that cannot be loaded is named, with why, and the rest is drawn.
+
     Example:
 
         headscan report out --out reports/demo
     """
-    from .report import write_report
+    from .report import check_report_options, write_report
+    from .tables import load
 
-    folder = write_report(list(runs), out, top=top, example=example, load_models=not no_models)
+    check_report_options(top=top, out=out)  # before any model loads
+    loaded = [load(run) for run in runs]
+    examples = None
+    if not no_models:
+        from .examples import compute_examples
+
+        examples = compute_examples(loaded, example)
+        for line in examples.failed:
+            click.echo(f"no example attention for {line}", err=True)
+    folder = write_report(loaded, out, top=top, examples=examples)
     click.echo(f"wrote {folder}/index.html and {folder}/report.md")

@@ -27,9 +27,13 @@ __all__ = ["SweepConfig", "DEVICES", "DTYPES", "SPECIALS", "MIN_BOOTSTRAP", "cho
 Device = Literal["auto", "cpu", "cuda", "mps"]
 DType = Literal["float32", "float16", "bfloat16"]
 Specials = Literal["keep", "exclude"]
+BootstrapUnit = Literal["segment", "document"]
+IntervalMethod = Literal["bca", "percentile", "delta"]  # headscan.intervals.METHODS
 DEVICES: tuple[str, ...] = get_args(Device)
 DTYPES: tuple[str, ...] = get_args(DType)
 SPECIALS: tuple[str, ...] = get_args(Specials)
+BOOTSTRAP_UNITS: tuple[str, ...] = get_args(BootstrapUnit)
+INTERVAL_METHODS: tuple[str, ...] = get_args(IntervalMethod)
 
 # Fewer replicates than this cannot place a 2.5% point: with 19 the lowest replicate is already the 5% point.
 MIN_BOOTSTRAP = 20
@@ -46,15 +50,18 @@ class SweepConfig:
     dtype: DType = "float32"  # model weights and activations; metrics and sums stay float32/float64
     specials: Specials = "keep"  # "exclude": special tokens neither count as queries nor as keys (see README)
     max_offset: int = 8  # K of the offset profile, offsets -K..K
-    bootstrap: int = 200  # resampling weights per segment for the 95% intervals; 0 turns intervals off
+    bootstrap: int = 200  # resampling weights per unit for the 95% intervals; 0 turns intervals off
     seed: int = 0  # seed of the bootstrap weights (and of nothing else: the forward pass is deterministic)
     prepend_bos: bool | None = None  # causal models: None follows TransformerLens' default per model
+    bootstrap_unit: BootstrapUnit = "segment"  # what the bootstrap resamples: segments, or whole documents
+    interval: IntervalMethod = "bca"  # how replicates become a 95% interval (see headscan.intervals and README)
+    window: int = 256  # segments added up per window; state is saved, and units closed, at window ends
 
     def __post_init__(self):
         for name, values in choices().items():
             if getattr(self, name) not in values:
                 raise ConfigError(f"{name} must be one of {', '.join(values)}; got {getattr(self, name)!r}", setting=name)
-        for name, low in (("max_len", 4), ("batch_size", 1), ("max_offset", 1), ("seed", 0)):
+        for name, low in (("max_len", 4), ("batch_size", 1), ("max_offset", 1), ("seed", 0), ("window", 1)):
             _whole(name, getattr(self, name), low)
         if self.limit is not None:
             _whole("limit", self.limit, 1)

@@ -358,15 +358,17 @@ def _special_ids(tokenizer) -> set[int]:
     return {int(i) for i in getattr(tokenizer, "all_special_ids", []) if i is not None}
 
 
-def encode(corpus: Corpus, model, max_len: int) -> EncodedCorpus:
-    """Tokenise every segment for `model` (a `headscan.models.HookedModel`), truncated to `max_len` tokens."""
+def encode(corpus: Corpus, model, max_len: int, indices: list[int] | None = None) -> EncodedCorpus:
+    """Tokenise the segments at `indices` (all by default) for `model` (a `headscan.models.HookedModel`),
+    truncated to `max_len` tokens."""
     max_len = min(max_len, model.max_context)
+    indices = range(len(corpus.segments)) if indices is None else indices
     bos = model.special_token_ids["bos"] if model.prepend_bos else None
     if corpus.kind == "repeat-random":
-        ids, n_truncated = _repeat_random_ids(corpus, model, max_len, bos)
+        ids, n_truncated = _repeat_random_ids(corpus, model, max_len, bos, indices)
         return EncodedCorpus(ids, n_truncated, max_len)
     tokenizer = model.tokenizer
-    encoded = tokenizer([s.text for s in corpus.segments], add_special_tokens=True, truncation=False)["input_ids"]
+    encoded = tokenizer([corpus.segments[i].text for i in indices], add_special_tokens=True, truncation=False)["input_ids"]
     out, n_truncated = [], 0
     for ids in encoded:
         if bos is not None and (not ids or ids[0] != bos):
@@ -379,7 +381,7 @@ def encode(corpus: Corpus, model, max_len: int) -> EncodedCorpus:
     return EncodedCorpus(tuple(out), n_truncated, max_len)
 
 
-def _repeat_random_ids(corpus: Corpus, model, max_len: int, bos: int | None):
+def _repeat_random_ids(corpus: Corpus, model, max_len: int, bos: int | None, indices):
     n, seed = corpus.options["n"], corpus.options["seed"]
     cls, sep = model.special_token_ids["cls"], model.special_token_ids["sep"]
     opening = [t for t in (bos, cls) if t is not None]
@@ -392,7 +394,7 @@ def _repeat_random_ids(corpus: Corpus, model, max_len: int, bos: int | None):
     special = _special_ids(model.tokenizer)
     vocab = np.array([i for i in range(min(model.vocab_size, len(model.tokenizer))) if i not in special])
     out = []
-    for index in range(len(corpus.segments)):
+    for index in indices:
         # one generator per segment: the same segment gets the same tokens whatever the batch size
         rng = np.random.default_rng([seed, index])
         half = rng.choice(vocab, size=n, replace=False).tolist()

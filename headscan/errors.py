@@ -37,5 +37,9 @@ class MetricError(HeadscanError):
     """An unknown metric name, or a metric registered twice."""
 
 
+class SweepInterrupted(HeadscanError):
+    """The sweep was stopped (Ctrl-C, SIGTERM); what was done is saved and the same command resumes it."""
+
+
 class TablesError(HeadscanError):
     """A sweep output folder is missing, incomplete, or not written by headscan."""

@@ -102,6 +102,7 @@ class RunProvenance:
     """A whole run: how it was called, on what, with which settings and versions, and its models."""
 
     schema_version: int = SCHEMA_VERSION
+    run_id: str | None = None  # random, one per published run: every file of a run carries it
     headscan_version: str | None = None
     git_revision: str | None = None
     command: str | None = None  # the CLI line with every option spelled out, or the Python call

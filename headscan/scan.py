@@ -2,11 +2,14 @@
 
 `sweep` is also ``headscan.sweep`` (this module is `headscan.scan`, so the two names cannot clash).
 
-One forward pass per batch. A hook on each ``blocks.{L}.attn.hook_pattern`` hands that layer's pattern, the
-padding mask and the token ids to every registered metric, which reduces it at once to per-segment sums and
-counts; the pattern is then dropped. No activation cache is kept, so peak memory does not grow with the
-corpus. Totals are exact sums over segments; a Poisson bootstrap over segments (a fixed number of seeded
-resampling weights per segment) gives 95% intervals in the same single pass.
+One forward pass per batch. A hook on each layer's attention pattern hands it, the padding mask and the token
+ids to every registered metric, which reduces it at once to per-segment sums and counts; the pattern is then
+dropped. No activation cache is kept, so peak memory does not grow with the corpus.
+
+The corpus is cut into *windows* of whole bootstrap units (segments, or documents): a window's per-unit sums
+are added into a `headscan.state.PartialState` when the window ends, with the unit's Poisson bootstrap weights
+and power sums, so 95% intervals come from the same single pass. A state saved at a window end resumes bit
+for bit, and the states of disjoint shards add up to the unsharded one (`headscan.state.merge_states`).
 
 This module does not draw anything or parse command lines.
 """
@@ -14,12 +17,13 @@ This module does not draw anything or parse command lines.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import hashlib
 import json
+import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -27,88 +31,39 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import __version__
+from . import __version__, intervals
 from .config import SweepConfig
-from .corpus import Corpus, Segment, batches, encode, read_corpus
-from .errors import ConfigError
+from .corpus import Corpus, Segment, batches, encode
+from .errors import ConfigError, SweepInterrupted
 from .metrics import METRICS, AttentionBatch, Metric
-from .models import DEFAULT_MODELS, HookedModel, load_model, resolve_device
+from .models import HookedModel, resolve_device
 from .provenance import CorpusProvenance, ModelProvenance, RunProvenance
-from .tables import TABLES, SweepTables, concat, head_label, write
+from .state import FINGERPRINT_FIELDS, PartialState, Shard
+from .tables import TABLES, SweepTables, head_label
 
-__all__ = ["SweepConfig", "sweep", "sweep_model", "example_attention"]
-
+__all__ = ["sweep_model", "accumulate", "finish", "plan_windows", "fingerprint", "example_attention",
+           "SweepInterrupted"]
 
 Column = tuple[Metric, tuple]  # a metric and one position of its axis (() for a metric without one)
 
 
-def _columns(config: SweepConfig) -> list[Column]:
+def columns_of(config: SweepConfig) -> list[Column]:
     """The score columns of one head, in registry order: each metric once per position of its axis."""
     return [(metric, key) for metric in METRICS.values() for key in (metric.axis.values(config) if metric.axis else [()])]
 
 
-class _Accumulator:
-    """Running per-head sums and counts for every score column, and their bootstrap replicates."""
-
-    def __init__(self, n_layers: int, n_heads: int, n_columns: int, n_replicates: int):
-        shape = (n_layers, n_heads, n_columns)
-        self.sums = torch.zeros(shape, dtype=torch.float64)
-        self.counts = torch.zeros(shape, dtype=torch.float64)
-        self.replicate_sums = torch.zeros((n_replicates, *shape), dtype=torch.float64)
-        self.replicate_counts = torch.zeros((n_replicates, *shape), dtype=torch.float64)
-
-    def add(self, layer: int, sums: torch.Tensor, counts: torch.Tensor, weights: torch.Tensor) -> None:
-        # sums, counts: (batch, head, column); weights: (replicate, batch)
-        sums, counts = sums.double().cpu(), counts.double().cpu()
-        self.sums[layer] += sums.sum(0)
-        self.counts[layer] += counts.sum(0)
-        if weights.shape[0]:
-            # (replicate, batch) @ (batch, head * column): a plain matrix product, the fastest form here
-            self.replicate_sums[:, layer] += (weights @ sums.flatten(1)).view_as(self.replicate_sums[:, layer])
-            self.replicate_counts[:, layer] += (weights @ counts.flatten(1)).view_as(self.replicate_counts[:, layer])
-
-    def values(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """value, sum, count, ci_low, ci_high; each (layer, head, column); NaN where undefined."""
-        sums, counts = self.sums.numpy(), self.counts.numpy()
-        with np.errstate(invalid="ignore", divide="ignore"):
-            value = np.where(counts > 0, sums / counts, np.nan)
-            if self.replicate_sums.shape[0]:
-                replicates = self.replicate_sums.numpy() / self.replicate_counts.numpy()
-                low, high = _nan_percentiles(replicates)
-            else:
-                low = high = np.full_like(value, np.nan)
-        undefined = counts <= 0
-        low[undefined] = high[undefined] = np.nan
-        return value, sums, counts, low, high
+def fingerprint(model: HookedModel, corpus: Corpus, config: SweepConfig) -> dict:
+    """Everything two partial states must share to be added up, or a saved state to be resumed."""
+    return {
+        "headscan": __version__,
+        "model": {"name": model.name, "id": model.id, "revision": model.revision},
+        "corpus": {"source": corpus.source, "kind": corpus.kind, "sha256": corpus.sha256},
+        "settings": {name: getattr(config, name) for name in FINGERPRINT_FIELDS},
+        "columns": [[metric.name, list(key)] for metric, key in columns_of(config)],
+    }
 
 
-def _nan_percentiles(replicates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """2.5% and 97.5% points over the replicate axis, skipping replicates that drew no query (NaN).
-
-    Linear interpolation as np.nanpercentile, vectorised: NaNs sort last, so each column's finite
-    replicates are its first n.
-    """
-    ordered = np.sort(replicates, axis=0)
-    n = np.isfinite(replicates).sum(0)  # finite replicates per column
-    points = []
-    for fraction in (0.025, 0.975):
-        position = fraction * np.maximum(n - 1, 0)
-        below = np.floor(position).astype(int)
-        above = np.minimum(below + 1, np.maximum(n - 1, 0))
-        low_value = np.take_along_axis(ordered, below[None], 0)[0]
-        high_value = np.take_along_axis(ordered, above[None], 0)[0]
-        point = low_value + (high_value - low_value) * (position - below)
-        points.append(np.where(n > 0, point, np.nan))
-    return points[0], points[1]
-
-
-def _bootstrap_weights(index: torch.Tensor, n_replicates: int, seed: int) -> torch.Tensor:
-    """(replicate, batch) Poisson(1) resampling weights, drawn per segment from (seed, segment index).
-
-    Keyed by the segment, not the batch, so intervals do not depend on batch size or order.
-    """
-    columns = [np.random.default_rng([seed, int(i)]).poisson(1.0, n_replicates) for i in index]
-    return torch.tensor(np.stack(columns, axis=1), dtype=torch.float64)
+# --- one layer ---------------------------------------------------------------------------------------------
 
 
 def _special_mask(tokens: torch.Tensor, model: HookedModel) -> torch.Tensor:
@@ -130,83 +85,193 @@ def _attention_batch(pattern: torch.Tensor, input_ids: torch.Tensor, real: torch
     return AttentionBatch(pattern, counts, counts, input_ids, sep_mask, model.causal, config.max_offset)
 
 
-def _score(batch: AttentionBatch, columns: list[tuple[Metric, int | None]]) -> tuple[torch.Tensor, torch.Tensor]:
+def _score(batch: AttentionBatch, columns: list[Column]) -> tuple[torch.Tensor, torch.Tensor]:
     """Every metric on one layer: per-segment sums and counts, (batch, head, column)."""
     sums, counts = [], []
     for metric in dict.fromkeys(m for m, _ in columns):
-        s, c = metric.function(batch)  # (batch, head) or (batch, head, offset)
+        s, c = metric.function(batch)  # (batch, head) or (batch, head, axis)
         sums.append(s if s.dim() == 3 else s[..., None])
         counts.append(c if c.dim() == 3 else c[..., None])
     return torch.cat(sums, -1), torch.cat(counts, -1)
 
 
-def sweep_model(model: HookedModel, corpus: Corpus, config: SweepConfig = SweepConfig(), *, progress: bool = False) -> SweepTables:
-    """Score every head of `model` over `corpus`: its tables, with a provenance of this one model."""
-    started = time.perf_counter()
-    encoded = encode(corpus, model, config.max_len)
-    columns = _columns(config)
-    accumulator = _Accumulator(model.n_layers, model.n_heads, len(columns), config.bootstrap)
-    device = model.device
+# --- windows -----------------------------------------------------------------------------------------------
+
+
+def _unit(index: int, segment: Segment, config: SweepConfig) -> int:
+    return segment.document if config.bootstrap_unit == "document" else index
+
+
+def plan_windows(corpus: Corpus, config: SweepConfig, shard: Shard | None = None) -> list[list[int]]:
+    """The sweep's plan: segment indices in windows of at least ``config.window`` segments, cut only between
+    bootstrap units, restricted to `shard`. The same corpus, settings and shard always give the same plan.
+
+    >>> corpus = Corpus("c", "text", "", tuple(Segment("a", i, document=i // 3) for i in range(7)))
+    >>> plan_windows(corpus, SweepConfig(window=2))
+    [[0, 1], [2, 3], [4, 5], [6]]
+    >>> plan_windows(corpus, SweepConfig(window=2, bootstrap_unit="document"))
+    [[0, 1, 2], [3, 4, 5], [6]]
+    >>> plan_windows(corpus, SweepConfig(window=2), Shard(1, 2))
+    [[3, 4], [5]]
+    """
+    windows: list[list[int]] = []
+    current: list[int] = []
+    last_unit = None
+    for index, segment in enumerate(corpus.segments):
+        if shard is not None and not shard.holds(segment.document):
+            continue
+        unit = _unit(index, segment, config)
+        if len(current) >= config.window and unit != last_unit:
+            windows.append(current)
+            current = []
+        current.append(index)
+        last_unit = unit
+    if current:
+        windows.append(current)
+    return windows
+
+
+# --- one model ---------------------------------------------------------------------------------------------
+
+
+def _accumulator_device(model: HookedModel) -> torch.device:
+    # float64 sums stay where the model runs (one host sync per window, not per layer); MPS has no float64.
+    return torch.device("cpu") if model.device.type == "mps" else model.device
+
+
+def accumulate(
+    model: HookedModel,
+    corpus: Corpus,
+    config: SweepConfig,
+    *,
+    shard: Shard | None = None,
+    state: PartialState | None = None,
+    save: Callable[[PartialState], None] | None = None,
+    save_every: float = 120.0,
+    should_stop: Callable[[], bool] = lambda: False,
+    progress: bool = False,
+) -> PartialState:
+    """Add every remaining window of `model` over `corpus` (or its `shard`) into `state`, and return it.
+
+    `save(state)` is called at the end of a window when `save_every` seconds have passed since the last save,
+    at the end, and when the sweep is stopped. When `should_stop()` turns true between two batches, the window
+    in progress is dropped, the state as of the last finished window is saved, and `SweepInterrupted` is
+    raised; that state resumes exactly.
+    """
+    columns = columns_of(config)
+    shape = (model.n_layers, model.n_heads, len(columns))
+    if state is None:
+        state = PartialState.empty(fingerprint(model, corpus, config), shard, shape, config.bootstrap)
+    state.model = model.provenance()
+    windows = plan_windows(corpus, config, shard)
+    device = _accumulator_device(model)
+    totals = {name: torch.from_numpy(getattr(state, name)).to(device)
+              for name in ("sums", "counts", "replicate_sums", "replicate_counts", "moments")}
     pad = model.special_token_ids["pad"]
     pad = pad if pad is not None else 0  # masked out, so any id will do (GPT-2 has no pad token)
-    state = {}
+    current: dict = {}
 
     def reduce_layer(layer: int):
         def hook(pattern, hook):
-            batch = _attention_batch(pattern, state["ids"], state["real"], model, config)
-            sums, counts = _score(batch, columns)
-            accumulator.add(layer, sums, counts, state["weights"])
+            batch = _attention_batch(pattern, current["ids"], current["real"], model, config)
+            sums, counts = _score(batch, columns)  # (batch, head, column)
+            current["sums"][layer].index_add_(0, current["units"], sums.to(device, torch.float64))
+            current["counts"][layer].index_add_(0, current["units"], counts.to(device, torch.float64))
             return None  # the pattern goes on unchanged
 
         return hook
 
     hooks = {layer: reduce_layer(layer) for layer in range(model.n_layers)}
-    bar = _progress_bar(len(encoded.token_ids), model.name, progress)
-    n_tokens = 0
+    bar = _progress_bar(sum(map(len, windows)), sum(map(len, windows[: state.windows_done])), model.name, progress)
+    started = last_save = time.perf_counter()
     try:
         with model.pattern_forward(hooks) as forward:
-            for batch in batches(encoded, config.batch_size, pad):
-                ids, mask = batch.input_ids.to(device), batch.attention_mask.to(device)
-                weights = _bootstrap_weights(batch.index, config.bootstrap, config.seed)
-                state.update(ids=ids, real=mask.bool(), weights=weights)
-                forward(ids, mask)
-                n_tokens += batch.n_tokens
-                if bar is not None:
-                    bar.update(len(batch.index))
-                    bar.set_postfix(tok_s=f"{n_tokens / max(time.perf_counter() - started, 1e-9):.0f}")
+            for window in windows[state.windows_done:]:
+                units = [_unit(i, corpus.segments[i], config) for i in window]
+                local = {unit: n for n, unit in enumerate(dict.fromkeys(units))}
+                encoded = encode(corpus, model, config.max_len, indices=window)
+                # (layer, unit, head, column): this window's sums per unit, added to `totals` when it ends
+                current["sums"] = torch.zeros((shape[0], len(local), *shape[1:]), dtype=torch.float64, device=device)
+                current["counts"] = torch.zeros_like(current["sums"])
+                n_tokens = 0
+                for batch in batches(encoded, config.batch_size, pad):
+                    if should_stop():
+                        raise SweepInterrupted(f"{model.name}: stopped")
+                    ids, mask = batch.input_ids.to(model.device), batch.attention_mask.to(model.device)
+                    current.update(ids=ids, real=mask.bool(), units=torch.tensor(
+                        [local[units[int(i)]] for i in batch.index], dtype=torch.long, device=device))
+                    forward(ids, mask)
+                    n_tokens += batch.n_tokens
+                    if bar is not None:
+                        bar.update(len(batch.index))
+                _add_window(totals, current, list(local), config)
+                state.windows_done += 1
+                state.n_segments += len(window)
+                state.n_tokens += n_tokens
+                state.n_truncated += encoded.n_truncated
+                state.seconds += time.perf_counter() - started
+                started = time.perf_counter()
+                if save is not None and started - last_save >= save_every:
+                    _store(state, totals)
+                    save(state)
+                    last_save = time.perf_counter()
+    except SweepInterrupted:
+        _store(state, totals)  # every finished window; the one in progress is dropped
+        if save is not None:
+            save(state)
+        raise
     finally:
         if bar is not None:
             bar.close()
-    described = ModelProvenance.from_json(model.provenance() | {
-        "n_segments": len(encoded.token_ids),
-        "n_tokens": n_tokens,
-        "n_truncated": encoded.n_truncated,
-        "max_len": encoded.max_len,
-        "seconds": round(time.perf_counter() - started, 3),
-    })
-    return SweepTables(_frames(model, accumulator, columns), _run_provenance(corpus, config, [described]))
+    _store(state, totals)
+    state.finished = True
+    if save is not None:
+        save(state)
+    return state
 
 
-def _progress_bar(total: int, name: str, enabled: bool):
+def _add_window(totals: dict, window: dict, units: list[int], config: SweepConfig) -> None:
+    """Add one window's per-unit sums into the running totals, with their bootstrap weights and power sums."""
+    sums = window["sums"].transpose(0, 1)  # (unit, layer, head, column)
+    counts = window["counts"].transpose(0, 1)
+    totals["sums"] += sums.sum(0)
+    totals["counts"] += counts.sum(0)
+    if config.bootstrap:
+        weights = torch.from_numpy(intervals.bootstrap_weights(units, config.bootstrap, config.seed)).to(sums.device)
+        # (replicate, unit) @ (unit, layer * head * column): one matrix product per window
+        totals["replicate_sums"] += (weights @ sums.flatten(1)).view_as(totals["replicate_sums"])
+        totals["replicate_counts"] += (weights @ counts.flatten(1)).view_as(totals["replicate_counts"])
+    totals["moments"] = intervals.combine_moments(totals["moments"], intervals.unit_moments(sums, counts))
+
+
+def _store(state: PartialState, totals: dict) -> None:
+    for name, tensor in totals.items():
+        setattr(state, name, tensor.cpu().numpy().copy())
+
+
+def _progress_bar(total: int, done: int, name: str, enabled: bool):
     if not enabled:
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=f"sweep {name}", unit="seg", file=sys.stderr, dynamic_ncols=True)
+    return tqdm(total=total, initial=done, desc=f"sweep {name}", unit="seg", file=sys.stderr, dynamic_ncols=True)
 
 
-def _frames(model: HookedModel, accumulator: _Accumulator, columns: list[Column]) -> dict[str, pd.DataFrame]:
-    """One DataFrame per table: each score column's rows go to its metric's table."""
-    value, sums, counts, low, high = accumulator.values()  # (layer, head, column)
-    n_layers, n_heads, _ = value.shape
+def finish(state: PartialState, config: SweepConfig) -> dict[str, pd.DataFrame]:
+    """The tables of a finished state: each score column's rows go to its metric's table."""
+    model = ModelProvenance.from_json(state.model)
+    columns = columns_of(config)
+    values = state.values(config.interval)  # name -> (layer, head, column)
+    n_layers, n_heads, _ = state.sums.shape
     layer, head = np.meshgrid(np.arange(n_layers), np.arange(n_heads), indexing="ij")  # (layer, head)
+    group = n_heads // (model.n_kv_heads or n_heads)
     per_head = {
         "model": model.name,
         "family": model.family,
         "layer": layer.ravel(),
         "head": head.ravel(),
         "label": [head_label(l, h) for l, h in zip(layer.ravel(), head.ravel())],
-        "kv_group": model.kv_group(head.ravel()),
+        "kv_group": head.ravel() // group,
     }
     parts: dict[str, list[pd.DataFrame]] = {}
     for index, (metric, key) in enumerate(columns):
@@ -214,7 +279,6 @@ def _frames(model: HookedModel, accumulator: _Accumulator, columns: list[Column]
         keys = dict(zip(metric.axis.columns, key)) if metric.axis else {}
         if "metric" in table.keys:
             keys["metric"] = metric.name
-        values = {"value": value, "sum": sums, "count": counts, "ci_low": low, "ci_high": high}
         part = pd.DataFrame(per_head | keys | {name: array[..., index].ravel() for name, array in values.items()})
         parts.setdefault(table.name, []).append(part)
     # Rows of a table: by metric (registry order), then layer, head and the metric's axis.
@@ -233,6 +297,26 @@ def _registry_order(column: pd.Series) -> pd.Series:
         order = {name: i for i, name in enumerate(METRICS)}
         return column.map(order)
     return column
+
+
+def model_provenance(state: PartialState, config: SweepConfig) -> ModelProvenance:
+    return ModelProvenance.from_json(state.model | {
+        "n_segments": state.n_segments,
+        "n_tokens": state.n_tokens,
+        "n_truncated": state.n_truncated,
+        "max_len": config.max_len,
+        "seconds": round(state.seconds, 3),
+    })
+
+
+def sweep_model(model: HookedModel, corpus: Corpus, config: SweepConfig = SweepConfig(), *, shard: Shard | None = None,
+                progress: bool = False) -> SweepTables:
+    """Score every head of `model` over `corpus` (or its `shard`): its tables, with this one model's provenance."""
+    state = accumulate(model, corpus, config, shard=shard, progress=progress)
+    return SweepTables(finish(state, config), run_provenance(corpus, config, [model_provenance(state, config)]))
+
+
+# --- provenance --------------------------------------------------------------------------------------------
 
 
 def _git_revision() -> str | None:
@@ -259,8 +343,8 @@ def _versions() -> dict:
     return versions
 
 
-def _run_provenance(corpus: Corpus, config: SweepConfig, models: list[ModelProvenance], *, command: str | None = None,
-                    started: datetime | None = None) -> RunProvenance:
+def run_provenance(corpus: Corpus, config: SweepConfig, models: list[ModelProvenance], *, command: str | None = None,
+                   started: datetime | None = None, shard: Shard | None = None) -> RunProvenance:
     return RunProvenance(
         headscan_version=__version__,
         git_revision=_git_revision(),
@@ -271,80 +355,12 @@ def _run_provenance(corpus: Corpus, config: SweepConfig, models: list[ModelProve
         config=config.to_json() | {"device": resolve_device(config.device)},
         versions=_versions(),
         models=tuple(models),
+        extra={} if shard is None else {"shard": str(shard)},
     )
 
 
-def sweep(
-    models: str | list[str] | tuple[str, ...] = DEFAULT_MODELS,
-    corpus: str | Path | list[str] | Corpus = "builtin",
-    out: str | Path | None = None,
-    config: SweepConfig | None = None,
-    *,
-    progress: bool = False,
-    command: str | None = None,
-    **settings,
-) -> SweepTables:
-    """Sweep every head of every layer of `models` over `corpus`; write the tables into `out` if given.
-
-    Parameters
-    ----------
-    models
-        One spec or several: an embedded alias (``minilm``, ``smollm2``), a local checkpoint folder, a
-        ``.gguf`` file or a Hugging Face id. Default: both embedded models.
-    corpus
-        A file path (``.txt``, ``.jsonl``, ``.conllu``), ``"builtin"``, ``"repeat-random[:n=50,...]"``, a list
-        of strings (one segment each) or a `headscan.corpus.Corpus`.
-    out
-        A folder to write heads.parquet, offsets.parquet and run.json into; None writes nothing.
-    config, **settings
-        A `SweepConfig`, or its fields as keywords (``max_len=64``); keywords override `config`.
-    command
-        How the sweep was called, for provenance; by default the Python call itself.
-
-    Models are loaded one at a time and released before the next, so memory holds one model at most.
-    Nothing is written until every model has been swept: a failure leaves `out` as it was.
-
-    Example (a notebook): ``tables = headscan.sweep("minilm", ["The cat sat.", "It slept."], max_len=32)``
-    """
-    models = [models] if isinstance(models, str) else list(models)
-    if settings:
-        try:
-            config = dataclasses.replace(config or SweepConfig(), **settings)
-        except TypeError:
-            unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(SweepConfig)})
-            raise ConfigError(f"unknown setting(s) {unknown}; SweepConfig has "
-                              f"{', '.join(f.name for f in dataclasses.fields(SweepConfig))}") from None
-    config = config or SweepConfig()
-    if not models:
-        raise ConfigError("no models to sweep; pass --model (for example --model minilm)", setting="models")
-    if len(set(models)) != len(models):
-        raise ConfigError(f"a model is named twice in {models}; each model's rows would collide", setting="models")
-    if command is None:
-        command = _python_call(models, corpus, out, config)
-    started = datetime.now(timezone.utc)
-    if isinstance(corpus, Corpus):
-        text = corpus
-    elif isinstance(corpus, (list, tuple)):
-        text = _texts_corpus(list(corpus), config.limit)
-    else:
-        text = read_corpus(corpus, limit=config.limit)
-    parts = []
-    for spec in models:
-        model = load_model(spec, device=config.device, dtype=config.dtype, prepend_bos=config.prepend_bos)
-        try:
-            parts.append(sweep_model(model, text, config, progress=progress))
-        finally:
-            del model
-            gc.collect()
-    described = [m for part in parts for m in part.provenance.models]
-    tables = concat(parts, _run_provenance(text, config, described, command=command, started=started))
-    if out is not None:
-        tables.path = write(tables, out)
-    return tables
-
-
-def _texts_corpus(texts: list[str], limit: int | None) -> Corpus:
-    """A corpus of the given strings, one segment each (a notebook's list of sentences)."""
+def texts_corpus(texts: list[str], limit: int | None) -> Corpus:
+    """A corpus of the given strings, one segment (and one document) each: a notebook's list of sentences."""
     bad = [i for i, t in enumerate(texts) if not isinstance(t, str)]
     if bad:
         raise ConfigError(f"corpus: item {bad[0]} of the list is a {type(texts[bad[0]]).__name__}, not a string",
@@ -357,14 +373,13 @@ def _texts_corpus(texts: list[str], limit: int | None) -> Corpus:
     return Corpus(f"<list of {len(texts)} texts>", "list", digest, segments, documents="none: each text is its own document")
 
 
-def _python_call(models: list[str], corpus, out, config: SweepConfig) -> str:
-    """The call as a notebook user would write it, for provenance (lists of texts are summarised)."""
-    shown = f"<{len(corpus)} texts>" if isinstance(corpus, (list, tuple)) else repr(str(corpus))
-    changed = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
-               if getattr(config, f.name) != f.default}
-    arguments = [repr(models), shown] + ([f"out={str(out)!r}"] if out is not None else [])
-    arguments += [f"{name}={value!r}" for name, value in changed.items()]
-    return f"headscan.sweep({', '.join(arguments)})"
+def slug(name: str) -> str:
+    """A file name for a model spec (an alias, a Hugging Face id or a path).
+
+    >>> slug("meta-llama/Llama-3.2-1B"), slug("/tmp/my model/")
+    ('meta-llama--Llama-3.2-1B', 'tmp--my_model')
+    """
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name.strip("/").replace("/", "--")) or "model"
 
 
 def example_attention(model: HookedModel, text: str, layer: int) -> tuple[list[str], np.ndarray]:
@@ -374,14 +389,13 @@ def example_attention(model: HookedModel, text: str, layer: int) -> tuple[list[s
     corpus = Corpus("example", "text", "", (Segment(text, 0),))
     encoded = encode(corpus, model, model.max_context)
     ids = torch.tensor([encoded.token_ids[0]], dtype=torch.long)
-    device = model.device
     captured = {}
 
     def hook(pattern, hook):
         captured["pattern"] = pattern[0].detach().float().cpu().numpy()  # (head, q, k)
 
     with model.pattern_forward({layer: hook}) as forward:
-        forward(ids.to(device), torch.ones_like(ids).to(device))
+        forward(ids.to(model.device), torch.ones_like(ids).to(model.device))
     # decode one id at a time: readable labels ("cat", not byte-level BPE's "Ġcat"), whitespace shown quoted
     words = [model.tokenizer.decode([token]) for token in encoded.token_ids[0]]
     return [word.strip() or repr(word) for word in words], captured["pattern"]

@@ -20,10 +20,13 @@ This module does not compute scores (see `headscan.metrics` and `headscan.scan`)
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import json
 import os
+import shutil
 import tempfile
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,7 +36,7 @@ from .errors import TablesError
 from .provenance import RunProvenance
 
 __all__ = [
-    "HEAD_COLUMNS", "VALUE_COLUMNS", "Table", "TABLES", "register_table", "SweepTables", "load", "write",
+    "HEAD_COLUMNS", "VALUE_COLUMNS", "Table", "TABLES", "register_table", "SweepTables", "load", "write", "check_out",
     "head_label", "combine", "concat", "top_heads",
 ]
 
@@ -54,7 +57,12 @@ VALUE_COLUMNS: dict[str, str] = {
     "count": "float64",  # number of queries that count for this metric
     "ci_low": "float64",  # lower end of the 95% bootstrap interval; NaN where undefined
     "ci_high": "float64",  # upper end
+    "units": "float64",  # bootstrap units (segments or documents) with count > 0: how many the value rests on
+    "top_unit_share": "float64",  # the largest single unit's share of the sum: near 1, one unit decides the value
 }
+
+# Columns a table written by an older headscan may lack; they read back as NaN ("not recorded").
+ADDED_LATER = ("units", "top_unit_share")
 
 
 @dataclass(frozen=True)
@@ -81,6 +89,7 @@ class Table:
 
     def conform(self, frame: pd.DataFrame) -> pd.DataFrame:
         """`frame` with exactly this table's columns, in order and with their dtypes."""
+        frame = frame.assign(**{c: float("nan") for c in ADDED_LATER if c not in frame.columns})
         missing = [c for c in self.columns if c not in frame.columns]
         if missing:
             raise TablesError(f"{self.name} table is missing columns {missing}; expected {list(self.columns)}")
@@ -171,19 +180,6 @@ class SweepTables:
 # --- writing ----------------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _replacing(path: Path):
-    """Yield a temporary name beside `path`, renamed onto it on success: a file appears whole or not at all."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _write_parquet(frame: pd.DataFrame, path: Path, provenance: dict) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -191,25 +187,70 @@ def _write_parquet(frame: pd.DataFrame, path: Path, provenance: dict) -> None:
     table = pa.Table.from_pandas(frame, preserve_index=False)
     metadata = dict(table.schema.metadata or {})
     metadata[PROVENANCE_KEY] = json.dumps(provenance, default=str).encode()
-    with _replacing(path) as tmp:
-        pq.write_table(table.replace_schema_metadata(metadata), tmp)
+    pq.write_table(table.replace_schema_metadata(metadata), path)
 
 
-def _write_text(text: str, path: Path) -> None:
-    with _replacing(path) as tmp:
-        Path(tmp).write_text(text)
-
-
-def write(tables: SweepTables, out: str | os.PathLike) -> Path:
-    """Write `tables` into the folder `out` (created if needed); each file appears whole or not at all."""
+def check_out(out: str | os.PathLike, *, overwrite: bool = False) -> Path:
+    """Check, before any work, that `out` can receive a run: it is new (or empty), or `overwrite` is set, and
+    its parent folder is writable."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    provenance = tables.provenance.to_json()
-    frames = {name: TABLES[name].conform(frame) for name, frame in tables.frames.items()}  # check all first
-    for name, frame in frames.items():
-        _write_parquet(frame, out / TABLES[name].file, provenance)
-    _write_text(json.dumps(provenance, indent=2, default=str) + "\n", out / "run.json")
+    if out.exists() and not out.is_dir():
+        raise TablesError(f"{out}: exists and is not a folder; choose another --out")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise TablesError(f"{out}: already holds files; pass --overwrite to replace them, or choose another --out")
+    parent = _existing_parent(out)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise TablesError(f"{out}: cannot write in {parent}; choose another --out")
     return out
+
+
+def _existing_parent(path: Path) -> Path:
+    parent = path.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    return parent
+
+
+def write(tables: SweepTables, out: str | os.PathLike, *, overwrite: bool = False,
+          extra: dict[str, Callable[[Path], None]] | None = None) -> Path:
+    """Publish `tables` as the folder `out`: one set of files that appears whole, replacing an old set only with
+    `overwrite`.
+
+    Everything is written into a new hidden folder beside `out`, which is then renamed onto `out`, so no
+    reader ever sees files from two runs or half a file. `extra` maps a relative path to a function that
+    writes that file (the partial states of a sharded run). Files get the usual permissions (the umask).
+    """
+    out = check_out(out, overwrite=overwrite)
+    frames = {name: TABLES[name].conform(frame) for name, frame in tables.frames.items()}  # check all first
+    tables.provenance = dataclasses.replace(tables.provenance, run_id=uuid.uuid4().hex)
+    provenance = tables.provenance.to_json()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".new", dir=out.parent))
+    try:
+        staging.chmod(0o777 & ~_umask())  # mkdtemp makes it private; a published run is not
+        for name, frame in frames.items():
+            _write_parquet(frame, staging / TABLES[name].file, provenance)
+        (staging / "run.json").write_text(json.dumps(provenance, indent=2, default=str) + "\n")
+        for relative, writer in (extra or {}).items():
+            (staging / relative).parent.mkdir(parents=True, exist_ok=True)
+            writer(staging / relative)
+        old = None
+        if out.exists():
+            old = out.parent / f".{out.name}.old-{os.getpid()}"
+            os.replace(out, old)
+        os.replace(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return out
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 # --- reading ----------------------------------------------------------------------------------------------
@@ -219,30 +260,52 @@ def load(out: str | os.PathLike) -> SweepTables:
     """Read a sweep output folder back as DataFrames plus its provenance.
 
     ``pd.read_parquet(out / "heads.parquet")`` works just as well; this adds the checks, the dtypes and
-    the provenance. Every registered table found in the folder is read; heads.parquet must be there.
+    the provenance. Every registered table found in the folder is read; heads.parquet must be there, and
+    every file must come from the same run (their provenance carries the run's id).
     """
-    import pyarrow.parquet as pq
-
     out = Path(out)
     if not out.is_dir():
         raise TablesError(f"{out}: no such folder; pass the --out folder of a `headscan sweep` run")
     if not (out / TABLES["heads"].file).is_file():
         raise TablesError(f"{out}: has no heads.parquet; is it the --out folder of a `headscan sweep` run?")
-    frames = {}
+    frames, stamps = {}, {}
     for name, table in TABLES.items():
         path = out / table.file
         if path.is_file():
+            frame, stamps[path.name] = _read_parquet(path)
             try:
-                frames[name] = table.conform(pd.read_parquet(path))
-            except TablesError as error:
-                raise TablesError(f"{path}: {error}") from None
+                frames[name] = table.conform(frame)
+            except (TablesError, ValueError, TypeError) as error:
+                raise TablesError(f"{path}: not a headscan {name} table ({error})") from None
     run_json = out / "run.json"
     if run_json.is_file():
-        provenance = json.loads(run_json.read_text())
+        try:
+            provenance = json.loads(run_json.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as error:
+            raise TablesError(f"{run_json}: broken JSON ({error}); the tables' own copy of it is in their parquet "
+                              f"metadata, or sweep again") from None
+        if not isinstance(provenance, dict):
+            raise TablesError(f"{run_json}: expected a JSON object; sweep again")
     else:
-        metadata = pq.read_schema(out / TABLES["heads"].file).metadata or {}
-        provenance = json.loads(metadata.get(PROVENANCE_KEY, b"{}"))
+        provenance = stamps[TABLES["heads"].file] or {}
+    for file, stamp in stamps.items():
+        if stamp is not None and stamp.get("run_id") != provenance.get("run_id"):
+            raise TablesError(f"{out}: {file} and run.json come from different runs; sweep again into a new folder")
     return SweepTables(frames, RunProvenance.from_json(provenance), out)
+
+
+def _read_parquet(path: Path) -> tuple[pd.DataFrame, dict | None]:
+    """A parquet file and the provenance in its metadata; a damaged file is one clear error."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+        stamp = (table.schema.metadata or {}).get(PROVENANCE_KEY)
+        return table.to_pandas(), json.loads(stamp) if stamp else None
+    except (pa.ArrowException, OSError, ValueError) as error:
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise TablesError(f"{path}: not a readable parquet file ({first}); sweep again") from None
 
 
 # --- combining --------------------------------------------------------------------------------------------
@@ -265,10 +328,13 @@ def concat(parts: list[SweepTables], provenance: RunProvenance | None = None) ->
 def combine(parts: list[SweepTables]) -> SweepTables:
     """Combine sweeps of the same models over disjoint parts of a corpus: sums and counts add exactly.
 
-    Bootstrap intervals cannot be combined from the tables alone, so they come back as NaN.
+    Refuses a run given twice, parts swept with different settings or models, and parts of the same corpus
+    file that are not distinct shards (they would count the same segments twice). Bootstrap intervals cannot
+    be combined from tables alone, so they come back as NaN; `headscan merge` combines shards with intervals.
     """
     if not parts:
         raise TablesError("combine needs at least one sweep")
+    _check_disjoint(parts)
     frames = {}
     for name in dict.fromkeys(name for part in parts for name in part.frames):
         table = TABLES[name]
@@ -278,9 +344,35 @@ def combine(parts: list[SweepTables]) -> SweepTables:
             .sum()
         )
         total["value"] = (total["sum"] / total["count"]).where(total["count"] > 0)
-        total["ci_low"] = total["ci_high"] = float("nan")
+        total["ci_low"] = total["ci_high"] = total["units"] = total["top_unit_share"] = float("nan")
         frames[name] = table.conform(total)
     return SweepTables(frames, RunProvenance(extra={"combined_from": [p.provenance.to_json() for p in parts]}))
+
+
+def _check_disjoint(parts: list[SweepTables]) -> None:
+    def describe(i: int) -> str:
+        return str(parts[i].path or f"part {i + 1}")
+
+    first = parts[0].provenance
+    seen: dict = {}
+    for i, part in enumerate(parts):
+        run = part.provenance
+        if sorted(part.models) != sorted(parts[0].models):
+            raise TablesError(f"{describe(i)} has models {part.models}, {describe(0)} has {parts[0].models}; "
+                              f"combine sweeps of the same models")
+        settings = {k: v for k, v in run.config.items() if k not in ("batch_size", "device", "limit")}
+        expected = {k: v for k, v in first.config.items() if k not in ("batch_size", "device", "limit")}
+        if settings != expected:
+            differ = sorted(k for k in set(settings) | set(expected) if settings.get(k) != expected.get(k))
+            raise TablesError(f"{describe(i)} was swept with other settings than {describe(0)} ({', '.join(differ)})")
+        key = (run.run_id,) if run.run_id else None
+        if run.corpus.sha256 and run.corpus.kind != "list":
+            key = (run.corpus.sha256, run.extra.get("shard"))
+        if key is not None and key in seen:
+            raise TablesError(f"{describe(i)} and {describe(seen[key])} cover the same segments (the same run, or "
+                              f"the same corpus and shard); combining them would count them twice")
+        if key is not None:
+            seen[key] = i
 
 
 def top_heads(heads: pd.DataFrame, metric: str, n: int = 10) -> pd.DataFrame:

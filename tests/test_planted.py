@@ -6,7 +6,7 @@ import torch
 from headscan.corpus import read_corpus
 
 from headscan import SweepConfig
-from headscan.scan import sweep
+from headscan.jobs import sweep
 from headscan.testing import build_planted_checkpoint
 
 CORPORA = ["builtin", "repeat-random:n=20,count=16,seed=4"]
@@ -68,3 +68,30 @@ def test_random_heads_score_near_chance(planted):
         values = random_heads.loc[random_heads["metric"] == metric, "value"]
         # random initialisation gives near-uniform attention: each score within 0.02 of the uniform head's
         assert (values - chance[metric]).abs().max() < 0.02, f"{arch} {metric}: {values.tolist()} vs chance {chance[metric]:.3f}"
+
+
+# Natural text where token q-2 often equals token q (", x ," and "the x the"): the old induction definition
+# counted q-1 as a target there, so a previous-token head scored as an induction head.
+LISTS = [
+    "We bought apples, pears, plums, figs, and a melon, and then we went home.",
+    "He fed the cat the fish the dog the bone and the bird the seed.",
+    "Red, green, blue, yellow, and white are colours, and so is black.",
+]
+
+
+def test_planted_previous_token_head_is_not_an_induction_head(planted, tmp_path):
+    from headscan.corpus import batches, encode
+    from headscan.models import load_model
+
+    arch, path, planted_heads = planted
+    layer, head = planted_heads["prev_token"]
+    (tmp_path / "lists.txt").write_text("\n".join(LISTS) + "\n")
+    corpus = read_corpus(tmp_path / "lists.txt")
+    heads = sweep([str(path)], corpus, None, SweepConfig(device="cpu", bootstrap=0)).heads
+    row = heads[(heads.metric == "induction") & (heads.layer == layer) & (heads["head"] == head)].iloc[0]
+    # not vacuous: the text has queries whose token also sits two positions back
+    batch = next(batches(encode(corpus, load_model(str(path), device="cpu"), 128), 8, 0))
+    ids, real = batch.input_ids, batch.attention_mask.bool()
+    assert bool(((ids[:, 2:] == ids[:, :-2]) & real[:, 2:]).any()), arch
+    assert row["count"] > 0
+    assert row["value"] < 1e-4  # only the planted head's leftover attention (< 1e-5 a key) off q-1

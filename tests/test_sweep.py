@@ -11,7 +11,8 @@ from headscan.corpus import Corpus, Segment, read_corpus
 from headscan.errors import ConfigError, HeadscanError
 from headscan.metrics import metric_names
 from headscan import SweepConfig
-from headscan.scan import sweep, sweep_model
+from headscan.jobs import sweep
+from headscan.scan import sweep_model
 from headscan.tables import combine, load
 
 CONFIG = SweepConfig(device="cpu", bootstrap=20)

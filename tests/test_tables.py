@@ -14,7 +14,8 @@ import headscan
 from headscan import metrics, tables
 from headscan.errors import MetricError, TablesError
 from headscan.provenance import RunProvenance
-from headscan.scan import sweep, sweep_model
+from headscan.jobs import sweep
+from headscan.scan import sweep_model
 
 REPO = Path(__file__).resolve().parents[1]
 V01_RUN = Path(__file__).parent / "data" / "run-v0.1.json"

@@ -1,0 +1,256 @@
+"""Sweep jobs: several models over one corpus (or one shard of it), that survive being stopped, and merging shards.
+
+`sweep` (``headscan.sweep``, the ``headscan sweep`` command) checks everything it can before the first forward
+pass (settings, model specs, the corpus, the output folder), then sweeps one model at a time. With an output
+folder ``OUT`` it keeps each model's partial state in ``OUT.partial/``, saved every few minutes and when the
+sweep is stopped (Ctrl-C or SIGTERM); running the same sweep again resumes from there, and the finished
+tables are bit for bit those of an uninterrupted run. The tables are published as one set (see
+`headscan.tables.write`), and ``OUT.partial/`` is removed.
+
+With ``shard=Shard(K, N)`` a sweep covers the documents whose index is K modulo N, and its output keeps each
+model's state in ``OUT/state/``; `merge` adds the N shards' states into exactly the unsharded tables,
+intervals included.
+
+This module does not score heads (`headscan.scan`) or read files other than partial states.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import shutil
+import signal
+import sys
+import threading
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .config import SweepConfig
+from .corpus import Corpus, read_corpus
+from .errors import ConfigError, TablesError
+from .models import DEFAULT_MODELS, check_spec, load_model  # noqa: F401
+from .provenance import RunProvenance
+from .errors import SweepInterrupted
+from .scan import (accumulate, fingerprint, finish, model_provenance, run_provenance, slug,
+                   texts_corpus)
+from .state import PartialState, Shard, fingerprint_differences, merge_states
+from .tables import SweepTables, check_out, concat, load, write
+
+__all__ = ["sweep", "merge", "partial_folder", "SweepInterrupted"]
+
+SAVE_EVERY = 120.0  # seconds between saves of a model's partial state
+
+
+def partial_folder(out: str | Path) -> Path:
+    """Where a sweep into `out` keeps its partial states until it finishes: ``OUT.partial`` beside it."""
+    out = Path(out)
+    return out.with_name(out.name + ".partial")
+
+
+def _state_file(spec: str, shard: Shard | None) -> str:
+    return f"{slug(spec)}.npz" if shard is None else f"{slug(spec)}.shard-{shard.index}-of-{shard.count}.npz"
+
+
+@contextlib.contextmanager
+def _stop_requests():
+    """SIGINT and SIGTERM become a request to stop, which the sweep acts on between two batches."""
+    requested = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield requested.is_set  # signals reach only the main thread; nothing to install
+        return
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def handler(signum, frame):
+        if requested.is_set():  # a second Ctrl-C: stop now, whatever is lost
+            signal.signal(signum, previous[signum])
+            raise KeyboardInterrupt
+        requested.set()
+
+    for sig in previous:
+        signal.signal(sig, handler)
+    try:
+        yield requested.is_set
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _resolve_settings(config: SweepConfig | None, settings: dict) -> SweepConfig:
+    if not settings:
+        return config or SweepConfig()
+    unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(SweepConfig)})
+    if unknown:
+        raise ConfigError(f"unknown setting(s) {unknown}; SweepConfig has "
+                          f"{', '.join(f.name for f in dataclasses.fields(SweepConfig))}")
+    return dataclasses.replace(config or SweepConfig(), **settings)
+
+
+def sweep(
+    models: str | list[str] | tuple[str, ...] = DEFAULT_MODELS,
+    corpus: str | Path | list[str] | Corpus = "builtin",
+    out: str | Path | None = None,
+    config: SweepConfig | None = None,
+    *,
+    shard: Shard | str | None = None,
+    overwrite: bool = False,
+    restart: bool = False,
+    progress: bool = False,
+    command: str | None = None,
+    save_every: float = SAVE_EVERY,
+    **settings,
+) -> SweepTables:
+    """Sweep every head of every layer of `models` over `corpus`; publish the tables into `out` if given.
+
+    Parameters
+    ----------
+    models
+        One spec or several: an embedded alias (``minilm``, ``smollm2``), a local checkpoint folder, a
+        ``.gguf`` file or a Hugging Face id. Default: both embedded models.
+    corpus
+        A file path (``.txt``, ``.jsonl``, ``.conllu``), ``"builtin"``, ``"repeat-random[:n=50,...]"``, a list
+        of strings (one segment each) or a `headscan.corpus.Corpus`.
+    out
+        The folder to publish heads.parquet, offsets.parquet and run.json into; None writes nothing (and
+        keeps no partial state). An existing folder with files is replaced only with `overwrite`.
+    config, **settings
+        A `SweepConfig`, or its fields as keywords (``max_len=64``); keywords override `config`.
+    shard
+        ``"K/N"`` or a `Shard`: sweep only the documents whose index is K modulo N (K from 0); the output
+        keeps the partial states that `merge` needs.
+    restart
+        Discard partial states left by an earlier, stopped sweep into `out` instead of resuming from them.
+    command
+        How the sweep was called, for provenance; by default the Python call itself.
+
+    Models are loaded one at a time and released before the next, so memory holds one model at most.
+    Nothing is published until every model has been swept: a failure leaves `out` as it was.
+
+    Example (a notebook): ``tables = headscan.sweep("minilm", ["The cat sat.", "It slept."], max_len=32)``
+    """
+    models = [models] if isinstance(models, str) else list(models)
+    config = _resolve_settings(config, settings)
+    shard = Shard.parse(shard) if isinstance(shard, str) else shard
+    if not models:
+        raise ConfigError("models: none to sweep; pass --model (for example --model minilm)", setting="models")
+    if len(set(models)) != len(models):
+        raise ConfigError(f"models: a model is named twice in {models}; each model's rows would collide", setting="models")
+    if command is None:
+        command = _python_call(models, corpus, out, config, shard)
+    # Everything a user can get wrong is checked before the first forward pass.
+    for spec in models:
+        check_spec(spec)
+    if out is not None:
+        check_out(out, overwrite=overwrite)
+    if isinstance(corpus, Corpus):
+        text = corpus
+    elif isinstance(corpus, (list, tuple)):
+        text = texts_corpus(list(corpus), config.limit)
+    else:
+        text = read_corpus(corpus, limit=config.limit)
+    if shard is not None and shard.count > text.n_documents:
+        raise ConfigError(f"shard: {shard.count} shards of {text.n_documents} documents would leave some empty; "
+                          f"use at most {text.n_documents}", setting="shard")
+    partial = partial_folder(out) if out is not None else None
+    if partial is not None and restart:
+        shutil.rmtree(partial, ignore_errors=True)
+
+    started = datetime.now(timezone.utc)
+    states: dict[str, PartialState] = {}
+    with _stop_requests() as should_stop:
+        for spec in models:
+            states[spec] = _sweep_one(spec, text, config, shard, partial, should_stop, progress, save_every)
+    parts = [SweepTables(finish(state, config)) for state in states.values()]
+    described = [model_provenance(state, config) for state in states.values()]
+    tables = concat(parts, run_provenance(text, config, described, command=command, started=started, shard=shard))
+    if out is not None:
+        extra = {}
+        if shard is not None:  # merge needs each shard's replicates and power sums
+            extra = {f"state/{_state_file(spec, None)}": state.save for spec, state in states.items()}
+        tables.path = write(tables, out, overwrite=overwrite, extra=extra)
+        if partial is not None:
+            shutil.rmtree(partial, ignore_errors=True)
+    return tables
+
+
+def _sweep_one(spec: str, corpus: Corpus, config: SweepConfig, shard: Shard | None, partial: Path | None,
+               should_stop, progress: bool, save_every: float) -> PartialState:
+    """One model's finished state: resumed from `partial` where a matching state was saved there."""
+    model = load_model(spec, device=config.device, dtype=config.dtype, prepend_bos=config.prepend_bos)
+    try:
+        path = partial / _state_file(spec, shard) if partial is not None else None
+        state = None
+        if path is not None and path.is_file():
+            state = PartialState.load(path)
+            differences = fingerprint_differences(state.fingerprint, fingerprint(model, corpus, config))
+            if state.shard != shard:
+                differences.append(f"shard: {state.shard} != {shard}")
+            if differences:
+                raise TablesError(f"{path}: a stopped sweep of {spec} with other inputs ({'; '.join(differences[:3])}); "
+                                  f"rerun that sweep to finish it, or pass --restart to discard it")
+            if state.finished:
+                return state
+            if progress:
+                print(f"resuming {spec} from {path} ({state.windows_done} windows done)", file=sys.stderr)
+        try:
+            return accumulate(model, corpus, config, shard=shard, state=state, progress=progress,
+                              save=(lambda s: s.save(path)) if path is not None else None, save_every=save_every,
+                              should_stop=should_stop)
+        except SweepInterrupted:
+            where = f"saved in {partial}; run the same command again to resume" if path else "nothing was saved (no out)"
+            raise SweepInterrupted(f"stopped while sweeping {spec}: {where}") from None
+    finally:
+        del model
+        gc.collect()
+
+
+def _python_call(models: list[str], corpus, out, config: SweepConfig, shard: Shard | None) -> str:
+    """The call as a notebook user would write it, for provenance (lists of texts are summarised)."""
+    shown = f"<{len(corpus)} texts>" if isinstance(corpus, (list, tuple)) else repr(str(corpus))
+    changed = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+               if getattr(config, f.name) != f.default}
+    arguments = [repr(models), shown] + ([f"out={str(out)!r}"] if out is not None else [])
+    arguments += [f"{name}={value!r}" for name, value in changed.items()]
+    arguments += [f"shard={str(shard)!r}"] if shard is not None else []
+    return f"headscan.sweep({', '.join(arguments)})"
+
+
+def merge(outs: list[str | Path], out: str | Path | None = None, *, overwrite: bool = False,
+          command: str | None = None) -> SweepTables:
+    """Merge the outputs of the N shards of one sweep into exactly the unsharded tables, intervals included.
+
+    Each output must hold the partial states a sharded sweep keeps (``OUT/state/``). Refuses outputs of
+    different sweeps (naming what differs), a shard given twice, and a missing shard.
+    """
+    if not outs:
+        raise ConfigError("merge needs the output folders of the shards (headscan sweep --shard K/N --out ...)")
+    if out is not None:
+        check_out(out, overwrite=overwrite)
+    runs = [load(path) for path in outs]
+    models = runs[0].models
+    for path, run in zip(outs, runs):
+        if run.models != models:
+            raise TablesError(f"{path}: has models {run.models}, but {outs[0]} has {models}; merge shards of one sweep")
+    config = SweepConfig(**{k: v for k, v in runs[0].provenance.config.items()
+                            if k in {f.name for f in dataclasses.fields(SweepConfig)} and k != "device"})
+    parts, described = [], []
+    for name in models:
+        states = []
+        for path in outs:
+            file = Path(path) / "state" / _state_file(name, None)
+            if not file.is_file():
+                raise TablesError(f"{path}: has no partial state for {name} ({file}); sweep it with --shard K/N")
+            states.append(PartialState.load(file))
+        total = merge_states(states, [str(p) for p in outs])
+        parts.append(SweepTables(finish(total, config)))
+        described.append(model_provenance(total, config))
+    first = runs[0].provenance
+    provenance = dataclasses.replace(
+        first, run_id=None, models=tuple(described), command=command or f"headscan.merge({[str(p) for p in outs]!r})",
+        finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        extra={k: v for k, v in first.extra.items() if k != "shard"} | {"merged_from": [str(p) for p in outs]},
+    )
+    tables = concat(parts, provenance)
+    if out is not None:
+        tables.path = write(tables, out, overwrite=overwrite)
+    return tables

@@ -1,0 +1,229 @@
+"""Partial state: the running per-head sums of one (model, corpus part), enough to resume, merge or finish a sweep.
+
+A sweep reduces each layer's attention to per-segment sums and counts; `PartialState` adds them up, per
+*unit* (a segment, or a whole document with ``bootstrap_unit="document"``), into
+
+- ``sums`` and ``counts``, (layer, head, column): the scores themselves;
+- ``replicate_sums`` and ``replicate_counts``, (replicate, layer, head, column): Poisson-bootstrap replicates,
+  each unit weighted by draws keyed on (seed, unit index), so they do not depend on batching or sharding;
+- ``moments``, (term, layer, head, column): per-unit power sums for the accelerated interval and the support
+  columns (`headscan.intervals`).
+
+All of these add exactly across disjoint parts of a corpus (the largest-unit term takes the maximum), so
+shards merge into the unsharded result, and a state saved at a window boundary resumes bit for bit. The
+`fingerprint` holds everything that must match for two states to be added or for a state to be resumed.
+
+A state is saved as one ``.npz`` file (numpy arrays and a JSON header, no pickle), written atomically.
+
+This module does not run models (see `headscan.scan`) or draw anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import intervals
+from .errors import TablesError
+
+__all__ = ["PartialState", "FINGERPRINT_FIELDS", "merge_states", "Shard"]
+
+STATE_VERSION = 1
+
+# Settings whose change changes the numbers: two states must agree on each to be added, or to resume.
+FINGERPRINT_FIELDS = ("max_len", "limit", "dtype", "specials", "max_offset", "bootstrap", "seed", "prepend_bos",
+                      "bootstrap_unit", "window")
+
+
+@dataclass(frozen=True)
+class Shard:
+    """The K-th of N disjoint parts of a corpus (0-based K): the documents whose index is K modulo N.
+
+    >>> Shard.parse("2/4")
+    Shard(index=2, count=4)
+    >>> Shard.parse("4/4")
+    Traceback (most recent call last):
+    ...
+    headscan.errors.ConfigError: shard must be K/N with 0 <= K < N, got '4/4' (K counts from 0)
+    """
+
+    index: int
+    count: int
+
+    @classmethod
+    def parse(cls, text: str) -> Shard:
+        from .errors import ConfigError
+
+        k, _, n = str(text).partition("/")
+        if not (k.strip().isdigit() and n.strip().isdigit()) or not 0 <= int(k) < int(n):
+            raise ConfigError(f"shard must be K/N with 0 <= K < N, got {text!r} (K counts from 0)", setting="shard")
+        return cls(int(k), int(n))
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+    def holds(self, document: int) -> bool:
+        return document % self.count == self.index
+
+
+@dataclass
+class PartialState:
+    """Running sums of one model over (a part of) a corpus; numpy float64 arrays (see the module docstring)."""
+
+    fingerprint: dict  # model, corpus, settings, headscan version, columns: what must match to add or resume
+    shard: Shard | None  # the part of the corpus this state covers; None for all of it
+    sums: np.ndarray  # (layer, head, column)
+    counts: np.ndarray  # (layer, head, column)
+    replicate_sums: np.ndarray  # (replicate, layer, head, column)
+    replicate_counts: np.ndarray  # (replicate, layer, head, column)
+    moments: np.ndarray  # (term, layer, head, column); see headscan.intervals.MOMENT_TERMS
+    windows_done: int = 0  # windows of the sweep's plan already added
+    finished: bool = False  # every window added
+    model: dict = field(default_factory=dict)  # the model's provenance (ModelProvenance.to_json())
+    n_segments: int = 0
+    n_tokens: int = 0
+    n_truncated: int = 0
+    seconds: float = 0.0
+
+    @classmethod
+    def empty(cls, fingerprint: dict, shard: Shard | None, shape: tuple[int, int, int], n_replicates: int) -> PartialState:
+        zeros = np.zeros(shape)
+        return cls(fingerprint, shard, zeros, zeros.copy(), np.zeros((n_replicates, *shape)),
+                   np.zeros((n_replicates, *shape)), intervals.unit_moments(zeros[None], zeros[None]) * 0)
+
+    # --- saving and loading ----------------------------------------------------------------------------
+
+    def header(self) -> dict:
+        return {
+            "state_version": STATE_VERSION, "fingerprint": self.fingerprint,
+            "shard": None if self.shard is None else [self.shard.index, self.shard.count],
+            "windows_done": self.windows_done, "finished": self.finished, "model": self.model,
+            "n_segments": self.n_segments, "n_tokens": self.n_tokens, "n_truncated": self.n_truncated,
+            "seconds": self.seconds,
+        }
+
+    def save(self, path: Path) -> None:
+        """Write the state to `path` atomically: a reader sees the old file or the new one, never half of one."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                np.savez(handle, header=np.frombuffer(json.dumps(self.header()).encode(), dtype=np.uint8),
+                         sums=self.sums, counts=self.counts, replicate_sums=self.replicate_sums,
+                         replicate_counts=self.replicate_counts, moments=self.moments)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    @classmethod
+    def load(cls, path: Path) -> PartialState:
+        """Read a state written by `save`; a damaged or foreign file is one clear error."""
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                header = json.loads(data["header"].tobytes())
+                arrays = {name: data[name] for name in ("sums", "counts", "replicate_sums", "replicate_counts", "moments")}
+        except (OSError, ValueError, KeyError, EOFError) as error:
+            raise TablesError(f"{path}: not a readable headscan partial state ({type(error).__name__}); "
+                              f"delete it to start that part again") from None
+        if header.get("state_version") != STATE_VERSION:
+            raise TablesError(f"{path}: partial state version {header.get('state_version')!r}, this headscan "
+                              f"reads {STATE_VERSION}; delete it to start that part again")
+        shard = Shard(*header["shard"]) if header["shard"] else None
+        return cls(header["fingerprint"], shard, **arrays, windows_done=header["windows_done"],
+                   finished=header["finished"], model=header["model"], n_segments=header["n_segments"],
+                   n_tokens=header["n_tokens"], n_truncated=header["n_truncated"], seconds=header["seconds"])
+
+    # --- finishing -------------------------------------------------------------------------------------
+
+    def values(self, method: str, level: float = 0.95) -> dict[str, np.ndarray]:
+        """The table's value columns, each (layer, head, column): value, sum, count, ci_low, ci_high, units,
+        top_unit_share. NaN where a score is undefined (count 0)."""
+        defined = self.counts > 0
+        with np.errstate(invalid="ignore", divide="ignore"):
+            value = np.where(defined, self.sums / self.counts, np.nan)
+        if self.replicate_sums.shape[0]:
+            low, high = intervals.interval(value, self.replicate_sums, self.replicate_counts, self.moments,
+                                           method=method, level=level)
+        else:
+            low = high = np.full_like(value, np.nan)
+        units, top_share = intervals.support(self.moments)
+        nan = np.nan
+        return {
+            "value": value, "sum": self.sums, "count": self.counts,
+            "ci_low": np.where(defined, low, nan), "ci_high": np.where(defined, high, nan),
+            "units": units, "top_unit_share": np.where(defined, top_share, nan),
+        }
+
+
+def _differences(a: dict, b: dict, prefix: str = "") -> list[str]:
+    """Where two fingerprints differ, as 'key: a != b' strings; the score columns last and in short."""
+    out = []
+    for key in sorted(set(a) | set(b), key=lambda k: (k == "columns", k)):
+        x, y = a.get(key), b.get(key)
+        if isinstance(x, dict) and isinstance(y, dict):
+            out += _differences(x, y, f"{prefix}{key}.")
+        elif key == "columns" and x != y:
+            out.append(f"{prefix}columns: {len(x or [])} != {len(y or [])} score columns (metrics or their axes differ)")
+        elif x != y:
+            out.append(f"{prefix}{key}: {x!r} != {y!r}")
+    return out
+
+
+def fingerprint_differences(a: dict, b: dict) -> list[str]:
+    """The settings, model or corpus facts on which two fingerprints differ (empty when they match)."""
+    return _differences(a, b)
+
+
+def merge_states(states: list[PartialState], names: list[str]) -> PartialState:
+    """Add up the states of the shards of one sweep into the state of the whole corpus.
+
+    Refuses states that do not come from the same sweep (the fingerprint names what differs), unsharded
+    states, shards of different counts, and a set of shards that misses one or repeats one.
+    """
+    if not states:
+        raise TablesError("merge needs at least one shard")
+    first = states[0]
+    for state, name in zip(states, names):
+        if state.shard is None:
+            raise TablesError(f"{name}: was not swept with --shard; merge combines the shards of one sweep")
+        if not state.finished:
+            raise TablesError(f"{name}: shard {state.shard} did not finish ({state.windows_done} windows done); "
+                              f"rerun its command to complete it")
+        differences = fingerprint_differences(first.fingerprint, state.fingerprint)
+        if differences:
+            raise TablesError(f"{name}: not a shard of the same sweep as {names[0]}: {'; '.join(differences[:3])}")
+        if state.shard.count != first.shard.count:
+            raise TablesError(f"{name}: shard {state.shard} is one of {state.shard.count}, but {names[0]} is one "
+                              f"of {first.shard.count}")
+    seen: dict[int, str] = {}
+    for state, name in zip(states, names):
+        if state.shard.index in seen:
+            raise TablesError(f"shard {state.shard} is given twice ({seen[state.shard.index]} and {name}); "
+                              f"each shard must be merged once")
+        seen[state.shard.index] = name
+    missing = sorted(set(range(first.shard.count)) - set(seen))
+    if missing:
+        raise TablesError(f"shards {', '.join(f'{k}/{first.shard.count}' for k in missing)} are missing; "
+                          f"merge needs all {first.shard.count}")
+    total = PartialState(dict(first.fingerprint), None, first.sums.copy(), first.counts.copy(),
+                         first.replicate_sums.copy(), first.replicate_counts.copy(), first.moments.copy(),
+                         finished=True, model=dict(first.model))
+    for state in states[1:]:
+        total.sums += state.sums
+        total.counts += state.counts
+        total.replicate_sums += state.replicate_sums
+        total.replicate_counts += state.replicate_counts
+        total.moments = intervals.combine_moments(total.moments, state.moments)
+    for state in states:
+        total.n_segments += state.n_segments
+        total.n_tokens += state.n_tokens
+        total.n_truncated += state.n_truncated
+        total.seconds += state.seconds
+    total.fingerprint["shard"] = None
+    return total

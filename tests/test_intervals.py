@@ -1,0 +1,341 @@
+"""Intervals: calibration on simulated corpora, a plain-loop bootstrap reference, numpy's percentiles, exact merges.
+
+The calibration tests run experiments/interval_simulation.py's own `simulate` and `coverage_check`, smaller.
+"""
+
+import importlib.util
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from headscan.errors import ConfigError
+from headscan.intervals import (
+    METHODS,
+    MOMENT_TERMS,
+    THIN_MAX_SHARE,
+    THIN_MIN_UNITS,
+    _acceleration,
+    bootstrap_weights,
+    combine_moments,
+    interval,
+    nan_percentile,
+    support,
+    thin_support,
+    unit_moments,
+)
+
+SIMULATION = Path(__file__).resolve().parents[1] / "experiments" / "interval_simulation.py"
+S, C = MOMENT_TERMS.index("s"), MOMENT_TERMS.index("c")
+
+
+@pytest.fixture(scope="module")
+def simulation():
+    spec = importlib.util.spec_from_file_location("interval_simulation", SIMULATION)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up while the file executes
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)
+
+
+def ratio_data(seed=0, n=60, shape=(3,)):
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(0, 20, size=(n, *shape)).astype(float)
+    sums = counts * rng.beta(2, 5, size=(n, *shape))
+    return sums, counts
+
+
+def everything(sums, counts, seed=0, replicates=200, method="bca", level=0.95):
+    """What the sweep does: weights per unit, replicate totals, moments, then the interval."""
+    weights = bootstrap_weights(np.arange(len(sums)), replicates, seed)
+    moments = unit_moments(sums, counts)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        value = moments[S] / moments[C]
+    flat_s, flat_c = sums.reshape(len(sums), -1), counts.reshape(len(sums), -1)
+    shape = (replicates, *sums.shape[1:])
+    rs, rc = (weights @ flat_s).reshape(shape), (weights @ flat_c).reshape(shape)
+    return value, rs, rc, moments, interval(value, rs, rc, moments, method=method, level=level)
+
+
+# --- calibration ----------------------------------------------------------------------------------------------
+
+# Where the sample can show its problem and shows none (thin_support does not flag), BCa with the sweep's 200
+# replicates must cover 95% within 0.03 pooled over 2,400 intervals (about 7 binomial standard errors; B = 200
+# alone costs about a point, see the module docstring) and within 0.045 in each scenario (about 4.5 SE at 600).
+TRUSTED = [("light", 400), ("sparse", 400), ("clustered/document", 400), ("few", 2000)]
+
+
+def _scenario(simulation, name):
+    return {s.name: s for s in simulation.scenarios()}[name]
+
+
+def test_bca_is_calibrated_where_support_is_not_thin(simulation):
+    pooled = []
+    for name, n in TRUSTED:
+        result = simulation.simulate(_scenario(simulation, name), n, 600, seed=1, methods=("bca",))
+        trusted = result.covered["bca"][~result.flagged]
+        check = simulation.coverage_check(trusted, tolerance=0.045)
+        assert check.ok, f"{name}, {n} segments: {check.message}"
+        pooled.append(trusted)
+    check = simulation.coverage_check(np.concatenate(pooled), tolerance=0.03)
+    assert check.ok, check.message
+
+
+def test_the_calibration_check_fails_for_intervals_of_the_wrong_level(simulation):
+    # 50% intervals labelled as 95%: the same check must say no, or the test above could never fail.
+    result = simulation.simulate(_scenario(simulation, "light"), 400, 600, seed=1, methods=("bca",), level=0.5)
+    check = simulation.coverage_check(result.covered["bca"][~result.flagged], tolerance=0.045)
+    assert not check.ok
+    assert 0.4 < check.coverage < 0.6, check.message
+    assert not simulation.coverage_check(np.ones(10, bool)).ok  # too few intervals is no check either
+
+
+def test_documented_limits_hold(simulation):
+    # The module docstring says what no interval here can fix; keep those sentences true.
+    rare = simulation.simulate(_scenario(simulation, "rare"), 100, 600, seed=1, methods=("bca",))
+    assert rare.covered["bca"].mean() < 0.7  # hidden rare units: 0.52 in the full simulation
+    assert rare.covered["bca"][~rare.flagged].mean() < rare.covered["bca"].mean()  # and thin_support can't see it
+    by_segment = simulation.simulate(_scenario(simulation, "clustered/segment"), 400, 600, seed=1, methods=("bca",))
+    assert by_segment.covered["bca"].mean() < 0.8  # sentences of a document resampled as if independent
+
+
+# --- the bootstrap against a plain loop ------------------------------------------------------------------------
+
+
+def test_bootstrap_weights_are_poisson_draws_keyed_by_seed_and_unit():
+    index = [5, 0, 17, 3]
+    weights = bootstrap_weights(index, 200, seed=4)
+    expected = np.stack([np.random.default_rng([4, u]).poisson(1.0, 200) for u in index], axis=1)
+    np.testing.assert_array_equal(weights, expected)
+    assert weights.dtype == np.float64
+    # keyed by the unit, so any batching gives each unit the same column
+    np.testing.assert_array_equal(bootstrap_weights(torch.tensor([17, 5]), 200, seed=4), weights[:, [2, 0]])
+    assert bootstrap_weights([], 7, seed=0).shape == (7, 0)
+    assert bootstrap_weights([1, 2], 0, seed=0).shape == (0, 2)
+
+
+def test_percentile_interval_equals_a_plain_loop_bootstrap():
+    sums, counts = ratio_data(seed=3, n=40, shape=(2,))
+    counts[:, 1] = 0
+    counts[:3, 1] = [4, 1, 2]  # three contributing units: some replicates draw none (ratio NaN, skipped)
+    sums[:, 1] = counts[:, 1] * 0.5
+    sums[1, 1] = 1.0
+    seed, replicates = 9, 200
+    draws = [np.random.default_rng([seed, u]).poisson(1, replicates) for u in range(len(sums))]
+    for column in range(2):
+        ratios = []
+        for b in range(replicates):
+            total_s = sum(draws[u][b] * sums[u, column] for u in range(len(sums)))
+            total_c = sum(draws[u][b] * counts[u, column] for u in range(len(sums)))
+            if total_c > 0:
+                ratios.append(total_s / total_c)
+        _, _, _, _, (low, high) = everything(sums, counts, seed=seed, replicates=replicates, method="percentile")
+        if column == 1:
+            assert len(ratios) < replicates  # the loop really did skip replicates that drew no query
+        np.testing.assert_allclose([low[column], high[column]], np.percentile(ratios, [2.5, 97.5]), rtol=1e-12)
+
+
+def test_count_zero_and_no_finite_replicate_give_nan():
+    sums, counts = ratio_data(seed=1, n=30, shape=(3,))
+    sums[:, 1] = counts[:, 1] = 0
+    for method in METHODS:
+        _, _, _, _, (low, high) = everything(sums, counts, method=method)
+        assert np.isnan(low[1]) and np.isnan(high[1])
+        assert np.isfinite(low[[0, 2]]).all() and (low[[0, 2]] <= high[[0, 2]]).all()
+
+
+# --- numpy's percentile ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("q", [0, 2.5, 25, 50, 97.5, 100, 33.3])
+def test_nan_percentile_matches_numpy(q):
+    rng = np.random.default_rng(11)
+    values = rng.normal(size=(200, 4, 6))
+    values[rng.random(values.shape) < 0.3] = np.nan
+    values[:, 0, 0] = np.nan  # no finite value
+    values[1:, 0, 1] = np.nan  # one
+    values[:, 0, 2] = 1.5  # all equal
+    with np.errstate(all="ignore"), pytest.warns(RuntimeWarning):  # numpy warns about the all-NaN column
+        expected = np.nanpercentile(values, q, axis=0)
+    np.testing.assert_allclose(nan_percentile(values, q), expected, rtol=1e-12, atol=1e-15)
+
+
+def test_nan_percentile_takes_a_percent_per_column():
+    rng = np.random.default_rng(2)
+    values = rng.normal(size=(50, 5))
+    values[rng.random(values.shape) < 0.2] = np.nan
+    q = np.array([1.0, 10.0, 50.0, 90.0, 99.0])
+    expected = [np.nanpercentile(values[:, j], q[j]) for j in range(5)]
+    np.testing.assert_allclose(nan_percentile(values, q), expected, rtol=1e-12)
+
+
+@settings(max_examples=80, deadline=None, derandomize=True)
+@given(
+    hnp.arrays(np.float64, st.tuples(st.integers(1, 30), st.integers(1, 4)),
+               elements=st.one_of(st.floats(-1e6, 1e6), st.just(np.nan))),
+    st.floats(0, 100),
+)
+def test_nan_percentile_matches_numpy_on_anything(values, q):
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # numpy warns about all-NaN columns
+        expected = np.nanpercentile(values, q, axis=0)
+    np.testing.assert_allclose(nan_percentile(values, q), expected, rtol=1e-9, atol=1e-6)
+
+
+# --- BCa -------------------------------------------------------------------------------------------------------
+
+
+def test_bca_is_the_percentile_interval_when_z0_and_a_are_zero():
+    # Units in pairs s = R c +- d: the influence values U = +-d cancel in every odd power, so a = 0.
+    counts = np.array([[4.0], [4.0], [6.0], [6.0], [3.0], [3.0]])
+    deviation = np.array([[1.0], [-1.0], [2.0], [-2.0], [0.5], [-0.5]])
+    sums = 0.3 * counts + deviation
+    moments = unit_moments(sums, counts)
+    value = moments[S] / moments[C]
+    assert np.allclose(value, 0.3) and np.allclose(_acceleration(value, moments), 0, atol=1e-12)
+    # Replicates symmetric about R with none equal to it: half lie below, so z0 = Phi^-1(1/2) = 0.
+    offsets = np.random.default_rng(0).normal(size=100)
+    ratios = value + np.concatenate([offsets, -offsets])[:, None]
+    replicate_counts = np.full_like(ratios, 10.0)
+    bca = interval(value, ratios * replicate_counts, replicate_counts, moments, method="bca")
+    percentile = interval(value, ratios * replicate_counts, replicate_counts, moments, method="percentile")
+    np.testing.assert_allclose(bca, percentile, rtol=1e-12)
+
+
+def test_acceleration_from_power_sums_equals_the_influence_formula():
+    sums, counts = ratio_data(seed=5, n=80, shape=(4,))
+    sums[:5] *= 6  # some skew
+    moments = unit_moments(sums, counts)
+    value = moments[S] / moments[C]
+    influence = sums - value * counts
+    expected = (influence**3).sum(0) / (6 * ((influence**2).sum(0)) ** 1.5)
+    np.testing.assert_allclose(_acceleration(value, moments), expected, rtol=1e-8)
+
+
+def test_bca_moves_toward_the_long_tail():
+    # One big unit among many small ones: the ratio's sampling distribution is right-skewed, a > 0.
+    sums, counts = ratio_data(seed=8, n=100, shape=(1,))
+    sums[0], counts[0] = 60.0, 62.0
+    value, rs, rc, moments, (low, high) = everything(sums, counts, method="bca")
+    p_low, p_high = interval(value, rs, rc, moments, method="percentile")
+    assert _acceleration(value, moments)[0] > 0
+    assert high[0] >= p_high[0] and low[0] >= p_low[0]
+
+
+def test_delta_interval_is_the_infinitesimal_jackknife():
+    sums, counts = ratio_data(seed=6, n=50, shape=(2,))
+    moments = unit_moments(sums, counts)
+    value = moments[S] / moments[C]
+    low, high = interval(value, None, None, moments, method="delta")
+    influence = (sums - value * counts) / counts.sum(0)
+    se = np.sqrt((influence**2).sum(0) * 50 / 49)
+    np.testing.assert_allclose(high - value, 1.959963984540054 * se, rtol=1e-9)
+    np.testing.assert_allclose(value - low, 1.959963984540054 * se, rtol=1e-9)
+
+
+# --- moments ---------------------------------------------------------------------------------------------------
+
+
+def test_moments_of_two_halves_combine_to_the_whole():
+    sums, counts = ratio_data(seed=4, n=101, shape=(3, 2))
+    whole = unit_moments(sums, counts)
+    halves = combine_moments(unit_moments(sums[:37], counts[:37]), unit_moments(sums[37:], counts[37:]))
+    np.testing.assert_allclose(halves, whole, rtol=1e-12, atol=0)
+    ts, tc = torch.tensor(sums), torch.tensor(counts)
+    merged = combine_moments(unit_moments(ts[:37], tc[:37]), unit_moments(ts[37:], tc[37:]))
+    assert isinstance(merged, torch.Tensor) and merged.dtype == torch.float64
+    np.testing.assert_allclose(merged.numpy(), whole, rtol=1e-12, atol=0)
+    # zeros are the identity, so an accumulator can start from them
+    np.testing.assert_array_equal(combine_moments(np.zeros_like(whole), whole), whole)
+
+
+def test_moments_are_the_documented_power_sums():
+    sums, counts = ratio_data(seed=7, n=25, shape=(2,))
+    counts[:4] = sums[:4] = 0
+    moments = dict(zip(MOMENT_TERMS, unit_moments(sums, counts)))
+    s, c = sums, counts
+    expected = {
+        "units": np.full(2, 25.0), "contributing": (c > 0).sum(0), "s": s.sum(0), "c": c.sum(0),
+        "ss": (s * s).sum(0), "sc": (s * c).sum(0), "cc": (c * c).sum(0), "sss": (s**3).sum(0),
+        "ssc": (s * s * c).sum(0), "scc": (s * c * c).sum(0), "ccc": (c**3).sum(0),
+        "abs_s": abs(s).sum(0), "max_abs_s": abs(s).max(0),
+    }
+    assert list(expected) == list(MOMENT_TERMS)
+    for name, value in expected.items():
+        np.testing.assert_allclose(moments[name], value, rtol=1e-13, err_msg=name)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.integers(1, 40), st.integers(0, 2**32 - 1), st.data())
+def test_combine_moments_is_exact_for_any_split(n, seed, data):
+    sums, counts = ratio_data(seed=seed, n=n, shape=(2,))
+    cut = data.draw(st.integers(0, n))
+    halves = combine_moments(unit_moments(sums[:cut], counts[:cut]), unit_moments(sums[cut:], counts[cut:]))
+    swapped = combine_moments(unit_moments(sums[cut:], counts[cut:]), unit_moments(sums[:cut], counts[:cut]))
+    whole = unit_moments(sums, counts)
+    np.testing.assert_allclose(halves, whole, rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(halves, swapped)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+# powers of two scale every float exactly, so not even a tie between a replicate and R can change
+@given(st.integers(2, 60), st.integers(0, 2**32 - 1), st.sampled_from([0.125, 0.5, 2.0, 1024.0]), st.sampled_from(METHODS))
+def test_intervals_scale_with_the_sums_and_hold_the_value(n, seed, scale, method):
+    sums, counts = ratio_data(seed=seed, n=n, shape=(2,))
+    sums[0], counts[0] = 1.0, 2.0  # at least one contributing unit
+    value, rs, rc, moments, (low, high) = everything(sums, counts, method=method, replicates=50)
+    scaled = interval(value * scale, rs * scale, rc, unit_moments(sums * scale, counts), method=method)
+    np.testing.assert_allclose(scaled, np.array([low, high]) * scale, rtol=1e-9, atol=1e-12)
+    defined = np.isfinite(low)
+    assert (low[defined] <= high[defined] + 1e-12).all()
+    if method != "delta":  # replicate-based ends lie within the replicates
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ratios = rs / rc
+        assert (low[defined] >= np.nanmin(ratios, 0)[defined] - 1e-12).all()
+        assert (high[defined] <= np.nanmax(ratios, 0)[defined] + 1e-12).all()
+
+
+# --- support ---------------------------------------------------------------------------------------------------
+
+
+def test_support_counts_contributing_units_and_the_largest_share():
+    sums = np.array([[1.0, 0.0], [3.0, 0.0], [0.0, 0.0], [4.0, 0.0]])
+    counts = np.array([[2.0, 1.0], [5.0, 0.0], [0.0, 0.0], [5.0, 0.0]])
+    contributing, share = support(unit_moments(sums, counts))
+    np.testing.assert_array_equal(contributing, [3, 1])
+    assert share[0] == 0.5 and np.isnan(share[1])  # no sum at all: no share
+
+
+def test_thin_support_thresholds():
+    many = np.ones((THIN_MIN_UNITS, 1))
+    assert not thin_support(unit_moments(many, many))[0]
+    assert thin_support(unit_moments(many[1:], many[1:]))[0]  # one unit too few
+    for largest in (32.0, 34.0):  # 99 units of 1 and one larger: shares 32/131 = 0.244 and 34/133 = 0.256
+        sums = np.ones((100, 1))
+        sums[0] = largest
+        assert thin_support(unit_moments(sums, sums))[0] == (largest / (99 + largest) > THIN_MAX_SHARE)
+    assert thin_support(unit_moments(np.zeros((0, 1)), np.zeros((0, 1))))[0]  # no units at all
+
+
+# --- errors ----------------------------------------------------------------------------------------------------
+
+
+def test_unknown_method_and_bad_level_say_what_to_use():
+    sums, counts = ratio_data()
+    value, rs, rc, moments, _ = everything(sums, counts)
+    expected = r"unknown interval method 'BCA'\. Did you mean 'bca'\? Available: bca, percentile, delta"
+    with pytest.raises(ConfigError, match=expected):
+        interval(value, rs, rc, moments, method="BCA")
+    with pytest.raises(ConfigError, match=r"between 0 and 1 \(0\.95 for 95%\), got 95"):
+        interval(value, rs, rc, moments, method="bca", level=95)
+    with pytest.raises(ValueError, match="only 'delta' works without them"):
+        interval(value, None, None, moments, method="percentile")
+    with pytest.raises(ConfigError, match="whole number >= 0, got -1"):
+        bootstrap_weights([0], -1, seed=0)

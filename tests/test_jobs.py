@@ -1,0 +1,230 @@
+"""Sweeps that survive: resume after SIGINT and SIGKILL, never overwrite or mix results, shards merge exactly."""
+
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import headscan
+from headscan import tables
+from headscan.errors import ConfigError, ModelNotFoundError, TablesError
+from headscan.jobs import merge, partial_folder, sweep
+from headscan.state import PartialState
+
+SETTINGS = dict(device="cpu", bootstrap=20, window=7)
+
+
+@pytest.fixture(scope="module")
+def corpus_file(tmp_path_factory):
+    """300 short lines in paragraphs of 3 (documents), from the builtin sample."""
+    from headscan.corpus import read_corpus
+
+    sentences = [s.text for s in read_corpus("builtin").segments]
+    lines = []
+    for i in range(300):
+        lines.append(f"{sentences[i % len(sentences)]} ({i})")
+        if i % 3 == 2:
+            lines.append("")
+    path = tmp_path_factory.mktemp("corpus") / "lines.txt"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def assert_same_tables(a: tables.SweepTables, b: tables.SweepTables, exact: bool = True):
+    assert list(a.frames) == list(b.frames)
+    for name in a.frames:
+        if exact:
+            pd.testing.assert_frame_equal(a[name], b[name], check_exact=True)
+        else:
+            pd.testing.assert_frame_equal(a[name], b[name], check_exact=False, atol=1e-12, rtol=0)
+
+
+# --- never lose or mix results ------------------------------------------------------------------------------
+
+
+def test_an_existing_output_is_replaced_only_with_overwrite(tmp_path, tiny_bert):
+    out = tmp_path / "out"
+    sweep(str(tiny_bert), "builtin", out, limit=3, **SETTINGS)
+    before = (out / "run.json").read_bytes()
+    with pytest.raises(TablesError, match="already holds files; pass --overwrite to replace them"):
+        sweep(str(tiny_bert), "builtin", out, limit=4, **SETTINGS)
+    assert (out / "run.json").read_bytes() == before
+    sweep(str(tiny_bert), "builtin", out, limit=4, overwrite=True, **SETTINGS)
+    assert json.loads((out / "run.json").read_text())["corpus"]["n_segments"] == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging or old folders left behind
+
+
+def test_published_files_follow_the_umask(tmp_path, tiny_bert):
+    previous = os.umask(0o022)
+    try:
+        sweep(str(tiny_bert), "builtin", tmp_path / "out", limit=2, **SETTINGS)
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "out").stat().st_mode) == 0o755
+    for path in (tmp_path / "out").iterdir():
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644, path.name
+
+
+def test_files_of_two_runs_are_never_read_as_one(tmp_path, tiny_bert):
+    first = sweep(str(tiny_bert), "builtin", tmp_path / "a", limit=2, **SETTINGS)
+    sweep(str(tiny_bert), "builtin", tmp_path / "b", limit=3, **SETTINGS)
+    assert first.provenance.run_id and len(first.provenance.run_id) == 32
+    shutil.copy(tmp_path / "b" / "offsets.parquet", tmp_path / "a" / "offsets.parquet")
+    with pytest.raises(TablesError, match=r"a: offsets.parquet and run.json come from different runs"):
+        tables.load(tmp_path / "a")
+
+
+def test_combine_refuses_a_run_given_twice(tmp_path, tiny_bert):
+    run = sweep(str(tiny_bert), "builtin", tmp_path / "a", limit=2, **SETTINGS)
+    with pytest.raises(TablesError, match="cover the same segments"):
+        tables.combine([run, tables.load(tmp_path / "a")])
+    other = sweep(str(tiny_bert), "builtin", None, limit=2, **(SETTINGS | {"max_offset": 3}))
+    with pytest.raises(TablesError, match=r"was swept with other settings than .* \(max_offset\)"):
+        tables.combine([run, other])
+
+
+def test_everything_is_checked_before_the_first_model_loads(tmp_path, tiny_bert, monkeypatch):
+    loaded = []
+    monkeypatch.setattr("headscan.jobs.load_model", lambda *a, **k: loaded.append(a) or pytest.fail("loaded"))
+    with pytest.raises(ModelNotFoundError, match=r"model 'smollm' not found: .* Did you mean 'smollm2'\?"):
+        sweep([str(tiny_bert), "smollm"], "builtin", tmp_path / "out")
+    with pytest.raises(ConfigError, match="bootstrap must be 0 .no intervals. or at least 20, got 1"):
+        sweep(str(tiny_bert), "builtin", tmp_path / "out", bootstrap=1)
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+    with pytest.raises(TablesError, match="full: already holds files"):
+        sweep(str(tiny_bert), "builtin", tmp_path / "full")
+    with pytest.raises(headscan.HeadscanError, match="no such file"):
+        sweep(str(tiny_bert), tmp_path / "missing.txt", tmp_path / "out")
+    assert not loaded and not (tmp_path / "out").exists()
+
+
+# --- resume ---------------------------------------------------------------------------------------------------
+
+
+def _cli(*arguments, **kwargs):
+    command = [sys.executable, "-m", "headscan", "sweep", *map(str, arguments), "-q", "--device", "cpu",
+               "--bootstrap", "20", "--window", "7", "--batch-size", "4"]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=os.environ | {"HF_HUB_OFFLINE": "1"}, **kwargs)
+
+
+def _stop_midway(process, state_file: Path, sig) -> None:
+    """Send `sig` once the sweep has saved a state with at least two windows, well before its end."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if state_file.is_file():
+            try:
+                if PartialState.load(state_file).windows_done >= 2:
+                    break
+            except TablesError:
+                pass  # being replaced right now
+        if process.poll() is not None:
+            pytest.fail(f"the sweep ended before it could be stopped: {process.communicate()}")
+        time.sleep(0.005)
+    process.send_signal(sig)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
+def test_a_stopped_sweep_resumes_to_the_same_tables_bit_for_bit(sig, tmp_path, tiny_bert, corpus_file):
+    whole = tmp_path / "whole"
+    assert _cli("-m", tiny_bert, "--corpus", corpus_file, "--out", whole).wait() == 0
+    out = tmp_path / "stopped"
+    state_file = partial_folder(out) / f"{headscan.scan.slug(str(tiny_bert))}.npz"
+    process = _cli("-m", tiny_bert, "--corpus", corpus_file, "--out", out, "--save-every", "0")
+    _stop_midway(process, state_file, sig)
+    _, stderr = process.communicate(timeout=120)
+    if sig == signal.SIGINT:
+        assert process.returncode == 130, stderr
+        assert f"Interrupted: stopped while sweeping {tiny_bert}: saved in {partial_folder(out)}; run the same " \
+               f"command again to resume" in stderr
+    else:
+        assert process.returncode == -signal.SIGKILL
+    assert not out.exists()
+    saved = PartialState.load(state_file)
+    assert 2 <= saved.windows_done and not saved.finished
+    rerun = _cli("-m", tiny_bert, "--corpus", corpus_file, "--out", out)
+    assert rerun.wait() == 0, rerun.communicate()
+    assert not partial_folder(out).exists()
+    assert_same_tables(tables.load(out), tables.load(whole), exact=True)
+
+
+def test_a_saved_state_with_other_settings_is_refused(tmp_path, tiny_bert, corpus_file):
+    out = tmp_path / "out"
+    state_file = partial_folder(out) / f"{headscan.scan.slug(str(tiny_bert))}.npz"
+    process = _cli("-m", tiny_bert, "--corpus", corpus_file, "--out", out, "--save-every", "0")
+    _stop_midway(process, state_file, signal.SIGINT)
+    process.communicate(timeout=120)
+    with pytest.raises(TablesError, match=r"a stopped sweep of .* with other inputs \(settings.max_offset: 8 != 3\); "
+                                          r"rerun that sweep to finish it, or pass --restart to discard it"):
+        sweep(str(tiny_bert), corpus_file, out, max_offset=3, **SETTINGS | {"window": 7})
+    restarted = sweep(str(tiny_bert), corpus_file, out, max_offset=3, restart=True, **SETTINGS)
+    assert restarted.provenance.config["max_offset"] == 3 and not partial_folder(out).exists()
+
+
+# --- shards and merge -------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory, tiny_gpt2, tiny_bert, corpus_file):
+    root = tmp_path_factory.mktemp("shards")
+    models = [str(tiny_gpt2), str(tiny_bert)]
+    # One segment per forward pass: each segment's attention is then computed exactly as in the unsharded
+    # sweep, so what is left to compare is the merge's own arithmetic (float64 sums in another order).
+    # Other batch sizes change the float32 forward itself, by about 1e-8 (see the second test).
+    config = dict(device="cpu", bootstrap=20, window=11, bootstrap_unit="document", limit=60, batch_size=1)
+    whole = sweep(models, corpus_file, root / "whole", **config)
+    parts = [root / f"part-{k}" for k in range(3)]
+    for k, part in enumerate(parts):
+        sweep(models, corpus_file, part, shard=f"{k}/3", **config)
+    return whole, parts, root
+
+
+def test_merged_shards_equal_the_unsharded_sweep(shards):
+    whole, parts, root = shards
+    merged = merge(parts, root / "merged")
+    for name in whole.frames:
+        a, b = whole[name], merged[name]
+        pd.testing.assert_frame_equal(a.drop(columns=["value", "sum", "count", "ci_low", "ci_high", "top_unit_share"]),
+                                      b.drop(columns=["value", "sum", "count", "ci_low", "ci_high", "top_unit_share"]))
+        for column in ("value", "sum", "count", "ci_low", "ci_high", "top_unit_share"):
+            np.testing.assert_allclose(b[column], a[column], rtol=0, atol=1e-12 * max(1.0, np.nanmax(np.abs(a[column]))),
+                                       err_msg=f"{name}.{column}")
+    assert merged.provenance.models[0].n_segments == whole.provenance.models[0].n_segments == 60
+    assert tables.load(root / "merged").provenance.extra["merged_from"] == [str(p) for p in parts]
+
+
+def test_shards_with_other_batch_sizes_merge_to_within_float32_noise(shards, tmp_path, corpus_file):
+    whole, parts, _ = shards
+    models = tables.load(parts[0]).models
+    config = dict(device="cpu", bootstrap=20, window=11, bootstrap_unit="document", limit=60)
+    other = [tmp_path / f"p{k}" for k in range(3)]
+    for k, part in enumerate(other):
+        sweep(models, corpus_file, part, shard=f"{k}/3", batch_size=2 + k, **config)
+    merged = merge(other)
+    np.testing.assert_allclose(merged.heads["value"], whole.heads["value"], rtol=0, atol=1e-6)
+    np.testing.assert_allclose(merged.heads["ci_high"], whole.heads["ci_high"], rtol=0, atol=1e-6)
+
+
+def test_merge_refuses_missing_repeated_and_foreign_shards(shards, tmp_path, tiny_bert, corpus_file):
+    _, parts, root = shards
+    with pytest.raises(TablesError, match="shards 2/3 are missing; merge needs all 3"):
+        merge(parts[:2])
+    with pytest.raises(TablesError, match=r"shard 1/3 is given twice"):
+        merge([parts[0], parts[1], parts[1], parts[2]])
+    with pytest.raises(TablesError, match=r"whole: has no partial state for"):
+        merge([parts[0], root / "whole"])
+    other = tmp_path / "other"
+    sweep([str(p) for p in tables.load(parts[0]).models], corpus_file, other, shard="1/3", device="cpu",
+          bootstrap=20, window=11, bootstrap_unit="document", limit=60, seed=1)
+    with pytest.raises(TablesError, match=r"other: not a shard of the same sweep as .*part-0: settings.seed: 0 != 1"):
+        merge([parts[0], other, parts[2]])
