@@ -21,10 +21,10 @@ $(BIN)/headscan: pyproject.toml
 setup: $(BIN)/headscan
 
 demo: setup
-	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --out out/demo
+	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --out out/demo --overwrite
 	$(BIN)/headscan show out/demo --metric next_token --top 5
 	$(BIN)/headscan report out/demo --out reports/demo
-	@echo "open reports/demo/index.html"
+	@echo "open reports/demo/index.html; for the headscan command itself: . $(VENV)/bin/activate"
 
 test: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
@@ -33,8 +33,8 @@ test: setup
 # Tables go to reports/runs/NAME, the report of each to reports/NAME.
 reports: setup
 	@test -f "$(EWT)" || { echo "make reports: no EWT treebank at $(EWT); pass its dev file: make reports EWT=path/to/en_ewt-ud-dev.conllu"; exit 1; }
-	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --corpus $(EWT) --out reports/runs/ewt-dev --device cpu -q
-	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --corpus repeat-random --out reports/runs/repeat-random --device cpu -q
+	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --corpus $(EWT) --out reports/runs/ewt-dev --device cpu -q --overwrite
+	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --corpus repeat-random --out reports/runs/repeat-random --device cpu -q --overwrite
 	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/ewt-dev --out reports/ewt-dev
 	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/repeat-random --out reports/repeat-random
 

@@ -18,7 +18,7 @@ def main() -> None:
     args = parser.parse_args()
     for run in args.runs:
         tables = headscan.load(run)
-        corpus = tables.provenance.get("corpus", {}).get("source", run)
+        corpus = tables.provenance.corpus.source or run
         print(f"\n### {run} (corpus: {corpus})\n")
         print("| model | metric | rank | head | value | 95% interval | queries |")
         print("|---|---|---|---|---|---|---|")

@@ -110,10 +110,13 @@ def cli():
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it already holds files.")
 @click.option("--restart", is_flag=True, help="Discard the partial state of an earlier, stopped sweep into OUT "
                                                "instead of resuming from it.")
+@click.option("--ray", is_flag=False, flag_value=True, default=None, type=click.UNPROCESSED, metavar="[ADDRESS]",
+              help="Run on a Ray cluster, a worker per GPU (or CPU): --ray alone starts or uses a local instance; "
+                   "--ray auto, --ray HOST:6379 or --ray ray://HOST:10001 connect to one (pip install 'headscan[ray]').")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @_one_line_errors
 def sweep(models, corpus, out, max_len, batch_size, limit, device, dtype, specials, bos, max_offset, bootstrap, seed,
-          bootstrap_unit, interval, window, save_every, shard, overwrite, restart, quiet):
+          bootstrap_unit, interval, window, save_every, shard, overwrite, restart, ray, quiet):
     """Score every head of every layer of each MODEL over a corpus.
 
     Writes OUT/heads.parquet (one row per model, layer, head and metric),
@@ -126,6 +129,7 @@ def sweep(models, corpus, out, max_len, batch_size, limit, device, dtype, specia
     Example:
 
         headscan sweep --model minilm --corpus en_ewt-ud-dev.conllu --out out/ewt
+        headscan sweep --model gpt2 --corpus big.jsonl --out out/big --ray auto
     """
     from . import tables
     from .jobs import sweep as run_sweep
@@ -138,16 +142,31 @@ def sweep(models, corpus, out, max_len, batch_size, limit, device, dtype, specia
     )
     command = _effective_command(click.get_current_context())
     result = run_sweep(list(models) or DEFAULT_MODELS, corpus, out, config, shard=shard, overwrite=overwrite,
-                       restart=restart, progress=not quiet, command=command, save_every=save_every)
+                       restart=restart, progress=not quiet, command=command, save_every=save_every, ray=ray)
+    click.echo(_unit_note(result.provenance), err=True)
     for model in result.provenance.models:
         if model.n_truncated:
             click.echo(f"{model.name}: {model.n_truncated:,} of {model.n_segments:,} segments were longer than "
-                       f"--max-len {model.max_len} and were cut", err=True)
+                       f"--max-len {model.max_len} and were cut ({model.n_tokens_lost:,} tokens lost)", err=True)
     files = ", ".join(f"{out}/{tables.TABLES[name].file}" for name in result.frames)
     click.echo(f"wrote {files} and {out}/run.json")
     for metric in ("prev_token", "next_token"):
         click.echo(f"\ntop heads by {metric}:")
         click.echo(tables.top_heads(result.heads, metric, 3).to_string(index=False))
+
+
+def _unit_note(run) -> str:
+    """Which unit the intervals resampled, and why it matters when the corpus has documents."""
+    unit = run.config.get("bootstrap_unit", "segment")
+    n_documents = run.corpus.extra.get("n_documents")
+    found = run.corpus.extra.get("documents", "")
+    has_documents = n_documents is not None and n_documents < (run.corpus.n_segments or 0)
+    if unit == "document":
+        return f"intervals resample {n_documents:,} documents ({found})"
+    if has_documents:
+        return (f"intervals resample segments, but the corpus has {n_documents:,} documents ({found}), whose "
+                f"segments are not independent: --bootstrap-unit document gives intervals that hold")
+    return "intervals resample segments (the corpus has no documents of several segments)"
 
 
 @cli.command()

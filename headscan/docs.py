@@ -1,18 +1,29 @@
-"""Regenerate the README's metric definitions from the registry: ``python -m headscan.docs``."""
+"""Regenerate the README's generated blocks (metric definitions, table schema) from the registries:
+``python -m headscan.docs``."""
 
 import re
 import sys
 from pathlib import Path
 
 from .metrics import definitions_markdown
+from .tables import tables_markdown
 
-BLOCK = re.compile(r"(<!-- metrics:start -->\n).*?(<!-- metrics:end -->)", re.S)
+
+def blocks() -> dict[str, str]:
+    """Each generated block of the README by name: ``<!-- NAME:start -->`` ... ``<!-- NAME:end -->``."""
+    return {"metrics": definitions_markdown(), "tables": tables_markdown()}
+
+
+def pattern(name: str) -> re.Pattern:
+    return re.compile(rf"(<!-- {name}:start -->\n)(.*?)(<!-- {name}:end -->)", re.S)
 
 
 def update_readme(path: Path) -> bool:
-    """Rewrite the metrics block of `path`; True when it changed."""
+    """Rewrite the generated blocks of `path`; True when one changed."""
     text = path.read_text()
-    updated = BLOCK.sub(lambda m: m.group(1) + definitions_markdown() + m.group(2), text)
+    updated = text
+    for name, body in blocks().items():
+        updated = pattern(name).sub(lambda m, body=body: m.group(1) + body + m.group(3), updated)
     if updated != text:
         path.write_text(updated)
     return updated != text

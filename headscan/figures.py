@@ -1,14 +1,16 @@
 """Figures of headscan's tables: each function takes a tidy table plus keyword-only options and ``ax=None``,
 draws on that Axes and returns it.
 
-Layers are always rows (layer 0 at the top) and heads columns; every share-of-attention metric, and every
-attention matrix, uses the one 0-1 colour scale `SHARE_CMAP`, so two heatmaps can be compared by colour
-alone. Unbounded metrics (entropy in nats, distance in tokens) get their own colour map, so they are never
-mistaken for shares.
+Layers are always rows (layer 0 at the top) and heads columns. What a metric's value means comes from the
+metric registry (`headscan.metrics.METRICS`): its unit labels the colour bar; a bounded (0-1) metric is drawn
+on the one 0-1 colour scale `SHARE_CMAP`, as is every attention matrix, so two such heatmaps compare by colour
+alone, while unbounded metrics (entropy in nats, distance in tokens) get their own colour map, so they are
+never read against it; and the heads annotated in a heatmap are the metric's striking end (the highest
+share of attention, but the lowest entropy: the most focused heads).
 
 This module does not choose what to show (which heads are strongest across a report, which findings to
-state): that is `headscan.report`. It does not save files or pick a backend either; the report draws on
-`matplotlib.figure.Figure` objects, which need no pyplot state.
+state): that is `headscan.findings` and `headscan.report`. It does not save files or pick a backend either;
+the report draws on `matplotlib.figure.Figure` objects, which need no pyplot state.
 
 >>> import pandas as pd
 >>> heads = pd.DataFrame({"model": "m", "family": "causal", "layer": [0, 0, 1, 1], "head": [0, 1, 0, 1],
@@ -23,6 +25,7 @@ state): that is `headscan.report`. It does not save files or pick a backend eith
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -39,7 +42,8 @@ __all__ = [
     "offset_profiles",
     "prev_next_scatter",
     "entropy_by_layer",
-    "is_share",
+    "is_bounded",
+    "unit",
     "model_palette",
 ]
 
@@ -48,25 +52,38 @@ UNBOUNDED_CMAP = "mako_r"  # a different hue, so nats or tokens are never read a
 UNDEFINED_COLOUR = "#d9d9d9"  # cells where a metric is undefined (NaN) show the axes background
 
 
-def is_share(metric: str) -> bool:
-    """Whether `metric` is a share of attention in [0, 1] (and so drawn on the shared 0-1 scale).
+def is_bounded(metric: str) -> bool:
+    """Whether `metric` lies in [0, 1] (and so is drawn on the shared 0-1 scale), from its registry entry.
 
-    Asks the metric registry (``METRICS[metric].bounded``); a name it does not know (a run from another
-    version of headscan) is taken for a share.
+    A name the registry does not know (a run from another version of headscan) is taken to be bounded.
 
-    >>> is_share("prev_token"), is_share("entropy")
-    (True, False)
+    >>> is_bounded("prev_token"), is_bounded("entropy_norm"), is_bounded("entropy")
+    (True, True, False)
     """
     return metric not in METRICS or METRICS[metric].bounded
 
 
-def _value_label(metric: str) -> str:
-    """The colour bar or axis label of `metric`: its unit from the registry, e.g. "entropy (nats)"."""
-    return f"{metric} ({METRICS[metric].unit})" if not is_share(metric) else "share of attention"
+def unit(metric: str) -> str:
+    """What `metric` is measured in (its colour-bar label), from its registry entry; "value" if unknown.
+
+    >>> unit("prev_token"), unit("entropy"), unit("positional_prev")
+    ('share of attention', 'nats', 'share of queries')
+    """
+    return METRICS[metric].unit if metric in METRICS else "value"
+
+
+def _ranks_high(metric: str) -> bool:
+    return metric not in METRICS or METRICS[metric].ranks_high()
 
 
 def _fmt(metric: str, value: float) -> str:
-    return f"{value:.2f}" if is_share(metric) else f"{value:.1f}"
+    """A cell's annotation: two decimals, one for unbounded values of 10 or more (distance in tokens)."""
+    return f"{value:.1f}" if not is_bounded(metric) and abs(value) >= 10 else f"{value:.2f}"
+
+
+def _wrapped(label: str, width: int = 24) -> str:
+    """A colour-bar label broken into lines of about `width` characters, so it fits beside a short heatmap."""
+    return textwrap.fill(label, width)
 
 
 def model_palette(models: Sequence[str]) -> dict[str, tuple]:
@@ -104,7 +121,7 @@ def _layer_by_head(rows: pd.DataFrame, what: str) -> pd.DataFrame:
     if rows.duplicated(["layer", "head"]).any():
         raise ValueError(
             f"{what}: several rows per (layer, head); pass one run's table, or rename the models of each "
-            "run apart (headscan.report does this as 'run:model')"
+            "run apart (headscan.runs.merge_runs does this as 'run:model')"
         )
     grid = rows.pivot(index="layer", columns="head", values="value")
     # Every layer and head gets a cell, even one with no row, so the grid shows the model's real shape.
@@ -138,15 +155,16 @@ def head_heatmap(
     ax : matplotlib Axes, optional
         Where to draw; the current Axes by default.
     annotate_top : int, default 3
-        Write the value into the cells of this many highest-scoring heads (ties go to the lower layer,
-        then head). Nothing is annotated when every head has the same value: none stands out.
+        Write the value into the cells of this many of the metric's most striking heads: the highest, or
+        the lowest where the registry marks low as striking (entropy: the most focused heads). Ties go to
+        the lower layer, then head. Nothing is annotated when every head has the same value: none stands out.
     vmin, vmax : float, optional
-        Colour scale limits. Shares default to 0 and 1 (one scale for every share metric); unbounded metrics
-        to 0 and their largest value here. Pass the same limits to compare several models.
+        Colour scale limits. Bounded metrics default to 0 and 1 (one scale for all of them); unbounded
+        metrics to 0 and their largest value here. Pass the same limits to compare several models.
     cmap : str, optional
-        Colour map; `SHARE_CMAP` for shares, `UNBOUNDED_CMAP` otherwise.
+        Colour map; `SHARE_CMAP` for bounded metrics, `UNBOUNDED_CMAP` otherwise.
     cbar : bool, default True
-        Draw a colour bar labelled with the value's unit.
+        Draw a colour bar labelled with the metric's unit (`unit`).
     title : str, optional
         Axes title; ``"{model}: {metric}"`` by default.
 
@@ -157,7 +175,7 @@ def head_heatmap(
     """
     ax = _axes(ax)
     grid = _layer_by_head(_select(heads, model=model, metric=metric), f"{model}: {metric}")
-    share = is_share(metric)
+    share = is_bounded(metric)
     values = grid.to_numpy()
     finite = values[np.isfinite(values)]
     if vmin is None:
@@ -174,7 +192,7 @@ def head_heatmap(
         vmax=vmax,
         cmap=cmap,
         cbar=cbar,
-        cbar_kws={"label": _value_label(metric)} if cbar else None,
+        cbar_kws={"label": _wrapped(unit(metric))} if cbar else None,
         linewidths=0.5,
         linecolor="white",
         xticklabels=True,
@@ -187,8 +205,10 @@ def head_heatmap(
 
     if annotate_top > 0 and finite.size and finite.max() > finite.min():
         mesh = ax.collections[0]
-        # stack() runs layer by layer, head by head, so nlargest's "first" keeps ties for the lower layer, head.
-        for (layer, head), value in grid.stack().dropna().nlargest(annotate_top, keep="first").items():
+        # stack() runs layer by layer, head by head, so keep="first" keeps ties for the lower layer, head.
+        cells = grid.stack().dropna()
+        striking = cells.nlargest if _ranks_high(metric) else cells.nsmallest
+        for (layer, head), value in striking(annotate_top, keep="first").items():
             # Pick the text colour from the cell's own colour so the number stays legible on dark cells.
             r, g, b, _ = mesh.cmap(mesh.norm(value))
             dark = 0.2126 * r + 0.7152 * g + 0.0722 * b < 0.45
@@ -219,7 +239,7 @@ def attention_matrix(
     Parameters
     ----------
     tokens : sequence of str
-        The sentence's tokens, in order, as readable text (``headscan.sweep.example_attention`` decodes each
+        The sentence's tokens, in order, as readable text (``headscan.scan.example_attention`` decodes each
         one); they are drawn as they are, only a ``$`` escaped.
     pattern : array of shape (q_pos, k_pos)
         Attention weights; row ``q`` is what query ``q`` attends to and sums to 1.
@@ -355,7 +375,7 @@ def prev_next_scatter(
     ci_threshold : float, default 0.1
         Draw a head's 95% interval as an error bar where it is wider than this.
     label_top : bool, default True
-        Write the label of each model's highest-scoring head on each axis beside its point.
+        Write the label of each model's most striking head on each axis beside its point.
 
     Returns
     -------
@@ -402,8 +422,8 @@ def prev_next_scatter(
         for model, wide in scattered:
             for metric in (x, y):
                 values = wide[("value", metric)]
-                if values.notna().any() and values.max() > 0:
-                    layer, head, label = values.idxmax()
+                if values.notna().any() and values.max() > values.min():
+                    layer, head, label = values.idxmax() if _ranks_high(metric) else values.idxmin()
                     ax.annotate(
                         label, (wide.loc[(layer, head, label), ("value", x)], wide.loc[(layer, head, label), ("value", y)]),
                         xytext=(4, 4), textcoords="offset points", fontsize="x-small", color=palette[model],
@@ -414,8 +434,8 @@ def prev_next_scatter(
     ax.set_xlim(-0.02, 1.02)
     ax.set_ylim(-0.02, 1.02)
     ax.set_aspect("equal")
-    ax.set_xlabel(f"{x} (share of attention)")
-    ax.set_ylabel(f"{y} (share of attention)")
+    ax.set_xlabel(f"{x} ({unit(x)})")
+    ax.set_ylabel(f"{y} ({unit(y)})")
     if scattered:
         ax.legend(fontsize="small", frameon=False, loc="upper right")
     return ax
@@ -466,7 +486,7 @@ def entropy_by_layer(
     ax.set_ylim(top_layer + 0.5, -0.5)  # layer 0 at the top, as in the heatmaps
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("layer")
-    ax.set_xlabel(_value_label(metric) if not is_share(metric) else f"{metric} (0-1)")
+    ax.set_xlabel(f"{metric} ({unit(metric)})")
     ax.set_title(f"attention {metric} by layer (line: mean over heads)")
     ax.legend(fontsize="small", frameon=False)
     return ax

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from .config import SweepConfig
 from .corpus import Corpus, read_corpus
-from .errors import ConfigError, TablesError
+from .errors import ConfigError, ModelLoadError, TablesError
 from .models import DEFAULT_MODELS, check_spec, load_model  # noqa: F401
 from .provenance import RunProvenance
 from .errors import SweepInterrupted
@@ -98,6 +98,7 @@ def sweep(
     progress: bool = False,
     command: str | None = None,
     save_every: float = SAVE_EVERY,
+    ray: str | bool | None = None,
     **settings,
 ) -> SweepTables:
     """Sweep every head of every layer of `models` over `corpus`; publish the tables into `out` if given.
@@ -120,6 +121,9 @@ def sweep(
         keeps the partial states that `merge` needs.
     restart
         Discard partial states left by an earlier, stopped sweep into `out` instead of resuming from them.
+    ray
+        Run the sweep on a Ray cluster (`headscan.distributed`): True for a local instance, or its address
+        (``"auto"``, ``"HOST:6379"``, ``"ray://HOST:10001"``).
     command
         How the sweep was called, for provenance; by default the Python call itself.
 
@@ -154,15 +158,32 @@ def sweep(
     partial = partial_folder(out) if out is not None else None
     if partial is not None and restart:
         shutil.rmtree(partial, ignore_errors=True)
+    if ray not in (None, False):  # (model, shard) tasks on a Ray cluster, after the same checks
+        from .distributed import sweep_on_ray
+
+        return sweep_on_ray(models, text, out, config, address=ray, shard=shard, overwrite=overwrite, progress=progress,
+                            command=command, save_every=save_every)
 
     started = datetime.now(timezone.utc)
     states: dict[str, PartialState] = {}
+    skipped: dict[str, str] = {}
     with _stop_requests() as should_stop:
         for spec in models:
-            states[spec] = _sweep_one(spec, text, config, shard, partial, should_stop, progress, save_every)
+            try:
+                states[spec] = _sweep_one(spec, text, config, shard, partial, should_stop, progress, save_every)
+            except ModelLoadError as error:  # one model that cannot be hooked does not cost the others
+                if len(models) == 1:
+                    raise
+                skipped[spec] = str(error)
+                print(f"skipped {spec}: {error}", file=sys.stderr)
+    if not states:
+        raise ModelLoadError(f"no model could be swept: {'; '.join(skipped.values())}")
     parts = [SweepTables(finish(state, config)) for state in states.values()]
     described = [model_provenance(state, config) for state in states.values()]
-    tables = concat(parts, run_provenance(text, config, described, command=command, started=started, shard=shard))
+    provenance = run_provenance(text, config, described, command=command, started=started, shard=shard)
+    if skipped:
+        provenance = dataclasses.replace(provenance, extra=provenance.extra | {"skipped": skipped})
+    tables = concat(parts, provenance)
     if out is not None:
         extra = {}
         if shard is not None:  # merge needs each shard's replicates and power sums

@@ -174,9 +174,7 @@ def accumulate(
     def reduce_layer(layer: int):
         def hook(pattern, hook):
             batch = _attention_batch(pattern, current["ids"], current["real"], model, config)
-            sums, counts = _score(batch, columns)  # (batch, head, column)
-            current["sums"][layer].index_add_(0, current["units"], sums.to(device, torch.float64))
-            current["counts"][layer].index_add_(0, current["units"], counts.to(device, torch.float64))
+            current["layer_sums"][layer], current["layer_counts"][layer] = _score(batch, columns)  # (batch, head, column)
             return None  # the pattern goes on unchanged
 
         return hook
@@ -198,9 +196,14 @@ def accumulate(
                     if should_stop():
                         raise SweepInterrupted(f"{model.name}: stopped")
                     ids, mask = batch.input_ids.to(model.device), batch.attention_mask.to(model.device)
-                    current.update(ids=ids, real=mask.bool(), units=torch.tensor(
-                        [local[units[int(i)]] for i in batch.index], dtype=torch.long, device=device))
+                    current.update(ids=ids, real=mask.bool(), layer_sums={}, layer_counts={})
                     forward(ids, mask)
+                    # every layer's sums at once into their units: one index_add per batch, not one per layer
+                    rows = torch.tensor([local[units[int(i)]] for i in batch.index], dtype=torch.long, device=device)
+                    for name in ("sums", "counts"):
+                        by_layer = current[f"layer_{name}"]
+                        stacked = torch.stack([by_layer[layer] for layer in range(shape[0])])  # (layer, batch, head, column)
+                        current[name].index_add_(1, rows, stacked.to(device, torch.float64))
                     n_tokens += batch.n_tokens
                     if bar is not None:
                         bar.update(len(batch.index))
@@ -209,6 +212,7 @@ def accumulate(
                 state.n_segments += len(window)
                 state.n_tokens += n_tokens
                 state.n_truncated += encoded.n_truncated
+                state.n_tokens_lost += encoded.n_tokens_lost
                 state.seconds += time.perf_counter() - started
                 started = time.perf_counter()
                 if save is not None and started - last_save >= save_every:
@@ -304,6 +308,7 @@ def model_provenance(state: PartialState, config: SweepConfig) -> ModelProvenanc
         "n_segments": state.n_segments,
         "n_tokens": state.n_tokens,
         "n_truncated": state.n_truncated,
+        "n_tokens_lost": state.n_tokens_lost,
         "max_len": config.max_len,
         "seconds": round(state.seconds, 3),
     })

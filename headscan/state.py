@@ -88,6 +88,7 @@ class PartialState:
     n_segments: int = 0
     n_tokens: int = 0
     n_truncated: int = 0
+    n_tokens_lost: int = 0
     seconds: float = 0.0
 
     @classmethod
@@ -104,6 +105,7 @@ class PartialState:
             "shard": None if self.shard is None else [self.shard.index, self.shard.count],
             "windows_done": self.windows_done, "finished": self.finished, "model": self.model,
             "n_segments": self.n_segments, "n_tokens": self.n_tokens, "n_truncated": self.n_truncated,
+            "n_tokens_lost": self.n_tokens_lost,
             "seconds": self.seconds,
         }
 
@@ -137,7 +139,8 @@ class PartialState:
         shard = Shard(*header["shard"]) if header["shard"] else None
         return cls(header["fingerprint"], shard, **arrays, windows_done=header["windows_done"],
                    finished=header["finished"], model=header["model"], n_segments=header["n_segments"],
-                   n_tokens=header["n_tokens"], n_truncated=header["n_truncated"], seconds=header["seconds"])
+                   n_tokens=header["n_tokens"], n_truncated=header["n_truncated"], n_tokens_lost=header.get("n_tokens_lost", 0),
+                   seconds=header["seconds"])
 
     # --- finishing -------------------------------------------------------------------------------------
 
@@ -224,6 +227,7 @@ def merge_states(states: list[PartialState], names: list[str]) -> PartialState:
         total.n_segments += state.n_segments
         total.n_tokens += state.n_tokens
         total.n_truncated += state.n_truncated
+        total.n_tokens_lost += state.n_tokens_lost
         total.seconds += state.seconds
     total.fingerprint["shard"] = None
     return total

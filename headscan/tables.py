@@ -37,7 +37,7 @@ from .provenance import RunProvenance
 
 __all__ = [
     "HEAD_COLUMNS", "VALUE_COLUMNS", "Table", "TABLES", "register_table", "SweepTables", "load", "write", "check_out",
-    "head_label", "combine", "concat", "top_heads",
+    "head_label", "combine", "concat", "top_heads", "thin_support",
 ]
 
 # The columns every table starts with: which head a row is about. Column name -> pandas dtype.
@@ -114,6 +114,30 @@ register_table("heads", {"metric": "string"}, "one row per (model, layer, head, 
 register_table("offsets", {"offset": "int64"}, "one row per (model, layer, head, offset): A[q, q + offset]")
 
 PROVENANCE_KEY = b"headscan"
+
+
+def tables_markdown() -> str:
+    """The registered tables and their columns as Markdown, from the registry (the README uses it)."""
+    lines = ["| file | one row per | columns |", "|---|---|---|"]
+    for table in TABLES.values():
+        own = ", ".join(f"`{name}`" for name in table.keys)
+        lines.append(f"| `{table.file}` | {table.description.removeprefix('one row per ')} | head columns, {own}, "
+                     f"value columns |")
+    comments = _column_comments()
+    lines.append("")
+    lines.append("Head columns: " + "; ".join(f"`{c}` ({comments.get(c, '')})" for c in HEAD_COLUMNS) + ".")
+    lines.append("")
+    lines.append("Value columns: " + "; ".join(f"`{c}` ({comments.get(c, '')})" for c in VALUE_COLUMNS) + ".")
+    return "\n".join(lines) + "\n"
+
+
+def _column_comments() -> dict[str, str]:
+    """Each shared column's trailing comment in this file: the schema documents itself once."""
+    import inspect
+    import re
+
+    source = inspect.getsource(inspect.getmodule(_column_comments))
+    return {m.group(1): m.group(2).strip() for m in re.finditer(r'^    "(\w+)": "\w+",  # (.*)$', source, re.M)}
 
 
 def head_label(layer: int, head: int) -> str:
@@ -375,11 +399,25 @@ def _check_disjoint(parts: list[SweepTables]) -> None:
             seen[key] = i
 
 
+def thin_support(rows: pd.DataFrame) -> pd.Series:
+    """True for rows whose interval rests on too few units to be trusted (`headscan.intervals.thin_support`'s
+    rule, read from the ``units`` and ``top_unit_share`` columns); False where those were not recorded.
+
+    >>> rows = pd.DataFrame({"units": [400.0, 9.0, 400.0, float("nan")], "top_unit_share": [0.01, 0.1, 0.6, float("nan")]})
+    >>> thin_support(rows).tolist()
+    [False, True, True, False]
+    """
+    from .intervals import THIN_MAX_SHARE, THIN_MIN_UNITS
+
+    return ((rows["units"] < THIN_MIN_UNITS) | (rows["top_unit_share"] > THIN_MAX_SHARE)).fillna(False).astype(bool)
+
+
 def top_heads(heads: pd.DataFrame, metric: str, n: int = 10) -> pd.DataFrame:
-    """The `n` most striking heads of each model on `metric`, with their 95% intervals.
+    """The `n` most striking heads of each model on `metric`, with their 95% intervals and support.
 
     The metric's registry entry says which end is striking: the highest share of attention, but the lowest
-    entropy (the most focused head). NaN scores (undefined) are left out.
+    entropy (the most focused head). NaN scores (undefined) are left out. ``thin`` marks intervals that
+    rest on too few units (`thin_support`): read those values as unsure whatever their interval says.
     """
     from .metrics import get_metric
 
@@ -392,5 +430,6 @@ def top_heads(heads: pd.DataFrame, metric: str, n: int = 10) -> pd.DataFrame:
     rows = heads[(heads["metric"] == metric) & heads["value"].notna()]
     high = entry.ranks_high()
     rows = rows.sort_values(["model", "value", "layer", "head"], ascending=[True, not high, True, True], kind="stable")
-    columns = ["model", "label", "layer", "head", "value", "ci_low", "ci_high", "count"]
+    columns = ["model", "label", "layer", "head", "value", "ci_low", "ci_high", "count", "units", "thin"]
+    rows = rows.assign(thin=thin_support(rows))
     return rows.groupby("model", sort=False).head(n)[columns].reset_index(drop=True)

@@ -3,17 +3,19 @@
 import re
 from pathlib import Path
 
+import pytest
+
 from headscan.cli import cli
-from headscan.metrics import definitions_markdown
+from headscan.docs import blocks, pattern
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-BLOCK = re.compile(r"<!-- metrics:start -->\n(.*?)<!-- metrics:end -->", re.S)
 
 
-def test_readme_metric_definitions_are_the_registry_s():
-    found = BLOCK.search(README.read_text())
-    assert found, "README lost its metrics block"
-    assert found.group(1) == definitions_markdown(), "run: python -m headscan.docs to regenerate the README block"
+@pytest.mark.parametrize("name", list(blocks()))
+def test_readme_generated_blocks_are_the_registries(name):
+    found = pattern(name).search(README.read_text())
+    assert found, f"README lost its {name} block"
+    assert found.group(2) == blocks()[name], "run: python -m headscan.docs to regenerate the README blocks"
 
 
 def test_every_command_is_in_the_readme():

@@ -1,32 +1,23 @@
 """The figure functions: each draws what its table says, checked on the matplotlib objects, never on pixels."""
 
-import matplotlib
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.collections import PathCollection
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
+from headscan import figures
+from headscan.metrics import METRICS as METRICS_REGISTRY
 
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import pytest  # noqa: E402
-from matplotlib.collections import PathCollection  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-
-from headscan import figures  # noqa: E402
-from headscan.metrics import METRICS as METRICS_REGISTRY  # noqa: E402
-
-METRICS = ["prev_token", "next_token", "self", "entropy", "distance"]
-
-
-@pytest.fixture(autouse=True)
-def _close_figures():
-    yield
-    plt.close("all")
+METRICS = ["prev_token", "next_token", "self", "entropy", "entropy_norm", "distance", "positional_prev"]
 
 
 def value(model, metric, layer, head):
     """Known, distinct values: shares in [0, 1], entropy and distance larger."""
     if metric == "entropy":
         return 0.5 + layer + 0.25 * head
+    if metric == "entropy_norm":
+        return 0.9 - 0.2 * layer - 0.1 * head
     if metric == "distance":
         return 1.0 + 2 * head + layer
     if metric == "next_token" and model == "gpt":
@@ -89,9 +80,29 @@ def test_heatmap_shares_use_one_0_1_scale_and_unbounded_metrics_their_own():
     entropy = figures.head_heatmap(heads, model="gpt", metric="entropy", ax=Figure().subplots())
     assert entropy.collections[0].get_clim() == (0.0, value("gpt", "entropy", 1, 2))
     assert not entropy.collections[0].cmap.name.startswith(figures.SHARE_CMAP)
-    colour_bar = entropy.collections[0].colorbar
-    assert colour_bar.ax.get_ylabel() == "entropy (nats)"
-    assert share.collections[0].colorbar.ax.get_ylabel() == "share of attention"
+
+
+
+@pytest.mark.parametrize("metric, label", [
+    ("self", "share of attention"),
+    ("entropy", "nats"),
+    ("entropy_norm", "fraction of the largest possible entropy"),  # bounded, but not a share of attention
+    ("positional_prev", "share of queries"),
+    ("distance", "tokens"),
+])
+def test_heatmap_colour_bar_is_labelled_with_the_metric_s_unit(metric, label):
+    ax = figures.head_heatmap(make_heads(), model="gpt", metric=metric, ax=Figure().subplots())
+    assert " ".join(ax.collections[0].colorbar.ax.get_ylabel().split()) == label  # wrapped when long
+
+
+def test_heatmap_annotates_the_lowest_heads_where_low_is_striking():
+    heads = make_heads()
+    entropy = figures.head_heatmap(heads, model="bert", metric="entropy", annotate_top=2, ax=Figure().subplots())
+    # bert's entropy is 0.5 + layer + 0.25 head: the most focused heads are L0H0 (0.5) and L0H1 (0.75).
+    assert [t.get_text() for t in entropy.texts] == ["0.50", "0.75"]
+    assert [t.get_position() for t in entropy.texts] == [(0.5, 0.5), (1.5, 0.5)]
+    norm = figures.head_heatmap(heads, model="bert", metric="entropy_norm", annotate_top=1, ax=Figure().subplots())
+    assert [(t.get_text(), t.get_position()) for t in norm.texts] == [("0.40", (3.5, 1.5))]  # L1H3: 0.9 - 0.2 - 0.3
 
 
 def test_heatmap_of_a_constant_metric_annotates_nothing():
@@ -195,11 +206,12 @@ def test_entropy_by_layer_lines_are_layer_means():
     for line, model, n_heads in zip(ax.lines, ["gpt", "bert"], [3, 4]):
         means = [np.mean([value(model, "entropy", layer, h) for h in range(n_heads)]) for layer in range(2)]
         np.testing.assert_allclose(line.get_xydata(), np.column_stack([means, [0, 1]]))
-    assert ax.get_ylabel() == "layer" and "nats" in ax.get_xlabel()
+    assert ax.get_ylabel() == "layer" and ax.get_xlabel() == "entropy (nats)"
     assert ax.get_ylim()[0] > ax.get_ylim()[1]  # layer 0 at the top, as in the heatmaps
 
 
-def test_is_share_follows_the_registry():
-    assert figures.is_share("prev_token") and not figures.is_share("entropy") and not figures.is_share("distance")
-    assert all(figures.is_share(name) == metric.bounded for name, metric in METRICS_REGISTRY.items())
-    assert figures.is_share("not_a_metric")  # a run from another headscan: drawn on the share scale
+def test_is_bounded_and_unit_follow_the_registry():
+    assert figures.is_bounded("entropy_norm") and not figures.is_bounded("entropy")
+    assert all(figures.is_bounded(name) == metric.bounded for name, metric in METRICS_REGISTRY.items())
+    assert all(figures.unit(name) == metric.unit for name, metric in METRICS_REGISTRY.items())
+    assert figures.is_bounded("not_a_metric") and figures.unit("not_a_metric") == "value"  # another headscan's run

@@ -1,48 +1,47 @@
-"""Reports: the numbers they pick (plain functions over tables) and the folder `write_report` writes."""
+"""Reports: the numbers they pick, the example attention handed in, and the folder `write_report` writes.
+
+Expected numbers and sentences are written out by hand from the fixture's known values below, never built
+with the report's own helpers.
+"""
 
 import io
 import shutil
 import subprocess
-import types
 
-import matplotlib
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+from PIL import Image
 
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import pytest  # noqa: E402
-from PIL import Image  # noqa: E402
-
-import headscan.models  # noqa: E402, F401
-import headscan.sweep  # noqa: E402, F401  (imported before any test patches headscan.models.load_model)
-from headscan import report, tables  # noqa: E402
-from headscan.errors import ConfigError, ModelNotFoundError, TablesError  # noqa: E402
-from headscan.metrics import METRICS as REGISTRY  # noqa: E402
-from headscan.tables import SweepTables, load, write  # noqa: E402
+import headscan.models
+import headscan.scan
+from headscan import examples as examples_module
+from headscan import document, figures, findings, report, runs as runs_module
+from headscan.cli import cli
+from headscan.document import Document, Heading
+from headscan.errors import ConfigError, ModelNotFoundError, TablesError
+from headscan.provenance import ModelProvenance, RunProvenance
+from headscan.tables import TABLES, SweepTables, load, register_table, write
 
 METRICS = ["prev_token", "next_token", "self", "first_token", "sep", "entropy", "entropy_norm", "distance",
            "positional_prev", "positional_next", "induction", "duplicate_token"]
 PNG = b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.fixture(autouse=True)
-def _close_figures():
-    yield
-    plt.close("all")
+NEXT_IN_CAUSAL = "a causal model's queries cannot see later tokens, so it is 0 for every head"
+NO_SEP = "the model has no [SEP] token, so it is undefined for every head"
 
 
 def value(model, family, metric, layer, head):
-    """Known values: gpt L0H1 and bert L1H2 are previous-token heads, bert L0H3 a next-token head."""
+    """Known values. Previous-token heads: L1H2 (0.999) then L0H1 (0.8) in both models; next-token head: bert's
+    L1H3 (0.9); the most focused head (lowest entropy): L1H1 (0.2 nats), the broadest L1H2 (gpt) or L1H3 (bert)."""
     if metric == "prev_token":
-        return {(0, 1): 0.999, (1, 2): 0.8}.get((layer, head), 0.1 + 0.05 * head)
+        return {(1, 2): 0.999, (0, 1): 0.8}.get((layer, head), 0.1 + 0.05 * head)
     if metric in ("next_token", "positional_next"):
-        return 0.0 if family == "causal" else (0.9 if (layer, head) == (0, 3) else 0.05 * head)
+        return 0.0 if family == "causal" else (0.9 if (layer, head) == (1, 3) else 0.05 * head)
     if metric == "sep":
         return np.nan if family == "causal" else 0.2 + 0.1 * layer
     if metric == "entropy":
-        return 0.5 + layer + 0.25 * head
+        return 0.2 if (layer, head) == (1, 1) else 1.0 + 0.5 * layer + 0.1 * head
     if metric == "distance":
         return 1.0 + 2 * head
     return ((layer * 5 + head * 3 + len(metric)) % 10) / 10
@@ -60,15 +59,20 @@ def make_tables(models, *, shift=0.0):
                     if metric == "self":
                         v = min(1.0, v + shift)
                     width = 0.4 if (metric, layer, head) == ("prev_token", 1, 0) else 0.02
+                    # bert's strongest previous-token head rests on 5 segments: thin support
+                    units = 5.0 if (model, metric, layer, head) == ("bert", "prev_token", 1, 2) else 400.0
                     heads.append(dict(common, metric=metric, value=v, sum=v * 10, count=10.0,
-                                      ci_low=v - width / 2, ci_high=v + width / 2))
+                                      ci_low=v - width / 2, ci_high=v + width / 2, units=units,
+                                      top_unit_share=0.01))
                 for offset in range(-8, 9):
                     v = 0.5 ** abs(offset + 1 - head)
                     offsets.append(dict(common, offset=offset, value=v, sum=v, count=1.0, ci_low=v, ci_high=v))
+        specials = {"bos": 0, "cls": None, "sep": None} if family == "causal" else {"bos": None, "cls": 1, "sep": 2}
         infos.append({"name": model, "source": "alias", "id": f"/weights/{model}", "revision": "sha256:" + "0f" * 32,
                       "family": family, "n_layers": n_layers, "n_heads": n_heads, "n_kv_heads": 1, "d_model": 48,
                       "n_params": 1234567, "tokenizer": f"{model.upper()}Tokenizer", "vocab_size": 999,
-                      "max_context": 64, "n_segments": 4, "n_tokens": 321, "seconds": 0.5})
+                      "max_context": 64, "special_token_ids": specials, "n_segments": 4, "n_tokens": 321,
+                      "seconds": 0.5})
     provenance = {
         "headscan_version": "0.1.0", "command": "headscan sweep --model gpt --model bert",
         "started": "2026-01-02T03:04:05Z", "finished": "2026-01-02T03:05:06Z",
@@ -76,11 +80,14 @@ def make_tables(models, *, shift=0.0):
         "config": {"max_len": 128, "bootstrap": 200, "seed": 0},
         "versions": {"python": "3.11.7", "torch": "2.5.0"}, "models": infos,
     }
-    return SweepTables(pd.DataFrame(heads), pd.DataFrame(offsets), provenance)
+    frames = {"heads": pd.DataFrame(heads), "offsets": pd.DataFrame(offsets)}
+    return SweepTables(frames, RunProvenance.from_json(provenance))
 
 
 GPT = ("gpt", "causal", 2, 3)
 BERT = ("bert", "bidirectional", 2, 4)
+# Heatmaps the report draws: every metric of every model, except those 0 or undefined by construction.
+STRUCTURAL = {("next_token", "gpt"), ("positional_next", "gpt"), ("sep", "gpt")}
 
 
 @pytest.fixture(scope="module")
@@ -91,12 +98,16 @@ def runs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def one_report(runs, tmp_path_factory):
-    return report.write_report([runs[0]], tmp_path_factory.mktemp("r") / "one", load_models=False)
+    return report.write_report([runs[0]], tmp_path_factory.mktemp("r") / "one")
 
 
 @pytest.fixture(scope="module")
 def two_reports(runs, tmp_path_factory):
-    return report.write_report(list(runs), tmp_path_factory.mktemp("r") / "two", top=3, load_models=False)
+    return report.write_report(list(runs), tmp_path_factory.mktemp("r") / "two", top=3)
+
+
+def provenance_of(run):
+    return {m.name: m for m in load(run).provenance.models}
 
 
 # --- the numbers ------------------------------------------------------------------------------------------
@@ -104,93 +115,149 @@ def two_reports(runs, tmp_path_factory):
 
 def test_top_heads_are_ranked_per_model_with_intervals(runs):
     heads = load(runs[0]).heads
-    top = report.top_heads(heads, metric="prev_token", n=2)
+    top = findings.top_heads(heads, metric="prev_token", n=2)
     assert top[["model", "rank", "label"]].values.tolist() == [
-        ["gpt", 1, "L0H1"], ["gpt", 2, "L1H2"], ["bert", 1, "L0H1"], ["bert", 2, "L1H2"]]
+        ["gpt", 1, "L1H2"], ["gpt", 2, "L0H1"], ["bert", 1, "L1H2"], ["bert", 2, "L0H1"]]
     np.testing.assert_allclose(top["value"], [0.999, 0.8, 0.999, 0.8])
     np.testing.assert_allclose(top["ci_low"], [0.989, 0.79, 0.989, 0.79])
-    assert not top["wide"].any()
-    wide = report.top_heads(heads, metric="prev_token", n=6, model="gpt")
+    assert not top["wide"].any() and top["thin"].tolist() == [False, False, True, False]
+    wide = findings.top_heads(heads, metric="prev_token", n=6, model="gpt")
     assert wide.set_index("label")["wide"].to_dict()["L1H0"] and wide["wide"].sum() == 1
 
 
-def test_top_heads_rank_as_the_tables_do(runs):
-    heads = load(runs[0]).heads
-    for metric in ("prev_token", "self", "entropy"):
-        ours = report.top_heads(heads, metric=metric, n=4)
-        theirs = tables.top_heads(heads, metric, 4)
-        for model in ("gpt", "bert"):
-            assert (ours[ours.model == model]["label"].tolist()
-                    == theirs[theirs.model == model]["label"].tolist()), (metric, model)
+@pytest.mark.parametrize("metric, labels, values", [
+    ("prev_token", ["L1H2", "L0H1", "L0H2"], [0.999, 0.8, 0.2]),  # high is striking
+    ("entropy", ["L1H1", "L0H0", "L0H1"], [0.2, 1.0, 1.1]),  # low is striking: the most focused heads
+    ("distance", ["L0H2", "L1H2", "L0H1"], [5.0, 5.0, 3.0]),  # ties go to the lower layer
+])
+def test_top_heads_take_the_striking_end_from_the_registry(runs, metric, labels, values):
+    top = findings.top_heads(load(runs[0]).heads, metric=metric, n=3, model="gpt")
+    assert top["label"].tolist() == labels
+    np.testing.assert_allclose(top["value"], values)
 
 
 def test_top_heads_skip_undefined_and_constant_metrics(runs):
     heads = load(runs[0]).heads
-    assert report.top_heads(heads, metric="sep")["model"].unique().tolist() == ["bert"]
-    assert report.top_heads(heads, metric="next_token")["model"].unique().tolist() == ["bert"]
+    assert findings.top_heads(heads, metric="sep")["model"].unique().tolist() == ["bert"]
+    assert findings.top_heads(heads, metric="next_token")["model"].unique().tolist() == ["bert"]
 
 
-def test_ci_is_wide_is_absolute_for_shares_and_relative_otherwise():
-    rows = pd.DataFrame({"metric": ["self", "self", "distance", "distance"], "value": [0.5, 0.5, 10.0, 1.0],
-                         "ci_low": [0.4, 0.46, 9.5, 0.5], "ci_high": [0.65, 0.54, 10.5, 1.5]})
-    assert report.ci_is_wide(rows).tolist() == [True, False, False, True]
+def test_ci_is_wide_is_absolute_for_0_1_metrics_and_relative_otherwise():
+    rows = pd.DataFrame({"metric": ["self", "self", "distance", "distance", "entropy", "entropy"],
+                         "value": [0.5, 0.5, 10.0, 2.0, 0.002, 0.5],
+                         "ci_low": [0.4, 0.46, 9.5, 1.5, 0.001, 0.3], "ci_high": [0.65, 0.54, 10.5, 2.5, 0.004, 0.7]})
+    assert findings.ci_is_wide(rows).tolist() == [True, False, False, True, False, True]
+
+
+@pytest.mark.parametrize("metric, family, values, specials, expected", [
+    ("next_token", "causal", [0.0, 0.0], None, NEXT_IN_CAUSAL),
+    ("positional_next", "causal", [0.0, 0.0], None, NEXT_IN_CAUSAL),
+    ("next_token", "bidirectional", [0.0, 0.0], None, None),  # merely 0: no reason to give
+    ("next_token", "causal", [0.0, 0.3], None, None),  # not what a causal model must give: no excuse
+    ("sep", "causal", [np.nan, np.nan], {"bos": 0, "sep": None}, NO_SEP),
+    ("sep", "bidirectional", [np.nan, np.nan], {"cls": 1, "sep": None}, NO_SEP),
+    ("sep", "bidirectional", [np.nan, np.nan], {"cls": 1, "sep": 2}, None),
+    ("sep", "causal", [np.nan, np.nan], None, None),  # special tokens not recorded: no claim about [SEP]
+    ("prev_token", "causal", [0.0, 0.0], None, None),
+    ("retired_metric", "causal", [0.0, 0.0], None, None),  # not in the registry
+])
+def test_why_structural_needs_the_registry_s_condition_and_agreeing_values(metric, family, values, specials,
+                                                                            expected):
+    provenance = ModelProvenance("m", special_token_ids=specials) if specials is not None else None
+    rows = pd.DataFrame({"value": values})
+    assert findings.why_structural(rows, metric, family=family, provenance=provenance) == expected
 
 
 def test_findings_state_the_numbers(runs):
-    sentences = report.findings(load(runs[0]).heads)
-    assert "In gpt, L0H1 puts 99.9% of its attention on the previous token." in sentences
-    assert "In bert, L0H3 puts 90.0% of its attention on the next token." in sentences
-    assert ("gpt's `next_token` is 0 for every head, as a causal model's must be: it cannot attend to later "
-            "tokens.") in sentences
-    assert "gpt's `sep` is undefined for every head: no query of the corpus counts for it." in sentences
-    assert "In gpt, attention is most focused in layer 0 (mean entropy 0.75 nats) and broadest in layer 1 (1.75 nats)." in sentences
+    sentences = findings.findings(load(runs[0]).heads, provenance=provenance_of(runs[0]))
+    assert sentences[0] == "In gpt, L1H2 puts 99.9% of its attention on the previous token."
     assert "2 of 6 heads in gpt put more than half of their attention on the previous token." in sentences
-    # A causal model never gets "as a causal model must" for a metric that is merely 0, and bert never does.
-    assert not any(s.startswith("bert's `next_token`") for s in sentences)
+    assert "In bert, L1H3 puts 90.0% of its attention on the next token." in sentences
+    # bert's L1H2 (0.999) rests on thin support: the findings name its L0H1 instead, and say why
+    assert "In bert, L0H1 puts 80.0% of its attention on the previous token." in sentences
+    assert "1 of 8 heads in bert put more than half of their attention on the previous token." in sentences
+    assert ("1 of 96 scores of bert rest on thin support (too few segments or documents, or one holding much of "
+            "the sum); no finding here rests on them.") in sentences
+    assert not any("L1H2 puts" in s for s in sentences[sentences.index("In bert, L0H1 puts 80.0% of its attention "
+                                                                       "on the previous token."):])
+    assert f"gpt's `next_token`: {NEXT_IN_CAUSAL}." in sentences
+    assert "gpt's `sep`: the model has no [SEP] token, so it is undefined for every head." in sentences
+    # gpt: layer 0 has 1.0, 1.1, 1.2 nats (mean 1.10); layer 1 has 1.5, 0.2, 1.7 (mean 1.13).
+    assert ("In gpt, attention is most focused in layer 0 (mean entropy 1.10 nats) and broadest in layer 1 "
+            "(1.13 nats).") in sentences
+    assert not any(s.startswith("bert's `next_token`") or s.startswith("bert's `sep`") for s in sentences)
+
+
+def test_findings_without_provenance_make_no_claim_about_sep(runs):
+    sentences = findings.findings(load(runs[0]).heads)
+    assert "gpt's `sep` is undefined for every head: no query of the corpus counts for it." in sentences
+    assert not any("[SEP]" in s for s in sentences)
 
 
 def test_findings_flag_a_causal_model_that_looks_ahead():
     heads = make_tables([GPT]).heads
     heads.loc[(heads.metric == "next_token") & (heads.label == "L1H1"), "value"] = 0.3
-    assert any(s.startswith("Check the sweep: gpt is causal, yet L1H1 scores 0.3 on `next_token`")
-               for s in report.findings(heads))
+    assert ("Check the sweep: L1H1 of gpt scores 0.3 on `next_token`, yet a causal model's queries cannot see "
+            "later tokens, so it is 0 for every head.") in findings.findings(heads)
 
 
 def test_merge_runs_tells_the_same_model_apart(runs):
-    comparison = report.merge_runs([load(r) for r in runs], ["runA", "runB"])
+    comparison = runs_module.merge_runs([load(r) for r in runs], ["runA", "runB"])
     assert [m.name for m in comparison.models] == ["runA:gpt", "bert", "runB:gpt"]
-    assert list(dict.fromkeys(comparison.heads["model"])) == ["runA:gpt", "bert", "runB:gpt"]
-    assert comparison.models[2].info["tokenizer"] == "GPTTokenizer"
-    assert any(s.startswith("runA:gpt and runB:gpt agree within 0.050 on every share score")
-               for s in report.findings(comparison.heads))
+    for table in ("heads", "offsets"):
+        assert list(dict.fromkeys(comparison[table]["model"])) == ["runA:gpt", "bert", "runB:gpt"]
+    assert comparison.models[2].provenance.tokenizer == "GPTTokenizer"
+    assert any(s.startswith("runA:gpt and runB:gpt agree within 0.050 on every 0-1 score of every head (the "
+                            "largest gap: `self` of ") for s in findings.findings(comparison.heads))
 
 
 def test_run_names_are_folder_names_made_distinct():
-    assert report.run_names(["x/out", "y/out", "z/gpt2", "w/out"]) == ["out", "out-2", "gpt2", "out-3"]
+    assert runs_module.run_names(["x/out", "y/out", "z/gpt2", "w/out"]) == ["out", "out-2", "gpt2", "out-3"]
 
 
-def test_looking_both_ways_picks_prev_for_causal_and_next_for_bidirectional(runs):
-    picks = report.looking_both_ways_heads(load(runs[0]).heads)
+def test_example_heads_pick_prev_for_causal_and_next_for_bidirectional(runs):
+    picks = examples_module.example_heads(load(runs[0]).heads)
     assert picks[["model", "metric", "label", "layer", "head"]].values.tolist() == [
-        ["gpt", "prev_token", "L0H1", 0, 1], ["bert", "next_token", "L0H3", 0, 3]]
+        ["gpt", "prev_token", "L1H2", 1, 2], ["bert", "next_token", "L1H3", 1, 3]]
+
+
+@pytest.mark.parametrize("units, label", [
+    ([400.0, 400.0, 400.0], "L0H2"),  # the strongest
+    ([5.0, 400.0, 400.0], "L0H1"),  # the strongest rests on thin support: the next
+    ([5.0, 5.0, 5.0], "L0H2"),  # every head does (a tiny corpus): the strongest still
+])
+def test_example_heads_leave_out_thin_support_unless_every_head_has_it(units, label):
+    heads = pd.DataFrame({"model": "m", "family": "causal", "layer": 0, "head": [2, 1, 0],
+                          "label": ["L0H2", "L0H1", "L0H0"], "metric": "prev_token", "value": [0.9, 0.5, 0.1],
+                          "count": 10.0, "ci_low": np.nan, "ci_high": np.nan, "units": units,
+                          "top_unit_share": 0.01})
+    assert examples_module.example_heads(heads)["label"].tolist() == [label]
 
 
 def test_model_shapes_come_from_provenance(runs):
-    comparison = report.merge_runs([load(r) for r in runs], ["runA", "runB"])
-    shapes = report.model_shapes(comparison)
+    comparison = runs_module.merge_runs([load(r) for r in runs], ["runA", "runB"])
+    shapes = runs_module.model_shapes(comparison)
     assert shapes.columns.tolist() == ["run", "model", "family", "layers", "heads", "kv heads", "width",
                                        "parameters", "tokenizer", "vocabulary", "context"]
     assert shapes.iloc[1].tolist() == ["runA", "bert", "bidirectional", "2", "4", "1", "48", "1,234,567",
                                        "BERTTokenizer", "999", "64"]
 
 
+def test_model_shapes_fall_back_to_the_tables_without_provenance():
+    run = make_tables([BERT])
+    run.provenance = RunProvenance()
+    shapes = runs_module.model_shapes(runs_module.merge_runs([run]))
+    assert shapes.iloc[0].tolist() == ["bert", "bidirectional", "2", "4", "4", "–", "–", "–", "–", "–"]
+    assert runs_module.run_summary(run) is None
+
+
 # --- the report folder ------------------------------------------------------------------------------------
 
 
 def expected_figures(models):
-    names = {f"heatmap_{metric}_{model}.png" for metric in METRICS for model in models}
-    names |= {f"offsets_{model}.png" for model in models} | {"prev_next_scatter.png", "entropy_by_layer.png"}
-    return names
+    names = {f"heatmap_{metric}_{model}.png" for metric in METRICS for model in models
+             if (metric, model.split("-")[-1]) not in STRUCTURAL}
+    return names | {f"offsets_{model}.png" for model in models} | {"prev_next_scatter.png", "entropy_by_layer.png"}
 
 
 def test_report_writes_html_markdown_and_every_figure_as_png(one_report):
@@ -220,24 +287,55 @@ def test_html_is_self_contained(one_report):
 
 def test_report_content(one_report):
     page, md = (one_report / "index.html").read_text(), (one_report / "report.md").read_text()
-    for metric in METRICS:  # each definition, word for word from the registry
-        first = report._paragraphs(REGISTRY[metric].definition)[0]
-        assert isinstance(first, str)
-        assert report._inline_html(first) in page and report._inline_md(first) in md
+    assert ('<dt id="metric-prev_token"><code>prev_token</code> <span class="muted">(share of attention, 0 to 1; '
+            'heads table)</span></dt><dd><p>Mean of A[q, q-1] over real queries q whose previous position q-1 is a '
+            'real token.</p></dd>') in page
+    assert "**`entropy`** (nats; heads table; low is striking)" in md
+    assert "over real queries q \\>= 1" in md and "over real queries q &gt;= 1" in page  # escaped in each
     for text in (page, md):
         assert "L2H0" in text and "0-indexed" in text  # the labelling note
         assert "2026-01-02T03:04:05Z" in text and "sha256:0f0f0f0f0f0f0f0f" in text and "torch 2.5.0" in text
         assert "1,234,567" in text and "GPTTokenizer" in text
-        assert "L0H1 puts 99.9% of its attention on the previous token" in text
-        assert "L0H1  0.999 [0.989, 1.009]" in text  # a top head with its 95% interval
+        assert "L1H2 puts 99.9% of its attention on the previous token" in text
+        assert "L1H2  0.999 [0.989, 1.009]" in text  # a top head with its 95% interval
         assert "L1H0  0.100 [-0.100, 0.300] †" in text  # a wide interval is marked
-        assert "could not be drawn" in text and "without loading the models" in text
+        assert "without loading the models" in text
 
 
 def test_markdown_tables_and_headings(one_report):
     md = (one_report / "report.md").read_text()
     assert md.startswith("# headscan report: runA\n")
     assert "| rank | gpt | bert |" in md and "**Contents**" in md and "1. [Findings](#findings)" in md
+    # entropy's top heads are its most focused: lowest first, said in the heading
+    assert ("### Top entropy (lowest first)\n\n| rank | gpt | bert |\n| ---: | --- | --- |\n"
+            "| 1 | L1H1  0.200 [0.190, 0.210] | L1H1  0.200 [0.190, 0.210] |\n"
+            "| 2 | L0H0  1.00 [0.99, 1.01] | L0H0  1.00 [0.99, 1.01] |\n") in md
+    # a metric 0 or undefined by construction says why under its table
+    assert (f"### Top next_token\n\n| rank | gpt | bert |\n| ---: | --- | --- |\n"
+            f"| 1 | 0.000 for every head | L1H3  0.900 [0.890, 0.910] |\n") in md
+    assert f"| 8 |  | L1H0  0.000 [-0.010, 0.010] |\n\n*gpt: {NEXT_IN_CAUSAL}.*" in md
+    assert f"| 1 | undefined for every head | L1H0  0.300 [0.290, 0.310] |" in md and f"*gpt: {NO_SEP}.*" in md
+    # a value resting on thin support is marked, and the mark explained
+    assert "| 1 | L1H2  0.999 [0.989, 1.009] | L1H2  0.999 [0.989, 1.009] ‡ |" in md
+    assert ("‡ marks a value resting on thin support: fewer than 15 segments or documents count for it, or one of "
+            "them holds more than 25% of its sum") in md
+
+
+def test_structural_metrics_are_said_not_drawn(one_report):
+    md = (one_report / "report.md").read_text()
+    section = md[md.index("### next_token"):md.index("### self")]
+    assert "heatmap_next_token_bert.png" in section and "heatmap_next_token_gpt.png" not in section
+    assert f"- gpt: {NEXT_IN_CAUSAL}." in section
+    assert f"- gpt: {NO_SEP}." in md[md.index("### sep"):md.index("### entropy")]
+
+
+def test_units_and_striking_ends_come_from_the_registry(one_report):
+    md = (one_report / "report.md").read_text()
+    assert "*`entropy` by layer and head; colour: nats, 0 to 1.80; annotated: the 3 lowest heads.*" in md
+    assert ("*`positional_prev` by layer and head; colour: share of queries, 0 to 1, one scale for every model; "
+            "annotated: the 3 highest heads.*") in md
+    assert "colour: fraction of the largest possible entropy, 0 to 1" in md
+    assert "share of attention" not in md[md.index("### entropy_norm"):md.index("### distance")]
 
 
 def test_report_over_two_runs_compares_them(two_reports):
@@ -250,11 +348,81 @@ def test_report_over_two_runs_compares_them(two_reports):
 
 
 def test_regenerating_gives_identical_bytes(runs, two_reports, tmp_path):
-    again = report.write_report(list(runs), tmp_path / "again", top=3, load_models=False)
+    again = report.write_report(list(runs), tmp_path / "again", top=3)
     assert (again / "index.html").read_bytes() == (two_reports / "index.html").read_bytes()
     assert (again / "report.md").read_bytes() == (two_reports / "report.md").read_bytes()
     for path in (two_reports / "figures").iterdir():
         assert (again / "figures" / path.name).read_bytes() == path.read_bytes()
+
+
+def test_a_table_the_report_does_not_know_gets_its_top_rows(tmp_path):
+    register_table("toyrel", {"metric": "string", "relation": "string"},
+                   "one row per (model, layer, head, metric, relation)")
+    try:
+        run = make_tables([GPT])
+        rows = [dict(model="gpt", family="causal", layer=layer, head=head, label=f"L{layer}H{head}", kv_group=head,
+                     metric="toy_score", relation=relation, value=v, sum=v, count=1.0, ci_low=np.nan, ci_high=np.nan)
+                for layer, head, relation, v in [(0, 0, "nsubj", 0.1), (1, 2, "obj", 0.7), (0, 1, "nsubj", 0.4)]]
+        run.frames["toyrel"] = pd.DataFrame(rows)
+        out = report.write_report([write(run, tmp_path / "run")], tmp_path / "r", top=2)
+        md = (out / "report.md").read_text()
+    finally:
+        TABLES.pop("toyrel")
+    assert "## Other tables" in md and "### toyrel (toyrel.parquet)" in md
+    assert ("| model | metric | head | relation | value | 95% interval |\n| --- | --- | --- | --- | ---: | --- |\n"
+            "| gpt | toy\\_score | L1H2 | obj | 0.7 |  |\n| gpt | toy\\_score | L0H1 | nsubj | 0.4 |  |\n") in md
+
+
+def fake_example(model, text, layer):
+    """Distinct patterns per layer and head: head h of layer L puts all attention h + 2L tokens back."""
+    tokens = text.split()
+    n = len(tokens)
+    pattern = np.zeros((model.n_heads, n, n))  # (head, q_pos, k_pos)
+    for head in range(model.n_heads):
+        pattern[head, np.arange(n), np.maximum(np.arange(n) - head - 2 * layer, 0)] = 1.0
+    return tokens, pattern
+
+
+def test_example_attention_is_drawn_for_the_chosen_heads(runs, tmp_path, monkeypatch):
+    calls, drawn = [], []
+    shapes = {"gpt": 3, "bert": 4}
+
+    def fake_load(spec, **kwargs):
+        calls.append(("load", spec))
+        return type("Model", (), {"name": spec, "n_heads": shapes[spec]})()
+
+    def recording_example(model, text, layer):
+        calls.append(("example", model.name, layer))
+        return fake_example(model, text, layer)
+
+    original = figures.attention_matrix
+
+    def spy(tokens, pattern, **kwargs):
+        drawn.append((kwargs["title"].split(":")[0], np.asarray(pattern)))
+        return original(tokens, pattern, **kwargs)
+
+    monkeypatch.setattr(headscan.models, "load_model", fake_load)
+    monkeypatch.setattr(headscan.scan, "example_attention", recording_example)
+    monkeypatch.setattr(figures, "attention_matrix", spy)
+    text = "one two three four five six"
+    examples = examples_module.compute_examples([load(runs[0])], text)
+    # gpt's strongest previous-token head is L1H2, bert's strongest next-token head L1H3: layer 1, not 0.
+    assert calls == [("load", "gpt"), ("example", "gpt", 1), ("load", "bert"), ("example", "bert", 1)]
+    assert [(e.model, e.label, e.metric) for e in examples.drawn] == [("gpt", "L1H2", "prev_token"),
+                                                                      ("bert", "L1H3", "next_token")]
+    four_back = np.eye(6, k=0)[np.maximum(np.arange(6) - 4, 0)]  # L1H2: 2 + 2 tokens back
+    five_back = np.eye(6, k=0)[np.maximum(np.arange(6) - 5, 0)]  # L1H3: 3 + 2 tokens back
+    np.testing.assert_array_equal(examples.drawn[0].pattern, four_back)
+    np.testing.assert_array_equal(examples.drawn[1].pattern, five_back)
+
+    out = report.write_report([runs[0]], tmp_path / "r", examples=examples)
+    assert [name for name, _ in drawn] == ["gpt L1H2", "bert L1H3"]
+    np.testing.assert_array_equal(drawn[0][1], four_back)
+    np.testing.assert_array_equal(drawn[1][1], five_back)
+    assert (out / "figures" / "looking_both_ways.png").read_bytes().startswith(PNG)
+    page = (out / "index.html").read_text()
+    assert "could not be drawn" not in page and "not drawn" not in page
+    assert "gpt L1H2 (prev_token 0.999 over the corpus); bert L1H3 (next_token 0.900 over the corpus)" in page
 
 
 def test_unavailable_model_is_explained_and_the_rest_still_rendered(runs, tmp_path, monkeypatch):
@@ -262,45 +430,39 @@ def test_unavailable_model_is_explained_and_the_rest_still_rendered(runs, tmp_pa
         raise ModelNotFoundError(f"model {spec!r} not found; install it")
 
     monkeypatch.setattr(headscan.models, "load_model", missing)
-    out = report.write_report([runs[0]], tmp_path / "r")
+    examples = examples_module.compute_examples([load(runs[0])])
+    assert examples.failed == ("gpt (`gpt`): ModelNotFoundError: model 'gpt' not found; install it",
+                               "bert (`bert`): ModelNotFoundError: model 'bert' not found; install it")
+    out = report.write_report([runs[0]], tmp_path / "r", examples=examples)
     page = (out / "index.html").read_text()
     assert "could not be drawn for 2 of 2 models" in page
     assert "ModelNotFoundError: model &#x27;gpt&#x27; not found; install it" in page
     assert {p.name for p in (out / "figures").iterdir()} == expected_figures(["gpt", "bert"])
 
 
-def test_example_attention_is_drawn_when_the_models_load(runs, tmp_path, monkeypatch):
-    calls = []
+def stub_build(calls=None):
+    """A stand-in for build_report, for tests of what surrounds it: a one-heading document, drawn in no time."""
 
-    def fake_load(spec, **kwargs):
-        return types.SimpleNamespace(name=spec, family="x", n_layers=2, n_heads=4)
+    def build(comparison, *, top, examples, title):
+        if calls is not None:
+            calls.append((comparison, top, examples))
+        return Document(title, [Heading(1, title)], {"one.png": PNG + b"\0" * 24})
 
-    def fake_example(model, text, layer):
-        calls.append((model.name, text, layer))
-        tokens = text.split()
-        n = len(tokens)
-        pattern = np.tile(np.tril(np.ones((n, n))) / np.arange(1, n + 1)[:, None], (4, 1, 1))  # (head, q, k)
-        return tokens, pattern
-
-    monkeypatch.setattr(headscan.models, "load_model", fake_load)
-    monkeypatch.setattr(headscan.sweep, "example_attention", fake_example)
-    out = report.write_report([runs[0]], tmp_path / "r", example="one two three")
-    assert calls == [("gpt", "one two three", 0), ("bert", "one two three", 0)]
-    assert (out / "figures" / "looking_both_ways.png").read_bytes().startswith(PNG)
-    page = (out / "index.html").read_text()
-    assert "could not be drawn" not in page and "gpt L0H1 (prev_token 0.999" in page
+    return build
 
 
 def test_a_failed_report_leaves_the_old_one_whole(runs, tmp_path, monkeypatch):
-    out = report.write_report([runs[0]], tmp_path / "r", load_models=False)
+    monkeypatch.setattr(report, "build_report", stub_build())
+    out = report.write_report([runs[0]], tmp_path / "r")
     before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert set(map(str, before)) == {"index.html", "report.md", "figures/one.png"}
 
-    def broken(*args, **kwargs):
-        raise RuntimeError("drawing failed")
+    def broken(doc, **kwargs):
+        raise RuntimeError("rendering failed")
 
-    monkeypatch.setattr(report.figures, "entropy_by_layer", broken)
-    with pytest.raises(RuntimeError, match="drawing failed"):
-        report.write_report([runs[0]], out, load_models=False)
+    monkeypatch.setattr(document, "to_html", broken)  # fails after the figures and report.md are written
+    with pytest.raises(RuntimeError, match="rendering failed"):
+        report.write_report([runs[0]], out)
     assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]  # no temporary folders left behind
 
@@ -308,34 +470,79 @@ def test_a_failed_report_leaves_the_old_one_whole(runs, tmp_path, monkeypatch):
 def test_report_refuses_to_replace_a_folder_that_is_not_a_report(runs, tmp_path):
     (tmp_path / "project").mkdir()
     (tmp_path / "project" / "main.py").write_text("precious")
-    with pytest.raises(ConfigError, match=r"holds \['main.py'\].*choose another --out"):
-        report.write_report([runs[0]], tmp_path / "project", load_models=False)
+    with pytest.raises(ConfigError) as error:
+        report.write_report([runs[0]], tmp_path / "project")
+    assert str(error.value) == (f"out {tmp_path / 'project'}: exists and holds ['main.py'], which a headscan report "
+                                "would not; choose another, or remove the folder")
     assert (tmp_path / "project" / "main.py").read_text() == "precious"
 
 
 def test_default_folder_is_named_after_the_runs(runs, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    out = report.write_report(list(runs), load_models=False, top=1)
+    monkeypatch.setattr(report, "build_report", stub_build())
+    out = report.write_report(list(runs), top=1)
     assert out == tmp_path.joinpath("reports", "runA-runB").relative_to(tmp_path)
     assert (tmp_path / out / "index.html").is_file()
 
 
 def test_errors_name_the_problem(runs, tmp_path):
-    with pytest.raises(ConfigError, match="at least one sweep output folder"):
+    with pytest.raises(ConfigError, match="^report needs at least one sweep output folder"):
         report.write_report([])
     with pytest.raises(TablesError, match="no such folder"):
         report.write_report([tmp_path / "missing"])
-    with pytest.raises(ConfigError, match=r"^--top must be at least 1, not 0; pass how many heads .*--top 10$"):
-        report.write_report([runs[0]], tmp_path / "r", top=0, load_models=False)
+    with pytest.raises(ConfigError, match=r"^top must be at least 1, not 0; pass how many heads to list per metric, "
+                                          r"e\.g\. 10$"):
+        report.write_report([runs[0]], tmp_path / "r", top=0)
     (tmp_path / "file").write_text("")
-    with pytest.raises(ConfigError, match=r"file: exists and is not a folder; choose another --out"):
-        report.write_report([runs[0]], tmp_path / "file", load_models=False)
+    with pytest.raises(ConfigError, match=r"^out .*file: exists and is not a folder; choose another$"):
+        report.write_report([runs[0]], tmp_path / "file")
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--top", "0"], "Error: --top must be at least 1, not 0; pass how many heads to list per metric, e.g. 10"),
+    (["--out", "project"], "Error: --out project: exists and holds ['main.py'], which a headscan report would not; "
+                           "choose another, or remove the folder"),
+])
+def test_cli_report_errors_are_one_line_and_load_no_model(runs, arguments, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "project").mkdir()
+    (tmp_path / "project" / "main.py").write_text("precious")
+    monkeypatch.setattr(headscan.models, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    result = CliRunner().invoke(cli, ["report", str(runs[0]), *arguments])
+    assert result.exit_code == 1 and result.output.strip() == message
+
+
+def test_cli_report_without_models_hands_no_examples(runs, tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(headscan.models, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(report, "build_report", stub_build(calls))
+    result = CliRunner().invoke(cli, ["report", str(runs[0]), "--out", str(tmp_path / "r"), "--no-models"])
+    assert result.exit_code == 0, result.output
+    assert calls[0][2] is None
+
+
+def test_cli_report_names_models_it_could_not_load(runs, tmp_path, monkeypatch):
+    def missing(spec, **kwargs):
+        raise ModelNotFoundError(f"model {spec!r} not found")
+
+    calls = []
+    monkeypatch.setattr(headscan.models, "load_model", missing)
+    monkeypatch.setattr(report, "build_report", stub_build(calls))
+    result = CliRunner().invoke(cli, ["report", str(runs[0]), "--out", str(tmp_path / "r"), "--top", "2"])
+    assert result.exit_code == 0, result.output
+    [(comparison, top, examples)] = calls
+    assert [m.name for m in comparison.models] == ["gpt", "bert"] and top == 2 and len(examples.failed) == 2
+    assert result.stderr.splitlines() == [
+        "no example attention for gpt (`gpt`): ModelNotFoundError: model 'gpt' not found",
+        "no example attention for bert (`bert`): ModelNotFoundError: model 'bert' not found"]
+    assert result.stdout == f"wrote {tmp_path / 'r'}/index.html and {tmp_path / 'r'}/report.md\n"
 
 
 def test_a_metric_this_headscan_does_not_know_is_drawn_but_not_ranked(tmp_path):
     run = make_tables([GPT])
-    run.heads.loc[run.heads.metric == "induction", "metric"] = "retired_metric"
-    out = report.write_report([write(run, tmp_path / "old")], tmp_path / "r", load_models=False)
+    heads = run.frames["heads"]
+    heads.loc[heads.metric == "induction", "metric"] = "retired_metric"
+    out = report.write_report([write(run, tmp_path / "old")], tmp_path / "r")
     md = (out / "report.md").read_text()
     assert (out / "figures" / "heatmap_retired_metric_gpt.png").is_file() and "### Top prev_token" in md
     assert "### Top retired_metric" not in md
@@ -343,12 +550,15 @@ def test_a_metric_this_headscan_does_not_know_is_drawn_but_not_ranked(tmp_path):
 
 
 def test_report_on_a_real_sweep_of_tiny_checkpoints(tiny_gpt2, tiny_bert, tmp_path):
-    from headscan.sweep import SweepConfig, sweep
+    import headscan
 
-    sweep([str(tiny_gpt2), str(tiny_bert)], "builtin", tmp_path / "run", SweepConfig(device="cpu", limit=3, bootstrap=0))
-    out = report.write_report([tmp_path / "run"], tmp_path / "report", top=3)
+    headscan.sweep([str(tiny_gpt2), str(tiny_bert)], "builtin", tmp_path / "run", device="cpu", limit=3, bootstrap=0)
+    run = load(tmp_path / "run")
+    examples = examples_module.compute_examples([run])
+    assert examples.failed == () and len(examples.drawn) == 2
+    out = report.write_report([run], tmp_path / "report", top=3, examples=examples)
     page = (out / "index.html").read_text()
-    assert (out / "figures" / "looking_both_ways.png").is_file(), page[page.find("Looking both ways"):][:2000]
+    assert (out / "figures" / "looking_both_ways.png").is_file()
     assert "could not be drawn" not in page
 
 

@@ -1,0 +1,375 @@
+"""A small document model: a list of blocks that render to HTML and to Markdown, so the two cannot differ.
+
+A `Document` is a title, blocks (`Heading`, `Text`, `Note`, `Bullets`, `Table`, `Panels`, `Figures`,
+`Definition`, `Contents`) and the PNG images its `Figures` blocks name. `to_html` writes one self-contained
+page (images embedded as data URIs, no script, no external link); `to_markdown` writes the same text with each
+image linked as ``figures/NAME``; `write_folder` puts both, and the images, in one folder, all at once. Text
+is plain except for `code` spans in backticks.
+
+This module knows nothing of heads, metrics or models, and draws nothing: `headscan.report` lays out the
+sections, `headscan.figures` draws.
+
+>>> doc = Document("Demo", [Heading(1, "Demo"), Contents(), Heading(2, "Two & three"), Text("Use `a < b`."),
+...                         Table(pd.DataFrame({"head": ["L0H1"], "value": ["0.90"]}), numeric=("value",))])
+>>> print(to_markdown(doc))
+# Demo
+<BLANKLINE>
+**Contents**
+<BLANKLINE>
+1. [Two & three](#two--three)
+<BLANKLINE>
+## Two & three
+<BLANKLINE>
+Use `a < b`.
+<BLANKLINE>
+| head | value |
+| --- | ---: |
+| L0H1 | 0.90 |
+<BLANKLINE>
+>>> print(to_html(doc).split("<main>")[1].split("</main>")[0].strip())
+<h1>Demo</h1>
+<nav class="toc"><h2>Contents</h2><ol><li><a href="#two--three">Two &amp; three</a></li></ol></nav>
+<h2 id="two--three">Two &amp; three</h2>
+<p>Use <code>a &lt; b</code>.</p>
+<div class="scroll"><table><thead><tr><th>head</th><th class="num">value</th></tr></thead><tbody><tr><td>L0H1</td><td class="num">0.90</td></tr></tbody></table></div>
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import inspect
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Union
+
+import pandas as pd
+
+__all__ = [
+    "Heading", "Text", "Note", "Bullets", "Table", "Panels", "Figures", "Definition", "Contents", "Block",
+    "Document", "to_html", "to_markdown", "write_folder", "FOLDER_FILES", "CSS",
+]
+
+FOLDER_FILES = {"index.html", "report.md", "figures"}  # all that write_folder puts in a folder
+
+
+@dataclass
+class Heading:
+    level: int  # 1 is the page title; level-2 headings make the table of contents
+    text: str
+
+    @property
+    def anchor(self) -> str:
+        """GitHub's rule for simple headings, so report.md's table of contents links work there too."""
+        return re.sub(r"[^a-z0-9 _-]", "", self.text.lower()).strip().replace(" ", "-")
+
+
+@dataclass
+class Text:
+    text: str  # `code` spans in backticks; nothing else is markup
+
+
+@dataclass
+class Note:
+    text: str  # a paragraph set apart: a caveat, or why something is missing
+
+
+@dataclass
+class Bullets:
+    items: list[str]
+
+
+@dataclass
+class Table:
+    frame: pd.DataFrame  # cells are display strings
+    numeric: tuple[str, ...] = ()  # columns aligned right
+    note: str = ""  # a muted line under the table
+
+
+@dataclass
+class Panels:
+    items: list[tuple[str, Table]]  # (heading, table): side by side in HTML, one after another in Markdown
+
+
+@dataclass
+class Figures:
+    names: list[str]  # image names: keys of Document.images, files figures/NAME beside report.md
+    caption: str
+
+
+@dataclass
+class Definition:
+    term: str  # shown as code
+    kind: str  # a short note after the term
+    body: str  # a docstring: paragraphs, and lists of "- " lines
+    anchor: str = ""  # the HTML id of the term; none when empty
+
+
+@dataclass
+class Contents:
+    """Where the table of contents (every level-2 heading) goes."""
+
+
+Block = Union[Heading, Text, Note, Bullets, Table, Panels, Figures, Definition, Contents]
+
+
+@dataclass
+class Document:
+    title: str  # the HTML page's <title>
+    blocks: list[Block]
+    images: dict[str, bytes] = field(default_factory=dict)  # PNG bytes by name
+
+
+# --- inline text ------------------------------------------------------------------------------------------
+
+_CODE = re.compile(r"(`+)(.+?)\1", re.S)
+_MD_SPECIAL = re.compile(r"([\\*_<>|$#])")
+
+
+def _inline_html(text: str) -> str:
+    out, last = [], 0
+    for match in _CODE.finditer(text):
+        out.append(html.escape(text[last:match.start()]))
+        out.append(f"<code>{html.escape(match.group(2).strip())}</code>")
+        last = match.end()
+    out.append(html.escape(text[last:]))
+    return "".join(out)
+
+
+def _inline_md(text: str) -> str:
+    out, last = [], 0
+    for match in _CODE.finditer(text):
+        out.append(_MD_SPECIAL.sub(r"\\\1", text[last:match.start()]))
+        out.append(f"`{match.group(2).strip()}`")
+        last = match.end()
+    out.append(_MD_SPECIAL.sub(r"\\\1", text[last:]))
+    return "".join(out).replace("\n", " ")
+
+
+def _paragraphs(body: str) -> list[list[str] | str]:
+    """Split a docstring into paragraphs (str) and bullet lists (list of str)."""
+    blocks = []
+    for chunk in re.split(r"\n\s*\n", inspect.cleandoc(body or "")):
+        lines = [line.strip() for line in chunk.splitlines() if line.strip()]
+        if not lines:
+            continue
+        if all(re.match(r"[-*] ", line) for line in lines):
+            blocks.append([line[2:] for line in lines])
+        else:
+            blocks.append(" ".join(lines))
+    return blocks
+
+
+def _png_size(data: bytes) -> tuple[int, int]:
+    """Width and height of a PNG, from its IHDR chunk."""
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+# --- HTML -------------------------------------------------------------------------------------------------
+
+CSS = """
+:root{--ink:#1f2328;--muted:#59636e;--line:#d8dee4;--soft:#f6f8fa}
+*{box-sizing:border-box}
+body{margin:0;font:15px/1.55 system-ui,-apple-system,"Segoe UI",Roboto,"Helvetica Neue",Arial,sans-serif;color:var(--ink);background:#fff}
+main{max-width:1180px;margin:0 auto;padding:28px 36px 80px}
+h1{font-size:1.9em;margin:0 0 .2em}
+h2{font-size:1.4em;margin:2.2em 0 .6em;padding-bottom:.25em;border-bottom:1px solid var(--line)}
+h3{font-size:1.1em;margin:1.6em 0 .4em}
+p,li{max-width:78ch}
+code{font:.88em ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;background:var(--soft);padding:.05em .3em;border-radius:4px}
+nav.toc{display:inline-block;background:var(--soft);border:1px solid var(--line);border-radius:8px;padding:.5em 1.6em .7em 1em;margin:.8em 0}
+nav.toc h2{font-size:1em;border:0;margin:.2em 0;padding:0}
+nav.toc ol{margin:.2em 0;padding-left:1.4em}
+a{color:#0969da;text-decoration:none}a:hover{text-decoration:underline}
+table{border-collapse:collapse;margin:.6em 0 1.2em;font-size:.88em}
+th,td{padding:.3em .75em;border-bottom:1px solid var(--line);text-align:left;vertical-align:top}
+th{background:var(--soft);font-weight:600}
+td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
+.scroll{overflow-x:auto}
+.note{border-left:4px solid #d4a72c;background:#fff8c5;padding:.6em 1em;border-radius:0 6px 6px 0;max-width:78ch}
+.panels{display:grid;grid-template-columns:repeat(auto-fill,minmax(520px,1fr));gap:4px 28px}
+.panels table{width:100%}
+.panels td{white-space:nowrap}
+.gallery{display:flex;flex-wrap:wrap;gap:14px;align-items:flex-start}
+figure{margin:.8em 0 1.4em}
+figure img{display:block;max-width:100%;height:auto;border:1px solid var(--line);border-radius:6px}
+figcaption{font-size:.86em;color:var(--muted);margin-top:.4em;max-width:90ch}
+dl dt{margin-top:1.2em;font-weight:600}dl dd{margin:.3em 0 0 1.4em}
+.muted{color:var(--muted)}
+@media print{main{max-width:none;padding:0}nav.toc{display:none}h2{break-before:auto}figure,table{break-inside:avoid}}
+""".strip()
+
+
+def _table_html(block: Table) -> str:
+    def cls(column):
+        return ' class="num"' if column in block.numeric else ""
+
+    head = "".join(f"<th{cls(c)}>{_inline_html(str(c))}</th>" for c in block.frame.columns)
+    rows = "".join(
+        "<tr>" + "".join(f"<td{cls(c)}>{_inline_html(str(v))}</td>" for c, v in zip(block.frame.columns, r)) + "</tr>"
+        for r in block.frame.itertuples(index=False)
+    )
+    note = f'<p class="muted">{_inline_html(block.note)}</p>' if block.note else ""
+    return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>{note}'
+
+
+def _figures_html(block: Figures, images: dict[str, bytes], scale: float) -> str:
+    tags = []
+    for name in block.names:
+        data = images[name]
+        width, height = (round(scale * side) for side in _png_size(data))
+        alt = html.escape(name.removesuffix(".png").replace("_", " "), quote=True)
+        tags.append(
+            f'<img src="data:image/png;base64,{base64.b64encode(data).decode("ascii")}" width="{width}" '
+            f'height="{height}" alt="{alt}" title="figures/{html.escape(name)}">'
+        )
+    wrap = f'<div class="gallery">{"".join(tags)}</div>' if len(tags) > 1 else "".join(tags)
+    return f"<figure>{wrap}<figcaption>{_inline_html(block.caption)}</figcaption></figure>"
+
+
+def _definition_html(block: Definition) -> str:
+    parts = []
+    for para in _paragraphs(block.body):
+        if isinstance(para, list):
+            parts.append("<ul>" + "".join(f"<li>{_inline_html(i)}</li>" for i in para) + "</ul>")
+        else:
+            parts.append(f"<p>{_inline_html(para)}</p>")
+    anchor = f' id="{html.escape(block.anchor, quote=True)}"' if block.anchor else ""
+    return (f'<dt{anchor}><code>{html.escape(block.term)}</code> <span class="muted">({_inline_html(block.kind)})'
+            f'</span></dt><dd>{"".join(parts)}</dd>')
+
+
+def to_html(document: Document, *, image_scale: float = 1.0) -> str:
+    """The document as one self-contained HTML page.
+
+    Parameters
+    ----------
+    document : Document
+        What to render.
+    image_scale : float, default 1.0
+        Each image is shown at this many CSS pixels per PNG pixel (it still scales down to fit the page).
+    """
+    toc = [b for b in document.blocks if isinstance(b, Heading) and b.level == 2]
+    body: list[str] = []
+    in_list = False
+    for block in document.blocks:
+        if in_list != isinstance(block, Definition):  # consecutive definitions make one <dl>
+            body.append("</dl>" if in_list else "<dl>")
+            in_list = not in_list
+        if isinstance(block, Heading):
+            anchor = f' id="{block.anchor}"' if block.level > 1 else ""
+            body.append(f"<h{block.level}{anchor}>{_inline_html(block.text)}</h{block.level}>")
+        elif isinstance(block, Contents):
+            items = "".join(f'<li><a href="#{h.anchor}">{_inline_html(h.text)}</a></li>' for h in toc)
+            body.append(f'<nav class="toc"><h2>Contents</h2><ol>{items}</ol></nav>')
+        elif isinstance(block, Text):
+            body.append(f"<p>{_inline_html(block.text)}</p>")
+        elif isinstance(block, Note):
+            body.append(f'<p class="note">{_inline_html(block.text)}</p>')
+        elif isinstance(block, Bullets):
+            body.append("<ul>" + "".join(f"<li>{_inline_html(i)}</li>" for i in block.items) + "</ul>")
+        elif isinstance(block, Table):
+            body.append(_table_html(block))
+        elif isinstance(block, Panels):
+            panels = "".join(
+                f'<section><h3 id="{Heading(3, title).anchor}">{_inline_html(title)}</h3>{_table_html(table)}</section>'
+                for title, table in block.items
+            )
+            body.append(f'<div class="panels">{panels}</div>')
+        elif isinstance(block, Figures):
+            body.append(_figures_html(block, document.images, image_scale))
+        elif isinstance(block, Definition):
+            body.append(_definition_html(block))
+    if in_list:
+        body.append("</dl>")
+    joined = "\n".join(body)
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        f"<title>{html.escape(document.title)}</title>\n<style>\n{CSS}\n</style>\n</head>\n<body>\n<main>\n"
+        f"{joined}\n</main>\n</body>\n</html>\n"
+    )
+
+
+# --- Markdown ---------------------------------------------------------------------------------------------
+
+
+def _table_md(block: Table) -> str:
+    columns = list(block.frame.columns)
+    lines = ["| " + " | ".join(_inline_md(str(c)) for c in columns) + " |",
+             "| " + " | ".join("---:" if c in block.numeric else "---" for c in columns) + " |"]
+    lines += ["| " + " | ".join(_inline_md(str(v)) for v in r) + " |" for r in block.frame.itertuples(index=False)]
+    if block.note:
+        lines.append(f"\n*{_inline_md(block.note)}*")
+    return "\n".join(lines)
+
+
+def to_markdown(document: Document) -> str:
+    """The document as Markdown (GitHub's flavour), each image linked as ``figures/NAME``."""
+    toc = [b for b in document.blocks if isinstance(b, Heading) and b.level == 2]
+    out: list[str] = []
+    for block in document.blocks:
+        if isinstance(block, Heading):
+            out.append(f"{'#' * block.level} {block.text}")
+        elif isinstance(block, Contents):
+            out.append("**Contents**\n\n" + "\n".join(f"{i}. [{h.text}](#{h.anchor})" for i, h in enumerate(toc, 1)))
+        elif isinstance(block, Text):
+            out.append(_inline_md(block.text))
+        elif isinstance(block, Note):
+            out.append(f"> **Note.** {_inline_md(block.text)}")
+        elif isinstance(block, Bullets):
+            out.append("\n".join(f"- {_inline_md(i)}" for i in block.items))
+        elif isinstance(block, Table):
+            out.append(_table_md(block))
+        elif isinstance(block, Panels):
+            for title, table in block.items:
+                out += [f"### {title}", _table_md(table)]
+        elif isinstance(block, Figures):
+            out.append("\n".join(f"![{n.removesuffix('.png')}](figures/{n})" for n in block.names))
+            out.append(f"*{_inline_md(block.caption)}*")
+        elif isinstance(block, Definition):
+            parts = [f"**`{block.term}`** ({_inline_md(block.kind)})"]
+            for para in _paragraphs(block.body):
+                parts.append("\n".join(f"- {_inline_md(i)}" for i in para) if isinstance(para, list)
+                             else _inline_md(para))
+            out.append("\n\n".join(parts))
+    return "\n\n".join(out) + "\n"
+
+
+# --- a folder ---------------------------------------------------------------------------------------------
+
+
+def write_folder(document: Document, out: str | os.PathLike, *, image_scale: float = 1.0) -> Path:
+    """Write `document` as the folder `out`: ``index.html``, ``report.md`` and ``figures/NAME`` per image.
+
+    The folder is built beside `out` and swapped in at the end, replacing whatever `out` was: a failure
+    leaves the old folder (or none), never half of one. Check that `out` may be replaced before calling.
+    """
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    build = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    old = None
+    try:
+        (build / "figures").mkdir()
+        for name, data in document.images.items():
+            (build / "figures" / name).write_bytes(data)
+        (build / "report.md").write_text(to_markdown(document), encoding="utf-8")
+        (build / "index.html").write_text(to_html(document, image_scale=image_scale), encoding="utf-8")
+        build.chmod(0o755)  # mkdtemp makes it private; a document is meant to be read
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+            os.replace(out, old / "report")
+        os.replace(build, out)
+    except BaseException:
+        if old is not None and not out.exists():
+            os.replace(old / "report", out)
+        shutil.rmtree(build, ignore_errors=True)
+        raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    return out

@@ -1,0 +1,212 @@
+"""Runs side by side: several sweeps' tables as one, every model named apart, and what their provenance says.
+
+`merge_runs` puts one or more runs together, table by table through the registry (`headscan.tables.TABLES`),
+renaming a model ``run:model`` when more than one run has it. `model_shapes`, `run_summary` and
+`model_sources` read the runs' typed provenance (`headscan.provenance`) into display tables.
+
+This module draws nothing, chooses no findings and loads no model.
+
+>>> run_names(["a/out", "b/out", "c/gpt2"])
+['out', 'out-2', 'gpt2']
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .metrics import METRICS
+from .provenance import ModelProvenance, RunProvenance
+from .tables import TABLES, SweepTables
+
+__all__ = ["ReportModel", "Comparison", "run_names", "merge_runs", "model_shapes", "run_summary", "model_sources"]
+
+
+@dataclass(frozen=True)
+class ReportModel:
+    """A model as one report shows it."""
+
+    name: str  # shown in the report: the model's name, or "run:model" when several runs have that name
+    run: str  # the run's name (its folder's name)
+    model: str  # the name in the run's tables
+    family: str  # "causal" or "bidirectional", from the tables
+    provenance: ModelProvenance = field(compare=False, hash=False)  # every field None when the run has none
+
+
+@dataclass
+class Comparison:
+    """One or more runs' tables side by side, every model renamed apart (see `merge_runs`)."""
+
+    frames: dict[str, pd.DataFrame]  # table name (a key of TABLES) -> the rows of every run
+    runs: list[tuple[str, SweepTables]]  # (run name, its tables as loaded)
+    models: list[ReportModel]
+
+    def __getitem__(self, name: str) -> pd.DataFrame:
+        """Table `name`'s rows; no rows (with the table's columns) when no run has it."""
+        if name in self.frames:
+            return self.frames[name]
+        return pd.DataFrame({c: pd.Series(dtype=d) for c, d in TABLES[name].columns.items()})
+
+    @property
+    def heads(self) -> pd.DataFrame:
+        return self["heads"]
+
+    @property
+    def offsets(self) -> pd.DataFrame:
+        return self["offsets"]
+
+    @property
+    def metrics(self) -> list[str]:
+        """The heads table's metrics, in the registry's order where it knows them."""
+        present = list(dict.fromkeys(self.heads["metric"]))
+        order = {name: i for i, name in enumerate(METRICS)}
+        return sorted(present, key=lambda m: (order.get(m, len(order)), present.index(m)))
+
+    def model(self, name: str) -> ReportModel:
+        return next(m for m in self.models if m.name == name)
+
+
+def run_names(paths: Sequence[str | os.PathLike]) -> list[str]:
+    """A short, distinct name for each run: its folder's name, with ``-2``, ``-3`` ... on repeats."""
+    names, seen = [], Counter()
+    for path in paths:
+        base = Path(path).resolve().name if Path(path).name in ("", ".", "..") else Path(path).name
+        seen[base] += 1
+        names.append(base if seen[base] == 1 else f"{base}-{seen[base]}")
+    return names
+
+
+def merge_runs(runs: Sequence[SweepTables], names: Sequence[str] | None = None) -> Comparison:
+    """Put several runs' tables into one, renaming a model ``run:model`` when more than one run has it.
+
+    Parameters
+    ----------
+    runs : sequence of SweepTables
+        The runs, as `headscan.tables.load` returns them.
+    names : sequence of str, optional
+        One name per run; `run_names` of their paths (``run1``, ``run2`` ... for runs not read from a
+        folder) by default.
+
+    Returns
+    -------
+    Comparison
+        Every table any run has, the ``model`` column renamed, and one `ReportModel` per model.
+    """
+    if names is None:
+        names = run_names([run.path or f"run{i + 1}" for i, run in enumerate(runs)])
+    seen = Counter(model for run in runs for model in run.models)
+    models, parts = [], {}
+    for name, run in zip(names, runs):
+        rename = {model: f"{name}:{model}" if seen[model] > 1 else model for model in run.models}
+        for model, shown in rename.items():
+            family = str(run.heads.loc[run.heads["model"] == model, "family"].iloc[0])
+            models.append(ReportModel(shown, name, model, family, run.provenance.model(model)))
+        for table, frame in run.frames.items():
+            frame = frame.copy()
+            frame["model"] = frame["model"].map(lambda m: rename.get(m, m)).astype("string")
+            parts.setdefault(table, []).append(frame)
+    frames = {table: pd.concat(parts[table], ignore_index=True) for table in TABLES if table in parts}
+    return Comparison(frames, list(zip(names, runs)), models)
+
+
+# --- provenance as display tables -------------------------------------------------------------------------
+
+
+def _count(value) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if isinstance(value, (int, np.integer)) or (isinstance(value, float) and value.is_integer()):
+        return f"{int(value):,}"
+    return str(value)
+
+
+def _text(value) -> str:
+    return "–" if value is None else str(value)
+
+
+def _shown(field_value, fallback):
+    return fallback if field_value is None else field_value
+
+
+def model_shapes(comparison: Comparison) -> pd.DataFrame:
+    """One row per model comparing their shapes, from each run's provenance (the tables where it is silent).
+
+    Returns
+    -------
+    DataFrame
+        Columns ``model, family, layers, heads, kv heads, width, parameters, tokenizer, vocabulary, context``
+        as display strings ("–" where unknown), plus ``run`` first when the report has several runs.
+    """
+    rows = []
+    for m in comparison.models:
+        p = m.provenance
+        part = comparison.heads[comparison.heads["model"] == m.name]
+        rows.append({
+            "run": m.run,
+            "model": m.name,
+            "family": _shown(p.family, m.family),
+            "layers": _count(_shown(p.n_layers, int(part["layer"].max()) + 1)),
+            "heads": _count(_shown(p.n_heads, int(part["head"].max()) + 1)),
+            "kv heads": _count(_shown(p.n_kv_heads, int(part["kv_group"].max()) + 1)),
+            "width": _count(p.d_model),
+            "parameters": _count(p.n_params),
+            "tokenizer": _text(p.tokenizer),
+            "vocabulary": _count(p.vocab_size),
+            "context": _count(p.max_context),
+        })
+    frame = pd.DataFrame(rows)
+    return frame.drop(columns="run") if len(comparison.runs) == 1 else frame
+
+
+def _recorded(p: RunProvenance) -> bool:
+    return any((p.command, p.started, p.headscan_version, p.corpus.source, p.models))
+
+
+def run_summary(run: SweepTables) -> pd.DataFrame | None:
+    """Where a run's tables came from, as ``(what, value)`` display rows; None when it recorded nothing.
+
+    Rows: folder, command, started, finished, headscan (version and git revision), corpus, config, versions,
+    and the tables the run holds with their row counts.
+    """
+    p = run.provenance
+    if not _recorded(p):
+        return None
+    corpus = p.corpus
+    corpus_text = (f"{_text(corpus.source)} ({corpus.kind or '?'}, {_count(corpus.n_segments)} segments"
+                   + (f", sha256 {corpus.sha256[:16]}…" if corpus.sha256 else "") + ")")
+    rows = [
+        ("folder", f"`{run.path}`" if run.path else "–"),
+        ("command", f"`{p.command}`" if p.command else "–"),
+        ("started", _text(p.started)),
+        ("finished", _text(p.finished)),
+        ("headscan", _text(p.headscan_version) + (f" (git {p.git_revision[:12]})" if p.git_revision else "")),
+        ("corpus", corpus_text),
+        ("config", ", ".join(f"{k}={v}" for k, v in p.config.items()) or "–"),
+        ("versions", ", ".join(f"{k} {v}" for k, v in p.versions.items()) or "–"),
+        ("tables", ", ".join(f"{TABLES[name].file} ({len(frame):,} rows)" for name, frame in run.frames.items())),
+    ]
+    return pd.DataFrame(rows, columns=["", "value"])
+
+
+def model_sources(run: SweepTables) -> pd.DataFrame:
+    """One display row per model of a run: where its weights came from and how much of the corpus it read."""
+    rows = []
+    for m in run.provenance.models:
+        revision = _text(m.revision)
+        rows.append({
+            "model": m.name,
+            "source": _text(m.source),
+            "id": f"`{m.id}`" if m.id else "–",
+            "revision": revision if len(revision) <= 24 else revision[:24] + "…",
+            "segments": _count(m.n_segments),
+            "tokens": _count(m.n_tokens),
+            "seconds": "–" if m.seconds is None else f"{m.seconds:.1f}",
+        })
+    return pd.DataFrame(rows, columns=["model", "source", "id", "revision", "segments", "tokens", "seconds"])
