@@ -409,6 +409,8 @@ def thin_support(rows: pd.DataFrame) -> pd.Series:
     """
     from .intervals import THIN_MAX_SHARE, THIN_MIN_UNITS
 
+    if not {"units", "top_unit_share"} <= set(rows.columns):  # not recorded (headscan 0.1, or built by hand)
+        return pd.Series(False, index=rows.index)
     return ((rows["units"] < THIN_MIN_UNITS) | (rows["top_unit_share"] > THIN_MAX_SHARE)).fillna(False).astype(bool)
 
 
@@ -431,5 +433,5 @@ def top_heads(heads: pd.DataFrame, metric: str, n: int = 10) -> pd.DataFrame:
     high = entry.ranks_high()
     rows = rows.sort_values(["model", "value", "layer", "head"], ascending=[True, not high, True, True], kind="stable")
     columns = ["model", "label", "layer", "head", "value", "ci_low", "ci_high", "count", "units", "thin"]
-    rows = rows.assign(thin=thin_support(rows))
+    rows = rows.assign(thin=thin_support(rows), units=rows["units"] if "units" in rows else float("nan"))
     return rows.groupby("model", sort=False).head(n)[columns].reset_index(drop=True)
