@@ -194,20 +194,32 @@ def merge(shards, out, overwrite):
 
 
 @cli.command()
+@click.argument("specs", nargs=-1, metavar="[SPEC]...")
 @_one_line_errors
-def models():
-    """List the embedded offline models and whether each is installed.
+def models(specs):
+    """List the embedded offline models, or say how each SPEC would be hooked.
+
+    With no SPEC: the embedded aliases and whether each is installed. With
+    SPECs (aliases, checkpoint folders, .gguf files, cached Hugging Face ids):
+    each one's architecture and the path its attention patterns are read
+    through (transformer_lens, or hf_hooks on the model's own attention
+    modules), read from its config without loading the weights.
 
     Example:
 
-        headscan models
+        headscan models minilm path/to/distilbert
     """
-    from .models import ALIASES, alias_status
+    from .models import ALIASES, alias_status, describe_spec
 
-    for name, path in alias_status().items():
-        alias = ALIASES[name]
-        state = f"installed: {path}" if path else f"not installed ({alias.install})"
-        click.echo(f"{name:8} {alias.description}\n         {state}")
+    if not specs:
+        for name, path in alias_status().items():
+            alias = ALIASES[name]
+            state = f"installed: {path}" if path else f"not installed ({alias.install})"
+            click.echo(f"{name:8} {alias.description}\n         {state}")
+        return
+    for spec in specs:
+        found = describe_spec(spec)
+        click.echo(f"{spec}: {found['architecture']} ({found['model_type']}), hooked through {found['path']}")
 
 
 @cli.command()

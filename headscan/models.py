@@ -42,7 +42,7 @@ from .errors import ConfigError, ModelLoadError, ModelNotFoundError
 from .hooking import PatternSite
 
 __all__ = ["HookedModel", "PatternSite", "ALIASES", "DEFAULT_MODELS", "DEVICES", "DTYPES", "PATHS", "load_model",
-           "check_spec", "alias_status", "resolve_device"]
+           "check_spec", "describe_spec", "alias_status", "resolve_device"]
 
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}  # torch dtypes for SweepConfig's dtype names
 PATHS = ("transformer_lens", "hf_hooks")  # how a model's attention pattern is read; see the module docstring
@@ -603,6 +603,28 @@ def load_model(
     if source == "huggingface" and model.revision == "unknown":
         model.revision = _hf_cache_revision(spec) or "unknown"  # cached by the download just made
     return model
+
+
+def describe_spec(spec: str) -> dict:
+    """Architecture, model type and hooking path of `spec`, from its config alone (no weights are loaded).
+
+    The path is the one `load_model` tries first: ``transformer_lens`` where TransformerLens has an adapter,
+    else ``hf_hooks``; a model the bridge then fails on still falls back to ``hf_hooks`` when loaded.
+    """
+    from transformers import AutoConfig
+
+    check_spec(spec)
+    target = ALIASES[spec].locate() if spec in ALIASES else Path(spec).expanduser()
+    try:
+        with _quiet():
+            if target.suffix == ".gguf":
+                config = AutoConfig.from_pretrained(target.parent, gguf_file=target.name)
+            else:
+                config = AutoConfig.from_pretrained(target if target.exists() else spec)
+    except (OSError, ValueError) as error:
+        raise ModelNotFoundError(f"model {spec!r}: no readable config ({_one_line(error, 120)})") from None
+    return {"architecture": _architecture(config), "model_type": getattr(config, "model_type", None),
+            "path": "transformer_lens" if _has_adapter(config) else "hf_hooks"}
 
 
 def check_spec(spec: str) -> None:

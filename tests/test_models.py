@@ -230,3 +230,19 @@ def test_device_and_dtype_choices_are_exposed():
 
     assert DEVICES == ("auto", "cpu", "cuda", "mps")
     assert list(DTYPES) == ["float32", "float16", "bfloat16"]
+
+
+def test_models_command_says_how_each_spec_is_hooked(tmp_path):
+    from click.testing import CliRunner
+
+    from headscan.cli import cli
+    from headscan.testing import build_architecture_checkpoint
+
+    distilbert = build_architecture_checkpoint(tmp_path / "distilbert", "distilbert")
+    gpt2 = build_architecture_checkpoint(tmp_path / "gpt2", "gpt2")
+    result = CliRunner().invoke(cli, ["models", str(distilbert), str(gpt2)])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == [
+        f"{distilbert}: DistilBertForMaskedLM (distilbert), hooked through hf_hooks",
+        f"{gpt2}: GPT2LMHeadModel (gpt2), hooked through transformer_lens",
+    ]
