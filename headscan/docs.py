@@ -11,7 +11,9 @@ from .tables import tables_markdown
 
 def blocks() -> dict[str, str]:
     """Each generated block of the README by name: ``<!-- NAME:start -->`` ... ``<!-- NAME:end -->``."""
-    return {"metrics": definitions_markdown(), "tables": tables_markdown()}
+    from .testing.architectures import support_matrix_markdown  # builds no checkpoint; imports transformers
+
+    return {"metrics": definitions_markdown(), "tables": tables_markdown(), "architectures": support_matrix_markdown()}
 
 
 def pattern(name: str) -> re.Pattern:
