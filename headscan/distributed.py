@@ -1,0 +1,541 @@
+"""Sweeps on a Ray cluster: the corpus cut into shards, one actor per worker holding one model, shards merged.
+
+`sweep_on_ray` is where ``headscan.sweep(..., ray=True)`` and ``headscan sweep --ray [ADDRESS]`` go once
+`headscan.jobs.sweep` has checked the settings, the model specs, the corpus and the output folder:
+
+1. `connect` reaches the cluster: ``--ray`` alone uses the one named by ``RAY_ADDRESS``, else one started on
+   this machine with ``ray start``, else a new local instance that lives as long as the sweep; ``--ray auto``
+   only a running one; ``--ray HOST:6379`` a head node's address, ``--ray ray://HOST:10001`` Ray Client.
+2. The corpus is cut into S shards, ``Shard(k, S)``: the documents whose index is k modulo S. S is
+   `choose_shards` (four per worker, at most one per document), or the count of the states a rerun resumes.
+3. Each worker runs one actor (with one GPU when the cluster has GPUs, else one CPU) that holds one loaded
+   model at a time and sweeps the shards it is handed with `headscan.scan.accumulate`, the models in turn.
+   A task sweeps whole windows for about `save_every` seconds, then hands the shard's `PartialState` back,
+   finished or not. The driver saves it as ``OUT.partial/MODEL.shard-K-of-S.npz`` (the name
+   `headscan.jobs` gives a shard's state) and hands the rest of the shard out again.
+4. A task whose worker is lost (its actor or process killed, its node gone, an out-of-memory kill) goes to a
+   new actor, from the shard's last state, up to `RETRIES` times. Rerunning the same command sweeps only
+   what ``OUT.partial`` does not hold, from where each shard stopped.
+5. The driver adds each model's shards up (`headscan.state.merge_states`), finishes them into tables and
+   publishes them as one set. They are a local sweep's tables up to the float32 forward pass (a segment's
+   forward can differ by ~1e-8 with the batch it is in); with ``batch_size=1`` they agree to 1e-12,
+   intervals included. Provenance records ``ray`` (``run.json``; ``provenance.extra["ray"]``): the address
+   (or "local"), the shard count, the workers and the retries.
+
+On a one-machine cluster the workers read a corpus file themselves; on several machines (or through Ray
+Client) its segments travel with the tasks. Model paths must name the same files on every machine.
+
+This module does not score heads (`headscan.scan`), check inputs (`headscan.jobs`) or manage clusters
+(``ray start``, ``ray up``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import logging
+import os
+import re
+import shutil
+import socket
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from .config import SweepConfig
+from .corpus import Corpus
+from .errors import ConfigError, HeadscanError, ModelLoadError, SweepInterrupted, TablesError
+from .jobs import SAVE_EVERY, _state_file, _stop_requests, partial_folder
+from .scan import finish, model_provenance, run_provenance, slug
+from .state import PartialState, Shard, fingerprint_differences, merge_states
+from .tables import SweepTables, concat, write
+
+__all__ = ["sweep_on_ray", "connect", "choose_shards", "ClusterError", "RETRIES"]
+
+RETRIES = 3  # times a task whose worker was lost goes to a new actor before the sweep gives up
+SHARDS_PER_WORKER = 4  # fast workers take more shards, and a lost worker costs one small shard
+CONNECT_TIMEOUT = 10.0  # seconds to wait for a cluster's port to answer
+_ARRAYS = ("sums", "counts", "replicate_sums", "replicate_counts", "moments")
+_SHARD_FILE = re.compile(r"\.shard-(\d+)-of-(\d+)\.npz$")
+
+
+class ClusterError(HeadscanError):
+    """The cluster lost a task's worker more often than the retries allow; finished shards are kept."""
+
+
+# --- the cluster -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The Ray cluster a sweep runs on."""
+
+    address: str  # as given, or "local"
+    client: bool  # reached through Ray Client (ray://): the driver is not one of its machines
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("ray: Ray is not installed; pip install 'headscan[ray]'", setting="ray") from None
+    return ray
+
+
+def _check_reachable(address: str) -> None:
+    """One line, at once, for an address nothing answers at (Ray itself retries for minutes, then exits)."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit():
+        raise ConfigError(f"ray: {address!r} is not a Ray address; use auto, HOST:PORT (a head node, port 6379) "
+                          f"or ray://HOST:PORT (Ray Client, port 10001)", setting="ray")
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT).close()
+    except OSError as error:
+        raise ConfigError(f"ray: cannot reach a Ray cluster at {address} ({error.strerror or error}); start one "
+                          f"there with `ray start --head`, or check the host and port", setting="ray") from None
+
+
+@contextlib.contextmanager
+def connect(address: str | bool | None = None):
+    """Connect to the Ray cluster at `address` for the length of the block, and yield it as a `Cluster`.
+
+    `address` is None or True (the cluster in ``RAY_ADDRESS``, else one started on this machine with
+    ``ray start``, else a new local instance, shut down when the block ends), ``"auto"`` (a running cluster
+    only), ``"local"`` (always a new local instance), ``"HOST:PORT"`` or ``"ray://HOST:PORT"``. A process
+    already connected (a notebook's own ``ray.init(...)``) keeps its connection; it then takes no address.
+    """
+    ray = _import_ray()
+    address = None if address in (None, True, "") else str(address)
+    named = address or os.environ.get("RAY_ADDRESS") or None
+    if named and named not in ("auto", "local"):
+        _check_reachable(named)
+    if ray.is_initialized():
+        if address is not None:
+            raise ConfigError(f"ray: this process is already connected to a Ray cluster; pass ray=True to use it, "
+                              f"or call ray.shutdown() before connecting to {address}", setting="ray")
+        from ray.util.client import ray as ray_client
+
+        if ray_client.is_connected():
+            yield Cluster(os.environ.get("RAY_ADDRESS") or "ray client", client=True)
+        else:
+            yield Cluster(ray.get_runtime_context().gcs_address or "local", client=False)
+        return
+    client = (named or "").startswith("ray://")
+    options = {} if client else dict(include_dashboard=False, log_to_driver=False)
+    try:
+        ray.init(address, logging_level=logging.WARNING, **options)
+    except Exception as error:  # ConnectionError, ValueError, RuntimeError: what Ray raises varies
+        where = f"at {address}" if address else "on this machine"
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        token = "" if os.environ.get("RAY_AUTH_MODE") or not named else (
+            "; a cluster that asks for a token (new clusters do) needs RAY_AUTH_MODE=token here, with its token in "
+            "RAY_AUTH_TOKEN or ~/.ray/auth_token")
+        raise ConfigError(f"ray: cannot connect to a Ray cluster {where}: {first}{token}", setting="ray") from None
+    try:
+        yield Cluster(named or "local", client)
+    finally:
+        ray.shutdown()
+
+
+def _worker_resources(config: SweepConfig, cluster: Cluster) -> tuple[int, dict]:
+    """How many actors the cluster holds at once, and what each asks for: a GPU where there are GPUs."""
+    import ray
+
+    resources = ray.cluster_resources()
+    gpus = int(resources.get("GPU", 0))
+    if config.device == "cuda" and not gpus:
+        raise ConfigError(f"device cuda: the Ray cluster ({cluster.address}) has no GPUs; use --device cpu, or auto "
+                          f"(a GPU per worker where the cluster has them)", setting="device")
+    if gpus and config.device in ("auto", "cuda"):
+        return gpus, {"num_gpus": 1, "num_cpus": 1}
+    return max(1, int(resources.get("CPU", 1))), {"num_cpus": 1}
+
+
+def choose_shards(n_documents: int, n_segments: int, workers: int, batch_size: int) -> int:
+    """How many shards to cut a corpus into for `workers` workers: `SHARDS_PER_WORKER` each, so that fast
+    workers take more and a lost one costs little, but at most one per document and none under a batch.
+
+    >>> choose_shards(n_documents=2000, n_segments=2000, workers=2, batch_size=16)
+    8
+    >>> choose_shards(n_documents=3, n_segments=300, workers=8, batch_size=16)  # three documents
+    3
+    >>> choose_shards(n_documents=40, n_segments=40, workers=2, batch_size=16)  # two batches' worth
+    2
+    """
+    return max(1, min(n_documents, SHARDS_PER_WORKER * workers, n_segments // batch_size))
+
+
+# --- the actor -----------------------------------------------------------------------------------------------
+
+
+def _owned(state: PartialState) -> PartialState:
+    """`state` with arrays of its own: Ray hands numpy arrays over read-only, in its shared object store."""
+    for name in _ARRAYS:
+        setattr(state, name, np.array(getattr(state, name)))
+    return state
+
+
+class _Worker:
+    """The actor on one worker: holds one loaded model at a time and sweeps the shards it is handed."""
+
+    def __init__(self, corpus: Corpus, config: SweepConfig, cwd: str | None):
+        if cwd and os.path.isdir(cwd):
+            os.chdir(cwd)  # relative model paths mean what they meant to the driver
+        self.corpus, self.config = corpus, config
+        self.spec = self.model = None
+
+    def _load(self, spec: str):
+        if spec != self.spec:
+            import torch
+
+            from .models import load_model
+
+            self.spec = self.model = None  # one model in memory at a time
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            config = self.config
+            self.model = load_model(spec, device=config.device, dtype=config.dtype, prepend_bos=config.prepend_bos)
+            self.spec = spec
+        return self.model
+
+    def run(self, spec: str, shard: Shard, state: PartialState | None, source: str,
+            seconds: float) -> tuple[PartialState, str]:
+        """Sweep `shard` on from `state` for about `seconds` (whole windows); the state and the device used.
+
+        A state from `source` (a saved file) that another sweep made is refused, as a local sweep refuses it.
+        """
+        from .scan import accumulate, fingerprint
+
+        model = self._load(spec)
+        if state is not None:
+            state = _owned(state)
+            differences = fingerprint_differences(state.fingerprint, fingerprint(model, self.corpus, self.config))
+            if differences:
+                raise TablesError(f"{source}: a stopped sweep of {spec} with other inputs "
+                                  f"({'; '.join(differences[:3])}); rerun that sweep to finish it, or pass --restart "
+                                  f"to discard it")
+            if state.finished:
+                return state, model.device.type
+        latest: dict[str, PartialState] = {}
+
+        def save(saved: PartialState) -> None:  # a window ended after `seconds`: hand the state back
+            latest["state"] = saved
+
+        try:
+            state = accumulate(model, self.corpus, self.config, shard=shard, state=state, save=save,
+                               save_every=seconds, should_stop=lambda: "state" in latest)
+        except SweepInterrupted:  # stopped before the next window: the state as of the last window's end
+            state = latest["state"]
+        return state, model.device.type
+
+
+# --- the driver ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Task:
+    """Sweep `shard` of `spec` on from `state` (None: from its start; finished: only check the fingerprint)."""
+
+    spec: str
+    shard: Shard
+    state: PartialState | None = None
+    source: str = "this run"  # where `state` came from, for messages
+    failures: int = 0
+
+
+class _Slot:
+    """One worker: its actor, the model that actor holds and the task it runs."""
+
+    def __init__(self, make_actor):
+        self.make_actor = make_actor
+        self.actor = make_actor()
+        self.spec: str | None = None
+        self.task: _Task | None = None
+
+    def submit(self, task: _Task, seconds: float):
+        self.task, self.spec = task, task.spec
+        return self.actor.run.remote(task.spec, task.shard, task.state, task.source, seconds)
+
+    def replace(self) -> None:
+        """A new actor (on whichever machine has room) for one that was lost."""
+        self.kill()
+        self.actor, self.spec = self.make_actor(), None
+
+    def kill(self) -> None:
+        import ray
+
+        with contextlib.suppress(Exception):
+            ray.kill(self.actor)
+
+
+def _next_task(queue: deque, spec: str | None) -> _Task:
+    """The first task for the model the worker already holds, else the first task."""
+    for i, task in enumerate(queue):
+        if task.spec == spec:
+            del queue[i]
+            return task
+    return queue.popleft()
+
+
+def _short(spec: str) -> str:
+    return spec.rstrip("/").rsplit("/", 1)[-1]
+
+
+class _Progress:
+    """One line across all tasks: shards done per model, and tokens per second since the first task ended
+    (the workers' start and first model load are not in the rate)."""
+
+    def __init__(self, totals: dict[str, int], done: dict[str, int], enabled: bool, heading: str):
+        self.totals, self.done = totals, done
+        self.tokens, self.since = 0, None
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            print(heading, file=sys.stderr)
+            self.bar = tqdm(total=sum(totals.values()), initial=sum(done.values()), desc="sweep on ray", unit="shard",
+                            file=sys.stderr, dynamic_ncols=True)
+            self._show()
+
+    def _show(self) -> None:
+        shards = ", ".join(f"{_short(spec)} {self.done[spec]}/{total}" for spec, total in self.totals.items())
+        rate = "" if not self.tokens else f", {self.tokens / max(time.perf_counter() - self.since, 1e-9):,.0f} tok/s"
+        self.bar.set_postfix_str(shards + rate, refresh=True)
+
+    def advance(self, spec: str, tokens: int, finished: bool) -> None:
+        if self.since is None:
+            self.since = time.perf_counter()
+        else:
+            self.tokens += tokens
+        self.done[spec] += finished
+        if self.bar is not None:
+            self.bar.update(int(finished))
+            self._show()
+
+    def drop(self, spec: str) -> None:
+        if self.bar is not None:
+            self.bar.total -= self.totals[spec] - self.done[spec]
+        self.totals.pop(spec)
+
+    def note(self, line: str) -> None:
+        if self.bar is not None:
+            self.bar.write(line, file=sys.stderr)
+        else:
+            print(line, file=sys.stderr)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+_Saved = dict[str, dict[int, tuple[Path, PartialState]]]  # model -> shard index -> (file, state)
+
+
+def _saved_states(partial: Path | None, models: list[str]) -> tuple[int | None, _Saved]:
+    """The shard states an earlier run left in `partial`, per model and shard index, and their shard count."""
+    saved: _Saved = {spec: {} for spec in models}
+    counts: set[int] = set()
+    if partial is None or not partial.is_dir():
+        return None, saved
+    for spec in models:
+        if (partial / _state_file(spec, None)).is_file():
+            raise TablesError(f"{partial}: holds the state of a stopped sweep of {spec} without --ray; finish it "
+                              f"without --ray, or pass --restart to discard it")
+        for path in sorted(partial.glob(f"{slug(spec)}.shard-*-of-*.npz")):
+            match = _SHARD_FILE.search(path.name)
+            if match is None or path.name != slug(spec) + match.group(0):
+                continue  # another model's, whose name begins with this one's
+            state = PartialState.load(path)
+            if state.shard is None or path.name != _state_file(spec, state.shard):
+                raise TablesError(f"{path}: holds the state of shard {state.shard}, not the one its name says; "
+                                  f"pass --restart to start over")
+            saved[spec][state.shard.index] = (path, state)
+            counts.add(state.shard.count)
+    if len(counts) > 1:
+        raise TablesError(f"{partial}: holds shard states of {' and '.join(map(str, sorted(counts)))} shards; "
+                          f"pass --restart to start over")
+    return (counts.pop() if counts else None), saved
+
+
+def sweep_on_ray(
+    models: list[str],
+    corpus: Corpus,
+    out: str | Path | None,
+    config: SweepConfig,
+    *,
+    address: str | bool | None = None,
+    shards: int | None = None,
+    shard: Shard | None = None,
+    overwrite: bool = False,
+    progress: bool = False,
+    command: str | None = None,
+    save_every: float = SAVE_EVERY,
+    retries: int | None = None,
+) -> SweepTables:
+    """Sweep `models` over `corpus` on the Ray cluster at `address` (see `connect`); publish into `out` if given.
+
+    Called by `headscan.jobs.sweep` (``ray=...``) after its checks; `corpus` is read already, and `out` was
+    checked for writing. `shards` fixes the shard count (default: `choose_shards`, or the count of the
+    states in ``OUT.partial`` that a rerun resumes). `save_every` is how long a task sweeps before it hands
+    its state back to be saved; `retries` how often a task whose worker was lost goes to a new actor
+    (default: `RETRIES`).
+    """
+    retries = RETRIES if retries is None else retries
+    if shard is not None:
+        raise ConfigError("shard: a sweep on Ray cuts the corpus into shards itself; run each --shard K/N without "
+                          "--ray, or the whole corpus with --ray", setting="shard")
+    if shards is not None and not 1 <= shards <= corpus.n_documents:
+        raise ConfigError(f"shards must be between 1 and the corpus' {corpus.n_documents} documents, got {shards}",
+                          setting="shards")
+    partial = partial_folder(out) if out is not None else None
+    count, saved = _saved_states(partial, models)
+    if count is not None and shards is not None and shards != count:
+        raise TablesError(f"{partial}: holds the states of a sweep in {count} shards, not {shards}; ask for {count} "
+                          f"shards to resume it, or pass --restart to discard it")
+    started = datetime.now(timezone.utc)
+    with connect(address) as cluster:
+        import ray
+
+        workers, resources = _worker_resources(config, cluster)
+        count = count or shards or choose_shards(corpus.n_documents, len(corpus.segments), workers, config.batch_size)
+        tasks, finished = [], {spec: {} for spec in models}
+        for spec in models:
+            done = {k: (path, state) for k, (path, state) in saved[spec].items() if state.finished}
+            if done:  # one task checks, on the model itself, that the earlier run swept the same thing
+                k, (path, state) = next(iter(sorted(done.items())))
+                tasks.append(_Task(spec, state.shard, state, str(path)))
+                finished[spec] = {k: state for k, (_, state) in done.items()}
+            for k in range(count):
+                if k not in done:
+                    path, state = saved[spec].get(k, (None, None))
+                    tasks.append(_Task(spec, Shard(k, count), state, str(path) if path else "this run"))
+        resumed = sum(map(len, saved.values()))
+        heading = (f"sweeping {len(models)} model(s) in {count} shards on Ray ({cluster.address}): {workers} "
+                   f"worker(s), {'one GPU' if 'num_gpus' in resources else 'one CPU'} each"
+                   + (f"; resuming {resumed} shard state(s) from {partial}" if resumed else ""))
+        shown = _Progress({spec: count for spec in models}, {spec: len(finished[spec]) for spec in models}, progress,
+                          heading)
+        cwd = None if cluster.client else os.getcwd()
+        actor = ray.remote(_Worker).options(max_restarts=0, max_task_retries=0, **resources)
+        corpus_ref = ray.put(_portable(corpus, cluster))
+        slots = [_Slot(lambda: actor.remote(corpus_ref, config, cwd)) for _ in range(min(workers, len(tasks)))]
+        try:
+            with _stop_requests() as should_stop:
+                skipped, devices, lost = _run(tasks, slots, finished, partial, shown, should_stop, save_every, retries,
+                                              n_models=len(models))
+        finally:
+            shown.close()
+            for slot in slots:
+                slot.kill()
+    swept = [spec for spec in models if spec not in skipped]
+    if not swept:
+        raise ModelLoadError(f"no model could be swept: {'; '.join(skipped.values())}")
+    parts, described = [], []
+    for spec in swept:
+        names = [f"shard {k}/{count} of {spec}" for k in range(count)]
+        total = merge_states([finished[spec][k] for k in range(count)], names)
+        parts.append(SweepTables(finish(total, config)))
+        described.append(model_provenance(total, config))
+    provenance = run_provenance(corpus, dataclasses.replace(config, device="cpu"), described, command=command,
+                                started=started)  # the driver's device says nothing; the workers' follows
+    extra = {"ray": {"address": cluster.address, "shards": count, "workers": len(slots), "retries": lost}}
+    if skipped:
+        extra["skipped"] = skipped
+    provenance = dataclasses.replace(provenance, config=provenance.config | {"device": ", ".join(sorted(devices))},
+                                     extra=provenance.extra | extra)
+    tables = concat(parts, provenance)
+    if out is not None:
+        tables.path = write(tables, out, overwrite=overwrite)
+        shutil.rmtree(partial, ignore_errors=True)
+    return tables
+
+
+def _portable(corpus: Corpus, cluster: Cluster) -> Corpus:
+    """The corpus as the workers can read it: a file's segments travel with it unless the cluster is this machine."""
+    import ray
+
+    if isinstance(corpus.segments, tuple):
+        return corpus
+    if cluster.client or sum(node["Alive"] for node in ray.nodes()) > 1:
+        return dataclasses.replace(corpus, segments=tuple(corpus.segments))
+    return corpus
+
+
+def _run(tasks: list[_Task], slots: list[_Slot], finished: dict, partial: Path | None, shown: _Progress,
+         should_stop, save_every: float, retries: int, n_models: int) -> tuple[dict[str, str], set[str], int]:
+    """Hand the tasks out to the slots until every shard is finished; save each state as it comes back.
+
+    Fills `finished` (model -> shard index -> state); returns the models skipped (with why), the devices
+    the workers used, and how many tasks were retried.
+    """
+    import ray
+    from ray.exceptions import RayError, RayTaskError
+
+    queue, running, idle = deque(tasks), {}, list(slots)
+    skipped: dict[str, str] = {}
+    devices: set[str] = set()
+    lost = 0
+    kept = f"the finished shards are saved in {partial}; run the same command again to resume" if partial else \
+        "nothing was saved (no out)"
+    while queue or running:
+        if should_stop():
+            raise SweepInterrupted(f"stopped while sweeping on Ray: {kept}")
+        while queue and idle:
+            slot = idle.pop()
+            running[slot.submit(_next_task(queue, slot.spec), save_every)] = slot
+        ready, _ = ray.wait(list(running), num_returns=1, timeout=0.2)
+        for ref in ready:
+            slot = running.pop(ref)
+            task = slot.task
+            idle.append(slot)
+            if task.spec in skipped:
+                continue
+            try:
+                state, device = ray.get(ref)
+            except RayTaskError as error:
+                cause = error.cause
+                if isinstance(cause, KeyboardInterrupt):
+                    raise SweepInterrupted(f"stopped while sweeping on Ray: {kept}") from None
+                if isinstance(cause, ModelLoadError) and n_models > 1:  # sweep the others, as a local sweep does
+                    skipped[task.spec] = str(cause)
+                    shown.note(f"skipped {task.spec}: {cause}")
+                    shown.drop(task.spec)
+                    queue = deque(t for t in queue if t.spec != task.spec)
+                    continue
+                if isinstance(cause, HeadscanError):
+                    raise cause from None
+                raise
+            except RayError as error:  # the worker was lost, not the task's own error: retry elsewhere
+                task.failures += 1
+                first = (str(error).strip().splitlines() or [""])[0][:200]
+                if task.failures > retries:
+                    raise ClusterError(f"shard {task.shard} of {task.spec}: its worker was lost {task.failures} times "
+                                       f"({type(error).__name__}: {first}); {kept}") from None
+                lost += 1
+                start = f"its last state ({task.state.windows_done} windows done)" if task.state else "its start"
+                shown.note(f"lost the worker sweeping shard {task.shard} of {task.spec} ({type(error).__name__}); "
+                           f"retrying from {start}, {task.failures} of {retries}")
+                slot.replace()
+                queue.appendleft(task)
+                continue
+            devices.add(device)
+            state = _owned(state)
+            if task.state is not None and task.state.finished:  # a check of an earlier run's state: nothing new
+                continue
+            if partial is not None:
+                state.save(partial / _state_file(task.spec, task.shard))
+            tokens = state.n_tokens - (task.state.n_tokens if task.state is not None else 0)
+            shown.advance(task.spec, tokens, state.finished)
+            if state.finished:
+                finished[task.spec][task.shard.index] = state
+            else:
+                queue.appendleft(_Task(task.spec, task.shard, state, "this run"))
+    return skipped, devices, lost
