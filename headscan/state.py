@@ -23,6 +23,8 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -126,21 +128,37 @@ class PartialState:
     @classmethod
     def load(cls, path: Path) -> PartialState:
         """Read a state written by `save`; a damaged or foreign file is one clear error."""
+        def damaged(why: str) -> TablesError:
+            return TablesError(f"{path}: not a readable headscan partial state ({why}); delete it to start that "
+                               f"part again")
+
         try:
             with np.load(path, allow_pickle=False) as data:
                 header = json.loads(data["header"].tobytes())
                 arrays = {name: data[name] for name in ("sums", "counts", "replicate_sums", "replicate_counts", "moments")}
-        except (OSError, ValueError, KeyError, EOFError) as error:
-            raise TablesError(f"{path}: not a readable headscan partial state ({type(error).__name__}); "
-                              f"delete it to start that part again") from None
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as error:
+            raise damaged(type(error).__name__) from None
+        if not isinstance(header, dict):
+            raise damaged("its header is not a JSON object")
         if header.get("state_version") != STATE_VERSION:
             raise TablesError(f"{path}: partial state version {header.get('state_version')!r}, this headscan "
                               f"reads {STATE_VERSION}; delete it to start that part again")
-        shard = Shard(*header["shard"]) if header["shard"] else None
-        return cls(header["fingerprint"], shard, **arrays, windows_done=header["windows_done"],
-                   finished=header["finished"], model=header["model"], n_segments=header["n_segments"],
-                   n_tokens=header["n_tokens"], n_truncated=header["n_truncated"], n_tokens_lost=header.get("n_tokens_lost", 0),
-                   seconds=header["seconds"])
+        types = {"fingerprint": dict, "model": dict, "finished": bool, "windows_done": int, "n_segments": int,
+                 "n_tokens": int, "n_truncated": int, "seconds": (int, float)}
+        wrong = [key for key, kind in types.items() if not isinstance(header.get(key), kind)]
+        shard = header.get("shard")
+        if shard is not None and not (isinstance(shard, list) and len(shard) == 2
+                                      and all(isinstance(x, int) and not isinstance(x, bool) for x in shard)):
+            wrong.append("shard")
+        if wrong:
+            raise damaged(f"bad or missing {', '.join(wrong)} in its header")
+        shapes = {name: array.shape for name, array in arrays.items()}
+        if len({shapes["sums"], shapes["counts"]}) != 1 or shapes["replicate_sums"] != shapes["replicate_counts"]:
+            raise damaged("its arrays do not fit together")
+        return cls(header["fingerprint"], Shard(*shard) if shard else None, **arrays,
+                   windows_done=header["windows_done"], finished=header["finished"], model=header["model"],
+                   n_segments=header["n_segments"], n_tokens=header["n_tokens"], n_truncated=header["n_truncated"],
+                   n_tokens_lost=int(header.get("n_tokens_lost") or 0), seconds=header["seconds"])
 
     # --- finishing -------------------------------------------------------------------------------------
 

@@ -223,6 +223,8 @@ def check_out(out: str | os.PathLike, *, overwrite: bool = False) -> Path:
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise TablesError(f"{out}: already holds files; pass --overwrite to replace them, or choose another --out")
     parent = _existing_parent(out)
+    if not parent.is_dir():
+        raise TablesError(f"{out}: {parent} is a file, not a folder; choose another --out")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise TablesError(f"{out}: cannot write in {parent}; choose another --out")
     return out
@@ -299,7 +301,7 @@ def load(out: str | os.PathLike) -> SweepTables:
             frame, stamps[path.name] = _read_parquet(path)
             try:
                 frames[name] = table.conform(frame)
-            except (TablesError, ValueError, TypeError) as error:
+            except (TablesError, ValueError, TypeError, OverflowError) as error:
                 raise TablesError(f"{path}: not a headscan {name} table ({error})") from None
     run_json = out / "run.json"
     if run_json.is_file():
@@ -315,7 +317,12 @@ def load(out: str | os.PathLike) -> SweepTables:
     for file, stamp in stamps.items():
         if stamp is not None and stamp.get("run_id") != provenance.get("run_id"):
             raise TablesError(f"{out}: {file} and run.json come from different runs; sweep again into a new folder")
-    return SweepTables(frames, RunProvenance.from_json(provenance), out)
+    try:
+        typed = RunProvenance.from_json(provenance)
+    except (TypeError, AttributeError, ValueError) as error:
+        raise TablesError(f"{run_json}: not a headscan run description ({type(error).__name__}: {error}); "
+                          f"sweep again") from None
+    return SweepTables(frames, typed, out)
 
 
 def _read_parquet(path: Path) -> tuple[pd.DataFrame, dict | None]:
@@ -326,10 +333,13 @@ def _read_parquet(path: Path) -> tuple[pd.DataFrame, dict | None]:
     try:
         table = pq.read_table(path)
         stamp = (table.schema.metadata or {}).get(PROVENANCE_KEY)
-        return table.to_pandas(), json.loads(stamp) if stamp else None
+        frame, stamp = table.to_pandas(), json.loads(stamp) if stamp else None
     except (pa.ArrowException, OSError, ValueError) as error:
         first = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise TablesError(f"{path}: not a readable parquet file ({first}); sweep again") from None
+    if stamp is not None and not isinstance(stamp, dict):
+        raise TablesError(f"{path}: its headscan metadata is not a JSON object; sweep again")
+    return frame, stamp
 
 
 # --- combining --------------------------------------------------------------------------------------------

@@ -1,6 +1,11 @@
-"""The command line end to end: exit codes and the exact one-line errors."""
+"""The command line end to end: exit codes and the exact one-line errors.
+
+(SIGINT's exit code 130 is tested in test_jobs.py, with a real signal.)
+"""
 
 import json
+import shutil
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -8,10 +13,31 @@ from click.testing import CliRunner
 
 from headscan.cli import cli
 
+SWEEP = ["-q", "--device", "cpu", "--bootstrap", "20"]
+
 
 @pytest.fixture()
 def runner():
     return CliRunner()
+
+
+@pytest.fixture()
+def no_model_loads(monkeypatch):
+    """Fail the test if any model is loaded: errors must come before the first forward pass."""
+
+    def load_model(*args, **kwargs):
+        pytest.fail(f"a model was loaded: {args}")
+
+    monkeypatch.setattr("headscan.jobs.load_model", load_model)
+
+
+def one_line(result) -> str:
+    """The output of a failed command: exactly one line, no traceback."""
+    assert result.exit_code == 1, result.output
+    assert isinstance(result.exception, SystemExit), repr(result.exception)  # a ClickException, not a crash
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1, result.output
+    return lines[0]
 
 
 def test_sweep_then_show(runner, tmp_path, tiny_gpt2, tiny_bert):
@@ -32,10 +58,16 @@ def test_sweep_then_show(runner, tmp_path, tiny_gpt2, tiny_bert):
     [
         (["sweep", "--corpus", "missing.txt", "-q"], "Error: missing.txt: no such file; pass a .txt, .jsonl or .conllu file, 'builtin' or 'repeat-random'"),
         (["sweep", "--batch-size", "0", "-q"], "Error: --batch-size must be a whole number >= 1, got 0"),
+        (["sweep", "--limit", "0", "-q"], "Error: --limit must be a whole number >= 1, got 0"),
+        (["sweep", "--max-offset", "0", "-q"], "Error: --max-offset must be a whole number >= 1, got 0"),
+        (["sweep", "--bootstrap", "5", "-q"], "Error: --bootstrap must be 0 (no intervals) or at least 20, got 5: fewer "
+                                              "replicates cannot place the 2.5% and 97.5% points"),
+        (["sweep", "--shard", "3/3", "-q"], "Error: --shard must be K/N with 0 <= K < N, got '3/3' (K counts from 0)"),
         (["show", "nowhere"], "Error: nowhere: no such folder; pass the --out folder of a `headscan sweep` run"),
     ],
+    ids=lambda value: " ".join(value) if isinstance(value, list) else "",
 )
-def test_user_mistakes_are_one_line_errors(runner, arguments, message, tmp_path, monkeypatch):
+def test_user_mistakes_are_one_line_errors(runner, arguments, message, tmp_path, monkeypatch, no_model_loads):
     monkeypatch.chdir(tmp_path)
     result = runner.invoke(cli, arguments)
     assert result.exit_code == 1
@@ -91,3 +123,167 @@ def test_sweep_and_report_in_fresh_interpreters(tmp_path, tiny_bert):
         result = subprocess.run([sys.executable, "-m", "headscan", *arguments], capture_output=True, text=True)
         assert result.returncode == 0, result.stderr[-2000:]
     assert (report / "index.html").is_file() and (report / "figures" / "looking_both_ways.png").is_file()
+
+
+# --- sweep: settings, models and output folders -----------------------------------------------------------------
+
+
+def test_bos_takes_only_its_choices(runner):
+    result = runner.invoke(cli, ["sweep", "--bos", "maybe", "-q"])
+    assert result.exit_code == 2  # click's usage error
+    assert result.output.strip().splitlines()[-1] == "Error: Invalid value for '--bos': 'maybe' is not one of 'auto', 'yes', 'no'."
+
+
+def test_a_model_named_twice_is_refused(runner, tmp_path, tiny_bert, no_model_loads):
+    result = runner.invoke(cli, ["sweep", "-m", str(tiny_bert), "-m", str(tiny_bert), "--out", str(tmp_path / "out"), *SWEEP])
+    assert one_line(result) == (f"Error: --model: a model is named twice in [{str(tiny_bert)!r}, {str(tiny_bert)!r}]; "
+                                f"each model's rows would collide")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_misspelt_model_gets_did_you_mean_and_nothing_is_swept(runner, tmp_path, tiny_bert, no_model_loads):
+    # the good model comes first: it must not be swept before the misspelt one is found
+    result = runner.invoke(cli, ["sweep", "-m", str(tiny_bert), "-m", "smollm", "--out", str(tmp_path / "out"), *SWEEP])
+    assert one_line(result) == ("Error: model 'smollm' not found: no embedded alias, local path or cached Hugging Face "
+                                "model of that name (HF_HUB_OFFLINE is set). Did you mean 'smollm2'? Aliases: minilm, smollm2")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no output, no partial state
+
+
+def test_a_folder_that_holds_files_is_replaced_only_with_overwrite(runner, tmp_path, tiny_bert, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "notes.txt").write_text("mine")
+    arguments = ["sweep", "-m", str(tiny_bert), "--limit", "2", "--out", "full", *SWEEP]
+    with monkeypatch.context() as patched:
+        patched.setattr("headscan.jobs.load_model", lambda *a, **k: pytest.fail("loaded a model"))
+        result = runner.invoke(cli, arguments)
+    assert one_line(result) == "Error: full: already holds files; pass --overwrite to replace them, or choose another --out"
+    assert [p.name for p in (tmp_path / "full").iterdir()] == ["notes.txt"]
+    result = runner.invoke(cli, [*arguments, "--overwrite"])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (tmp_path / "full").iterdir()) == ["heads.parquet", "offsets.parquet", "run.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["full"]  # no staging or old folder left behind
+
+
+def test_an_output_folder_under_a_file_is_refused_before_any_work(runner, tmp_path, tiny_bert, monkeypatch, no_model_loads):
+    # root ignores permissions, so "cannot write" is made with a parent that is a regular file
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    result = runner.invoke(cli, ["sweep", "-m", str(tiny_bert), "--limit", "2", "--out", "afile/out", *SWEEP])
+    assert one_line(result) == f"Error: afile/out: {tmp_path / 'afile'} is a file, not a folder; choose another --out"
+    assert (tmp_path / "afile").read_text() == "x"
+
+
+def test_an_output_folder_under_an_executable_file_is_refused_before_any_work(runner, tmp_path, tiny_bert, monkeypatch,
+                                                                              no_model_loads):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "script").write_text("#!/bin/sh\n")
+    (tmp_path / "script").chmod(0o755)
+    result = runner.invoke(cli, ["sweep", "-m", str(tiny_bert), "--limit", "2", "--out", "script/out", *SWEEP])
+    assert one_line(result) == f"Error: script/out: {tmp_path / 'script'} is a file, not a folder; choose another --out"
+
+
+@pytest.mark.parametrize(
+    "head, line, message",
+    [
+        ("x", 3, "HEAD column is 'x', expected a whole number; write the ID of the word's head, 0 for the root"),
+        ("5", 3, "HEAD is 5 but the sentence has 2 words; use 0 for the root or a word ID from 1 to 2"),
+    ],
+    ids=["not-a-number", "out-of-range"],
+)
+def test_a_conllu_file_with_a_bad_head_names_the_file_and_line(runner, tmp_path, tiny_bert, monkeypatch, no_model_loads,
+                                                               head, line, message):
+    monkeypatch.chdir(tmp_path)
+    good = "# sent_id = a\n# text = Dogs bark\n1\tDogs\tdog\tNOUN\t_\t_\t2\tnsubj\t_\t_\n2\tbark\tbark\tVERB\t_\t_\t0\troot\t_\t_\n\n"
+    bad = f"# text = It rains\n1\tIt\tit\tPRON\t_\t_\t0\troot\t_\t_\n2\trains\train\tVERB\t_\t_\t{head}\tdep\t_\t_\n\n"
+    Path("trees.conllu").write_text(good + bad)
+    line += good.count("\n")  # the bad word line, counted from the top of the file
+    result = runner.invoke(cli, ["sweep", "-m", str(tiny_bert), "--corpus", "trees.conllu", "--out", "out", *SWEEP])
+    assert one_line(result) == f"Error: trees.conllu, line {line}: {message}"
+    assert not Path("out").exists()
+
+
+# --- show and merge on damaged or foreign folders ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def a_run(tmp_path_factory, tiny_bert) -> Path:
+    from headscan.jobs import sweep
+
+    out = tmp_path_factory.mktemp("cli-run") / "run"
+    sweep(str(tiny_bert), "builtin", out, limit=3, device="cpu", bootstrap=20)
+    return out
+
+
+@pytest.fixture()
+def damaged(a_run, tmp_path, monkeypatch):
+    """A copy of `a_run` as ./run, to damage."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(a_run, tmp_path / "run")
+    return Path("run")
+
+
+def test_show_on_a_truncated_heads_parquet(runner, damaged):
+    data = (damaged / "heads.parquet").read_bytes()
+    (damaged / "heads.parquet").write_bytes(data[: len(data) // 2])
+    line = one_line(runner.invoke(cli, ["show", str(damaged)]))
+    # the middle is pyarrow's own reason, whose wording is pyarrow's
+    assert line.startswith("Error: run/heads.parquet: not a readable parquet file (") and line.endswith("); sweep again")
+
+
+def test_show_on_a_broken_run_json(runner, damaged):
+    (damaged / "run.json").write_text('{"run_id": ')
+    assert one_line(runner.invoke(cli, ["show", str(damaged)])) == (
+        "Error: run/run.json: broken JSON (Expecting value: line 1 column 12 (char 11)); the tables' own copy of it is "
+        "in their parquet metadata, or sweep again")
+
+
+def test_show_on_a_run_json_that_is_not_an_object(runner, damaged):
+    (damaged / "run.json").write_text("[1, 2]\n")
+    assert one_line(runner.invoke(cli, ["show", str(damaged)])) == "Error: run/run.json: expected a JSON object; sweep again"
+
+
+def test_show_on_a_run_without_its_heads_parquet(runner, damaged):
+    (damaged / "heads.parquet").unlink()
+    assert one_line(runner.invoke(cli, ["show", str(damaged)])) == (
+        "Error: run: has no heads.parquet; is it the --out folder of a `headscan sweep` run?")
+
+
+def test_show_on_a_folder_that_is_not_a_run(runner, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("photos").mkdir()
+    Path("photos/cat.jpg").write_bytes(b"\xff\xd8")
+    assert one_line(runner.invoke(cli, ["show", "photos"])) == (
+        "Error: photos: has no heads.parquet; is it the --out folder of a `headscan sweep` run?")
+
+
+def test_show_on_a_parquet_file_of_another_kind(runner, damaged):
+    pd.DataFrame({"a": [1, 2]}).to_parquet(damaged / "heads.parquet")
+    line = one_line(runner.invoke(cli, ["show", str(damaged)]))
+    assert line.startswith("Error: run/heads.parquet: not a headscan heads table (heads table is missing columns ['model', ")
+
+
+@pytest.fixture(scope="module")
+def shard_runs(tmp_path_factory, tiny_bert) -> Path:
+    from headscan.jobs import sweep
+
+    root = tmp_path_factory.mktemp("cli-shards")
+    for k in range(3):
+        sweep(str(tiny_bert), "builtin", root / f"part-{k}", shard=f"{k}/3", limit=6, device="cpu", bootstrap=20)
+    return root
+
+
+def test_merge_with_a_missing_shard(runner, shard_runs, monkeypatch):
+    monkeypatch.chdir(shard_runs)
+    result = runner.invoke(cli, ["merge", "part-0", "part-2", "--out", "merged"])
+    assert one_line(result) == "Error: shards 1/3 are missing; merge needs all 3"
+    assert not (shard_runs / "merged").exists()
+    result = runner.invoke(cli, ["merge", "part-0", "part-1", "part-2", "--out", "merged"])
+    assert result.exit_code == 0 and result.output == "merged 3 shards into merged\n"
+
+
+def test_merge_with_a_shard_folder_that_does_not_exist(runner, shard_runs, monkeypatch):
+    monkeypatch.chdir(shard_runs)
+    result = runner.invoke(cli, ["merge", "part-0", "part-9", "part-2", "--out", "elsewhere"])
+    assert one_line(result) == "Error: part-9: no such folder; pass the --out folder of a `headscan sweep` run"
+    assert not (shard_runs / "elsewhere").exists()
