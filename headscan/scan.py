@@ -98,8 +98,8 @@ def _score(batch: AttentionBatch, columns: list[Column]) -> tuple[torch.Tensor, 
 # --- windows -----------------------------------------------------------------------------------------------
 
 
-def _unit(index: int, segment: Segment, config: SweepConfig) -> int:
-    return segment.document if config.bootstrap_unit == "document" else index
+def _unit(index: int, document: int, config: SweepConfig) -> int:
+    return document if config.bootstrap_unit == "document" else index
 
 
 def plan_windows(corpus: Corpus, config: SweepConfig, shard: Shard | None = None) -> list[list[int]]:
@@ -117,10 +117,10 @@ def plan_windows(corpus: Corpus, config: SweepConfig, shard: Shard | None = None
     windows: list[list[int]] = []
     current: list[int] = []
     last_unit = None
-    for index, segment in enumerate(corpus.segments):
-        if shard is not None and not shard.holds(segment.document):
+    for index, document in enumerate(corpus.segment_documents.tolist()):  # no segment is read from a file
+        if shard is not None and not shard.holds(document):
             continue
-        unit = _unit(index, segment, config)
+        unit = _unit(index, document, config)
         if len(current) >= config.window and unit != last_unit:
             windows.append(current)
             current = []
@@ -185,7 +185,7 @@ def accumulate(
     try:
         with model.pattern_forward(hooks) as forward:
             for window in windows[state.windows_done:]:
-                units = [_unit(i, corpus.segments[i], config) for i in window]
+                units = [_unit(i, int(corpus.segment_documents[i]), config) for i in window]
                 local = {unit: n for n, unit in enumerate(dict.fromkeys(units))}
                 encoded = encode(corpus, model, config.max_len, indices=window)
                 # (layer, unit, head, column): this window's sums per unit, added to `totals` when it ends

@@ -1,11 +1,17 @@
-"""Reading corpora: every source, its documents, its errors (exact text), tokenisation and batching."""
+"""Reading corpora: every source, its documents, its errors (exact text), reading files lazily and in bounded
+memory, tokenisation and batching."""
 
 import json
+import os
+import pickle
+import tracemalloc
 
 import pytest
 import torch
 
-from headscan.corpus import EncodedCorpus, batches, encode, read_corpus
+from headscan import readers
+from headscan.corpus import EncodedCorpus, FileSegments, batches, encode, read_corpus
+from headscan.readers import INDEX
 from headscan.errors import ConfigError, CorpusError
 
 WORD = "{id}\tw{id}\tw\tX\t_\t_\t{head}\tdep\t_\t_"  # a CoNLL-U word line
@@ -225,6 +231,119 @@ def test_missing_file_or_a_directory_says_what_a_corpus_can_be(tmp_path):
     with pytest.raises(CorpusError) as error:
         read_corpus(tmp_path)
     assert str(error.value) == f"{tmp_path}: is a directory; pass a .txt, .jsonl or .conllu file"
+
+
+def count_reads(monkeypatch) -> list:
+    """Every read of a corpus file after its reading pass, as (start, stop) byte offsets."""
+    reads, read = [], readers.CorpusFile.read
+
+    def counted(self, start, stop):
+        reads.append((start, stop))
+        return read(self, start, stop)
+
+    monkeypatch.setattr(readers.CorpusFile, "read", counted)
+    return reads
+
+
+def test_file_segments_are_a_lazy_read_only_sequence(tmp_path):
+    path = tmp_path / "c.txt"
+    path.write_text("".join(f"line {i}\n" + "\n" * (i % 7 == 6) for i in range(50)))
+    corpus = read_corpus(path)
+    segments = corpus.segments
+    assert isinstance(segments, FileSegments) and len(segments) == 50 and segments.nbytes == 50 * INDEX.itemsize
+    eager = list(segments)
+    assert [s.text for s in eager] == [f"line {i}" for i in range(50)]
+    assert [segments[i] for i in reversed(range(50))][::-1] == eager  # random access agrees with reading on
+    assert segments[-1] == eager[49] and segments[-50] == eager[0]
+    for key in (slice(10, 20), slice(None, None, 7), slice(-5, None), slice(30, 10, -3), slice(60, 70)):
+        part = segments[key]
+        assert isinstance(part, FileSegments) and list(part) == eager[key] and part == tuple(eager[key])
+    assert segments == tuple(eager) and tuple(eager) == segments and segments != tuple(eager[1:])
+    assert segments[3:][2:5] == eager[5:8]
+    assert corpus.segment_documents.tolist() == [s.document for s in eager] and corpus.n_documents == 8
+    with pytest.raises(IndexError, match="segment 50 is out of range: the corpus has 50 segments"):
+        segments[50]
+    with pytest.raises(IndexError):
+        segments[-51]
+    with pytest.raises(TypeError, match="not str"):
+        segments["1"]
+    assert pickle.loads(pickle.dumps(corpus)) == corpus  # travels to other processes (Ray workers) without its cache
+
+
+def test_documents_and_provenance_read_no_segment(tmp_path, monkeypatch, ewt_dev):
+    corpus = read_corpus(ewt_dev)
+    reads = count_reads(monkeypatch)
+    assert corpus.n_documents == 318 and corpus.provenance()["n_segments"] == 2001 and not reads
+
+
+def test_a_window_of_consecutive_segments_is_one_read(tmp_path, monkeypatch):
+    path = tmp_path / "c.jsonl"
+    path.write_text("".join(json.dumps({"text": f"segment {i}"}) + "\n" for i in range(3000)))
+    segments = read_corpus(path).segments
+    reads = count_reads(monkeypatch)
+    [segments[i] for i in range(1024)]
+    assert len(reads) == 12  # reading on reads further ahead each time: 1, 2, 4, ... 256, 256, 256 segments
+    reads.clear()
+    for start in range(1024, 3000, 256):  # a sweep's windows: the units of a window, then its texts
+        window = range(start, min(start + 256, 3000))
+        assert [segments[i].line for i in window] == [i + 1 for i in window]
+        assert [segments[i].text for i in window] == [f"segment {i}" for i in window]
+    assert len(reads) <= 8  # a read per window of 256 at most
+    assert len({start for start, _ in reads}) == len(reads)  # nothing read twice
+
+
+def test_a_file_changed_after_reading_is_refused(tmp_path):
+    path = tmp_path / "c.txt"
+    path.write_text("one\ntwo\nsix\n")
+    corpus = read_corpus(path)
+    fix = "read it again, and leave a corpus file unchanged while it is swept"
+    status = path.stat()
+    path.write_text("one\ntwo\nten\n")  # same size, and the same modification time restored
+    os.utime(path, ns=(status.st_atime_ns, status.st_mtime_ns))
+    assert corpus.segments[:2] == corpus.segments[:2] and corpus.segments[1].text == "two"
+    with pytest.raises(CorpusError) as error:
+        corpus.segments[2:][0]
+    assert str(error.value) == f"{path}: changed since it was read (line 3 differs); {fix}"
+    path.write_text("one\ntwo\nsix\nseven\n")
+    with pytest.raises(CorpusError) as error:
+        corpus.segments[1:][0]
+    assert str(error.value) == f"{path}: changed since it was read (its size or modification time differ); {fix}"
+    path.unlink()
+    with pytest.raises(CorpusError) as error:
+        corpus.segments[1:][0]
+    assert str(error.value) == f"{path}: changed since it was read (No such file or directory); {fix}"
+
+
+def peak_bytes(function) -> int:
+    """The most memory Python held at once while `function` ran, beyond what it held before."""
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        function()
+        return tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("suffix", [".txt", ".jsonl"])
+def test_reading_a_corpus_keeps_an_index_not_its_text(tmp_path, suffix):
+    """Ten times the lines cost the index's 40 bytes a segment more, not ten times the text."""
+    sizes, peaks, corpora = {}, {}, {}
+    for n in (2_000, 20_000):
+        path = tmp_path / f"c{n}{suffix}"
+        with path.open("w") as out:
+            for i in range(n):
+                text = f"segment {i} " + "lorem ipsum dolor sit amet " * 14  # about 400 characters
+                out.write((json.dumps({"text": text}) if suffix == ".jsonl" else text) + "\n")
+                out.write("\n" * (i % 10 == 9))
+        sizes[n] = path.stat().st_size
+        peaks[n] = peak_bytes(lambda: corpora.setdefault(n, read_corpus(path)))
+    assert corpora[20_000].n_documents == 2_000 if suffix == ".txt" else 20_000
+    grown = peaks[20_000] - peaks[2_000]
+    assert grown < (sizes[20_000] - sizes[2_000]) / 4, (peaks, sizes)  # the text is 10x larger, the peak is not
+    assert peaks[20_000] < sizes[20_000] / 4, (peaks, sizes)
+    # reading every segment keeps only the last ones read
+    assert peak_bytes(lambda: sum(len(s.text) for s in corpora[20_000].segments)) < sizes[20_000] / 4
 
 
 def test_repeat_random_options_and_errors():

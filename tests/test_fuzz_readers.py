@@ -1,4 +1,5 @@
-"""Fuzzing the corpus readers: any file either reads into a sound `Corpus` or raises one clear `CorpusError`.
+"""Fuzzing the corpus readers: any file either reads into a sound `Corpus`, whose segments read again from
+the file in any order are the same, or raises one clear `CorpusError`.
 
 Inputs are random bytes, JSONL lines assembled from valid and broken fragments, and CoNLL-U sentences built
 from plausible lines and then mutated. Any exception other than `CorpusError` fails the test.
@@ -37,10 +38,14 @@ def check_read(path, data: bytes, **options):
     assert documents and documents[0] == 0
     assert all(b - a in (0, 1) for a, b in zip(documents, documents[1:]))
     assert corpus.n_documents == documents[-1] + 1 == corpus.provenance()["n_documents"]
-    assert all(s.text.strip() for s in corpus.segments)
-    for segment in corpus.segments:
+    segments = list(corpus.segments)
+    assert all(s.text.strip() for s in segments)
+    for segment in segments:
         assert len(segment.words) == len(segment.heads) == len(segment.deprels)
         assert all(0 <= head <= len(segment.words) for head in segment.heads)
+    # read again from the file: from the end, and in slices, the segments are those read in order
+    assert [corpus.segments[-i] for i in range(1, len(segments) + 1)] == segments[::-1]
+    assert list(corpus.segments[1::2]) == segments[1::2] and corpus.segments[::-1] == segments[::-1]
     return corpus
 
 
