@@ -81,6 +81,9 @@ def cli():
 @click.option("--out", "-o", default="out", show_default=True, type=click.Path(file_okay=False, path_type=Path),
               help="Folder for heads.parquet, offsets.parquet and run.json.")
 @click.option("--max-len", default=default("max_len"), show_default=True, help="Tokens per segment; longer ones are truncated.")
+@click.option("--long", default=default("long"), show_default=True, type=click.Choice(choices()["long"]),
+              help="A segment longer than --max-len: 'truncate' cuts it, 'split' feeds it as consecutive windows "
+                   "of --max-len tokens, each with the model's special tokens.")
 @click.option("--batch-size", default=default("batch_size"), show_default=True,
               help="Segments per forward pass (scores do not depend on it).")
 @click.option("--limit", type=int, default=default("limit"), help="Read at most this many segments.")
@@ -115,7 +118,7 @@ def cli():
                    "--ray auto, --ray HOST:6379 or --ray ray://HOST:10001 connect to one (pip install 'headscan[ray]').")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @_one_line_errors
-def sweep(models, corpus, out, max_len, batch_size, limit, device, dtype, specials, bos, max_offset, bootstrap, seed,
+def sweep(models, corpus, out, max_len, long, batch_size, limit, device, dtype, specials, bos, max_offset, bootstrap, seed,
           bootstrap_unit, interval, window, save_every, shard, overwrite, restart, ray, quiet):
     """Score every head of every layer of each MODEL over a corpus.
 
@@ -136,7 +139,7 @@ def sweep(models, corpus, out, max_len, batch_size, limit, device, dtype, specia
     from .models import DEFAULT_MODELS
 
     config = SweepConfig(
-        max_len=max_len, batch_size=batch_size, limit=limit, device=device, dtype=dtype, specials=specials,
+        max_len=max_len, long=long, batch_size=batch_size, limit=limit, device=device, dtype=dtype, specials=specials,
         max_offset=max_offset, bootstrap=bootstrap, seed=seed, prepend_bos=_BOS[bos], bootstrap_unit=bootstrap_unit,
         interval=interval, window=window,
     )
@@ -145,9 +148,13 @@ def sweep(models, corpus, out, max_len, batch_size, limit, device, dtype, specia
                        restart=restart, progress=not quiet, command=command, save_every=save_every, ray=ray)
     click.echo(_unit_note(result.provenance), err=True)
     for model in result.provenance.models:
-        if model.n_truncated:
+        if model.n_truncated and config.long == "split":
             click.echo(f"{model.name}: {model.n_truncated:,} of {model.n_segments:,} segments were longer than "
-                       f"--max-len {model.max_len} and were cut ({model.n_tokens_lost:,} tokens lost)", err=True)
+                       f"--max-len {model.max_len} and were split into windows", err=True)
+        elif model.n_truncated:
+            click.echo(f"{model.name}: {model.n_truncated:,} of {model.n_segments:,} segments were longer than "
+                       f"--max-len {model.max_len} and were cut ({model.n_tokens_lost:,} tokens lost; "
+                       f"--long split keeps them)", err=True)
     files = ", ".join(f"{out}/{tables.TABLES[name].file}" for name in result.frames)
     click.echo(f"wrote {files} and {out}/run.json")
     for metric in ("prev_token", "next_token"):
@@ -246,30 +253,43 @@ def show(run, metric, top):
               help="Report folder (default: reports/<run name>).")
 @click.option("--top", default=10, show_default=True, help="Top heads listed per metric.")
 @click.option("--example", default=None,
-              help="Sentence whose attention is drawn for each model's chosen head (default: a short English one).")
+              help="Sentence whose attention is drawn for each model's heads (default: a short English one).")
 @click.option("--no-models", is_flag=True, help="Draw only what needs the tables, without loading the models.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
 @_one_line_errors
-def report(runs, out, top, example, no_models):
-    """Render one or more sweep outputs into figures, report.md and a self-contained index.html.
+def report(runs, out, top, example, no_models, quiet):
+    """Render one or more sweep outputs into figures, report.md and a self-contained index.html with the
+    head atlas.
 
-    Unless --no-models, each model is loaded once (on the CPU) to draw one head's attention on the
-    --example sentence; a model that cannot be loaded is named, with why, and the rest is drawn.
+    Unless --no-models, each model is loaded once (on the CPU) to compute every head's attention on the
+    --example sentence (and, for repeated-token runs, on a repeated sequence); a model that cannot be loaded
+    is named, with why, and the rest is drawn. Progress goes to stderr.
 
     Example:
 
         headscan report out --out reports/demo
     """
-    from .report import check_report_options, write_report
+    from .examples import check_example
+    from .report import check_report_options, check_runs, write_report
     from .tables import load
 
+    def progress(line: str) -> None:
+        if not quiet:
+            click.echo(line, err=True)
+
     check_report_options(top=top, out=out)  # before any model loads
+    if not no_models:
+        check_example(example)
+    check_runs(runs)
+    progress(f"reading {len(runs)} run{'s' if len(runs) > 1 else ''}")
     loaded = [load(run) for run in runs]
+    check_runs(loaded)
     examples = None
     if not no_models:
         from .examples import compute_examples
 
-        examples = compute_examples(loaded, example)
+        examples = compute_examples(loaded, example, progress=progress)
         for line in examples.failed:
             click.echo(f"no example attention for {line}", err=True)
-    folder = write_report(loaded, out, top=top, examples=examples)
+    folder = write_report(loaded, out, top=top, examples=examples, progress=progress)
     click.echo(f"wrote {folder}/index.html and {folder}/report.md")

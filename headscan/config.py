@@ -28,6 +28,7 @@ Device = Literal["auto", "cpu", "cuda", "mps"]
 DType = Literal["float32", "float16", "bfloat16"]
 Specials = Literal["keep", "exclude"]
 BootstrapUnit = Literal["segment", "document"]
+Long = Literal["truncate", "split"]
 IntervalMethod = Literal["bca", "percentile", "delta"]  # headscan.intervals.METHODS
 DEVICES: tuple[str, ...] = get_args(Device)
 DTYPES: tuple[str, ...] = get_args(DType)
@@ -43,7 +44,8 @@ MIN_BOOTSTRAP = 20
 class SweepConfig:
     """How a sweep reads the corpus and scores heads. Every field is checked when the config is made."""
 
-    max_len: int = 128  # tokens per segment, special tokens included; longer segments are truncated
+    max_len: int = 128  # tokens per sequence fed to the model, special tokens included
+    long: Long = "truncate"  # a longer segment: cut to max_len, or split into consecutive windows of max_len
     batch_size: int = 16  # segments per forward pass; scores do not depend on it
     limit: int | None = None  # read at most this many segments
     device: Device = "auto"  # where the model runs

@@ -179,23 +179,32 @@ def read_corpus(
 class EncodedCorpus:
     """A corpus tokenised for one model."""
 
-    token_ids: tuple[tuple[int, ...], ...]  # one tuple per segment, special tokens included
-    n_truncated: int  # segments cut to max_len
+    token_ids: tuple[tuple[int, ...], ...]  # one tuple per sequence fed to the model, special tokens included
+    n_truncated: int  # segments longer than max_len (cut, or split into several sequences)
     max_len: int
-    n_tokens_lost: int = 0  # tokens cut off those segments
+    n_tokens_lost: int = 0  # tokens cut off those segments (0 when they are split)
+    owner: tuple[int, ...] = ()  # for each sequence, the position of its segment among those encoded; () = itself
 
     @property
     def n_tokens(self) -> int:
         return sum(map(len, self.token_ids))
+
+    def segment_of(self, sequence: int) -> int:
+        """The position, among the segments encoded, of the segment that `sequence` comes from."""
+        return self.owner[sequence] if self.owner else sequence
 
 
 def _special_ids(tokenizer) -> set[int]:
     return {int(i) for i in getattr(tokenizer, "all_special_ids", []) if i is not None}
 
 
-def encode(corpus: Corpus, model, max_len: int, indices: list[int] | None = None) -> EncodedCorpus:
-    """Tokenise the segments at `indices` (all by default) for `model` (a `headscan.models.HookedModel`),
-    truncated to `max_len` tokens."""
+def encode(corpus: Corpus, model, max_len: int, indices: list[int] | None = None, long: str = "truncate") -> EncodedCorpus:
+    """Tokenise the segments at `indices` (all by default) for `model` (a `headscan.models.HookedModel`).
+
+    A segment longer than `max_len` tokens is cut to `max_len` (``long="truncate"``), or split into
+    consecutive windows of at most `max_len` tokens, each with the model's own special tokens
+    (``long="split"``): nothing is lost, and every window counts toward its segment's bootstrap unit.
+    """
     max_len = min(max_len, model.max_context)
     indices = range(len(corpus.segments)) if indices is None else indices
     bos = model.special_token_ids["bos"] if model.prepend_bos else None
@@ -204,15 +213,27 @@ def encode(corpus: Corpus, model, max_len: int, indices: list[int] | None = None
         return EncodedCorpus(ids, n_truncated, max_len)
     # The model decides the special tokens: BOS exactly when it says so, whatever its tokenizer does alone.
     encoded = model.token_ids([corpus.segments[i].text for i in indices])
-    out, n_truncated, lost = [], 0, 0
-    for ids in encoded:
-        if len(ids) > max_len:
-            n_truncated += 1
+    out, owner, n_truncated, lost = [], [], 0, 0
+    encoder = model.family == "bidirectional"
+    for position, ids in enumerate(encoded):
+        if len(ids) <= max_len:
+            out.append(tuple(ids))
+            owner.append(position)
+            continue
+        n_truncated += 1
+        # the special tokens around a segment: [CLS] ... [SEP] for encoders, BOS for decoders fed one
+        opening = ids[:1] if encoder or model.prepend_bos else []
+        closing = ids[-1:] if encoder else []
+        body = ids[len(opening): len(ids) - len(closing)]
+        room = max_len - len(opening) - len(closing)
+        if long == "split" and room > 0:
+            pieces = [opening + body[start:start + room] + closing for start in range(0, len(body), room)]
+        else:  # keep the closing [SEP] of encoders: the model never sees a segment without one
+            pieces = [opening + body[:room] + closing]
             lost += len(ids) - max_len
-            # keep the closing [SEP] of encoders: the model never sees a segment without one
-            ids = ids[: max_len - 1] + ids[-1:] if model.family == "bidirectional" else ids[:max_len]
-        out.append(tuple(ids))
-    return EncodedCorpus(tuple(out), n_truncated, max_len, lost)
+        out.extend(tuple(piece) for piece in pieces)
+        owner.extend([position] * len(pieces))
+    return EncodedCorpus(tuple(out), n_truncated, max_len, lost, tuple(owner))
 
 
 def _repeat_random_ids(corpus: Corpus, model, max_len: int, bos: int | None, indices):

@@ -187,7 +187,7 @@ def accumulate(
             for window in windows[state.windows_done:]:
                 units = [_unit(i, int(corpus.segment_documents[i]), config) for i in window]
                 local = {unit: n for n, unit in enumerate(dict.fromkeys(units))}
-                encoded = encode(corpus, model, config.max_len, indices=window)
+                encoded = encode(corpus, model, config.max_len, indices=window, long=config.long)
                 # (layer, unit, head, column): this window's sums per unit, added to `totals` when it ends
                 current["sums"] = torch.zeros((shape[0], len(local), *shape[1:]), dtype=torch.float64, device=device)
                 current["counts"] = torch.zeros_like(current["sums"])
@@ -199,7 +199,8 @@ def accumulate(
                     current.update(ids=ids, real=mask.bool(), layer_sums={}, layer_counts={})
                     forward(ids, mask)
                     # every layer's sums at once into their units: one index_add per batch, not one per layer
-                    rows = torch.tensor([local[units[int(i)]] for i in batch.index], dtype=torch.long, device=device)
+                    rows = torch.tensor([local[units[encoded.segment_of(int(i))]] for i in batch.index],
+                                        dtype=torch.long, device=device)
                     for name in ("sums", "counts"):
                         by_layer = current[f"layer_{name}"]
                         stacked = torch.stack([by_layer[layer] for layer in range(shape[0])])  # (layer, batch, head, column)

@@ -38,7 +38,7 @@ __all__ = ["PartialState", "FINGERPRINT_FIELDS", "merge_states", "Shard"]
 STATE_VERSION = 1
 
 # Settings whose change changes the numbers: two states must agree on each to be added, or to resume.
-FINGERPRINT_FIELDS = ("max_len", "limit", "dtype", "specials", "max_offset", "bootstrap", "seed", "prepend_bos",
+FINGERPRINT_FIELDS = ("max_len", "long", "limit", "dtype", "specials", "max_offset", "bootstrap", "seed", "prepend_bos",
                       "bootstrap_unit", "window")
 
 

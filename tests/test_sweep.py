@@ -179,3 +179,24 @@ def test_excluding_specials_removes_the_sink_from_the_scores(tiny_models):
     assert (left_out.loc[left_out.metric == "sep", "count"] == 0).all()
     # fewer queries count once [CLS] and [SEP] are left out
     assert (left_out.loc[left_out.metric == "self", "count"].values < kept.loc[kept.metric == "self", "count"].values).all()
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "bert"])
+def test_long_segments_split_into_windows_lose_no_token(tiny_models, arch):
+    from headscan.corpus import encode
+
+    model = tiny_models[arch]
+    corpus = corpus_of(LONG + " " + LONG, SHORT)
+    whole = model.token_ids([corpus.segments[0].text])[0]
+    split = encode(corpus, model, 8, long="split")
+    cut = encode(corpus, model, 8)
+    assert all(len(ids) <= 8 for ids in split.token_ids) and split.n_tokens_lost == 0
+    assert [split.segment_of(i) for i in range(len(split.token_ids))] == [0] * (len(split.token_ids) - 1) + [1]
+    specials = (1 if arch == "gpt2" else 2)  # BOS; or [CLS] and [SEP]
+    bodies = [ids[1: len(ids) - (specials - 1)] for ids in split.token_ids[:-1]]
+    assert [t for body in bodies for t in body] == list(whole[1: len(whole) - (specials - 1)])  # nothing lost or repeated
+    assert all(ids[0] == whole[0] for ids in split.token_ids)  # every window opens like the segment
+    assert cut.n_truncated == split.n_truncated == 1 and cut.n_tokens_lost == len(whole) - 8
+    tables = sweep_model(model, corpus, SweepConfig(device="cpu", bootstrap=20, max_len=8, long="split"))
+    assert tables.provenance.models[0].n_tokens == split.n_tokens and tables.provenance.config["long"] == "split"
+    assert tables.heads.query("metric == 'self'")["units"].max() == 2  # the windows of a segment are one unit
