@@ -1,10 +1,12 @@
 """A small document model: a list of blocks that render to HTML and to Markdown, so the two cannot differ.
 
 A `Document` is a title, blocks (`Heading`, `Text`, `Note`, `Bullets`, `Table`, `Panels`, `Figures`,
-`Definition`, `Contents`) and the PNG images its `Figures` blocks name. `to_html` writes one self-contained
-page (images embedded as data URIs, no script, no external link); `to_markdown` writes the same text with each
-image linked as ``figures/NAME``; `write_folder` puts both, and the images, in one folder, all at once. Text
-is plain except for `code` spans in backticks.
+`Definition`, `Contents`, `Raw`) and the PNG images its `Figures` blocks name. `to_html` writes one
+self-contained page (images embedded as data URIs, scripts inline, no external link: it works from
+``file://``); `to_markdown` writes the same text with each image linked as ``figures/NAME``; `write_folder`
+puts both, and the images, in one folder, all at once. Text is plain except for `code` spans in backticks.
+A `Table` marked sortable sorts by a click on a column's heading in HTML (one small inline script); a `Raw`
+block is a piece of HTML for the page only (an interactive figure), with what Markdown shows instead.
 
 This module knows nothing of heads, metrics or models, and draws nothing: `headscan.report` lays out the
 sections, `headscan.figures` draws.
@@ -50,7 +52,7 @@ from typing import Union
 import pandas as pd
 
 __all__ = [
-    "Heading", "Text", "Note", "Bullets", "Table", "Panels", "Figures", "Definition", "Contents", "Block",
+    "Heading", "Text", "Note", "Bullets", "Table", "Panels", "Figures", "Definition", "Contents", "Raw", "Block",
     "Document", "to_html", "to_markdown", "write_folder", "FOLDER_FILES", "CSS",
 ]
 
@@ -86,8 +88,9 @@ class Bullets:
 @dataclass
 class Table:
     frame: pd.DataFrame  # cells are display strings
-    numeric: tuple[str, ...] = ()  # columns aligned right
+    numeric: tuple[str, ...] = ()  # columns aligned right (and sorted as numbers)
     note: str = ""  # a muted line under the table
+    sortable: bool = False  # in HTML, a click on a column's heading sorts the rows by it
 
 
 @dataclass
@@ -114,7 +117,13 @@ class Contents:
     """Where the table of contents (every level-2 heading) goes."""
 
 
-Block = Union[Heading, Text, Note, Bullets, Table, Panels, Figures, Definition, Contents]
+@dataclass
+class Raw:
+    html: str  # put into the page as it is: it must be self-contained (no external link)
+    markdown: str = ""  # what report.md shows in its place (plain text with `code` spans); nothing when empty
+
+
+Block = Union[Heading, Text, Note, Bullets, Table, Panels, Figures, Definition, Contents, Raw]
 
 
 @dataclass
@@ -189,6 +198,10 @@ table{border-collapse:collapse;margin:.6em 0 1.2em;font-size:.88em}
 th,td{padding:.3em .75em;border-bottom:1px solid var(--line);text-align:left;vertical-align:top}
 th{background:var(--soft);font-weight:600}
 td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
+table.sortable th{cursor:pointer;user-select:none}
+table.sortable th:after{content:" \\2195";color:#afb8c1;font-weight:400}
+table.sortable th[aria-sort=ascending]:after{content:" \\25B2";color:var(--ink)}
+table.sortable th[aria-sort=descending]:after{content:" \\25BC";color:var(--ink)}
 .scroll{overflow-x:auto}
 .note{border-left:4px solid #d4a72c;background:#fff8c5;padding:.6em 1em;border-radius:0 6px 6px 0;max-width:78ch}
 .panels{display:grid;grid-template-columns:repeat(auto-fill,minmax(520px,1fr));gap:4px 28px}
@@ -204,17 +217,52 @@ dl dt{margin-top:1.2em;font-weight:600}dl dd{margin:.3em 0 0 1.4em}
 """.strip()
 
 
+# Sorts a table.sortable by the clicked column: numbers as numbers ("–" and blanks last), text as text.
+SORT_SCRIPT = """
+document.querySelectorAll("table.sortable").forEach(function (table) {
+  table.querySelectorAll("th").forEach(function (th, column) {
+    th.tabIndex = 0;
+    function sort() {
+      var up = th.getAttribute("aria-sort") !== "ascending";
+      table.querySelectorAll("th").forEach(function (other) { other.removeAttribute("aria-sort"); });
+      th.setAttribute("aria-sort", up ? "ascending" : "descending");
+      var numeric = th.classList.contains("num"), body = table.tBodies[0];
+      var rows = Array.prototype.slice.call(body.rows);
+      function key(row) {
+        var text = row.cells[column] ? row.cells[column].textContent.trim() : "";
+        if (!numeric) return text;
+        var number = parseFloat(text.replace(/[^0-9eE+.-]/g, ""));
+        return isNaN(number) ? null : number;
+      }
+      rows.sort(function (a, b) {
+        var x = key(a), y = key(b);
+        if (x === null || x === "") return y === null || y === "" ? 0 : 1;
+        if (y === null || y === "") return -1;
+        var order = numeric ? x - y : x.localeCompare(y);
+        return up ? order : -order;
+      });
+      rows.forEach(function (row) { body.appendChild(row); });
+    }
+    th.addEventListener("click", sort);
+    th.addEventListener("keydown", function (event) { if (event.key === "Enter") sort(); });
+  });
+});
+""".strip()
+
+
 def _table_html(block: Table) -> str:
     def cls(column):
         return ' class="num"' if column in block.numeric else ""
 
     head = "".join(f"<th{cls(c)}>{_inline_html(str(c))}</th>" for c in block.frame.columns)
+    sortable = ' class="sortable"' if block.sortable else ""
     rows = "".join(
         "<tr>" + "".join(f"<td{cls(c)}>{_inline_html(str(v))}</td>" for c, v in zip(block.frame.columns, r)) + "</tr>"
         for r in block.frame.itertuples(index=False)
     )
     note = f'<p class="muted">{_inline_html(block.note)}</p>' if block.note else ""
-    return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>{note}'
+    return (f'<div class="scroll"><table{sortable}><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>'
+            f"{note}")
 
 
 def _figures_html(block: Figures, images: dict[str, bytes], scale: float) -> str:
@@ -284,12 +332,19 @@ def to_html(document: Document, *, image_scale: float = 1.0) -> str:
             body.append(_figures_html(block, document.images, image_scale))
         elif isinstance(block, Definition):
             body.append(_definition_html(block))
+        elif isinstance(block, Raw):
+            body.append(block.html)
     if in_list:
         body.append("</dl>")
+    sortable = any(isinstance(b, Table) and b.sortable for b in document.blocks) or any(
+        isinstance(b, Panels) and any(t.sortable for _, t in b.items) for b in document.blocks)
+    if sortable:
+        body.append(f"<script>{SORT_SCRIPT}</script>")
     joined = "\n".join(body)
     return (
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        '<link rel="icon" href="data:,">\n'  # no request for /favicon.ico
         f"<title>{html.escape(document.title)}</title>\n<style>\n{CSS}\n</style>\n</head>\n<body>\n<main>\n"
         f"{joined}\n</main>\n</body>\n</html>\n"
     )
@@ -331,6 +386,9 @@ def to_markdown(document: Document) -> str:
         elif isinstance(block, Figures):
             out.append("\n".join(f"![{n.removesuffix('.png')}](figures/{n})" for n in block.names))
             out.append(f"*{_inline_md(block.caption)}*")
+        elif isinstance(block, Raw):
+            if block.markdown:
+                out.append(_inline_md(block.markdown))
         elif isinstance(block, Definition):
             parts = [f"**`{block.term}`** ({_inline_md(block.kind)})"]
             for para in _paragraphs(block.body):

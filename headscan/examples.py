@@ -1,42 +1,51 @@
-"""Example attention for a report: which head of each model to show, and its pattern on one sentence.
+"""Example attention for a report: which heads of each model to show, and every head's pattern on a sentence.
 
 This is the one report-side module that loads models (`headscan.models.load_model`) and runs them
-(`headscan.scan.example_attention`). The report only draws what `compute_examples` hands it, so writing a
-report never loads a model. ``headscan report`` calls it unless ``--no-models``; from Python::
+(`every_layer`: one forward pass per sentence, every layer's pattern read by `HookedModel.pattern_forward`).
+The report only draws what `compute_examples` hands it, so writing a report never loads a model.
+``headscan report`` calls it unless ``--no-models``; from Python::
 
     runs = [headscan.load("out")]
     examples = compute_examples(runs)  # loads each model once, on the CPU
     write_report(runs, "reports/demo", examples=examples)
 
-Which head: a causal model's most striking previous-token head, and a bidirectional model's most striking
-next-token head, so the two families' patterns, a triangle and a square, look in opposite directions.
+Which heads the static figures draw: each model's strongest previous-token head and, where the model can look
+ahead (bidirectional), its strongest next-token head, so the two families' patterns, a triangle and a square,
+are seen looking both ways. Where the runs swept repeated random tokens (or a head scores as an induction
+head), each model's strongest induction head is drawn too, on a repeated sequence. The atlas of the HTML
+report shows every head's pattern on each sentence (`HeadPatterns`).
 
 This module draws nothing and lays out nothing (see `headscan.report`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from . import models, scan
-from .errors import HeadscanError
+from . import models
+from .errors import ConfigError, HeadscanError
 from .findings import top_heads
 from .provenance import ModelProvenance
-from .runs import merge_runs
+from .runs import Comparison, merge_runs
 from .tables import SweepTables
 
-__all__ = ["DEFAULT_EXAMPLE", "CHOICE", "ExampleAttention", "Examples", "example_heads", "model_spec",
-           "compute_examples"]
+__all__ = ["DEFAULT_EXAMPLE", "REPEATED_EXAMPLE", "CHOICE", "INDUCTION_SHOWN", "ExampleAttention", "HeadPatterns",
+           "Examples", "example_heads", "induction_heads", "wants_repeated", "model_spec", "check_example",
+           "every_layer", "compute_examples"]
 
 DEFAULT_EXAMPLE = "The cat sat on the mat because it was tired, and then the cat slept."
+# Ten unrelated words, then the same ten again: the second copy is where an induction head shows its pattern.
+# Every word follows a space in both copies, so a byte-level BPE tokenises the two copies alike.
+_WORDS = "tulip orbit granite velvet harbor maple juggle cobalt lantern pepper"
+REPEATED_EXAMPLE = f"Twice: {_WORDS} {_WORDS}"
 
-CHOICE = ("Each causal model's strongest previous-token head and each bidirectional model's strongest next-token "
-          "head")  # how example_heads chooses, as the report says it
-_METRIC = {"causal": "prev_token", "bidirectional": "next_token"}  # family -> the metric a head is chosen by
+CHOICE = ("Each model's strongest previous-token head and, where the model can look ahead (bidirectional), its "
+          "strongest next-token head")  # how example_heads chooses, as the report says it
+INDUCTION_SHOWN = 0.5  # a repeated-sequence example is drawn for runs where some head scores at least this
 
 # What loading a model or running it on the example may raise: headscan's own errors and the I/O or torch
 # failures beneath them. Anything else is a bug and should surface.
@@ -45,7 +54,7 @@ _EXAMPLE_ERRORS = (HeadscanError, OSError, RuntimeError)
 
 @dataclass(frozen=True, eq=False)
 class ExampleAttention:
-    """One head's attention on the example sentence, with why it was chosen."""
+    """One head's attention on an example sentence, with why it was chosen."""
 
     model: str  # as the report names it ("run:model" when several runs have the model)
     family: str  # "causal" or "bidirectional"
@@ -58,44 +67,81 @@ class ExampleAttention:
     pattern: np.ndarray  # (q_pos, k_pos): row q is what query q attends to
 
 
+@dataclass(frozen=True, eq=False)
+class HeadPatterns:
+    """Every head's attention of one model on one sentence, for the atlas."""
+
+    model: str  # as the report names it
+    text: str  # the sentence
+    tokens: tuple[str, ...]  # as the model reads it
+    patterns: np.ndarray  # (layer, head, q_pos, k_pos)
+
+
 @dataclass(frozen=True)
 class Examples:
-    """What the report's example section shows: the heads drawn, and why the others could not be."""
+    """What the report's example sections show: the heads drawn, and why the others could not be."""
 
     text: str  # the example sentence
     choice: str  # how the heads were chosen, one phrase for the report
-    drawn: tuple[ExampleAttention, ...] = ()
+    drawn: tuple[ExampleAttention, ...] = ()  # looking both ways, model by model
     failed: tuple[str, ...] = ()  # one line per model left out: "name (`spec`): Error: message"
+    repeated_text: str = ""  # the repeated sequence of the induction example; "" when none was drawn
+    induction: tuple[ExampleAttention, ...] = ()  # each model's strongest induction head on repeated_text
+    every_head: tuple[HeadPatterns, ...] = ()  # every head on each sentence, model by model
+
+
+def _best(part: pd.DataFrame, metric: str) -> pd.Series | None:
+    """The most striking head of one model on `metric`, leaving out thin support unless every head has it."""
+    if metric not in set(part["metric"]):
+        return None
+    top = top_heads(part, metric=metric, n=len(part))
+    top = top[~top["thin"]] if not top["thin"].all() else top
+    return None if top.empty else top.iloc[0]
+
+
+def _picks(heads: pd.DataFrame, metrics: Callable[[str], Sequence[str]]) -> pd.DataFrame:
+    rows = []
+    for model in dict.fromkeys(heads["model"]):
+        part = heads[heads["model"] == model]
+        family = str(part["family"].iloc[0])
+        for metric in metrics(family):
+            best = _best(part, metric)
+            if best is not None:
+                rows.append({"model": model, "family": family, "metric": metric, "label": best["label"],
+                             "layer": int(best["layer"]), "head": int(best["head"]), "value": float(best["value"])})
+    return pd.DataFrame(rows, columns=["model", "family", "metric", "label", "layer", "head", "value"])
 
 
 def example_heads(heads: pd.DataFrame) -> pd.DataFrame:
-    """For each model, the head to show: a causal model's strongest previous-token head, a bidirectional
-    model's strongest next-token head (leaving out heads whose score rests on thin support, unless all do).
+    """For each model, the heads to show: its strongest previous-token head and, in a bidirectional model,
+    its strongest next-token head (leaving out heads whose score rests on thin support, unless all do).
 
     Returns
     -------
     DataFrame
-        Columns ``model, family, metric, label, layer, head, value``; a model without that metric, or whose
-        heads all score the same on it, is left out.
+        Columns ``model, family, metric, label, layer, head, value``, model by model; a metric a model does
+        not have, or on which its heads all score the same, is left out.
 
     >>> heads = pd.DataFrame({"model": "m", "family": "causal", "layer": [0, 1], "head": 0, "label": ["L0H0", "L1H0"],
     ...                       "metric": "prev_token", "value": [0.2, 0.7], "count": 1.0, "ci_low": None, "ci_high": None})
     >>> example_heads(heads).to_dict("records")
     [{'model': 'm', 'family': 'causal', 'metric': 'prev_token', 'label': 'L1H0', 'layer': 1, 'head': 0, 'value': 0.7}]
     """
-    rows = []
-    for model in dict.fromkeys(heads["model"]):
-        part = heads[heads["model"] == model]
-        family = str(part["family"].iloc[0])
-        metric = _METRIC.get(family, "prev_token")
-        top = top_heads(part, metric=metric, n=len(part))
-        # A head whose score rests on thin support is shown only where every head's does (a tiny corpus).
-        top = top[~top["thin"]] if not top["thin"].all() else top
-        if not top.empty:
-            best = top.iloc[0]
-            rows.append({"model": model, "family": family, "metric": metric, "label": best["label"],
-                         "layer": int(best["layer"]), "head": int(best["head"]), "value": float(best["value"])})
-    return pd.DataFrame(rows, columns=["model", "family", "metric", "label", "layer", "head", "value"])
+    return _picks(heads, lambda family: ("prev_token", "next_token") if family == "bidirectional" else ("prev_token",))
+
+
+def induction_heads(heads: pd.DataFrame) -> pd.DataFrame:
+    """Each model's strongest induction head, as `example_heads` returns heads."""
+    return _picks(heads, lambda family: ("induction",))
+
+
+def wants_repeated(comparison: Comparison) -> bool:
+    """Whether the report draws an induction example: a run swept repeated random tokens, or some head of the
+    runs scores at least `INDUCTION_SHOWN` on ``induction``."""
+    if any(run.provenance.corpus.kind == "repeat-random" for _, run in comparison.runs):
+        return True
+    picks = induction_heads(comparison.heads)
+    return bool(len(picks) and picks["value"].max() >= INDUCTION_SHOWN)
 
 
 def model_spec(provenance: ModelProvenance) -> str:
@@ -111,48 +157,104 @@ def model_spec(provenance: ModelProvenance) -> str:
     return provenance.id or provenance.name
 
 
+def check_example(text: str | None) -> str:
+    """The example sentence to use: `text`, or `DEFAULT_EXAMPLE` when None; an empty one is refused.
+
+    >>> check_example(None) == DEFAULT_EXAMPLE
+    True
+    >>> check_example("  ")
+    Traceback (most recent call last):
+    ...
+    headscan.errors.ConfigError: example is empty; pass a sentence, or leave the option out for the default one
+    """
+    if text is None:
+        return DEFAULT_EXAMPLE
+    if not text.strip():
+        raise ConfigError("example is empty; pass a sentence, or leave the option out for the default one",
+                          setting="example")
+    return text
+
+
+def every_layer(model, text: str) -> tuple[tuple[str, ...], np.ndarray]:
+    """The tokens of `text` as `model` reads it and every head's pattern on it, (layer, head, q, k), from one
+    forward pass (`headscan.scan.example_attention` reads one layer per pass)."""
+    import torch
+
+    ids = list(model.token_ids([text])[0])[: model.max_context]  # the model decides BOS, [CLS] and [SEP]
+    captured: dict[int, np.ndarray] = {}
+
+    def hook_for(layer):
+        def hook(pattern, hook):
+            captured[layer] = pattern[0].detach().float().cpu().numpy()  # (head, q, k)
+
+        return hook
+
+    batch = torch.tensor([ids], dtype=torch.long)
+    with model.pattern_forward({layer: hook_for(layer) for layer in range(model.n_layers)}) as forward:
+        forward(batch.to(model.device), torch.ones_like(batch).to(model.device))
+    # one id at a time: readable labels ("cat", not byte-level BPE's "Ġcat"), whitespace shown quoted
+    words = [model.tokenizer.decode([token]) for token in ids]
+    return tuple(word.strip() or repr(word) for word in words), np.stack([captured[i] for i in range(model.n_layers)])
+
+
 def compute_examples(runs: Sequence[SweepTables], text: str | None = None, *, names: Sequence[str] | None = None,
-                     device: str = "cpu") -> Examples:
-    """Load each model of `runs` once and compute its chosen head's attention on `text`.
+                     device: str = "cpu", progress: Callable[[str], None] | None = None) -> Examples:
+    """Load each model of `runs` once and compute every head's attention on `text` (and on `REPEATED_EXAMPLE`
+    where `wants_repeated`), keeping the chosen heads' patterns for the static figures.
 
     Parameters
     ----------
     runs : sequence of SweepTables
         The runs the report shows, as `headscan.tables.load` returns them.
     text : str, optional
-        The example sentence; `DEFAULT_EXAMPLE` by default.
+        The example sentence; `DEFAULT_EXAMPLE` by default. An empty one is refused (`check_example`).
     names : sequence of str, optional
         The runs' names, as given to `headscan.report.write_report` (their folder names by default); a model
         in several runs is named ``run:model``, as the report names it.
     device : str, default "cpu"
         Where to run the models.
+    progress : callable, optional
+        Called with one line per model as it is loaded and run.
 
     Returns
     -------
     Examples
         A model that cannot be loaded or run is listed in ``failed`` with the reason; the others are drawn.
     """
-    text = text or DEFAULT_EXAMPLE
+    text = check_example(text)
     comparison = merge_runs(runs, names)
     picks = example_heads(comparison.heads)
+    repeated = wants_repeated(comparison)
+    inductions = induction_heads(comparison.heads) if repeated else induction_heads(comparison.heads).iloc[:0]
     picked = set(picks["model"])
-    failed = [f"{m.name}: no {_METRIC.get(m.family, 'prev_token')} score to pick a head by (undefined, or the same "
-              "for every head)" for m in comparison.models if m.name not in picked]
-    drawn, loaded = [], {}
-    for pick in picks.itertuples():
-        spec = model_spec(comparison.model(pick.model).provenance)
+    failed = [f"{m.name}: no prev_token score to pick a head by (undefined, or the same for every head)"
+              for m in comparison.models if m.name not in picked]
+    drawn, induction, every, loaded = [], [], [], {}
+    for m in comparison.models:
+        if m.name not in picked:
+            continue
+        spec = model_spec(m.provenance)
         try:
             # Two runs of one model load it once; a model that failed to load is not tried again.
             if spec not in loaded:
+                if progress is not None:
+                    progress(f"loading {spec} for the example attention")
                 try:
                     loaded[spec] = models.load_model(spec, device=device)
                 except _EXAMPLE_ERRORS as error:
                     loaded[spec] = error
             if isinstance(loaded[spec], BaseException):
                 raise loaded[spec]
-            tokens, pattern = scan.example_attention(loaded[spec], text, pick.layer)  # (head, q_pos, k_pos)
-            drawn.append(ExampleAttention(pick.model, pick.family, pick.metric, pick.label, pick.layer, pick.head,
-                                          pick.value, tuple(tokens), np.asarray(pattern)[pick.head]))
+            sentences = [(text, picks[picks["model"] == m.name], drawn)]
+            if repeated:
+                sentences.append((REPEATED_EXAMPLE, inductions[inductions["model"] == m.name], induction))
+            for sentence, chosen, into in sentences:
+                tokens, patterns = every_layer(loaded[spec], sentence)  # (layer, head, q_pos, k_pos)
+                every.append(HeadPatterns(m.name, sentence, tokens, patterns))
+                for pick in chosen.itertuples():
+                    into.append(ExampleAttention(m.name, pick.family, pick.metric, pick.label, pick.layer, pick.head,
+                                                 pick.value, tokens, patterns[pick.layer, pick.head]))
         except _EXAMPLE_ERRORS as error:
-            failed.append(f"{pick.model} (`{spec}`): {type(error).__name__}: {error}")
-    return Examples(text, CHOICE, tuple(drawn), tuple(failed))
+            failed.append(f"{m.name} (`{spec}`): {type(error).__name__}: {error}")
+    return Examples(text, CHOICE, tuple(drawn), tuple(failed), REPEATED_EXAMPLE if repeated else "",
+                    tuple(induction), tuple(every))

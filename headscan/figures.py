@@ -31,7 +31,6 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 import seaborn as sns
-from matplotlib.ticker import MaxNLocator
 
 from .metrics import METRICS
 
@@ -41,7 +40,8 @@ __all__ = [
     "attention_matrix",
     "offset_profiles",
     "prev_next_scatter",
-    "entropy_by_layer",
+    "entropy_by_depth",
+    "difference_heatmap",
     "is_bounded",
     "unit",
     "model_palette",
@@ -50,6 +50,7 @@ __all__ = [
 SHARE_CMAP = "rocket_r"  # light = little attention, dark = all of it: reads in print and in grey
 UNBOUNDED_CMAP = "mako_r"  # a different hue, so nats or tokens are never read against the share scale
 UNDEFINED_COLOUR = "#d9d9d9"  # cells where a metric is undefined (NaN) show the axes background
+DIFFERENCE_CMAP = "vlag"  # blue below 0, red above: run B minus run A
 
 
 def is_bounded(metric: str) -> bool:
@@ -329,12 +330,14 @@ def offset_profiles(
         line = _select(rows, label=label).sort_values("offset")
         ax.plot(line["offset"], line["value"], marker="o", markersize=3, color=colour, label=label)
         if intervals and {"ci_low", "ci_high"} <= set(line.columns) and line["ci_low"].notna().any():
-            ax.fill_between(line["offset"], line["ci_low"], line["ci_high"], color=colour, alpha=0.2, linewidth=0)
+            ax.fill_between(line["offset"], line["ci_low"], line["ci_high"], color=colour, alpha=0.3, linewidth=0.6,
+                            edgecolor=colour)
     span = rows["offset"].abs().max()
     ax.set_xlim(-span - 0.5, span + 0.5)
     ax.set_xticks(range(-span, span + 1, 2 if span > 6 else 1))
     ax.set_ylim(0, 1.02)
     ax.axvline(0, color="0.7", linewidth=0.8, zorder=0)
+    ax.grid(axis="y", color="0.92", linewidth=0.6)
     ax.set_xlabel("offset d (key = query + d)")
     ax.set_ylabel("mean attention")
     ax.set_title(title if title is not None else model)
@@ -359,8 +362,9 @@ def prev_next_scatter(
 ):
     """Draw each head's previous-token share against its next-token share, one colour per model.
 
-    A causal model's heads all lie on the x axis (it cannot look ahead); a bidirectional model's spread
-    over both: the mirror between the two families in one picture.
+    A causal model cannot look ahead: its heads' next-token shares are all 0, so they are drawn in a strip
+    below the axis rather than piled on it; a bidirectional model's heads spread over both axes. The dashed
+    line x + y = 1 is the most a head can put on its two neighbours together.
 
     Parameters
     ----------
@@ -381,12 +385,13 @@ def prev_next_scatter(
     -------
     matplotlib Axes
         One scatter collection per model, in the table's order: ``ax.collections[i].get_offsets()`` are the
-        (x, y) scores of model i's heads, ordered by layer then head.
+        (x, y) scores of model i's heads, ordered by layer then head. A model whose `y` is 0 for every head
+        (a causal model's next_token) is drawn in a strip below the axis, y jittered, instead of on it.
     """
     ax = _axes(ax)
     models = list(dict.fromkeys(heads["model"]))
     palette = dict(palette) if palette is not None else model_palette(models)
-    scattered = []
+    scattered, strip = [], False
     for model in models:
         rows = heads[(heads["model"] == model) & heads["metric"].isin([x, y])]
         if not {x, y} <= set(rows["metric"]):
@@ -396,15 +401,22 @@ def prev_next_scatter(
         wide = wide.sort_index()
         family = rows["family"].iloc[0] if "family" in rows else ""
         marker = "^" if family == "bidirectional" else "o"
+        ys = wide[("value", y)].to_numpy(dtype=float)
+        # A model whose y is 0 for every head (a causal model's next_token) would pile every point on the x axis:
+        # it goes to a strip below the axis instead, jittered (seeded) so that its points can be told apart.
+        flat = len(ys) > 1 and not np.nan_to_num(ys).any()
+        if flat:
+            strip = True
+            ys = -0.085 + np.random.default_rng(0).uniform(-0.035, 0.035, len(ys))
         ax.scatter(
-            wide[("value", x)], wide[("value", y)],
+            wide[("value", x)], ys,
             color=palette[model], marker=marker, s=22, alpha=0.8, edgecolors="none",
-            label=f"{model} ({family})" if family else model,
+            label=(f"{model} ({family})" if family else model) + (f", {y} 0 for every head" if flat else ""),
         )
-        scattered.append((model, wide))
+        scattered.append((model, wide, flat))
     # Error bars after every scatter, so collections[i] stays model i's points.
-    for model, wide in scattered:
-        if ("ci_low", x) not in wide:
+    for model, wide, flat in scattered:
+        if ("ci_low", x) not in wide or flat:
             continue
         wide_x = _wide(wide[("ci_low", x)], wide[("ci_high", x)], ci_threshold)
         wide_y = _wide(wide[("ci_low", y)], wide[("ci_high", y)], ci_threshold)
@@ -419,20 +431,24 @@ def prev_next_scatter(
                 fmt="none", ecolor=palette[model], elinewidth=0.8, alpha=0.6,
             )
     if label_top:
-        for model, wide in scattered:
-            for metric in (x, y):
+        for model, wide, flat in scattered:
+            for metric in (x,) if flat else (x, y):
                 values = wide[("value", metric)]
                 if values.notna().any() and values.max() > values.min():
-                    layer, head, label = values.idxmax() if _ranks_high(metric) else values.idxmin()
-                    ax.annotate(
-                        label, (wide.loc[(layer, head, label), ("value", x)], wide.loc[(layer, head, label), ("value", y)]),
-                        xytext=(4, 4), textcoords="offset points", fontsize="x-small", color=palette[model],
-                    )
+                    key = values.idxmax() if _ranks_high(metric) else values.idxmin()
+                    at_y = -0.085 if flat else wide.loc[key, ("value", y)]
+                    ax.annotate(key[2], (wide.loc[key, ("value", x)], at_y), xytext=(4, 4),
+                                textcoords="offset points", fontsize="x-small", color=palette[model])
     if {x, y} == {"prev_token", "next_token"}:
         # No head can put more than all of its attention on its two neighbours: x + y <= 1.
-        ax.plot([0, 1], [1, 0], color="0.75", linewidth=0.8, linestyle="--", zorder=0)
+        ax.plot([0, 1], [1, 0], color="0.6", linewidth=0.8, linestyle="--", zorder=0,
+                label="x + y = 1: all attention on the two neighbours\n(no head can lie above it)")
+    bottom = -0.14 if strip else -0.02
+    if strip:
+        ax.axhspan(bottom, -0.03, color="0.95", zorder=-1, linewidth=0)
+        ax.axhline(0, color="0.8", linewidth=0.6, zorder=0)
     ax.set_xlim(-0.02, 1.02)
-    ax.set_ylim(-0.02, 1.02)
+    ax.set_ylim(bottom, 1.02)
     ax.set_aspect("equal")
     ax.set_xlabel(f"{x} ({unit(x)})")
     ax.set_ylabel(f"{y} ({unit(y)})")
@@ -441,16 +457,18 @@ def prev_next_scatter(
     return ax
 
 
-def entropy_by_layer(
+def entropy_by_depth(
     heads: pd.DataFrame,
     *,
     ax=None,
     metric: str = "entropy",
     palette: Mapping[str, tuple] | None = None,
 ):
-    """Draw each model's attention entropy layer by layer: every head as a dot, the layer mean as a line.
+    """Draw each model's attention entropy by relative depth: every head as a dot, the layer mean as a line.
 
-    Layers run down the y axis (layer 0 at the top), as in the heatmaps.
+    Relative depth is layer / (layers - 1): 0 for the first layer, 1 for the last, so a 6-layer model is
+    compared with a 30-layer one over its whole depth, not with its first 6 layers. Depth runs down the y
+    axis (the first layer at the top), as in the heatmaps.
 
     Parameters
     ----------
@@ -466,7 +484,7 @@ def entropy_by_layer(
     Returns
     -------
     matplotlib Axes
-        ``ax.lines[i]`` is model i's mean over heads: x the mean entropy, y the layer.
+        ``ax.lines[i]`` is model i's mean over heads: x the mean entropy, y the layer's relative depth.
     """
     ax = _axes(ax)
     rows = heads[heads["metric"] == metric]
@@ -474,19 +492,76 @@ def entropy_by_layer(
         raise ValueError(f"no rows with metric={metric!r}; the table has {sorted(heads['metric'].unique())}")
     models = list(dict.fromkeys(rows["model"]))
     palette = dict(palette) if palette is not None else model_palette(models)
+
+    def depth(part):
+        n_layers = int(heads.loc[heads["model"] == part["model"].iloc[0], "layer"].max()) + 1
+        return part["layer"] / max(n_layers - 1, 1)
+
     for model in models:
         part = rows[rows["model"] == model]
         means = part.groupby("layer")["value"].mean()
-        ax.plot(means.to_numpy(), means.index.to_numpy(), marker="o", markersize=4, color=palette[model], label=model)
+        n_layers = int(heads.loc[heads["model"] == model, "layer"].max()) + 1
+        ax.plot(means.to_numpy(), means.index.to_numpy() / max(n_layers - 1, 1), marker="o", markersize=3.5,
+                color=palette[model], label=f"{model} ({n_layers} layers)")
     # Individual heads after the lines, so ax.lines stays one line per model.
     for model in models:
         part = rows[rows["model"] == model]
-        ax.scatter(part["value"], part["layer"], color=palette[model], s=8, alpha=0.35, edgecolors="none")
-    top_layer = int(rows["layer"].max())
-    ax.set_ylim(top_layer + 0.5, -0.5)  # layer 0 at the top, as in the heatmaps
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_ylabel("layer")
+        ax.scatter(part["value"], depth(part), color=palette[model], s=8, alpha=0.35, edgecolors="none")
+    ax.set_ylim(1.04, -0.04)  # the first layer at the top, as in the heatmaps
+    ax.set_ylabel("relative depth (0 first layer, 1 last)")
     ax.set_xlabel(f"{metric} ({unit(metric)})")
-    ax.set_title(f"attention {metric} by layer (line: mean over heads)")
+    ax.set_title(f"attention {metric} by relative depth (line: mean over a layer's heads)")
     ax.legend(fontsize="small", frameon=False)
+    return ax
+
+
+def difference_heatmap(
+    differences: pd.DataFrame,
+    *,
+    metric: str,
+    ax=None,
+    limit: float | None = None,
+    title: str | None = None,
+    cbar: bool = True,
+):
+    """Draw one metric's difference between two runs of one model (second minus first) as a layer x head
+    heatmap on a diverging scale centred on 0, marking with a dot the heads whose 95% intervals do not overlap.
+
+    Parameters
+    ----------
+    differences : DataFrame
+        `headscan.findings.run_differences` of the two runs (columns ``metric, layer, head, difference,
+        apart``); only the rows of `metric` are drawn.
+    metric : str
+        Which metric.
+    ax : matplotlib Axes, optional
+        Where to draw; the current Axes by default.
+    limit : float, optional
+        The colour scale runs from -limit to +limit; the largest absolute difference by default.
+    title : str, optional
+        Axes title; the metric's name by default.
+    cbar : bool, default True
+        Draw a colour bar labelled with the metric's unit.
+
+    Returns
+    -------
+    matplotlib Axes
+        ``ax.collections[0].get_array()`` holds the (layer, head) differences; ``ax.texts`` the dots.
+    """
+    ax = _axes(ax)
+    rows = _select(differences, metric=metric)
+    grid = _layer_by_head(rows.rename(columns={"difference": "value"}), f"difference of {metric}")
+    values = grid.to_numpy()
+    finite = np.abs(values[np.isfinite(values)])
+    limit = limit if limit is not None else (float(finite.max()) if finite.size and finite.max() > 0 else 1.0)
+    ax.set_facecolor(UNDEFINED_COLOUR)
+    sns.heatmap(grid, ax=ax, vmin=-limit, vmax=limit, cmap=DIFFERENCE_CMAP, center=0, cbar=cbar,
+                cbar_kws={"label": _wrapped(f"second - first ({unit(metric)})")} if cbar else None,
+                linewidths=0.5, linecolor="white", xticklabels=True, yticklabels="auto")
+    for row in rows[rows["apart"]].itertuples():
+        ax.text(row.head + 0.5, row.layer + 0.5, "\u2022", ha="center", va="center", fontsize="small", color="black")
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.tick_params(axis="y", rotation=0)
+    ax.set_title(title if title is not None else metric)
     return ax

@@ -26,7 +26,8 @@ from .metrics import METRICS
 from .provenance import ModelProvenance
 
 __all__ = ["WIDE_CI", "ci_is_wide", "top_heads", "top_rows", "striking_order", "why_structural", "findings",
-           "findings_by_model"]
+           "findings_by_model", "fmt_score", "relative_depth", "family_summary", "family_findings", "run_pairs",
+           "run_differences"]
 
 WIDE_CI = 0.1  # an interval wider than this (0-1 metrics) or than this fraction of the value (others) is wide
 
@@ -37,7 +38,11 @@ _ON = {
     "self": "itself",
     "first_token": "the first token",
     "sep": "separator tokens",
+    "duplicate_token": "other occurrences of its own token (a duplicate-token head)",
+    "induction": "the tokens that follow other occurrences of its own token (an induction head)",
 }
+_COUNTED = {"prev_token": "the previous token", "induction": "the tokens that follow other occurrences of their own "
+                                                               "token (induction heads)"}
 _ZERO = 1e-12  # a value this close to 0 is 0
 _SUPPORT = ("units", "top_unit_share")  # the columns headscan.tables.thin_support reads
 
@@ -179,6 +184,28 @@ def why_structural(rows: pd.DataFrame, metric: str, *, family: str,
     return reason if reason is not None and _agrees(rows["value"]) else None
 
 
+def fmt_score(metric: str, value: float, like: float | None = None) -> str:
+    """A score as the report prints it: three decimals for 0-1 metrics and values below 1 (0.002 nats is not
+    0.00), two above; more where three would round a share that is not all (or none) of the attention to 1.000
+    (or 0.000); "–" for NaN. An interval's ends take the decimals of their value, `like`.
+
+    >>> fmt_score("prev_token", 0.99957), fmt_score("prev_token", 0.5), fmt_score("entropy", 2.345)
+    ('0.9996', '0.500', '2.35')
+    >>> fmt_score("prev_token", 0.99951, like=0.99957), fmt_score("entropy", 0.99, like=2.3)
+    ('0.9995', '0.99')
+    """
+    if pd.isna(value):
+        return "–"
+    like = value if like is None else like
+    digits = 3 if _bounded(metric) or abs(like) < 1 else 2
+    if _bounded(metric):
+        while digits < 6 and (f"{like:.{digits}f}" == f"{1:.{digits}f}" and like < 1
+                              or f"{like:.{digits}f}" == f"{0:.{digits}f}" and like > 0):
+            digits += 1
+        digits = digits if digits < 6 else 3
+    return f"{value:.{digits}f}"
+
+
 def _pct(value: float) -> str:
     text = f"{100 * value:.1f}%"
     # 0.9998 is not all of the attention: keep the digit that says so.
@@ -250,13 +277,13 @@ def _model_findings(model: str, rows: pd.DataFrame, threshold: float, provenance
         if wanted or best["value"] > threshold:
             out.append(f"In {model}, {best['label']} puts {_pct(best['value'])} of its attention on {_ON[metric]}"
                        f"{_interval(best) if best['wide'] else ''}.")
-    if "prev_token" in metrics:
-        prev = rows[rows["metric"] == "prev_token"]
-        many = int(((prev["value"] > threshold) & ~_thin(prev)).sum())
+    for metric in [m for m in _COUNTED if m in metrics]:
+        part = rows[rows["metric"] == metric]
+        many = int(((part["value"] > threshold) & ~_thin(part)).sum())
         if many:
             share = "half" if threshold == 0.5 else _pct(threshold)
-            out.append(f"{many} of {n_heads} heads in {model} put more than {share} of their attention on the "
-                       "previous token.")
+            out.append(f"{many} of {n_heads} heads in {model} put more than {share} of their attention on "
+                       f"{_COUNTED[metric]}.")
 
     for metric in metrics:
         part = rows[rows["metric"] == metric]
@@ -318,3 +345,101 @@ def _agreement(heads: pd.DataFrame) -> list[str]:
                 out.append(f"{first} and {second} agree within {gap.max():.3f} on every 0-1 score of every head "
                            f"(the largest gap: `{worst['metric']}` of {worst['label']}).")
     return out
+
+
+# --- families side by side, runs against each other --------------------------------------------------------
+
+
+def relative_depth(layer, n_layers):
+    """A layer's relative depth: 0 for the first layer, 1 for the last (0 in a one-layer model).
+
+    >>> relative_depth(2, 6), relative_depth(29, 30)
+    (0.4, 1.0)
+    """
+    return layer / (n_layers - 1) if n_layers > 1 else 0 * layer
+
+
+def family_summary(heads: pd.DataFrame, *, threshold: float = 0.5,
+                   metrics: tuple[str, ...] = ("prev_token", "next_token")) -> pd.DataFrame:
+    """Per model: its family, shape and, for each of `metrics`, its strongest head (thin support left out),
+    that head's value and relative depth, and how many heads score above `threshold`.
+
+    Returns
+    -------
+    DataFrame
+        Columns ``model, family, layers, heads`` then ``{metric}_head, {metric}, {metric}_depth,
+        {metric}_above`` per metric; the head is "" and the numbers NaN where the model has no such head
+        (all its heads score the same, as a causal model's next_token does).
+    """
+    rows = []
+    for model in dict.fromkeys(heads["model"]):
+        part = heads[heads["model"] == model]
+        n_layers = int(part["layer"].max()) + 1
+        row = {"model": model, "family": str(part["family"].iloc[0]), "layers": n_layers,
+               "heads": len(part[["layer", "head"]].drop_duplicates())}
+        for metric in metrics:
+            scores = part[part["metric"] == metric]
+            top = top_heads(scores, metric=metric, n=1) if len(scores) else scores.iloc[:0]
+            top = top_heads(scores, metric=metric, n=len(scores)) if len(top) and top["thin"].iloc[0] else top
+            top = top[~top["thin"]] if len(top) else top
+            best = top.iloc[0] if len(top) else None
+            row[f"{metric}_head"] = best["label"] if best is not None else ""
+            row[metric] = float(best["value"]) if best is not None else np.nan
+            row[f"{metric}_depth"] = relative_depth(int(best["layer"]), n_layers) if best is not None else np.nan
+            row[f"{metric}_above"] = (int(((scores["value"] > threshold) & ~_thin(scores)).sum())
+                                      if len(scores) else np.nan)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def family_findings(heads: pd.DataFrame, *, threshold: float = 0.5) -> list[str]:
+    """Sentences comparing the models' strongest previous-token heads: where they sit by relative depth and
+    how many heads look mostly at the previous token, when the report has models of both families."""
+    if "prev_token" not in set(heads["metric"]) or heads["family"].nunique() < 2:
+        return []
+    summary = family_summary(heads, threshold=threshold, metrics=("prev_token",))
+    summary = summary[summary["prev_token_head"] != ""]
+    if len(summary) < 2:
+        return []
+    where = "; ".join(f"{r.model} ({r.family}) {r.prev_token_head}, {_pct(r.prev_token)}, at relative depth "
+                      f"{r.prev_token_depth:.2f}" for r in summary.itertuples())
+    many = ", ".join(f"{int(r.prev_token_above)} of {r.heads} in {r.model}" for r in summary.itertuples())
+    share = "half" if threshold == 0.5 else _pct(threshold)
+    return [f"The strongest previous-token heads: {where}.",
+            f"Heads putting more than {share} of their attention on the previous token: {many}."]
+
+
+def run_pairs(models: list[str]) -> list[tuple[str, str]]:
+    """Pairs of report names that are the same model in two runs (``runA:m`` and ``runB:m``), in order.
+
+    >>> run_pairs(["a:gpt", "bert", "b:gpt", "c:gpt"])
+    [('a:gpt', 'b:gpt'), ('a:gpt', 'c:gpt'), ('b:gpt', 'c:gpt')]
+    """
+    by_model: dict[str, list[str]] = {}
+    for name in models:
+        if ":" in name:
+            by_model.setdefault(name.split(":", 1)[1], []).append(name)
+    return [(first, second) for shown in by_model.values() for i, first in enumerate(shown)
+            for second in shown[i + 1:]]
+
+
+def run_differences(heads: pd.DataFrame, first: str, second: str) -> pd.DataFrame:
+    """Every head's scores in two runs of one model side by side, with ``difference`` (second - first) and
+    ``apart``: both 95% intervals exist and do not overlap.
+
+    Returns
+    -------
+    DataFrame
+        Columns ``metric, layer, head, label, value_a, ci_low_a, ci_high_a, value_b, ci_low_b, ci_high_b,
+        difference, apart``, in the table's order.
+    """
+    keys = ["layer", "head", "label", "metric"]
+    columns = [*keys, "value", "ci_low", "ci_high"]
+    pair = heads.loc[heads["model"] == first, columns].merge(heads.loc[heads["model"] == second, columns],
+                                                              on=keys, suffixes=("_a", "_b"))
+    pair["difference"] = pair["value_b"] - pair["value_a"]
+    apart = (pair["ci_high_a"] < pair["ci_low_b"]) | (pair["ci_high_b"] < pair["ci_low_a"])
+    pair["apart"] = apart.fillna(False).astype(bool)
+    order = ["metric", "layer", "head", "label", "value_a", "ci_low_a", "ci_high_a", "value_b", "ci_low_b",
+             "ci_high_b", "difference", "apart"]
+    return pair[order].astype({"label": str, "metric": str})

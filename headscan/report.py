@@ -1,9 +1,11 @@
 """Reports over one or more sweep outputs: one HTML page, the same in Markdown, and every figure as a PNG.
 
 `write_report` is the library behind ``headscan report``; `build_report` lays out the sections as a
-`headscan.document.Document`. The numbers come from `headscan.findings` and `headscan.runs`, the drawings
-from `headscan.figures`, and the example attention from `headscan.examples`, computed beforehand and handed
-in: this module never loads a model.
+`headscan.document.Document`: first the head atlas (`headscan.atlas`, interactive, in the HTML only), then
+the findings, the encoder-versus-decoder summary and the figure sections (`headscan.sections`), the top heads
+and the provenance. The numbers come from `headscan.findings` and `headscan.runs`, the drawings from
+`headscan.figures`, and the example attention from `headscan.examples`, computed beforehand and handed in:
+this module never loads a model.
 
 Every finding is generated from the numbers, and every unit, striking end, structural zero and metric
 definition is read from the metric registry (`headscan.metrics.METRICS`), so none can drift from the code.
@@ -14,38 +16,32 @@ it from the same runs gives the same bytes.
 
 from __future__ import annotations
 
-import io
-import math
 import os
-import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import matplotlib
 import pandas as pd
 import seaborn as sns
-from matplotlib.figure import Figure
 
-from . import figures
-from .document import (FOLDER_FILES, Bullets, Contents, Definition, Document, Figures, Heading, Note, Panels, Table,
-                       Text, write_folder)
+from . import atlas, figures, sections
+from .document import (FOLDER_FILES, Bullets, Contents, Definition, Document, Heading, Note, Panels, Raw, Table, Text,
+                       write_folder)
 from .errors import ConfigError
-from .findings import WIDE_CI, findings_by_model, striking_order, top_heads, top_rows, why_structural
+from .findings import (WIDE_CI, family_findings, family_summary, findings_by_model, fmt_score, striking_order,
+                       top_heads, top_rows)
 from .intervals import THIN_MAX_SHARE, THIN_MIN_UNITS
 from .metrics import METRICS
 from .runs import Comparison, merge_runs, model_shapes, model_sources, run_names, run_summary
+from .sections import DISPLAY, Pngs, slug, structural
 from .tables import TABLES, SweepTables, load
 
 if TYPE_CHECKING:  # the report only reads what headscan.examples computed; it never imports the models
     from .examples import Examples
 
-__all__ = ["write_report", "build_report", "check_report_options"]
+__all__ = ["write_report", "build_report", "check_report_options", "check_runs"]
 
-ANNOTATE_TOP = 3  # heads annotated in each heatmap
-OFFSET_TOP = 3  # heads drawn in each offset profile
-DPI = 130
-DISPLAY = 0.7  # on the page, a figure's PNG pixels are shown at this scale (about 91 CSS pixels per inch)
 SECTIONED = ("heads", "offsets")  # tables with sections of their own; any other gets its top rows
 
 # Fixed fonts and styles: the same input draws the same pixels, whatever the user's matplotlibrc says.
@@ -64,10 +60,6 @@ _RC = {
 }
 
 
-def _slug(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "model"
-
-
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
@@ -76,42 +68,13 @@ def _codes(names: Sequence[str]) -> str:
     return ", ".join(f"`{name}`" for name in names)
 
 
-class _Pngs(dict):
-    """Figure file name -> PNG bytes, names kept distinct."""
-
-    def add(self, name: str, fig: Figure) -> str:
-        base, n = name, 2
-        while name in self:
-            name = base.removesuffix(".png") + f"-{n}.png"
-            n += 1
-        buf = io.BytesIO()
-        # No "Software" entry and no date: the same figure gives the same bytes.
-        fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None})
-        self[name] = buf.getvalue()
-        return name
-
-
-def _fmt_value(metric: str, value: float, *interval: float) -> str:
-    """`value` and its interval: three decimals for 0-1 metrics and values below 1 (0.002 nats is not 0.00),
-    two above."""
-    digits = 3 if figures.is_bounded(metric) or abs(value) < 1 else 2
-    text = f"{value:.{digits}f}"
-    return text + (f" [{interval[0]:.{digits}f}, {interval[1]:.{digits}f}]" if interval else "")
+def _fmt_value(metric: str, value: float, like: float | None = None) -> str:
+    return fmt_score(metric, value, like)
 
 
 def _ranked(comparison: Comparison) -> list[str]:
     """The heads-table metrics that can be ranked: those the registry knows."""
     return [m for m in comparison.metrics if m in METRICS and METRICS[m].table == "heads"]
-
-
-def _model_rows(comparison: Comparison, model: str, metric: str) -> pd.DataFrame:
-    heads = comparison.heads
-    return heads[(heads["model"] == model) & (heads["metric"] == metric)]
-
-
-def _structural(comparison: Comparison, model: str, metric: str) -> str | None:
-    m = comparison.model(model)
-    return why_structural(_model_rows(comparison, model, metric), metric, family=m.family, provenance=m.provenance)
 
 
 # --- sections ---------------------------------------------------------------------------------------------
@@ -134,13 +97,66 @@ def _header(comparison: Comparison, title: str) -> list:
     ]
 
 
+def _atlas_section(comparison: Comparison, examples: Examples | None) -> list:
+    return [
+        Heading(2, "Head atlas"),
+        Text("Every head of every model, one grid per model: layers are rows (layer 0 at the top), heads columns, "
+             "each grid as tall as the others, so models of different depth line up by relative depth (0 is the "
+             "first layer, 1 the last). Choose what colours the grid; hover a head for its value and 95% interval; "
+             "click it for all its scores, ranks, offset profile and attention on the example sentence."),
+        Raw(atlas.atlas_html(comparison, examples),
+            markdown="The interactive head atlas is in `index.html` beside this file; its role rules follow."),
+        Text("Roles, from the numbers (a value resting on thin support gives none); colouring by role shows a "
+             "head's first role in this order:"),
+        Bullets(atlas.role_rules()),
+    ]
+
+
 def _findings_section(comparison: Comparison) -> list:
     blocks = [Heading(2, "Findings"), Text("Generated from the tables; each sentence states a number in them.")]
     provenance = {m.name: m.provenance for m in comparison.models}
-    for model, sentences in findings_by_model(comparison.heads, provenance=provenance).items():
-        title = f"{model} ({comparison.model(model).family})" if model else "Across runs"
+    by_model = findings_by_model(comparison.heads, provenance=provenance)
+    across = family_findings(comparison.heads) + by_model.pop("", [])
+    for model, sentences in by_model.items():
+        title = f"{model} ({comparison.model(model).family})"
         blocks += [Heading(3, title), Bullets(sentences) if sentences else Text("Nothing stands out.")]
+    if across:
+        blocks += [Heading(3, "Across models" if len(comparison.runs) == 1 else "Across models and runs"),
+                   Bullets(across)]
     return blocks
+
+
+def _depth(value: float) -> str:
+    return "–" if pd.isna(value) else f"{value:.2f}"
+
+
+def _summary_section(comparison: Comparison) -> list:
+    """The encoder-versus-decoder table: each model's strongest previous- and next-token heads."""
+    metrics = tuple(m for m in ("prev_token", "next_token") if m in comparison.metrics)
+    if not metrics:
+        return []
+    summary = family_summary(comparison.heads, metrics=metrics)
+    names = {"prev_token": "previous-token", "next_token": "next-token"}
+    frame = pd.DataFrame({"model": summary["model"], "family": summary["family"],
+                          "layers": summary["layers"].astype(str), "heads": summary["heads"].astype(str)})
+    notes = []
+    for metric in metrics:
+        structural_zero = {row.model: structural(comparison, row.model, metric) for row in summary.itertuples()}
+        frame[f"strongest {names[metric]} head"] = summary[f"{metric}_head"].replace("", "–")
+        frame[metric] = summary[metric].map(lambda v: _fmt_value(metric, v))
+        frame[f"{metric} depth"] = summary[f"{metric}_depth"].map(_depth)
+        frame[f"heads with {metric} > 0.5"] = [
+            "–" if pd.isna(v) or structural_zero[model] else str(int(v))
+            for model, v in zip(summary["model"], summary[f"{metric}_above"])]
+        notes += [f"{model}'s `{metric}`: {reason}." for model, reason in structural_zero.items() if reason]
+    numeric = tuple(c for c in frame.columns if c not in ("model", "family") and not c.startswith("strongest"))
+    title = ("Encoder versus decoder" if {"causal", "bidirectional"} <= set(summary["family"])
+             else "Strongest heads by model")
+    return [Heading(2, title),
+            Text("Each model's strongest previous-token and next-token head (a value resting on thin support left "
+                 "out), where it sits by relative depth (layer / (layers - 1): 0 the first layer, 1 the last), and "
+                 "how many of the model's heads put more than half of their attention there."),
+            Table(frame, numeric=numeric, sortable=True, note=" ".join(notes))]
 
 
 def _runs_section(comparison: Comparison) -> list:
@@ -164,108 +180,34 @@ def _models_section(comparison: Comparison) -> list:
     return [Heading(2, "Models"), Table(model_shapes(comparison), numeric=numeric)]
 
 
-def _examples_section(examples: Examples | None, pngs: _Pngs) -> list:
-    blocks: list = [Heading(2, "Looking both ways")]
-    if examples is None:
-        return blocks + [Note("The example attention was not drawn: this report was made without loading the "
-                              "models (`headscan report --no-models`, or `write_report` without `examples`). "
-                              "Everything else here needs only the tables.")]
-    stop = "" if examples.text.rstrip()[-1:] in ".!?" else "."
-    blocks.append(Text(f"{examples.choice}, on one example sentence: \u201c{examples.text}\u201d{stop} Rows are "
-                       "queries, columns the keys they attend to; a causal model cannot see later tokens, so its "
-                       "pattern is a triangle beside the bidirectional model's full square."))
-    drawn = examples.drawn
-    if drawn:
-        size = max(len(example.tokens) for example in drawn)
-        side = min(max(3.6, 0.26 * size + 1.6), 9.0)
-        fig = Figure(figsize=(side * len(drawn) + 0.8, side + 0.4), layout="constrained")
-        axes = fig.subplots(1, len(drawn), squeeze=False)[0]
-        for i, example in enumerate(drawn):
-            figures.attention_matrix(
-                example.tokens, example.pattern, causal=example.family == "causal", ax=axes[i],
-                cbar=i == len(drawn) - 1,
-                title=f"{example.model} {example.label}: {example.metric} {example.value:.2f}\n({example.family})",
-            )
-        name = pngs.add("looking_both_ways.png", fig)
-        blocks.append(Figures([name], "Looking both ways: " + "; ".join(
-            f"{e.model} {e.label} ({e.metric} {e.value:.3f} over the corpus)" for e in drawn)
-            + ". One shared 0-1 colour scale; blank cells are keys a causal model cannot see."))
-    if examples.failed:
-        total = len(drawn) + len(examples.failed)
-        blocks.append(Note(f"The example attention could not be drawn for {len(examples.failed)} of {total} models; "
-                           "everything else here needs only the tables. Why:"))
-        blocks.append(Bullets(list(examples.failed)))
-    return blocks
-
-
-def _heatmap_size(n_layers: int, n_heads: int) -> tuple[float, float]:
-    return (min(max(3.4, 0.36 * n_heads + 1.9), 12.0), min(max(2.2, 0.21 * n_layers + 1.1), 10.0))
-
-
-def _heatmaps_section(comparison: Comparison, pngs: _Pngs) -> list:
-    blocks: list = [
-        Heading(2, "Heatmaps"),
-        Text(f"One layer x head heatmap per metric and model: layers are rows (layer 0 at the top), heads columns. "
-             f"The {ANNOTATE_TOP} most striking heads carry their value: the highest, or the lowest where the "
-             "registry marks low as striking. Grey cells are undefined. Where a metric is 0 or undefined for every "
-             "head of a model by construction, the report says why instead of drawing it."),
-    ]
-    for metric in comparison.metrics:
-        rows = comparison.heads[comparison.heads["metric"] == metric]
-        bounded = figures.is_bounded(metric)
-        files, notes = [], []
-        drawable = []
-        for m in comparison.models:
-            part = rows[rows["model"] == m.name]
-            if part.empty:
-                continue
-            reason = _structural(comparison, m.name, metric)
-            if reason is not None:
-                notes.append(f"{m.name}: {reason}.")
-            elif part["value"].isna().all():
-                notes.append(f"{m.name}: undefined for every head; no query of the corpus counts for it.")
-            else:
-                drawable.append((m, part))
-        # One scale per metric across models: 0-1 for bounded metrics, 0 to the largest value otherwise.
-        finite = pd.concat([part["value"] for _, part in drawable]).dropna() if drawable else pd.Series(dtype=float)
-        vmax = 1.0 if bounded else (float(finite.max()) if len(finite) and finite.max() > 0 else 1.0)
-        for m, part in drawable:
-            fig = Figure(figsize=_heatmap_size(int(part["layer"].max()) + 1, int(part["head"].max()) + 1),
-                         layout="constrained")
-            figures.head_heatmap(part, model=m.name, metric=metric, ax=fig.subplots(), vmin=0.0, vmax=vmax,
-                                 annotate_top=ANNOTATE_TOP)
-            files.append(pngs.add(f"heatmap_{metric}_{_slug(m.name)}.png", fig))
-        blocks.append(Heading(3, metric))
-        if files:
-            scale = "0 to 1, one scale for every model" if bounded else f"0 to {vmax:.2f}"
-            blocks.append(Figures(files, f"`{metric}` by layer and head; colour: {figures.unit(metric)}, {scale}; "
-                                         f"annotated: the {ANNOTATE_TOP} {striking_order(metric)} heads."))
-        if notes:
-            blocks.append(Bullets(notes))
-    return blocks
-
-
 def _top_table(comparison: Comparison, metric: str, n: int) -> Table:
+    """One metric's top heads, model by model: value and interval ends in columns of their own, so they sort."""
     top = top_heads(comparison.heads, metric=metric, n=n)
-    columns: dict[str, list[str]] = {"rank": [str(i) for i in range(1, n + 1)]}
-    notes = []
+    rows, notes = [], []
     for m in comparison.models:
-        cells = []
-        for row in top[top["model"] == m.name].itertuples():
-            interval = (row.ci_low, row.ci_high) if pd.notna(row.ci_low) and pd.notna(row.ci_high) else ()
-            cell = f"{row.label}  {_fmt_value(metric, row.value, *interval)}"
-            cells.append(cell + (" †" if row.wide else "") + (" ‡" if row.thin else ""))
-        if not cells:
+        part = top[top["model"] == m.name]
+        for row in part.itertuples():
+            rows.append({"model": m.name, "rank": str(row.rank), "head": row.label,
+                         "value": _fmt_value(metric, row.value), "95% low": _fmt_value(metric, row.ci_low, row.value),
+                         "95% high": _fmt_value(metric, row.ci_high, row.value),
+                         "mark": ("†" if row.wide else "") + ("‡" if row.thin else "")})
+        if part.empty and (comparison.heads["model"] == m.name).any():
             values = _model_rows(comparison, m.name, metric)["value"].dropna()
             same = "undefined" if values.empty else _fmt_value(metric, values.iloc[0])
-            cells = [f"{same} for every head"]
-            reason = _structural(comparison, m.name, metric)
-            if reason is not None:
-                notes.append(f"{m.name}: {reason}.")
-        columns[m.name] = cells + [""] * (n - len(cells))
-    frame = pd.DataFrame(columns)
-    frame = frame[(frame.drop(columns="rank") != "").any(axis=1)]
-    return Table(frame, numeric=("rank",), note=" ".join(notes))
+            reason = structural(comparison, m.name, metric)
+            notes.append(f"{m.name}: {same} for every head" + (f"; {reason}." if reason else "."))
+    columns = ["model", "rank", "head", "value", "95% low", "95% high", "mark"]
+    frame = pd.DataFrame(rows, columns=columns)
+    if len(comparison.models) == 1:
+        frame = frame.drop(columns="model")
+    if not frame["mark"].astype(bool).any():
+        frame = frame.drop(columns="mark")
+    return Table(frame, numeric=("rank", "value", "95% low", "95% high"), note=" ".join(notes), sortable=True)
+
+
+def _model_rows(comparison: Comparison, model: str, metric: str) -> pd.DataFrame:
+    heads = comparison.heads
+    return heads[(heads["model"] == model) & (heads["metric"] == metric)]
 
 
 def _top_section(comparison: Comparison, top: int) -> list:
@@ -273,14 +215,15 @@ def _top_section(comparison: Comparison, top: int) -> list:
     low = [m for m in ranked if striking_order(m) == "lowest"]
     panels = [(f"Top {metric}" + (" (lowest first)" if metric in low else ""),
                _top_table(comparison, metric, top)) for metric in ranked]
-    thin = any("‡" in cell for _, table in panels for cell in table.frame.to_numpy().ravel())
+    thin = any("‡" in str(cell) for _, table in panels for cell in table.frame.to_numpy().ravel())
     order = "The highest values come first" + (
         f", except for {_codes(low)}, whose low end the registry marks as striking: their lowest heads come first"
         if low else "")
     return [
         Heading(2, "Top heads"),
         Text(f"The {top} most striking heads of each metric in each model: label, value and, where the sweep "
-             f"bootstrapped it, the 95% interval over segments. {order}."),
+             f"bootstrapped it, the ends of the 95% interval over segments. {order}. Click a column's heading to "
+             "sort by it."),
         Panels(panels),
         Note(f"† marks a 95% interval wider than {WIDE_CI:g} (0-1 metrics) or than {WIDE_CI:.0%} of the value "
              "(unbounded metrics; of 1 for values below 1): read that value with care."
@@ -288,41 +231,6 @@ def _top_section(comparison: Comparison, top: int) -> list:
                 f"count for it, or one of them holds more than {THIN_MAX_SHARE:.0%} of its sum; its interval "
                 "cannot be trusted, and no finding rests on it." if thin else "")),
     ]
-
-
-def _offsets_section(comparison: Comparison, pngs: _Pngs) -> list:
-    blocks: list = [
-        Heading(2, "Offset profiles"),
-        Text(f"Mean attention on the key at query + d, for d from -K to K, of the {OFFSET_TOP} most striking heads "
-             "of each metric: a previous-token head peaks at -1, a next-token head at +1, a self head at 0."),
-    ]
-    if "offsets" not in comparison.frames:
-        return blocks + [Note("The runs have no offsets table.")]
-    offsets, heads = comparison.offsets, comparison.heads
-    for m in comparison.models:
-        part = offsets[offsets["model"] == m.name]
-        if part.empty:
-            blocks.append(Note(f"{m.name} has no offsets table rows."))
-            continue
-        shown = [(metric, top_heads(heads, metric=metric, n=OFFSET_TOP, model=m.name))
-                 for metric in _ranked(comparison)]
-        shown = [(metric, t) for metric, t in shown if not t.empty]
-        if not shown:
-            continue
-        ncols = min(4, len(shown))
-        nrows = math.ceil(len(shown) / ncols)
-        fig = Figure(figsize=(3.0 * ncols, 2.5 * nrows + 0.3), layout="constrained")
-        axes = fig.subplots(nrows, ncols, squeeze=False, sharex=True, sharey=True).ravel()
-        for ax, (metric, t) in zip(axes, shown):
-            title = metric + (" (lowest)" if striking_order(metric) == "lowest" else "")
-            figures.offset_profiles(part, model=m.name, heads=list(t["label"]), ax=ax, title=title)
-            ax.label_outer()
-        for ax in axes[len(shown):]:
-            ax.set_visible(False)
-        fig.suptitle(f"{m.name}: offset profiles of each metric's most striking heads")
-        blocks.append(Figures([pngs.add(f"offsets_{_slug(m.name)}.png", fig)],
-                              f"{m.name}: mean attention by relative offset; shading is the 95% interval."))
-    return blocks
 
 
 def _other_tables_section(comparison: Comparison, top: int) -> list:
@@ -350,30 +258,6 @@ def _other_tables_section(comparison: Comparison, top: int) -> list:
     return blocks
 
 
-def _prev_next_section(comparison: Comparison, palette: dict, pngs: _Pngs) -> list:
-    blocks: list = [Heading(2, "Previous against next token")]
-    if not {"prev_token", "next_token"} <= set(comparison.metrics):
-        return blocks + [Note("The tables have no prev_token and next_token metrics to compare.")]
-    fig = Figure(figsize=(6.0, 5.6), layout="constrained")
-    figures.prev_next_scatter(comparison.heads, ax=fig.subplots(), palette=palette, ci_threshold=WIDE_CI)
-    return blocks + [Figures([pngs.add("prev_next_scatter.png", fig)],
-                             "One point per head: its previous-token share against its next-token share. Causal "
-                             "models' heads lie on the x axis (they cannot look ahead); error bars show 95% intervals "
-                             f"wider than {WIDE_CI:g}.")]
-
-
-def _entropy_section(comparison: Comparison, palette: dict, pngs: _Pngs) -> list:
-    blocks: list = [Heading(2, "Entropy by layer")]
-    if "entropy" not in comparison.metrics:
-        return blocks + [Note("The tables have no entropy metric.")]
-    n_layers = int(comparison.heads["layer"].max()) + 1
-    fig = Figure(figsize=(6.4, min(max(3.2, 0.22 * n_layers + 1.6), 10.0)), layout="constrained")
-    figures.entropy_by_layer(comparison.heads, ax=fig.subplots(), palette=palette)
-    return blocks + [Figures([pngs.add("entropy_by_layer.png", fig)],
-                             f"Attention entropy ({figures.unit('entropy')}) of every head, layer by layer; the line "
-                             "is the mean over a layer's heads. Low entropy is focused attention.")]
-
-
 def _definitions_section(comparison: Comparison) -> list:
     blocks: list = [Heading(2, "Metric definitions"),
                     Text("Read from the metric registry (headscan.metrics.METRICS) of the headscan that wrote this "
@@ -394,7 +278,7 @@ def _definitions_section(comparison: Comparison) -> list:
 
 
 def build_report(comparison: Comparison, *, top: int = 10, examples: Examples | None = None,
-                 title: str = "headscan report") -> Document:
+                 title: str = "headscan report", progress: Callable[[str], None] | None = None) -> Document:
     """Draw every figure and lay out the report's sections.
 
     Parameters
@@ -408,6 +292,8 @@ def build_report(comparison: Comparison, *, top: int = 10, examples: Examples | 
         says the example was not drawn.
     title : str, default "headscan report"
         The page's title and first heading.
+    progress : callable, optional
+        Called with one line as each part of the report is drawn.
 
     Returns
     -------
@@ -415,23 +301,28 @@ def build_report(comparison: Comparison, *, top: int = 10, examples: Examples | 
         Its blocks and the PNG bytes of every figure (`headscan.document.to_html`, `to_markdown`).
     """
     check_report_options(top=top)
+    say = progress or (lambda line: None)
     palette = figures.model_palette([m.name for m in comparison.models])
-    pngs = _Pngs()
+    pngs = Pngs()
+    steps = [
+        ("the atlas", lambda: [*_header(comparison, title), *_atlas_section(comparison, examples)]),
+        ("findings", lambda: [*_findings_section(comparison), *_summary_section(comparison)]),
+        ("example attention", lambda: [*sections.examples_section(examples, pngs),
+                                       *sections.induction_section(comparison, examples, pngs)]),
+        ("differences between runs", lambda: sections.differences_section(comparison, pngs)),
+        ("heatmaps", lambda: sections.heatmaps_section(comparison, pngs)),
+        ("top heads", lambda: [*_top_section(comparison, top), *_other_tables_section(comparison, top)]),
+        ("offset profiles", lambda: sections.offsets_section(comparison, pngs)),
+        ("scatter and entropy", lambda: [*sections.prev_next_section(comparison, palette, pngs),
+                                         *sections.entropy_section(comparison, palette, pngs)]),
+        ("provenance", lambda: [*_runs_section(comparison), *_models_section(comparison),
+                                *_definitions_section(comparison)]),
+    ]
+    blocks = []
     with matplotlib.rc_context(_RC):
-        blocks = [
-            *_header(comparison, title),
-            *_findings_section(comparison),
-            *_runs_section(comparison),
-            *_models_section(comparison),
-            *_examples_section(examples, pngs),
-            *_heatmaps_section(comparison, pngs),
-            *_top_section(comparison, top),
-            *_offsets_section(comparison, pngs),
-            *_other_tables_section(comparison, top),
-            *_prev_next_section(comparison, palette, pngs),
-            *_entropy_section(comparison, palette, pngs),
-            *_definitions_section(comparison),
-        ]
+        for what, make in steps:
+            say(f"report: {what}")
+            blocks += make()
     return Document(title, blocks, dict(pngs))
 
 
@@ -458,12 +349,31 @@ def check_report_options(*, top: int, out: str | os.PathLike | None = None) -> N
                           "another, or remove the folder", setting="out")
 
 
+def check_runs(runs: Sequence[str | os.PathLike | SweepTables]) -> None:
+    """Refuse a run given twice: the same folder, or tables of the same run (the same run id).
+
+    A run compared with itself has nothing to show; two runs of one model are compared as ``run:model``.
+    """
+    seen: dict = {}
+    for run in runs:
+        path = run.path if isinstance(run, SweepTables) else Path(run)
+        keys = [("path", Path(path).resolve())] if path is not None else []
+        run_id = run.provenance.run_id if isinstance(run, SweepTables) else None
+        keys += [("run", run_id)] if run_id else []
+        for key in keys:
+            if key in seen:
+                raise ConfigError(f"run {path or 'given as tables'} is given twice (as {seen[key]}); a report compares "
+                                  "different runs, so pass each once")
+            seen[key] = path or "tables"
+
+
 def write_report(
     runs: Sequence[str | os.PathLike | SweepTables],
     out: str | os.PathLike | None = None,
     *,
     top: int = 10,
     examples: Examples | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> Path:
     """Write a report over one or more sweep outputs; runs are compared side by side.
 
@@ -480,6 +390,8 @@ def write_report(
         Example attention patterns, computed beforehand with the models by
         `headscan.examples.compute_examples` (as ``headscan report`` does unless ``--no-models``). Without
         them the report says so; everything else needs only the tables.
+    progress : callable, optional
+        Called with one line as each part of the report is drawn and when it is written.
 
     Returns
     -------
@@ -491,17 +403,21 @@ def write_report(
     TablesError
         A run folder is missing or incomplete.
     ConfigError
-        No runs, `top` below 1, or `out` exists and is not a report.
+        No runs, a run given twice (`check_runs`), `top` below 1, or `out` exists and is not a report.
     """
     runs = list(runs)
     if not runs:
         raise ConfigError("report needs at least one sweep output folder (the --out of `headscan sweep`)")
     check_report_options(top=top, out=out)
+    check_runs(runs)
     loaded = [run if isinstance(run, SweepTables) else load(run) for run in runs]
+    check_runs(loaded)
     names = run_names([run.path or f"run{i + 1}" for i, run in enumerate(loaded)])
-    out = Path(out) if out is not None else Path("reports") / _slug("+".join(names))
+    out = Path(out) if out is not None else Path("reports") / slug("+".join(names))
     check_report_options(top=top, out=out)
     document = build_report(merge_runs(loaded, names), top=top, examples=examples,
-                            title=f"headscan report: {' vs '.join(names)}")
+                            title=f"headscan report: {' vs '.join(names)}", progress=progress)
+    if progress is not None:
+        progress(f"report: writing {out}")
     write_folder(document, out, image_scale=DISPLAY)
     return out

@@ -174,13 +174,24 @@ def test_prev_next_scatter_points_are_the_scores():
     heads = make_heads()
     ax = figures.prev_next_scatter(heads)
     points = [c for c in ax.collections if isinstance(c, PathCollection)]
-    for collection, model in zip(points, ["gpt", "bert"]):
-        wide = heads[heads.model == model].pivot(index=["layer", "head"], columns="metric", values="value")
-        np.testing.assert_allclose(collection.get_offsets(), wide[["prev_token", "next_token"]].to_numpy())
-    # The causal model cannot look ahead: all of its points lie on the x axis.
-    assert (points[0].get_offsets()[:, 1] == 0).all()
+    wide = {model: heads[heads.model == model].pivot(index=["layer", "head"], columns="metric", values="value")
+            for model in ("gpt", "bert")}
+    np.testing.assert_allclose(points[1].get_offsets(), wide["bert"][["prev_token", "next_token"]].to_numpy())
+    # The causal model cannot look ahead: its points go to a strip below the axis, x its scores, y jittered.
+    np.testing.assert_allclose(points[0].get_offsets()[:, 0], wide["gpt"]["prev_token"].to_numpy())
+    ys = points[0].get_offsets()[:, 1]
+    assert (ys < -0.04).all() and (ys > -0.13).all() and len(set(ys)) == len(ys)
+    assert ax.get_ylim()[0] < -0.12
     assert ax.get_xlabel().startswith("prev_token") and ax.get_ylabel().startswith("next_token")
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["gpt (causal)", "bert (bidirectional)"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "gpt (causal), next_token 0 for every head", "bert (bidirectional)",
+        "x + y = 1: all attention on the two neighbours\n(no head can lie above it)"]
+
+
+def test_prev_next_scatter_without_a_flat_model_keeps_the_axis():
+    heads = make_heads(models=(("bert", "bidirectional", 2, 4),))
+    ax = figures.prev_next_scatter(heads)
+    assert ax.get_ylim() == (-0.02, 1.02)
 
 
 def test_prev_next_scatter_shows_only_wide_intervals():
@@ -200,14 +211,36 @@ def test_prev_next_scatter_keeps_given_colours():
     np.testing.assert_allclose(ax.collections[1].get_facecolor()[0][:3], palette["bert"])
 
 
-def test_entropy_by_layer_lines_are_layer_means():
-    heads = make_heads()
-    ax = figures.entropy_by_layer(heads)
-    for line, model, n_heads in zip(ax.lines, ["gpt", "bert"], [3, 4]):
-        means = [np.mean([value(model, "entropy", layer, h) for h in range(n_heads)]) for layer in range(2)]
-        np.testing.assert_allclose(line.get_xydata(), np.column_stack([means, [0, 1]]))
-    assert ax.get_ylabel() == "layer" and ax.get_xlabel() == "entropy (nats)"
-    assert ax.get_ylim()[0] > ax.get_ylim()[1]  # layer 0 at the top, as in the heatmaps
+def test_entropy_by_depth_lines_are_layer_means_at_relative_depth():
+    heads = make_heads(models=(("gpt", "causal", 3, 3), ("bert", "bidirectional", 2, 4)))
+    ax = figures.entropy_by_depth(heads)
+    for line, model, n_layers, n_heads in zip(ax.lines, ["gpt", "bert"], [3, 2], [3, 4]):
+        means = [np.mean([value(model, "entropy", layer, h) for h in range(n_heads)]) for layer in range(n_layers)]
+        # layer / (layers - 1): both models run from 0 (first layer) to 1 (last), whatever their depth
+        np.testing.assert_allclose(line.get_xydata(), np.column_stack([means, np.linspace(0, 1, n_layers)]))
+    assert ax.get_ylabel().startswith("relative depth") and ax.get_xlabel() == "entropy (nats)"
+    assert ax.get_ylim()[0] > ax.get_ylim()[1]  # the first layer at the top, as in the heatmaps
+
+
+def test_offset_profiles_shade_each_interval():
+    offsets = make_offsets()
+    ax = figures.offset_profiles(offsets, model="gpt", heads=["L0H2", "L1H0"])
+    bands = ax.collections
+    assert len(bands) == 2 and all(band.get_alpha() == pytest.approx(0.3) for band in bands)
+    line = offsets[(offsets.layer == 0) & (offsets["head"] == 2)]
+    vertices = bands[0].get_paths()[0].vertices[:, 1]
+    assert vertices.min() == pytest.approx(line.ci_low.min()) and vertices.max() == pytest.approx(line.ci_high.max())
+
+
+def test_difference_heatmap_centres_on_zero_and_marks_intervals_apart():
+    rows = pd.DataFrame({"metric": "prev_token", "layer": [0, 0, 1, 1], "head": [0, 1, 0, 1],
+                         "label": ["L0H0", "L0H1", "L1H0", "L1H1"], "difference": [0.2, -0.1, 0.0, np.nan],
+                         "apart": [True, False, False, False]})
+    ax = figures.difference_heatmap(rows, metric="prev_token")
+    mesh = ax.collections[0]
+    np.testing.assert_allclose(mesh.get_array().reshape(2, 2), [[0.2, -0.1], [0.0, np.nan]])
+    assert mesh.norm.vmin == pytest.approx(-0.2) and mesh.norm.vmax == pytest.approx(0.2)
+    assert [(t.get_text(), t.get_position()) for t in ax.texts] == [("\u2022", (0.5, 0.5))]
 
 
 def test_is_bounded_and_unit_follow_the_registry():

@@ -4,6 +4,7 @@ Expected numbers and sentences are written out by hand from the fixture's known 
 with the report's own helpers.
 """
 
+import dataclasses
 import io
 import shutil
 import subprocess
@@ -21,7 +22,7 @@ from headscan import document, figures, findings, report, runs as runs_module
 from headscan.cli import cli
 from headscan.document import Document, Heading
 from headscan.errors import ConfigError, ModelNotFoundError, TablesError
-from headscan.provenance import ModelProvenance, RunProvenance
+from headscan.provenance import CorpusProvenance, ModelProvenance, RunProvenance
 from headscan.tables import TABLES, SweepTables, load, register_table, write
 
 METRICS = ["prev_token", "next_token", "self", "first_token", "sep", "entropy", "entropy_norm", "distance",
@@ -215,10 +216,12 @@ def test_run_names_are_folder_names_made_distinct():
     assert runs_module.run_names(["x/out", "y/out", "z/gpt2", "w/out"]) == ["out", "out-2", "gpt2", "out-3"]
 
 
-def test_example_heads_pick_prev_for_causal_and_next_for_bidirectional(runs):
+def test_example_heads_pick_prev_everywhere_and_next_where_a_model_can_look_ahead(runs):
     picks = examples_module.example_heads(load(runs[0]).heads)
+    # bert's strongest previous-token head L1H2 rests on thin support: its L0H1 is shown
     assert picks[["model", "metric", "label", "layer", "head"]].values.tolist() == [
-        ["gpt", "prev_token", "L1H2", 1, 2], ["bert", "next_token", "L1H3", 1, 3]]
+        ["gpt", "prev_token", "L1H2", 1, 2], ["bert", "prev_token", "L0H1", 0, 1],
+        ["bert", "next_token", "L1H3", 1, 3]]
 
 
 @pytest.mark.parametrize("units, label", [
@@ -254,16 +257,16 @@ def test_model_shapes_fall_back_to_the_tables_without_provenance():
 # --- the report folder ------------------------------------------------------------------------------------
 
 
-def expected_figures(models):
-    names = {f"heatmap_{metric}_{model}.png" for metric in METRICS for model in models
-             if (metric, model.split("-")[-1]) not in STRUCTURAL}
-    return names | {f"offsets_{model}.png" for model in models} | {"prev_next_scatter.png", "entropy_by_layer.png"}
+def expected_figures(*, differences=()):
+    """One heatmap per metric (every model side by side), the offset profiles, the scatter and entropy by depth."""
+    return ({f"heatmap_{metric}.png" for metric in METRICS} | {f"difference_{pair}.png" for pair in differences}
+            | {"offset_profiles.png", "prev_next_scatter.png", "entropy_by_depth.png"})
 
 
 def test_report_writes_html_markdown_and_every_figure_as_png(one_report):
     assert sorted(p.name for p in one_report.iterdir()) == ["figures", "index.html", "report.md"]
     files = {p.name: p for p in (one_report / "figures").iterdir()}
-    assert set(files) == expected_figures(["gpt", "bert"])
+    assert set(files) == expected_figures()
     for path in files.values():
         data = path.read_bytes()
         assert data.startswith(PNG) and len(data) > 1000
@@ -280,9 +283,13 @@ def test_report_writes_html_markdown_and_every_figure_as_png(one_report):
 def test_html_is_self_contained(one_report):
     page = (one_report / "index.html").read_text()
     assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
-    assert "<script" not in page and "http://" not in page and "https://" not in page
-    assert page.count('src="data:image/png;base64,') == len(expected_figures(["gpt", "bert"]))
+    assert "http://" not in page and "https://" not in page
+    assert "<script src" not in page and '<link rel="style' not in page
+    assert page.count('src="data:image/png;base64,') == len(expected_figures())
     assert '<nav class="toc">' in page and 'href="#top-heads"' in page and 'id="top-heads"' in page
+    # the atlas comes first, before the findings; its script, style and data are inline
+    assert page.index('id="atlas"') < page.index('id="findings"') < page.index('id="top-heads"')
+    assert '<script type="application/json" id="atlas-data">' in page and '<table class="sortable">' in page
 
 
 def test_report_content(one_report):
@@ -297,26 +304,31 @@ def test_report_content(one_report):
         assert "2026-01-02T03:04:05Z" in text and "sha256:0f0f0f0f0f0f0f0f" in text and "torch 2.5.0" in text
         assert "1,234,567" in text and "GPTTokenizer" in text
         assert "L1H2 puts 99.9% of its attention on the previous token" in text
-        assert "L1H2  0.999 [0.989, 1.009]" in text  # a top head with its 95% interval
-        assert "L1H0  0.100 [-0.100, 0.300] †" in text  # a wide interval is marked
         assert "without loading the models" in text
+        assert any(f"previous-token: {code} ≥ 0.5" in text for code in ("`prev_token`", "<code>prev_token</code>"))
+    # a top head: value and interval ends in cells of their own, so they sort; a wide interval is marked
+    assert "| gpt | 1 | L1H2 | 0.999 | 0.989 | 1.009 |  |" in md
+    assert "| gpt | 6 | L1H0 | 0.100 | -0.100 | 0.300 | † |" in md
+    assert ('<td>gpt</td><td class="num">1</td><td>L1H2</td><td class="num">0.999</td><td class="num">0.989</td>'
+            '<td class="num">1.009</td>') in page
+    assert "The interactive head atlas is in `index.html` beside this file" in md
 
 
 def test_markdown_tables_and_headings(one_report):
     md = (one_report / "report.md").read_text()
     assert md.startswith("# headscan report: runA\n")
-    assert "| rank | gpt | bert |" in md and "**Contents**" in md and "1. [Findings](#findings)" in md
+    assert "**Contents**" in md and "1. [Head atlas](#head-atlas)" in md and "2. [Findings](#findings)" in md
     # entropy's top heads are its most focused: lowest first, said in the heading
-    assert ("### Top entropy (lowest first)\n\n| rank | gpt | bert |\n| ---: | --- | --- |\n"
-            "| 1 | L1H1  0.200 [0.190, 0.210] | L1H1  0.200 [0.190, 0.210] |\n"
-            "| 2 | L0H0  1.00 [0.99, 1.01] | L0H0  1.00 [0.99, 1.01] |\n") in md
+    assert ("### Top entropy (lowest first)\n\n| model | rank | head | value | 95% low | 95% high |\n"
+            "| --- | ---: | --- | ---: | ---: | ---: |\n| gpt | 1 | L1H1 | 0.200 | 0.190 | 0.210 |\n"
+            "| gpt | 2 | L0H0 | 1.00 | 0.99 | 1.01 |\n") in md
     # a metric 0 or undefined by construction says why under its table
-    assert (f"### Top next_token\n\n| rank | gpt | bert |\n| ---: | --- | --- |\n"
-            f"| 1 | 0.000 for every head | L1H3  0.900 [0.890, 0.910] |\n") in md
-    assert f"| 8 |  | L1H0  0.000 [-0.010, 0.010] |\n\n*gpt: {NEXT_IN_CAUSAL}.*" in md
-    assert f"| 1 | undefined for every head | L1H0  0.300 [0.290, 0.310] |" in md and f"*gpt: {NO_SEP}.*" in md
+    assert ("### Top next_token\n\n| model | rank | head | value | 95% low | 95% high |\n"
+            "| --- | ---: | --- | ---: | ---: | ---: |\n| bert | 1 | L1H3 | 0.900 | 0.890 | 0.910 |\n") in md
+    assert f"| bert | 8 | L1H0 | 0.000 | -0.010 | 0.010 |\n\n*gpt: 0.000 for every head; {NEXT_IN_CAUSAL}.*" in md
+    assert f"*gpt: undefined for every head; {NO_SEP}.*" in md
     # a value resting on thin support is marked, and the mark explained
-    assert "| 1 | L1H2  0.999 [0.989, 1.009] | L1H2  0.999 [0.989, 1.009] ‡ |" in md
+    assert "| bert | 1 | L1H2 | 0.999 | 0.989 | 1.009 | ‡ |" in md
     assert ("‡ marks a value resting on thin support: fewer than 15 segments or documents count for it, or one of "
             "them holds more than 25% of its sum") in md
 
@@ -324,16 +336,16 @@ def test_markdown_tables_and_headings(one_report):
 def test_structural_metrics_are_said_not_drawn(one_report):
     md = (one_report / "report.md").read_text()
     section = md[md.index("### next_token"):md.index("### self")]
-    assert "heatmap_next_token_bert.png" in section and "heatmap_next_token_gpt.png" not in section
-    assert f"- gpt: {NEXT_IN_CAUSAL}." in section
+    assert "heatmap_next_token.png" in section and f"- gpt: {NEXT_IN_CAUSAL}." in section
     assert f"- gpt: {NO_SEP}." in md[md.index("### sep"):md.index("### entropy")]
 
 
 def test_units_and_striking_ends_come_from_the_registry(one_report):
     md = (one_report / "report.md").read_text()
-    assert "*`entropy` by layer and head; colour: nats, 0 to 1.80; annotated: the 3 lowest heads.*" in md
+    assert ("*`entropy` by layer and head; colour: nats, 0 to 1.80, one scale for every model; annotated: each "
+            "model's 3 lowest heads.*") in md
     assert ("*`positional_prev` by layer and head; colour: share of queries, 0 to 1, one scale for every model; "
-            "annotated: the 3 highest heads.*") in md
+            "annotated: each model's 3 highest heads.*") in md
     assert "colour: fraction of the largest possible entropy, 0 to 1" in md
     assert "share of attention" not in md[md.index("### entropy_norm"):md.index("### distance")]
 
@@ -342,9 +354,16 @@ def test_report_over_two_runs_compares_them(two_reports):
     page = (two_reports / "index.html").read_text()
     assert "runA:gpt" in page and "runB:gpt" in page and "headscan report: runA vs runB" in page
     assert "agree within 0.050" in page
-    assert "<th>runA:gpt</th><th>bert</th><th>runB:gpt</th>" in page  # top heads side by side
+    assert "<td>runB:gpt</td><td class=\"num\">1</td>" in page  # top heads of every model, one table per metric
     names = {p.name for p in (two_reports / "figures").iterdir()}
-    assert names == expected_figures(["runA-gpt", "bert", "runB-gpt"])
+    assert names == expected_figures(differences=["runB-gpt_runA-gpt"])
+    md = (two_reports / "report.md").read_text()
+    section = md[md.index("## Differences between runs"):md.index("## Heatmaps")]
+    # runB's self is 0.05 higher for every head, with intervals 0.02 wide: all six heads apart
+    assert "6 of 54 0-1 head scores have 95% intervals that do not overlap" in section
+    assert ("| metric | head | runA:gpt | runA:gpt low | runA:gpt high | runB:gpt | runB:gpt low | runB:gpt high | "
+            "difference |") in section
+    assert "| self | L0H1 | 0.700 | 0.690 | 0.710 | 0.750 | 0.740 | 0.760 | +0.050 |" in section
 
 
 def test_regenerating_gives_identical_bytes(runs, two_reports, tmp_path):
@@ -373,14 +392,20 @@ def test_a_table_the_report_does_not_know_gets_its_top_rows(tmp_path):
             "| gpt | toy\\_score | L1H2 | obj | 0.7 |  |\n| gpt | toy\\_score | L0H1 | nsubj | 0.4 |  |\n") in md
 
 
-def fake_example(model, text, layer):
+def fake_every_layer(model, text):
     """Distinct patterns per layer and head: head h of layer L puts all attention h + 2L tokens back."""
     tokens = text.split()
     n = len(tokens)
-    pattern = np.zeros((model.n_heads, n, n))  # (head, q_pos, k_pos)
-    for head in range(model.n_heads):
-        pattern[head, np.arange(n), np.maximum(np.arange(n) - head - 2 * layer, 0)] = 1.0
-    return tokens, pattern
+    pattern = np.zeros((2, model.n_heads, n, n))  # (layer, head, q_pos, k_pos)
+    for layer in range(2):
+        for head in range(model.n_heads):
+            pattern[layer, head, np.arange(n), np.maximum(np.arange(n) - head - 2 * layer, 0)] = 1.0
+    return tuple(tokens), pattern
+
+
+def back(n, k):
+    """The (n, n) pattern of a head that puts all attention k tokens back (the first tokens on token 0)."""
+    return np.eye(n)[np.maximum(np.arange(n) - k, 0)]
 
 
 def test_example_attention_is_drawn_for_the_chosen_heads(runs, tmp_path, monkeypatch):
@@ -389,11 +414,11 @@ def test_example_attention_is_drawn_for_the_chosen_heads(runs, tmp_path, monkeyp
 
     def fake_load(spec, **kwargs):
         calls.append(("load", spec))
-        return type("Model", (), {"name": spec, "n_heads": shapes[spec]})()
+        return type("Model", (), {"name": spec, "n_heads": shapes[spec], "n_layers": 2})()
 
-    def recording_example(model, text, layer):
-        calls.append(("example", model.name, layer))
-        return fake_example(model, text, layer)
+    def recording(model, text):
+        calls.append(("every layer", model.name, text))
+        return fake_every_layer(model, text)
 
     original = figures.attention_matrix
 
@@ -402,27 +427,52 @@ def test_example_attention_is_drawn_for_the_chosen_heads(runs, tmp_path, monkeyp
         return original(tokens, pattern, **kwargs)
 
     monkeypatch.setattr(headscan.models, "load_model", fake_load)
-    monkeypatch.setattr(headscan.scan, "example_attention", recording_example)
+    monkeypatch.setattr(examples_module, "every_layer", recording)
     monkeypatch.setattr(figures, "attention_matrix", spy)
     text = "one two three four five six"
     examples = examples_module.compute_examples([load(runs[0])], text)
-    # gpt's strongest previous-token head is L1H2, bert's strongest next-token head L1H3: layer 1, not 0.
-    assert calls == [("load", "gpt"), ("example", "gpt", 1), ("load", "bert"), ("example", "bert", 1)]
-    assert [(e.model, e.label, e.metric) for e in examples.drawn] == [("gpt", "L1H2", "prev_token"),
-                                                                      ("bert", "L1H3", "next_token")]
-    four_back = np.eye(6, k=0)[np.maximum(np.arange(6) - 4, 0)]  # L1H2: 2 + 2 tokens back
-    five_back = np.eye(6, k=0)[np.maximum(np.arange(6) - 5, 0)]  # L1H3: 3 + 2 tokens back
-    np.testing.assert_array_equal(examples.drawn[0].pattern, four_back)
-    np.testing.assert_array_equal(examples.drawn[1].pattern, five_back)
+    # each model loaded once and run once on the sentence and once on the repeated sequence: some head scores
+    # at least 0.5 on induction (gpt's and bert's L0H0, 0.9)
+    repeated = examples_module.REPEATED_EXAMPLE
+    assert calls == [("load", "gpt"), ("every layer", "gpt", text), ("every layer", "gpt", repeated),
+                     ("load", "bert"), ("every layer", "bert", text), ("every layer", "bert", repeated)]
+    # gpt: its strongest previous-token head L1H2; bert: L0H1 (its L1H2 rests on thin support), and its
+    # strongest next-token head L1H3
+    assert [(e.model, e.label, e.metric) for e in examples.drawn] == [
+        ("gpt", "L1H2", "prev_token"), ("bert", "L0H1", "prev_token"), ("bert", "L1H3", "next_token")]
+    for example, k in zip(examples.drawn, [4, 1, 5]):  # h + 2L tokens back
+        np.testing.assert_array_equal(example.pattern, back(6, k))
+    assert [e.patterns.shape for e in examples.every_head] == [(2, 3, 6, 6), (2, 3, 21, 21), (2, 4, 6, 6),
+                                                               (2, 4, 21, 21)]
+    assert examples.repeated_text == repeated and [e.label for e in examples.induction] == ["L0H0", "L0H0"]
 
     out = report.write_report([runs[0]], tmp_path / "r", examples=examples)
-    assert [name for name, _ in drawn] == ["gpt L1H2", "bert L1H3"]
-    np.testing.assert_array_equal(drawn[0][1], four_back)
-    np.testing.assert_array_equal(drawn[1][1], five_back)
+    assert [name for name, _ in drawn] == ["gpt L1H2", "bert L0H1", "bert L1H3", "gpt L0H0", "bert L0H0"]
+    np.testing.assert_array_equal(drawn[0][1], back(6, 4))
     assert (out / "figures" / "looking_both_ways.png").read_bytes().startswith(PNG)
     page = (out / "index.html").read_text()
     assert "could not be drawn" not in page and "not drawn" not in page
-    assert "gpt L1H2 (prev_token 0.999 over the corpus); bert L1H3 (next_token 0.900 over the corpus)" in page
+    assert ("gpt L1H2 (prev_token 0.999 over the corpus); bert L0H1 (prev_token 0.800 over the corpus); bert L1H3 "
+            "(next_token 0.900 over the corpus)") in page
+    assert '"title":"the example sentence","text":"one two three four five six"' in page  # in the atlas's data
+
+
+def test_a_repeated_token_run_gets_the_induction_example(runs, tmp_path, monkeypatch):
+    run = load(runs[0])
+    run.provenance = dataclasses.replace(run.provenance, corpus=CorpusProvenance("repeat-random:n=50", "repeat-random"))
+    shapes = {"gpt": 3, "bert": 4}
+    monkeypatch.setattr(headscan.models, "load_model",
+                        lambda spec, **kwargs: type("Model", (), {"n_heads": shapes[spec], "n_layers": 2})())
+    monkeypatch.setattr(examples_module, "every_layer", fake_every_layer)
+    examples = examples_module.compute_examples([run], "one two three")
+    assert examples.repeated_text == examples_module.REPEATED_EXAMPLE
+    # the strongest induction head of each model: ((5 layer + 3 head + 9) % 10) / 10 is 0.9 at L0H0 in both
+    assert [(e.model, e.label, e.metric, e.value) for e in examples.induction] == [
+        ("gpt", "L0H0", "induction", 0.9), ("bert", "L0H0", "induction", 0.9)]
+    assert [e.text for e in examples.every_head] == ["one two three", examples_module.REPEATED_EXAMPLE] * 2
+    out = report.write_report([run], tmp_path / "r", examples=examples)
+    md = (out / "report.md").read_text()
+    assert "## Induction heads" in md and "figures/induction_example.png" in md
 
 
 def test_unavailable_model_is_explained_and_the_rest_still_rendered(runs, tmp_path, monkeypatch):
@@ -437,13 +487,13 @@ def test_unavailable_model_is_explained_and_the_rest_still_rendered(runs, tmp_pa
     page = (out / "index.html").read_text()
     assert "could not be drawn for 2 of 2 models" in page
     assert "ModelNotFoundError: model &#x27;gpt&#x27; not found; install it" in page
-    assert {p.name for p in (out / "figures").iterdir()} == expected_figures(["gpt", "bert"])
+    assert {p.name for p in (out / "figures").iterdir()} == expected_figures()
 
 
 def stub_build(calls=None):
     """A stand-in for build_report, for tests of what surrounds it: a one-heading document, drawn in no time."""
 
-    def build(comparison, *, top, examples, title):
+    def build(comparison, *, top, examples, title, progress=None):
         if calls is not None:
             calls.append((comparison, top, examples))
         return Document(title, [Heading(1, title)], {"one.png": PNG + b"\0" * 24})
@@ -496,10 +546,20 @@ def test_errors_name_the_problem(runs, tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(ConfigError, match=r"^out .*file: exists and is not a folder; choose another$"):
         report.write_report([runs[0]], tmp_path / "file")
+    with pytest.raises(ConfigError, match=r"^run .*runA is given twice \(as .*runA\); a report compares different "
+                                          r"runs, so pass each once$"):
+        report.write_report([runs[0], runs[1], runs[0]], tmp_path / "r")
+    with pytest.raises(ConfigError, match="is given twice"):  # the same run's tables, handed in twice
+        report.write_report([load(runs[0]), load(runs[0])], tmp_path / "r")
+    with pytest.raises(ConfigError, match="^example is empty; pass a sentence, or leave the option out"):
+        examples_module.compute_examples([load(runs[0])], " ")
 
 
 @pytest.mark.parametrize("arguments, message", [
     (["--top", "0"], "Error: --top must be at least 1, not 0; pass how many heads to list per metric, e.g. 10"),
+    (["--example", ""], "Error: --example is empty; pass a sentence, or leave the option out for the default one"),
+    (["--example", "   "], "Error: --example is empty; pass a sentence, or leave the option out for the default one"),
+    (["RUN"], "Error: run RUN is given twice (as RUN); a report compares different runs, so pass each once"),
     (["--out", "project"], "Error: --out project: exists and holds ['main.py'], which a headscan report would not; "
                            "choose another, or remove the folder"),
 ])
@@ -508,8 +568,9 @@ def test_cli_report_errors_are_one_line_and_load_no_model(runs, arguments, messa
     (tmp_path / "project").mkdir()
     (tmp_path / "project" / "main.py").write_text("precious")
     monkeypatch.setattr(headscan.models, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    arguments = [str(runs[0]) if a == "RUN" else a for a in arguments]
     result = CliRunner().invoke(cli, ["report", str(runs[0]), *arguments])
-    assert result.exit_code == 1 and result.output.strip() == message
+    assert result.exit_code == 1 and result.output.strip() == message.replace("RUN", str(runs[0]))
 
 
 def test_cli_report_without_models_hands_no_examples(runs, tmp_path, monkeypatch):
@@ -528,7 +589,7 @@ def test_cli_report_names_models_it_could_not_load(runs, tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(headscan.models, "load_model", missing)
     monkeypatch.setattr(report, "build_report", stub_build(calls))
-    result = CliRunner().invoke(cli, ["report", str(runs[0]), "--out", str(tmp_path / "r"), "--top", "2"])
+    result = CliRunner().invoke(cli, ["report", str(runs[0]), "--out", str(tmp_path / "r"), "--top", "2", "-q"])
     assert result.exit_code == 0, result.output
     [(comparison, top, examples)] = calls
     assert [m.name for m in comparison.models] == ["gpt", "bert"] and top == 2 and len(examples.failed) == 2
@@ -538,13 +599,49 @@ def test_cli_report_names_models_it_could_not_load(runs, tmp_path, monkeypatch):
     assert result.stdout == f"wrote {tmp_path / 'r'}/index.html and {tmp_path / 'r'}/report.md\n"
 
 
+def test_cli_report_says_what_it_is_doing(runs, tmp_path, monkeypatch):
+    monkeypatch.setattr(report, "build_report", stub_build())
+    result = CliRunner().invoke(cli, ["report", str(runs[0]), "--out", str(tmp_path / "r"), "--no-models"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines() == ["reading 1 run", f"report: writing {tmp_path / 'r'}"]
+    quiet = CliRunner().invoke(cli, ["report", str(runs[0]), "--out", str(tmp_path / "r"), "--no-models", "-q"])
+    assert quiet.exit_code == 0 and quiet.stderr == ""
+
+
+def test_build_report_reports_progress_part_by_part(runs):
+    lines = []
+    report.build_report(runs_module.merge_runs([load(runs[0])]), top=2, progress=lines.append)
+    assert lines[0] == "report: the atlas" and "report: heatmaps" in lines and len(lines) == 9
+
+
+def test_summary_table_compares_the_families(one_report):
+    md = (one_report / "report.md").read_text()
+    section = md[md.index("## Encoder versus decoder"):md.index("## Looking both ways")]
+    assert ("| gpt | causal | 2 | 6 | L1H2 | 0.999 | 1.00 | 2 | – | – | – | – |\n"
+            "| bert | bidirectional | 2 | 8 | L0H1 | 0.800 | 0.00 | 1 | L1H3 | 0.900 | 1.00 | 1 |") in section
+    assert f"*gpt's `next_token`: {NEXT_IN_CAUSAL}.*" in section
+    assert ("The strongest previous-token heads: gpt (causal) L1H2, 99.9%, at relative depth 1.00; bert "
+            "(bidirectional) L0H1, 80.0%, at relative depth 0.00.") in md
+
+
+def test_induction_findings_name_the_head_and_count_them():
+    heads = make_tables([GPT]).heads
+    heads.loc[(heads.metric == "induction") & (heads.label == "L1H1"), "value"] = 0.953
+    sentences = findings.findings(heads)
+    assert ("In gpt, L1H1 puts 95.3% of its attention on the tokens that follow other occurrences of its own token "
+            "(an induction head).") in sentences
+    # L0H0 (0.9) and L1H1 (0.953) are above half
+    assert ("2 of 6 heads in gpt put more than half of their attention on the tokens that follow other occurrences "
+            "of their own token (induction heads).") in sentences
+
+
 def test_a_metric_this_headscan_does_not_know_is_drawn_but_not_ranked(tmp_path):
     run = make_tables([GPT])
     heads = run.frames["heads"]
     heads.loc[heads.metric == "induction", "metric"] = "retired_metric"
     out = report.write_report([write(run, tmp_path / "old")], tmp_path / "r")
     md = (out / "report.md").read_text()
-    assert (out / "figures" / "heatmap_retired_metric_gpt.png").is_file() and "### Top prev_token" in md
+    assert (out / "figures" / "heatmap_retired_metric.png").is_file() and "### Top prev_token" in md
     assert "### Top retired_metric" not in md
     assert "not registered in the installed headscan, so it is drawn but not ranked" in md
 
@@ -555,7 +652,14 @@ def test_report_on_a_real_sweep_of_tiny_checkpoints(tiny_gpt2, tiny_bert, tmp_pa
     headscan.sweep([str(tiny_gpt2), str(tiny_bert)], "builtin", tmp_path / "run", device="cpu", limit=3, bootstrap=0)
     run = load(tmp_path / "run")
     examples = examples_module.compute_examples([run])
-    assert examples.failed == () and len(examples.drawn) == 2
+    assert examples.failed == () and len(examples.drawn) == 3  # gpt2's previous-token head, bert's two
+    # every layer in one forward pass agrees with the sweep's own reading of one layer
+    model = headscan.models.load_model(str(tiny_bert), device="cpu")
+    tokens, patterns = examples_module.every_layer(model, examples.text)
+    for layer in range(model.n_layers):
+        expected_tokens, expected = headscan.scan.example_attention(model, examples.text, layer)
+        assert list(tokens) == list(expected_tokens)
+        np.testing.assert_allclose(patterns[layer], expected, atol=1e-6)
     out = report.write_report([run], tmp_path / "report", top=3, examples=examples)
     page = (out / "index.html").read_text()
     assert (out / "figures" / "looking_both_ways.png").is_file()

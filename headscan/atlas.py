@@ -1,0 +1,312 @@
+"""The head atlas: every head of every model on one interactive map, the first thing in a report's index.html.
+
+Per model a layer x head grid, coloured by any metric of heads.parquet or by role, models of different depth
+side by side at the same height (so rows line up by relative depth). Hovering a head shows its value and 95%
+interval; clicking it opens a panel with all its scores, intervals and ranks, its offset profile, its roles,
+its rows in any other table, and its attention on the example sentences. A search box finds a head by label.
+
+This module computes what the atlas shows (`head_roles`, `head_ranks`, `atlas_data`) and wraps it, with the
+page's script and style (``headscan/data/atlas.js`` and ``atlas.css``), into one HTML fragment
+(`atlas_html`): inline JavaScript and CSS, the data as embedded JSON, no network, so the page works from
+``file://``. Roles and ranks are computed here, not in the browser, so tests check them number by number.
+
+This module draws no PNG (see `headscan.figures`), lays out no section (see `headscan.report`) and loads no
+model (see `headscan.examples`).
+
+>>> heads = pd.DataFrame({"model": "m", "family": "causal", "layer": 0, "head": [0, 1], "label": ["L0H0", "L0H1"],
+...                       "metric": "prev_token", "value": [0.93, 0.2]})
+>>> head_roles(heads)[["label", "roles", "role"]].to_dict("records")
+[{'label': 'L0H0', 'roles': ['previous-token'], 'role': 'previous-token'}, {'label': 'L0H1', 'roles': [], 'role': ''}]
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from dataclasses import dataclass
+from importlib import resources
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+import seaborn as sns
+
+from . import tables
+from .findings import striking_order, why_structural
+from .metrics import METRICS
+
+if TYPE_CHECKING:
+    from .examples import Examples
+    from .runs import Comparison
+
+__all__ = ["Role", "ROLES", "role_rules", "head_roles", "head_ranks", "atlas_data", "atlas_html", "ATLAS_ID"]
+
+ATLAS_ID = "atlas"  # the id of the atlas's section on the page
+_STOPS = 32  # colour-map stops handed to the page, which interpolates between them
+_UNDEFINED = "#d9d9d9"  # as in the heatmaps (headscan.figures.UNDEFINED_COLOUR)
+
+
+@dataclass(frozen=True)
+class Role:
+    """A role a head is given from its numbers: any of `metrics` at least `threshold`."""
+
+    name: str  # the badge
+    metrics: tuple[str, ...]
+    threshold: float
+    colour: str  # its colour when the grid is coloured by role
+    meaning: str  # what the role is, for the page
+
+    def rule(self) -> str:
+        names = " or ".join(f"`{m}`" for m in self.metrics)
+        return f"{names} \u2265 {self.threshold:g}"
+
+
+# In order of precedence: colouring by role shows a head's first role in this order, badges show them all.
+ROLES = (
+    Role("induction", ("induction",), 0.4, "#d55e00",
+         "attends to the token after an earlier occurrence of its own token (Olsson et al. 2022)"),
+    Role("duplicate", ("duplicate_token",), 0.4, "#cc78bc", "attends to other occurrences of its own token"),
+    Role("previous-token", ("prev_token",), 0.5, "#0173b2",
+         "puts at least half of its attention on the previous token"),
+    Role("next-token", ("next_token",), 0.5, "#029e73", "puts at least half of its attention on the next token"),
+    Role("self", ("self",), 0.5, "#ece133", "puts at least half of its attention on its own token"),
+    Role("positional", ("positional_prev", "positional_next"), 0.9, "#56b4e9",
+         "looks most at the previous (or next) token for at least 90% of queries: Voita et al.'s (2019) rule"),
+    Role("sink", ("first_token", "sep"), 0.5, "#949494",
+         "puts at least half of its attention on the first token or on [SEP]: an attention sink"),
+    Role("broad", ("entropy_norm",), 0.8, "#ca9161", "spreads its attention: entropy near that of uniform attention"),
+)
+
+
+def role_rules() -> list[str]:
+    """One line per role: its name, its rule and what it means, as the page states them."""
+    return [f"{role.name}: {role.rule()}; {role.meaning}." for role in ROLES]
+
+
+def _wide(heads: pd.DataFrame) -> pd.DataFrame:
+    """One row per (model, layer, head) that has rows, one column per metric, in the table's order of models."""
+    models = {name: i for i, name in enumerate(dict.fromkeys(heads["model"]))}
+    keys = ["model", "layer", "head", "label"]
+    frame = heads.drop_duplicates([*keys, "metric"]).set_index([*keys, "metric"])["value"].unstack("metric")
+    frame = frame.reset_index()
+    frame.columns.name = None
+    return frame.sort_values(["model", "layer", "head"], key=lambda c: c.map(models) if c.name == "model" else c,
+                             kind="stable").reset_index(drop=True)
+
+
+def head_roles(heads: pd.DataFrame) -> pd.DataFrame:
+    """Each head's roles (`ROLES`) from its numbers; a value resting on thin support gives no role.
+
+    Returns
+    -------
+    DataFrame
+        Columns ``model, layer, head, label, roles, role``: ``roles`` every role that holds, in `ROLES`
+        order, ``role`` the first of them ("" when none does).
+    """
+    rows = heads[heads["value"].notna()]
+    rows = rows[~tables.thin_support(rows)] if {"units", "top_unit_share"} <= set(rows.columns) else rows
+    keys = ["model", "layer", "head", "label"]
+    wide = _wide(heads[keys].drop_duplicates().assign(metric="_", value=0.0))[keys]
+    if len(rows):
+        wide = wide.merge(_wide(rows), how="left", on=keys)
+    held = []
+    for row in wide.itertuples(index=False):
+        record = row._asdict()
+        held.append([role.name for role in ROLES
+                     if any(record.get(m) is not None and not pd.isna(record.get(m)) and record[m] >= role.threshold
+                            for m in role.metrics if m in wide.columns)])
+    out = wide[["model", "layer", "head", "label"]].copy()
+    out["roles"] = held
+    out["role"] = [names[0] if names else "" for names in held]
+    return out
+
+
+def head_ranks(heads: pd.DataFrame) -> pd.DataFrame:
+    """Each head's rank in each metric within its model, from the metric's striking end (`striking_order`).
+
+    Rank 1 is the highest value, or the lowest where the registry marks low as striking; ties go to the
+    lower layer, then head. Undefined heads, and every head of a metric on which they all score the same,
+    get no rank (NaN).
+
+    >>> heads = pd.DataFrame({"model": "m", "layer": 0, "head": [0, 1, 2], "metric": "entropy",
+    ...                       "value": [2.0, 0.5, float("nan")]})
+    >>> head_ranks(heads)[["head", "rank", "of"]].to_dict("records")
+    [{'head': 0, 'rank': 2.0, 'of': 2}, {'head': 1, 'rank': 1.0, 'of': 2}, {'head': 2, 'rank': nan, 'of': 2}]
+    """
+    parts = []
+    for (_, metric), part in heads.groupby(["model", "metric"], sort=False, observed=True):
+        part = part[["model", "layer", "head", "metric", "value"]].copy()
+        defined = part["value"].dropna()
+        high = striking_order(str(metric)) == "highest"
+        order = part.sort_values(["value", "layer", "head"], ascending=[not high, True, True], na_position="last")
+        rank = pd.Series(np.arange(1, len(order) + 1, dtype=float), index=order.index)
+        varied = len(defined) > 0 and defined.max() > defined.min()
+        part["rank"] = rank.where(part["value"].notna() & varied)
+        part["of"] = len(defined)
+        parts.append(part)
+    columns = ["model", "layer", "head", "metric", "value", "rank", "of"]
+    return pd.concat(parts)[columns] if parts else pd.DataFrame(columns=columns)
+
+
+# --- the data the page reads ------------------------------------------------------------------------------
+
+
+def _num(value, digits: int = 5):
+    """A float for JSON: rounded, None for NaN."""
+    if value is None or pd.isna(value):
+        return None
+    return float(f"{float(value):.{digits}g}")
+
+
+def _stops(cmap: str) -> list[str]:
+    return sns.color_palette(cmap, _STOPS).as_hex()
+
+
+def _grid(part: pd.DataFrame, column: str, n_layers: int, n_heads: int) -> list:
+    """A column of one model's rows of one metric as a flat list, layer by layer, head by head."""
+    grid = np.full(n_layers * n_heads, np.nan)
+    grid[(part["layer"] * n_heads + part["head"]).to_numpy(int)] = part[column].to_numpy(float)
+    return [_num(v) for v in grid]
+
+
+def _model_metrics(comparison: Comparison, m, rows: pd.DataFrame, ranks: pd.DataFrame, n_layers: int,
+                   n_heads: int) -> dict:
+    out = {}
+    for metric in comparison.metrics:
+        part = rows[rows["metric"] == metric]
+        if part.empty:
+            continue
+        thin = tables.thin_support(part) if {"units", "top_unit_share"} <= set(part.columns) else part["value"] < -1
+        rank = ranks[ranks["metric"] == metric]
+        out[metric] = {
+            "value": _grid(part, "value", n_layers, n_heads),
+            "low": _grid(part, "ci_low", n_layers, n_heads),
+            "high": _grid(part, "ci_high", n_layers, n_heads),
+            "rank": _grid(rank, "rank", n_layers, n_heads),
+            "of": int(rank["of"].max()) if len(rank) else 0,
+            "thin": sorted(int(i) for i in (part.loc[thin, "layer"] * n_heads + part.loc[thin, "head"])),
+            "why": why_structural(part, metric, family=m.family, provenance=m.provenance)
+            or ("undefined for every head; no query of the corpus counts for it" if part["value"].isna().all()
+                else None),
+        }
+    return out
+
+
+def _offsets(comparison: Comparison, name: str, n_layers: int, n_heads: int) -> dict | None:
+    if "offsets" not in comparison.frames:
+        return None
+    part = comparison.offsets[comparison.offsets["model"] == name]
+    if part.empty:
+        return None
+    span = sorted(part["offset"].unique().tolist())
+    index = {d: i for i, d in enumerate(span)}
+    out = {"d": [int(d) for d in span]}
+    for column, key in (("value", "value"), ("ci_low", "low"), ("ci_high", "high")):
+        grid = np.full((n_layers * n_heads, len(span)), np.nan)
+        grid[(part["layer"] * n_heads + part["head"]).to_numpy(int), part["offset"].map(index).to_numpy(int)] = \
+            part[column].to_numpy(float)
+        out[key] = [[_num(v, 4) for v in row] for row in grid]
+    return out
+
+
+def _other_rows(comparison: Comparison, name: str, n_heads: int) -> list[dict]:
+    """Rows of tables other than heads and offsets (syntax accuracies, say), per head, for the panel."""
+    out = []
+    for table, frame in comparison.frames.items():
+        if table in ("heads", "offsets"):
+            continue
+        part = frame[frame["model"] == name]
+        keys = [key for key in tables.TABLES[table].keys]
+        out.append({"table": table, "keys": keys, "rows": [
+            {"at": int(r["layer"]) * n_heads + int(r["head"]), "keys": [str(r[k]) for k in keys],
+             "value": _num(r["value"]), "low": _num(r.get("ci_low")), "high": _num(r.get("ci_high"))}
+            for _, r in part.iterrows() if pd.notna(r["value"])]})
+    return out
+
+
+def _patterns(examples: Examples | None, name: str) -> list[dict]:
+    """Every head's attention on each example sentence, as bytes (0-255 for 0-1) in base64: compact JSON."""
+    out = []
+    for every in (examples.every_head if examples is not None else ()):
+        if every.model != name:
+            continue
+        scaled = np.clip(np.rint(np.nan_to_num(every.patterns) * 255), 0, 255).astype(np.uint8)
+        title = "the repeated sequence" if every.text == examples.repeated_text else "the example sentence"
+        out.append({"title": title, "text": every.text, "tokens": list(every.tokens),
+                    "bytes": base64.b64encode(scaled.tobytes()).decode("ascii")})
+    return out
+
+
+def atlas_data(comparison: Comparison, examples: Examples | None = None) -> dict:
+    """Everything the atlas shows, as JSON-ready values: metrics, colour scales, roles and, per model, every
+    head's scores, intervals, ranks, thin-support marks, roles, offset profile and example attention.
+
+    Per-head lists run layer by layer, head by head (index ``layer * heads + head``); NaN is None.
+    """
+    heads = comparison.heads
+    roles = head_roles(heads)
+    ranks = head_ranks(heads)
+    metrics = []
+    for metric in comparison.metrics:
+        entry = METRICS.get(metric)
+        values = heads.loc[heads["metric"] == metric, "value"].dropna()
+        bounded = entry is None or entry.bounded
+        top = 1.0 if bounded else (float(values.max()) if len(values) and values.max() > 0 else 1.0)
+        metrics.append({"name": metric, "unit": entry.unit if entry else "value", "bounded": bounded,
+                        "striking": striking_order(metric), "max": _num(top), "ranked": entry is not None})
+    models = []
+    for m in comparison.models:
+        rows = heads[heads["model"] == m.name]
+        n_layers, n_heads = int(rows["layer"].max()) + 1, int(rows["head"].max()) + 1
+        mine = roles[roles["model"] == m.name]
+        role_grid = [[] for _ in range(n_layers * n_heads)]
+        for r in mine.itertuples():
+            role_grid[r.layer * n_heads + r.head] = r.roles
+        models.append({
+            "name": m.name, "family": m.family, "layers": n_layers, "heads": n_heads,
+            "metrics": _model_metrics(comparison, m, rows, ranks[ranks["model"] == m.name], n_layers, n_heads),
+            "roles": role_grid,
+            "offsets": _offsets(comparison, m.name, n_layers, n_heads),
+            "examples": _patterns(examples, m.name),
+            "other": _other_rows(comparison, m.name, n_heads),
+        })
+    return {
+        "metrics": metrics,
+        "scales": {"share": _stops("rocket_r"), "unbounded": _stops("mako_r"), "undefined": _UNDEFINED},
+        "roles": [{"name": r.name, "rule": r.rule().replace("`", ""), "colour": r.colour, "meaning": r.meaning}
+                  for r in ROLES],
+        "models": models,
+        "initial": "prev_token" if "prev_token" in comparison.metrics else comparison.metrics[0],
+    }
+
+
+def _resource(name: str) -> str:
+    return resources.files("headscan").joinpath(f"data/{name}").read_text(encoding="utf-8")
+
+
+def atlas_html(comparison: Comparison, examples: Examples | None = None) -> str:
+    """The atlas as one HTML fragment: its controls, a placeholder the script fills, the data as JSON, the
+    style and the script, all inline. It works from ``file://`` and loads nothing."""
+    data = json.dumps(atlas_data(comparison, examples), separators=(",", ":"), allow_nan=False, ensure_ascii=True)
+    data = data.replace("</", "<\\/")  # nothing in the data can close the script element
+    options = "".join(f'<option value="{html.escape(m)}">{html.escape(m)}</option>' for m in comparison.metrics)
+    return (
+        f'<section id="{ATLAS_ID}" class="atlas" aria-label="head atlas">'
+        '<div class="atlas-controls">'
+        f'<label>Colour by <select id="atlas-metric">{options}<option value="@role">role</option></select></label>'
+        '<label>Find a head <input id="atlas-search" type="search" placeholder="L4H11 or model L4H11" '
+        'autocomplete="off" spellcheck="false"></label><span id="atlas-found" class="atlas-found" aria-live="polite">'
+        '</span></div>'
+        '<div id="atlas-legend" class="atlas-legend"></div>'
+        '<div class="atlas-body"><div id="atlas-grids" class="atlas-grids"></div>'
+        '<aside id="atlas-panel" class="atlas-panel" hidden></aside></div>'
+        '<div id="atlas-tip" class="atlas-tip" hidden></div>'
+        '<noscript><p class="note">The atlas needs JavaScript; every number in it is also in the tables '
+        'below.</p></noscript>'
+        f'<script type="application/json" id="atlas-data">{data}</script>'
+        f"<style>{_resource('atlas.css')}</style>"
+        f"<script>{_resource('atlas.js')}</script>"
+        "</section>"
+    )
+

@@ -1,0 +1,404 @@
+// The head atlas of a headscan report (headscan/atlas.py writes the data; this script only draws it).
+// Self-contained: reads the JSON in #atlas-data, loads nothing, works from file://.
+(function () {
+  "use strict";
+  var D = JSON.parse(document.getElementById("atlas-data").textContent);
+  var GRID_H = 420; // every model's grid is this tall, so rows line up by relative depth
+  var root = document.getElementById("atlas");
+  var grids = document.getElementById("atlas-grids");
+  var panel = document.getElementById("atlas-panel");
+  var tip = document.getElementById("atlas-tip");
+  var select = document.getElementById("atlas-metric");
+  var search = document.getElementById("atlas-search");
+  var found = document.getElementById("atlas-found");
+  var legend = document.getElementById("atlas-legend");
+  var metricInfo = {};
+  D.metrics.forEach(function (m) { metricInfo[m.name] = m; });
+  var roleInfo = {};
+  D.roles.forEach(function (r) { roleInfo[r.name] = r; });
+  var state = { metric: D.initial, open: null };
+
+  function esc(text) {
+    return String(text).replace(/[&<>"']/g, function (c) {
+      return { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c];
+    });
+  }
+
+  function hex(colour) {
+    return [1, 3, 5].map(function (i) { return parseInt(colour.slice(i, i + 2), 16); });
+  }
+
+  function scaleColour(stops, t) {
+    t = Math.max(0, Math.min(1, t));
+    var x = t * (stops.length - 1), i = Math.min(Math.floor(x), stops.length - 2), f = x - i;
+    var a = hex(stops[i]), b = hex(stops[i + 1]);
+    return "rgb(" + a.map(function (v, k) { return Math.round(v + (b[k] - v) * f); }).join(",") + ")";
+  }
+
+  function fmt(value, metric) {
+    if (value === null || value === undefined) return "\u2013";
+    var info = metricInfo[metric] || { bounded: true };
+    var digits = info.bounded || Math.abs(value) < 1 ? 3 : 2;
+    var text = value.toFixed(digits);
+    // 0.99957 is not all of the attention, nor 0.0004 none of it: keep the digits that say so
+    for (var more = 4; more <= 6 && info.bounded && ((text.indexOf("1.000") === 0 && value < 1) ||
+        (/^0\.0+$/.test(text) && value > 0)); more += 1) {
+      text = value.toFixed(more);
+    }
+    return /^(0\.0+|1\.0+)$/.test(text) && more > 4 ? value.toFixed(3) : text;
+  }
+
+  function interval(low, high, metric) {
+    if (low === null || high === null || low === undefined || high === undefined) return "";
+    return "[" + fmt(low, metric) + ", " + fmt(high, metric) + "]";
+  }
+
+  function label(model, index) {
+    return "L" + Math.floor(index / model.heads) + "H" + (index % model.heads);
+  }
+
+  function isThin(scores, index) {
+    return scores.thin.indexOf(index) >= 0;
+  }
+
+  function fill(model, index) {
+    if (state.metric === "@role") {
+      var roles = model.roles[index];
+      return roles.length ? roleInfo[roles[0]].colour : "#f4f4f4";
+    }
+    var scores = model.metrics[state.metric];
+    var value = scores ? scores.value[index] : null;
+    if (value === null || value === undefined) return D.scales.undefined;
+    var info = metricInfo[state.metric];
+    return scaleColour(info.bounded ? D.scales.share : D.scales.unbounded, value / (info.max || 1));
+  }
+
+  // --- the grids ------------------------------------------------------------------------------------------
+
+  function attrs(map) {
+    return Object.keys(map).map(function (k) { return " " + k + '="' + esc(map[k]) + '"'; }).join("");
+  }
+
+  function text(map, content) {
+    return "<text" + attrs(map) + ">" + esc(content) + "</text>";
+  }
+
+  function depthAxis() {
+    var box = document.createElement("div");
+    box.className = "atlas-model atlas-depth";
+    var mid = 24 + GRID_H / 2;
+    var s = '<div class="atlas-title">&nbsp;</div><svg width="58" height="' + (GRID_H + 40) + '" aria-hidden="true">';
+    [0, 0.25, 0.5, 0.75, 1].forEach(function (t) {
+      var y = 24 + t * GRID_H;
+      s += '<line x1="50" x2="56" y1="' + y + '" y2="' + y + '" stroke="#8c959f"/>' +
+        text({ x: 47, y: y + 4, "text-anchor": "end", "class": "atlas-tick" }, t.toFixed(2));
+    });
+    s += '<line x1="56" x2="56" y1="24" y2="' + (24 + GRID_H) + '" stroke="#8c959f"/>' +
+      text({ x: 12, y: mid, "class": "atlas-axis", transform: "rotate(-90 12 " + mid + ")", "text-anchor": "middle" },
+        "relative depth") + "</svg>";
+    box.innerHTML = s;
+    return box;
+  }
+
+  function drawGrids() {
+    grids.appendChild(depthAxis());
+    var totalHeads = 0;
+    D.models.forEach(function (model) { totalHeads += model.heads; });
+    D.models.forEach(function (model, m) {
+      var box = document.createElement("div");
+      box.className = "atlas-model";
+      box.setAttribute("data-model", model.name);
+      var cw = Math.max(8, Math.min(24, Math.floor(300 / model.heads), Math.floor((880 - 58 - 48 * D.models.length) / totalHeads)));
+      var rh = GRID_H / model.layers;
+      var left = 34, top = 24;
+      var s = '<div class="atlas-title"><b>' + esc(model.name) + "</b> <span>" + esc(model.family) + ", " +
+        model.layers + " \u00d7 " + model.heads + "</span></div>" +
+        "<svg" + attrs({ width: left + cw * model.heads + 4, height: top + GRID_H + 16, role: "img",
+          "aria-label": model.name + ": layer by head grid" }) + ">";
+      var headEvery = cw >= 16 ? 1 : (cw >= 9 ? 2 : 4);
+      for (var h = 0; h < model.heads; h += headEvery) {
+        s += text({ x: left + (h + 0.5) * cw, y: top - 6, "text-anchor": "middle", "class": "atlas-tick" }, "H" + h);
+      }
+      var layerEvery = Math.max(1, Math.ceil(12 / rh));
+      for (var l = 0; l < model.layers; l += 1) {
+        if (l % layerEvery === 0 || l === model.layers - 1) {
+          s += text({ x: left - 4, y: top + (l + 0.5) * rh + 4, "text-anchor": "end", "class": "atlas-tick" }, "L" + l);
+        }
+      }
+      for (var i = 0; i < model.layers * model.heads; i += 1) {
+        var layer = Math.floor(i / model.heads), head = i % model.heads;
+        s += "<rect" + attrs({ x: left + head * cw, y: top + layer * rh, width: cw - 1, height: Math.max(rh - 1, 1),
+          "class": "atlas-cell", "data-model": model.name, "data-m": m, "data-index": i, "data-label": label(model, i),
+          tabindex: 0, fill: fill(model, i) }) + "/>";
+      }
+      box.innerHTML = s + '</svg><div class="atlas-why"></div>';
+      grids.appendChild(box);
+    });
+  }
+
+  function recolour() {
+    var cells = grids.querySelectorAll("rect.atlas-cell");
+    for (var k = 0; k < cells.length; k += 1) {
+      var cell = cells[k];
+      cell.setAttribute("fill", fill(D.models[+cell.getAttribute("data-m")], +cell.getAttribute("data-index")));
+    }
+    grids.querySelectorAll(".atlas-model[data-model]").forEach(function (box, m) {
+      var scores = D.models[m].metrics[state.metric];
+      var why = box.querySelector(".atlas-why");
+      why.textContent = scores && scores.why ? state.metric + ": " + scores.why + "." :
+        (state.metric !== "@role" && !scores ? "no " + state.metric + " in this run" : "");
+    });
+    drawLegend();
+  }
+
+  function drawLegend() {
+    if (state.metric === "@role") {
+      legend.innerHTML = D.roles.map(function (r) {
+        return '<span class="atlas-swatch"><i style="background:' + r.colour + '"></i>' + esc(r.name) + "</span>";
+      }).join("") + '<span class="atlas-swatch"><i style="background:#f4f4f4"></i>none</span>' +
+        '<span class="muted"> A head takes the colour of its first role in this order; the rules are under the atlas.</span>';
+      return;
+    }
+    var info = metricInfo[state.metric];
+    var stops = info.bounded ? D.scales.share : D.scales.unbounded;
+    var gradient = "linear-gradient(to right," + stops.join(",") + ")";
+    legend.innerHTML = '<span class="atlas-bar-end">0</span><span class="atlas-bar" style="background:' + gradient +
+      '"></span><span class="atlas-bar-end">' + esc(fmt(info.max, info.name)) + "</span> " +
+      '<span class="muted">' + esc(info.unit) + (info.bounded ? ", 0 to 1" : "") + "; " +
+      esc(info.striking) + " is striking" + '; <span class="atlas-grey"></span> undefined; ' +
+      '<a href="#metric-' + esc(info.name) + '">definition</a></span>';
+  }
+
+  // --- hover ----------------------------------------------------------------------------------------------
+
+  function cellOf(event) {
+    var t = event.target;
+    return t && t.classList && t.classList.contains("atlas-cell") ? t : null;
+  }
+
+  function describe(model, index) {
+    var text = "<b>" + esc(model.name) + " " + label(model, index) + "</b>";
+    if (state.metric === "@role") {
+      var roles = model.roles[index];
+      return text + "<br>" + (roles.length ? esc(roles.join(", ")) : "no role");
+    }
+    var scores = model.metrics[state.metric];
+    if (!scores) return text + "<br>no " + esc(state.metric);
+    text += "<br>" + esc(state.metric) + " " + fmt(scores.value[index], state.metric) + " " +
+      interval(scores.low[index], scores.high[index], state.metric);
+    if (isThin(scores, index)) text += ' <span class="atlas-thin">\u2021 thin support</span>';
+    if (scores.rank[index] !== null) text += "<br>rank " + scores.rank[index] + " of " + scores.of;
+    return text;
+  }
+
+  grids.addEventListener("mousemove", function (event) {
+    var cell = cellOf(event);
+    if (!cell) { tip.hidden = true; return; }
+    tip.innerHTML = describe(D.models[+cell.getAttribute("data-m")], +cell.getAttribute("data-index"));
+    tip.hidden = false;
+    var box = root.getBoundingClientRect();
+    tip.style.left = (event.clientX - box.left + 14) + "px";
+    tip.style.top = (event.clientY - box.top + 14) + "px";
+  });
+  grids.addEventListener("mouseleave", function () { tip.hidden = true; });
+  grids.addEventListener("click", function (event) {
+    var cell = cellOf(event);
+    if (cell) openPanel(+cell.getAttribute("data-m"), +cell.getAttribute("data-index"));
+  });
+  grids.addEventListener("keydown", function (event) {
+    var cell = cellOf(event);
+    if (cell && (event.key === "Enter" || event.key === " ")) {
+      event.preventDefault();
+      openPanel(+cell.getAttribute("data-m"), +cell.getAttribute("data-index"));
+    }
+  });
+
+  // --- the panel ------------------------------------------------------------------------------------------
+
+  function offsetSvg(model, index) {
+    var o = model.offsets;
+    if (!o) return '<p class="muted">No offsets table in this run.</p>';
+    var v = o.value[index], lo = o.low[index], hi = o.high[index], d = o.d;
+    var W = 340, H = 150, L = 36, R = 8, T = 10, B = 28;
+    var top = 0;
+    v.concat(hi).forEach(function (x) { if (x !== null && x > top) top = x; });
+    top = top > 0.5 ? 1 : Math.max(0.1, Math.ceil(top * 10 + 0.5) / 10);
+    function X(k) { return L + (k / (d.length - 1)) * (W - L - R); }
+    function Y(y) { return T + (1 - y / top) * (H - T - B); }
+    var s = '<svg class="atlas-offsets" width="' + W + '" height="' + H + '" role="img" aria-label="offset profile">';
+    s += '<line x1="' + L + '" x2="' + (W - R) + '" y1="' + Y(0) + '" y2="' + Y(0) + '" stroke="#8c959f"/>';
+    var zero = d.indexOf(0);
+    if (zero >= 0) s += '<line x1="' + X(zero) + '" x2="' + X(zero) + '" y1="' + T + '" y2="' + Y(0) + '" stroke="#d0d7de"/>';
+    [0, top / 2, top].forEach(function (y) {
+      s += '<text class="atlas-tick" x="' + (L - 4) + '" y="' + (Y(y) + 4) + '" text-anchor="end">' + y.toFixed(2) + "</text>";
+    });
+    d.forEach(function (x, k) {
+      if (x % 2 === 0 || d.length <= 9) {
+        s += '<text class="atlas-tick" x="' + X(k) + '" y="' + (H - B + 13) + '" text-anchor="middle">' + x + "</text>";
+      }
+    });
+    s += '<text class="atlas-tick" x="' + ((L + W - R) / 2) + '" y="' + (H - 3) + '" text-anchor="middle">offset d (key = query + d)</text>';
+    var band = [], line = [];
+    d.forEach(function (_, k) { if (lo[k] !== null && hi[k] !== null) band.push(X(k) + "," + Y(hi[k])); });
+    for (var k = d.length - 1; k >= 0; k -= 1) if (lo[k] !== null && hi[k] !== null) band.push(X(k) + "," + Y(lo[k]));
+    if (band.length) s += '<polygon class="atlas-band" points="' + band.join(" ") + '"/>';
+    d.forEach(function (_, k) { if (v[k] !== null) line.push(X(k) + "," + Y(v[k])); });
+    s += '<polyline class="atlas-line" points="' + line.join(" ") + '"/>';
+    d.forEach(function (x, k) {
+      if (v[k] !== null) {
+        s += '<circle cx="' + X(k) + '" cy="' + Y(v[k]) + '" r="2.6" class="atlas-dot"><title>d = ' + x + ": " +
+          v[k].toFixed(3) + (lo[k] !== null ? " [" + lo[k].toFixed(3) + ", " + hi[k].toFixed(3) + "]" : "") + "</title></circle>";
+      }
+    });
+    return s + "</svg>";
+  }
+
+  function exampleSvg(model, example, index) {
+    var n = example.tokens.length;
+    var raw = atob(example.bytes);
+    var per = n * n, offset = index * per;
+    var cell = Math.max(9, Math.min(18, Math.floor(330 / n)));
+    var longest = 0;
+    example.tokens.forEach(function (t) { longest = Math.max(longest, Math.min(t.length, 14)); });
+    var L = 8 + longest * 6.4, T = 8 + longest * 6.4;
+    var W = L + n * cell + 4, H = T + n * cell + 4;
+    var s = '<svg class="atlas-example" width="' + W + '" height="' + H + '" role="img" aria-label="attention on the example">';
+    example.tokens.forEach(function (t, q) {
+      var shown = esc(t.length > 14 ? t.slice(0, 13) + "\u2026" : t);
+      s += '<text class="atlas-token" x="' + (L - 4) + '" y="' + (T + (q + 0.5) * cell + 4) + '" text-anchor="end">' + shown + "</text>";
+      var x = L + (q + 0.5) * cell + 4, y = T - 4;
+      s += '<text class="atlas-token" x="' + x + '" y="' + y + '" transform="rotate(-90 ' + x + " " + y + ')">' + shown + "</text>";
+    });
+    var causal = model.family === "causal";
+    for (var q = 0; q < n; q += 1) {
+      for (var k = 0; k < n; k += 1) {
+        if (causal && k > q) continue;
+        var w = raw.charCodeAt(offset + q * n + k) / 255;
+        s += '<rect x="' + (L + k * cell) + '" y="' + (T + q * cell) + '" width="' + (cell - 0.5) + '" height="' + (cell - 0.5) +
+          '" fill="' + scaleColour(D.scales.share, w) + '"><title>' + esc(example.tokens[q]) + " \u2192 " + esc(example.tokens[k]) +
+          ": " + w.toFixed(2) + "</title></rect>";
+      }
+    }
+    return s + "</svg>";
+  }
+
+  function otherRows(model, index) {
+    var out = "";
+    (model.other || []).forEach(function (t) {
+      var rows = t.rows.filter(function (r) { return r.at === index; });
+      if (!rows.length) return;
+      out += "<h4>" + esc(t.table) + "</h4><table class=\"atlas-scores\"><thead><tr>" +
+        t.keys.map(function (k) { return "<th>" + esc(k) + "</th>"; }).join("") +
+        '<th class="num">value</th><th class="num">95% interval</th></tr></thead><tbody>' +
+        rows.map(function (r) {
+          return "<tr>" + r.keys.map(function (k) { return "<td>" + esc(k) + "</td>"; }).join("") +
+            '<td class="num">' + fmt(r.value) + '</td><td class="num">' + interval(r.low, r.high) + "</td></tr>";
+        }).join("") + "</tbody></table>";
+    });
+    return out;
+  }
+
+  function openPanel(m, index) {
+    var model = D.models[m];
+    state.open = [m, index];
+    grids.querySelectorAll("rect.atlas-cell.open").forEach(function (c) { c.classList.remove("open"); });
+    var cell = grids.querySelector('rect.atlas-cell[data-m="' + m + '"][data-index="' + index + '"]');
+    if (cell) cell.classList.add("open");
+    var layer = Math.floor(index / model.heads), head = index % model.heads;
+    var depth = model.layers > 1 ? layer / (model.layers - 1) : 0;
+    var roles = model.roles[index];
+    var s = '<header><h3>' + esc(model.name) + " " + label(model, index) + '</h3><button type="button" class="atlas-close" ' +
+      'aria-label="close">\u00d7</button></header>';
+    s += '<p class="muted">' + esc(model.family) + "; layer " + layer + " of " + model.layers + " (relative depth " +
+      depth.toFixed(2) + "), head " + head + " of " + model.heads + "</p>";
+    s += '<p class="atlas-badges">' + (roles.length ? roles.map(function (r) {
+      return '<span class="atlas-badge" style="border-color:' + roleInfo[r].colour + '" title="' + esc(roleInfo[r].rule) + '">' +
+        '<i style="background:' + roleInfo[r].colour + '"></i>' + esc(r) + "</span>";
+    }).join("") : '<span class="muted">no role by the rules below the atlas</span>') + "</p>";
+    s += '<table class="atlas-scores"><thead><tr><th>metric</th><th class="num">value</th><th class="num">95% interval</th>' +
+      '<th class="num">rank</th></tr></thead><tbody>';
+    D.metrics.forEach(function (info) {
+      var scores = model.metrics[info.name];
+      if (!scores) return;
+      var value = scores.value[index], rank = scores.rank[index];
+      s += '<tr data-metric="' + esc(info.name) + '"' + (info.name === state.metric ? ' class="current"' : "") + "><td>" +
+        esc(info.name) + '</td><td class="num value" data-value="' + (value === null ? "" : value) + '">' +
+        fmt(value, info.name) + (isThin(scores, index) ? ' <span class="atlas-thin" title="thin support">\u2021</span>' : "") +
+        '</td><td class="num">' + interval(scores.low[index], scores.high[index], info.name) + '</td><td class="num"' +
+        ' title="' + esc(info.striking) + ' first">' + (rank === null ? "\u2013" : rank + " of " + scores.of +
+        ' <span class="muted">' + (info.striking === "lowest" ? "low" : "high") + "</span>") + "</td></tr>";
+    });
+    s += "</tbody></table>";
+    s += '<p class="muted atlas-small">Rank 1 is the most striking head of the model: the highest value, or the lowest ' +
+      "where low is striking (entropy: the most focused head). \u2021: thin support.</p>";
+    var widest = 0;
+    if (model.offsets) {
+      model.offsets.low[index].forEach(function (lo, k) {
+        var hi = model.offsets.high[index][k];
+        if (lo !== null && hi !== null) widest = Math.max(widest, hi - lo);
+      });
+    }
+    s += "<h4>Offset profile</h4>" + offsetSvg(model, index) +
+      '<p class="muted atlas-small">Mean attention on the key at query + d; the band is the 95% interval' +
+      (model.offsets && widest < 0.01 ? " (here at most " + widest.toFixed(3) + " wide: thinner than the line)" : "") +
+      ".</p>";
+    s += otherRows(model, index);
+    (model.examples || []).forEach(function (example, k) {
+      s += "<h4>Attention on " + esc(example.title || "example " + (k + 1)) + "</h4>" +
+        '<p class="muted atlas-small">\u201c' + esc(example.text) + "\u201d: rows are queries, columns the keys they attend to.</p>" +
+        '<div class="atlas-scroll">' + exampleSvg(model, example, index) + "</div>";
+    });
+    if (!(model.examples || []).length) {
+      s += '<p class="muted atlas-small">No example attention: the report was made without loading the models.</p>';
+    }
+    panel.innerHTML = s;
+    panel.hidden = false;
+    panel.querySelector(".atlas-close").addEventListener("click", closePanel);
+  }
+
+  function closePanel() {
+    panel.hidden = true;
+    state.open = null;
+    grids.querySelectorAll("rect.atlas-cell.open").forEach(function (c) { c.classList.remove("open"); });
+  }
+
+  // --- search ---------------------------------------------------------------------------------------------
+
+  function find(query) {
+    grids.querySelectorAll("rect.atlas-cell.found").forEach(function (c) { c.classList.remove("found"); });
+    var match = /^\s*(?:(.*?)\s+)?L(\d+)\s*H(\d+)\s*$/i.exec(query);
+    if (!query.trim()) { found.textContent = ""; return []; }
+    if (!match) { found.textContent = "type a label such as L4H11, or model L4H11"; return []; }
+    var name = (match[1] || "").toLowerCase(), layer = +match[2], head = +match[3], hits = [];
+    D.models.forEach(function (model, m) {
+      if (name && model.name.toLowerCase().indexOf(name) < 0) return;
+      if (layer < model.layers && head < model.heads) hits.push([m, layer * model.heads + head]);
+    });
+    hits.forEach(function (hit) {
+      var cell = grids.querySelector('rect.atlas-cell[data-m="' + hit[0] + '"][data-index="' + hit[1] + '"]');
+      if (cell) cell.classList.add("found");
+    });
+    var text = "L" + layer + "H" + head;
+    found.textContent = hits.length ? text + " in " + hits.map(function (h) { return D.models[h[0]].name; }).join(", ") +
+      " (Enter opens it)" : "no " + text + " in " + (name ? "a model named like \u201c" + match[1] + "\u201d" : "any model");
+    return hits;
+  }
+
+  search.addEventListener("input", function () { find(search.value); });
+  search.addEventListener("keydown", function (event) {
+    if (event.key !== "Enter") return;
+    var hits = find(search.value);
+    if (hits.length) openPanel(hits[0][0], hits[0][1]);
+  });
+  select.addEventListener("change", function () {
+    state.metric = select.value;
+    recolour();
+    if (state.open) openPanel(state.open[0], state.open[1]);
+  });
+  document.addEventListener("keydown", function (event) { if (event.key === "Escape") closePanel(); });
+
+  select.value = state.metric;
+  drawGrids();
+  recolour();
+  root.classList.add("ready");
+})();

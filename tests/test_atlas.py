@@ -1,0 +1,200 @@
+"""The head atlas: roles and ranks from the numbers, the data the page embeds, and the page in a real browser.
+
+The browser test drives headless Chromium (Debian's /usr/bin/chromium, through the `playwright` package; it
+never downloads a browser) over the committed EWT run, whose minilm L0H2 is a previous-token head.
+"""
+
+import base64
+import json
+import re
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import missing
+
+from headscan import atlas, load
+from headscan.document import Document, Heading, Raw, to_html
+from headscan.examples import Examples, HeadPatterns
+from headscan.runs import merge_runs
+
+ROOT = Path(__file__).resolve().parents[1]
+EWT_RUN = ROOT / "reports" / "runs" / "ewt-dev"
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def heads_frame(rows):
+    """heads rows from (model, family, layer, head, metric, value[, ci_low, ci_high, units]) tuples."""
+    records = []
+    for model, family, layer, head, metric, value, *rest in rows:
+        low, high, units = (rest + [np.nan, np.nan, 400.0])[:3] if rest else (np.nan, np.nan, 400.0)
+        records.append(dict(model=model, family=family, layer=layer, head=head, label=f"L{layer}H{head}",
+                            kv_group=head, metric=metric, value=value, sum=value, count=1.0, ci_low=low,
+                            ci_high=high, units=units, top_unit_share=0.01))
+    return pd.DataFrame(records)
+
+
+# --- roles and ranks ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scores, roles", [
+    ({"prev_token": 0.93, "positional_prev": 0.95}, ["previous-token", "positional"]),
+    ({"prev_token": 0.49, "positional_prev": 0.89}, []),  # just under both thresholds
+    ({"next_token": 0.5}, ["next-token"]),  # a threshold holds at equality
+    ({"first_token": 0.7, "entropy_norm": 0.85}, ["sink", "broad"]),
+    ({"sep": 0.6}, ["sink"]),
+    ({"induction": 0.8, "duplicate_token": 0.41, "prev_token": 0.6}, ["induction", "duplicate", "previous-token"]),
+    ({"self": 0.7}, ["self"]),
+])
+def test_roles_follow_the_stated_thresholds(scores, roles):
+    heads = heads_frame([("m", "causal", 0, 0, metric, value) for metric, value in scores.items()])
+    found = atlas.head_roles(heads)
+    assert found["roles"].tolist() == [roles]
+    assert found["role"].tolist() == [roles[0] if roles else ""]
+
+
+def test_a_value_on_thin_support_gives_no_role():
+    heads = heads_frame([("m", "causal", 0, 0, "prev_token", 0.9, np.nan, np.nan, 5.0),
+                         ("m", "causal", 0, 1, "prev_token", 0.9)])
+    assert atlas.head_roles(heads)["roles"].tolist() == [[], ["previous-token"]]
+
+
+def test_role_rules_state_every_threshold():
+    rules = atlas.role_rules()
+    assert ("previous-token: `prev_token` \u2265 0.5; puts at least half of its attention on the previous token."
+            in rules)
+    assert any(r.startswith("positional: `positional_prev` or `positional_next` \u2265 0.9;") and "Voita" in r
+               for r in rules)
+    assert [r.split(":")[0] for r in rules] == [role.name for role in atlas.ROLES]
+
+
+def test_ranks_run_from_the_striking_end():
+    heads = heads_frame([("m", "causal", 0, h, "entropy", v) for h, v in enumerate([2.0, 0.5, 1.0])]
+                        + [("m", "causal", 0, h, "prev_token", v) for h, v in enumerate([0.2, 0.9, 0.2])]
+                        + [("m", "causal", 0, h, "next_token", 0.0) for h in range(3)])
+    ranks = atlas.head_ranks(heads).set_index(["metric", "head"])["rank"]
+    assert ranks["entropy"].tolist() == [3.0, 1.0, 2.0]  # low entropy is striking
+    assert ranks["prev_token"].tolist() == [2.0, 1.0, 3.0]  # ties go to the lower head
+    assert ranks["next_token"].isna().all()  # every head the same: no rank
+
+
+# --- the data the page embeds -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ewt():
+    return merge_runs([load(EWT_RUN)])
+
+
+def test_atlas_data_holds_every_head_as_in_heads_parquet(ewt):
+    data = atlas.atlas_data(ewt)
+    minilm = next(m for m in data["models"] if m["name"] == "minilm")
+    assert (minilm["layers"], minilm["heads"], minilm["family"]) == (6, 12, "bidirectional")
+    heads = load(EWT_RUN).heads
+    row = heads[(heads.model == "minilm") & (heads.label == "L0H2") & (heads.metric == "prev_token")].iloc[0]
+    scores = minilm["metrics"]["prev_token"]
+    assert scores["value"][2] == pytest.approx(row.value, rel=1e-4)
+    assert scores["low"][2] == pytest.approx(row.ci_low, rel=1e-4) and scores["rank"][2] == 1
+    assert "previous-token" in minilm["roles"][2]
+    assert [m["name"] for m in data["metrics"]] == ewt.metrics
+    smollm2 = next(m for m in data["models"] if m["name"] == "smollm2")
+    assert smollm2["metrics"]["next_token"]["why"].startswith("a causal model's queries cannot see later tokens")
+    assert smollm2["metrics"]["sep"]["value"] == [None] * 270  # NaN is null in the JSON
+    assert len(smollm2["offsets"]["value"]) == 270 and smollm2["offsets"]["d"] == list(range(-8, 9))
+
+
+def test_example_patterns_are_embedded_as_bytes(ewt):
+    patterns = np.zeros((6, 12, 3, 3), dtype=np.float32)
+    patterns[0, 2] = np.eye(3)[[0, 0, 1]]  # each query on the token before it (the first on itself)
+    examples = Examples("a b c", "chosen", every_head=(HeadPatterns("minilm", "a b c", ("a", "b", "c"), patterns),))
+    minilm = next(m for m in atlas.atlas_data(ewt, examples)["models"] if m["name"] == "minilm")
+    [example] = minilm["examples"]
+    raw = np.frombuffer(base64.b64decode(example["bytes"]), dtype=np.uint8).reshape(6, 12, 3, 3)
+    np.testing.assert_array_equal(raw[0, 2] / 255, patterns[0, 2])
+    assert example["tokens"] == ["a", "b", "c"] and example["title"] == "the example sentence"
+
+
+def test_atlas_html_is_self_contained_and_cannot_be_closed_early(ewt):
+    page = atlas.atlas_html(ewt)
+    assert "http://" not in page and "https://" not in page
+    data = re.search(r'<script type="application/json" id="atlas-data">(.*?)</script>', page, re.S).group(1)
+    assert "</" not in data
+    assert json.loads(data)["initial"] == "prev_token"
+    assert page.count("<option") == len(ewt.metrics) + 1  # every metric, and role
+
+
+# --- in a real browser --------------------------------------------------------------------------------------
+
+
+def playwright_or_skip():
+    if shutil.which("chromium") is None:
+        missing("chromium is not installed (apt-get install -y chromium); the atlas is tested in it headless")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        missing("playwright is not installed: pip install playwright (it drives the system chromium; never run "
+                "`playwright install`)")
+    return sync_playwright
+
+
+@pytest.fixture(scope="module")
+def atlas_page(ewt, tmp_path_factory):
+    """The report's page over the committed EWT run, with the atlas first; the static sections are not needed."""
+    document = Document("atlas", [Heading(1, "atlas"), Raw(atlas.atlas_html(ewt))])
+    path = tmp_path_factory.mktemp("atlas") / "index.html"
+    path.write_text(to_html(document), encoding="utf-8")
+    return path
+
+
+@pytest.mark.browser
+def test_atlas_works_in_headless_chromium(atlas_page, tmp_path):
+    sync_playwright = playwright_or_skip()
+    heads = load(EWT_RUN).heads
+    expected = heads[(heads.model == "minilm") & (heads.label == "L0H2") & (heads.metric == "prev_token")].value.iloc[0]
+    started = time.monotonic()
+    with sync_playwright() as p:
+        browser = p.chromium.launch_persistent_context(
+            str(tmp_path / "profile"), executable_path=shutil.which("chromium"), headless=True,
+            args=CHROMIUM_FLAGS, viewport={"width": 1280, "height": 900})
+        try:
+            page = browser.new_page()
+            errors, requests = [], []
+            page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+            page.on("pageerror", lambda error: errors.append(str(error)))
+            page.on("request", lambda request: requests.append(request.url))
+            page.goto(atlas_page.as_uri())
+            page.wait_for_selector("#atlas.ready", timeout=20_000)
+
+            cell = page.locator('rect.atlas-cell[data-model="minilm"][data-label="L0H5"]')
+            before = cell.get_attribute("fill")
+            page.select_option("#atlas-metric", "entropy")
+            after = cell.get_attribute("fill")
+            assert before != after  # the grid is recoloured by the chosen metric
+            assert "nats" in page.inner_text("#atlas-legend")
+            page.select_option("#atlas-metric", "@role")
+            assert cell.get_attribute("fill") != after
+
+            page.locator('rect.atlas-cell[data-model="minilm"][data-label="L0H2"]').click()
+            panel = page.locator("#atlas-panel")
+            assert panel.is_visible() and "minilm L0H2" in panel.locator("h3").inner_text()
+            value = panel.locator('tr[data-metric="prev_token"] td.value')
+            assert float(value.get_attribute("data-value")) == pytest.approx(expected, rel=1e-4)
+            assert float(value.inner_text().split()[0]) == pytest.approx(expected, abs=5e-4)
+            assert "previous-token" in panel.inner_text() and panel.locator("svg.atlas-offsets").count() == 1
+
+            page.fill("#atlas-search", "L18H6")
+            assert "L18H6 in smollm2" in page.inner_text("#atlas-found")
+            assert page.locator("rect.atlas-cell.found").count() == 1
+            page.press("#atlas-search", "Enter")
+            assert "smollm2 L18H6" in panel.locator("h3").inner_text()
+            page.fill("#atlas-search", "L40H1")
+            assert page.inner_text("#atlas-found") == "no L40H1 in any model"
+        finally:
+            browser.close()
+    assert errors == []
+    assert [url for url in requests if not url.startswith(("file://", "data:"))] == []
+    assert time.monotonic() - started < 60
