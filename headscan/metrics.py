@@ -72,7 +72,9 @@ class AttentionBatch:
             return self.pattern  # nothing to drop: read-only use, so no copy is needed
         keep = self.key_mask[:, None, None, :]
         masked = self.pattern * keep  # four times faster than where() on CPU ...
-        if not torch.isfinite(masked).all():  # ... but NaN or inf in a dropped cell would survive it
+        # ... but NaN or inf in a dropped cell would survive it. One sum finds them (weights are at most 1, so
+        # a finite pattern cannot overflow it) without the bool tensor isfinite() would build.
+        if not torch.isfinite(masked.sum()):
             masked = torch.where(keep, self.pattern, torch.zeros((), dtype=self.pattern.dtype))
         return masked
 
@@ -370,20 +372,29 @@ def duplicate_token(batch: AttentionBatch):
 
 @register("induction")
 def induction(batch: AttentionBatch):
-    """Mean total attention on the tokens right after the other occurrences of the query's token.
+    """Mean total attention on the tokens right after other occurrences of the query's token, q-1 and q excluded.
 
-    For a query q with token t, the targets are the keys j+1 such that token j is t, j != q, and both j and
-    j+1 count. Causal models: only j < q (Olsson et al. 2022's "attend to the token after the earlier
-    occurrence"); on the `repeat-random` corpus these are the queries of the second copy. Bidirectional
-    models: any j != q, so a first-copy query's target lies in the second copy; the score then means "attends
-    to what followed this token elsewhere", which a bidirectional model can also do by looking ahead. Counts
-    the real queries with at least one target.
+    For a query q with token t, the targets are the keys k = j+1 such that token j is t, j != q, both j and
+    k count, and k is neither q-1 nor q. Causal models: only j < q (Olsson et al. 2022's "attend to the
+    token after the earlier occurrence"); on the `repeat-random` corpus these are the queries of the second
+    copy. Bidirectional models: any j != q, so a first-copy query's target lies in the second copy; the
+    score then means "attends to what followed this token elsewhere", which a bidirectional model can also
+    do by looking ahead. Counts the real queries with at least one target.
+
+    q-1 and q are excluded because a positional head looks there whatever the tokens: on natural text token
+    q-2 often equals token q (", x ," or "the x the"), which would make q-1 a target, and "x x" would make q
+    one, so a previous-token or self head would score as an induction head. A head that attends only to q-1
+    or q now scores 0; on `repeat-random` (n >= 3) no target is excluded, so its scores are unchanged.
     """
     same = batch.other_occurrences  # (batch, q, j)
     # target key k = j + 1: shift along keys; the key at k must count too.
     targets = torch.zeros_like(same)
     targets[..., 1:] = same[..., :-1]  # a fresh tensor, so writing into it is safe
-    targets = targets & batch.key_mask[:, None, :]
+    n = targets.shape[-1]
+    positions = torch.arange(n, device=targets.device)
+    gap = positions[None, :] - positions[:, None]  # (q, k): k - q
+    not_positional = (gap != -1) & (gap != 0)  # (q, k): k is neither q-1 nor q
+    targets = targets & not_positional & batch.key_mask[:, None, :]
     return _attention_on(batch, targets)
 
 

@@ -334,7 +334,7 @@ def _read_parquet(path: Path) -> tuple[pd.DataFrame, dict | None]:
         table = pq.read_table(path)
         stamp = (table.schema.metadata or {}).get(PROVENANCE_KEY)
         frame, stamp = table.to_pandas(), json.loads(stamp) if stamp else None
-    except (pa.ArrowException, OSError, ValueError) as error:
+    except (pa.ArrowException, OSError, ValueError, KeyError, TypeError) as error:  # KeyError: damaged pandas metadata
         first = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise TablesError(f"{path}: not a readable parquet file ({first}); sweep again") from None
     if stamp is not None and not isinstance(stamp, dict):

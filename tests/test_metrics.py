@@ -80,7 +80,8 @@ def reference(name, batch):
                         add(float(top == target and row[top] > 0))
                 elif name in ("duplicate_token", "induction"):
                     others = [j for j in keys if j != q and tok[b, j] == tok[b, q] and (not batch.causal or j < q)]
-                    targets = others if name == "duplicate_token" else [j + 1 for j in others if j + 1 in row]
+                    targets = others if name == "duplicate_token" else [
+                        j + 1 for j in others if j + 1 in row and j + 1 not in (q - 1, q)]
                     if targets:
                         add(sum(row[k] for k in targets))
                 elif name == "offsets":
@@ -155,6 +156,43 @@ def test_induction_on_a_repeated_sequence():
     assert (sums / counts).item() == pytest.approx(1.0)
     sums, counts = METRICS["duplicate_token"].function(batch)
     assert (sums / counts).item() == pytest.approx(0.0)  # it never looks at the earlier copy itself
+
+
+def test_induction_of_a_perfect_induction_head_on_a_repeated_random_sequence_is_one():
+    rng = np.random.default_rng(0)
+    half = rng.choice(1000, size=12, replace=False)
+    tokens = torch.tensor(np.concatenate([[5000], half, half]))[None]  # BOS, then the sequence twice
+    n, first = tokens.shape[1], 1 + len(half)
+    pattern = torch.zeros(1, 1, n, n, dtype=torch.float64)
+    for q in range(n):
+        pattern[0, 0, q, q - len(half) + 1 if q >= first else 0] = 1.0  # the token after the earlier copy
+    mask = torch.ones(1, n, dtype=torch.bool)
+    batch = AttentionBatch(pattern, mask, mask, tokens, torch.zeros_like(mask), True)
+    sums, counts = METRICS["induction"].function(batch)
+    assert counts.item() == len(half)
+    assert (sums / counts).item() == 1.0
+
+
+def natural_batch(pattern_offset, causal):
+    """A sentence with ", x ," and "the x the" and a doubled word, under a head attending exactly q + offset."""
+    words = "the cat , dog , and the bird the fish sat sat on the mat".split()
+    ids = {w: i for i, w in enumerate(dict.fromkeys(words))}
+    tokens = torch.tensor([[ids[w] for w in words]])
+    mask = torch.ones_like(tokens, dtype=torch.bool)
+    return AttentionBatch(one_hot_pattern(len(words), pattern_offset), mask, mask, tokens, torch.zeros_like(mask), causal)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("offset", [-1, 0])
+def test_induction_of_a_previous_token_or_self_head_on_natural_text_is_zero(offset, causal):
+    batch = natural_batch(offset, causal)
+    sums, counts = METRICS["induction"].function(batch)
+    assert counts.item() > 0  # the sentence has queries with targets ...
+    assert sums.item() == 0.0  # ... and the positional head puts nothing on them
+    # the old definition counted q-1 (", x ,") and q ("sat sat") as targets, so these heads scored above 0
+    same = batch.other_occurrences[0]
+    n = same.shape[-1]
+    assert any(same[q, q - 2] for q in range(2, n)) and any(same[q, q - 1] for q in range(1, n))
 
 
 def test_metrics_never_write_into_the_pattern():

@@ -16,12 +16,12 @@ CONFIG = SweepConfig(device="cpu", bootstrap=100, max_len=64)
 
 @pytest.fixture(scope="module")
 def minilm_ewt(minilm, ewt_dev):
-    return sweep_model(minilm, read_corpus(ewt_dev, limit=96), CONFIG).heads
+    return sweep_model(minilm, read_corpus(ewt_dev, limit=96), CONFIG)
 
 
 @pytest.fixture(scope="module")
 def smollm2_ewt(smollm2, ewt_dev):
-    return sweep_model(smollm2, read_corpus(ewt_dev, limit=32), CONFIG).heads
+    return sweep_model(smollm2, read_corpus(ewt_dev, limit=32), CONFIG)
 
 
 def top(heads, metric):
@@ -29,21 +29,20 @@ def top(heads, metric):
 
 
 def test_minilm_has_a_previous_token_head_above_0_9(minilm_ewt):
-    heads, _, provenance = minilm_ewt
+    heads, provenance = minilm_ewt.heads, minilm_ewt.provenance.models[0]
     best = top(heads, "prev_token")
     assert best["value"] > 0.9 and best["ci_low"] > 0.9, best["label"]
-    assert provenance["n_layers"] == 6 and provenance["n_heads"] == 12
+    assert provenance.n_layers == 6 and provenance.n_heads == 12
     assert len(heads[heads.metric == "prev_token"]) == 6 * 12
 
 
 def test_bidirectional_minilm_has_a_next_token_head_above_0_5(minilm_ewt):
-    heads, _, _ = minilm_ewt
-    assert top(heads, "next_token")["value"] > 0.5
+    assert top(minilm_ewt.heads, "next_token")["value"] > 0.5
 
 
 def test_causal_smollm2_never_looks_ahead(smollm2_ewt):
-    heads, offsets, provenance = smollm2_ewt
-    assert provenance["family"] == "causal" and provenance["n_kv_heads"] == 3
+    heads, offsets, provenance = smollm2_ewt.heads, smollm2_ewt.offsets, smollm2_ewt.provenance.models[0]
+    assert provenance.family == "causal" and provenance.n_kv_heads == 3
     assert len(heads[heads.metric == "next_token"]) == 30 * 9
     assert (heads.loc[heads.metric == "next_token", "value"].abs() < 1e-6).all()
     assert (offsets.loc[offsets.offset > 0, "value"].abs() < 1e-6).all()

@@ -1,0 +1,107 @@
+"""Each experiment script runs end to end on tiny random checkpoints and writes its outputs.
+
+The weights are random, so the PASS/FAIL checks mean nothing here: only that every script reads its
+arguments, sweeps through the public API and writes its tables, figure and README.
+"""
+
+import importlib.util
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+
+
+@pytest.fixture
+def experiment(monkeypatch):
+    monkeypatch.syspath_prepend(str(EXPERIMENTS))  # the scripts import their _common module
+
+    def load(name):
+        spec = importlib.util.spec_from_file_location(f"experiment_{name}", EXPERIMENTS / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load
+
+
+def test_looking_both_ways(experiment, tiny_gpt2, tiny_bert, tmp_path, capsys):
+    script = experiment("looking_both_ways")
+    rc = script.main(["--model", str(tiny_gpt2), "--model", str(tiny_bert), "--no-literature", "--corpus", "builtin",
+                      "--limit", "4", "--max-len", "32", "--out", str(tmp_path)])
+    assert rc in (0, 1)
+    heads = pd.read_csv(tmp_path / "heads.csv")
+    assert list(heads.metric) == ["prev_token", "next_token"]  # by family: causal, then bidirectional
+    assert set(heads.check) <= {"PASS", "FAIL"} and (tmp_path / "profiles.png").stat().st_size > 0
+    assert set(pd.read_csv(tmp_path / "profiles.csv").offset) == set(range(-8, 9))
+    assert "| model |" in (tmp_path / "README.md").read_text()
+    assert "PASS" in capsys.readouterr().out or rc == 1
+
+
+def test_looking_both_ways_skips_models_that_are_not_here(experiment, tiny_bert, tmp_path, capsys, monkeypatch):
+    script = experiment("looking_both_ways")
+    monkeypatch.setattr(script, "weights_present", lambda spec: spec == str(tiny_bert))
+    script.main(["--model", str(tiny_bert), "--corpus", "builtin", "--limit", "3", "--max-len", "32", "--out", str(tmp_path)])
+    heads = pd.read_csv(tmp_path / "heads.csv")
+    assert heads.set_index("model").loc[["gpt2", "bert-base-uncased"], "check"].tolist() == ["SKIP", "SKIP"]
+    assert "SKIP gpt2" in capsys.readouterr().out
+
+
+def test_positional_vs_content(experiment, tiny_gpt2, tiny_bert, tmp_path):
+    script = experiment("positional_vs_content")
+    rc = script.main(["--model", str(tiny_gpt2), "--model", str(tiny_bert), "--corpus", "builtin", "--limit", "4",
+                      "--max-len", "48", "--out", str(tmp_path)])
+    assert rc in (0, 1)
+    heads = pd.read_csv(tmp_path / "heads.csv")
+    assert {"natural", "shuffled", "random", "kind"} <= set(heads.columns)
+    assert len(heads) == 2 * 2 * 2 * 4  # models x metrics x layers x heads
+    for name in ("natural.txt", "shuffled.txt", "scatter.png", "README.md"):
+        assert (tmp_path / name).stat().st_size > 0
+    natural = (tmp_path / "natural.txt").read_text().split("\n")[0].split()
+    assert sorted(natural) == sorted((tmp_path / "shuffled.txt").read_text().split("\n")[0].split())
+
+
+def test_mask_is_the_difference(experiment, tiny_gpt2, tiny_bert, tmp_path, capsys):
+    script = experiment("mask_is_the_difference")
+    rc = script.main(["--model", str(tiny_gpt2), "--model", str(tiny_bert), "--no-literature", "--corpus", "builtin",
+                      "--limit", "4", "--max-len", "24", "--out", str(tmp_path)])
+    assert rc in (0, 1)
+    layers = pd.read_csv(tmp_path / "layers.csv")
+    shares = layers[["back", "self", "ahead"]].sum(1)
+    assert ((shares - 1).abs() < 1e-5).all()  # the whole offset profile: every query's attention, once
+    causal = layers[layers.family == "causal"]
+    assert (causal.ahead.abs() < 1e-6).all()
+    out = capsys.readouterr().out
+    assert "PASS" in out and "largest share ahead" in out  # the structural zero holds even for random weights
+    assert set(pd.read_csv(tmp_path / "heads.csv")["class"]) <= {"back", "self", "ahead", "sink"}
+    assert (tmp_path / "layers.png").stat().st_size > 0
+
+
+@pytest.mark.xfail(run=False, reason="not yet: the sweep does not write the syntax table")
+def test_clark_syntax(experiment, tiny_bert, ewt_dev, tmp_path, capsys):
+    script = experiment("clark_syntax")
+    rc = script.main(["--model", str(tiny_bert), "--corpus", str(ewt_dev), "--limit", "6", "--max-len", "64",
+                      "--out", str(tmp_path)])
+    if rc == 2:
+        assert "wired" in capsys.readouterr().out
+        pytest.xfail("the sweep does not write the syntax table yet (headscan.syntax is not wired into it)")
+    assert rc in (0, 1)
+    best = pd.read_csv(tmp_path / "best_heads.csv")
+    assert {"all", "det", "nsubj"} <= set(best.relation) and best.clark_accuracy.notna().any()
+    assert (tmp_path / "best_heads.png").stat().st_size > 0 and "Clark" in (tmp_path / "README.md").read_text()
+
+
+def test_clark_syntax_refuses_a_corpus_without_trees(experiment, tmp_path, capsys):
+    assert experiment("clark_syntax").main(["--corpus", "builtin", "--out", str(tmp_path)]) == 2
+    assert "CoNLL-U" in capsys.readouterr().out
+
+
+def test_top_heads_prints_a_markdown_table(experiment, tiny_gpt2, tmp_path, capsys, monkeypatch):
+    import headscan
+
+    headscan.sweep(str(tiny_gpt2), "builtin", tmp_path / "run", limit=3, max_len=32, bootstrap=0)
+    monkeypatch.setattr("sys.argv", ["top_heads.py", str(tmp_path / "run"), "--metric", "prev_token", "--top", "2"])
+    experiment("top_heads").main()
+    out = capsys.readouterr().out
+    assert "(corpus: builtin)" in out and out.count("| prev_token |") == 2
