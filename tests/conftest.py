@@ -77,6 +77,21 @@ def smollm2():
     return load_model("smollm2", device="cpu")
 
 
+def paragraph_corpus(folder: Path, n_lines: int) -> Path:
+    """A text corpus of `n_lines` short numbered lines from the builtin sample, in paragraphs (documents) of 3."""
+    from headscan.corpus import read_corpus
+
+    sentences = [s.text for s in read_corpus("builtin").segments]
+    lines = []
+    for i in range(n_lines):
+        lines.append(f"{sentences[i % len(sentences)]} ({i})")
+        if i % 3 == 2:
+            lines.append("")
+    path = folder / "lines.txt"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 @pytest.fixture(autouse=True)
 def _close_figures():
     yield

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from conftest import missing
+from conftest import missing, paragraph_corpus
 from headscan import distributed, tables
 from headscan.cli import cli
 from headscan.errors import ConfigError, TablesError
@@ -41,17 +41,7 @@ def cluster():
 @pytest.fixture(scope="module")
 def corpus_file(tmp_path_factory):
     """40 short lines in paragraphs of 3 (14 documents), from the builtin sample."""
-    from headscan.corpus import read_corpus
-
-    sentences = [s.text for s in read_corpus("builtin").segments]
-    lines = []
-    for i in range(40):
-        lines.append(f"{sentences[i % len(sentences)]} ({i})")
-        if i % 3 == 2:
-            lines.append("")
-    path = tmp_path_factory.mktemp("corpus") / "lines.txt"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return paragraph_corpus(tmp_path_factory.mktemp("corpus"), 40)
 
 
 @pytest.fixture(scope="module")

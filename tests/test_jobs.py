@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 
 import headscan
+from conftest import paragraph_corpus
 from headscan import tables
 from headscan.errors import ConfigError, ModelNotFoundError, TablesError
 from headscan.jobs import merge, partial_folder, sweep
@@ -26,17 +27,7 @@ SETTINGS = dict(device="cpu", bootstrap=20, window=7)
 @pytest.fixture(scope="module")
 def corpus_file(tmp_path_factory):
     """300 short lines in paragraphs of 3 (documents), from the builtin sample."""
-    from headscan.corpus import read_corpus
-
-    sentences = [s.text for s in read_corpus("builtin").segments]
-    lines = []
-    for i in range(300):
-        lines.append(f"{sentences[i % len(sentences)]} ({i})")
-        if i % 3 == 2:
-            lines.append("")
-    path = tmp_path_factory.mktemp("corpus") / "lines.txt"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return paragraph_corpus(tmp_path_factory.mktemp("corpus"), 300)
 
 
 def assert_same_tables(a: tables.SweepTables, b: tables.SweepTables, exact: bool = True):

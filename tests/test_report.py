@@ -670,7 +670,9 @@ def test_report_on_a_real_sweep_of_tiny_checkpoints(tiny_gpt2, tiny_bert, tmp_pa
 def test_index_html_renders_in_a_headless_browser(two_reports, tmp_path):
     chromium = shutil.which("chromium")
     if chromium is None:
-        pytest.skip("chromium is not installed (apt-get install -y chromium); it renders index.html headless")
+        from conftest import missing
+
+        missing("chromium is not installed (apt-get install -y chromium); it renders index.html headless")
     shot = tmp_path / "shot.png"
     subprocess.run(
         [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
