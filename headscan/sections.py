@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from . import figures
+from . import charts, figures
 from .document import Bullets, Figures, Heading, Note, Table, Text
 from .findings import WIDE_CI, fmt_score, run_differences, run_pairs, striking_order, top_heads, why_structural
 from .runs import Comparison
@@ -337,7 +337,7 @@ def offsets_section(comparison: Comparison, pngs: Pngs) -> list:
                 ax.set_xlim(-8.5, 8.5)
                 ax.set_ylim(0, 1.02)
                 continue
-            figures.offset_profiles(part, model=m.name, heads=list(top["label"]), ax=ax, title=title)
+            charts.offset_profiles(part, model=m.name, heads=list(top["label"]), ax=ax, title=title)
             drawn = part[part["label"].isin(top["label"])]
             widest = max(widest, float((drawn["ci_high"] - drawn["ci_low"]).max(skipna=True) or 0.0))
         for ax in row:
@@ -357,7 +357,7 @@ def prev_next_section(comparison: Comparison, palette: dict, pngs: Pngs) -> list
     if not {"prev_token", "next_token"} <= set(comparison.metrics):
         return blocks + [Note("The tables have no prev_token and next_token metrics to compare.")]
     fig = Figure(figsize=(6.4, 6.2), layout="constrained")
-    figures.prev_next_scatter(comparison.heads, ax=fig.subplots(), palette=palette, ci_threshold=WIDE_CI)
+    charts.prev_next_scatter(comparison.heads, ax=fig.subplots(), palette=palette, ci_threshold=WIDE_CI)
     causal = [m.name for m in comparison.models if m.family == "causal"]
     strip = (f" A causal model ({', '.join(causal)}) cannot look ahead: its next-token share is 0 for every head, "
              "so its heads are drawn in the grey strip below the axis, spread up and down at random so that they "
@@ -374,7 +374,7 @@ def entropy_section(comparison: Comparison, palette: dict, pngs: Pngs) -> list:
     if "entropy" not in comparison.metrics:
         return blocks + [Note("The tables have no entropy metric.")]
     fig = Figure(figsize=(6.6, 4.6), layout="constrained")
-    figures.entropy_by_depth(comparison.heads, ax=fig.subplots(), palette=palette)
+    charts.entropy_by_depth(comparison.heads, ax=fig.subplots(), palette=palette)
     return blocks + [Figures([pngs.add("entropy_by_depth.png", fig)],
                              f"Attention entropy ({figures.unit('entropy')}) of every head by relative depth (layer "
                              "/ (layers - 1): 0 the first layer, 1 the last), so models of different depth compare "

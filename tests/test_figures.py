@@ -6,7 +6,7 @@ import pytest
 from matplotlib.collections import PathCollection
 from matplotlib.figure import Figure
 
-from headscan import figures
+from headscan import charts, figures
 from headscan.metrics import METRICS as METRICS_REGISTRY
 
 METRICS = ["prev_token", "next_token", "self", "entropy", "entropy_norm", "distance", "positional_prev"]
@@ -161,7 +161,7 @@ def test_attention_matrix_checks_the_shape():
 
 def test_offset_profiles_draw_one_line_per_head():
     offsets = make_offsets()
-    ax = figures.offset_profiles(offsets, model="gpt", heads=["L0H2", "L1H0"])
+    ax = charts.offset_profiles(offsets, model="gpt", heads=["L0H2", "L1H0"])
     assert [line.get_label() for line in ax.lines[:2]] == ["L0H2", "L1H0"]
     for line, (layer, head) in zip(ax.lines, [(0, 2), (1, 0)]):
         expected = offsets[(offsets.layer == layer) & (offsets["head"] == head)].sort_values("offset")
@@ -172,7 +172,7 @@ def test_offset_profiles_draw_one_line_per_head():
 
 def test_prev_next_scatter_points_are_the_scores():
     heads = make_heads()
-    ax = figures.prev_next_scatter(heads)
+    ax = charts.prev_next_scatter(heads)
     points = [c for c in ax.collections if isinstance(c, PathCollection)]
     wide = {model: heads[heads.model == model].pivot(index=["layer", "head"], columns="metric", values="value")
             for model in ("gpt", "bert")}
@@ -190,30 +190,30 @@ def test_prev_next_scatter_points_are_the_scores():
 
 def test_prev_next_scatter_without_a_flat_model_keeps_the_axis():
     heads = make_heads(models=(("bert", "bidirectional", 2, 4),))
-    ax = figures.prev_next_scatter(heads)
+    ax = charts.prev_next_scatter(heads)
     assert ax.get_ylim() == (-0.02, 1.02)
 
 
 def test_prev_next_scatter_shows_only_wide_intervals():
     heads = make_heads()
-    ax = figures.prev_next_scatter(heads, ci_threshold=0.1)
+    ax = charts.prev_next_scatter(heads, ci_threshold=0.1)
     bars = [c for c in ax.collections if not isinstance(c, PathCollection)]
     # L1H0 of each model has the one wide interval; its error bars, and no others, are drawn.
     segments = [s for c in bars for s in c.get_segments()]
     assert segments and all(np.ptp(s[:, 0]) + np.ptp(s[:, 1]) == pytest.approx(0.3) for s in segments)
-    assert figures.prev_next_scatter(heads, ci_threshold=1.0, ax=Figure().subplots()).collections[2:] == []
+    assert charts.prev_next_scatter(heads, ci_threshold=1.0, ax=Figure().subplots()).collections[2:] == []
 
 
 def test_prev_next_scatter_keeps_given_colours():
     palette = {"gpt": (1.0, 0.0, 0.0), "bert": (0.0, 0.0, 1.0)}
-    ax = figures.prev_next_scatter(make_heads(), palette=palette)
+    ax = charts.prev_next_scatter(make_heads(), palette=palette)
     np.testing.assert_allclose(ax.collections[0].get_facecolor()[0][:3], palette["gpt"])
     np.testing.assert_allclose(ax.collections[1].get_facecolor()[0][:3], palette["bert"])
 
 
 def test_entropy_by_depth_lines_are_layer_means_at_relative_depth():
     heads = make_heads(models=(("gpt", "causal", 3, 3), ("bert", "bidirectional", 2, 4)))
-    ax = figures.entropy_by_depth(heads)
+    ax = charts.entropy_by_depth(heads)
     for line, model, n_layers, n_heads in zip(ax.lines, ["gpt", "bert"], [3, 2], [3, 4]):
         means = [np.mean([value(model, "entropy", layer, h) for h in range(n_heads)]) for layer in range(n_layers)]
         # layer / (layers - 1): both models run from 0 (first layer) to 1 (last), whatever their depth
@@ -224,7 +224,7 @@ def test_entropy_by_depth_lines_are_layer_means_at_relative_depth():
 
 def test_offset_profiles_shade_each_interval():
     offsets = make_offsets()
-    ax = figures.offset_profiles(offsets, model="gpt", heads=["L0H2", "L1H0"])
+    ax = charts.offset_profiles(offsets, model="gpt", heads=["L0H2", "L1H0"])
     bands = ax.collections
     assert len(bands) == 2 and all(band.get_alpha() == pytest.approx(0.3) for band in bands)
     line = offsets[(offsets.layer == 0) & (offsets["head"] == 2)]

@@ -8,7 +8,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "headscan"
 # Modules that draw or lay out a report: they read tables, never models (examples.py computes the example
 # attention beforehand, and is the one report-side module allowed to load models).
-REPORT_SIDE = {"report", "document", "findings", "runs", "figures", "atlas", "sections"}
+REPORT_SIDE = {"report", "document", "findings", "runs", "figures", "charts", "atlas", "sections"}
 
 
 def module_imports() -> dict[str, set[str]]:
