@@ -29,8 +29,8 @@ from pathlib import Path
 from .config import SweepConfig
 from .corpus import Corpus, read_corpus
 from .errors import ConfigError, ModelLoadError, TablesError
-from .models import DEFAULT_MODELS, check_spec, load_model  # noqa: F401
-from .provenance import RunProvenance
+from .models import DEFAULT_MODELS, load_model
+from .specs import check_spec
 from .errors import SweepInterrupted
 from .scan import (accumulate, fingerprint, finish, model_provenance, run_provenance, slug,
                    texts_corpus)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
 
 __all__ = ["SCHEMA_VERSION", "ModelProvenance", "CorpusProvenance", "RunProvenance"]
 

@@ -16,14 +16,13 @@ This module does not draw anything or parse command lines.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 

@@ -1,6 +1,5 @@
 """The README cannot drift from the code: metric definitions come from the registry, every command is there."""
 
-import re
 from pathlib import Path
 
 import pytest

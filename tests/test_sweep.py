@@ -73,7 +73,7 @@ def test_causal_next_token_is_zero_and_undefined_sep_is_nan(tiny_models):
 
 
 def test_tables_have_every_head_for_every_metric(tiny_models, tmp_path, tiny_gpt2, tiny_bert):
-    tables = sweep([str(tiny_gpt2), str(tiny_bert)], "builtin", tmp_path / "out", SweepConfig(device="cpu", limit=5, bootstrap=20))
+    sweep([str(tiny_gpt2), str(tiny_bert)], "builtin", tmp_path / "out", SweepConfig(device="cpu", limit=5, bootstrap=20))
     heads = pd.read_parquet(tmp_path / "out" / "heads.parquet")
     per_model = heads.groupby(["model", "metric"]).size()
     assert set(per_model) == {2 * 4}  # 2 layers x 4 heads, for every metric of both models

@@ -1,7 +1,6 @@
 """headscan.testing: tiny checkpoints load through the bridge; planted heads attend where they were told to."""
 
 import functools
-from pathlib import Path
 
 import pytest
 import torch
