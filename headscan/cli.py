@@ -89,6 +89,9 @@ def cli():
 @click.option("--limit", type=int, default=default("limit"), help="Read at most this many segments.")
 @click.option("--device", default=default("device"), show_default=True, type=click.Choice(choices()["device"]))
 @click.option("--dtype", default=default("dtype"), show_default=True, type=click.Choice(choices()["dtype"]))
+@click.option("--device-map", default=default("device_map"), metavar="MAP",
+              help="Spread a model too large for one device over several: a Hugging Face device map name such as "
+                   "'auto' (needs accelerate; replaces --device for the model's layers).")
 @click.option("--specials", default=default("specials"), show_default=True, type=click.Choice(choices()["specials"]),
               help="'exclude': special tokens ([CLS], [SEP], BOS) count neither as queries nor keys, and each "
                    "query's attention is renormalised over the keys left.")
@@ -118,7 +121,7 @@ def cli():
                    "--ray auto, --ray HOST:6379 or --ray ray://HOST:10001 connect to one (pip install 'headscan[ray]').")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @_one_line_errors
-def sweep(models, corpus, out, max_len, long, batch_size, limit, device, dtype, specials, bos, max_offset, bootstrap, seed,
+def sweep(models, corpus, out, max_len, long, batch_size, limit, device, dtype, device_map, specials, bos, max_offset, bootstrap, seed,
           bootstrap_unit, interval, window, save_every, shard, overwrite, restart, ray, quiet):
     """Score every head of every layer of each MODEL over a corpus.
 
@@ -139,7 +142,8 @@ def sweep(models, corpus, out, max_len, long, batch_size, limit, device, dtype, 
     from .models import DEFAULT_MODELS
 
     config = SweepConfig(
-        max_len=max_len, long=long, batch_size=batch_size, limit=limit, device=device, dtype=dtype, specials=specials,
+        max_len=max_len, long=long, batch_size=batch_size, limit=limit, device=device, dtype=dtype,
+        device_map=device_map, specials=specials,
         max_offset=max_offset, bootstrap=bootstrap, seed=seed, prepend_bos=_BOS[bos], bootstrap_unit=bootstrap_unit,
         interval=interval, window=window,
     )

@@ -49,6 +49,7 @@ class SweepConfig:
     batch_size: int = 16  # segments per forward pass; scores do not depend on it
     limit: int | None = None  # read at most this many segments
     device: Device = "auto"  # where the model runs
+    device_map: str | None = None  # e.g. "auto": spread a model too large for one device over several (accelerate)
     dtype: DType = "float32"  # model weights and activations; metrics and sums stay float32/float64
     specials: Specials = "keep"  # "exclude": special tokens neither count as queries nor as keys (see README)
     max_offset: int = 8  # K of the offset profile, offsets -K..K
@@ -71,6 +72,9 @@ class SweepConfig:
         if 0 < self.bootstrap < MIN_BOOTSTRAP:
             raise ConfigError(f"bootstrap must be 0 (no intervals) or at least {MIN_BOOTSTRAP}, got {self.bootstrap}: "
                               f"fewer replicates cannot place the 2.5% and 97.5% points", setting="bootstrap")
+        if self.device_map is not None and (not isinstance(self.device_map, str) or not self.device_map.strip()):
+            raise ConfigError(f"device_map must be None or a Hugging Face device map name such as 'auto', got "
+                              f"{self.device_map!r}", setting="device_map")
         if self.prepend_bos not in (None, True, False):
             raise ConfigError(f"prepend_bos must be None, True or False, got {self.prepend_bos!r}", setting="prepend_bos")
 

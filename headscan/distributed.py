@@ -202,7 +202,8 @@ class _Worker:
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
             config = self.config
-            self.model = load_model(spec, device=config.device, dtype=config.dtype, prepend_bos=config.prepend_bos)
+            self.model = load_model(spec, device=config.device, dtype=config.dtype, prepend_bos=config.prepend_bos,
+                                    device_map=config.device_map)
             self.spec = spec
         return self.model
 

@@ -197,7 +197,8 @@ def sweep(
 def _sweep_one(spec: str, corpus: Corpus, config: SweepConfig, shard: Shard | None, partial: Path | None,
                should_stop, progress: bool, save_every: float) -> PartialState:
     """One model's finished state: resumed from `partial` where a matching state was saved there."""
-    model = load_model(spec, device=config.device, dtype=config.dtype, prepend_bos=config.prepend_bos)
+    model = load_model(spec, device=config.device, dtype=config.dtype, prepend_bos=config.prepend_bos,
+                       device_map=config.device_map)
     try:
         path = partial / _state_file(spec, shard) if partial is not None else None
         state = None

@@ -82,8 +82,10 @@ class HookedModel:
 
     @property
     def device(self) -> torch.device:
-        """Where the model's weights are, so inputs can be moved there."""
-        return next(self.hf_model.parameters()).device
+        """Where the inputs go: the device of the input embeddings (the first of several under a device map)."""
+        embeddings = self.hf_model.get_input_embeddings() if hasattr(self.hf_model, "get_input_embeddings") else None
+        parameter = embeddings.weight if embeddings is not None else next(self.hf_model.parameters())
+        return parameter.device
 
     def token_ids(self, texts: Sequence[str]) -> list[list[int]]:
         """The token ids of each text exactly as a sweep feeds them to the model, never truncated.
@@ -211,13 +213,16 @@ def _read_gguf(path: Path, *, dtype: torch.dtype) -> tuple[Any, Any]:
     return hf_model, tokenizer
 
 
-def _via_bridge(target: str, *, device: str, dtype: torch.dtype, hf_model=None, tokenizer=None) -> dict:
+def _via_bridge(target: str, *, device: str, dtype: torch.dtype, hf_model=None, tokenizer=None,
+                device_map: str | None = None) -> dict:
     """The fields of a HookedModel on the transformer_lens path."""
     from transformer_lens.model_bridge import TransformerBridge
 
     given = {} if hf_model is None else {"hf_model": hf_model, "tokenizer": tokenizer}
+    # A device map places the layers (accelerate); it replaces the single device.
+    placement = {"device_map": device_map} if device_map else {"device": device}
     with _quiet():
-        bridge = TransformerBridge.boot_transformers(target, device=device, dtype=dtype, **given)
+        bridge = TransformerBridge.boot_transformers(target, dtype=dtype, **placement, **given)
     bridge.eval()
     cfg = bridge.cfg
     n_heads = int(cfg.n_heads)
@@ -236,20 +241,22 @@ def _via_bridge(target: str, *, device: str, dtype: torch.dtype, hf_model=None, 
     }
 
 
-def _via_hooks(target: str, *, device: str, dtype: torch.dtype, hf_model=None, tokenizer=None) -> dict:
+def _via_hooks(target: str, *, device: str, dtype: torch.dtype, hf_model=None, tokenizer=None,
+               device_map: str | None = None) -> dict:
     """The fields of a HookedModel on the hf_hooks path: the model without its head, with eager attention."""
     if hf_model is None:
         from transformers import AutoModel, AutoTokenizer
 
         with _quiet():
             try:
-                hf_model = AutoModel.from_pretrained(target, attn_implementation="eager", dtype=dtype)
+                placement = {"device_map": device_map} if device_map else {}
+                hf_model = AutoModel.from_pretrained(target, attn_implementation="eager", dtype=dtype, **placement)
             except ValueError as error:
                 raise hooking.Unhookable(f"transformers has no model class for it ({_one_line(error, 120)})") from None
             tokenizer = AutoTokenizer.from_pretrained(target)
     else:
         hf_model.set_attn_implementation("eager")
-    hf_model = hf_model.to(device).eval()
+    hf_model = (hf_model if device_map else hf_model.to(device)).eval()
     found = hooking.discover(hf_model, tokenizer)
     config = hf_model.config.get_text_config()
     return {
@@ -349,7 +356,7 @@ def _describe(name: str, fields: dict, *, prepend_bos: bool | None, **where) -> 
 
 
 def _hook(name: str, target: str, config, *, device: str, dtype: torch.dtype, prepend_bos: bool | None,
-          hf_model=None, tokenizer=None, **where) -> HookedModel:
+          hf_model=None, tokenizer=None, device_map: str | None = None, **where) -> HookedModel:
     """Hook the model through the bridge where TransformerLens has an adapter, else (or if that fails) through
     hooks on its Hugging Face attention modules; each path must pass the probe check."""
     architecture = _architecture(config)
@@ -363,8 +370,9 @@ def _hook(name: str, target: str, config, *, device: str, dtype: torch.dtype, pr
     last = None
     for via in (_via_bridge, _via_hooks) if adapter else (_via_hooks,):
         try:
-            model = _describe(name, via(target, device=device, dtype=dtype, hf_model=hf_model, tokenizer=tokenizer),
-                              prepend_bos=prepend_bos, **where)
+            fields = via(target, device=device, dtype=dtype, hf_model=hf_model, tokenizer=tokenizer,
+                         device_map=device_map)
+            model = _describe(name, fields, prepend_bos=prepend_bos, **where)
             hooking.check(model)
         except (ConfigError, ModelNotFoundError):
             raise
@@ -391,6 +399,7 @@ def load_model(
     device: str = "cpu",
     dtype: str = "float32",
     prepend_bos: bool | None = None,
+    device_map: str | None = None,
 ) -> HookedModel:
     """Load and hook the model named by `spec`.
 
@@ -457,8 +466,11 @@ def load_model(
         raise
     except Exception as error:  # the loaders raise many kinds; name the model and keep the cause
         raise ModelLoadError(f"model {spec!r} could not be loaded: {_one_line(error)}") from error
+    if device_map and hf_model is not None:
+        raise ConfigError(f"device_map: {spec!r} is a .gguf file, which loads whole on one device; leave device_map "
+                          f"out, or pass a Hugging Face checkpoint", setting="device_map")
     model = _hook(spec, target, config, device=device, dtype=torch_dtype, prepend_bos=prepend_bos, hf_model=hf_model,
-                  tokenizer=tokenizer, source=source, id=model_id, revision=revision or "unknown")
+                  tokenizer=tokenizer, device_map=device_map, source=source, id=model_id, revision=revision or "unknown")
     if source == "huggingface" and model.revision == "unknown":
         model.revision = _hf_cache_revision(spec) or "unknown"  # cached by the download just made
     return model

@@ -202,7 +202,8 @@ def accumulate(
                                         dtype=torch.long, device=device)
                     for name in ("sums", "counts"):
                         by_layer = current[f"layer_{name}"]
-                        stacked = torch.stack([by_layer[layer] for layer in range(shape[0])])  # (layer, batch, head, column)
+                        # (layer, batch, head, column); layers may sit on several devices under a device map
+                        stacked = torch.stack([by_layer[layer].to(device) for layer in range(shape[0])])
                         current[name].index_add_(1, rows, stacked.to(device, torch.float64))
                     n_tokens += batch.n_tokens
                     if bar is not None:

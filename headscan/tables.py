@@ -394,8 +394,8 @@ def _check_disjoint(parts: list[SweepTables]) -> None:
         if sorted(part.models) != sorted(parts[0].models):
             raise TablesError(f"{describe(i)} has models {part.models}, {describe(0)} has {parts[0].models}; "
                               f"combine sweeps of the same models")
-        settings = {k: v for k, v in run.config.items() if k not in ("batch_size", "device", "limit")}
-        expected = {k: v for k, v in first.config.items() if k not in ("batch_size", "device", "limit")}
+        settings = {k: v for k, v in run.config.items() if k not in ("batch_size", "device", "device_map", "limit")}
+        expected = {k: v for k, v in first.config.items() if k not in ("batch_size", "device", "device_map", "limit")}
         if settings != expected:
             differ = sorted(k for k in set(settings) | set(expected) if settings.get(k) != expected.get(k))
             raise TablesError(f"{describe(i)} was swept with other settings than {describe(0)} ({', '.join(differ)})")

@@ -26,3 +26,15 @@ def test_a_cuda_sweep_agrees_with_the_cpu(tiny_bert, dtype, tolerance):
     np.testing.assert_allclose(cuda.heads["value"], cpu.heads["value"], atol=tolerance, rtol=0)
     np.testing.assert_array_equal(cuda.heads["count"], cpu.heads["count"])
     assert cuda.provenance.config["device"] == "cuda"
+
+
+def test_a_device_map_gives_the_same_tables(tiny_bert, tiny_gpt2):
+    """`device_map` goes through accelerate's placement; on a machine with one device ("cpu") the tables must
+    not change. (Spreading a model over several GPUs needs several GPUs to test.)"""
+    corpus = read_corpus("builtin", limit=8)
+    for path in (tiny_bert, tiny_gpt2):
+        plain = sweep_model(load_model(str(path), device="cpu"), corpus, SweepConfig(device="cpu", bootstrap=20))
+        mapped = sweep_model(load_model(str(path), device="cpu", device_map="cpu"), corpus,
+                             SweepConfig(device="cpu", device_map="cpu", bootstrap=20))
+        np.testing.assert_allclose(mapped.heads["value"], plain.heads["value"], atol=1e-6, rtol=0)
+        assert mapped.provenance.config["device_map"] == "cpu"
