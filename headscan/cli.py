@@ -138,6 +138,7 @@ def sweep(models, corpus, out, max_len, long, batch_size, limit, device, dtype, 
         headscan sweep --model gpt2 --corpus big.jsonl --out out/big --ray auto
     """
     from . import tables
+    from .findings import top_heads_text
     from .jobs import sweep as run_sweep
     from .models import DEFAULT_MODELS
 
@@ -163,7 +164,7 @@ def sweep(models, corpus, out, max_len, long, batch_size, limit, device, dtype, 
     click.echo(f"wrote {files} and {out}/run.json")
     for metric in ("prev_token", "next_token"):
         click.echo(f"\ntop heads by {metric}:")
-        click.echo(tables.top_heads(result.heads, metric, 3).to_string(index=False))
+        click.echo(top_heads_text(result, metric, 3))
 
 
 def _unit_note(run) -> str:
@@ -245,10 +246,10 @@ def show(run, metric, top):
 
         headscan show out --metric next_token --top 5
     """
-    from . import tables
+    from .findings import top_heads_text
+    from .tables import load
 
-    loaded = tables.load(run)
-    click.echo(tables.top_heads(loaded.heads, metric, top).to_string(index=False))
+    click.echo(top_heads_text(load(run), metric, top))
 
 
 @cli.command()

@@ -443,3 +443,29 @@ def run_differences(heads: pd.DataFrame, first: str, second: str) -> pd.DataFram
     order = ["metric", "layer", "head", "label", "value_a", "ci_low_a", "ci_high_a", "value_b", "ci_low_b",
              "ci_high_b", "difference", "apart"]
     return pair[order].astype({"label": str, "metric": str})
+
+
+def top_heads_text(run: tables.SweepTables, metric: str, n: int = 10) -> str:
+    """What ``headscan show`` prints: the `n` most striking heads of each model on `metric`, as a table, with a
+    model whose `metric` is 0 or undefined by construction said in one line instead of n rows of zeros.
+
+    >>> heads = pd.DataFrame({"model": ["gpt", "gpt"], "family": "causal", "layer": 0, "head": [0, 1],
+    ...     "label": ["L0H0", "L0H1"], "metric": "next_token", "value": 0.0, "ci_low": 0.0, "ci_high": 0.0,
+    ...     "count": 5.0, "units": 5.0, "top_unit_share": 0.2})
+    >>> print(top_heads_text(tables.SweepTables({"heads": heads}), "next_token"))
+    gpt: next_token: a causal model's queries cannot see later tokens, so it is 0 for every head
+    """
+    heads = run.heads
+    said, shown = [], []
+    for model in dict.fromkeys(heads["model"]):
+        rows = heads[(heads["model"] == model) & (heads["metric"] == metric)]
+        family = str(heads.loc[heads["model"] == model, "family"].iloc[0])
+        provenance = run.provenance.model(model)
+        reason = why_structural(rows, metric, family=family, provenance=provenance if provenance.family else None)
+        if reason is not None:
+            said.append(f"{model}: {metric}: {reason}")
+        else:
+            shown.append(model)
+    top = tables.top_heads(heads[heads["model"].isin(shown)], metric, n)  # checks the metric even if none is shown
+    parts = [top.to_string(index=False)] if shown else []
+    return "\n".join(parts + said)

@@ -50,6 +50,10 @@ def test_sweep_then_show(runner, tmp_path, tiny_gpt2, tiny_bert):
     assert json.loads((out / "run.json").read_text())["command"].startswith("cli sweep --model ")
     result = runner.invoke(cli, ["show", str(out), "--metric", "next_token", "--top", "2"])
     assert result.exit_code == 0
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 + 2 + 1  # header, bert's 2 heads, and one line for gpt2, which cannot look ahead
+    assert lines[-1] == f"{tiny_gpt2}: next_token: a causal model's queries cannot see later tokens, so it is 0 for every head"
+    result = runner.invoke(cli, ["show", str(out), "--metric", "prev_token", "--top", "2"])
     assert len(result.output.strip().splitlines()) == 1 + 2 * 2  # header + 2 heads per model
 
 
