@@ -71,17 +71,22 @@ def _special_mask(tokens: torch.Tensor, model: HookedModel) -> torch.Tensor:
     return torch.isin(tokens, torch.tensor(sorted(set(ids)), dtype=tokens.dtype, device=tokens.device))
 
 
-def _attention_batch(pattern: torch.Tensor, input_ids: torch.Tensor, real: torch.Tensor, model: HookedModel, config: SweepConfig) -> AttentionBatch:
+def _batch_masks(input_ids: torch.Tensor, real: torch.Tensor, model: HookedModel, config: SweepConfig) -> dict:
+    """What every layer of one batch shares: the tokens that count and the [SEP] tokens, (batch, seq) each."""
+    counts = real & ~_special_mask(input_ids, model) if config.specials == "exclude" else real
+    sep = model.special_token_ids["sep"]
+    sep_mask = input_ids == sep if sep is not None else torch.zeros_like(real)
+    return {"ids": input_ids, "counts": counts, "sep": sep_mask}
+
+
+def _attention_batch(pattern: torch.Tensor, masks: dict, model: HookedModel, config: SweepConfig) -> AttentionBatch:
     pattern = pattern.float()  # (batch, head, q, k); a new tensor for half precision, the same one otherwise
-    counts = real
+    counts = masks["counts"]
     if config.specials == "exclude":
-        counts = real & ~_special_mask(input_ids, model)
         # Renormalise each query's attention over the keys that count: a new tensor, never written in place.
         kept = pattern * counts[:, None, None, :].to(pattern.dtype)
         pattern = kept / kept.sum(-1, keepdim=True).clamp_min(torch.finfo(pattern.dtype).tiny)
-    sep = model.special_token_ids["sep"]
-    sep_mask = input_ids == sep if sep is not None else torch.zeros_like(real)
-    return AttentionBatch(pattern, counts, counts, input_ids, sep_mask, model.causal, config.max_offset)
+    return AttentionBatch(pattern, counts, counts, masks["ids"], masks["sep"], model.causal, config.max_offset)
 
 
 def _score(batch: AttentionBatch, columns: list[Column]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -172,7 +177,7 @@ def accumulate(
 
     def reduce_layer(layer: int):
         def hook(pattern, hook):
-            batch = _attention_batch(pattern, current["ids"], current["real"], model, config)
+            batch = _attention_batch(pattern, current["masks"], model, config)
             current["layer_sums"][layer], current["layer_counts"][layer] = _score(batch, columns)  # (batch, head, column)
             return None  # the pattern goes on unchanged
 
@@ -195,7 +200,7 @@ def accumulate(
                     if should_stop():
                         raise SweepInterrupted(f"{model.name}: stopped")
                     ids, mask = batch.input_ids.to(model.device), batch.attention_mask.to(model.device)
-                    current.update(ids=ids, real=mask.bool(), layer_sums={}, layer_counts={})
+                    current.update(masks=_batch_masks(ids, mask.bool(), model, config), layer_sums={}, layer_counts={})
                     forward(ids, mask)
                     # every layer's sums at once into their units: one index_add per batch, not one per layer
                     rows = torch.tensor([local[units[encoded.segment_of(int(i))]] for i in batch.index],

@@ -383,6 +383,11 @@ def combine(parts: list[SweepTables]) -> SweepTables:
     return SweepTables(frames, RunProvenance(extra={"combined_from": [p.provenance.to_json() for p in parts]}))
 
 
+def _scoring_settings(run: RunProvenance) -> dict:
+    """The settings that change scores: all but where and in what batches a run went, and how much it read."""
+    return {k: v for k, v in run.config.items() if k not in ("batch_size", "device", "device_map", "limit")}
+
+
 def _check_disjoint(parts: list[SweepTables]) -> None:
     def describe(i: int) -> str:
         return str(parts[i].path or f"part {i + 1}")
@@ -394,8 +399,7 @@ def _check_disjoint(parts: list[SweepTables]) -> None:
         if sorted(part.models) != sorted(parts[0].models):
             raise TablesError(f"{describe(i)} has models {part.models}, {describe(0)} has {parts[0].models}; "
                               f"combine sweeps of the same models")
-        settings = {k: v for k, v in run.config.items() if k not in ("batch_size", "device", "device_map", "limit")}
-        expected = {k: v for k, v in first.config.items() if k not in ("batch_size", "device", "device_map", "limit")}
+        settings, expected = _scoring_settings(run), _scoring_settings(first)
         if settings != expected:
             differ = sorted(k for k in set(settings) | set(expected) if settings.get(k) != expected.get(k))
             raise TablesError(f"{describe(i)} was swept with other settings than {describe(0)} ({', '.join(differ)})")
