@@ -30,6 +30,8 @@ Specials = Literal["keep", "exclude"]
 BootstrapUnit = Literal["segment", "document"]
 Long = Literal["truncate", "split"]
 IntervalMethod = Literal["bca", "percentile", "delta"]  # headscan.intervals.METHODS
+Attention = Literal["auto", "eager", "chunked"]
+Pack = Literal["none", "sentences", "documents"]
 DEVICES: tuple[str, ...] = get_args(Device)
 DTYPES: tuple[str, ...] = get_args(DType)
 SPECIALS: tuple[str, ...] = get_args(Specials)
@@ -59,15 +61,22 @@ class SweepConfig:
     bootstrap_unit: BootstrapUnit = "segment"  # what the bootstrap resamples: segments, or whole documents
     interval: IntervalMethod = "bca"  # how replicates become a 95% interval (see headscan.intervals and README)
     window: int = 256  # segments added up per window; state is saved, and units closed, at window ends
+    attention: Attention = "auto"  # eager: the model's own pattern; chunked: recomputed in blocks of queries
+    query_chunk: int = 512  # queries per block in chunked mode; scores do not depend on it
+    attention_budget: int | None = None  # MiB an eager batch's patterns may take before auto goes chunked (None: by device)
+    pack: Pack = "none"  # long inputs: consecutive sentences (or whole documents) packed into max_len-token segments
 
     def __post_init__(self):
         for name, values in choices().items():
             if getattr(self, name) not in values:
                 raise ConfigError(f"{name} must be one of {', '.join(values)}; got {getattr(self, name)!r}", setting=name)
-        for name, low in (("max_len", 4), ("batch_size", 1), ("max_offset", 1), ("seed", 0), ("window", 1)):
+        for name, low in (("max_len", 4), ("batch_size", 1), ("max_offset", 1), ("seed", 0), ("window", 1),
+                          ("query_chunk", 1)):
             _whole(name, getattr(self, name), low)
         if self.limit is not None:
             _whole("limit", self.limit, 1)
+        if self.attention_budget is not None:
+            _whole("attention_budget", self.attention_budget, 1)
         _whole("bootstrap", self.bootstrap, 0)
         if 0 < self.bootstrap < MIN_BOOTSTRAP:
             raise ConfigError(f"bootstrap must be 0 (no intervals) or at least {MIN_BOOTSTRAP}, got {self.bootstrap}: "

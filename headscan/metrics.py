@@ -54,6 +54,8 @@ class AttentionBatch:
     sep_mask: torch.Tensor  # (batch, k) bool: [SEP] tokens (all False for models without one)
     causal: bool  # True when a query can only see keys at or before it
     max_offset: int = 8  # K of the offset profile: offsets -K..K (at least 1: prev and next read from it)
+    words: object = None  # a `headscan.syntax.WordAlignment` for CoNLL-U corpora, else None
+    raw_pattern: torch.Tensor | None = None  # the pattern before specials="exclude" renormalised it (None: same)
 
     def __post_init__(self):
         if self.max_offset < 1:

@@ -72,6 +72,7 @@ class Table:
     name: str
     keys: dict[str, str]  # key columns after HEAD_COLUMNS, with dtypes; "metric" is filled with the metric's name
     description: str  # "one row per ...", shown by `headscan show` and the README
+    extra: dict[str, str] = field(default_factory=dict)  # columns after VALUE_COLUMNS that only this table has
 
     @property
     def file(self) -> str:
@@ -80,7 +81,7 @@ class Table:
     @property
     def columns(self) -> dict[str, str]:
         """The whole schema: column name -> pandas dtype, in order."""
-        return HEAD_COLUMNS | self.keys | VALUE_COLUMNS
+        return HEAD_COLUMNS | self.keys | VALUE_COLUMNS | self.extra
 
     @property
     def row_key(self) -> list[str]:
@@ -99,14 +100,19 @@ class Table:
 TABLES: dict[str, Table] = {}
 
 
-def register_table(name: str, keys: dict[str, str], description: str) -> Table:
-    """Declare a table; metrics then name it in `headscan.metrics.register(table=...)`."""
+def register_table(name: str, keys: dict[str, str], description: str, extra: dict[str, str] | None = None) -> Table:
+    """Declare a table; metrics then name it in `headscan.metrics.register(table=...)`.
+
+    `extra` columns follow the value columns; the sweep fills them (a table's baseline, say), and `combine`
+    leaves them NaN, since they are not sums that add up.
+    """
     if name in TABLES:
         raise TablesError(f"table {name!r} is registered twice; pick another name")
-    clash = set(keys) & (set(HEAD_COLUMNS) | set(VALUE_COLUMNS))
-    if clash:
-        raise TablesError(f"table {name!r}: key columns {sorted(clash)} clash with the shared columns")
-    TABLES[name] = Table(name, dict(keys), description)
+    clash = (set(keys) | set(extra or {})) & (set(HEAD_COLUMNS) | set(VALUE_COLUMNS))
+    if clash or set(keys) & set(extra or {}):
+        raise TablesError(f"table {name!r}: columns {sorted(clash or set(keys) & set(extra or {}))} clash with "
+                          f"the shared columns or each other")
+    TABLES[name] = Table(name, dict(keys), description, dict(extra or {}))
     return TABLES[name]
 
 
@@ -379,13 +385,15 @@ def combine(parts: list[SweepTables]) -> SweepTables:
         )
         total["value"] = (total["sum"] / total["count"]).where(total["count"] > 0)
         total["ci_low"] = total["ci_high"] = total["units"] = total["top_unit_share"] = float("nan")
+        total = total.assign(**{column: float("nan") for column in table.extra})  # not sums: cannot be added up
         frames[name] = table.conform(total)
     return SweepTables(frames, RunProvenance(extra={"combined_from": [p.provenance.to_json() for p in parts]}))
 
 
 def _scoring_settings(run: RunProvenance) -> dict:
     """The settings that change scores: all but where and in what batches a run went, and how much it read."""
-    return {k: v for k, v in run.config.items() if k not in ("batch_size", "device", "device_map", "limit")}
+    return {k: v for k, v in run.config.items() if k not in ("batch_size", "device", "device_map", "limit",
+                                                                "attention", "query_chunk", "attention_budget")}
 
 
 def _check_disjoint(parts: list[SweepTables]) -> None:
