@@ -334,10 +334,6 @@ def register_syntax() -> None:
     metric would only add an all-NaN table to every sweep. The wiring (word tokenisation of CoNLL-U corpora,
     `AttentionBatch.words`, the baseline carried in the partial state) is the next step of issue 10.
     """
-    if "syntax" not in TABLES:
-        register_table("syntax", {"relation": "string", "direction": "string"},
-                       "one row per (model, layer, head, relation, direction): share of dependents whose gold "
-                       "head the head's attention picks (CoNLL-U corpora)")
     if "syntax" not in METRICS:
         register("syntax", unit="share of dependents", table="syntax",
                  axis=Axis(("relation", "direction"), lambda config: list(COLUMNS)))(syntax_metric)

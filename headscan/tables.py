@@ -118,6 +118,16 @@ def register_table(name: str, keys: dict[str, str], description: str, extra: dic
 
 register_table("heads", {"metric": "string"}, "one row per (model, layer, head, metric)")
 register_table("offsets", {"offset": "int64"}, "one row per (model, layer, head, offset): A[q, q + offset]")
+register_table("positions", {"metric": "string", "bucket": "int64"},
+               "one row per (model, layer, head, metric, bucket): a metric over the queries whose position lies in "
+               "[bucket, 2 * bucket) (bucket 0: position 0 alone), for long contexts")
+register_table("syntax", {"relation": "string", "direction": "string"},
+               "one row per (model, layer, head, relation, direction): share of dependents whose gold head the "
+               "head's attention picks (CoNLL-U corpora; Clark et al. 2019)",
+               extra={"baseline": "float64", "baseline_offset": "Int64"})
+register_table("weights", {"metric": "string"},
+               "one row per (model, layer, head, metric): scores read off the weights alone, no corpus "
+               "(sum and count are NaN)", extra={"embedding": "string"})
 
 PROVENANCE_KEY = b"headscan"
 
@@ -127,8 +137,9 @@ def tables_markdown() -> str:
     lines = ["| file | one row per | columns |", "|---|---|---|"]
     for table in TABLES.values():
         own = ", ".join(f"`{name}`" for name in table.keys)
+        extra = "".join(f", `{name}`" for name in table.extra)
         lines.append(f"| `{table.file}` | {table.description.removeprefix('one row per ')} | head columns, {own}, "
-                     f"value columns |")
+                     f"value columns{extra} |")
     comments = _column_comments()
     lines.append("")
     lines.append("Head columns: " + "; ".join(f"`{c}` ({comments.get(c, '')})" for c in HEAD_COLUMNS) + ".")
