@@ -154,7 +154,7 @@ def read_corpus(
         if document_field is not None:
             raise file_error(path, None, f"document_field={document_field!r} applies to .jsonl files only; leave it out")
         data = resources.files("headscan").joinpath("data/sample.txt").read_bytes()  # 80 lines: kept as a tuple
-        sha256, index, documents = scan(path, io.BytesIO(data), "builtin", text_field, None, limit)
+        sha256, index, documents, _ = scan(path, io.BytesIO(data), "builtin", text_field, None, limit)
         segments = tuple(segment(path, "builtin", text_field, data[start:stop], line, document)
                          for start, stop, line, document, _ in index.tolist())
         return Corpus(source, "builtin", sha256, segments, {}, documents)
@@ -165,14 +165,15 @@ def read_corpus(
             raise file_error(path, None, f"document_field={document_field!r} applies to .jsonl files only; leave it out")
         try:
             before = os.fstat(stream.fileno())
-            sha256, index, documents = scan(path, stream, kind, text_field, document_field, limit)
+            sha256, index, documents, skipped = scan(path, stream, kind, text_field, document_field, limit)
             after = os.fstat(stream.fileno())
         except OSError as error:
             raise unreadable(path, error) from None
     file = CorpusFile(path, kind, text_field, before.st_size, before.st_mtime_ns)
     if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
         raise file.changed(None)
-    return Corpus(source, kind, sha256, FileSegments(file, index), {}, documents)
+    options = {f"skipped_{name}": count for name, count in skipped.items()}  # CoNLL-U: not words of the tree
+    return Corpus(source, kind, sha256, FileSegments(file, index), options, documents)
 
 
 @dataclass(frozen=True)
@@ -184,6 +185,9 @@ class EncodedCorpus:
     max_len: int
     n_tokens_lost: int = 0  # tokens cut off those segments (0 when they are split)
     owner: tuple[int, ...] = ()  # for each sequence, the position of its segment among those encoded; () = itself
+    # CoNLL-U only (else empty): each sequence's token -> word (-1 for special tokens), and its sentence's tree
+    word_ids: tuple[tuple[int, ...], ...] = ()
+    trees: tuple[tuple[tuple[int, ...], tuple[str, ...]], ...] = ()  # (HEADs, DEPRELs) of the sequence's sentence
 
     @property
     def n_tokens(self) -> int:
@@ -211,29 +215,51 @@ def encode(corpus: Corpus, model, max_len: int, indices: list[int] | None = None
     if corpus.kind == "repeat-random":
         ids, n_truncated = _repeat_random_ids(corpus, model, max_len, bos, indices)
         return EncodedCorpus(ids, n_truncated, max_len)
-    # The model decides the special tokens: BOS exactly when it says so, whatever its tokenizer does alone.
-    encoded = model.token_ids([corpus.segments[i].text for i in indices])
-    out, owner, n_truncated, lost = [], [], 0, 0
+    segments = [corpus.segments[i] for i in indices]
+    if corpus.kind == "conllu":
+        # From the treebank's words, so that every token belongs to one word (the syntax table needs it).
+        encoded, word_ids = _word_token_ids(model, [s.words for s in segments])
+    else:
+        # The model decides the special tokens: BOS exactly when it says so, whatever its tokenizer does alone.
+        encoded, word_ids = model.token_ids([s.text for s in segments]), None
+    out, owner, words, n_truncated, lost = [], [], [], 0, 0
     encoder = model.family == "bidirectional"
     for position, ids in enumerate(encoded):
+        word = word_ids[position] if word_ids is not None else ids  # walks beside the ids; dropped when not CoNLL-U
         if len(ids) <= max_len:
             out.append(tuple(ids))
+            words.append(tuple(word))
             owner.append(position)
             continue
         n_truncated += 1
         # the special tokens around a segment: [CLS] ... [SEP] for encoders, BOS for decoders fed one
-        opening = ids[:1] if encoder or model.prepend_bos else []
-        closing = ids[-1:] if encoder else []
-        body = ids[len(opening): len(ids) - len(closing)]
-        room = max_len - len(opening) - len(closing)
+        n_open = 1 if encoder or model.prepend_bos else 0
+        n_close = 1 if encoder else 0
+        room = max_len - n_open - n_close
         if long == "split" and room > 0:
-            pieces = [opening + body[start:start + room] + closing for start in range(0, len(body), room)]
+            starts = range(n_open, len(ids) - n_close, room)
         else:  # keep the closing [SEP] of encoders: the model never sees a segment without one
-            pieces = [opening + body[:room] + closing]
+            starts = [n_open]
             lost += len(ids) - max_len
-        out.extend(tuple(piece) for piece in pieces)
-        owner.extend([position] * len(pieces))
-    return EncodedCorpus(tuple(out), n_truncated, max_len, lost, tuple(owner))
+        for sequence, pieces in ((ids, out), (word, words)):
+            pieces.extend(tuple(sequence[:n_open]) + tuple(sequence[start:min(start + room, len(sequence) - n_close)])
+                          + tuple(sequence[len(sequence) - n_close:]) for start in starts)
+        owner.extend([position] * len(starts))
+    if word_ids is None:
+        return EncodedCorpus(tuple(out), n_truncated, max_len, lost, tuple(owner))
+    trees = tuple((segments[p].heads, segments[p].deprels) for p in owner)
+    return EncodedCorpus(tuple(out), n_truncated, max_len, lost, tuple(owner), tuple(words), trees)
+
+
+def _word_token_ids(model, sentences: list[tuple[str, ...]]) -> tuple[list[list[int]], list[list[int]]]:
+    """Token ids of sentences given as words, with the special tokens a sweep feeds, and each token's word."""
+    from .syntax import encode_words  # torch-side; corpus reading itself needs none of it
+
+    pairs = encode_words(model.tokenizer, sentences, add_special_tokens=not model.causal)
+    opening = [model.special_token_ids["bos"]] if model.causal and model.prepend_bos else []
+    ids = [opening + list(tokens) for tokens, _ in pairs]
+    words = [[-1] * len(opening) + list(word) for _, word in pairs]
+    return ids, words
 
 
 def _repeat_random_ids(corpus: Corpus, model, max_len: int, bos: int | None, indices):
@@ -261,9 +287,10 @@ def _repeat_random_ids(corpus: Corpus, model, max_len: int, bos: int | None, ind
 class Batch:
     """Right-padded segments ready for the model."""
 
-    index: torch.Tensor  # (batch,) positions of the segments in the corpus
+    index: torch.Tensor  # (batch,) positions of the sequences among those encoded
     input_ids: torch.Tensor  # (batch, seq)
     attention_mask: torch.Tensor  # (batch, seq) 1 for real tokens, 0 for padding
+    words: object = None  # CoNLL-U: the batch's `headscan.syntax.WordAlignment`, else None
 
     @property
     def n_tokens(self) -> int:
@@ -285,4 +312,10 @@ def batches(encoded: EncodedCorpus, batch_size: int, pad_id: int) -> Iterator[Ba
             tokens = encoded.token_ids[i]
             ids[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
             mask[row, : len(tokens)] = 1
-        yield Batch(torch.tensor(chosen, dtype=torch.long), ids, mask)
+        words = None
+        if encoded.trees:
+            from .syntax import word_alignment
+
+            words = word_alignment([encoded.word_ids[i] for i in chosen], [encoded.trees[i][0] for i in chosen],
+                                   [encoded.trees[i][1] for i in chosen], width)
+        yield Batch(torch.tensor(chosen, dtype=torch.long), ids, mask, words)

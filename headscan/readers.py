@@ -232,6 +232,7 @@ class _ConlluReader:
         self.block: list[tuple[int, str]] = []  # (line number, line) of the sentence being read
         self.raw: list[bytes] = []  # and its lines' bytes
         self.start, self.newdocs = 0, 0
+        self.skipped = {"multiword_tokens": 0, "empty_nodes": 0}  # in the sentences kept: not words of the tree
 
     def line(self, number: int, start: int, raw: bytes, line: str) -> None:
         if line.strip():
@@ -249,7 +250,13 @@ class _ConlluReader:
         self.block, self.raw = [], []
         self.newdocs += any(_NEWDOC.match(line) for _, line in block)
         segment = _conllu_sentence(self.path, block, self.newdocs)
+        kept = self.index.n_kept
         self.index.add(self.start, raw, block[0][0], self.newdocs, segment.text)
+        if self.index.n_kept > kept and len(self.index.records) // _RECORD.size == self.index.n_kept:
+            for _, line in block:
+                word_id = line.split("\t", 1)[0]
+                if _SKIPPED_ID.fullmatch(word_id):
+                    self.skipped["empty_nodes" if "." in word_id else "multiword_tokens"] += 1
 
 
 def _documents(kind: str, index: _Index, document_field: str | None) -> tuple[bool, str]:
@@ -277,9 +284,10 @@ _HOW = {
 
 
 def scan(path: Path, stream: BinaryIO, kind: str, text_field: str, document_field: str | None,
-          limit: int | None) -> tuple[str, np.ndarray, str]:
+          limit: int | None) -> tuple[str, np.ndarray, str, dict]:
     """One pass over `stream`, a line at a time: its sha256, the `INDEX` of its first `limit` segments with
-    text, and how documents were found. Every segment is checked, also those past `limit`.
+    text, how documents were found, and what was skipped (CoNLL-U: multiword-token ranges and empty nodes of
+    the segments kept; {} otherwise). Every segment is checked, also those past `limit`.
 
     The errors are those of reading the whole file at once: an empty file, then the first NUL byte, then the
     first line that is not UTF-8, then the first malformed segment, then a file without text.
@@ -335,7 +343,7 @@ def scan(path: Path, stream: BinaryIO, kind: str, text_field: str, document_fiel
     if not index.n_kept:
         raise file_error(path, None, f"every segment is empty or whitespace; {how}")
     keyed, documents = _documents(kind, index, document_field)
-    return sha256.hexdigest(), index.array(keyed), documents
+    return sha256.hexdigest(), index.array(keyed), documents, getattr(reader, "skipped", {})
 
 
 def segment(path: Path, kind: str, text_field: str, raw: bytes, line: int, document: int) -> Segment:

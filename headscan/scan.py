@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import __version__, intervals
+from . import __version__, intervals, syntax  # importing syntax registers the syntax metric
 from .config import SweepConfig
 from .corpus import Corpus, Segment, batches, encode
 from .errors import ConfigError, SweepInterrupted
@@ -46,9 +46,18 @@ __all__ = ["sweep_model", "accumulate", "finish", "plan_windows", "fingerprint",
 Column = tuple[Metric, tuple]  # a metric and one position of its axis (() for a metric without one)
 
 
-def columns_of(config: SweepConfig) -> list[Column]:
-    """The score columns of one head, in registry order: each metric once per position of its axis."""
-    return [(metric, key) for metric in METRICS.values() for key in (metric.axis.values(config) if metric.axis else [()])]
+def has_words(corpus_kind: str) -> bool:
+    """Whether a corpus of this kind carries gold words and trees (for the syntax table): CoNLL-U."""
+    return corpus_kind == "conllu"
+
+
+def columns_of(config: SweepConfig, words: bool = False) -> list[Column]:
+    """The score columns of one head, in registry order: each metric once per position of its axis.
+
+    The syntax metric only where the corpus has `words` (CoNLL-U): elsewhere it would be an all-NaN table.
+    """
+    return [(metric, key) for metric in METRICS.values() if words or metric.table != "syntax"
+            for key in (metric.axis.values(config) if metric.axis else [()])]
 
 
 def fingerprint(model: HookedModel, corpus: Corpus, config: SweepConfig) -> dict:
@@ -58,7 +67,7 @@ def fingerprint(model: HookedModel, corpus: Corpus, config: SweepConfig) -> dict
         "model": {"name": model.name, "id": model.id, "revision": model.revision},
         "corpus": {"source": corpus.source, "kind": corpus.kind, "sha256": corpus.sha256},
         "settings": {name: getattr(config, name) for name in FINGERPRINT_FIELDS},
-        "columns": [[metric.name, list(key)] for metric, key in columns_of(config)],
+        "columns": [[metric.name, list(key)] for metric, key in columns_of(config, has_words(corpus.kind))],
     }
 
 
@@ -71,22 +80,26 @@ def _special_mask(tokens: torch.Tensor, model: HookedModel) -> torch.Tensor:
     return torch.isin(tokens, torch.tensor(sorted(set(ids)), dtype=tokens.dtype, device=tokens.device))
 
 
-def _batch_masks(input_ids: torch.Tensor, real: torch.Tensor, model: HookedModel, config: SweepConfig) -> dict:
-    """What every layer of one batch shares: the tokens that count and the [SEP] tokens, (batch, seq) each."""
+def _batch_masks(input_ids: torch.Tensor, real: torch.Tensor, model: HookedModel, config: SweepConfig,
+                 words=None) -> dict:
+    """What every layer of one batch shares: the tokens that count and the [SEP] tokens, (batch, seq) each,
+    and the batch's words (CoNLL-U) on the model's device."""
     counts = real & ~_special_mask(input_ids, model) if config.specials == "exclude" else real
     sep = model.special_token_ids["sep"]
     sep_mask = input_ids == sep if sep is not None else torch.zeros_like(real)
-    return {"ids": input_ids, "counts": counts, "sep": sep_mask}
+    words = words.to(input_ids.device) if words is not None else None
+    return {"ids": input_ids, "counts": counts, "sep": sep_mask, "words": words}
 
 
 def _attention_batch(pattern: torch.Tensor, masks: dict, model: HookedModel, config: SweepConfig) -> AttentionBatch:
-    pattern = pattern.float()  # (batch, head, q, k); a new tensor for half precision, the same one otherwise
+    pattern = raw = pattern.float()  # (batch, head, q, k); a new tensor for half precision, the same one otherwise
     counts = masks["counts"]
     if config.specials == "exclude":
         # Renormalise each query's attention over the keys that count: a new tensor, never written in place.
         kept = pattern * counts[:, None, None, :].to(pattern.dtype)
         pattern = kept / kept.sum(-1, keepdim=True).clamp_min(torch.finfo(pattern.dtype).tiny)
-    return AttentionBatch(pattern, counts, counts, masks["ids"], masks["sep"], model.causal, config.max_offset)
+    return AttentionBatch(pattern, counts, counts, masks["ids"], masks["sep"], model.causal, config.max_offset,
+                          words=masks["words"], raw_pattern=raw if raw is not pattern else None)
 
 
 def _score(batch: AttentionBatch, columns: list[Column]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -162,15 +175,18 @@ def accumulate(
     in progress is dropped, the state as of the last finished window is saved, and `SweepInterrupted` is
     raised; that state resumes exactly.
     """
-    columns = columns_of(config)
+    words = has_words(corpus.kind)
+    columns = columns_of(config, words)
     shape = (model.n_layers, model.n_heads, len(columns))
     if state is None:
         state = PartialState.empty(fingerprint(model, corpus, config), shard, shape, config.bootstrap)
+        if words:
+            state.baseline = np.zeros((2, len(syntax.BASELINE_OFFSETS), len(syntax.COLUMNS)))
     state.model = model.provenance()
     windows = plan_windows(corpus, config, shard)
     device = _accumulator_device(model)
     totals = {name: torch.from_numpy(getattr(state, name)).to(device)
-              for name in ("sums", "counts", "replicate_sums", "replicate_counts", "moments")}
+              for name in ("sums", "counts", "replicate_sums", "replicate_counts", "moments", "baseline")}
     pad = model.special_token_ids["pad"]
     pad = pad if pad is not None else 0  # masked out, so any id will do (GPT-2 has no pad token)
     current: dict = {}
@@ -195,12 +211,14 @@ def accumulate(
                 # (layer, unit, head, column): this window's sums per unit, added to `totals` when it ends
                 current["sums"] = torch.zeros((shape[0], len(local), *shape[1:]), dtype=torch.float64, device=device)
                 current["counts"] = torch.zeros_like(current["sums"])
+                current["baseline"] = torch.zeros_like(totals["baseline"])  # (2, offset, syntax column)
                 n_tokens = 0
                 for batch in batches(encoded, config.batch_size, pad):
                     if should_stop():
                         raise SweepInterrupted(f"{model.name}: stopped")
                     ids, mask = batch.input_ids.to(model.device), batch.attention_mask.to(model.device)
-                    current.update(masks=_batch_masks(ids, mask.bool(), model, config), layer_sums={}, layer_counts={})
+                    current.update(masks=_batch_masks(ids, mask.bool(), model, config, batch.words), layer_sums={},
+                                   layer_counts={})
                     forward(ids, mask)
                     # every layer's sums at once into their units: one index_add per batch, not one per layer
                     rows = torch.tensor([local[units[encoded.segment_of(int(i))]] for i in batch.index],
@@ -210,6 +228,9 @@ def accumulate(
                         # (layer, batch, head, column); layers may sit on several devices under a device map
                         stacked = torch.stack([by_layer[layer].to(device) for layer in range(shape[0])])
                         current[name].index_add_(1, rows, stacked.to(device, torch.float64))
+                    if words:  # the fixed-offset baseline on the same words: one rule for the batch, not per layer
+                        sums, counts = syntax.offset_baseline(batch.words.to(device))  # (batch, offset, column)
+                        current["baseline"] += torch.stack([sums.sum(0), counts.sum(0)])
                     n_tokens += batch.n_tokens
                     if bar is not None:
                         bar.update(len(batch.index))
@@ -252,6 +273,7 @@ def _add_window(totals: dict, window: dict, units: list[int], config: SweepConfi
         totals["replicate_sums"] += (weights @ sums.flatten(1)).view_as(totals["replicate_sums"])
         totals["replicate_counts"] += (weights @ counts.flatten(1)).view_as(totals["replicate_counts"])
     totals["moments"] = intervals.combine_moments(totals["moments"], intervals.unit_moments(sums, counts))
+    totals["baseline"] += window["baseline"]
 
 
 def _store(state: PartialState, totals: dict) -> None:
@@ -270,7 +292,7 @@ def _progress_bar(total: int, done: int, name: str, enabled: bool):
 def finish(state: PartialState, config: SweepConfig) -> dict[str, pd.DataFrame]:
     """The tables of a finished state: each score column's rows go to its metric's table."""
     model = ModelProvenance.from_json(state.model)
-    columns = columns_of(config)
+    columns = columns_of(config, has_words(state.fingerprint["corpus"]["kind"]))
     values = state.values(config.interval)  # name -> (layer, head, column)
     n_layers, n_heads, _ = state.sums.shape
     layer, head = np.meshgrid(np.arange(n_layers), np.arange(n_heads), indexing="ij")  # (layer, head)
@@ -298,6 +320,8 @@ def finish(state: PartialState, config: SweepConfig) -> dict[str, pd.DataFrame]:
         keys = list(TABLES[name].keys)
         order = ["metric"] * ("metric" in keys) + ["layer", "head"] + [k for k in keys if k != "metric"]
         frame = frame.sort_values(order, key=_registry_order, kind="stable")
+        if name == "syntax":
+            frame = syntax.attach_baseline(frame, state.baseline[0], state.baseline[1])
         frames[name] = TABLES[name].conform(frame)
     return frames
 

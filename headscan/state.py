@@ -92,6 +92,9 @@ class PartialState:
     n_truncated: int = 0
     n_tokens_lost: int = 0
     seconds: float = 0.0
+    # CoNLL-U corpora: the syntax table's fixed-offset baseline, sums and counts (2, offset, syntax column);
+    # (2, 0, 0) otherwise. Not bootstrapped: the baseline is a fixed rule, reported beside each head's interval.
+    baseline: np.ndarray = field(default_factory=lambda: np.zeros((2, 0, 0)))
 
     @classmethod
     def empty(cls, fingerprint: dict, shard: Shard | None, shape: tuple[int, int, int], n_replicates: int) -> PartialState:
@@ -119,7 +122,7 @@ class PartialState:
             with os.fdopen(fd, "wb") as handle:
                 np.savez(handle, header=np.frombuffer(json.dumps(self.header()).encode(), dtype=np.uint8),
                          sums=self.sums, counts=self.counts, replicate_sums=self.replicate_sums,
-                         replicate_counts=self.replicate_counts, moments=self.moments)
+                         replicate_counts=self.replicate_counts, moments=self.moments, baseline=self.baseline)
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -136,6 +139,7 @@ class PartialState:
             with np.load(path, allow_pickle=False) as data:
                 header = json.loads(data["header"].tobytes())
                 arrays = {name: data[name] for name in ("sums", "counts", "replicate_sums", "replicate_counts", "moments")}
+                baseline = data["baseline"] if "baseline" in data.files else np.zeros((2, 0, 0))
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as error:
             raise damaged(type(error).__name__) from None
         if not isinstance(header, dict):
@@ -153,12 +157,13 @@ class PartialState:
         if wrong:
             raise damaged(f"bad or missing {', '.join(wrong)} in its header")
         shapes = {name: array.shape for name, array in arrays.items()}
-        if len({shapes["sums"], shapes["counts"]}) != 1 or shapes["replicate_sums"] != shapes["replicate_counts"]:
+        if (len({shapes["sums"], shapes["counts"]}) != 1 or shapes["replicate_sums"] != shapes["replicate_counts"]
+                or baseline.ndim != 3 or baseline.shape[0] != 2):
             raise damaged("its arrays do not fit together")
         return cls(header["fingerprint"], Shard(*shard) if shard else None, **arrays,
                    windows_done=header["windows_done"], finished=header["finished"], model=header["model"],
                    n_segments=header["n_segments"], n_tokens=header["n_tokens"], n_truncated=header["n_truncated"],
-                   n_tokens_lost=int(header.get("n_tokens_lost") or 0), seconds=header["seconds"])
+                   n_tokens_lost=int(header.get("n_tokens_lost") or 0), seconds=header["seconds"], baseline=baseline)
 
     # --- finishing -------------------------------------------------------------------------------------
 
@@ -234,8 +239,9 @@ def merge_states(states: list[PartialState], names: list[str]) -> PartialState:
                           f"merge needs all {first.shard.count}")
     total = PartialState(dict(first.fingerprint), None, first.sums.copy(), first.counts.copy(),
                          first.replicate_sums.copy(), first.replicate_counts.copy(), first.moments.copy(),
-                         finished=True, model=dict(first.model))
+                         finished=True, model=dict(first.model), baseline=first.baseline.copy())
     for state in states[1:]:
+        total.baseline = total.baseline + state.baseline  # same fingerprint, so the same shape
         total.sums += state.sums
         total.counts += state.counts
         total.replicate_sums += state.replicate_sums

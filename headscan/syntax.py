@@ -48,11 +48,10 @@ import torch
 
 from .errors import CorpusError
 from .metrics import METRICS, AttentionBatch, Axis, register
-from .tables import TABLES, register_table
 
 __all__ = ["RELATIONS", "DIRECTIONS", "BASELINE_OFFSETS", "COLUMNS", "WordAlignment", "relation_id", "encode_words",
            "word_alignment", "word_attention", "most_attended", "dependency_accuracy", "offset_baseline",
-           "best_baseline", "attach_baseline"]
+           "best_baseline", "attach_baseline", "syntax_metric"]
 
 # UD v2 universal relations (https://universaldependencies.org/u/dep/) without "root", which has no head word.
 UD_RELATIONS = ("acl", "advcl", "advmod", "amod", "appos", "aux", "case", "cc", "ccomp", "clf", "compound", "conj",
@@ -316,24 +315,16 @@ def syntax_metric(batch: AttentionBatch):
     and the word itself are removed before the argmax, without renormalising. ``dependent_to_head``: the
     dependent's most-attended word is its head; ``head_to_dependent``: the head is the word that attends most
     to the dependent. Relations are UD's, subtypes folded into their base, plus ``all`` (every word but the
-    root). Needs a CoNLL-U corpus; counts are 0 (values NaN) for any other.
+    root). Swept over CoNLL-U corpora only, with the corpus's own words.
     """
-    words = getattr(batch, "words", None)
-    if words is None:
+    if batch.words is None:
         b, h = batch.pattern.shape[:2]
         zeros = torch.zeros((b, h, len(COLUMNS)), dtype=batch.pattern.dtype, device=batch.pattern.device)
         return zeros, zeros
-    raw = getattr(batch, "raw_pattern", None)  # before specials="exclude" renormalised it
-    return dependency_accuracy(batch.pattern if raw is None else raw, words.to(batch.pattern.device))
+    raw = batch.raw_pattern  # before specials="exclude" renormalised it: Clark removes specials without renormalising
+    return dependency_accuracy(batch.pattern if raw is None else raw, batch.words.to(batch.pattern.device))
 
 
-def register_syntax() -> None:
-    """Declare the ``syntax`` table and metric in the registries (idempotent).
-
-    Not done on import yet: the sweep does not feed word alignments to the metrics, so a registered syntax
-    metric would only add an all-NaN table to every sweep. The wiring (word tokenisation of CoNLL-U corpora,
-    `AttentionBatch.words`, the baseline carried in the partial state) is the next step of issue 10.
-    """
-    if "syntax" not in METRICS:
-        register("syntax", unit="share of dependents", table="syntax",
-                 axis=Axis(("relation", "direction"), lambda config: list(COLUMNS)))(syntax_metric)
+# Registered on import; `headscan.scan` imports this module, and sweeps the metric only over CoNLL-U corpora.
+register("syntax", unit="share of dependents", table="syntax",
+         axis=Axis(("relation", "direction"), lambda config: list(COLUMNS)))(syntax_metric)

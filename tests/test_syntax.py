@@ -127,6 +127,28 @@ def test_planted_previous_token_head_scores_exactly_the_offset_minus_one_baselin
         assert not torch.allclose(accuracy.double(), baseline, equal_nan=True)
 
 
+def test_the_sweeps_syntax_table_for_a_planted_previous_token_head_is_the_offset_minus_one_baseline(tmp_path, ewt_dev):
+    """Through `headscan.sweep` and its tables: where -1 is the best offset, the planted head's accuracy and
+    count are the baseline's; elsewhere it cannot beat the best offset. A random head of the layer is not the baseline."""
+    import headscan
+    from headscan.testing import build_planted_checkpoint
+
+    path, planted = build_planted_checkpoint(tmp_path / "planted", "gpt2", n_layers=1, max_positions=256)
+    tables = headscan.sweep(str(path), ewt_dev, limit=40, max_len=256, device="cpu", bootstrap=0)
+    layer, head = planted["prev_token"]
+    syntax = tables["syntax"]
+    rows = syntax[(syntax["layer"] == layer) & (syntax["head"] == head) & (syntax["count"] > 0)]
+    at_minus_one = rows[rows.baseline_offset == -1]
+    assert {"all", "det", "amod", "compound"} <= set(at_minus_one.relation)
+    np.testing.assert_allclose(at_minus_one["value"], at_minus_one["baseline"], rtol=0, atol=1e-12)
+    assert (rows["value"] <= rows["baseline"] + 1e-12).all()
+    random = [h for h in range(tables["heads"]["head"].max() + 1) if (layer, h) not in planted.values()]
+    others = syntax[(syntax["layer"] == layer) & syntax["head"].isin(random) & (syntax.relation == "all")]
+    assert len(others) and ((others["value"] - others["baseline"]).abs() > 1e-3).all()
+    words = syntax[(syntax.relation == "all") & (syntax.direction == "dependent_to_head")]["count"]
+    assert words.nunique() == 1 and words.iloc[0] > 500  # every head counts the same dependents
+
+
 # --- an independent check: a plain loop over Hugging Face attentions --------------------------------------
 
 
@@ -199,7 +221,6 @@ def test_a_plain_loop_over_hugging_face_attentions_agrees(wordpiece, ewt):
     assert sum(want[(0, 0, "all", "dependent_to_head")]) > 0
 
 
-@pytest.mark.xfail(run=False, reason="not yet: the sweep does not feed word alignments to the syntax metric")
 def test_the_sweeps_syntax_table_equals_the_plain_loop(wordpiece, ewt_dev):
     """End to end: the syntax table of a minilm sweep over EWT sentences, against the loop on HF attentions."""
     from transformers import AutoModel
@@ -208,8 +229,6 @@ def test_the_sweeps_syntax_table_equals_the_plain_loop(wordpiece, ewt_dev):
     from headscan.models import ALIASES
 
     tables = headscan.sweep("minilm", ewt_dev, limit=8, device="cpu", bootstrap=0)
-    if "syntax" not in tables.frames or "baseline" not in tables["syntax"]:
-        pytest.xfail("the sweep does not write the syntax table yet (headscan.syntax is not wired into it)")
     syntax = tables["syntax"].set_index(["layer", "head", "relation", "direction"])
     model = AutoModel.from_pretrained(ALIASES["minilm"].locate(), attn_implementation="eager").eval()
     relations = ["all", "det", "nsubj", "punct"]
@@ -318,18 +337,7 @@ def test_scores_ignore_garbage_in_padding(wordpiece, ewt):
         torch.testing.assert_close(dirty, clean)
 
 
-@pytest.fixture()
-def registered_syntax():
-    """The syntax table and metric in the registries for one test (the sweep does not feed words yet)."""
-    from headscan.syntax import register_syntax
-
-    register_syntax()
-    yield
-    METRICS.pop("syntax", None)
-    TABLES.pop("syntax", None)
-
-
-def test_syntax_metric_is_registered_with_its_table_and_needs_words(registered_syntax):
+def test_syntax_metric_is_registered_with_its_table_and_needs_words():
     metric = METRICS["syntax"]
     assert metric.table == "syntax" and list(TABLES["syntax"].keys) == ["relation", "direction"]
     assert metric.axis.values(None) == list(COLUMNS) and len(COLUMNS) == 2 * len(RELATIONS)
