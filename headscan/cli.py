@@ -109,6 +109,19 @@ def cli():
               help="How bootstrap replicates become a 95% interval.")
 @click.option("--window", default=default("window"), show_default=True,
               help="Segments added up per window: the unit of resuming (state is saved at window ends).")
+@click.option("--pack", default=default("pack"), show_default=True, type=click.Choice(choices()["pack"]),
+              help="Long inputs: 'sentences' joins consecutive segments until each holds --max-len words (so it "
+                   "fills --max-len tokens); 'documents' makes each document one segment (use --long split).")
+@click.option("--attention", default=default("attention"), show_default=True,
+              type=click.Choice(choices()["attention"]),
+              help="'eager' reads each layer's attention pattern from the model; 'chunked' lets the model run its "
+                   "fast attention and recomputes the pattern from queries and keys, --query-chunk rows at a time "
+                   "(long contexts); 'auto' goes chunked when a batch's patterns would pass --attention-budget.")
+@click.option("--query-chunk", default=default("query_chunk"), show_default=True,
+              help="Queries per block in chunked mode (scores do not depend on it).")
+@click.option("--attention-budget", type=int, default=default("attention_budget"), metavar="MIB",
+              help="Memory one layer's eager patterns may take before --attention auto goes chunked "
+                   "(default: by device).")
 @click.option("--save-every", default=120.0, show_default=True, metavar="SECONDS",
               help="Save the partial state at the first window end after this many seconds.")
 @click.option("--shard", default=None, metavar="K/N",
@@ -122,7 +135,8 @@ def cli():
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @_one_line_errors
 def sweep(models, corpus, out, max_len, long, batch_size, limit, device, dtype, device_map, specials, bos, max_offset, bootstrap, seed,
-          bootstrap_unit, interval, window, save_every, shard, overwrite, restart, ray, quiet):
+          bootstrap_unit, interval, window, pack, attention, query_chunk, attention_budget, save_every, shard, overwrite,
+          restart, ray, quiet):
     """Score every head of every layer of each MODEL over a corpus.
 
     Writes OUT/heads.parquet (one row per model, layer, head and metric),
@@ -136,6 +150,7 @@ def sweep(models, corpus, out, max_len, long, batch_size, limit, device, dtype, 
 
         headscan sweep --model minilm --corpus en_ewt-ud-dev.conllu --out out/ewt
         headscan sweep --model gpt2 --corpus big.jsonl --out out/big --ray auto
+        headscan sweep -m smollm2 -c en_ewt-ud-dev.conllu --pack sentences --max-len 2048 --attention chunked
     """
     from . import tables
     from .findings import top_heads_text
@@ -146,7 +161,8 @@ def sweep(models, corpus, out, max_len, long, batch_size, limit, device, dtype, 
         max_len=max_len, long=long, batch_size=batch_size, limit=limit, device=device, dtype=dtype,
         device_map=device_map, specials=specials,
         max_offset=max_offset, bootstrap=bootstrap, seed=seed, prepend_bos=_BOS[bos], bootstrap_unit=bootstrap_unit,
-        interval=interval, window=window,
+        interval=interval, window=window, pack=pack, attention=attention, query_chunk=query_chunk,
+        attention_budget=attention_budget,
     )
     command = _effective_command(click.get_current_context())
     result = run_sweep(list(models) or DEFAULT_MODELS, corpus, out, config, shard=shard, overwrite=overwrite,

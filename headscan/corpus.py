@@ -59,7 +59,8 @@ import torch
 from .errors import ConfigError, CorpusError
 from .readers import EACH_SEGMENT, CorpusFile, FileSegments, Segment, file_error, open_corpus, scan, segment, unreadable
 
-__all__ = ["Segment", "Corpus", "FileSegments", "read_corpus", "EncodedCorpus", "encode", "batches", "Batch"]
+__all__ = ["Segment", "Corpus", "FileSegments", "read_corpus", "pack_corpus", "EncodedCorpus", "encode", "batches",
+           "Batch"]
 
 REPEAT_RANDOM_DEFAULTS = {"n": 50, "count": 64, "seed": 0}
 
@@ -174,6 +175,55 @@ def read_corpus(
         raise file.changed(None)
     options = {f"skipped_{name}": count for name, count in skipped.items()}  # CoNLL-U: not words of the tree
     return Corpus(source, kind, sha256, FileSegments(file, index), options, documents)
+
+
+def pack_corpus(corpus: Corpus, how: str, words: int) -> Corpus:
+    """Long inputs from a corpus of short segments: consecutive segments joined into one, in order.
+
+    ``how="documents"``: each document becomes one segment. ``how="sentences"``: consecutive segments are
+    joined until the segment holds at least `words` whitespace-separated words (CoNLL-U: syntactic words),
+    across document boundaries; each packed segment is then its own document. With ``words = max_len`` every
+    packed segment fills ``max_len`` tokens for any tokenizer that spends at least one token a word, and
+    ``--long truncate`` cuts the rest (counted in ``n_tokens_lost``). The packing does not depend on the
+    model, so every model reads the same text. CoNLL-U trees are joined with their HEADs shifted, so that
+    no word of one sentence is the head of a word of another. The packed corpus is held in memory.
+
+    >>> corpus = Corpus("c", "text", "", tuple(Segment(t, i + 1, document=i // 2) for i, t in enumerate("ab cd ef gh".split())))
+    >>> [(s.text, s.document) for s in pack_corpus(corpus, "documents", 0).segments]
+    [('ab cd', 0), ('ef gh', 1)]
+    >>> [s.text for s in pack_corpus(corpus, "sentences", 3).segments]
+    ['ab cd ef', 'gh']
+    """
+    if how == "none":
+        return corpus
+    groups: list[list[Segment]] = []
+    size = 0
+    for index, segment in enumerate(corpus.segments):
+        document = int(corpus.segment_documents[index])
+        count = len(segment.words) if segment.words else len(segment.text.split())
+        if (not groups or (how == "documents" and document != groups[-1][0].document)
+                or (how == "sentences" and size >= words)):
+            groups.append([])
+            size = 0
+        groups[-1].append(segment)
+        size += count
+    packed = tuple(_joined(group, n if how == "sentences" else group[0].document) for n, group in enumerate(groups))
+    documents = ("packed: each document is one segment" if how == "documents"
+                 else "packed: each packed segment is its own document")
+    options = corpus.options | {"pack": how, "pack_words": words if how == "sentences" else None,
+                                "n_segments_before_packing": len(corpus.segments)}
+    return Corpus(corpus.source, corpus.kind, corpus.sha256, packed, options, documents)
+
+
+def _joined(group: list[Segment], document: int) -> Segment:
+    words, heads, deprels = [], [], []
+    for segment in group:
+        shift = len(words)
+        words += segment.words
+        heads += [head + shift if head else 0 for head in segment.heads]
+        deprels += segment.deprels
+    text = " ".join(segment.text for segment in group)
+    return Segment(text, group[0].line, tuple(words), tuple(heads), tuple(deprels), document)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .config import SweepConfig
-from .corpus import Corpus, read_corpus
+from .corpus import Corpus, pack_corpus, read_corpus
 from .errors import ConfigError, ModelLoadError, TablesError
 from .models import DEFAULT_MODELS, load_model
 from .specs import check_spec
@@ -152,6 +152,7 @@ def sweep(
         text = texts_corpus(list(corpus), config.limit)
     else:
         text = read_corpus(corpus, limit=config.limit)
+    text = pack_corpus(text, config.pack, config.max_len)
     if shard is not None and shard.count > text.n_documents:
         raise ConfigError(f"shard: {shard.count} shards of {text.n_documents} documents would leave some empty; "
                           f"use at most {text.n_documents}", setting="shard")

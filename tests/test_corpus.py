@@ -392,3 +392,47 @@ def test_batches_are_right_padded_with_a_mask():
     assert out[0].attention_mask.tolist() == [[1, 0], [1, 1]]
     assert out[0].input_ids.dtype == torch.long
     assert sum(b.n_tokens for b in out) == 6
+
+
+# --- packing short segments into long inputs ---------------------------------------------------------------
+
+
+def test_packing_conllu_sentences_joins_their_trees_with_heads_shifted(ewt_dev):
+    from headscan.corpus import pack_corpus
+
+    corpus = read_corpus(ewt_dev, limit=60)
+    packed = pack_corpus(corpus, "sentences", 200)
+    assert sum(len(s.words) for s in packed.segments) == sum(len(s.words) for s in corpus.segments)
+    assert all(len(s.words) >= 200 for s in packed.segments[:-1])
+    assert [s.document for s in packed.segments] == list(range(len(packed.segments)))
+    first = packed.segments[0]
+    shift, n_sentences = 0, 0
+    for sentence in corpus.segments:  # each sentence's tree sits in the packed one, shifted by the words before it
+        if shift >= len(first.words):
+            break
+        heads = first.heads[shift: shift + len(sentence.words)]
+        assert heads == tuple(h + shift if h else 0 for h in sentence.heads)
+        assert first.deprels[shift: shift + len(sentence.words)] == sentence.deprels
+        shift += len(sentence.words)
+        n_sentences += 1
+    assert n_sentences > 5 and packed.options["pack"] == "sentences" and packed.options["n_segments_before_packing"] == 60
+
+
+def test_packing_documents_keeps_one_segment_per_document(ewt_dev):
+    from headscan.corpus import pack_corpus
+
+    corpus = read_corpus(ewt_dev, limit=80)
+    packed = pack_corpus(corpus, "documents", 128)
+    assert len(packed.segments) == corpus.n_documents == packed.n_documents
+    assert pack_corpus(corpus, "none", 128) is corpus
+
+
+def test_a_packed_sweep_fills_max_len_and_scores_syntax(tiny_gpt2, ewt_dev):
+    import headscan
+
+    tables = headscan.sweep(str(tiny_gpt2), ewt_dev, limit=40, max_len=96, pack="sentences", bootstrap=0)
+    (model,) = tables.provenance.models
+    assert model.n_truncated == model.n_segments and model.n_tokens == 96 * model.n_segments
+    assert tables.provenance.corpus.extra["pack"] == "sentences"
+    syntax = tables["syntax"]
+    assert syntax.query("relation == 'all'")["count"].min() > 0
