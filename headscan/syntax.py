@@ -50,7 +50,7 @@ from .errors import CorpusError
 from .metrics import METRICS, AttentionBatch, Axis, register
 
 __all__ = ["RELATIONS", "DIRECTIONS", "BASELINE_OFFSETS", "COLUMNS", "WordAlignment", "relation_id", "encode_words",
-           "word_alignment", "word_attention", "most_attended", "dependency_accuracy", "offset_baseline",
+           "word_alignment", "word_attention", "most_attended", "dependency_accuracy", "accuracy_of", "offset_baseline",
            "best_baseline", "attach_baseline", "syntax_metric"]
 
 # UD v2 universal relations (https://universaldependencies.org/u/dep/) without "root", which has no head word.
@@ -192,10 +192,12 @@ def encode_words(tokenizer, sentences: Sequence[Sequence[str]], *, add_special_t
 # --- word attention and accuracy ---------------------------------------------------------------------------
 
 
-def word_attention(pattern: torch.Tensor, token_word: torch.Tensor, n_words: int) -> torch.Tensor:
+def word_attention(pattern: torch.Tensor, token_word: torch.Tensor, n_words: int, query_start: int = 0) -> torch.Tensor:
     """(batch, head, word, word) attention from word i to word j: the mean over i's tokens of the sum over j's.
 
     Tokens of no word (special tokens, padding) are dropped as queries and as keys, without renormalising.
+    `pattern` may hold only the rows of queries ``query_start ..`` (a block of chunked attention): the result
+    is then those rows' share, and the shares of consecutive blocks add up to the whole.
 
     >>> pattern = torch.tensor([[[[1.0, 0, 0, 0],   # BOS
     ...                           [0.5, 0.5, 0, 0],  # "cat": word 0
@@ -204,15 +206,20 @@ def word_attention(pattern: torch.Tensor, token_word: torch.Tensor, n_words: int
     >>> word_attention(pattern, torch.tensor([[-1, 0, 1, 1]]), 2)  # word 1 to word 0: (0.6 + 0.2) / 2
     tensor([[[[0.5000, 0.0000],
               [0.4000, 0.5000]]]])
+    >>> blocks = word_attention(pattern[:, :, :3], torch.tensor([[-1, 0, 1, 1]]), 2) + \\
+    ...     word_attention(pattern[:, :, 3:], torch.tensor([[-1, 0, 1, 1]]), 2, query_start=3)
+    >>> torch.equal(blocks, word_attention(pattern, torch.tensor([[-1, 0, 1, 1]]), 2))
+    True
     """
+    stop = query_start + pattern.shape[-2]
     is_word = token_word >= 0  # (batch, seq)
-    keep = is_word[:, None, :, None] & is_word[:, None, None, :]
+    keep = is_word[:, None, query_start:stop, None] & is_word[:, None, None, :]  # (batch, 1, block, k)
     zero = torch.zeros((), dtype=pattern.dtype, device=pattern.device)
     pattern = torch.where(keep, pattern, zero)  # where(), not a product: padding may hold NaN
     members = (token_word[..., None] == torch.arange(n_words, device=token_word.device)).to(pattern.dtype)  # (batch, seq, word)
-    to_word = pattern @ members[:, None]  # (batch, head, q, word): summed over the key word's tokens
+    to_word = pattern @ members[:, None]  # (batch, head, block, word): summed over the key word's tokens
     mean = members / members.sum(1, keepdim=True).clamp_min(1)  # (batch, seq, word): 1/n over the word's tokens
-    return mean.transpose(1, 2)[:, None] @ to_word  # (batch, head, word, word)
+    return mean[:, query_start:stop].transpose(1, 2)[:, None] @ to_word  # (batch, head, word, word)
 
 
 def most_attended(attention: torch.Tensor) -> torch.Tensor:
@@ -245,12 +252,16 @@ def dependency_accuracy(pattern: torch.Tensor, words: WordAlignment) -> tuple[to
     Column ``(relation, direction)`` of `COLUMNS`: sums count the dependents of that relation whose gold head
     the head predicts (see the module docstring for both directions), counts the dependents.
     """
-    attention = word_attention(pattern, words.token_word, words.n_words)  # (batch, head, word, word)
-    members = _relation_members(words, pattern.dtype)  # (batch, word, relation)
+    return accuracy_of(word_attention(pattern, words.token_word, words.n_words), words)
+
+
+def accuracy_of(attention: torch.Tensor, words: WordAlignment) -> tuple[torch.Tensor, torch.Tensor]:
+    """`dependency_accuracy` from the word attention (batch, head, word, word), summed over blocks if chunked."""
+    members = _relation_members(words, attention.dtype)  # (batch, word, relation)
     gold = words.head[:, None, :]  # (batch, 1, word)
     sums = []
     for predicted in (most_attended(attention), most_attended(attention.transpose(-1, -2))):  # the two directions
-        correct = ((predicted == gold) & (gold >= 0)).to(pattern.dtype)  # (batch, head, word)
+        correct = ((predicted == gold) & (gold >= 0)).to(attention.dtype)  # (batch, head, word)
         sums.append(correct @ members)  # (batch, head, relation)
     sums = torch.cat(sums, -1)  # (batch, head, column)
     counts = members.sum(1).repeat(1, len(DIRECTIONS))[:, None, :].expand_as(sums)  # (batch, head, column)
