@@ -33,8 +33,9 @@ import pandas as pd
 import seaborn as sns
 
 from . import tables
-from .findings import striking_order, why_structural
+from .findings import fmt_bucket, striking_order, why_structural
 from .metrics import METRICS
+from .syntactic import direction_text, offset_text, relation_order
 
 if TYPE_CHECKING:
     from .examples import Examples
@@ -210,18 +211,41 @@ def _offsets(comparison: Comparison, name: str, n_layers: int, n_heads: int) -> 
     return out
 
 
+def _other_keys(table: str, frame: pd.DataFrame, part: pd.DataFrame) -> tuple[list[str], list[list[str]], pd.DataFrame]:
+    """A table's rows of one model as the panel lists them: key column names, each row's key cells, the rows.
+
+    syntax: the relations and order of the report's section (`headscan.syntactic.relation_order`), the
+    direction in words, and the fixed-offset baseline beside each row; positions: each bucket as the query
+    positions it covers; any other table: its own key columns (and weights' embedding)."""
+    if table == "syntax":
+        order = {r: i for i, r in enumerate(relation_order(frame))}
+        part = part[part["relation"].isin(order)]
+        part = part.assign(_r=part["relation"].map(order)).sort_values(["_r", "direction"], kind="stable")
+        cells = [[str(r), direction_text(str(d)), "\u2013" if pd.isna(b) else f"{b:.3f} ({offset_text(o)})"]
+                 for r, d, b, o in zip(part["relation"], part["direction"], part["baseline"], part["baseline_offset"])]
+        return ["relation", "direction", "baseline (d)"], cells, part
+    keys = list(tables.TABLES[table].keys)
+    if table == "weights" and "embedding" in part.columns and part["embedding"].notna().any():
+        keys.append("embedding")
+    columns = [part[k].map(fmt_bucket) if k == "bucket" else part[k].astype(str) for k in keys]
+    names = ["positions" if k == "bucket" else k for k in keys]
+    return names, [list(cells) for cells in zip(*columns)] if len(part) else [], part
+
+
 def _other_rows(comparison: Comparison, name: str, n_heads: int) -> list[dict]:
     """Rows of tables other than heads and offsets (syntax accuracies, say), per head, for the panel."""
     out = []
     for table, frame in comparison.frames.items():
         if table in ("heads", "offsets"):
             continue
-        part = frame[frame["model"] == name]
-        keys = [key for key in tables.TABLES[table].keys]
+        part = frame[(frame["model"] == name) & frame["value"].notna()]
+        keys, cells, part = _other_keys(table, frame, part)
+        at = (part["layer"].to_numpy(int) * n_heads + part["head"].to_numpy(int)).tolist()
+        low = part["ci_low"] if "ci_low" in part else pd.Series(np.nan, index=part.index)
+        high = part["ci_high"] if "ci_high" in part else pd.Series(np.nan, index=part.index)
         out.append({"table": table, "keys": keys, "rows": [
-            {"at": int(r["layer"]) * n_heads + int(r["head"]), "keys": [str(r[k]) for k in keys],
-             "value": _num(r["value"]), "low": _num(r.get("ci_low")), "high": _num(r.get("ci_high"))}
-            for _, r in part.iterrows() if pd.notna(r["value"])]})
+            {"at": i, "keys": k, "value": _num(v), "low": _num(lo), "high": _num(hi)}
+            for i, k, v, lo, hi in zip(at, cells, part["value"], low, high)]})
     return out
 
 

@@ -26,8 +26,8 @@ from .metrics import METRICS
 from .provenance import ModelProvenance
 
 __all__ = ["WIDE_CI", "ci_is_wide", "top_heads", "top_rows", "striking_order", "why_structural", "findings",
-           "findings_by_model", "fmt_score", "relative_depth", "family_summary", "family_findings", "run_pairs",
-           "run_differences"]
+           "findings_by_model", "fmt_score", "fmt_bucket", "relative_depth", "family_summary", "family_findings",
+           "run_pairs", "run_differences"]
 
 WIDE_CI = 0.1  # an interval wider than this (0-1 metrics) or than this fraction of the value (others) is wide
 
@@ -129,6 +129,8 @@ def top_rows(frame: pd.DataFrame, *, keys: list[str], n: int = 10) -> pd.DataFra
 
     For a table the report has no section of its own for: rows come in the metric's striking order (highest
     first unless the registry marks low as striking), undefined rows left out, ties to the lower layer, head.
+    Where every head of a model has the same value for one combination of keys (a causal model's first_token at
+    position 0: 1 for every head), those rows rank nothing and are left out.
 
     >>> rows = pd.DataFrame({"model": "m", "layer": 0, "head": [0, 1, 2], "label": ["L0H0", "L0H1", "L0H2"],
     ...                      "metric": "entropy", "value": [2.0, float("nan"), 1.0]})
@@ -137,6 +139,10 @@ def top_rows(frame: pd.DataFrame, *, keys: list[str], n: int = 10) -> pd.DataFra
     """
     rows = frame[frame["value"].notna()]
     by = ["model", "metric"] if "metric" in keys else ["model"]
+    if len(rows):  # keep the rows of key combinations on which the model's heads differ
+        groups = ["model", *(k for k in keys if k in rows.columns)]
+        grouped = rows.groupby(groups, sort=False, observed=True, dropna=False)["value"]
+        rows = rows[(grouped.transform("nunique") > 1) | (grouped.transform("size") == 1)]
     parts = []
     for _, part in rows.groupby(by, sort=False):
         high = "metric" not in by or striking_order(str(part["metric"].iloc[0])) == "highest"
@@ -204,6 +210,16 @@ def fmt_score(metric: str, value: float, like: float | None = None) -> str:
             digits += 1
         digits = digits if digits < 6 else 3
     return f"{value:.{digits}f}"
+
+
+def fmt_bucket(bucket) -> str:
+    """A positions-table bucket as the query positions it covers: bucket b is [b, 2b), bucket 0 position 0 alone.
+
+    >>> [fmt_bucket(b) for b in (0, 1, 2, 64)]
+    ['0', '1', '2\u20133', '64\u2013127']
+    """
+    bucket = int(bucket)
+    return str(bucket) if bucket < 2 else f"{bucket}\u2013{2 * bucket - 1}"
 
 
 def _pct(value: float) -> str:
@@ -454,7 +470,12 @@ def top_heads_text(run: tables.SweepTables, metric: str, n: int = 10) -> str:
     ...     "count": 5.0, "units": 5.0, "top_unit_share": 0.2})
     >>> print(top_heads_text(tables.SweepTables({"heads": heads}), "next_token"))
     gpt: next_token: a causal model's queries cannot see later tokens, so it is 0 for every head
+
+    ``syntax``, for a run with a syntax table, prints each model's best head per relation and direction against
+    the fixed-offset baseline (`headscan.syntactic.best_heads`), for the `n` relations with most dependents.
     """
+    if metric == "syntax" and "syntax" in run.frames:
+        return _syntax_text(run["syntax"], n)
     heads = run.heads
     said, shown = [], []
     for model in dict.fromkeys(heads["model"]):
@@ -469,3 +490,21 @@ def top_heads_text(run: tables.SweepTables, metric: str, n: int = 10) -> str:
     top = tables.top_heads(heads[heads["model"].isin(shown)], metric, n)  # checks the metric even if none is shown
     parts = [top.to_string(index=False)] if shown else []
     return "\n".join(parts + said)
+
+
+def _syntax_text(syntax: pd.DataFrame, n: int) -> str:
+    """`top_heads_text` for ``syntax``: the best heads of the `n` relations with most dependents (``all`` first)."""
+    from .syntactic import best_heads, offset_text, relation_order
+
+    if n < 1:
+        raise tables.TablesError(f"top must be at least 1, got {n}")
+    best = best_heads(syntax, relations=relation_order(syntax)[:n])
+    if best.empty:
+        return "syntax: no scored dependent (the sweep scores relations on CoNLL-U treebanks only)"
+    models = {name: i for i, name in enumerate(dict.fromkeys(syntax["model"]))}
+    best = best.sort_values("model", key=lambda names: names.map(models), kind="stable")  # model by model
+    best = best.assign(count=best["count"].astype(int), baseline_offset=best["baseline_offset"].map(offset_text))
+    columns = ["model", "relation", "direction", "label", "accuracy", "ci_low", "ci_high", "count", "baseline",
+               "baseline_offset", "margin", "beats"]
+    return (best[columns].to_string(index=False, float_format=lambda v: f"{v:.3f}")
+            + "\nbeats: the 95% interval's low end is above the best fixed-offset baseline (offset d in -3..2)")

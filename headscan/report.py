@@ -9,8 +9,8 @@ this module never loads a model.
 
 Every finding is generated from the numbers, and every unit, striking end, structural zero and metric
 definition is read from the metric registry (`headscan.metrics.METRICS`), so none can drift from the code.
-Every table of the registry (`headscan.tables.TABLES`) that a run holds appears: heads and offsets in their
-own sections, any other as its top rows per model. A report holds no time of its own making: regenerating
+Every table of the registry (`headscan.tables.TABLES`) that a run holds appears: heads, offsets and syntax in
+their own sections, any other as its top rows per model. A report holds no time of its own making: regenerating
 it from the same runs gives the same bytes.
 """
 
@@ -29,8 +29,8 @@ from . import atlas, figures, sections
 from .document import (FOLDER_FILES, Bullets, Contents, Definition, Document, Heading, Note, Panels, Raw, Table, Text,
                        write_folder)
 from .errors import ConfigError
-from .findings import (WIDE_CI, family_findings, family_summary, findings_by_model, fmt_score, striking_order,
-                       top_heads, top_rows)
+from .findings import (WIDE_CI, family_findings, family_summary, findings_by_model, fmt_bucket, fmt_score,
+                       striking_order, top_heads, top_rows)
 from .intervals import THIN_MAX_SHARE, THIN_MIN_UNITS
 from .metrics import METRICS
 from .runs import Comparison, merge_runs, model_shapes, model_sources, run_names, run_summary
@@ -42,7 +42,7 @@ if TYPE_CHECKING:  # the report only reads what headscan.examples computed; it n
 
 __all__ = ["write_report", "build_report", "check_report_options", "check_runs"]
 
-SECTIONED = ("heads", "offsets")  # tables with sections of their own; any other gets its top rows
+SECTIONED = ("heads", "offsets", "syntax")  # tables with sections of their own; any other gets its top rows
 
 # Fixed fonts and styles: the same input draws the same pixels, whatever the user's matplotlibrc says.
 _RC = {
@@ -248,12 +248,17 @@ def _other_tables_section(comparison: Comparison, top: int) -> list:
             "model": rows["model"].astype(str),
             **({"metric": rows["metric"].astype(str)} if "metric" in table.keys else {}),
             "head": rows["label"].astype(str),
-            **{key: rows[key].astype(str) for key in keys},
+            **{("positions" if key == "bucket" else key): rows[key].map(fmt_bucket) if key == "bucket"
+               else rows[key].astype(str) for key in keys},
+            **{extra: rows[extra].astype(str) for extra, dtype in table.extra.items() if dtype == "string"},
             "value": [f"{v:.3g}" for v in rows["value"]],
             "95% interval": ["" if pd.isna(lo) or pd.isna(hi) else f"[{lo:.3g}, {hi:.3g}]"
                              for lo, hi in zip(rows["ci_low"], rows["ci_high"])],
         })
-        blocks += [Heading(3, f"{name} ({table.file})"), Text(f"{table.description.capitalize()}.")]
+        if len(rows) and rows["count"].isna().all():  # scores read off the weights: no corpus, no interval
+            cells = cells.drop(columns="95% interval")
+        description = table.description[:1].upper() + table.description[1:]  # not capitalize(): it lowercases NaN
+        blocks += [Heading(3, f"{name} ({table.file})"), Text(f"{description}.")]
         blocks.append(Table(cells, numeric=("value",)) if len(cells) else Note(f"{name} has no defined rows."))
     return blocks
 
@@ -318,6 +323,8 @@ def build_report(comparison: Comparison, *, top: int = 10, examples: Examples | 
         ("provenance", lambda: [*_runs_section(comparison), *_models_section(comparison),
                                 *_definitions_section(comparison)]),
     ]
+    if "syntax" in comparison.frames:
+        steps.insert(-1, ("syntactic heads", lambda: sections.syntax_section(comparison, palette, pngs)))
     blocks = []
     with matplotlib.rc_context(_RC):
         for what, make in steps:

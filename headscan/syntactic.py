@@ -1,0 +1,236 @@
+"""Syntactic heads in a report: per relation and direction, each model's best head against the fixed-offset baseline.
+
+The ``syntax`` table (`headscan.tables.TABLES`, filled by the sweep on CoNLL-U corpora with
+`headscan.syntax`) scores every head on every dependency relation in both directions, with the best
+fixed-offset baseline of that relation and direction beside each row. `best_heads` picks, per model, relation
+and direction, the head with the highest accuracy and says whether it beats the baseline *beyond its
+interval*: the lower end of its 95% interval lies above the baseline. `relation_order` chooses which
+relations a report shows, `syntax_findings` states the ones that beat it, and `syntax_display` is the
+sortable table's cells.
+
+Two cautions the report repeats: the best head is chosen among all of a model's heads on the same words, so
+its accuracy is the maximum of many and a little optimistic, and its interval is that head's own, not widened
+for the choice; and the baseline is itself the best of six offsets on the same words.
+
+This module draws nothing (see `headscan.charts.syntax_best_heads`), lays out nothing (see
+`headscan.sections.syntax_section`) and imports no torch: it never imports `headscan.syntax`.
+
+>>> rows = pd.DataFrame({"model": "m", "layer": [0, 1], "head": 0, "label": ["L0H0", "L1H0"], "relation": "det",
+...                      "direction": "dependent_to_head", "value": [0.4, 0.9], "ci_low": [0.3, 0.85],
+...                      "ci_high": [0.5, 0.95], "count": 100.0, "baseline": 0.5, "baseline_offset": 1})
+>>> best_heads(rows)[["relation", "label", "accuracy", "margin", "beats"]].to_dict("records")
+[{'relation': 'det', 'label': 'L1H0', 'accuracy': 0.9, 'margin': 0.35, 'beats': True}]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from . import tables
+
+__all__ = ["DIRECTIONS", "FREQUENT", "MIN_SHARE", "BEST_COLUMNS", "relation_order", "best_heads", "syntax_findings",
+           "syntax_display", "direction_text", "offset_text"]
+
+# `headscan.syntax.DIRECTIONS`, restated here so that the report never imports torch (a test checks they agree).
+DIRECTIONS = ("dependent_to_head", "head_to_dependent")
+# Relations a report always shows when the data has them (issue 10), besides ``all``.
+FREQUENT = ("nsubj", "obj", "det", "amod", "advmod", "case", "nmod", "aux", "mark", "compound", "conj", "punct")
+MIN_SHARE = 0.01  # any other relation is shown when it has at least this share of all dependents
+
+BEST_COLUMNS = ["model", "relation", "direction", "label", "layer", "head", "accuracy", "ci_low", "ci_high", "count",
+                "baseline", "baseline_offset", "margin", "beats", "thin"]
+
+_DIRECTION_TEXT = {"dependent_to_head": "dependent \u2192 head", "head_to_dependent": "head \u2192 dependent"}
+
+
+def direction_text(direction: str) -> str:
+    """A direction as the report shows it.
+
+    >>> direction_text("dependent_to_head")
+    'dependent → head'
+    """
+    return _DIRECTION_TEXT.get(direction, direction)
+
+
+def offset_text(offset) -> str:
+    """A baseline offset with its sign ("-1", "+2", "0"); "–" where none was recorded.
+
+    >>> offset_text(-1), offset_text(2), offset_text(0), offset_text(pd.NA)
+    ('-1', '+2', '0', '–')
+    """
+    if offset is None or pd.isna(offset):
+        return "\u2013"
+    return f"{int(offset):+d}" if int(offset) else "0"
+
+
+def _dependents(syntax: pd.DataFrame) -> pd.Series:
+    """Dependents per relation: the most any model has (a model's count is the same for all its heads and both
+    directions; models differ only where their tokenisers cut different words off at max_len)."""
+    rows = syntax[syntax["count"] > 0]
+    return rows.groupby("relation", sort=False)["count"].max()
+
+
+def relation_order(syntax: pd.DataFrame, *, relations=None, min_share: float = MIN_SHARE) -> list[str]:
+    """The relations a report shows, in order: ``all`` first, then the others by number of dependents, most first
+    (ties by name).
+
+    Shown: every relation of `FREQUENT` the data has dependents for, and any other with at least `min_share`
+    of ``all``'s dependents. `relations` replaces that choice (its order is kept; those without dependents
+    are left out).
+
+    >>> rows = pd.DataFrame({"relation": ["all", "det", "nsubj", "goeswith", "acl"], "count": [1000.0, 90, 120, 3, 40]})
+    >>> relation_order(rows)
+    ['all', 'nsubj', 'det', 'acl']
+    """
+    counts = _dependents(syntax)
+    if relations is not None:
+        return [r for r in relations if r in counts.index]
+    total = counts.get("all", counts.drop("all", errors="ignore").sum())
+    shown = [r for r in counts.index if r != "all" and (r in FREQUENT or counts[r] >= min_share * total)]
+    shown.sort(key=lambda r: (-counts[r], r))
+    return (["all"] if "all" in counts.index else []) + shown
+
+
+def best_heads(syntax: pd.DataFrame, *, relations=None, min_share: float = MIN_SHARE) -> pd.DataFrame:
+    """Per model, relation and direction, the head with the highest accuracy, against the fixed-offset baseline.
+
+    Parameters
+    ----------
+    syntax : DataFrame
+        Rows of ``syntax.parquet`` (columns ``model, layer, head, label, relation, direction, value, ci_low,
+        ci_high, count, baseline, baseline_offset``; ``units`` and ``top_unit_share`` where recorded), one run's
+        or several runs' (`headscan.runs.Comparison`) with the models named apart.
+    relations : sequence of str, optional
+        The relations to show, in this order; by default `relation_order`'s choice.
+    min_share : float, default `MIN_SHARE`
+        See `relation_order`.
+
+    Returns
+    -------
+    DataFrame
+        Columns `BEST_COLUMNS`: ``accuracy`` is the head's value (share of dependents), ``count`` the number
+        of dependents, ``baseline`` and ``baseline_offset`` the best fixed offset's accuracy and offset
+        (NaN / <NA> where the table did not record them: tables added up by `headscan.tables.combine`),
+        ``margin = ci_low - baseline`` and ``beats = ci_low > baseline`` (False where either is NaN),
+        ``thin`` the head's value rests on thin support (`headscan.tables.thin_support`). One row per
+        (model, relation, direction) with a defined value, relation by relation in the shown order, then
+        direction, then model in the table's order.
+
+    Notes
+    -----
+    Heads with an undefined value (no dependent counted) are never chosen. Ties of accuracy go to the head
+    whose interval starts higher, then to the lower layer, then head: of two equally accurate heads the one
+    more surely above the baseline is shown, and the choice does not depend on the table's row order.
+    """
+    order = relation_order(syntax, relations=relations, min_share=min_share)
+    models = {name: i for i, name in enumerate(dict.fromkeys(syntax["model"]))}
+    rows = syntax[syntax["relation"].isin(order) & syntax["value"].notna()]
+    rows = rows.assign(thin=tables.thin_support(rows),
+                       ci_low_key=rows["ci_low"].fillna(-np.inf))  # a missing interval ranks last among ties
+    rows = rows.sort_values(["value", "ci_low_key", "layer", "head"], ascending=[False, False, True, True],
+                            kind="stable")
+    best = rows.groupby(["model", "relation", "direction"], sort=False, observed=True).head(1)
+    rank = {r: i for i, r in enumerate(order)}
+    way = {d: i for i, d in enumerate(DIRECTIONS)}
+    best = best.assign(_r=best["relation"].map(rank), _d=best["direction"].map(lambda d: way.get(d, len(way))),
+                       _m=best["model"].map(models))
+    best = best.sort_values(["_r", "_d", "_m"], kind="stable")
+    margin = (best["ci_low"] - best["baseline"]).astype(float)
+    out = pd.DataFrame({
+        "model": best["model"].astype(str), "relation": best["relation"].astype(str),
+        "direction": best["direction"].astype(str), "label": best["label"].astype(str),
+        "layer": best["layer"].astype(int), "head": best["head"].astype(int),
+        "accuracy": best["value"].astype(float), "ci_low": best["ci_low"].astype(float),
+        "ci_high": best["ci_high"].astype(float), "count": best["count"].astype(float),
+        "baseline": best["baseline"].astype(float), "baseline_offset": best["baseline_offset"].astype("Int64"),
+        "margin": margin, "beats": (margin > 0).fillna(False).astype(bool), "thin": best["thin"].astype(bool),
+    })
+    return out[BEST_COLUMNS].reset_index(drop=True)
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:.1f}%"
+
+
+def _sentence(row) -> str:
+    interval = f"{_pct(row.accuracy)} [{100 * row.ci_low:.1f}, {100 * row.ci_high:.1f}]"
+    offset = f"the best fixed offset ({offset_text(row.baseline_offset)})"
+    if row.direction == "head_to_dependent":
+        return (f"In {row.model} {row.label}, the word attending most to each `{row.relation}` dependent is its head "
+                f"for {interval} of them, against {_pct(row.baseline)} for {offset}.")
+    return (f"{row.model} {row.label} picks the head of {interval} of `{row.relation}` dependents, against "
+            f"{_pct(row.baseline)} for {offset}.")
+
+
+def syntax_findings(best: pd.DataFrame) -> dict[str, list[str]]:
+    """Sentences from `best_heads`, keyed by model (in the table's order).
+
+    A sentence for each row whose best head beats the baseline beyond its interval (``beats``) and does not
+    rest on thin support, most dependents first; then one sentence naming the relations where no head does in
+    either direction, and one for rows left unsaid because of thin support or a missing interval or baseline.
+    A head whose accuracy is above the baseline but whose interval reaches down to it gets no sentence.
+
+    >>> best = pd.DataFrame({"model": "m", "relation": ["det", "amod"], "direction": "dependent_to_head",
+    ...     "label": ["L3H5", "L0H1"], "layer": [3, 0], "head": [5, 1], "accuracy": [0.612, 0.70],
+    ...     "ci_low": [0.590, 0.66], "ci_high": [0.634, 0.74], "count": [500.0, 300.0], "baseline": [0.481, 0.68],
+    ...     "baseline_offset": [-1, 1], "margin": [0.109, -0.02], "beats": [True, False], "thin": False})
+    >>> for sentence in syntax_findings(best)["m"]:
+    ...     print(sentence)
+    m L3H5 picks the head of 61.2% [59.0, 63.4] of `det` dependents, against 48.1% for the best fixed offset (-1).
+    No head of m beats the best fixed offset beyond its 95% interval on `amod`, in either direction.
+    """
+    out: dict[str, list[str]] = {}
+    for model in dict.fromkeys(best["model"]):
+        rows = best[best["model"] == model]
+        said = rows[rows["beats"] & ~rows["thin"]]
+        sentences = [_sentence(row) for row in said.sort_values("count", ascending=False, kind="stable").itertuples()]
+        judged = rows[rows["ci_low"].notna() & rows["baseline"].notna() & ~rows["thin"]]
+        beaten = set(rows.loc[rows["beats"], "relation"])
+        unsure = set(rows.loc[~rows.index.isin(judged.index), "relation"])
+        never = [r for r in dict.fromkeys(rows["relation"]) if r not in beaten | unsure]
+        if never:
+            sentences.append(f"No head of {model} beats the best fixed offset beyond its 95% interval on "
+                             f"{', '.join(f'`{r}`' for r in never)}, in either direction.")
+        unjudged = rows[~rows.index.isin(judged.index)]
+        if len(unjudged):
+            why = []
+            if rows["ci_low"].isna().any():
+                why.append("no interval (a sweep without bootstrap, or tables added up by combine)")
+            if rows["baseline"].isna().any():
+                why.append("no baseline recorded")
+            if rows["thin"].any():
+                why.append("thin support")
+            sentences.append(f"{len(unjudged)} of {len(rows)} best heads of {model} are not judged: "
+                             f"{'; '.join(why)}.")
+        out[model] = sentences
+    return out
+
+
+def _fmt(value: float) -> str:
+    return "\u2013" if pd.isna(value) else f"{value:.3f}"
+
+
+def syntax_display(best: pd.DataFrame, *, with_model: bool = True) -> pd.DataFrame:
+    """`best_heads` as display strings, one row per (model, relation, direction), for a sortable table.
+
+    Columns ``model`` (unless not `with_model`), ``relation, direction, head, accuracy, 95% low, 95% high,
+    dependents, baseline, offset, margin, beats``; margin is signed, beats is "yes" (‡ where on thin support,
+    which no finding rests on) or "".
+    """
+    frame = pd.DataFrame({
+        "model": best["model"],
+        "relation": best["relation"],
+        "direction": best["direction"].map(lambda d: direction_text(d).replace(" ", "\u00a0")),  # one line
+        "head": best["label"],
+        "accuracy": best["accuracy"].map(_fmt),
+        "95% low": best["ci_low"].map(_fmt),
+        "95% high": best["ci_high"].map(_fmt),
+        "dependents": best["count"].map(lambda n: f"{int(n):,}"),
+        "baseline": best["baseline"].map(_fmt),
+        "offset": best["baseline_offset"].map(offset_text),
+        "margin": best["margin"].map(lambda v: "\u2013" if pd.isna(v) else f"{v:+.3f}"),
+        "beats": [("yes" if beats else "") + ("\u2021" if thin else "")
+                  for beats, thin in zip(best["beats"], best["thin"])],
+    })
+    return (frame if with_model else frame.drop(columns="model")).reset_index(drop=True)
