@@ -192,3 +192,62 @@ def _set_qk(model, arch: str, head: int, w_q: torch.Tensor, w_k: torch.Tensor) -
         for linear, w in ((attn.query, w_q), (attn.key, w_k)):
             linear.weight[cols, :] = w.T
             linear.bias[cols] = 0.0
+
+
+# --- heads with a known OV circuit ----------------------------------------------------------------------------
+
+# Planted OV heads of layer 0 of `build_ov_checkpoint`, by the copying score they must get.
+OV_HEADS = {"copying": 0, "anti_copying": 1}
+
+
+def build_ov_checkpoint(path, *, tied: bool = True, n_layers: int = 1, seed: int = 0):
+    """Write a tiny GPT-2 (32 wide, 4 heads of 8) whose layer-0 heads 0 and 1 have a known OV circuit.
+
+    Head 0's ``W_V W_O`` is ``P = U U.T``, the orthogonal projection onto a random 8-dim subspace (W_V = U,
+    W_O = U.T, U with orthonormal columns); head 1's is ``-P'`` for another such projection. The gains of the
+    norms around them (layer 0's ``ln_1`` and the final ``ln_f``) are set to 1 and their biases to 0, so
+    folding them changes nothing. With tied embeddings the full OV circuit of head 0 is ``W_E P W_E.T``,
+    positive semi-definite: every eigenvalue is real and >= 0, so its copying score is exactly 1; head 1's is
+    ``-W_E P' W_E.T``, exactly -1. The other heads keep random weights (scores strictly inside (-1, 1)).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        Folder to write into; created if missing.
+    tied : bool
+        Tie the unembedding to the embedding (GPT-2's default). With False the checkpoint gets an
+        ``lm_head`` of its own (random), and the scores above no longer hold.
+    n_layers : int
+        Number of layers, at least 1. Default 1.
+    seed : int
+        Seed for the random weights and subspaces.
+
+    Returns
+    -------
+    path : pathlib.Path
+        The folder written.
+    heads : dict of str to (int, int)
+        ``{"copying": (0, 0), "anti_copying": (0, 1)}``.
+    """
+    path = build_tiny_checkpoint(path, "gpt2", n_layers=n_layers, n_heads=4, d_model=32, seed=seed)
+    model = AutoModelForCausalLM.from_pretrained(path, tie_word_embeddings=tied)
+    generator = torch.Generator().manual_seed(seed + 1)
+    body, d_model, n_heads = model.transformer, 32, 4
+    d_head = d_model // n_heads
+    with torch.no_grad():
+        if not tied:
+            model.lm_head.weight = torch.nn.Parameter(torch.randn(model.lm_head.weight.shape, generator=generator))
+        for norm in (body.h[0].ln_1, body.ln_f):
+            norm.weight.fill_(1.0)
+            norm.bias.zero_()
+        attn = body.h[0].attn
+        for head, sign in ((OV_HEADS["copying"], 1.0), (OV_HEADS["anti_copying"], -1.0)):
+            basis, _ = torch.linalg.qr(torch.randn(d_model, d_head, generator=generator))  # (d_model, d_head)
+            cols = slice(head * d_head, (head + 1) * d_head)
+            # Conv1D computes x @ W + b: c_attn's value third is (d_model, d_model), c_proj is (d_model, d_model).
+            attn.c_attn.weight[:, 2 * d_model + cols.start : 2 * d_model + cols.stop] = basis
+            attn.c_attn.bias[2 * d_model + cols.start : 2 * d_model + cols.stop] = 0.0
+            attn.c_proj.weight[cols, :] = sign * basis.T
+    model.config.tie_word_embeddings = tied
+    model.save_pretrained(path)
+    return path, {name: (0, head) for name, head in OV_HEADS.items()}
