@@ -182,7 +182,11 @@ def accumulate(
         state = PartialState.empty(fingerprint(model, corpus, config), shard, shape, config.bootstrap)
         if words:
             state.baseline = np.zeros((2, len(syntax.BASELINE_OFFSETS), len(syntax.COLUMNS)))
+    weights_note = state.model.get("weights")  # a resumed state read the weights when it started
     state.model = model.provenance()
+    if not state.weights.size:
+        state.weights, weights_note = _weight_scores(model)
+    state.model["weights"] = weights_note
     windows = plan_windows(corpus, config, shard)
     device = _accumulator_device(model)
     totals = {name: torch.from_numpy(getattr(state, name)).to(device)
@@ -261,6 +265,23 @@ def accumulate(
     return state
 
 
+WEIGHT_METRICS = ("copying",)  # the rows of the weights table, in the order of PartialState.weights
+
+
+def _weight_scores(model: HookedModel) -> tuple[np.ndarray, str]:
+    """The weight-only scores of `model`, (weight metric, layer, head), and how the weights were taken."""
+    from . import circuits
+    from .errors import HeadscanError
+
+    try:
+        weights = circuits.head_weights(model)
+        scores = circuits.copying_scores(weights).double().cpu().numpy()[None]
+    # An architecture whose weights headscan cannot read costs its weights table, not the sweep: NaN rows, and why.
+    except (HeadscanError, AttributeError, KeyError, RuntimeError, TypeError, ValueError) as error:
+        return np.full((len(WEIGHT_METRICS), model.n_layers, model.n_heads), np.nan), f"not read: {error}"
+    return scores, f"embedding {weights.embedding}; folded: {weights.folded}"
+
+
 def _add_window(totals: dict, window: dict, units: list[int], config: SweepConfig) -> None:
     """Add one window's per-unit sums into the running totals, with their bootstrap weights and power sums."""
     sums = window["sums"].transpose(0, 1)  # (unit, layer, head, column)
@@ -323,7 +344,20 @@ def finish(state: PartialState, config: SweepConfig) -> dict[str, pd.DataFrame]:
         if name == "syntax":
             frame = syntax.attach_baseline(frame, state.baseline[0], state.baseline[1])
         frames[name] = TABLES[name].conform(frame)
+    if state.weights.size:
+        frames["weights"] = _weights_frame(state, per_head)
     return frames
+
+
+def _weights_frame(state: PartialState, per_head: dict) -> pd.DataFrame:
+    how = str(state.model.get("weights", ""))
+    embedding = how.split(";")[0].removeprefix("embedding ") if how.startswith("embedding ") else None
+    nan = float("nan")
+    parts = [pd.DataFrame(per_head | {"metric": name, "value": state.weights[i].ravel(), "sum": nan, "count": nan,
+                                      "ci_low": nan, "ci_high": nan, "units": nan, "top_unit_share": nan,
+                                      "embedding": embedding})
+             for i, name in enumerate(WEIGHT_METRICS)]
+    return TABLES["weights"].conform(pd.concat(parts, ignore_index=True))
 
 
 def _registry_order(column: pd.Series) -> pd.Series:

@@ -95,6 +95,9 @@ class PartialState:
     # CoNLL-U corpora: the syntax table's fixed-offset baseline, sums and counts (2, offset, syntax column);
     # (2, 0, 0) otherwise. Not bootstrapped: the baseline is a fixed rule, reported beside each head's interval.
     baseline: np.ndarray = field(default_factory=lambda: np.zeros((2, 0, 0)))
+    # Scores read off the weights alone, (weight metric, layer, head): the OV copying score; NaN where the
+    # architecture's weights could not be read (the model's provenance says why). No corpus, so not summed.
+    weights: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0)))
 
     @classmethod
     def empty(cls, fingerprint: dict, shard: Shard | None, shape: tuple[int, int, int], n_replicates: int) -> PartialState:
@@ -122,7 +125,8 @@ class PartialState:
             with os.fdopen(fd, "wb") as handle:
                 np.savez(handle, header=np.frombuffer(json.dumps(self.header()).encode(), dtype=np.uint8),
                          sums=self.sums, counts=self.counts, replicate_sums=self.replicate_sums,
-                         replicate_counts=self.replicate_counts, moments=self.moments, baseline=self.baseline)
+                         replicate_counts=self.replicate_counts, moments=self.moments, baseline=self.baseline,
+                         weights=self.weights)
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -140,6 +144,7 @@ class PartialState:
                 header = json.loads(data["header"].tobytes())
                 arrays = {name: data[name] for name in ("sums", "counts", "replicate_sums", "replicate_counts", "moments")}
                 baseline = data["baseline"] if "baseline" in data.files else np.zeros((2, 0, 0))
+                weights = data["weights"] if "weights" in data.files else np.zeros((0, 0, 0))
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as error:
             raise damaged(type(error).__name__) from None
         if not isinstance(header, dict):
@@ -163,7 +168,8 @@ class PartialState:
         return cls(header["fingerprint"], Shard(*shard) if shard else None, **arrays,
                    windows_done=header["windows_done"], finished=header["finished"], model=header["model"],
                    n_segments=header["n_segments"], n_tokens=header["n_tokens"], n_truncated=header["n_truncated"],
-                   n_tokens_lost=int(header.get("n_tokens_lost") or 0), seconds=header["seconds"], baseline=baseline)
+                   n_tokens_lost=int(header.get("n_tokens_lost") or 0), seconds=header["seconds"], baseline=baseline,
+                   weights=weights)
 
     # --- finishing -------------------------------------------------------------------------------------
 
@@ -239,7 +245,8 @@ def merge_states(states: list[PartialState], names: list[str]) -> PartialState:
                           f"merge needs all {first.shard.count}")
     total = PartialState(dict(first.fingerprint), None, first.sums.copy(), first.counts.copy(),
                          first.replicate_sums.copy(), first.replicate_counts.copy(), first.moments.copy(),
-                         finished=True, model=dict(first.model), baseline=first.baseline.copy())
+                         finished=True, model=dict(first.model), baseline=first.baseline.copy(),
+                         weights=first.weights.copy())  # the same weights in every shard
     for state in states[1:]:
         total.baseline = total.baseline + state.baseline  # same fingerprint, so the same shape
         total.sums += state.sums

@@ -389,6 +389,10 @@ def combine(parts: list[SweepTables]) -> SweepTables:
     frames = {}
     for name in dict.fromkeys(name for part in parts for name in part.frames):
         table = TABLES[name]
+        if name == "weights":  # read off the weights, not summed over text: every part holds the same rows
+            frames[name] = table.conform(pd.concat([p.frames[name] for p in parts if name in p.frames])
+                                         .drop_duplicates(table.row_key))
+            continue
         total = (
             pd.concat([part.frames[name] for part in parts if name in part.frames])
             .groupby(table.row_key, sort=False, as_index=False)[["sum", "count"]]
