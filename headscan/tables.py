@@ -125,6 +125,9 @@ register_table("syntax", {"relation": "string", "direction": "string"},
                "one row per (model, layer, head, relation, direction): share of dependents whose gold head the "
                "head's attention picks (CoNLL-U corpora; Clark et al. 2019)",
                extra={"baseline": "float64", "baseline_offset": "Int64"})
+register_table("value", {"metric": "string"},
+               "one row per (model, layer, head, metric): the heads.parquet metrics on value-weighted attention, "
+               "A[q, k] ||f(x_k)|| renormalised per query (Kobayashi et al. 2020)")
 register_table("weights", {"metric": "string"},
                "one row per (model, layer, head, metric): scores read off the weights alone, no corpus "
                "(sum and count are NaN)", extra={"embedding": "string"})
