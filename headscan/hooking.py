@@ -7,6 +7,9 @@
 Both call ``hook(pattern, hook=...)`` per layer with (batch, head, q, k) and stop the forward pass after the
 last hooked layer. `check` runs a probe sentence through either and checks what every layer hands over.
 
+Chunked attention (`headscan.chunked`) reads no pattern at all: it recomputes each layer's attention in blocks
+of queries and calls the same hooks once per block, with a `QueryBlock` as the second argument.
+
 This module does not load models (see `headscan.models`) or score heads.
 """
 
@@ -25,7 +28,7 @@ from .errors import ModelLoadError
 if TYPE_CHECKING:
     from .models import HookedModel
 
-__all__ = ["PatternSite", "Site", "PROBE", "Unhookable", "bridge_forward", "module_forward", "attention_sites",
+__all__ = ["PatternSite", "QueryBlock", "Site", "PROBE", "Unhookable", "bridge_forward", "module_forward", "attention_sites",
            "discover", "check"]
 
 PROBE = "The quick brown fox jumps over the lazy dog."  # checks every model as it loads
@@ -40,6 +43,32 @@ class PatternSite:
 
     layer: int
     name: str  # the Hugging Face module's name, e.g. "transformer.layer.0.attention"
+
+
+@dataclass(frozen=True)
+class QueryBlock:
+    """Which rows of a layer's pattern a chunked-mode hook was handed: the second argument of every pattern
+    hook under ``attention="chunked"``.
+
+    The block holds queries ``start .. stop - 1`` of ``n_queries``, against every key; the hooks of one layer
+    are called once per block, in order, and the blocks tile ``0 .. n_queries - 1``.
+
+    >>> QueryBlock(layer=3, start=512, stop=1024, n_queries=1500).query_start
+    512
+    """
+
+    layer: int
+    start: int  # first query position of the block (absolute, from 0)
+    stop: int  # one past its last query position
+    n_queries: int  # the layer's query length: the last block has stop == n_queries
+
+    @property
+    def query_start(self) -> int:
+        return self.start
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start
 
 
 @dataclass(frozen=True)

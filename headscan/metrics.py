@@ -1,8 +1,10 @@
 """Head metrics: pure, vectorised functions of one layer's attention pattern, registered once by name.
 
 Every metric takes an `AttentionBatch` (one layer's pattern for a batch of segments, with its masks and token
-ids) and returns per-segment ``(sums, counts)`` of shape ``(batch, head)`` (``(batch, head, offset)`` for the
-offset profile). The score of a head is ``sum / count`` over the whole corpus: a mean over the queries that
+ids) and returns per-segment ``(sums, counts)`` of shape ``(batch, head)`` (``(batch, head, n)`` for a metric
+with an `Axis`, such as the offset profile). The pattern may hold only a block of queries (chunked attention,
+`headscan.chunked`): positions are absolute, so the sums and counts of the blocks of a layer add up to those
+of the whole pattern, and no metric builds anything larger than a small multiple of one block. The score of a head is ``sum / count`` over the whole corpus: a mean over the queries that
 count for that metric, NaN when none does. Keeping sums and counts per segment lets the sweep add them up
 exactly and bootstrap over segments without a second pass.
 
@@ -37,25 +39,29 @@ import torch
 from .errors import MetricError
 
 __all__ = ["AttentionBatch", "Axis", "Metric", "METRICS", "register", "get_metric", "metric_names", "offset_range",
-           "definitions_markdown"]
+           "buckets", "definitions_markdown"]
 
 
 @dataclass(frozen=True)
 class AttentionBatch:
     """One layer's attention for a batch of right-padded segments, with what the metrics need to read it.
 
-    Tensors are never written to: metrics build new tensors from them.
+    `pattern` holds the rows of queries ``query_start .. query_start + q - 1`` (all of them in eager mode, one
+    block in chunked mode) against every key; query and key positions are absolute, counted from the first
+    token. Tensors are never written to: metrics build new tensors from them.
     """
 
-    pattern: torch.Tensor  # (batch, head, q, k) attention weights; rows of real queries sum to 1
-    query_mask: torch.Tensor  # (batch, q) bool: queries that count (real, and not special when excluded)
-    key_mask: torch.Tensor  # (batch, k) bool: keys that count; q and k index the same positions
+    pattern: torch.Tensor  # (batch, head, q, k) attention weights of the block's queries; real rows sum to 1
+    query_mask: torch.Tensor  # (batch, q) bool: the block's queries that count (real, not special when excluded)
+    key_mask: torch.Tensor  # (batch, k) bool: keys that count, over the whole sequence
     tokens: torch.Tensor  # (batch, k) token ids
     sep_mask: torch.Tensor  # (batch, k) bool: [SEP] tokens (all False for models without one)
     causal: bool  # True when a query can only see keys at or before it
     max_offset: int = 8  # K of the offset profile: offsets -K..K (at least 1: prev and next read from it)
     words: object = None  # a `headscan.syntax.WordAlignment` for CoNLL-U corpora, else None
     raw_pattern: torch.Tensor | None = None  # the pattern before specials="exclude" renormalised it (None: same)
+    query_start: int = 0  # position of the pattern's first query row (0 in eager mode)
+    max_len: int | None = None  # the sweep's max_len: sets the position buckets (None: the key length)
 
     def __post_init__(self):
         if self.max_offset < 1:
@@ -65,6 +71,17 @@ class AttentionBatch:
     def offsets(self) -> torch.Tensor:
         window = offset_range(self.max_offset)
         return torch.arange(window.start, window.stop, device=self.pattern.device)
+
+    @property
+    def query_positions(self) -> torch.Tensor:
+        """(q,) the absolute position of each query row of the pattern."""
+        n_q = self.pattern.shape[-2]
+        return torch.arange(self.query_start, self.query_start + n_q, device=self.pattern.device)
+
+    @property
+    def key_positions(self) -> torch.Tensor:
+        """(k,) the position of each key: 0 .. k - 1."""
+        return torch.arange(self.pattern.shape[-1], device=self.pattern.device)
 
     # Derived tensors several metrics share, computed once per layer (new tensors, never the inputs).
     @cached_property
@@ -101,7 +118,7 @@ class AttentionBatch:
         (batch, head, q, offset) weights and (batch, q, offset) validity; prev/self/next read from it too.
         """
         b, h, n_q, n_k = self.pattern.shape
-        keys = torch.arange(n_q, device=self.pattern.device)[:, None] + self.offsets[None, :]  # (q, offset)
+        keys = self.query_positions[:, None] + self.offsets[None, :]  # (q, offset) absolute key positions
         in_range = (keys >= 0) & (keys < n_k)
         keys = keys.clamp(0, n_k - 1)
         weights = self.pattern.gather(-1, keys.expand(b, h, n_q, -1))  # (batch, head, q, offset)
@@ -114,17 +131,16 @@ class AttentionBatch:
 
         Earlier positions only for causal models; both count.
         """
-        same = self.tokens[:, :, None] == self.tokens[:, None, :]
-        n = same.shape[-1]
-        below = -1 if self.causal else n
-        other = torch.ones(n, n, dtype=torch.bool, device=same.device).tril(below) & ~torch.eye(n, dtype=torch.bool, device=same.device)
+        queries, keys = self.query_positions, self.key_positions
+        same = self.tokens[:, queries, None] == self.tokens[:, None, :]  # (batch, q, k)
+        other = keys[None, :] < queries[:, None] if self.causal else keys[None, :] != queries[:, None]  # (q, k)
         return same & other & self.query_mask[:, :, None] & self.key_mask[:, None, :]
 
     def n_visible(self) -> torch.Tensor:
         """(batch, q) how many keys that count query q could see under the model's mask."""
         if self.causal:
-            return self.key_mask.cumsum(-1)  # keys at or before q
-        return self.key_mask.sum(-1, keepdim=True).expand_as(self.key_mask)
+            return self.key_mask.cumsum(-1)[:, self.query_positions]  # keys at or before q
+        return self.key_mask.sum(-1, keepdim=True).expand(-1, self.pattern.shape[-2])
 
 
 def offset_range(max_offset: int) -> range:
@@ -251,10 +267,54 @@ def _mean_at_offset(batch: AttentionBatch, offset: int) -> tuple[torch.Tensor, t
 
 
 def _share_where_argmax_at(batch: AttentionBatch, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
-    target = torch.arange(batch.pattern.shape[-1], device=batch.pattern.device) + offset  # (q,)
+    target = batch.query_positions + offset  # (q,)
     hit = (batch.top_key == target).to(batch.pattern.dtype)  # (batch, head, q)
     _, valid = batch.at_offsets
     return _mean_over_queries(hit, valid[..., offset + batch.max_offset])
+
+
+def _first_token_per_query(batch: AttentionBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(batch, head, q) attention on the first token, and (batch, q) where it counts: real queries q >= 1."""
+    weights = batch.masked[..., 0]  # (batch, head, q)
+    valid = batch.query_mask & batch.key_mask[:, :1] & (batch.query_positions >= 1)
+    return weights, valid
+
+
+def _distance_per_query(batch: AttentionBatch) -> torch.Tensor:
+    """(batch, head, q) sum_k A[q, k] |q - k| over keys that count."""
+    gap = (batch.query_positions[:, None] - batch.key_positions[None, :]).abs().to(batch.pattern.dtype)  # (q, k)
+    return (batch.masked * gap).sum(-1)  # (batch, head, q)
+
+
+def buckets(max_len: int) -> list[int]:
+    """The position buckets of segments of up to `max_len` tokens: 0 (position 0 alone), then 1, 2, 4, ...,
+    each bucket b holding the positions [b, 2b) below max_len.
+
+    >>> buckets(128)
+    [0, 1, 2, 4, 8, 16, 32, 64]
+    >>> buckets(5)
+    [0, 1, 2, 4]
+    """
+    found = [0]
+    bucket = 1
+    while bucket < max_len:
+        found.append(bucket)
+        bucket *= 2
+    return found
+
+
+def _by_bucket(score: torch.Tensor, valid: torch.Tensor, batch: AttentionBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sums and counts of `score` (batch, head, q) over queries where `valid` (batch, q), by position bucket:
+    (batch, head, bucket), with one matrix product by a (q, bucket) one-hot."""
+    n_buckets = len(buckets(batch.max_len or batch.pattern.shape[-1]))
+    positions = batch.query_positions
+    # bucket of position p: 0 for p = 0, else floor(log2 p) + 1 (positions past max_len join the last bucket)
+    index = torch.where(positions > 0, torch.frexp(positions.double())[1].long(), 0).clamp_max(n_buckets - 1)  # (q,)
+    one_hot = torch.nn.functional.one_hot(index, n_buckets).to(score.dtype)  # (q, bucket)
+    zero = torch.zeros((), dtype=score.dtype, device=score.device)
+    sums = torch.where(valid[:, None, :], score, zero) @ one_hot  # (batch, head, bucket)
+    counts = (valid.to(score.dtype) @ one_hot)[:, None, :].expand_as(sums)  # (batch, head, bucket)
+    return sums, counts
 
 
 _NO_FUTURE = "a causal model's queries cannot see later tokens, so it is 0 for every head"
@@ -289,10 +349,7 @@ def first_token(batch: AttentionBatch):
 
     Undefined (NaN) when the first token does not count, e.g. when special tokens are left out.
     """
-    weights = batch.masked[..., 0]  # (batch, head, q)
-    valid = batch.query_mask & batch.key_mask[:, :1]
-    valid = valid & (torch.arange(valid.shape[-1], device=valid.device) >= 1)
-    return _mean_over_queries(weights, valid)
+    return _mean_over_queries(*_first_token_per_query(batch))
 
 
 @register("sep", structural={"no_sep": "the model has no [SEP] token, so it is undefined for every head"})
@@ -332,11 +389,7 @@ def entropy_norm(batch: AttentionBatch):
 @register("distance", unit="tokens", bounded=False)
 def distance(batch: AttentionBatch):
     """Mean over real queries of sum_k A[q, k] |q - k|: how far, in tokens, a head looks on average."""
-    n = batch.pattern.shape[-1]
-    positions = torch.arange(n, device=batch.pattern.device)
-    gap = (positions[:, None] - positions[None, :]).abs().to(batch.pattern.dtype)  # (q, k)
-    per_query = (batch.masked * gap).sum(-1)  # (batch, head, q)
-    return _mean_over_queries(per_query, batch.query_mask)
+    return _mean_over_queries(_distance_per_query(batch), batch.query_mask)
 
 
 @register("positional_prev", unit="share of queries")
@@ -392,9 +445,7 @@ def induction(batch: AttentionBatch):
     # target key k = j + 1: shift along keys; the key at k must count too.
     targets = torch.zeros_like(same)
     targets[..., 1:] = same[..., :-1]  # a fresh tensor, so writing into it is safe
-    n = targets.shape[-1]
-    positions = torch.arange(n, device=targets.device)
-    gap = positions[None, :] - positions[:, None]  # (q, k): k - q
+    gap = batch.key_positions[None, :] - batch.query_positions[:, None]  # (q, k): k - q
     not_positional = (gap != -1) & (gap != 0)  # (q, k): k is neither q-1 nor q
     targets = targets & not_positional & batch.key_mask[:, None, :]
     return _attention_on(batch, targets)
@@ -412,6 +463,31 @@ def offset_profile(batch: AttentionBatch):
     sums = torch.where(valid, weights, zero).sum(-2)  # (batch, head, n_off)
     counts = valid.sum(-2).to(weights.dtype).expand_as(sums)
     return sums, counts
+
+
+def _bucket_axis(config) -> list[tuple]:
+    return [(b,) for b in buckets(config.max_len)]
+
+
+@register("first_token_by_position", table="positions", axis=Axis(("bucket",), _bucket_axis))
+def first_token_by_position(batch: AttentionBatch):
+    """first_token by query position: for each bucket b, the mean attention on the first token over real queries
+    q >= 1 whose position lies in [b, 2b) (bucket 0, position 0 alone, is always empty).
+
+    How an attention sink's share changes along a long context; the buckets' sums add up to first_token's.
+    """
+    return _by_bucket(*_first_token_per_query(batch), batch)
+
+
+@register("distance_by_position", table="positions", unit="tokens", bounded=False,
+          axis=Axis(("bucket",), _bucket_axis))
+def distance_by_position(batch: AttentionBatch):
+    """distance by query position: for each bucket b, the mean over real queries q in [b, 2b) of
+    sum_k A[q, k] |q - k| (bucket 0: position 0 alone).
+
+    Whether a head looks a fixed distance back wherever the query is, or further the later the query.
+    """
+    return _by_bucket(_distance_per_query(batch), batch.query_mask, batch)
 
 
 def definitions_markdown() -> str:

@@ -14,6 +14,10 @@ Either way the model is checked on a probe sentence as it loads: every layer mus
 (1, head, q, q) whose rows sum to 1, lower-triangular exactly when the model is causal. The families verified
 against Hugging Face's eager attention are listed in `headscan.testing.architectures`.
 
+Under ``attention="chunked"`` (`HookedModel.pattern_forward`) neither path reads a pattern: the model runs with
+headscan's own attention function (`headscan.chunked`), which recomputes each layer's rows block by block;
+`HookedModel.chunked_refusal` says when a model's scores cannot be reproduced that way.
+
 A `HookedModel` also tokenises text as a sweep feeds it (`HookedModel.token_ids`) and carries what a sweep
 needs to know: family, shape, special token ids and where the weights came from.
 
@@ -70,6 +74,7 @@ class HookedModel:
     bridge: Any = field(default=None, repr=False)  # the TransformerBridge on the transformer_lens path, else None
     sites: tuple = field(default=(), repr=False)  # hf_hooks: the attention modules read (hooking.Site), in call order
     extra: dict = field(default_factory=dict)
+    _chunked_refusal: list = field(default_factory=list, repr=False, compare=False)  # the cached chunked_refusal()
 
     @property
     def causal(self) -> bool:
@@ -115,21 +120,55 @@ class HookedModel:
         return [opening + list(ids) for ids in encoded]
 
     @contextlib.contextmanager
-    def pattern_forward(self, hooks: dict[int, Callable]):
+    def pattern_forward(self, hooks: dict[int, Callable], attention: str = "eager", query_chunk: int = 512,
+                        internals: dict[str, dict[int, Callable]] | None = None):
         """Attach `hooks` (layer -> ``hook(pattern, hook)``) for a loop of forward passes that only read patterns.
 
-        Yields ``forward(input_ids, attention_mask)``. Each hook gets that layer's attention pattern,
-        (batch, head, q, k), and must not write into it; what it returns is ignored on the ``hf_hooks`` path
-        and replaces the pattern on the bridge, so return None. Its second argument says where the pattern
-        was read (a TransformerLens ``HookPoint`` or a `PatternSite`). The forward pass runs without autograd
-        (inference mode) and stops after the last hooked layer, so the output head never runs: the
-        vocabulary projection alone is about half of minilm's forward and a fifth of smollm2's
-        (benchmarks/bridge_overhead.py).
+        Yields ``forward(input_ids, attention_mask)``. The hooks must not write into what they are handed; what
+        they return is ignored on the ``hf_hooks`` path and replaces the pattern on the bridge, so return None.
+        The forward pass runs without autograd (inference mode) and stops after the last hooked layer, so the
+        output head never runs: the vocabulary projection alone is about half of minilm's forward and a fifth
+        of smollm2's (benchmarks/bridge_overhead.py).
+
+        ``attention="eager"``: each hook gets its layer's whole pattern, (batch, head, q, k), once per forward;
+        its second argument says where it was read (a TransformerLens ``HookPoint`` or a `PatternSite`).
+
+        ``attention="chunked"``: the pattern is never built. Each hook is called once per block of at most
+        `query_chunk` queries, in order, with rows ``start .. stop - 1`` of the pattern, (batch, head, block, k),
+        exactly as eager attention gives them (`headscan.chunked`), and a `hooking.QueryBlock` saying which rows
+        they are. A model whose scores chunked mode cannot reproduce is refused (`chunked_refusal`).
+
+        `internals` (chunked mode only, for now) also hands over other per-layer tensors of the same forward
+        pass: ``{"v": {layer: fn}, "z": {layer: fn}}`` calls ``fn(tensor, layer)`` with the layer's values,
+        (batch, k, kv_head, d_head), or its per-head attention output before the output projection,
+        (batch, q, head, d_head). A layer named only there is run to as well.
         """
-        outside = sorted(layer for layer in hooks if not 0 <= layer < self.n_layers)
+        internals = {kind: dict(by_layer) for kind, by_layer in (internals or {}).items()}
+        from .chunked import INTERNALS, chunked_forward
+
+        unknown = sorted(set(internals) - set(INTERNALS))
+        if unknown:
+            raise ConfigError(f"internals: unknown kind {unknown[0]!r}; choose from {', '.join(INTERNALS)}")
+        if attention not in ("eager", "chunked"):
+            raise ConfigError(f"attention must be eager or chunked here (auto is decided by the sweep); got {attention!r}",
+                              setting="attention")
+        if isinstance(query_chunk, bool) or not isinstance(query_chunk, int) or query_chunk < 1:
+            raise ConfigError(f"query_chunk must be a whole number >= 1, got {query_chunk!r}", setting="query_chunk")
+        layers = set(hooks).union(*internals.values())
+        outside = sorted(layer for layer in layers if not 0 <= layer < self.n_layers)
         if outside:
             raise ConfigError(f"layer {outside[0]} is out of range for {self.name} (0..{self.n_layers - 1})")
-        last = max(hooks, default=self.n_layers - 1)
+        last = max(layers, default=self.n_layers - 1)
+        if attention == "chunked":
+            reason = self.chunked_refusal()
+            if reason is not None:
+                raise ModelLoadError(f"model {self.name!r} cannot run chunked attention: {reason}; use --attention eager")
+            with torch.inference_mode(), chunked_forward(self, hooks, last, query_chunk=query_chunk,
+                                                         internals=internals) as forward:
+                yield forward
+            return
+        if any(internals.values()):
+            raise ConfigError("internals are read in chunked attention only, for now; pass attention='chunked'")
         with torch.inference_mode():
             if self.path == "transformer_lens":
                 with hooking.bridge_forward(self.bridge, hooks, last) as forward:
@@ -137,6 +176,17 @@ class HookedModel:
             else:
                 with hooking.module_forward(self, hooks, last) as forward:
                     yield forward
+
+    def chunked_refusal(self) -> str | None:
+        """None when chunked attention reproduces this model's scores exactly, else one sentence saying why not.
+
+        Checked once per model (static checks, then a probe through both modes; see `headscan.chunked.refusal`).
+        """
+        if not self._chunked_refusal:
+            from .chunked import refusal
+
+            self._chunked_refusal.append(refusal(self))
+        return self._chunked_refusal[0]
 
     def fed_bos(self) -> bool:
         """Whether the ids a sweep feeds begin with BOS, read off a probe sentence (not off the setting)."""

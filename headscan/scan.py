@@ -30,11 +30,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import __version__, intervals, syntax  # importing syntax registers the syntax metric
+from . import __version__, chunked, intervals, syntax  # importing syntax registers the syntax metric
 from .config import SweepConfig
 from .corpus import Corpus, Segment, batches, encode
 from .errors import ConfigError, SweepInterrupted
 from .metrics import METRICS, AttentionBatch, Metric
+from .hooking import QueryBlock
 from .models import HookedModel, resolve_device
 from .provenance import CorpusProvenance, ModelProvenance, RunProvenance
 from .state import FINGERPRINT_FIELDS, PartialState, Shard
@@ -91,22 +92,29 @@ def _batch_masks(input_ids: torch.Tensor, real: torch.Tensor, model: HookedModel
     return {"ids": input_ids, "counts": counts, "sep": sep_mask, "words": words}
 
 
-def _attention_batch(pattern: torch.Tensor, masks: dict, model: HookedModel, config: SweepConfig) -> AttentionBatch:
+def _attention_batch(pattern: torch.Tensor, masks: dict, model: HookedModel, config: SweepConfig,
+                     query_start: int = 0) -> AttentionBatch:
+    """The metrics' view of one layer's pattern, or of the rows ``query_start ..`` of it in chunked mode."""
     pattern = raw = pattern.float()  # (batch, head, q, k); a new tensor for half precision, the same one otherwise
-    counts = masks["counts"]
+    counts = masks["counts"]  # (batch, k): the keys that count; the block's rows of it are its queries
     if config.specials == "exclude":
         # Renormalise each query's attention over the keys that count: a new tensor, never written in place.
         kept = pattern * counts[:, None, None, :].to(pattern.dtype)
         pattern = kept / kept.sum(-1, keepdim=True).clamp_min(torch.finfo(pattern.dtype).tiny)
-    return AttentionBatch(pattern, counts, counts, masks["ids"], masks["sep"], model.causal, config.max_offset,
-                          words=masks["words"], raw_pattern=raw if raw is not pattern else None)
+    queries = counts[:, query_start: query_start + pattern.shape[-2]]  # (batch, q)
+    return AttentionBatch(pattern, queries, counts, masks["ids"], masks["sep"], model.causal, config.max_offset,
+                          words=masks["words"], raw_pattern=raw if raw is not pattern else None,
+                          query_start=query_start, max_len=min(config.max_len, model.max_context))
 
 
-def _score(batch: AttentionBatch, columns: list[Column]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every metric on one layer: per-segment sums and counts, (batch, head, column)."""
+def _score(batch: AttentionBatch, columns: list[Column], given: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every metric on one layer (or one block of its queries): per-segment sums and counts, (batch, head, column).
+
+    `given` maps a metric to sums and counts computed elsewhere (the syntax metric in chunked mode).
+    """
     sums, counts = [], []
     for metric in dict.fromkeys(m for m, _ in columns):
-        s, c = metric.function(batch)  # (batch, head) or (batch, head, axis)
+        s, c = given[metric] if given and metric in given else metric.function(batch)  # (batch, head[, axis])
         sums.append(s if s.dim() == 3 else s[..., None])
         counts.append(c if c.dim() == 3 else c[..., None])
     return torch.cat(sums, -1), torch.cat(counts, -1)
@@ -196,18 +204,48 @@ def accumulate(
     current: dict = {}
 
     def reduce_layer(layer: int):
-        def hook(pattern, hook):
-            batch = _attention_batch(pattern, current["masks"], model, config)
-            current["layer_sums"][layer], current["layer_counts"][layer] = _score(batch, columns)  # (batch, head, column)
-            return None  # the pattern goes on unchanged
+        def hook(pattern, hook):  # `hook`: TransformerLens passes it by that name; a QueryBlock in chunked mode
+            where = hook
+            if not isinstance(where, QueryBlock):  # eager: the whole pattern at once
+                batch = _attention_batch(pattern, current["masks"], model, config)
+                current["layer_sums"][layer], current["layer_counts"][layer] = _score(batch, columns)  # (batch, head, column)
+                return None  # the pattern goes on unchanged
+            # chunked: a block of query rows. Per-token metrics add up over blocks; the syntax metric needs whole
+            # rows and columns of word attention, so its word attention is added up and scored at the last block.
+            batch = _attention_batch(pattern, current["masks"], model, config, where.start)
+            given = {}
+            if syntax_metric is not None:
+                words = current["masks"]["words"]
+                raw = batch.pattern if batch.raw_pattern is None else batch.raw_pattern
+                part = syntax.word_attention(raw, words.token_word, words.n_words, where.start)  # (batch, head, word, word)
+                current["word_attention"][layer] = current["word_attention"].get(layer, 0) + part
+                if where.stop == where.n_queries:
+                    given[syntax_metric] = syntax.accuracy_of(current["word_attention"].pop(layer), words)
+                else:
+                    zeros = torch.zeros((*pattern.shape[:2], len(syntax.COLUMNS)), dtype=torch.float32, device=pattern.device)
+                    given[syntax_metric] = (zeros, zeros)
+            sums, counts = _score(batch, columns, given)
+            if where.start == 0:
+                current["layer_sums"][layer], current["layer_counts"][layer] = sums, counts
+            else:
+                current["layer_sums"][layer] = current["layer_sums"][layer] + sums
+                current["layer_counts"][layer] = current["layer_counts"][layer] + counts
+            return None
 
         return hook
+
+    syntax_metric = METRICS["syntax"] if words else None
+    attention = chunked.choose(model, batch_size=config.batch_size, max_len=min(config.max_len, model.max_context),
+                               budget_mib=config.attention_budget, attention=config.attention)
+    state.model["attention"] = attention  # recorded: eager, or chunked with its query_chunk
+    if attention == "chunked":
+        state.model["query_chunk"] = config.query_chunk
 
     hooks = {layer: reduce_layer(layer) for layer in range(model.n_layers)}
     bar = _progress_bar(sum(map(len, windows)), sum(map(len, windows[: state.windows_done])), model.name, progress)
     started = last_save = time.perf_counter()
     try:
-        with model.pattern_forward(hooks) as forward:
+        with model.pattern_forward(hooks, attention=attention, query_chunk=config.query_chunk) as forward:
             for window in windows[state.windows_done:]:
                 units = [_unit(i, int(corpus.segment_documents[i]), config) for i in window]
                 local = {unit: n for n, unit in enumerate(dict.fromkeys(units))}
@@ -222,7 +260,7 @@ def accumulate(
                         raise SweepInterrupted(f"{model.name}: stopped")
                     ids, mask = batch.input_ids.to(model.device), batch.attention_mask.to(model.device)
                     current.update(masks=_batch_masks(ids, mask.bool(), model, config, batch.words), layer_sums={},
-                                   layer_counts={})
+                                   layer_counts={}, word_attention={})
                     forward(ids, mask)
                     # every layer's sums at once into their units: one index_add per batch, not one per layer
                     rows = torch.tensor([local[units[encoded.segment_of(int(i))]] for i in batch.index],

@@ -202,3 +202,25 @@ def test_long_segments_split_into_windows_lose_no_token(tiny_models, arch):
     tables = sweep_model(model, corpus, SweepConfig(device="cpu", bootstrap=20, max_len=8, long="split"))
     assert tables.provenance.models[0].n_tokens == split.n_tokens and tables.provenance.config["long"] == "split"
     assert tables.heads.query("metric == 'self'")["units"].max() == 2  # the windows of a segment are one unit
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "bert", "llama", "gemma2"])
+def test_a_chunked_sweep_writes_the_eager_tables(tmp_path, arch, ewt_dev):
+    """Every table, syntax included, from blocks of 5 queries (not a divisor of the lengths), with padding;
+    Llama has grouped-query attention, Gemma 2 soft-capping and a sliding window of 6 on alternate layers."""
+    import headscan
+    from headscan.testing import build_tiny_checkpoint
+    from headscan.testing.architectures import build_architecture_checkpoint
+
+    build = build_tiny_checkpoint if arch in ("gpt2", "bert") else build_architecture_checkpoint
+    model = str(build(tmp_path / arch, arch))
+    settings = dict(limit=9, max_len=48, batch_size=3, bootstrap=20)
+    eager = headscan.sweep(model, ewt_dev, attention="eager", **settings)
+    chunked = headscan.sweep(model, ewt_dev, attention="chunked", query_chunk=5, **settings)
+    assert set(eager.frames) == set(chunked.frames) >= {"heads", "offsets", "positions", "syntax", "weights"}
+    for name, frame in eager.frames.items():
+        other = chunked.frames[name]
+        np.testing.assert_array_equal(frame["count"], other["count"], err_msg=name)
+        np.testing.assert_allclose(other["value"], frame["value"], rtol=0, atol=1e-5, err_msg=name)
+    assert chunked.provenance.models[0].extra["attention"] == "chunked"
+    assert eager.provenance.models[0].extra["attention"] == "eager"

@@ -1,0 +1,155 @@
+"""Long contexts: eager against chunked attention on smollm2, wall time and peak memory side by side.
+
+Each (length, mode) runs in a fresh subprocess, which loads smollm2, runs one forward pass of one segment of
+that many tokens (the builtin corpus, repeated) with every layer hooked and every heads/offsets/positions
+metric computed on every layer, as a sweep does, and reports the seconds of that forward pass and its peak
+memory: on CPU the process's peak resident set (``ru_maxrss``), both in all and above what the loaded model
+held before the pass; on a GPU ``torch.cuda.max_memory_allocated``. Eager runs whose estimated attention
+memory (`headscan.chunked.eager_bytes`) would push the machine past ``--memory-limit`` GiB are skipped with
+the reason printed, rather than run into the out-of-memory killer.
+
+Run it (about 15 minutes on 2 CPU cores for the default lengths; smollm2 must be installed)::
+
+    .venv/bin/python benchmarks/long_context.py                       # 1k, 2k, 4k, 8k
+    .venv/bin/python benchmarks/long_context.py --lengths 1024 16384 32768 --query-chunk 256
+    .venv/bin/python benchmarks/long_context.py --device cuda          # where a GPU is present
+
+Goal on a CPU: at 8k tokens chunked needs at most a quarter of eager's peak memory (above the loaded model)
+and at most 1.3x its time, and chunked runs at lengths where eager cannot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def child(length: int, mode: str, query_chunk: int, device: str) -> dict:
+    import torch
+
+    from headscan.corpus import read_corpus
+    from headscan.hooking import QueryBlock
+    from headscan.metrics import METRICS, AttentionBatch
+    from headscan.models import load_model
+
+    torch.manual_seed(0)
+    model = load_model("smollm2", device=device)
+    text = " ".join(segment.text for segment in read_corpus("builtin").segments)
+    ids = model.token_ids([text])[0]
+    ids = (ids * (length // len(ids) + 1))[:length]
+    input_ids = torch.tensor([ids], device=model.device)
+    mask = torch.ones_like(input_ids)
+    metrics = [m for m in METRICS.values() if m.table != "syntax"]
+    totals = {}
+    now = {}  # the input of the pass under way
+
+    def hook_for(layer):
+        def hook(pattern, hook):
+            start = hook.start if isinstance(hook, QueryBlock) else 0
+            stop = start + pattern.shape[-2]
+            real = now["real"]
+            batch = AttentionBatch(pattern.float(), real[:, start:stop], real, now["ids"], torch.zeros_like(real),
+                                   model.causal, 8, query_start=start, max_len=length)
+            for metric in metrics:
+                sums, counts = metric.function(batch)
+                totals[(layer, metric.name)] = totals.get((layer, metric.name), 0) + sums.double().sum()
+
+        return hook
+
+    hooks = {layer: hook_for(layer) for layer in range(model.n_layers)}
+    kwargs = {"attention": mode, "query_chunk": query_chunk}
+    now.update(ids=input_ids[:, :64], real=mask[:, :64].bool())
+    with model.pattern_forward(hooks, **kwargs) as forward:  # warm up on a short input (and run the probe)
+        forward(input_ids[:, :64], mask[:, :64])
+    now.update(ids=input_ids, real=mask.bool())
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+    before_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MiB (Linux reports KiB)
+    started = time.perf_counter()
+    with model.pattern_forward(hooks, **kwargs) as forward:
+        forward(input_ids, mask)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - started
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    result = {"length": length, "mode": mode, "seconds": seconds, "peak_mib": peak_rss,
+              "extra_mib": peak_rss - before_rss, "checksum": float(sum(totals.values()))}
+    if device.startswith("cuda"):
+        result["peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
+        result["extra_mib"] = (torch.cuda.max_memory_allocated() - before) / 2**20
+    return result
+
+
+def run(length: int, mode: str, query_chunk: int, device: str, timeout: float) -> dict:
+    command = [sys.executable, __file__, "--child", mode, str(length), "--query-chunk", str(query_chunk),
+               "--device", device]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env,
+                              cwd=os.path.dirname(HERE))
+    except subprocess.TimeoutExpired:
+        return {"length": length, "mode": mode, "skipped": f"over {timeout:.0f} s"}
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["killed"])[-1]
+        return {"length": length, "mode": mode, "skipped": f"failed ({done.returncode}): {last[:100]}"}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
+    parser.add_argument("--query-chunk", type=int, default=512)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--memory-limit", type=float, default=20.0, help="GiB an eager run may be expected to take")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
+    parser.add_argument("--child", nargs=2, metavar=("MODE", "LENGTH"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        mode, length = args.child
+        print(json.dumps(child(int(length), mode, args.query_chunk, args.device)))
+        return
+
+    from headscan.chunked import eager_bytes
+
+    n_heads, model_gib = 9, 1.0  # smollm2: 9 query heads a layer; about 1 GiB resident once loaded
+    rows = []
+    print(f"smollm2 on {args.device}, one segment per forward pass, every layer and metric, query_chunk "
+          f"{args.query_chunk}", flush=True)
+    for length in args.lengths:
+        results = {}
+        for mode in ("eager", "chunked"):
+            needed = eager_bytes(n_heads, 1, length) / 2**30 + model_gib
+            if mode == "eager" and args.device == "cpu" and needed > args.memory_limit:
+                results[mode] = {"length": length, "mode": mode,
+                                 "skipped": f"needs about {needed:.0f} GiB > --memory-limit {args.memory_limit:g}"}
+            else:
+                results[mode] = run(length, mode, args.query_chunk, args.device, args.timeout)
+            print(f"  {length} {mode}: {results[mode]}", file=sys.stderr, flush=True)
+        rows.append(results)
+    print()
+    print(f"{'tokens':>7} {'mode':>8} {'seconds':>9} {'peak MiB':>9} {'extra MiB':>10} {'time x':>7} {'extra x':>8}")
+    for results in rows:
+        eager = results["eager"]
+        for mode in ("eager", "chunked"):
+            r = results[mode]
+            if "skipped" in r:
+                print(f"{r['length']:>7} {mode:>8}   skipped: {r['skipped']}")
+                continue
+            ratios = ""
+            if mode == "chunked" and "skipped" not in eager:
+                ratios = f"{r['seconds'] / eager['seconds']:>7.2f} {r['extra_mib'] / max(eager['extra_mib'], 1):>8.3f}"
+            print(f"{r['length']:>7} {mode:>8} {r['seconds']:>9.1f} {r['peak_mib']:>9.0f} {r['extra_mib']:>10.0f} {ratios}")
+    print("\ntime x, extra x: chunked over eager (extra: peak memory above the loaded model, in the forward pass)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,402 @@
+"""Chunked attention: every head scored at long contexts without the whole (batch, head, q, k) pattern.
+
+A row of a softmax needs only its own query: ``softmax(q_i K^T * scale + mask_i)``. Under
+``attention="chunked"`` the model runs with an attention function that headscan registers in transformers'
+``AttentionInterface`` under the name ``"headscan_chunked"`` (with ``sdpa``'s boolean masks). Every attention
+module hands it exactly what it would hand its eager attention: the queries and keys *after* the position
+embedding (rotary or not), the values, the mask the model built for that layer (causal, padding, sliding
+window), the scale and the soft-cap. The function computes the layer's attention one block of ``query_chunk``
+queries at a time as eager attention does (scores, scale, soft-cap, mask, float32 softmax, grouped-query key
+sharing without copying the keys), hands each block of weights to the layer's pattern hook, multiplies it into
+the values for the layer's output, and drops it. The layer's output is eager attention's, block by block, so
+the rest of the forward pass is what eager mode runs; the attention memory is one block, (batch, head,
+query_chunk, k), plus the model's boolean mask (none without padding), instead of several (batch, head, q, k).
+
+Two choices, measured (benchmarks/long_context.py):
+
+- The output comes from the recomputed blocks, not from the model's SDPA: the hooks need every block's weights
+  anyway, so the output costs one (block, k) x (k, d_head) product per block, where SDPA would compute QK^T a
+  second time.
+- TransformerLens' bridge reimplements rotary attention eagerly (its ``PositionEmbeddingsAttentionBridge``
+  builds the full scores and pattern whatever the model's attention implementation, and fires
+  ``hook_rot_q``/``hook_rot_k`` only there), so reading the bridge's hooks would save nothing. On that path
+  chunked mode routes each attention bridge straight to its Hugging Face module for the forward pass.
+
+Where the scores cannot be reproduced exactly (ALiBi, attention sinks, relative position biases, attention
+modules that never call transformers' attention functions), `refusal` says why in one sentence; it also runs
+a short probe through both modes and compares every layer's rows.
+
+This module does not score heads: it hands blocks of rows to the hooks that do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import types
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+from . import hooking
+from .errors import ModelLoadError
+from .hooking import QueryBlock
+
+if TYPE_CHECKING:
+    from .models import HookedModel
+
+__all__ = ["NAME", "INTERNALS", "QueryBlock", "Unsupported", "attention_blocks", "chunked_forward", "refusal",
+           "eager_bytes", "chunked_bytes", "default_budget_mib", "choose", "TEMPORARIES"]
+
+NAME = "headscan_chunked"  # the attention implementation headscan registers with transformers
+INTERNALS = ("v", "z")  # what `chunked_forward` can hand over besides patterns (see its docstring)
+
+# Eager mode holds, per layer at its peak, about this many (batch, head, q, k) float32 tensors: the scores and
+# the pattern inside the attention (the mask adds one (batch, 1, q, k)), then the pattern with the metrics' own
+# temporaries (the masked copy, x log x, products with masks). Measured with benchmarks/long_context.py on
+# smollm2 (peak resident memory growth over the q^2 term): see `eager_bytes`.
+TEMPORARIES = 4
+
+# Keyword arguments of an attention call that change the scores in ways this module does not reproduce.
+_UNSUPPORTED = {
+    "s_aux": "attention sinks (a learned logit per head joins the softmax)",
+    "sinks": "attention sinks (a learned logit per head joins the softmax)",
+    "position_bias": "a relative position bias added to the scores",
+    "alibi": "ALiBi position biases",
+}
+
+
+class Unsupported(Exception):
+    """Chunked attention cannot reproduce this model's scores; the message says why, in a few words."""
+
+
+# --- the attention of one layer, block by block ------------------------------------------------------------
+
+
+def attention_blocks(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, *, scaling: float,
+                     causal: bool, chunk: int, softcap: float | None = None):
+    """Yield ``(start, stop, weights)`` for consecutive blocks of at most `chunk` queries.
+
+    `query` is (batch, head, q, d), `key` (batch, kv_head, k, d) with head a multiple of kv_head (query head h
+    reads key head h // (head // kv_head), as transformers' ``repeat_kv``), `mask` None or (batch, 1 or head,
+    q or 1, k): boolean (True: attend) or additive. With no mask, `causal` says whether query i sees only keys
+    <= i. `weights` (batch, head, stop - start, k) are softmax(q K^T * scaling [soft-capped] + mask) in float32
+    (the model's dtype when that is wider), the rows eager attention gives; a new tensor per block, which the
+    caller may keep or drop.
+
+    >>> q, k = torch.randn(1, 4, 5, 8), torch.randn(1, 2, 5, 8)
+    >>> rows = torch.cat([w for _, _, w in attention_blocks(q, k, None, scaling=8 ** -0.5, causal=True, chunk=2)], -2)
+    >>> eager = (q @ k.repeat_interleave(2, 1).transpose(-1, -2) * 8 ** -0.5).masked_fill(
+    ...     torch.ones(5, 5, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+    >>> torch.allclose(rows, eager, atol=1e-6)
+    True
+    """
+    batch, n_heads, n_q, d = query.shape
+    kv_heads, n_k = key.shape[1], key.shape[2]
+    group = n_heads // kv_heads
+    keys_t = key.transpose(-1, -2)  # (batch, kv_head, d, k): a view; keys are never copied per query head
+    lowest = torch.finfo(torch.promote_types(query.dtype, torch.float32)).min
+    key_positions = torch.arange(n_k, device=query.device)
+    for start in range(0, n_q, chunk):
+        stop = min(start + chunk, n_q)
+        block = query[:, :, start:stop].reshape(batch, kv_heads, group * (stop - start), d)  # heads of a group stacked
+        scores = torch.matmul(block, keys_t).view(batch, n_heads, stop - start, n_k)  # (batch, head, block, k)
+        scores = scores.float() if scores.dtype.itemsize < 4 else scores  # float32 softmax, as eager attention
+        scores.mul_(scaling)  # a fresh tensor, so in-place is safe (and one block of memory less)
+        if softcap is not None:
+            scores.div_(softcap).tanh_().mul_(softcap)
+        if mask is not None:
+            rows = mask[:, :, start:stop] if mask.shape[-2] > 1 else mask  # (batch, 1 or head, block, k)
+            if rows.dtype == torch.bool:
+                scores.masked_fill_(~rows, lowest)
+            else:
+                scores.add_(rows)
+        elif causal:
+            query_positions = torch.arange(start, stop, device=query.device)
+            scores.masked_fill_(key_positions[None, :] > query_positions[:, None], lowest)  # (block, k)
+        # softmax in place: the same values as torch.softmax to float rounding, without a second block
+        scores.sub_(scores.amax(-1, keepdim=True)).exp_()
+        scores.div_(scores.sum(-1, keepdim=True))
+        yield start, stop, scores
+
+
+# --- the attention function transformers calls -------------------------------------------------------------
+
+
+@dataclass
+class _Session:
+    """What one chunked forward pass does at each layer; layers are told apart by call order."""
+
+    hooks: dict[int, Callable]
+    internals: dict[str, dict[int, Callable]]
+    query_chunk: int
+    last: int
+    layer: int = 0
+    seen: list = field(default_factory=list)  # (layer, module class) of every call, for messages
+
+
+_SESSIONS: list[_Session] = []
+
+
+def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers' attention-function signature: (batch, seq, head, d_head) output and no weights."""
+    if not _SESSIONS:
+        raise RuntimeError(f"attention implementation {NAME!r} runs only inside headscan's chunked forward pass")
+    session = _SESSIONS[-1]
+    layer = session.layer
+    session.layer += 1
+    session.seen.append(type(module).__name__)
+    for name, what in _UNSUPPORTED.items():
+        if kwargs.get(name) is not None:
+            raise Unsupported(f"{type(module).__name__} adds {what}, which chunked attention does not reproduce")
+    if dropout and module.training:
+        raise Unsupported("attention dropout is on (the model is in training mode)")
+    if query.shape[2] != key.shape[2]:
+        raise Unsupported(f"queries and keys differ in length ({query.shape[2]} and {key.shape[2]}): a cache or "
+                          f"cross-attention")
+    batch, n_heads, n_q, _ = query.shape
+    kv_heads = key.shape[1]
+    if n_heads % kv_heads:
+        raise Unsupported(f"{n_heads} query heads do not share {kv_heads} key heads evenly")
+    group = n_heads // kv_heads
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    # transformers' sdpa: no mask means a plain causal (or full) mask; the module says which
+    is_causal = kwargs.get("is_causal")
+    causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal) and n_q > 1
+    hook = session.hooks.get(layer)
+    internals = {kind: hooks.get(layer) for kind, hooks in session.internals.items()}
+    if internals.get("v") is not None:
+        internals["v"](value.transpose(1, 2), layer)  # (batch, k, kv_head, d_head)
+    output = value.new_empty(batch, n_q, n_heads, value.shape[-1])  # (batch, q, head, d_head), as eager returns it
+    values = value  # (batch, kv_head, k, d_head)
+    for start, stop, weights in attention_blocks(query, key, attention_mask, scaling=scaling, causal=causal,
+                                                 chunk=session.query_chunk, softcap=kwargs.get("softcap")):
+        if hook is not None:
+            hook(weights, QueryBlock(layer, start, stop, n_q))
+        size = stop - start
+        mixed = torch.matmul(weights.to(value.dtype).view(batch, kv_heads, group * size, -1), values)
+        output[:, start:stop] = mixed.view(batch, n_heads, size, -1).transpose(1, 2)  # our own tensor
+        del weights, mixed
+    if internals.get("z") is not None:
+        internals["z"](output, layer)  # (batch, q, head, d_head)
+    if layer >= session.last:
+        raise hooking._Stop
+    return output, None
+
+
+_registered = False
+
+
+def _register() -> None:
+    global _registered
+    if _registered:
+        return
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(NAME, _attention)
+    AttentionMaskInterface.register(NAME, sdpa_mask)  # boolean masks, or None where causality says it all
+    _registered = True
+
+
+@contextlib.contextmanager
+def _implementation(hf_model, name: str):
+    """Every config of `hf_model` says `name` for the duration of the block."""
+    from transformers import PretrainedConfig
+
+    configs = {id(hf_model.config): hf_model.config}
+    for module in hf_model.modules():
+        config = getattr(module, "config", None)
+        if isinstance(config, PretrainedConfig):
+            configs[id(config)] = config
+            for key in getattr(config, "sub_configs", {}) or {}:
+                sub = getattr(config, key, None)
+                if isinstance(sub, PretrainedConfig):
+                    configs[id(sub)] = sub
+    before = {key: config._attn_implementation_internal for key, config in configs.items()}
+    try:
+        for config in configs.values():
+            config._attn_implementation_internal = name
+        yield
+    finally:
+        for key, config in configs.items():
+            config._attn_implementation_internal = before[key]
+
+
+@contextlib.contextmanager
+def _native_attention(model: HookedModel):
+    """On the bridge, each attention bridge that reimplements attention delegates to its Hugging Face module."""
+    if model.path != "transformer_lens":
+        yield
+        return
+    from transformer_lens.model_bridge.generalized_components.attention import AttentionBridge
+
+    swapped = []
+    try:
+        for module in model.bridge.modules():
+            if isinstance(module, AttentionBridge) and type(module).forward is not AttentionBridge.forward:
+                # straight into __dict__: the bridge's components pass attribute writes on to the wrapped module
+                module.__dict__["forward"] = types.MethodType(AttentionBridge.forward, module)
+                swapped.append(module)
+        yield
+    finally:
+        for module in swapped:
+            module.__dict__.pop("forward", None)
+
+
+@contextlib.contextmanager
+def chunked_forward(model: HookedModel, hooks: dict[int, Callable], last: int, *, query_chunk: int,
+                    internals: dict[str, dict[int, Callable]] | None = None):
+    """Yield ``forward(input_ids, attention_mask)`` that calls ``hooks[layer](block, QueryBlock)`` once per block
+    of at most `query_chunk` queries of each hooked layer, in order, and stops after layer `last`.
+
+    `internals` maps a kind in `INTERNALS` to {layer: fn(tensor, layer)}: ``"v"`` gets the layer's values as
+    attention reads them, (batch, k, kv_head, d_head); ``"z"`` its per-head output before the output
+    projection, (batch, q, head, d_head). Neither may be written into.
+    """
+    _register()
+    session = _Session(dict(hooks), {kind: dict(by_layer) for kind, by_layer in (internals or {}).items()},
+                       query_chunk, last)
+    body = hooking.backbone(model.hf_model)
+
+    def forward(input_ids, attention_mask) -> None:
+        session.layer = 0
+        session.seen.clear()
+        _SESSIONS.append(session)
+        try:
+            if model.path == "transformer_lens":
+                model.bridge(input_ids, attention_mask=attention_mask)
+            else:
+                hooking.call_backbone(body, input_ids, attention_mask)
+        except hooking._Stop:
+            return
+        except Unsupported as error:
+            raise ModelLoadError(f"{model.name}: {error}; use --attention eager") from None
+        finally:
+            _SESSIONS.pop()
+        raise ModelLoadError(f"{model.name}: only {session.layer} of its attention layers went through chunked "
+                             f"attention (expected {last + 1}); use --attention eager")
+
+    with _implementation(model.hf_model, NAME), _native_attention(model):
+        yield forward
+
+
+# --- whether a model can run chunked -----------------------------------------------------------------------
+
+
+def _static_refusal(model: HookedModel) -> str | None:
+    config = model.hf_model.config.get_text_config()
+    kind = getattr(config, "model_type", "") or type(model.hf_model).__name__
+    if getattr(config, "alibi", False) or kind in ("bloom", "mpt"):
+        return f"{kind} adds ALiBi biases inside its attention module; ALiBi is not implemented in chunked mode"
+    if getattr(config, "position_embedding_type", "absolute") in ("relative_key", "relative_key_query"):
+        return f"{kind} adds relative position scores inside its attention module"
+    if getattr(model.hf_model, "_supports_attention_backend", None) is False and model.path == "hf_hooks":
+        return (f"{type(model.hf_model).__name__}'s attention modules do not call transformers' attention functions, "
+                f"so the hf_hooks path cannot read their queries and keys")
+    return None
+
+
+def refusal(model: HookedModel) -> str | None:
+    """None when chunked mode reproduces `model`'s scores exactly, else one sentence saying why not.
+
+    After the static checks, a probe (two sentences of different lengths, so padding counts) runs through eager
+    and chunked mode with blocks of 3 queries, and every layer's rows of real queries must agree to 1e-4.
+    """
+    reason = _static_refusal(model)
+    if reason is not None:
+        return reason
+    ids = model.token_ids([hooking.PROBE, "A short one."])
+    n = max(map(len, ids))
+    pad = model.special_token_ids["pad"] or 0
+    input_ids = torch.tensor([row + [pad] * (n - len(row)) for row in ids], device=model.device)
+    mask = torch.tensor([[1] * len(row) + [0] * (n - len(row)) for row in ids], device=model.device)
+    real = mask.bool()
+    eager, blocks = {}, {}
+
+    def keep(store, layer):
+        def hook(pattern, hook):
+            store.setdefault(layer, []).append(pattern.detach().float().cpu())
+        return hook
+
+    layers = range(model.n_layers)
+    try:
+        with model.pattern_forward({layer: keep(eager, layer) for layer in layers}) as forward:
+            forward(input_ids, mask)
+        with torch.inference_mode(), chunked_forward(model, {layer: keep(blocks, layer) for layer in layers},
+                                                     model.n_layers - 1, query_chunk=3) as forward:
+            forward(input_ids, mask)
+    except ModelLoadError as error:
+        text = str(error).removeprefix(f"{model.name}: ").removesuffix("; use --attention eager")
+        if "attention layers went through" in text:
+            return (f"the attention modules of {type(model.hf_model).__name__} do not call transformers' attention "
+                    f"functions ({text.split(' of ')[0].removeprefix('only ')} of {model.n_layers} layers did), so "
+                    f"chunked mode cannot recompute their scores")
+        return text
+    rows = real[:, None, :, None].cpu()  # (batch, 1, q, 1): rows of real queries
+    for layer in layers:
+        want = eager[layer][0]
+        got = torch.cat(blocks[layer], dim=-2)
+        if got.shape != want.shape:
+            return f"chunked attention gave layer {layer} rows of shape {tuple(got.shape)}, eager {tuple(want.shape)}"
+        gap = float(torch.where(rows, (got - want).abs(), 0).max())
+        if not gap <= 1e-4:
+            return (f"chunked attention differs from the model's eager attention by {gap:.1e} at layer {layer}, so its "
+                    f"scores are not reproduced exactly")
+    return None
+
+
+# --- memory: when auto goes chunked ------------------------------------------------------------------------
+
+
+def eager_bytes(n_heads: int, batch: int, seq: int) -> int:
+    """Estimated peak extra bytes of one layer in eager mode: `TEMPORARIES` float32 (batch, head, seq, seq)
+    tensors (scores, pattern, the metrics' temporaries) plus the model's float mask.
+
+    >>> eager_bytes(9, 1, 8192) // 2**20  # smollm2 at 8k tokens
+    9472
+    """
+    return 4 * batch * seq * seq * (TEMPORARIES * n_heads + 1)
+
+
+def chunked_bytes(n_heads: int, batch: int, seq: int, query_chunk: int) -> int:
+    """The same estimate in chunked mode: the temporaries of one block of queries, plus the boolean mask."""
+    block = min(query_chunk, seq)
+    return 4 * batch * block * seq * TEMPORARIES * n_heads + batch * seq * seq
+
+
+def default_budget_mib(device: str) -> int:
+    """MiB one layer's eager attention may take before ``attention="auto"`` goes chunked, by device kind:
+    a quarter of the GPU's memory (cuda), 2 GiB on Apple MPS, a quarter of the RAM up to 8 GiB on CPU."""
+    if device.startswith("cuda") and torch.cuda.is_available():
+        index = torch.device(device).index or 0
+        return torch.cuda.get_device_properties(index).total_memory // 4 // 2**20
+    if device.startswith("mps"):
+        return 2048
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        ram = 16 * 2**30
+    return int(min(8192, ram // 4 // 2**20))
+
+
+def choose(model: HookedModel, *, batch_size: int, max_len: int, budget_mib: int | None = None,
+           attention: str = "auto") -> str:
+    """``"eager"`` or ``"chunked"`` for `attention` (``auto``, ``eager`` or ``chunked``) on `model`.
+
+    ``auto`` goes chunked when one layer's eager attention would take more than `budget_mib` (default:
+    `default_budget_mib` of the model's device) and chunked mode reproduces the model's scores; ``chunked`` on a
+    model that it cannot reproduce raises `ModelLoadError` with the reason.
+    """
+    if attention == "eager":
+        return "eager"
+    if attention == "chunked":
+        reason = model.chunked_refusal()
+        if reason is not None:
+            raise ModelLoadError(f"model {model.name!r} cannot run chunked attention: {reason}; use --attention eager")
+        return "chunked"
+    budget = (budget_mib if budget_mib is not None else default_budget_mib(str(model.device))) * 2**20
+    if eager_bytes(model.n_heads, batch_size, max_len) <= budget:
+        return "eager"
+    return "chunked" if model.chunked_refusal() is None else "eager"

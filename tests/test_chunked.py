@@ -1,0 +1,244 @@
+"""Chunked attention equals eager attention: the blocks against a direct softmax, every metric's block sums
+against its whole-pattern sums, and whole models (minilm, smollm2, tiny GPT-2, planted checkpoints) run both ways
+with padding, batch 3 and chunk sizes that do not divide the sequence length."""
+
+import numpy as np
+import pytest
+import torch
+
+from headscan import chunked
+from headscan.errors import ConfigError, ModelLoadError
+from headscan.hooking import QueryBlock
+from headscan.metrics import METRICS, AttentionBatch, buckets
+
+from test_metrics import make_batch
+
+CHUNKS = [1, 5, 7, 1000]  # 5 and 7 divide none of the lengths below; 1000 is one block
+SCORED = [m for m in METRICS.values() if m.table != "syntax"]  # syntax needs CoNLL-U words (the sweep's concern)
+TEXTS = ["The quick brown fox jumps over the lazy dog, and the dog sleeps on.",
+         "A short one.",
+         "Colourless green ideas sleep furiously; the ideas sleep."]
+
+
+# --- one layer's attention, block by block -----------------------------------------------------------------
+
+
+def eager_reference(query, key, mask, scaling, causal, softcap=None):
+    group = query.shape[1] // key.shape[1]
+    scores = query.double() @ key.double().repeat_interleave(group, 1).transpose(-1, -2) * scaling
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    n_q, n_k = scores.shape[-2:]
+    if mask is None and causal:
+        mask = torch.ones(n_q, n_k, dtype=torch.bool).tril()
+    if mask is not None and mask.dtype == torch.bool:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    elif mask is not None:
+        scores = scores + mask
+    return scores.softmax(-1)
+
+
+@pytest.mark.parametrize("chunk", CHUNKS)
+@pytest.mark.parametrize("kv_heads, softcap, masking", [(4, None, "none-causal"), (2, None, "bool"), (1, 30.0, "float"),
+                                                        (4, None, "none-full"), (2, 5.0, "bool")])
+def test_blocks_equal_a_direct_softmax(chunk, kv_heads, softcap, masking):
+    torch.manual_seed(chunk)
+    query, key = torch.randn(3, 4, 13, 8) * 2, torch.randn(3, kv_heads, 13, 8) * 2
+    lengths = torch.tensor([13, 9, 4])
+    real = torch.arange(13)[None, :] < lengths[:, None]  # (batch, k)
+    causal = masking != "none-full"
+    mask = None
+    if masking == "bool":
+        mask = (real[:, None, None, :] & torch.ones(13, 13, dtype=torch.bool).tril())  # (batch, 1, q, k)
+    elif masking == "float":
+        mask = torch.where(real[:, None, None, :], 0.0, torch.finfo(torch.float32).min).expand(3, 1, 13, 13)
+    blocks = list(chunked.attention_blocks(query, key, mask, scaling=8 ** -0.5, causal=causal, chunk=chunk,
+                                           softcap=softcap))
+    assert [(start, stop) for start, stop, _ in blocks] == [(s, min(s + chunk, 13)) for s in range(0, 13, chunk)]
+    got = torch.cat([w for _, _, w in blocks], -2)
+    want = eager_reference(query, key, mask, 8 ** -0.5, causal, softcap)
+    torch.testing.assert_close(got.double(), want, atol=1e-6, rtol=1e-5)
+
+
+# --- every metric over blocks of queries -------------------------------------------------------------------
+
+
+def block_sums(batch: AttentionBatch, metric, chunk: int, max_len=None):
+    """A metric's (sums, counts) added up over blocks of `chunk` queries, as a chunked sweep adds them."""
+    n = batch.pattern.shape[-2]
+    sums = counts = 0
+    for start in range(0, n, chunk):
+        stop = min(start + chunk, n)
+        block = AttentionBatch(batch.pattern[:, :, start:stop], batch.query_mask[:, start:stop], batch.key_mask,
+                               batch.tokens, batch.sep_mask, batch.causal, batch.max_offset, query_start=start,
+                               max_len=max_len)
+        s, c = metric.function(block)
+        sums, counts = sums + s, counts + c
+    return sums, counts
+
+
+@pytest.mark.parametrize("chunk", CHUNKS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_metric_block_sums_equal_whole_pattern_sums(chunk, causal):
+    batch = make_batch([11, 4, 1, 9], n_heads=3, causal=causal, seed=chunk, sep_id=2, max_offset=3)
+    whole = AttentionBatch(batch.pattern, batch.query_mask, batch.key_mask, batch.tokens, batch.sep_mask, causal, 3,
+                           max_len=16)
+    for metric in SCORED:
+        want = metric.function(whole)
+        got = block_sums(whole, metric, chunk, max_len=16)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, atol=1e-10, rtol=1e-10, msg=metric.name)
+
+
+def test_position_buckets_add_up_to_their_metric():
+    batch = make_batch([11, 6, 9], n_heads=2, causal=True, seed=4)
+    whole = AttentionBatch(batch.pattern, batch.query_mask, batch.key_mask, batch.tokens, batch.sep_mask, True, 3,
+                           max_len=11)
+    for by_position, metric in (("first_token_by_position", "first_token"), ("distance_by_position", "distance")):
+        sums, counts = METRICS[by_position].function(whole)
+        assert sums.shape == (3, 2, len(buckets(11)))
+        want_sums, want_counts = METRICS[metric].function(whole)
+        torch.testing.assert_close(sums.sum(-1), want_sums)
+        torch.testing.assert_close(counts.sum(-1), want_counts)
+    # bucket 4 holds positions 4..7: the mean distance of those queries, by hand for segment 0, head 0
+    sums, counts = METRICS["distance_by_position"].function(whole)
+    pattern = batch.pattern[0, 0]
+    by_hand = sum(float((pattern[q] * (q - torch.arange(11)).abs()).sum()) for q in range(4, 8))
+    assert counts[0, 0, 3] == 4 and sums[0, 0, 3].item() == pytest.approx(by_hand)
+
+
+# --- whole models, eager against chunked -------------------------------------------------------------------
+
+
+def padded(model, texts):
+    ids = model.token_ids(texts)
+    n = max(map(len, ids))
+    pad = model.special_token_ids["pad"] or 0
+    input_ids = torch.tensor([row + [pad] * (n - len(row)) for row in ids])
+    mask = torch.tensor([[1] * len(row) + [0] * (n - len(row)) for row in ids])
+    return input_ids, mask
+
+
+def scores(model, texts, layers, attention, query_chunk=512):
+    """{(layer, metric): (sums, counts)} over the batch, as a sweep would add them up."""
+    input_ids, mask = padded(model, texts)
+    real = mask.bool()
+    sep = model.special_token_ids["sep"]
+    sep_mask = input_ids == sep if sep is not None else torch.zeros_like(real)
+    totals = {}
+
+    def hook_for(layer):
+        def hook(pattern, hook):
+            start = hook.start if isinstance(hook, QueryBlock) else 0
+            stop = start + pattern.shape[-2]
+            batch = AttentionBatch(pattern.float(), real[:, start:stop], real, input_ids, sep_mask, model.causal, 4,
+                                   query_start=start, max_len=input_ids.shape[1])
+            for metric in SCORED:
+                s, c = metric.function(batch)
+                old = totals.get((layer, metric.name), (0, 0))
+                totals[(layer, metric.name)] = (old[0] + s.double(), old[1] + c.double())
+
+        return hook
+
+    with model.pattern_forward({layer: hook_for(layer) for layer in layers}, attention=attention,
+                               query_chunk=query_chunk) as forward:
+        forward(input_ids, mask)
+    return totals
+
+
+def assert_same_scores(model, layers, chunks=CHUNKS):
+    assert model.chunked_refusal() is None
+    eager = scores(model, TEXTS, layers, "eager")
+    assert len(eager) == len(layers) * len(SCORED)
+    for chunk in chunks:
+        got = scores(model, TEXTS, layers, "chunked", chunk)
+        assert got.keys() == eager.keys()
+        for key, (want_sums, want_counts) in eager.items():
+            np.testing.assert_allclose(got[key][0].numpy(), want_sums.numpy(), rtol=1e-5, atol=1e-5,
+                                       err_msg=f"{model.name} chunk {chunk} layer {key[0]} {key[1]}")
+            np.testing.assert_array_equal(got[key][1].numpy(), want_counts.numpy())
+
+
+def test_tiny_gpt2_chunked_equals_eager(tiny_models):
+    assert_same_scores(tiny_models["gpt2"], [0, 1])
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "bert"])
+def test_planted_chunked_equals_eager(arch, tmp_path):
+    from headscan.models import load_model
+    from headscan.testing import build_planted_checkpoint
+
+    folder, _ = build_planted_checkpoint(tmp_path, arch)
+    assert_same_scores(load_model(str(folder)), [0, 1])
+
+
+def test_minilm_chunked_equals_eager(minilm):
+    assert_same_scores(minilm, list(range(minilm.n_layers)), chunks=[1, 7, 1000])
+
+
+def test_smollm2_chunked_equals_eager(smollm2):
+    # every layer runs chunked (each feeds the next); a few are scored, the first and last among them
+    assert_same_scores(smollm2, [0, 1, 17, smollm2.n_layers - 1], chunks=[7, 1000])
+
+
+# --- the forward pass itself ---------------------------------------------------------------------------------
+
+
+def test_blocks_tile_the_queries_in_order_and_eager_is_untouched(tiny_models):
+    model = tiny_models["gpt2"]
+    input_ids, mask = padded(model, TEXTS)
+    seen, eager = [], {}
+
+    def record(pattern, hook):
+        seen.append((hook, tuple(pattern.shape)))
+
+    def keep(pattern, hook):
+        eager.setdefault(len(eager), pattern.clone())
+
+    with model.pattern_forward({0: keep}) as forward:
+        forward(input_ids, mask)
+    with model.pattern_forward({1: record}, attention="chunked", query_chunk=5) as forward:
+        forward(input_ids, mask)
+    n = input_ids.shape[1]
+    assert [where for where, _ in seen] == [QueryBlock(1, s, min(s + 5, n), n) for s in range(0, n, 5)]
+    assert all(shape == (3, model.n_heads, where.size, n) for where, shape in seen)
+    with model.pattern_forward({0: keep}) as forward:  # eager mode is restored after a chunked pass
+        forward(input_ids, mask)
+    torch.testing.assert_close(eager[0], eager[1], atol=0, rtol=0)
+
+
+def test_internals_hand_over_values_and_head_outputs(smollm2):
+    model = smollm2
+    input_ids, mask = padded(model, TEXTS[:2])
+    got = {}
+    internals = {"v": {2: lambda v, layer: got.setdefault("v", v.clone())},
+                 "z": {2: lambda z, layer: got.setdefault("z", z.clone())}}
+    with model.pattern_forward({}, attention="chunked", query_chunk=4, internals=internals) as forward:
+        forward(input_ids, mask)
+    d_head = model.d_model // model.n_heads
+    assert got["v"].shape == (2, input_ids.shape[1], model.n_kv_heads, d_head)
+    assert got["z"].shape == (2, input_ids.shape[1], model.n_heads, d_head)
+    with pytest.raises(ConfigError, match="internals are read in chunked attention only"):
+        with model.pattern_forward({}, internals=internals):
+            pass
+
+
+def test_a_model_whose_scores_cannot_be_reproduced_is_refused(tmp_path):
+    from headscan.models import load_model
+    from headscan.testing import build_architecture_checkpoint
+
+    model = load_model(str(build_architecture_checkpoint(tmp_path, "bloom")))
+    assert "ALiBi" in model.chunked_refusal()
+    with pytest.raises(ModelLoadError, match=r"cannot run chunked attention: .*ALiBi.*; use --attention eager"):
+        with model.pattern_forward({0: lambda pattern, hook: None}, attention="chunked"):
+            pass
+    assert chunked.choose(model, batch_size=64, max_len=100_000, budget_mib=1) == "eager"  # auto falls back
+
+
+def test_auto_goes_chunked_past_the_budget(tiny_models):
+    model = tiny_models["gpt2"]
+    assert chunked.eager_bytes(model.n_heads, 2, 1024) > chunked.chunked_bytes(model.n_heads, 2, 1024, 128)
+    assert chunked.choose(model, batch_size=2, max_len=64, budget_mib=1) == "eager"
+    assert chunked.choose(model, batch_size=2, max_len=4096, budget_mib=1) == "chunked"
+    assert chunked.choose(model, batch_size=2, max_len=4096, attention="eager") == "eager"
+    assert chunked.default_budget_mib("cpu") >= 1
