@@ -35,7 +35,9 @@ reports: setup
 	@test -f "$(EWT)" || { echo "make reports: no EWT treebank at $(EWT); pass its dev file: make reports EWT=path/to/en_ewt-ud-dev.conllu"; exit 1; }
 	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --corpus $(EWT) --out reports/runs/ewt-dev --device cpu -q --overwrite
 	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --corpus repeat-random --out reports/runs/repeat-random --device cpu -q --overwrite
+	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep -m smollm2 --corpus $(EWT) --limit 800 --pack sentences --max-len 2048 --attention chunked --batch-size 1 --out reports/runs/ewt-long --device cpu -q --overwrite
 	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/ewt-dev --out reports/ewt-dev
+	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/ewt-long --out reports/ewt-long
 	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/repeat-random --out reports/repeat-random
 	$(BIN)/python experiments/atlas_screenshots.py reports/ewt-dev/index.html reports/screenshots/ewt-dev minilm:L0H2 smollm2:L16H0
 	$(BIN)/python experiments/atlas_screenshots.py reports/repeat-random/index.html reports/screenshots/repeat-random smollm2:L18H6
