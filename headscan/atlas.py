@@ -275,7 +275,8 @@ def atlas_data(comparison: Comparison, examples: Examples | None = None) -> dict
     for metric in comparison.metrics:
         entry = METRICS.get(metric)
         values = heads.loc[heads["metric"] == metric, "value"].dropna()
-        bounded = entry is None or entry.bounded
+        # a metric this headscan does not register (dla, in logits) is drawn as a share only when it looks like one
+        bounded = entry.bounded if entry is not None else bool(values.between(0.0, 1.0).all())
         top = 1.0 if bounded else (float(values.max()) if len(values) and values.max() > 0 else 1.0)
         metrics.append({"name": metric, "unit": entry.unit if entry else "value", "bounded": bounded,
                         "striking": striking_order(metric), "max": _num(top), "ranked": entry is not None})

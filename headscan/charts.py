@@ -1,5 +1,6 @@
-"""Charts of heads across offsets, metrics, depth and relations: offset profiles, previous- against next-token
-scores, entropy by relative depth, syntactic heads against the fixed-offset baseline. Like `headscan.figures`
+"""Charts of heads across offsets, metrics, depth, relations and positions: offset profiles, previous- against
+next-token scores, entropy by relative depth, syntactic heads against the fixed-offset baseline, a metric along
+the context layer by layer, attention- against value-weighted shares. Like `headscan.figures`
 (layer x head matrices, whose helpers these share), each function takes a tidy table plus keyword-only options
 and ``ax=None``, draws on that Axes and returns it.
 
@@ -17,7 +18,10 @@ import seaborn as sns
 from .figures import _axes, _ranks_high, _select, model_palette, unit
 from .syntactic import offset_text
 
-__all__ = ["offset_profiles", "prev_next_scatter", "entropy_by_depth", "syntax_best_heads", "syntax_legend_handles"]
+__all__ = ["offset_profiles", "prev_next_scatter", "entropy_by_depth", "syntax_best_heads", "syntax_legend_handles",
+           "position_profiles", "value_weighting_by_depth", "value_weighting_scatter"]
+
+DEPTH_CMAP = "viridis"  # layers coloured by depth: dark the first layer, yellow the last
 
 
 def offset_profiles(
@@ -362,3 +366,191 @@ def syntax_legend_handles(models: Sequence[str], palette: Mapping[str, tuple]) -
         Line2D([], [], color="0.3", marker="o", markerfacecolor="none", linestyle="none", markersize=5,
                label="interval reaches the baseline"),
     ]
+
+
+def position_profiles(
+    profiles: pd.DataFrame,
+    *,
+    model: str,
+    ax=None,
+    ylabel: str = "value",
+    title: str | None = None,
+    cmap: str = DEPTH_CMAP,
+    colorbar: bool = True,
+    share: bool = False,
+):
+    """Draw a metric against query position for one model, one line per layer (the mean over its heads),
+    coloured by depth, on a log2 axis of position buckets.
+
+    Parameters
+    ----------
+    profiles : DataFrame
+        `headscan.context.layer_profiles` of one metric (columns ``model, layer, layers, bucket, value``).
+        Bucket 0 (position 0 alone) has no place on a log axis and is left out.
+    model : str
+        Which model.
+    ax : matplotlib Axes, optional
+        Where to draw; the current Axes by default.
+    ylabel : str, default "value"
+        The y axis label: what the metric is measured in.
+    title : str, optional
+        Axes title; the model's name by default.
+    cmap : str, default `DEPTH_CMAP`
+        Colour map of depth: layer 0 at its low end, the last layer at its high end.
+    colorbar : bool, default True
+        A colour bar of layers beside the Axes.
+    share : bool, default False
+        The metric is a share of attention: the y axis runs from 0 to 1.
+
+    Returns
+    -------
+    matplotlib Axes
+        ``ax.lines[i]`` is layer i (in the table's order of layers): x the bucket's first position, y the mean.
+    """
+    import matplotlib as mpl
+
+    ax = _axes(ax)
+    rows = _select(profiles, model=model)
+    rows = rows[rows["bucket"] >= 1]
+    n_layers = int(rows["layers"].max()) if len(rows) else 1
+    colours = mpl.colormaps[cmap]
+    norm = mpl.colors.Normalize(0, max(n_layers - 1, 1))
+    for layer, line in rows.groupby("layer", sort=True):
+        line = line.sort_values("bucket")
+        ax.plot(line["bucket"], line["value"], color=colours(norm(layer)), linewidth=1.1, marker="o", markersize=2.2,
+                label=f"layer {layer}")
+    ax.set_xscale("log", base=2)
+    if len(rows):
+        ticks = sorted(rows["bucket"].unique())
+        ax.set_xticks(ticks, [str(int(t)) for t in ticks])
+        ax.minorticks_off()
+    if share:
+        ax.set_ylim(0, 1.02)
+    else:
+        ax.set_ylim(bottom=0)
+    ax.grid(axis="y", color="0.92", linewidth=0.6)
+    ax.set_xlabel("query position (bucket b: positions b to 2b - 1)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title if title is not None else model)
+    if colorbar:
+        bar = ax.figure.colorbar(mpl.cm.ScalarMappable(norm=norm, cmap=colours), ax=ax, pad=0.02, fraction=0.05)
+        bar.set_label("layer")
+        bar.ax.invert_yaxis()  # layer 0 at the top, as in the heatmaps
+    return ax
+
+
+def _share_limit(values: pd.DataFrame) -> float:
+    """The top of a share axis: 1 (the whole 0-1 scale) unless every value is below 0.5, then a little above the
+    largest, so that a small sink ([SEP] at a few percent) is not drawn as a flat line on the floor."""
+    largest = float(np.nanmax(values.to_numpy(float))) if values.size and np.isfinite(values.to_numpy(float)).any() \
+        else 1.0
+    return 1.02 if largest >= 0.5 else max(largest * 1.15, 0.01)
+
+
+def value_weighting_by_depth(
+    pairs: pd.DataFrame,
+    *,
+    ax=None,
+    palette: Mapping[str, tuple] | None = None,
+    metric: str = "first_token",
+    title: str | None = None,
+):
+    """Draw each model's share on a sink by relative depth, attention-weighted (solid) and value-weighted
+    (dashed): how much of the sink survives once each key counts by the norm of what it moves.
+
+    Parameters
+    ----------
+    pairs : DataFrame
+        `headscan.movement.layer_pairs` (columns ``model, layer, depth, attention, value_weighted``).
+    ax : matplotlib Axes, optional
+        Where to draw; the current Axes by default.
+    palette : mapping of model to colour, optional
+        Colours by model; `model_palette` of the table's models by default.
+    metric : str, default "first_token"
+        The metric the pairs are of, for the axis label and title.
+    title : str, optional
+        Axes title; one naming the metric by default.
+
+    Returns
+    -------
+    matplotlib Axes
+        For model i (in table order), ``ax.lines[2 * i]`` is its attention-weighted layer means and
+        ``ax.lines[2 * i + 1]`` its value-weighted ones: x relative depth, y the mean share.
+    """
+    ax = _axes(ax)
+    models = list(dict.fromkeys(pairs["model"]))
+    palette = dict(palette) if palette is not None else model_palette(models)
+    for model in models:
+        part = pairs[pairs["model"] == model].sort_values("layer")
+        ax.plot(part["depth"], part["attention"], color=palette[model], marker="o", markersize=3, linewidth=1.3,
+                label=f"{model}: attention-weighted")
+        ax.plot(part["depth"], part["value_weighted"], color=palette[model], marker="s", markersize=3,
+                linewidth=1.3, linestyle="--", label=f"{model}: value-weighted")
+    ax.set_xlim(-0.03, 1.03)
+    ax.set_ylim(0, _share_limit(pairs[["attention", "value_weighted"]]))
+    ax.grid(axis="y", color="0.92", linewidth=0.6)
+    ax.set_xlabel("relative depth (layer / (layers - 1): 0 first layer, 1 last)")
+    ax.set_ylabel(f"{metric}: mean share over the layer's heads")
+    ax.set_title(title if title is not None else f"{metric}: attention-weighted against value-weighted")
+    if models:
+        ax.legend(fontsize="small", frameon=False, loc="upper right")
+    return ax
+
+
+def value_weighting_scatter(
+    both: pd.DataFrame,
+    *,
+    ax=None,
+    palette: Mapping[str, tuple] | None = None,
+    metric: str = "first_token",
+    label_top: int = 1,
+):
+    """Draw each head's attention-weighted share against its value-weighted share, one colour per model, with
+    the diagonal (no change) dashed; a sink that moves little lies far below it.
+
+    Parameters
+    ----------
+    both : DataFrame
+        `headscan.movement.paired` (columns ``model, family, label, attention, value_weighted``).
+    ax : matplotlib Axes, optional
+        Where to draw; the current Axes by default.
+    palette : mapping of model to colour, optional
+        Colours by model; `model_palette` of the table's models by default.
+    metric : str, default "first_token"
+        The metric, for the axis labels.
+    label_top : int, default 1
+        Label each model's this many heads that fall most (attention-weighted minus value-weighted).
+
+    Returns
+    -------
+    matplotlib Axes
+        ``ax.collections[i].get_offsets()`` are model i's (attention, value-weighted) points, by layer then
+        head; ``ax.texts`` the labels of the heads that fall most.
+    """
+    ax = _axes(ax)
+    models = list(dict.fromkeys(both["model"]))
+    palette = dict(palette) if palette is not None else model_palette(models)
+    for model in models:
+        part = both[both["model"] == model]
+        family = str(part["family"].iloc[0]) if "family" in part else ""
+        ax.scatter(part["attention"], part["value_weighted"], color=palette[model], s=14, alpha=0.75,
+                   edgecolors="none", marker="^" if family == "bidirectional" else "o",
+                   label=f"{model} ({family})" if family else model)
+    top = _share_limit(both[["attention", "value_weighted"]])
+    for model in models:
+        part = both[both["model"] == model]
+        fall = (part["attention"] - part["value_weighted"]).nlargest(label_top, keep="first")
+        for i in fall.index[fall > 0]:
+            right = part.loc[i, "attention"] > 0.8 * top  # near the right edge: the label goes left of its point
+            ax.annotate(part.loc[i, "label"], (part.loc[i, "attention"], part.loc[i, "value_weighted"]),
+                        xytext=(-3 if right else 3, 3), textcoords="offset points", fontsize="x-small",
+                        ha="right" if right else "left", color=palette[model])
+    ax.plot([0, top], [0, top], color="0.6", linewidth=0.8, linestyle="--", zorder=0, label="no change")
+    ax.set_xlim(-0.02 * top, top)
+    ax.set_ylim(-0.02 * top, top)
+    ax.set_aspect("equal")
+    ax.set_xlabel(f"{metric}, attention-weighted")
+    ax.set_ylabel(f"{metric}, value-weighted")
+    if models:
+        ax.legend(fontsize="small", frameon=False, loc="upper left")
+    return ax

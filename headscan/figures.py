@@ -39,6 +39,7 @@ __all__ = [
     "head_heatmap",
     "attention_matrix",
     "difference_heatmap",
+    "value_heatmap",
     "is_bounded",
     "unit",
     "model_palette",
@@ -48,6 +49,7 @@ SHARE_CMAP = "rocket_r"  # light = little attention, dark = all of it: reads in 
 UNBOUNDED_CMAP = "mako_r"  # a different hue, so nats or tokens are never read against the share scale
 UNDEFINED_COLOUR = "#d9d9d9"  # cells where a metric is undefined (NaN) show the axes background
 DIFFERENCE_CMAP = "vlag"  # blue below 0, red above: run B minus run A
+SIGNED_CMAP = "vlag"  # scores from -1 to 1 (OV copying): blue below 0, white at 0, red above
 
 
 def is_bounded(metric: str) -> bool:
@@ -337,4 +339,78 @@ def difference_heatmap(
     ax.set_ylabel("layer")
     ax.tick_params(axis="y", rotation=0)
     ax.set_title(title if title is not None else metric)
+    return ax
+
+
+def value_heatmap(
+    rows: pd.DataFrame,
+    *,
+    model: str,
+    label: str,
+    ax=None,
+    vmin: float = 0.0,
+    vmax: float | None = None,
+    cmap: str = UNBOUNDED_CMAP,
+    center: float | None = None,
+    annotate_top: int = 3,
+    digits: int = 2,
+    cbar: bool = True,
+    title: str | None = None,
+):
+    """Draw any per-head score of one model (a column ``value`` not in the metric registry: an OV copying score,
+    a ratio) as a layer x head heatmap, its highest heads annotated.
+
+    Parameters
+    ----------
+    rows : DataFrame
+        One row per head (columns ``model``, ``layer``, ``head``, ``value``); only the rows of `model` are drawn.
+    model : str
+        Which model.
+    label : str
+        The colour bar's label: what the value is measured in.
+    ax : matplotlib Axes, optional
+        Where to draw; the current Axes by default.
+    vmin, vmax : float
+        Colour scale limits; vmax defaults to the largest value (vmin + 1 when none is larger than vmin).
+    cmap : str, default `UNBOUNDED_CMAP`
+        Colour map; `SIGNED_CMAP` with ``center=0`` for scores from -1 to 1.
+    center : float, optional
+        The value at the colour map's centre, for a diverging map.
+    annotate_top : int, default 3
+        Write the value into the cells of this many of the highest heads (ties to the lower layer, then head);
+        none when every head has the same value.
+    digits : int, default 2
+        Decimals of the annotations.
+    cbar : bool, default True
+        Draw a colour bar labelled `label`.
+    title : str, optional
+        Axes title; the model's name by default.
+
+    Returns
+    -------
+    matplotlib Axes
+        ``ax.collections[0].get_array()`` holds the (layer, head) grid, NaN where undefined; ``ax.texts`` the
+        annotations, highest first.
+    """
+    ax = _axes(ax)
+    grid = _layer_by_head(_select(rows, model=model), f"{model}: {label}")
+    values = grid.to_numpy()
+    finite = values[np.isfinite(values)]
+    if vmax is None:
+        vmax = float(finite.max()) if finite.size and finite.max() > vmin else vmin + 1.0
+    ax.set_facecolor(UNDEFINED_COLOUR)
+    sns.heatmap(grid, ax=ax, vmin=vmin, vmax=vmax, cmap=cmap, center=center, cbar=cbar,
+                cbar_kws={"label": _wrapped(label)} if cbar else None, linewidths=0.5, linecolor="white",
+                xticklabels=True, yticklabels="auto")
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.tick_params(axis="y", rotation=0)
+    ax.set_title(title if title is not None else model)
+    if annotate_top > 0 and finite.size and finite.max() > finite.min():
+        mesh = ax.collections[0]
+        for (layer, head), value in grid.stack().dropna().nlargest(annotate_top, keep="first").items():
+            r, g, b, _ = mesh.cmap(mesh.norm(value))
+            dark = 0.2126 * r + 0.7152 * g + 0.0722 * b < 0.45
+            ax.text(head + 0.5, layer + 0.5, f"{value:.{digits}f}", ha="center", va="center", fontsize="small",
+                    fontweight="bold", color="white" if dark else "black")
     return ax

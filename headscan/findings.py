@@ -471,11 +471,14 @@ def top_heads_text(run: tables.SweepTables, metric: str, n: int = 10) -> str:
     >>> print(top_heads_text(tables.SweepTables({"heads": heads}), "next_token"))
     gpt: next_token: a causal model's queries cannot see later tokens, so it is 0 for every head
 
-    ``syntax``, for a run with a syntax table, prints each model's best head per relation and direction against
+    ``copying`` (weights.parquet) and ``dla`` / ``dla_positive`` (heads.parquet), which the metric registry does
+    not hold, print their highest heads. ``syntax``, for a run with a syntax table, prints each model's best head per relation and direction against
     the fixed-offset baseline (`headscan.syntactic.best_heads`), for the `n` relations with most dependents.
     """
     if metric == "syntax" and "syntax" in run.frames:
         return _syntax_text(run["syntax"], n)
+    if metric not in METRICS and metric in _UNREGISTERED and _has(run, *_UNREGISTERED[metric]):
+        return _unregistered_text(run, metric, n)
     heads = run.heads
     said, shown = [], []
     for model in dict.fromkeys(heads["model"]):
@@ -490,6 +493,30 @@ def top_heads_text(run: tables.SweepTables, metric: str, n: int = 10) -> str:
     top = tables.top_heads(heads[heads["model"].isin(shown)], metric, n)  # checks the metric even if none is shown
     parts = [top.to_string(index=False)] if shown else []
     return "\n".join(parts + said)
+
+
+# Scores a sweep may write that the metric registry does not hold: metric -> the table it is in.
+_UNREGISTERED = {"copying": ("weights", "copying"), "dla": ("heads", "dla"), "dla_positive": ("heads", "dla_positive")}
+
+
+def _has(run: tables.SweepTables, table: str, metric: str) -> bool:
+    return table in run.frames and bool((run.frames[table]["metric"] == metric).any())
+
+
+def _unregistered_text(run: tables.SweepTables, metric: str, n: int) -> str:
+    """`top_heads_text` for ``copying`` (weights.parquet) and ``dla`` / ``dla_positive`` (heads.parquet): the
+    highest first, ties to the lower layer, then head."""
+    if n < 1:
+        raise tables.TablesError(f"top must be at least 1, got {n}")
+    table = _UNREGISTERED[metric][0]
+    frame = run[table]
+    rows = frame[(frame["metric"] == metric) & frame["value"].notna()]
+    rows = rows.sort_values(["value", "layer", "head"], ascending=[False, True, True], kind="stable")
+    models = {name: i for i, name in enumerate(dict.fromkeys(frame["model"]))}
+    rows = rows.groupby("model", sort=False).head(n).sort_values("model", key=lambda c: c.map(models), kind="stable")
+    columns = ["model", "label", "layer", "head", "value"] + (["embedding"] if table == "weights" else
+                                                               ["ci_low", "ci_high", "count"])
+    return rows[columns].to_string(index=False)
 
 
 def _syntax_text(syntax: pd.DataFrame, n: int) -> str:

@@ -10,8 +10,9 @@ this module never loads a model.
 Every finding is generated from the numbers, and every unit, striking end, structural zero and metric
 definition is read from the metric registry (`headscan.metrics.METRICS`), so none can drift from the code.
 Every table of the registry (`headscan.tables.TABLES`) that a run holds appears: heads, offsets and syntax in
-their own sections, any other as its top rows per model. A report holds no time of its own making: regenerating
-it from the same runs gives the same bytes.
+their own sections (positions, value and weights too, where they hold enough to draw), any other as its top
+rows per model. A report holds no time of its own making: regenerating it from the same runs gives the same
+bytes.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ if TYPE_CHECKING:  # the report only reads what headscan.examples computed; it n
 __all__ = ["write_report", "build_report", "check_report_options", "check_runs"]
 
 SECTIONED = ("heads", "offsets", "syntax")  # tables with sections of their own; any other gets its top rows
+# positions, value and weights rows get sections of their own where there is enough to draw
+# (`headscan.sections.shown_elsewhere`); the rest of them are listed with the other tables.
 
 # Fixed fonts and styles: the same input draws the same pixels, whatever the user's matplotlibrc says.
 _RC = {
@@ -234,7 +237,10 @@ def _top_section(comparison: Comparison, top: int) -> list:
 
 
 def _other_tables_section(comparison: Comparison, top: int) -> list:
-    others = [name for name in comparison.frames if name not in SECTIONED]
+    shown = sections.shown_elsewhere(comparison)  # rows drawn in "Attention along the context", "What heads move"
+    frames = {name: frame[~frame["metric"].isin(shown.get(name, set()))] if "metric" in frame else frame
+              for name, frame in comparison.frames.items() if name not in SECTIONED}
+    others = [name for name, frame in frames.items() if name not in shown or len(frame)]
     if not others:
         return []
     blocks: list = [Heading(2, "Other tables"),
@@ -243,7 +249,7 @@ def _other_tables_section(comparison: Comparison, top: int) -> list:
     for name in others:
         table = TABLES[name]
         keys = [key for key in table.keys if key != "metric"]
-        rows = top_rows(comparison[name], keys=list(table.keys), n=top)
+        rows = top_rows(frames[name], keys=list(table.keys), n=top)
         cells = pd.DataFrame({
             "model": rows["model"].astype(str),
             **({"metric": rows["metric"].astype(str)} if "metric" in table.keys else {}),
@@ -325,6 +331,10 @@ def build_report(comparison: Comparison, *, top: int = 10, examples: Examples | 
     ]
     if "syntax" in comparison.frames:
         steps.insert(-1, ("syntactic heads", lambda: sections.syntax_section(comparison, palette, pngs)))
+    if "positions" in comparison.frames:
+        steps.insert(-1, ("attention along the context", lambda: sections.context_section(comparison, pngs)))
+    if {"value", "weights"} & set(comparison.frames) or "dla" in comparison.metrics:
+        steps.insert(-1, ("what heads move", lambda: sections.movement_section(comparison, palette, pngs)))
     blocks = []
     with matplotlib.rc_context(_RC):
         for what, make in steps:

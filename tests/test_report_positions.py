@@ -1,0 +1,165 @@
+"""The report's "Attention along the context" section (issue 9): the positions table read per layer and head, its
+figures, its sentences and table, and when it appears.
+
+Expected numbers are written out by hand from the synthetic rows below.
+"""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.figure import Figure
+
+from headscan import charts, context, figures, report, sections
+from headscan.document import Bullets, Heading, Table
+from headscan.runs import merge_runs
+from headscan.tables import TABLES, SweepTables
+
+BUCKETS = (0, 1, 2, 4, 8, 16)  # six non-empty buckets for distance, five for the first token (bucket 0 is empty)
+
+
+def head_rows(model, family, n_layers, n_heads, metrics=("prev_token", "first_token", "entropy")):
+    rows = []
+    for layer in range(n_layers):
+        for head in range(n_heads):
+            for metric in metrics:
+                v = 0.1 * (layer + 1) + 0.01 * head
+                rows.append(dict(model=model, family=family, layer=layer, head=head, label=f"L{layer}H{head}",
+                                 kv_group=head, metric=metric, value=v, sum=10 * v, count=10.0, ci_low=v - 0.01,
+                                 ci_high=v + 0.01, units=400.0, top_unit_share=0.01))
+    return rows
+
+
+def sink(layer, head, bucket):
+    """first_token_by_position: (2 layer + head + 1) / 10 at bucket 16, that times (1 + log2 b) / 5 before."""
+    return (2 * layer + head + 1) / 10 * (1 + math.log2(bucket)) / 5
+
+
+def distance(head, bucket):
+    """distance_by_position: head 0 looks 1 token back wherever it is; head 1 spreads, 0.75 b tokens."""
+    return 1.0 if head == 0 else 0.75 * bucket
+
+
+def position_rows(model, family, n_layers, n_heads, buckets=BUCKETS):
+    rows = []
+    for layer in range(n_layers):
+        for head in range(n_heads):
+            for bucket in buckets:
+                common = dict(model=model, family=family, layer=layer, head=head, label=f"L{layer}H{head}",
+                              kv_group=head, bucket=bucket, units=400.0, top_unit_share=0.01)
+                s, c = (np.nan, 0.0) if bucket == 0 else (sink(layer, head, bucket), 100.0)
+                rows.append(dict(common, metric=context.SINK, value=s, sum=s * c if c else 0.0, count=c,
+                                 ci_low=s - 0.01, ci_high=s + 0.01))
+                d = 0.0 if bucket == 0 else distance(head, bucket)
+                rows.append(dict(common, metric=context.DISTANCE, value=d, sum=100 * d, count=100.0,
+                                 ci_low=d - 0.1, ci_high=d + 0.1))
+    return rows
+
+
+def run(buckets=BUCKETS, *, short_model=False):
+    heads = head_rows("gpt", "causal", 2, 2)
+    positions = position_rows("gpt", "causal", 2, 2, buckets)
+    if short_model:
+        heads += head_rows("bert", "bidirectional", 2, 2)
+        positions += position_rows("bert", "bidirectional", 2, 2, (0, 1, 2, 4))
+    return SweepTables({"heads": TABLES["heads"].conform(pd.DataFrame(heads)),
+                        "positions": TABLES["positions"].conform(pd.DataFrame(positions))})
+
+
+@pytest.fixture
+def positions():
+    return run()["positions"]
+
+
+def test_buckets_counted_and_long_models(positions):
+    both = run(short_model=True)["positions"]
+    assert context.filled_buckets(both).to_dict() == {"gpt": 6, "bert": 4}
+    assert context.long_models(both) == ["gpt"]
+    assert context.long_models(both, min_buckets=4) == ["gpt", "bert"]
+
+
+def test_layer_profiles_are_means_over_the_layer_s_heads(positions):
+    profiles = context.layer_profiles(positions, metric=context.SINK)
+    assert list(profiles.columns) == ["model", "layer", "layers", "bucket", "value"]
+    assert sorted(profiles["bucket"].unique()) == [1, 2, 4, 8, 16]  # bucket 0 counts no query
+    at = profiles.set_index(["layer", "bucket"])["value"]
+    assert at[(0, 16)] == pytest.approx(0.15) and at[(1, 16)] == pytest.approx(0.35)
+    assert at[(1, 1)] == pytest.approx(0.35 / 5)
+    assert (profiles["layers"] == 2).all()
+
+
+def test_sink_heads_at_the_longest_bucket_with_their_early_share(positions):
+    top = context.sink_heads(positions, n=3)
+    assert top["label"].tolist() == ["L1H1", "L1H0", "L0H1"]
+    np.testing.assert_allclose(top["value"], [0.4, 0.3, 0.2])
+    np.testing.assert_allclose(top["early"], [0.08, 0.06, 0.04])
+    assert set(top["bucket"]) == {16} and set(top["early_bucket"]) == {1}
+
+
+def test_reach_is_distance_over_the_bucket_s_position(positions):
+    reach = context.reach(positions).set_index("label")
+    assert reach.loc["L0H0", "value"] == pytest.approx(1 / 16)
+    assert reach.loc["L1H1", "value"] == pytest.approx(0.75)
+    assert reach.loc["L1H1", "distance_early"] == pytest.approx(0.75)
+
+
+def test_position_profiles_draws_a_line_per_layer_on_a_log2_axis(positions):
+    fig = Figure()
+    ax = charts.position_profiles(context.layer_profiles(positions, metric=context.SINK), model="gpt",
+                                  ax=fig.subplots(), share=True)
+    assert len(ax.lines) == 2
+    np.testing.assert_allclose(ax.lines[0].get_xdata(), [1, 2, 4, 8, 16])
+    np.testing.assert_allclose(ax.lines[1].get_ydata()[-1], 0.35)
+    assert ax.get_xscale() == "log" and ax.get_ylim() == (0, 1.02)
+    assert ax.lines[0].get_color() != ax.lines[1].get_color()  # coloured by depth
+    assert len(fig.axes) == 2  # the layer colour bar
+
+
+def test_value_heatmap_holds_the_grid_and_annotates_the_highest(positions):
+    fig = Figure()
+    ax = figures.value_heatmap(context.reach(positions), model="gpt", label="reach", ax=fig.subplots(), vmax=1.0,
+                               annotate_top=1)
+    np.testing.assert_allclose(np.asarray(ax.collections[0].get_array()).reshape(2, 2),
+                               [[1 / 16, 0.75], [1 / 16, 0.75]])
+    assert [t.get_text() for t in ax.texts] == ["0.75"]
+
+
+def test_no_section_without_a_long_enough_context():
+    assert sections.context_section(merge_runs([run((0, 1, 2, 4))]), sections.Pngs()) == []
+    assert sections.context_section(merge_runs([SweepTables({"heads": run()["heads"]})]), sections.Pngs()) == []
+
+
+def test_section_numbers_figures_and_table():
+    pngs = sections.Pngs()
+    blocks = sections.context_section(merge_runs([run(short_model=True)]), pngs)
+    assert isinstance(blocks[0], Heading) and blocks[0].text == "Attention along the context"
+    assert "bucket b holds positions b to 2b \u2212 1" in blocks[1].text
+    assert set(pngs) == {"context_by_layer.png", "context_reach.png"}
+    items = next(b for b in blocks if isinstance(b, Bullets)).items
+    assert items[0] == ("gpt: the mean first-token share over all heads is 0.05 at position 1 and 0.25 at positions "
+                        "16\u201331; the largest at positions 16\u201331: L1H1 0.40 (0.08 at position 1), L1H0 0.30 "
+                        "(0.06 at position 1), L0H1 0.20 (0.04 at position 1).")
+    assert items[1].startswith("gpt at positions 16\u201331: L0H1 looks furthest, 12.0 tokens on average (reach 0.75); "
+                               "L0H0 nearest, 1.0 tokens (reach 0.06)")
+    table = next(b for b in blocks if isinstance(b, Table))
+    assert table.sortable and table.frame["head"].tolist() == ["L1H1", "L1H0", "L0H1", "L0H0"]
+    assert "bert (4)" in blocks[-1].text  # too short a context: named, not drawn
+
+
+def test_report_has_the_section_and_other_tables_do_not_repeat_it(tmp_path):
+    tables = run(short_model=False)
+    out = report.write_report([tables], tmp_path / "r")
+    md, page = (out / "report.md").read_text(), (out / "index.html").read_text()
+    assert '<h2 id="attention-along-the-context">Attention along the context</h2>' in page
+    assert "[Attention along the context](#attention-along-the-context)" in md
+    assert "### positions (positions.parquet)" not in md
+    assert (out / "figures" / "context_by_layer.png").is_file()
+    section = page[page.index('id="attention-along-the-context"'):page.index('id="runs"')]
+    assert '<table class="sortable">' in section
+
+
+def test_short_runs_keep_positions_in_other_tables(tmp_path):
+    out = report.write_report([run((0, 1, 2, 4))], tmp_path / "r")
+    md = (out / "report.md").read_text()
+    assert "## Attention along the context" not in md and "### positions (positions.parquet)" in md

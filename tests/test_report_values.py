@@ -1,0 +1,200 @@
+"""The report's "What heads move" section (issue 11): how much of the sinks survives value weighting, OV copying
+scores and direct logit attribution, each part only where its data is; `headscan show` and the atlas on such runs.
+
+Expected numbers are written out by hand from the synthetic rows below.
+"""
+
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+from matplotlib.figure import Figure
+
+from headscan import atlas, charts, figures, findings, movement, report, sections
+from headscan.cli import cli
+from headscan.document import Bullets, Heading
+from headscan.runs import merge_runs
+from headscan.tables import TABLES, SweepTables, write
+
+SHAPES = {"bert": ("bidirectional", 2, 2), "gpt": ("causal", 3, 2)}
+
+
+def attention(model, metric, layer, head):
+    """heads.parquet: bert's first_token 0.8 in layer 1, 0.4 in layer 0; gpt's 0.9 in every head; bert's sep 0.2."""
+    if metric == "first_token":
+        return (0.4 + 0.4 * layer) if model == "bert" else 0.9
+    if metric == "sep":
+        return 0.2 if model == "bert" else np.nan
+    return 0.1 * (layer + 1) + 0.01 * head
+
+
+def weighted(model, metric, layer, head):
+    """value.parquet: the sinks fall to a tenth (bert L1H1's first_token to 0.0); prev_token is unchanged."""
+    if metric in ("first_token", "sep"):
+        return 0.0 if (model, layer, head) == ("bert", 1, 1) and metric == "first_token" else \
+            attention(model, metric, layer, head) / 10
+    return attention(model, metric, layer, head)
+
+
+def frame(table, rows):
+    return TABLES[table].conform(pd.DataFrame(rows))
+
+
+def each_head(models=SHAPES):
+    for model, (family, n_layers, n_heads) in models.items():
+        for layer in range(n_layers):
+            for head in range(n_heads):
+                yield dict(model=model, family=family, layer=layer, head=head, label=f"L{layer}H{head}", kv_group=head)
+
+
+def scored(common, metric, value, **extra):
+    return dict(common, metric=metric, value=value, sum=10 * value, count=10.0, ci_low=value - 0.01,
+                ci_high=value + 0.01, units=400.0, top_unit_share=0.01, **extra)
+
+
+def tables(*, value=True, weights=True, dla=True, models=SHAPES):
+    heads, values, copy = [], [], []
+    for common in each_head(models):
+        layer, head, model = common["layer"], common["head"], common["model"]
+        for metric in ("prev_token", "first_token", "sep", "entropy"):
+            heads.append(scored(common, metric, attention(model, metric, layer, head)))
+            values.append(scored(common, metric, weighted(model, metric, layer, head)))
+        if dla and common["family"] == "causal":
+            d = 0.5 * layer - 0.2 * head  # gpt: L2H0 +1.0, L2H1 +0.8, L1H0 +0.5
+            heads.append(scored(common, "dla", d))
+            heads.append(scored(common, "dla_positive", 0.5 + d / 4))
+        c = {(0, 1): 0.9, (1, 0): -0.7}.get((layer, head), 0.1 * head)
+        copy.append(dict(common, metric="copying", value=c, sum=np.nan, count=np.nan, ci_low=np.nan, ci_high=np.nan,
+                         units=np.nan, top_unit_share=np.nan, embedding="tied" if model == "gpt" else "untied"))
+    frames = {"heads": frame("heads", heads)}
+    if value:
+        frames["value"] = frame("value", values)
+    if weights:
+        frames["weights"] = frame("weights", copy)
+    return SweepTables(frames)
+
+
+def test_paired_and_layer_means():
+    t = tables()
+    both = movement.paired(t.heads, t["value"], metric="first_token")
+    assert both["model"].tolist() == ["bert"] * 4 + ["gpt"] * 6
+    pairs = movement.layer_pairs(t.heads, t["value"], metric="first_token").set_index(["model", "layer"])
+    assert pairs.loc[("bert", 1), "attention"] == pytest.approx(0.8)
+    assert pairs.loc[("bert", 1), "value_weighted"] == pytest.approx(0.04)  # (0.08 + 0.0) / 2
+    assert pairs.loc[("gpt", 2), "depth"] == pytest.approx(1.0) and pairs.loc[("bert", 1), "depth"] == 1.0
+
+
+def test_sink_summary_states_means_and_the_largest_fall():
+    t = tables()
+    summary = movement.sink_summary(t.heads, t["value"])
+    assert summary[["model", "metric"]].values.tolist() == [["bert", "first_token"], ["bert", "sep"],
+                                                            ["gpt", "first_token"]]
+    bert = summary.iloc[0]
+    assert bert["attention"] == pytest.approx(0.6) and bert["value_weighted"] == pytest.approx((0.04 + 0.04 + 0.08) / 4)
+    assert bert["drop_label"] == "L1H1" and bert["drop_value"] == 0.0 and bert["heads"] == 4
+    means = movement.value_means(t.heads, t["value"]).set_index(["model", "metric"])
+    assert means.loc[("gpt", "prev_token"), "change"] == pytest.approx(0.0)
+    assert means.loc[("gpt", "first_token"), "change"] == pytest.approx(-0.81)
+
+
+def test_copying_heads_and_counts():
+    t = tables()
+    top = movement.copying_heads(t["weights"], n=2)
+    assert top[["model", "label"]].values.tolist() == [["bert", "L0H1"], ["bert", "L1H1"], ["gpt", "L0H1"],
+                                                       ["gpt", "L1H1"]]
+    assert top["embedding"].tolist() == ["untied", "untied", "tied", "tied"]
+    counts = movement.copying_counts(t["weights"]).set_index("model")
+    assert counts.loc["gpt", ["heads", "positive", "high"]].tolist() == [6, 3, 1]
+
+
+def test_dla_heads_of_causal_models_with_their_positive_share():
+    top = movement.dla_heads(tables().heads, n=3)
+    assert top["label"].tolist() == ["L2H0", "L2H1", "L1H0"] and set(top["model"]) == {"gpt"}
+    np.testing.assert_allclose(top["dla"], [1.0, 0.8, 0.5])
+    np.testing.assert_allclose(top["positive"], [0.75, 0.7, 0.625])
+
+
+def test_charts_draw_two_lines_per_model_and_a_point_per_head():
+    t = tables()
+    fig = Figure()
+    ax = charts.value_weighting_by_depth(movement.layer_pairs(t.heads, t["value"]), ax=fig.subplots())
+    assert len(ax.lines) == 4
+    np.testing.assert_allclose(ax.lines[0].get_ydata(), [0.4, 0.8])
+    np.testing.assert_allclose(ax.lines[1].get_ydata(), [0.04, 0.04])
+    assert ax.lines[1].get_linestyle() == "--"
+    fig = Figure()
+    ax = charts.value_weighting_scatter(movement.paired(t.heads, t["value"], metric="first_token"), ax=fig.subplots())
+    np.testing.assert_allclose(ax.collections[0].get_offsets()[3], [0.8, 0.0])
+    assert [text.get_text() for text in ax.texts] == ["L1H1", "L0H0"]  # each model's largest fall
+
+
+def test_copying_heatmap_is_diverging_from_minus_one_to_one():
+    t = tables()
+    pngs = sections.Pngs()
+    blocks = sections.movement_section(merge_runs([t]), {}, pngs)
+    assert "copying.png" in pngs
+    fig = Figure()
+    ax = figures.value_heatmap(t["weights"], model="bert", label="copying", ax=fig.subplots(), vmin=-1, vmax=1,
+                               cmap=figures.SIGNED_CMAP, center=0.0)
+    mesh = ax.collections[0]
+    assert (mesh.norm.vmin, mesh.norm.vmax) == (-1, 1)
+    np.testing.assert_allclose(np.asarray(mesh.get_array()).reshape(2, 2), [[0.0, 0.9], [-0.7, 0.1]])
+    assert any(isinstance(b, Heading) and b.text == "Copying heads" for b in blocks)
+
+
+def test_section_text_and_parts():
+    blocks = sections.movement_section(merge_runs([tables()]), {}, sections.Pngs())
+    assert [b.text for b in blocks if isinstance(b, Heading)] == ["What heads move", "Value-weighted attention",
+                                                                   "Copying heads", "Direct logit attribution"]
+    items = [item for b in blocks if isinstance(b, Bullets) for item in b.items]
+    assert ("bert: mean [CLS] share 0.60 attention-weighted, 0.04 value-weighted, over 4 heads (`first_token`); the "
+            "largest fall: L1H1, 0.80 to 0.00.") in items
+    assert any(i.startswith("gpt: mean BOS (first-token) share 0.90 attention-weighted, 0.09 value-weighted") for i in items)
+    assert ("gpt: 1 of 6 heads score above 0.5 (3 above 0, mean 0.07); the highest: L0H1 0.90, L1H1 0.10, L2H1 0.10 "
+            "(embedding tied).") in items
+    assert "gpt: L2H0 adds +1.00 logits to the next token on average, positive at 75% of queries." in items
+
+
+@pytest.mark.parametrize("parts, headings", [
+    (dict(value=False, weights=False, dla=False), []),
+    (dict(value=False, weights=True, dla=False), ["What heads move", "Copying heads"]),
+    (dict(value=True, weights=False, dla=False), ["What heads move", "Value-weighted attention"]),
+    (dict(value=False, weights=False, dla=True), ["What heads move", "Direct logit attribution"]),
+])
+def test_each_part_only_with_its_data(parts, headings):
+    blocks = sections.movement_section(merge_runs([tables(**parts)]), {}, sections.Pngs())
+    assert [b.text for b in blocks if isinstance(b, Heading)] == headings
+
+
+def test_no_dla_part_for_a_bidirectional_model_alone():
+    t = tables(value=False, weights=False, models={"bert": SHAPES["bert"]})
+    assert sections.movement_section(merge_runs([t]), {}, sections.Pngs()) == []
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    return write(tables(), tmp_path_factory.mktemp("runs") / "moves")
+
+
+def test_report_shows_the_section_once(written, tmp_path):
+    out = report.write_report([written], tmp_path / "r")
+    md, page = (out / "report.md").read_text(), (out / "index.html").read_text()
+    assert '<h2 id="what-heads-move">What heads move</h2>' in page
+    assert (out / "figures" / "value_weighted_sinks.png").is_file() and (out / "figures" / "copying.png").is_file()
+    assert "### value (value.parquet)" not in md and "### weights (weights.parquet)" not in md
+    assert "### dla" not in md[md.index("## Heatmaps"):md.index("## Top heads")]  # on its own scale, not 0-1
+    section = page[page.index('id="what-heads-move"'):page.index('id="runs"')]
+    assert section.count('<table class="sortable">') == 2
+
+
+def test_show_and_atlas_on_a_run_with_value_weights_and_dla(written):
+    runner = CliRunner()
+    for metric in ("prev_token", "first_token", "dla", "copying"):
+        result = runner.invoke(cli, ["show", str(written), "--metric", metric, "--top", "1"])
+        assert result.exit_code == 0, result.output
+    assert "L2H0" in runner.invoke(cli, ["show", str(written), "--metric", "dla", "--top", "1"]).output
+    assert "untied" in runner.invoke(cli, ["show", str(written), "--metric", "copying", "--top", "1"]).output
+    data = atlas.atlas_data(merge_runs([findings.tables.load(written)]))
+    dla = next(m for m in data["metrics"] if m["name"] == "dla")
+    assert dla["bounded"] is False  # in logits: not on the share scale
+    assert {o["table"] for o in data["models"][0]["other"]} == {"value", "weights"}
