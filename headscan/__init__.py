@@ -10,10 +10,10 @@ The public API is small:
 Importing headscan imports neither torch nor transformers; the first sweep does.
 
 >>> import headscan
->>> sorted(headscan.METRICS)[:3]
-['distance', 'duplicate_token', 'entropy']
+>>> list(headscan.METRICS)[:3]
+['prev_token', 'next_token', 'self']
 >>> list(headscan.TABLES)
-['heads', 'offsets']
+['heads', 'offsets', 'positions', 'syntax', 'value', 'weights']
 """
 
 import importlib

@@ -5,6 +5,7 @@ import re
 import sys
 from pathlib import Path
 
+from . import syntax  # noqa: F401  (registers the syntax metric, so that its definition is listed)
 from .metrics import definitions_markdown
 from .tables import tables_markdown
 

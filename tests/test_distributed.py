@@ -59,8 +59,10 @@ def assert_same_tables(a: tables.SweepTables, b: tables.SweepTables) -> None:
     for name in a.frames:
         pd.testing.assert_frame_equal(a[name].drop(columns=VALUES), b[name].drop(columns=VALUES))
         for column in VALUES:
+            # interval ends go through BCa's acceleration, a ratio of power sums added in another order: 1e-9
+            tolerance = 1e-9 if column.startswith("ci_") else 1e-12
             np.testing.assert_allclose(b[name][column], a[name][column], rtol=0, err_msg=f"{name}.{column}",
-                                       atol=1e-12 * max(1.0, np.nanmax(np.abs(a[name][column]))))
+                                       atol=tolerance * max(1.0, np.nanmax(np.abs(a[name][column]))))
 
 
 def spy_on_tasks(monkeypatch) -> list[tuple]:
