@@ -50,7 +50,7 @@ __all__ = ["NAME", "INTERNALS", "QueryBlock", "Unsupported", "attention_blocks",
            "eager_bytes", "chunked_bytes", "default_budget_mib", "choose", "TEMPORARIES"]
 
 NAME = "headscan_chunked"  # the attention implementation headscan registers with transformers
-INTERNALS = ("v", "z")  # what `chunked_forward` can hand over besides patterns (see its docstring)
+INTERNALS = ("v", "z", "out")  # what `chunked_forward` can hand over besides patterns (see its docstring)
 
 # Eager mode holds, per layer at its peak, about this many (batch, head, q, k) float32 tensors: the scores and
 # the pattern inside the attention (the mask adds one (batch, 1, q, k)), then the pattern with the metrics' own
@@ -253,12 +253,24 @@ def chunked_forward(model: HookedModel, hooks: dict[int, Callable], last: int, *
 
     `internals` maps a kind in `INTERNALS` to {layer: fn(tensor, layer)}: ``"v"`` gets the layer's values as
     attention reads them, (batch, k, kv_head, d_head); ``"z"`` its per-head output before the output
-    projection, (batch, q, head, d_head). Neither may be written into.
+    projection, (batch, q, head, d_head); ``"out"`` (``transformer_lens`` path only: the bridge's
+    ``blocks.{L}.hook_out``) the residual stream after the layer's block, (batch, q, d_model). None may be
+    written into. With an "out" at layer `last` the pass runs to the end of that block rather than stopping
+    after its attention.
     """
+    from .errors import ConfigError
+
+    internals = {kind: dict(by_layer) for kind, by_layer in (internals or {}).items()}
+    outs = internals.pop("out", {})
+    if outs and model.path != "transformer_lens":
+        raise ConfigError(f"internals: {model.name} is read through Hugging Face forward hooks (path hf_hooks); the "
+                          f"residual stream after a block ('out') is handed over on the transformer_lens path only")
     _register()
-    session = _Session(dict(hooks), {kind: dict(by_layer) for kind, by_layer in (internals or {}).items()},
-                       query_chunk, last)
+    # with the last block's residual wanted, its hook_out stops the pass; else the last attention does
+    session = _Session(dict(hooks), internals, query_chunk, last + 1 if last in outs else last)
     body = hooking.backbone(model.hf_model)
+    fwd_hooks = [(f"blocks.{layer}.{hooking.BRIDGE_INTERNALS['out']}", _handing_out(fn, layer, layer == last))
+                 for layer, fn in outs.items()]
 
     def forward(input_ids, attention_mask) -> None:
         session.layer = 0
@@ -266,7 +278,8 @@ def chunked_forward(model: HookedModel, hooks: dict[int, Callable], last: int, *
         _SESSIONS.append(session)
         try:
             if model.path == "transformer_lens":
-                model.bridge(input_ids, attention_mask=attention_mask)
+                with model.bridge.hooks(fwd_hooks=fwd_hooks) if fwd_hooks else contextlib.nullcontext():
+                    model.bridge(input_ids, attention_mask=attention_mask)
             else:
                 hooking.call_backbone(body, input_ids, attention_mask)
         except hooking._Stop:
@@ -280,6 +293,15 @@ def chunked_forward(model: HookedModel, hooks: dict[int, Callable], last: int, *
 
     with _implementation(model.hf_model, NAME), _native_attention(model):
         yield forward
+
+
+def _handing_out(fn: Callable, layer: int, stop: bool) -> Callable:
+    def hook(residual, hook):
+        fn(residual, layer)
+        if stop:
+            raise hooking._Stop
+
+    return hook
 
 
 # --- whether a model can run chunked -----------------------------------------------------------------------

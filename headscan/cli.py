@@ -49,6 +49,9 @@ def _effective_command(context: click.Context) -> str:
     for parameter in context.command.params:
         flag, value = max(parameter.opts, key=len), context.params.get(parameter.name)
         for item in value if isinstance(value, tuple) else (value,):
+            if item is False and getattr(parameter, "secondary_opts", None):  # --no-values: the off switch
+                words.append(max(parameter.secondary_opts, key=len))
+                continue
             if item is None or item is False or parameter.name == "quiet":
                 continue
             if isinstance(parameter, click.Argument):
@@ -122,6 +125,9 @@ def cli():
 @click.option("--attention-budget", type=int, default=default("attention_budget"), metavar="MIB",
               help="Memory one layer's eager patterns may take before --attention auto goes chunked "
                    "(default: by device).")
+@click.option("--values/--no-values", default=default("values"), show_default=True,
+              help="Also score every head on value-weighted attention (value.parquet) and, for causal models, its "
+                   "direct logit attribution (dla), in the same pass; --no-values leaves both out.")
 @click.option("--save-every", default=120.0, show_default=True, metavar="SECONDS",
               help="Save the partial state at the first window end after this many seconds.")
 @click.option("--shard", default=None, metavar="K/N",
@@ -135,8 +141,8 @@ def cli():
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @_one_line_errors
 def sweep(models, corpus, out, max_len, long, batch_size, limit, device, dtype, device_map, specials, bos, max_offset, bootstrap, seed,
-          bootstrap_unit, interval, window, pack, attention, query_chunk, attention_budget, save_every, shard, overwrite,
-          restart, ray, quiet):
+          bootstrap_unit, interval, window, pack, attention, query_chunk, attention_budget, values, save_every, shard,
+          overwrite, restart, ray, quiet):
     """Score every head of every layer of each MODEL over a corpus.
 
     Writes OUT/heads.parquet (one row per model, layer, head and metric),
@@ -162,7 +168,7 @@ def sweep(models, corpus, out, max_len, long, batch_size, limit, device, dtype, 
         device_map=device_map, specials=specials,
         max_offset=max_offset, bootstrap=bootstrap, seed=seed, prepend_bos=_BOS[bos], bootstrap_unit=bootstrap_unit,
         interval=interval, window=window, pack=pack, attention=attention, query_chunk=query_chunk,
-        attention_budget=attention_budget,
+        attention_budget=attention_budget, values=values,
     )
     command = _effective_command(click.get_current_context())
     result = run_sweep(list(models) or DEFAULT_MODELS, corpus, out, config, shard=shard, overwrite=overwrite,

@@ -65,6 +65,7 @@ class SweepConfig:
     query_chunk: int = 512  # queries per block in chunked mode; scores do not depend on it
     attention_budget: int | None = None  # MiB an eager batch's patterns may take before auto goes chunked (None: by device)
     pack: Pack = "none"  # long inputs: consecutive sentences (or whole documents) packed into max_len-token segments
+    values: bool = True  # also value-weighted attention (value.parquet) and direct logit attribution (dla), same pass
 
     def __post_init__(self):
         for name, values in choices().items():
@@ -84,6 +85,8 @@ class SweepConfig:
         if self.device_map is not None and (not isinstance(self.device_map, str) or not self.device_map.strip()):
             raise ConfigError(f"device_map must be None or a Hugging Face device map name such as 'auto', got "
                               f"{self.device_map!r}", setting="device_map")
+        if not isinstance(self.values, bool):
+            raise ConfigError(f"values must be True or False, got {self.values!r}", setting="values")
         if self.prepend_bos not in (None, True, False):
             raise ConfigError(f"prepend_bos must be None, True or False, got {self.prepend_bos!r}", setting="prepend_bos")
 

@@ -91,11 +91,39 @@ def _stop_after_block(residual, hook):
     raise StopAtLayerException(residual)
 
 
+# The bridge's hook point of each kind of internal (headscan.chunked.INTERNALS), under blocks.{layer}.
+BRIDGE_INTERNALS = {"v": "attn.hook_v", "z": "attn.hook_z", "out": "hook_out"}
+
+
+def _handing(fn: Callable, layer: int) -> Callable:
+    def hook(tensor, hook):
+        fn(tensor, layer)
+        return None  # the tensor goes on unchanged
+
+    return hook
+
+
 @contextlib.contextmanager
-def bridge_forward(bridge, hooks: dict[int, Callable], last: int):
+def bridge_forward(bridge, hooks: dict[int, Callable], last: int, internals: dict[str, dict[int, Callable]] | None = None):
+    """Pattern hooks on ``blocks.{L}.attn.hook_pattern``, and `internals` ({kind: {layer: fn(tensor, layer)}}) on
+    the hook points of `BRIDGE_INTERNALS`: values (batch, k, kv_head, d_head) with b_V, fired before the
+    layer's pattern; per-head outputs (batch, q, head, d_head); the residual after block L (batch, q, d_model).
+    The pass stops after block `last` (its "out" internal, if any, is called first)."""
     fwd_hooks = [(f"blocks.{layer}.attn.hook_pattern", hook) for layer, hook in hooks.items()]
-    stop = (f"blocks.{last}.hook_out", _stop_after_block)
-    with bridge.hooks(fwd_hooks=[*fwd_hooks, stop]):
+    final = None
+    for kind, by_layer in (internals or {}).items():
+        for layer, fn in by_layer.items():
+            if kind == "out" and layer == last:
+                final = fn
+            else:
+                fwd_hooks.append((f"blocks.{layer}.{BRIDGE_INTERNALS[kind]}", _handing(fn, layer)))
+
+    def stop(residual, hook):
+        if final is not None:
+            final(residual, last)
+        _stop_after_block(residual, hook)
+
+    with bridge.hooks(fwd_hooks=[*fwd_hooks, (f"blocks.{last}.hook_out", stop)]):
         yield lambda input_ids, attention_mask: bridge(input_ids, attention_mask=attention_mask)
 
 

@@ -62,6 +62,10 @@ class AttentionBatch:
     raw_pattern: torch.Tensor | None = None  # the pattern before specials="exclude" renormalised it (None: same)
     query_start: int = 0  # position of the pattern's first query row (0 in eager mode)
     max_len: int | None = None  # the sweep's max_len: sets the position buckets (None: the key length)
+    # What the sweep captured besides the pattern (None where it did not; a metric's `needs` names what it reads):
+    value_norms: torch.Tensor | None = None  # (batch, head, k) ||f(x_k)|| = ||v_k W_O^h||, b_V in, b_O out
+    logit_contributions: torch.Tensor | None = None  # (batch, head, q) z_q^h W_O^h . d[:, t_{q+1}], before the scale
+    final_scale: torch.Tensor | None = None  # (batch, q) the final norm's divisor, frozen from the forward pass
 
     def __post_init__(self):
         if self.max_offset < 1:
@@ -180,12 +184,14 @@ class Metric:
     striking: str  # "high" or "low": which end marks a head worth a look (low entropy = a focused head)
     structural: dict[str, str]  # condition in CONDITIONS -> why the metric is 0 or undefined under it
     axis: Axis | None = None  # extra key columns, or None for one value per head
+    needs: tuple[str, ...] = ()  # AttentionBatch fields besides the pattern it reads (captured internals)
 
     def ranks_high(self) -> bool:
         return self.striking == "high"
 
 
 METRICS: dict[str, Metric] = {}
+CAPTURED = ("value_norms", "logit_contributions", "final_scale")  # optional AttentionBatch fields a metric may need
 
 
 def register(
@@ -197,11 +203,14 @@ def register(
     structural: dict[str, str] | None = None,
     table: str = "heads",
     axis: Axis | None = None,
+    needs: tuple[str, ...] = (),
 ):
     """Register a metric function under `name`; its docstring becomes its definition.
 
     `table` names a table of `headscan.tables.TABLES`: the metric's rows go there, keyed by the metric's
-    name where the table has a ``metric`` column and by `axis` for the rest of its keys.
+    name where the table has a ``metric`` column and by `axis` for the rest of its keys. `needs` names the
+    optional `AttentionBatch` fields the metric reads (``value_norms``, ``logit_contributions``,
+    ``final_scale``); the sweep scores it only where it captured them, and leaves it NaN elsewhere.
     """
     from .tables import TABLES
 
@@ -220,7 +229,11 @@ def register(
                               f"so the metric's axis must fill exactly those columns")
         if striking not in ("high", "low") or set(structural or {}) - set(CONDITIONS):
             raise MetricError(f"metric {name!r}: striking is 'high' or 'low'; structural conditions are {CONDITIONS}")
-        METRICS[name] = Metric(name, function, definition, table, unit, bounded, striking, dict(structural or {}), axis)
+        unknown = sorted(set(needs) - set(CAPTURED))
+        if unknown:
+            raise MetricError(f"metric {name!r}: needs {unknown[0]!r}, which no sweep captures (choose from {CAPTURED})")
+        METRICS[name] = Metric(name, function, definition, table, unit, bounded, striking, dict(structural or {}), axis,
+                               tuple(needs))
         return function
 
     return decorate
@@ -488,6 +501,73 @@ def distance_by_position(batch: AttentionBatch):
     Whether a head looks a fixed distance back wherever the query is, or further the later the query.
     """
     return _by_bucket(_distance_per_query(batch), batch.query_mask, batch)
+
+
+# --- what heads move: value norms and direct logit attribution (headscan.values) ---------------------------
+
+
+@register("moved", table="value", unit="times the mean value norm", bounded=False, needs=("value_norms",))
+def moved(batch: AttentionBatch):
+    """How much a head moves: the mean over real queries q of sum_k A[q, k] ||f(x_k)|| divided by the mean of
+    ||f(x_k)|| over the segment's keys that count, where f(x_k) = (x_k W_V + b_V) W_O^h is the vector the head
+    moves from key k (value bias in, output bias out; under grouped-query attention the key/value head the
+    query head reads). Sums run over keys that count; queries that see a single key (the first token of a
+    causal model) do not count. A head whose every f(x_k) is 0 scores 0.
+
+    About 1 for a head that reads typical tokens; near 0 for a sink head whose target carries a near-zero
+    value vector, however much attention it gets. Attention weights, not value-weighted ones, go into the sum.
+    """
+    _require(batch, moved)
+    norms = batch.value_norms.to(torch.promote_types(batch.pattern.dtype, batch.value_norms.dtype))  # (batch, head, k)
+    keys = batch.key_mask.to(norms.dtype)  # (batch, k)
+    mean = (norms * keys[:, None, :]).sum(-1) / keys.sum(-1).clamp_min(1)[:, None]  # (batch, head)
+    mass = (batch.masked * norms[:, :, None, :]).sum(-1)  # (batch, head, q): sum_k A[q, k] ||f(x_k)||
+    zero = torch.zeros((), dtype=norms.dtype, device=norms.device)
+    ratio = torch.where(mean[..., None] > 0, mass / mean.clamp_min(torch.finfo(norms.dtype).tiny)[..., None], zero)
+    return _mean_over_queries(ratio, batch.query_mask & (batch.n_visible() >= 2))
+
+
+_NO_LOGIT = "an encoder has no next-token logit; NaN for every head"
+
+
+def _require(batch: AttentionBatch, function) -> None:
+    """Refuse a batch without the captured tensors the metric registered as `function` needs."""
+    metric = next(m for m in METRICS.values() if m.function is function)
+    missing = [name for name in metric.needs if getattr(batch, name) is None]
+    if missing:
+        raise MetricError(f"metric {metric.name!r} needs {missing[0]}, which this AttentionBatch does not carry "
+                          f"(the sweep captures it with values=True on the transformer_lens path)")
+
+
+def _dla(batch: AttentionBatch, function):
+    from .values import dla_sums, next_token_targets
+
+    _require(batch, function)
+    queries = torch.zeros_like(batch.key_mask)  # (batch, k): this batch's query rows at their absolute positions
+    queries[:, batch.query_start: batch.query_start + batch.pattern.shape[-2]] = batch.query_mask  # a fresh tensor
+    _, valid = next_token_targets(batch.tokens, queries, batch.key_mask)  # (batch, k)
+    rows = slice(batch.query_start, batch.query_start + batch.pattern.shape[-2])
+    return dla_sums(batch.logit_contributions, batch.final_scale[:, rows], valid[:, rows])
+
+
+@register("dla", unit="logit", bounded=False, structural={"bidirectional": _NO_LOGIT},
+          needs=("logit_contributions", "final_scale"))
+def dla(batch: AttentionBatch):
+    """Direct logit attribution: the mean over real queries q whose next token t is real of the head's output
+    z_q W_O^h (its slice of the attention output through W_O, output bias left out) dotted with t's unembedding
+    direction, divided by the final norm's scale at q (frozen from the forward pass), the direction having the
+    final norm's gain folded in and being centred over the vocabulary (a logit relative to the mean logit).
+
+    Positive: the head raises the logit of the token that actually comes next. Causal models only.
+    """
+    return _dla(batch, dla)[0]
+
+
+@register("dla_positive", unit="share of queries", structural={"bidirectional": _NO_LOGIT},
+          needs=("logit_contributions", "final_scale"))
+def dla_positive(batch: AttentionBatch):
+    """Share of the queries that count for dla where the head's direct logit attribution is positive."""
+    return _dla(batch, dla_positive)[1]
 
 
 def definitions_markdown() -> str:

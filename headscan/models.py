@@ -138,10 +138,14 @@ class HookedModel:
         exactly as eager attention gives them (`headscan.chunked`), and a `hooking.QueryBlock` saying which rows
         they are. A model whose scores chunked mode cannot reproduce is refused (`chunked_refusal`).
 
-        `internals` (chunked mode only, for now) also hands over other per-layer tensors of the same forward
-        pass: ``{"v": {layer: fn}, "z": {layer: fn}}`` calls ``fn(tensor, layer)`` with the layer's values,
-        (batch, k, kv_head, d_head), or its per-head attention output before the output projection,
-        (batch, q, head, d_head). A layer named only there is run to as well.
+        `internals` also hands over other per-layer tensors of the same forward pass, never to be written into:
+        ``{"v": {layer: fn}, "z": {layer: fn}, "out": {layer: fn}}`` calls ``fn(tensor, layer)`` with the
+        layer's values, (batch, k, kv_head, d_head), value bias included, before the layer's pattern hook; its
+        per-head attention output before the output projection, (batch, q, head, d_head); or the residual
+        stream after the layer's block, (batch, q, d_model). A layer named only there is run to as well.
+        Eager mode hands them over on the ``transformer_lens`` path (the bridge's ``hook_v``, ``hook_z`` and
+        ``hook_out``); chunked mode hands over v and z on both paths, and "out" on the ``transformer_lens``
+        path. Elsewhere asking for them is a `ConfigError`.
         """
         internals = {kind: dict(by_layer) for kind, by_layer in (internals or {}).items()}
         from .chunked import INTERNALS, chunked_forward
@@ -167,11 +171,13 @@ class HookedModel:
                                                          internals=internals) as forward:
                 yield forward
             return
-        if any(internals.values()):
-            raise ConfigError("internals are read in chunked attention only, for now; pass attention='chunked'")
+        if any(internals.values()) and self.path != "transformer_lens":
+            raise ConfigError(f"internals: {self.name} is read through Hugging Face forward hooks (path hf_hooks), "
+                              f"which hand over attention patterns only; in eager mode internals need the "
+                              f"transformer_lens path")
         with torch.inference_mode():
             if self.path == "transformer_lens":
-                with hooking.bridge_forward(self.bridge, hooks, last) as forward:
+                with hooking.bridge_forward(self.bridge, hooks, last, internals) as forward:
                     yield forward
             else:
                 with hooking.module_forward(self, hooks, last) as forward:

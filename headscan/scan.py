@@ -16,6 +16,7 @@ This module does not draw anything or parse command lines.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -30,7 +31,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import __version__, chunked, intervals, syntax  # importing syntax registers the syntax metric
+from . import __version__, chunked, intervals, syntax, values  # importing syntax registers the syntax metric
 from .config import SweepConfig
 from .corpus import Corpus, Segment, batches, encode
 from .errors import ConfigError, SweepInterrupted
@@ -44,7 +45,9 @@ from .tables import TABLES, SweepTables, head_label
 __all__ = ["sweep_model", "accumulate", "finish", "plan_windows", "fingerprint", "example_attention",
            "SweepInterrupted"]
 
-Column = tuple[Metric, tuple]  # a metric and one position of its axis (() for a metric without one)
+# A metric, one position of its axis (() for a metric without one), and the table its rows go to: the metric's
+# own, or "value" for a heads metric computed on value-weighted attention.
+Column = tuple[Metric, tuple, str]
 
 
 def has_words(corpus_kind: str) -> bool:
@@ -53,12 +56,22 @@ def has_words(corpus_kind: str) -> bool:
 
 
 def columns_of(config: SweepConfig, words: bool = False) -> list[Column]:
-    """The score columns of one head, in registry order: each metric once per position of its axis.
+    """The score columns of one head: each metric once per position of its axis, in registry order; then, with
+    ``config.values``, every pattern metric of heads.parquet again on value-weighted attention (table "value").
 
     The syntax metric only where the corpus has `words` (CoNLL-U): elsewhere it would be an all-NaN table.
+    Metrics that need captured internals (`Metric.needs`: moved, dla) only with ``config.values``.
     """
-    return [(metric, key) for metric in METRICS.values() if words or metric.table != "syntax"
-            for key in (metric.axis.values(config) if metric.axis else [()])]
+    own = [(metric, key, metric.table) for metric in METRICS.values()
+           if (words or metric.table != "syntax") and (config.values or not metric.needs)
+           for key in (metric.axis.values(config) if metric.axis else [()])]
+    weighted = [(metric, (), "value") for metric in METRICS.values() if metric.table == "heads" and not metric.needs]
+    return own + (weighted if config.values else [])
+
+
+def _column_name(column: Column) -> list:
+    metric, key, table = column
+    return [metric.name, list(key)] + ([table] if table != metric.table else [])
 
 
 def fingerprint(model: HookedModel, corpus: Corpus, config: SweepConfig) -> dict:
@@ -68,7 +81,7 @@ def fingerprint(model: HookedModel, corpus: Corpus, config: SweepConfig) -> dict
         "model": {"name": model.name, "id": model.id, "revision": model.revision},
         "corpus": {"source": corpus.source, "kind": corpus.kind, "sha256": corpus.sha256},
         "settings": {name: getattr(config, name) for name in FINGERPRINT_FIELDS},
-        "columns": [[metric.name, list(key)] for metric, key in columns_of(config, has_words(corpus.kind))],
+        "columns": [_column_name(column) for column in columns_of(config, has_words(corpus.kind))],
     }
 
 
@@ -89,11 +102,12 @@ def _batch_masks(input_ids: torch.Tensor, real: torch.Tensor, model: HookedModel
     sep = model.special_token_ids["sep"]
     sep_mask = input_ids == sep if sep is not None else torch.zeros_like(real)
     words = words.to(input_ids.device) if words is not None else None
-    return {"ids": input_ids, "counts": counts, "sep": sep_mask, "words": words}
+    next_tokens, _ = values.next_token_targets(input_ids, counts, real)  # (batch, seq): the token each query predicts
+    return {"ids": input_ids, "counts": counts, "sep": sep_mask, "words": words, "next": next_tokens}
 
 
 def _attention_batch(pattern: torch.Tensor, masks: dict, model: HookedModel, config: SweepConfig,
-                     query_start: int = 0) -> AttentionBatch:
+                     query_start: int = 0, norms: torch.Tensor | None = None) -> AttentionBatch:
     """The metrics' view of one layer's pattern, or of the rows ``query_start ..`` of it in chunked mode."""
     pattern = raw = pattern.float()  # (batch, head, q, k); a new tensor for half precision, the same one otherwise
     counts = masks["counts"]  # (batch, k): the keys that count; the block's rows of it are its queries
@@ -104,20 +118,72 @@ def _attention_batch(pattern: torch.Tensor, masks: dict, model: HookedModel, con
     queries = counts[:, query_start: query_start + pattern.shape[-2]]  # (batch, q)
     return AttentionBatch(pattern, queries, counts, masks["ids"], masks["sep"], model.causal, config.max_offset,
                           words=masks["words"], raw_pattern=raw if raw is not pattern else None,
-                          query_start=query_start, max_len=min(config.max_len, model.max_context))
+                          query_start=query_start, max_len=min(config.max_len, model.max_context), value_norms=norms)
 
 
-def _score(batch: AttentionBatch, columns: list[Column], given: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every metric on one layer (or one block of its queries): per-segment sums and counts, (batch, head, column).
+def _value_batch(batch: AttentionBatch) -> AttentionBatch:
+    """The same rows with value-weighted attention as the pattern: A[q, k] ||f(x_k)|| renormalised per query over
+    the keys that count (`headscan.values.value_weighted`), for the value table's columns."""
+    weighted = values.value_weighted(batch.pattern, batch.value_norms, batch.key_mask)  # (batch, head, q, k), new
+    return dataclasses.replace(batch, pattern=weighted, raw_pattern=None, words=None)
+
+
+def _logit_batch(contributions: torch.Tensor, scale: torch.Tensor, masks: dict, model: HookedModel,
+                 config: SweepConfig) -> AttentionBatch:
+    """One layer's logit contributions (batch, head, q) with the final scale (batch, q), for dla's columns once the
+    forward pass is over. No pattern is kept: its place holds a zero-stride view of one 0, for the shapes."""
+    b, h, n = contributions.shape
+    placeholder = contributions.new_zeros(()).expand(b, h, n, n)  # (batch, head, q, k), no memory
+    counts = masks["counts"]
+    return AttentionBatch(placeholder, counts, counts, masks["ids"], masks["sep"], model.causal, config.max_offset,
+                          logit_contributions=contributions, final_scale=scale)
+
+
+def _group_of(metric: Metric, table: str) -> str:
+    """Which AttentionBatch a column is scored on: "attention", "value" (value-weighted) or "logits" (dla)."""
+    if "logit_contributions" in metric.needs:
+        return "logits"
+    return "value" if table == "value" and metric.table != "value" else "attention"
+
+
+def _score(batches: dict[str, AttentionBatch | None], columns: list[Column], given: dict | None = None) -> dict:
+    """The metrics of `columns` whose batch is in `batches` and carries what they need, on one layer (or one block
+    of its queries): {(metric, table): (sums, counts)}, each (batch, head[, axis]).
 
     `given` maps a metric to sums and counts computed elsewhere (the syntax metric in chunked mode).
     """
+    scored = {}
+    for metric, table in dict.fromkeys((m, t) for m, _, t in columns):
+        batch = batches.get(_group_of(metric, table))
+        if given and metric in given:
+            scored[metric, table] = given[metric]
+        elif batch is not None and all(getattr(batch, name) is not None for name in metric.needs):
+            scored[metric, table] = metric.function(batch)
+    return scored
+
+
+def _add_scores(into: dict, scored: dict) -> dict:
+    """Blocks of one layer's queries add up (chunked mode)."""
+    for key, (s, c) in scored.items():
+        into[key] = (into[key][0] + s, into[key][1] + c) if key in into else (s, c)
+    return into
+
+
+def _columns_tensor(scored: dict, columns: list[Column], batch: int, heads: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer's scores as (batch, head, column) sums and counts; a column not scored (its internals were not
+    captured) gets 0 and 0, so its value is NaN."""
     sums, counts = [], []
-    for metric in dict.fromkeys(m for m, _ in columns):
-        s, c = given[metric] if given and metric in given else metric.function(batch)  # (batch, head[, axis])
-        sums.append(s if s.dim() == 3 else s[..., None])
-        counts.append(c if c.dim() == 3 else c[..., None])
-    return torch.cat(sums, -1), torch.cat(counts, -1)
+    for metric, table in dict.fromkeys((m, t) for m, _, t in columns):
+        if (metric, table) in scored:
+            s, c = scored[metric, table]  # (batch, head[, axis])
+            sums.append(s if s.dim() == 3 else s[..., None])
+            counts.append(c if c.dim() == 3 else c[..., None])
+        else:
+            width = len([1 for m, _, t in columns if m is metric and t == table])
+            zeros = torch.zeros((batch, heads, width), dtype=torch.float32, device=device)
+            sums.append(zeros)
+            counts.append(zeros)
+    return torch.cat([s.to(device, torch.float64) for s in sums], -1), torch.cat([c.to(device, torch.float64) for c in counts], -1)
 
 
 # --- windows -----------------------------------------------------------------------------------------------
@@ -202,17 +268,26 @@ def accumulate(
     pad = model.special_token_ids["pad"]
     pad = pad if pad is not None else 0  # masked out, so any id will do (GPT-2 has no pad token)
     current: dict = {}
+    capture, notes = _capture(model, config)
+    state.model.update(notes)  # whether values and dla were captured, and how W_U was taken
+    weighted = any(table == "value" for _, _, table in columns)
+
+    def batches_of(pattern, layer: int, query_start: int = 0) -> dict:
+        """The layer's AttentionBatch, with its value norms where captured, and its value-weighted twin."""
+        norms = current["norms"].get(layer)  # (batch, head, k), from the layer's values: handed over before the pattern
+        batch = _attention_batch(pattern, current["masks"], model, config, query_start, norms)
+        return {"attention": batch, "value": _value_batch(batch) if weighted and norms is not None else None}
 
     def reduce_layer(layer: int):
         def hook(pattern, hook):  # `hook`: TransformerLens passes it by that name; a QueryBlock in chunked mode
             where = hook
             if not isinstance(where, QueryBlock):  # eager: the whole pattern at once
-                batch = _attention_batch(pattern, current["masks"], model, config)
-                current["layer_sums"][layer], current["layer_counts"][layer] = _score(batch, columns)  # (batch, head, column)
+                current["scored"][layer] = _score(batches_of(pattern, layer), columns)
                 return None  # the pattern goes on unchanged
             # chunked: a block of query rows. Per-token metrics add up over blocks; the syntax metric needs whole
             # rows and columns of word attention, so its word attention is added up and scored at the last block.
-            batch = _attention_batch(pattern, current["masks"], model, config, where.start)
+            scoring = batches_of(pattern, layer, where.start)
+            batch = scoring["attention"]
             given = {}
             if syntax_metric is not None:
                 words = current["masks"]["words"]
@@ -224,15 +299,31 @@ def accumulate(
                 else:
                     zeros = torch.zeros((*pattern.shape[:2], len(syntax.COLUMNS)), dtype=torch.float32, device=pattern.device)
                     given[syntax_metric] = (zeros, zeros)
-            sums, counts = _score(batch, columns, given)
-            if where.start == 0:
-                current["layer_sums"][layer], current["layer_counts"][layer] = sums, counts
-            else:
-                current["layer_sums"][layer] = current["layer_sums"][layer] + sums
-                current["layer_counts"][layer] = current["layer_counts"][layer] + counts
+            scored = _score(scoring, columns, given)
+            current["scored"][layer] = _add_scores(current["scored"][layer], scored) if where.start else scored
             return None
 
         return hook
+
+    def keep_norms(v, layer):  # (batch, k, kv_head, d_head), value bias included: before the layer's pattern
+        current["norms"][layer] = values.value_norms(v, factor=capture["factors"][layer])  # (batch, head, k)
+
+    def keep_contributions(z, layer):  # (batch, q, head, d_head): each head's output before W_O
+        directions = capture["directions"]
+        if directions.device != z.device:  # a device map: the layer sits elsewhere
+            directions = directions.to(z.device)
+        current["contributions"][layer] = values.logit_contributions(
+            z, capture["W_O"][layer], directions, current["masks"]["next"].to(z.device))  # (batch, head, q)
+
+    def keep_scale(residual, layer):  # (batch, q, d_model): the residual stream the final norm reads
+        current["scale"] = values.final_norm_scale(residual, kind=capture["final_norm"], eps=capture["final_eps"])
+
+    internals = {}
+    if capture is not None:
+        internals["v"] = {layer: keep_norms for layer in range(model.n_layers)}
+        if capture.get("directions") is not None:
+            internals["z"] = {layer: keep_contributions for layer in range(model.n_layers)}
+            internals["out"] = {model.n_layers - 1: keep_scale}
 
     syntax_metric = METRICS["syntax"] if words else None
     attention = chunked.choose(model, batch_size=config.batch_size, max_len=min(config.max_len, model.max_context),
@@ -245,7 +336,8 @@ def accumulate(
     bar = _progress_bar(sum(map(len, windows)), sum(map(len, windows[: state.windows_done])), model.name, progress)
     started = last_save = time.perf_counter()
     try:
-        with model.pattern_forward(hooks, attention=attention, query_chunk=config.query_chunk) as forward:
+        with model.pattern_forward(hooks, attention=attention, query_chunk=config.query_chunk,
+                                   internals=internals) as forward:
             for window in windows[state.windows_done:]:
                 units = [_unit(i, int(corpus.segment_documents[i]), config) for i in window]
                 local = {unit: n for n, unit in enumerate(dict.fromkeys(units))}
@@ -259,17 +351,19 @@ def accumulate(
                     if should_stop():
                         raise SweepInterrupted(f"{model.name}: stopped")
                     ids, mask = batch.input_ids.to(model.device), batch.attention_mask.to(model.device)
-                    current.update(masks=_batch_masks(ids, mask.bool(), model, config, batch.words), layer_sums={},
-                                   layer_counts={}, word_attention={})
+                    current.update(masks=_batch_masks(ids, mask.bool(), model, config, batch.words), scored={},
+                                   word_attention={}, norms={}, contributions={}, scale=None)
                     forward(ids, mask)
+                    _score_logits(current, columns, model, config)  # dla needs the final scale: after the pass
                     # every layer's sums at once into their units: one index_add per batch, not one per layer
                     rows = torch.tensor([local[units[encoded.segment_of(int(i))]] for i in batch.index],
                                         dtype=torch.long, device=device)
-                    for name in ("sums", "counts"):
-                        by_layer = current[f"layer_{name}"]
-                        # (layer, batch, head, column); layers may sit on several devices under a device map
-                        stacked = torch.stack([by_layer[layer].to(device) for layer in range(shape[0])])
-                        current[name].index_add_(1, rows, stacked.to(device, torch.float64))
+                    # (batch, head, column) per layer; layers may sit on several devices under a device map
+                    per_layer = [_columns_tensor(current["scored"][layer], columns, len(batch.index), model.n_heads,
+                                                 device) for layer in range(shape[0])]
+                    for index, name in enumerate(("sums", "counts")):
+                        stacked = torch.stack([pair[index] for pair in per_layer])  # (layer, batch, head, column)
+                        current[name].index_add_(1, rows, stacked)
                     if words:  # the fixed-offset baseline on the same words: one rule for the batch, not per layer
                         sums, counts = syntax.offset_baseline(batch.words.to(device))  # (batch, offset, column)
                         current["baseline"] += torch.stack([sums.sum(0), counts.sum(0)])
@@ -301,6 +395,55 @@ def accumulate(
     if save is not None:
         save(state)
     return state
+
+
+def _score_logits(current: dict, columns: list[Column], model: HookedModel, config: SweepConfig) -> None:
+    """Add dla's columns to every layer's scores, once the pass has given the final norm's scale; the layers'
+    contributions, (batch, head, q) each, are then dropped."""
+    scale = current["scale"]
+    for layer, contributions in current["contributions"].items():
+        batch = _logit_batch(contributions, scale.to(contributions.device), current["masks"], model, config)
+        current["scored"][layer].update(_score({"logits": batch}, columns))
+    current["contributions"] = {}
+
+
+def _capture(model: HookedModel, config: SweepConfig) -> tuple[dict | None, dict]:
+    """What the sweep needs to weight attention by values and attribute logits, and provenance notes saying
+    whether it was captured and how: ({"factors", "W_O", "directions", "final_norm", "final_eps"} or None,
+    {"values": ..., "dla": ...}). A model it cannot capture keeps its sweep: its value table and dla are NaN."""
+    from . import circuits
+    from .errors import HeadscanError
+
+    if not config.values:
+        return None, {"values": "off (values=False)", "dla": "off (values=False)"}
+    if model.path != "transformer_lens":
+        why = ("not captured: this model is read through Hugging Face forward hooks (path hf_hooks), which hand over "
+               "attention patterns but not values or head outputs; its value table and dla are NaN")
+        return None, {"values": why, "dla": why}
+    try:
+        weights = circuits.head_weights(model)
+    # An architecture whose weights headscan cannot read costs its value table and dla, not the sweep.
+    except (HeadscanError, AttributeError, KeyError, RuntimeError, TypeError, ValueError) as error:
+        why = f"not captured: weights not read ({error}); its value table and dla are NaN"
+        return None, {"values": why, "dla": why}
+    with torch.no_grad():
+        W_O = weights.W_O.detach()  # (layer, head, d_head, d_model), the bridge's own (no norm folds into W_O)
+        factors = [values.output_norm_factor(W_O[layer]).to(W_O.device) for layer in range(model.n_layers)]
+        capture = {"factors": factors, "W_O": [W_O[layer] for layer in range(model.n_layers)]}
+        notes = {"values": "captured: value norms ||(x W_V + b_V) W_O^h|| of each layer's values as attention reads "
+                           "them (blocks.{L}.attn.hook_v; value bias in, output bias out), W_O from the bridge"}
+        if not model.causal:
+            notes["dla"] = "not captured: a bidirectional model has no next-token logit"
+        elif weights.final_norm is None:
+            notes["dla"] = f"not captured: no final norm before the unembedding that headscan represents ({weights.family})"
+        else:
+            directions = circuits.logit_directions(weights)  # (d_model, vocab)
+            capture["directions"] = directions.T.contiguous().T  # gathering a token's direction reads one row
+            capture["final_norm"], capture["final_eps"] = weights.final_norm, weights.final_eps
+            notes["dla"] = (f"captured: head outputs from blocks.{{L}}.attn.hook_z; W_U {weights.embedding} "
+                            f"({weights.folded}); final {weights.final_norm} norm scale from "
+                            f"blocks.{model.n_layers - 1}.hook_out, frozen; directions centred over the vocabulary")
+    return capture, notes
 
 
 WEIGHT_METRICS = ("copying",)  # the rows of the weights table, in the order of PartialState.weights
@@ -365,8 +508,8 @@ def finish(state: PartialState, config: SweepConfig) -> dict[str, pd.DataFrame]:
         "kv_group": head.ravel() // group,
     }
     parts: dict[str, list[pd.DataFrame]] = {}
-    for index, (metric, key) in enumerate(columns):
-        table = TABLES[metric.table]
+    for index, (metric, key, table_name) in enumerate(columns):
+        table = TABLES[table_name]
         keys = dict(zip(metric.axis.columns, key)) if metric.axis else {}
         if "metric" in table.keys:
             keys["metric"] = metric.name

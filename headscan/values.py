@@ -38,18 +38,30 @@ def _float(tensor: torch.Tensor) -> torch.Tensor:
 def output_norm_factor(W_O: torch.Tensor) -> torch.Tensor:
     """(head, d_head, d_head) F with ||x W_O[h]|| = ||x F[h]|| for every x: a small stand-in for W_O.
 
-    From the thin QR factorisation ``W_O[h].T = Q R`` (Q with orthonormal columns): ``x W_O[h] = x R.T Q.T``
-    and ``Q.T`` keeps norms, so F[h] = R.T. Computed in float64 and returned as float32 (float64 if given).
-    Computing it once per layer lets `value_norms` work in d_head rather than d_model dimensions.
+    Any F with ``F F.T = G = W_O[h] W_O[h].T`` (the d_head x d_head Gram matrix) will do, since
+    ``||x F||^2 = x G x.T = ||x W_O[h]||^2``: the Cholesky factor of G, or, for a head whose G is singular (zeroed
+    or rank-deficient output weights), ``U sqrt(max(l, 0))`` from G's eigendecomposition. Computed in float64
+    and returned as float32 (float64 if given). Cholesky of a d_head x d_head matrix is far cheaper than a QR of
+    W_O, which matters on a busy CPU. Computing it once per layer lets `value_norms` work in d_head rather than
+    d_model dimensions.
 
     >>> W_O = torch.randn(2, 4, 16)  # (head, d_head, d_model)
     >>> x = torch.randn(4)
     >>> F = output_norm_factor(W_O)
     >>> torch.allclose((x @ W_O[1]).norm(), (x @ F[1]).norm(), rtol=1e-5)
     True
+    >>> float(output_norm_factor(torch.zeros(1, 4, 16)).abs().max())  # a head that moves nothing
+    0.0
     """
-    _, r = torch.linalg.qr(W_O.detach().double().transpose(-1, -2))  # (head, d_head, d_head) upper triangular
-    return r.transpose(-1, -2).to(torch.float64 if W_O.dtype == torch.float64 else torch.float32)
+    W = W_O.detach().double()
+    gram = W @ W.transpose(-1, -2)  # (head, d_head, d_head)
+    factor, info = torch.linalg.cholesky_ex(gram)  # lower triangular where G is positive definite
+    singular = info != 0  # (head,)
+    if bool(singular.any()):
+        eigenvalues, vectors = torch.linalg.eigh(gram[singular])
+        factor = factor.clone()
+        factor[singular] = vectors * eigenvalues.clamp_min(0).sqrt()[..., None, :]  # a new tensor of our own
+    return factor.to(torch.float64 if W_O.dtype == torch.float64 else torch.float32)
 
 
 def value_norms(v: torch.Tensor, W_O: torch.Tensor | None = None, *, factor: torch.Tensor | None = None) -> torch.Tensor:

@@ -14,7 +14,8 @@ from headscan.metrics import METRICS, AttentionBatch, buckets
 from test_metrics import make_batch
 
 CHUNKS = [1, 5, 7, 1000]  # 5 and 7 divide none of the lengths below; 1000 is one block
-SCORED = [m for m in METRICS.values() if m.table != "syntax"]  # syntax needs CoNLL-U words (the sweep's concern)
+SCORED = [m for m in METRICS.values() if m.table != "syntax" and not m.needs]  # syntax needs CoNLL-U words; moved and dla
+# need captured internals (their chunked == eager tests are in test_value_sweep.py)
 TEXTS = ["The quick brown fox jumps over the lazy dog, and the dog sleeps on.",
          "A short one.",
          "Colourless green ideas sleep furiously; the ideas sleep."]
@@ -218,9 +219,14 @@ def test_internals_hand_over_values_and_head_outputs(smollm2):
     d_head = model.d_model // model.n_heads
     assert got["v"].shape == (2, input_ids.shape[1], model.n_kv_heads, d_head)
     assert got["z"].shape == (2, input_ids.shape[1], model.n_heads, d_head)
-    with pytest.raises(ConfigError, match="internals are read in chunked attention only"):
-        with model.pattern_forward({}, internals=internals):
-            pass
+    eager = {}
+    internals = {"v": {2: lambda v, layer: eager.setdefault("v", v.clone())},
+                 "z": {2: lambda z, layer: eager.setdefault("z", z.clone())}}
+    with model.pattern_forward({}, internals=internals) as forward:  # eager, on the bridge: the same tensors
+        forward(input_ids, mask)
+    real = mask[:, :, None, None]
+    for kind in ("v", "z"):
+        torch.testing.assert_close(eager[kind] * real, got[kind] * real, atol=1e-5, rtol=1e-5)
 
 
 def test_a_model_whose_scores_cannot_be_reproduced_is_refused(tmp_path):

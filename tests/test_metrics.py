@@ -11,6 +11,9 @@ from hypothesis import strategies as st
 from headscan.errors import MetricError
 from headscan.metrics import METRICS, AttentionBatch, get_metric, register
 
+# Metrics of the pattern alone; those that need captured internals (moved, dla) are tested in test_value_sweep.py.
+PATTERN_METRICS = [metric for metric in METRICS.values() if not metric.needs]
+
 
 def make_batch(lengths, n_heads=2, causal=False, seed=0, tokens=None, sep_id=None, max_offset=3, garbage=0.0):
     """Random valid right-padded patterns; `garbage` fills every padded cell (it must never matter)."""
@@ -91,8 +94,9 @@ def reference(name, batch):
     return sums, counts
 
 
-# The per-token metrics of heads.parquet and offsets.parquet; syntax and position-bucket metrics have their own tests.
-@pytest.mark.parametrize("name", sorted(n for n, m in METRICS.items() if m.table in ("heads", "offsets")))
+# The per-token metrics of heads.parquet and offsets.parquet; syntax and position-bucket metrics, and those that need
+# captured internals (dla, moved: tests/test_value_sweep.py), have their own tests.
+@pytest.mark.parametrize("name", sorted(n for n, m in METRICS.items() if m.table in ("heads", "offsets") and not m.needs))
 @pytest.mark.parametrize("causal", [False, True])
 def test_metric_matches_loop_reference(name, causal):
     batch = make_batch([7, 4, 1, 6], n_heads=3, causal=causal, seed=3, sep_id=2)
@@ -199,7 +203,7 @@ def test_induction_of_a_previous_token_or_self_head_on_natural_text_is_zero(offs
 def test_metrics_never_write_into_the_pattern():
     batch = make_batch([5, 3], causal=True, garbage=7.0)
     before = batch.pattern.clone()
-    for metric in METRICS.values():
+    for metric in PATTERN_METRICS:
         metric.function(batch)
     assert torch.equal(batch.pattern, before)
 
@@ -219,6 +223,11 @@ def test_every_metric_has_a_definition():
         assert len(metric.definition) > 40, metric.name
 
 
+def test_a_metric_that_needs_internals_says_so_without_them():
+    with pytest.raises(MetricError, match="needs value_norms"):
+        METRICS["moved"].function(make_batch([3]))
+
+
 # --- properties -------------------------------------------------------------------------------------------
 
 lengths_strategy = st.lists(st.integers(1, 9), min_size=1, max_size=4)
@@ -228,7 +237,7 @@ lengths_strategy = st.lists(st.integers(1, 9), min_size=1, max_size=4)
 @given(lengths=lengths_strategy, causal=st.booleans(), seed=st.integers(0, 10_000))
 def test_shares_lie_in_unit_interval(lengths, causal, seed):
     batch = make_batch(lengths, causal=causal, seed=seed, sep_id=1)
-    for metric in METRICS.values():
+    for metric in PATTERN_METRICS:
         sums, counts = metric.function(batch)
         assert torch.all(sums >= -1e-9)
         assert torch.all(counts >= 0)
@@ -281,7 +290,7 @@ def test_next_token_is_zero_for_any_causal_pattern(lengths, seed):
 def test_scores_ignore_values_in_padded_positions(lengths, causal, seed, garbage):
     clean = make_batch(lengths, causal=causal, seed=seed, sep_id=1)
     dirty = make_batch(lengths, causal=causal, seed=seed, sep_id=1, garbage=garbage)
-    for metric in METRICS.values():
+    for metric in PATTERN_METRICS:
         want, want_counts = metric.function(clean)
         got, got_counts = metric.function(dirty)
         torch.testing.assert_close(got, want, msg=metric.name)
