@@ -109,6 +109,12 @@ class AttentionBatch:
         return -(self.masked * torch.log(self.masked.clamp_min(tiny))).sum(-1)
 
     @cached_property
+    def distance(self) -> torch.Tensor:
+        """(batch, head, q) sum_k A[q, k] |q - k| over keys that count: shared by distance and its buckets."""
+        gap = (self.query_positions[:, None] - self.key_positions[None, :]).abs().to(self.pattern.dtype)  # (q, k)
+        return (self.masked * gap).sum(-1)
+
+    @cached_property
     def top_key(self) -> torch.Tensor:
         """(batch, head, q) the key that gets each query's largest weight among keys that count; -1 where
         the query puts no weight at all on keys that count (it then has no "top key")."""
@@ -293,12 +299,6 @@ def _first_token_per_query(batch: AttentionBatch) -> tuple[torch.Tensor, torch.T
     return weights, valid
 
 
-def _distance_per_query(batch: AttentionBatch) -> torch.Tensor:
-    """(batch, head, q) sum_k A[q, k] |q - k| over keys that count."""
-    gap = (batch.query_positions[:, None] - batch.key_positions[None, :]).abs().to(batch.pattern.dtype)  # (q, k)
-    return (batch.masked * gap).sum(-1)  # (batch, head, q)
-
-
 def buckets(max_len: int) -> list[int]:
     """The position buckets of segments of up to `max_len` tokens: 0 (position 0 alone), then 1, 2, 4, ...,
     each bucket b holding the positions [b, 2b) below max_len.
@@ -402,7 +402,7 @@ def entropy_norm(batch: AttentionBatch):
 @register("distance", unit="tokens", bounded=False)
 def distance(batch: AttentionBatch):
     """Mean over real queries of sum_k A[q, k] |q - k|: how far, in tokens, a head looks on average."""
-    return _mean_over_queries(_distance_per_query(batch), batch.query_mask)
+    return _mean_over_queries(batch.distance, batch.query_mask)
 
 
 @register("positional_prev", unit="share of queries")
@@ -500,7 +500,7 @@ def distance_by_position(batch: AttentionBatch):
 
     Whether a head looks a fixed distance back wherever the query is, or further the later the query.
     """
-    return _by_bucket(_distance_per_query(batch), batch.query_mask, batch)
+    return _by_bucket(batch.distance, batch.query_mask, batch)
 
 
 # --- what heads move: value norms and direct logit attribution (headscan.values) ---------------------------
