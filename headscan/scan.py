@@ -258,8 +258,9 @@ def accumulate(
             state.baseline = np.zeros((2, len(syntax.BASELINE_OFFSETS), len(syntax.COLUMNS)))
     weights_note = state.model.get("weights")  # a resumed state read the weights when it started
     state.model = model.provenance()
+    head_weights, unread = _read_weights(model)  # once, for the weights table and for value weighting
     if not state.weights.size:
-        state.weights, weights_note = _weight_scores(model)
+        state.weights, weights_note = _weight_scores(model, head_weights, unread)
     state.model["weights"] = weights_note
     windows = plan_windows(corpus, config, shard)
     device = _accumulator_device(model)
@@ -268,7 +269,7 @@ def accumulate(
     pad = model.special_token_ids["pad"]
     pad = pad if pad is not None else 0  # masked out, so any id will do (GPT-2 has no pad token)
     current: dict = {}
-    capture, notes = _capture(model, config)
+    capture, notes = _capture(model, config, head_weights, unread)
     state.model.update(notes)  # whether values and dla were captured, and how W_U was taken
     weighted = any(table == "value" for _, _, table in columns)
 
@@ -407,12 +408,23 @@ def _score_logits(current: dict, columns: list[Column], model: HookedModel, conf
     current["contributions"] = {}
 
 
-def _capture(model: HookedModel, config: SweepConfig) -> tuple[dict | None, dict]:
+def _read_weights(model: HookedModel):
+    """Each head's weights (`headscan.circuits.HeadWeights`), or None and why not. An architecture whose weights
+    headscan cannot read costs its weights table, value table and dla (NaN, with the reason), not the sweep."""
+    from . import circuits
+    from .errors import HeadscanError
+
+    try:
+        return circuits.head_weights(model), None
+    except (HeadscanError, AttributeError, KeyError, RuntimeError, TypeError, ValueError) as error:
+        return None, str(error)
+
+
+def _capture(model: HookedModel, config: SweepConfig, weights, unread: str | None) -> tuple[dict | None, dict]:
     """What the sweep needs to weight attention by values and attribute logits, and provenance notes saying
     whether it was captured and how: ({"factors", "W_O", "directions", "final_norm", "final_eps"} or None,
     {"values": ..., "dla": ...}). A model it cannot capture keeps its sweep: its value table and dla are NaN."""
     from . import circuits
-    from .errors import HeadscanError
 
     if not config.values:
         return None, {"values": "off (values=False)", "dla": "off (values=False)"}
@@ -420,11 +432,8 @@ def _capture(model: HookedModel, config: SweepConfig) -> tuple[dict | None, dict
         why = ("not captured: this model is read through Hugging Face forward hooks (path hf_hooks), which hand over "
                "attention patterns but not values or head outputs; its value table and dla are NaN")
         return None, {"values": why, "dla": why}
-    try:
-        weights = circuits.head_weights(model)
-    # An architecture whose weights headscan cannot read costs its value table and dla, not the sweep.
-    except (HeadscanError, AttributeError, KeyError, RuntimeError, TypeError, ValueError) as error:
-        why = f"not captured: weights not read ({error}); its value table and dla are NaN"
+    if weights is None:
+        why = f"not captured: weights not read ({unread}); its value table and dla are NaN"
         return None, {"values": why, "dla": why}
     with torch.no_grad():
         W_O = weights.W_O.detach()  # (layer, head, d_head, d_model), the bridge's own (no norm folds into W_O)
@@ -449,18 +458,18 @@ def _capture(model: HookedModel, config: SweepConfig) -> tuple[dict | None, dict
 WEIGHT_METRICS = ("copying",)  # the rows of the weights table, in the order of PartialState.weights
 
 
-def _weight_scores(model: HookedModel) -> tuple[np.ndarray, str]:
+def _weight_scores(model: HookedModel, weights, unread: str | None) -> tuple[np.ndarray, str]:
     """The weight-only scores of `model`, (weight metric, layer, head), and how the weights were taken."""
     from . import circuits
     from .errors import HeadscanError
 
-    try:
-        weights = circuits.head_weights(model)
-        scores = circuits.copying_scores(weights).double().cpu().numpy()[None]
-    # An architecture whose weights headscan cannot read costs its weights table, not the sweep: NaN rows, and why.
-    except (HeadscanError, AttributeError, KeyError, RuntimeError, TypeError, ValueError) as error:
-        return np.full((len(WEIGHT_METRICS), model.n_layers, model.n_heads), np.nan), f"not read: {error}"
-    return scores, f"embedding {weights.embedding}; folded: {weights.folded}"
+    if weights is not None:
+        try:
+            scores = circuits.copying_scores(weights).double().cpu().numpy()[None]
+            return scores, f"embedding {weights.embedding}; folded: {weights.folded}"
+        except (HeadscanError, RuntimeError, ValueError) as error:  # e.g. an eigensolver that does not converge
+            unread = str(error)
+    return np.full((len(WEIGHT_METRICS), model.n_layers, model.n_heads), np.nan), f"not read: {unread}"
 
 
 def _add_window(totals: dict, window: dict, units: list[int], config: SweepConfig) -> None:
