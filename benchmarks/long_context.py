@@ -35,7 +35,7 @@ def child(length: int, mode: str, query_chunk: int, device: str) -> dict:
     import torch
 
     from headscan.corpus import read_corpus
-    from headscan.hooking import QueryBlock
+    from headscan.models.hooks import QueryBlock
     from headscan.metrics import METRICS, AttentionBatch
     from headscan.models import load_model
 
@@ -118,7 +118,7 @@ def main() -> None:
         print(json.dumps(child(int(length), mode, args.query_chunk, args.device)))
         return
 
-    from headscan.chunked import eager_bytes
+    from headscan.models.chunked import eager_bytes
 
     n_heads, model_gib = 9, 1.0  # smollm2: 9 query heads a layer; about 1 GiB resident once loaded
     rows = []

@@ -46,7 +46,7 @@ def repeat(source: Path, out: Path, times: int) -> None:
 
 def child(what: str, path: str, model: str) -> dict:
     """One measurement, in this (fresh) process."""
-    import headscan.jobs  # noqa: F401  (the import row's floor: torch, transformers' lazy modules, headscan)
+    import headscan.scan  # noqa: F401  (the import row's floor: torch, transformers' lazy modules, headscan)
     from headscan.corpus import read_corpus
 
     start = time.perf_counter()

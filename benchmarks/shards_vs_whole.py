@@ -21,7 +21,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
 
-from headscan.jobs import merge, sweep  # noqa: E402
+from headscan.scan import merge, sweep  # noqa: E402
 
 EWT = Path(__file__).resolve().parents[2] / "shared/data/ud-english-ewt/en_ewt-ud-dev.conllu"
 

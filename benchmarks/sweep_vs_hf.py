@@ -31,7 +31,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from headscan.corpus import batches, encode, read_corpus  # noqa: E402
-from headscan.models import ALIASES, _quiet, load_model  # noqa: E402
+from headscan.models import ALIASES, load_model
+from headscan.models.specs import _quiet  # noqa: E402
 from headscan import SweepConfig
 from headscan.scan import sweep_model  # noqa: E402
 

@@ -70,10 +70,11 @@ import pandas as pd
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import headscan  # noqa: E402
-from headscan import intervals, scan  # noqa: E402
+from headscan import intervals
+from headscan.scan import reduce as scan  # noqa: E402
 from headscan.config import SweepConfig  # noqa: E402
 from headscan.corpus import Corpus, read_corpus  # noqa: E402
-from headscan.state import PartialState  # noqa: E402
+from headscan.scan import PartialState  # noqa: E402
 from headscan.tables import TABLES  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

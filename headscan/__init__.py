@@ -28,7 +28,7 @@ __all__ = ["__version__", "HeadscanError", "METRICS", "TABLES", "SweepTables", "
            "sweep"]
 
 # Loaded on first use: these import torch and transformers.
-_LAZY = {"sweep": "headscan.jobs", "merge": "headscan.jobs", "load_model": "headscan.models", "METRICS": "headscan.metrics"}
+_LAZY = {"sweep": "headscan.scan", "merge": "headscan.scan", "load_model": "headscan.models", "METRICS": "headscan.metrics"}
 
 
 def __getattr__(name):

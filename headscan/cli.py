@@ -159,9 +159,9 @@ def sweep(models, corpus, out, max_len, long, batch_size, limit, device, dtype, 
         headscan sweep -m smollm2 -c en_ewt-ud-dev.conllu --pack sentences --max-len 2048 --attention chunked
     """
     from . import tables
-    from .findings import top_heads_text
-    from .jobs import sweep as run_sweep
-    from .models import DEFAULT_MODELS
+    from .analysis.findings import top_heads_text
+    from .scan.run import sweep as run_sweep
+    from .models.load import DEFAULT_MODELS
 
     config = SweepConfig(
         max_len=max_len, long=long, batch_size=batch_size, limit=limit, device=device, dtype=dtype,
@@ -220,7 +220,7 @@ def merge(shards, out, overwrite):
 
         headscan merge out/part-0 out/part-1 out/part-2 out/part-3 --out out/all
     """
-    from .jobs import merge as run_merge
+    from .scan.run import merge as run_merge
 
     command = _effective_command(click.get_current_context())
     run_merge(list(shards), out, overwrite=overwrite, command=command)
@@ -243,7 +243,7 @@ def models(specs):
 
         headscan models minilm path/to/distilbert
     """
-    from .models import ALIASES, alias_status, describe_spec
+    from .models.load import ALIASES, alias_status, describe_spec
 
     if not specs:
         for name, path in alias_status().items():
@@ -268,8 +268,8 @@ def show(run, metric, top):
 
         headscan show out --metric next_token --top 5
     """
-    from .findings import top_heads_text
-    from .tables import load
+    from .analysis.findings import top_heads_text
+    from .tables.io import load
 
     click.echo(top_heads_text(load(run), metric, top))
 
@@ -296,9 +296,9 @@ def report(runs, out, top, example, no_models, quiet):
 
         headscan report out --out reports/demo
     """
-    from .examples import check_example
-    from .report import check_report_options, check_runs, write_report
-    from .tables import load
+    from .report.examples import check_example
+    from .report.build import check_report_options, check_runs, write_report
+    from .tables.io import load
 
     def progress(line: str) -> None:
         if not quiet:
@@ -313,7 +313,7 @@ def report(runs, out, top, example, no_models, quiet):
     check_runs(loaded)
     examples = None
     if not no_models:
-        from .examples import compute_examples
+        from .report.examples import compute_examples
 
         examples = compute_examples(loaded, example, progress=progress)
         for line in examples.failed:

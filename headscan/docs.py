@@ -5,9 +5,9 @@ import re
 import sys
 from pathlib import Path
 
-from . import syntax  # noqa: F401  (registers the syntax metric, so that its definition is listed)
-from .metrics import definitions_markdown
-from .tables import tables_markdown
+from .metrics import syntax  # noqa: F401  (registers the syntax metric, so that its definition is listed)
+from .metrics.attention import definitions_markdown
+from .tables.io import tables_markdown
 
 
 def blocks() -> dict[str, str]:

@@ -16,10 +16,11 @@ import pandas as pd
 import pytest
 from conftest import missing
 
-from headscan import atlas, load
-from headscan.document import Document, Heading, Raw, to_html
-from headscan.examples import Examples, HeadPatterns
-from headscan.runs import merge_runs
+from headscan import load
+from headscan.report import atlas
+from headscan.report.document import Document, Heading, Raw, to_html
+from headscan.report.examples import Examples, HeadPatterns
+from headscan.analysis.runs import merge_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 EWT_RUN = ROOT / "reports" / "runs" / "ewt-dev"

@@ -17,9 +17,9 @@ import pytest
 
 from headscan.config import SweepConfig
 from headscan.corpus import Corpus, read_corpus
-from headscan.jobs import sweep
+from headscan.scan import sweep
 from headscan.scan import sweep_model
-from headscan.state import PartialState
+from headscan.scan import PartialState
 
 B = 60
 SEED = 7

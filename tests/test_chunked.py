@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from headscan import chunked
+from headscan.models import chunked
 from headscan.errors import ConfigError, ModelLoadError
-from headscan.hooking import QueryBlock
+from headscan.models.hooks import QueryBlock
 from headscan.metrics import METRICS, AttentionBatch, buckets
 
 from test_metrics import make_batch

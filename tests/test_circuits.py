@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from headscan import circuits
+from headscan.models import weights as circuits
 from headscan.errors import ModelLoadError
 from headscan.models import load_model
 from headscan.tables import TABLES

@@ -28,7 +28,7 @@ def no_model_loads(monkeypatch):
     def load_model(*args, **kwargs):
         pytest.fail(f"a model was loaded: {args}")
 
-    monkeypatch.setattr("headscan.jobs.load_model", load_model)
+    monkeypatch.setattr("headscan.scan.run.load_model", load_model)
 
 
 def one_line(result) -> str:
@@ -159,7 +159,7 @@ def test_a_folder_that_holds_files_is_replaced_only_with_overwrite(runner, tmp_p
     (tmp_path / "full" / "notes.txt").write_text("mine")
     arguments = ["sweep", "-m", str(tiny_bert), "--limit", "2", "--out", "full", *SWEEP]
     with monkeypatch.context() as patched:
-        patched.setattr("headscan.jobs.load_model", lambda *a, **k: pytest.fail("loaded a model"))
+        patched.setattr("headscan.scan.run.load_model", lambda *a, **k: pytest.fail("loaded a model"))
         result = runner.invoke(cli, arguments)
     assert one_line(result) == "Error: full: already holds files; pass --overwrite to replace them, or choose another --out"
     assert [p.name for p in (tmp_path / "full").iterdir()] == ["notes.txt"]
@@ -213,7 +213,7 @@ def test_a_conllu_file_with_a_bad_head_names_the_file_and_line(runner, tmp_path,
 
 @pytest.fixture(scope="module")
 def a_run(tmp_path_factory, tiny_bert) -> Path:
-    from headscan.jobs import sweep
+    from headscan.scan import sweep
 
     out = tmp_path_factory.mktemp("cli-run") / "run"
     sweep(str(tiny_bert), "builtin", out, limit=3, device="cpu", bootstrap=20)
@@ -270,7 +270,7 @@ def test_show_on_a_parquet_file_of_another_kind(runner, damaged):
 
 @pytest.fixture(scope="module")
 def shard_runs(tmp_path_factory, tiny_bert) -> Path:
-    from headscan.jobs import sweep
+    from headscan.scan import sweep
 
     root = tmp_path_factory.mktemp("cli-shards")
     for k in range(3):

@@ -12,11 +12,12 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import missing, paragraph_corpus
-from headscan import distributed, tables
+from headscan import tables
+from headscan.scan import cluster as distributed
 from headscan.cli import cli
 from headscan.errors import ConfigError, TablesError
-from headscan.jobs import partial_folder, sweep
-from headscan.state import PartialState, Shard
+from headscan.scan import partial_folder, sweep
+from headscan.scan import PartialState, Shard
 
 # One segment per forward pass: each segment's attention is then computed exactly as in the local sweep, so
 # what is left to compare is the merge's float64 sums in another order (see tests/test_jobs.py).

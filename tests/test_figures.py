@@ -6,7 +6,8 @@ import pytest
 from matplotlib.collections import PathCollection
 from matplotlib.figure import Figure
 
-from headscan import charts, figures
+from headscan.plots import profiles as charts
+from headscan.plots import heatmaps as figures
 from headscan.metrics import METRICS as METRICS_REGISTRY
 
 METRICS = ["prev_token", "next_token", "self", "entropy", "entropy_norm", "distance", "positional_prev"]

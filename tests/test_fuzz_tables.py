@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from headscan.errors import HeadscanError, TablesError
-from headscan.state import PartialState
+from headscan.scan import PartialState
 from headscan.tables import HEAD_COLUMNS, VALUE_COLUMNS, load
 
 FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow,
@@ -31,7 +31,7 @@ TABLE_FILES = ("heads.parquet", "offsets.parquet")
 
 @pytest.fixture(scope="module")
 def real_run(tmp_path_factory, tiny_bert) -> Path:
-    from headscan.jobs import sweep
+    from headscan.scan import sweep
 
     out = tmp_path_factory.mktemp("fuzz-tables") / "run"
     sweep(str(tiny_bert), "builtin", out, shard="0/2", limit=4, device="cpu", bootstrap=20)

@@ -18,8 +18,8 @@ import headscan
 from conftest import paragraph_corpus
 from headscan import tables
 from headscan.errors import ConfigError, ModelNotFoundError, TablesError
-from headscan.jobs import merge, partial_folder, sweep
-from headscan.state import PartialState
+from headscan.scan import merge, partial_folder, sweep
+from headscan.scan import PartialState
 
 SETTINGS = dict(device="cpu", bootstrap=20, window=7)
 
@@ -85,7 +85,7 @@ def test_combine_refuses_a_run_given_twice(tmp_path, tiny_bert):
 
 def test_everything_is_checked_before_the_first_model_loads(tmp_path, tiny_bert, monkeypatch):
     loaded = []
-    monkeypatch.setattr("headscan.jobs.load_model", lambda *a, **k: loaded.append(a) or pytest.fail("loaded"))
+    monkeypatch.setattr("headscan.scan.run.load_model", lambda *a, **k: loaded.append(a) or pytest.fail("loaded"))
     with pytest.raises(ModelNotFoundError, match=r"model 'smollm' not found: .* Did you mean 'smollm2'\?"):
         sweep([str(tiny_bert), "smollm"], "builtin", tmp_path / "out")
     with pytest.raises(ConfigError, match="bootstrap must be 0 .no intervals. or at least 20, got 1"):
@@ -130,7 +130,7 @@ def test_a_stopped_sweep_resumes_to_the_same_tables_bit_for_bit(sig, tmp_path, t
     whole = tmp_path / "whole"
     assert _cli("-m", tiny_bert, "--corpus", corpus_file, "--out", whole).wait() == 0
     out = tmp_path / "stopped"
-    state_file = partial_folder(out) / f"{headscan.scan.slug(str(tiny_bert))}.npz"
+    state_file = partial_folder(out) / f"{headscan.scan.reduce.slug(str(tiny_bert))}.npz"
     process = _cli("-m", tiny_bert, "--corpus", corpus_file, "--out", out, "--save-every", "0")
     _stop_midway(process, state_file, sig)
     _, stderr = process.communicate(timeout=120)
@@ -151,7 +151,7 @@ def test_a_stopped_sweep_resumes_to_the_same_tables_bit_for_bit(sig, tmp_path, t
 
 def test_a_saved_state_with_other_settings_is_refused(tmp_path, tiny_bert, corpus_file):
     out = tmp_path / "out"
-    state_file = partial_folder(out) / f"{headscan.scan.slug(str(tiny_bert))}.npz"
+    state_file = partial_folder(out) / f"{headscan.scan.reduce.slug(str(tiny_bert))}.npz"
     process = _cli("-m", tiny_bert, "--corpus", corpus_file, "--out", out, "--save-every", "0")
     _stop_midway(process, state_file, signal.SIGINT)
     process.communicate(timeout=120)

@@ -4,9 +4,8 @@ import pytest
 import torch
 
 from headscan.corpus import read_corpus
-
 from headscan import SweepConfig
-from headscan.jobs import sweep
+from headscan.scan import sweep
 from headscan.testing import build_planted_checkpoint
 
 CORPORA = ["builtin", "repeat-random:n=20,count=16,seed=4"]

@@ -17,12 +17,16 @@ from PIL import Image
 
 import headscan.models
 import headscan.scan
-from headscan import examples as examples_module
-from headscan import document, figures, findings, report, runs as runs_module
+from headscan.report import examples as examples_module
+from headscan.report import document
+from headscan.plots import heatmaps as figures
+from headscan.analysis import findings
+from headscan.report import build as report
+from headscan.analysis import runs as runs_module
 from headscan.cli import cli
-from headscan.document import Document, Heading
+from headscan.report.document import Document, Heading
 from headscan.errors import ConfigError, ModelNotFoundError, TablesError
-from headscan.provenance import CorpusProvenance, ModelProvenance, RunProvenance
+from headscan.tables import CorpusProvenance, ModelProvenance, RunProvenance
 from headscan.tables import TABLES, SweepTables, load, register_table, write
 
 METRICS = ["prev_token", "next_token", "self", "first_token", "sep", "entropy", "entropy_norm", "distance",
@@ -657,7 +661,7 @@ def test_report_on_a_real_sweep_of_tiny_checkpoints(tiny_gpt2, tiny_bert, tmp_pa
     model = headscan.models.load_model(str(tiny_bert), device="cpu")
     tokens, patterns = examples_module.every_layer(model, examples.text)
     for layer in range(model.n_layers):
-        expected_tokens, expected = headscan.scan.example_attention(model, examples.text, layer)
+        expected_tokens, expected = headscan.scan.reduce.example_attention(model, examples.text, layer)
         assert list(tokens) == list(expected_tokens)
         np.testing.assert_allclose(patterns[layer], expected, atol=1e-6)
     out = report.write_report([run], tmp_path / "report", top=3, examples=examples)

@@ -11,9 +11,13 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
-from headscan import charts, context, figures, report, sections
-from headscan.document import Bullets, Heading, Table
-from headscan.runs import merge_runs
+from headscan.plots import profiles as charts
+from headscan.analysis import positions as context
+from headscan.plots import heatmaps as figures
+from headscan.report import build as report
+from headscan.report import sections
+from headscan.report.document import Bullets, Heading, Table
+from headscan.analysis.runs import merge_runs
 from headscan.tables import TABLES, SweepTables
 
 BUCKETS = (0, 1, 2, 4, 8, 16)  # six non-empty buckets for distance, five for the first token (bucket 0 is empty)

@@ -20,9 +20,13 @@ from matplotlib.collections import PathCollection
 from matplotlib.container import BarContainer, ErrorbarContainer
 from matplotlib.figure import Figure
 
-from headscan import atlas, charts, report, sections, syntactic
+from headscan.report import atlas
+from headscan.plots import profiles as charts
+from headscan.report import build as report
+from headscan.report import sections
+from headscan.analysis import syntax as syntactic
 from headscan.cli import cli
-from headscan.runs import merge_runs
+from headscan.analysis.runs import merge_runs
 from headscan.tables import TABLES, SweepTables, load, write
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -136,7 +140,7 @@ def test_relations_shown_all_first_then_by_dependents_with_the_frequent_ones_how
 
 def test_the_report_s_relations_and_directions_are_headscan_syntax_s():
     """syntactic restates syntax's directions and uses its relation names without importing it (and torch)."""
-    tree = ast.parse((ROOT / "headscan" / "syntax.py").read_text())
+    tree = ast.parse((ROOT / "headscan" / "metrics" / "syntax.py").read_text())
     literals = {node.targets[0].id if isinstance(node, ast.Assign) else node.target.id: node.value
                 for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
                 and isinstance(node.targets[0] if isinstance(node, ast.Assign) else node.target, ast.Name)}
@@ -145,13 +149,14 @@ def test_the_report_s_relations_and_directions_are_headscan_syntax_s():
 
 
 def test_the_best_head_computation_imports_no_torch_and_the_report_not_headscan_syntax():
-    code = "import sys, headscan.syntactic; print('torch' in sys.modules)"
+    code = "import sys, headscan.analysis.syntax; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
-    for module in ("syntactic", "findings", "charts", "sections", "report", "atlas"):
+    for module in ("analysis/syntax", "analysis/findings", "plots/profiles", "report/sections", "report/build",
+                   "report/atlas"):
         tree = ast.parse((ROOT / "headscan" / f"{module}.py").read_text())
-        imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level == 1}
-        assert "syntax" not in imported, module
+        imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level >= 1}
+        assert "metrics.syntax" not in imported, module
 
 
 # --- sentences ---------------------------------------------------------------------------------------------

@@ -10,10 +10,16 @@ import pytest
 from click.testing import CliRunner
 from matplotlib.figure import Figure
 
-from headscan import atlas, charts, figures, findings, movement, report, sections
+from headscan.report import atlas
+from headscan.plots import profiles as charts
+from headscan.plots import heatmaps as figures
+from headscan.analysis import findings
+from headscan.analysis import movement
+from headscan.report import build as report
+from headscan.report import sections
 from headscan.cli import cli
-from headscan.document import Bullets, Heading
-from headscan.runs import merge_runs
+from headscan.report.document import Bullets, Heading
+from headscan.analysis.runs import merge_runs
 from headscan.tables import TABLES, SweepTables, write
 
 SHAPES = {"bert": ("bidirectional", 2, 2), "gpt": ("causal", 3, 2)}

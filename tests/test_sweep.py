@@ -11,7 +11,7 @@ from headscan.corpus import Corpus, Segment, read_corpus
 from headscan.errors import ConfigError, HeadscanError
 from headscan.metrics import metric_names
 from headscan import SweepConfig
-from headscan.jobs import sweep
+from headscan.scan import sweep
 from headscan.scan import sweep_model
 from headscan.tables import combine, load
 

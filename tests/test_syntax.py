@@ -9,7 +9,7 @@ import torch
 
 from headscan.corpus import read_corpus
 from headscan.metrics import METRICS, AttentionBatch
-from headscan.syntax import (BASELINE_OFFSETS, COLUMNS, DIRECTIONS, RELATIONS, attach_baseline, best_baseline,
+from headscan.metrics.syntax import (BASELINE_OFFSETS, COLUMNS, DIRECTIONS, RELATIONS, attach_baseline, best_baseline,
                              dependency_accuracy, encode_words, offset_baseline, relation_id, word_alignment,
                              word_attention)
 from headscan.tables import TABLES

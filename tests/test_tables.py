@@ -13,8 +13,8 @@ import torch
 import headscan
 from headscan import metrics, tables
 from headscan.errors import MetricError, TablesError
-from headscan.provenance import RunProvenance
-from headscan.jobs import sweep
+from headscan.tables import RunProvenance
+from headscan.scan import sweep
 from headscan.scan import sweep_model
 
 REPO = Path(__file__).resolve().parents[1]

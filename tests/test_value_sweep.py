@@ -9,7 +9,7 @@ import torch
 from click.testing import CliRunner
 
 import headscan
-from headscan import scan
+from headscan.scan import reduce as scan
 from headscan.config import SweepConfig
 from headscan.metrics import METRICS, AttentionBatch
 from headscan.scan import sweep_model, texts_corpus

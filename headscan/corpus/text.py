@@ -56,8 +56,8 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from .errors import ConfigError, CorpusError
-from .readers import EACH_SEGMENT, CorpusFile, FileSegments, Segment, file_error, open_corpus, scan, segment, unreadable
+from ..errors import ConfigError, CorpusError
+from .files import EACH_SEGMENT, CorpusFile, FileSegments, Segment, file_error, open_corpus, scan, segment, unreadable
 
 __all__ = ["Segment", "Corpus", "FileSegments", "read_corpus", "pack_corpus", "EncodedCorpus", "encode", "batches",
            "Batch"]
@@ -303,7 +303,7 @@ def encode(corpus: Corpus, model, max_len: int, indices: list[int] | None = None
 
 def _word_token_ids(model, sentences: list[tuple[str, ...]]) -> tuple[list[list[int]], list[list[int]]]:
     """Token ids of sentences given as words, with the special tokens a sweep feeds, and each token's word."""
-    from .syntax import encode_words  # torch-side; corpus reading itself needs none of it
+    from ..metrics.syntax import encode_words  # torch-side; corpus reading itself needs none of it
 
     pairs = encode_words(model.tokenizer, sentences, add_special_tokens=not model.causal)
     opening = [model.special_token_ids["bos"]] if model.causal and model.prepend_bos else []
@@ -364,7 +364,7 @@ def batches(encoded: EncodedCorpus, batch_size: int, pad_id: int) -> Iterator[Ba
             mask[row, : len(tokens)] = 1
         words = None
         if encoded.trees:
-            from .syntax import word_alignment
+            from ..metrics.syntax import word_alignment
 
             words = word_alignment([encoded.word_ids[i] for i in chosen], [encoded.trees[i][0] for i in chosen],
                                    [encoded.trees[i][1] for i in chosen], width)

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .errors import TablesError
+from ..errors import TablesError
 from .provenance import RunProvenance
 
 __all__ = [
@@ -447,7 +447,7 @@ def thin_support(rows: pd.DataFrame) -> pd.Series:
     >>> thin_support(rows).tolist()
     [False, True, True, False]
     """
-    from .intervals import THIN_MAX_SHARE, THIN_MIN_UNITS
+    from ..intervals import THIN_MAX_SHARE, THIN_MIN_UNITS
 
     if not {"units", "top_unit_share"} <= set(rows.columns):  # not recorded (headscan 0.1, or built by hand)
         return pd.Series(False, index=rows.index)
@@ -461,7 +461,7 @@ def top_heads(heads: pd.DataFrame, metric: str, n: int = 10) -> pd.DataFrame:
     entropy (the most focused head). NaN scores (undefined) are left out. ``thin`` marks intervals that
     rest on too few units (`thin_support`): read those values as unsure whatever their interval says.
     """
-    from .metrics import get_metric
+    from ..metrics.attention import get_metric
 
     entry = get_metric(metric)  # an unknown name gets "did you mean"
     if entry.table != "heads":

@@ -34,12 +34,12 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from . import hooking
-from .config import DEVICES
-from .config import DTYPES as DTYPE_NAMES
-from .errors import ConfigError, ModelLoadError, ModelNotFoundError
+from . import hooks as hooking
+from ..config import DEVICES
+from ..config import DTYPES as DTYPE_NAMES
+from ..errors import ConfigError, ModelLoadError, ModelNotFoundError
 from .aliases import ALIASES, DEFAULT_MODELS, alias_status  # noqa: F401  (re-exported)
-from .hooking import PatternSite
+from .hooks import PatternSite
 from .specs import (_architecture, _has_adapter, _hf_cache_revision, _not_found, _offline, _one_line, _quiet,  # noqa: F401
                     check_spec, describe_spec)
 

@@ -32,14 +32,14 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from . import tables
-from .findings import fmt_bucket, striking_order, why_structural
-from .metrics import METRICS
-from .syntactic import direction_text, offset_text, relation_order
+from .. import tables
+from ..analysis.findings import fmt_bucket, striking_order, why_structural
+from ..metrics.attention import METRICS
+from ..analysis.syntax import direction_text, offset_text, relation_order
 
 if TYPE_CHECKING:
     from .examples import Examples
-    from .runs import Comparison
+    from ..analysis.runs import Comparison
 
 __all__ = ["Role", "ROLES", "role_rules", "head_roles", "head_ranks", "atlas_data", "atlas_html", "ATLAS_ID"]
 

@@ -26,12 +26,12 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from . import models
-from .errors import ConfigError, HeadscanError
-from .findings import top_heads
-from .provenance import ModelProvenance
-from .runs import Comparison, merge_runs
-from .tables import SweepTables
+from .. import models
+from ..errors import ConfigError, HeadscanError
+from ..analysis.findings import top_heads
+from ..tables.provenance import ModelProvenance
+from ..analysis.runs import Comparison, merge_runs
+from ..tables.io import SweepTables
 
 __all__ = ["DEFAULT_EXAMPLE", "REPEATED_EXAMPLE", "CHOICE", "INDUCTION_SHOWN", "ExampleAttention", "HeadPatterns",
            "Examples", "example_heads", "induction_heads", "wants_repeated", "model_spec", "check_example",

@@ -46,8 +46,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .errors import CorpusError
-from .metrics import METRICS, AttentionBatch, Axis, register
+from ..errors import CorpusError
+from .attention import METRICS, AttentionBatch, Axis, register
 
 __all__ = ["RELATIONS", "DIRECTIONS", "BASELINE_OFFSETS", "COLUMNS", "WordAlignment", "relation_id", "encode_words",
            "word_alignment", "word_attention", "most_attended", "dependency_accuracy", "accuracy_of", "offset_baseline",

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from .errors import ModelLoadError
-from .hooking import backbone
+from ..errors import ModelLoadError
+from .hooks import backbone
 
 __all__ = ["HeadWeights", "head_weights", "copying_scores", "logit_directions", "weight_frame", "FAMILIES"]
 
@@ -266,7 +266,7 @@ def weight_frame(model, weights: HeadWeights | None = None) -> pd.DataFrame:
     NaN (there is nothing to sum or resample); ``embedding`` says whether W_U was W_E transposed ("tied") or
     a matrix of its own ("untied").
     """
-    from .tables import TABLES, head_label
+    from ..tables.io import TABLES, head_label
 
     weights = head_weights(model) if weights is None else weights
     scores = copying_scores(weights).cpu()  # (layer, head)

@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from .metrics import METRICS
+from ..metrics.attention import METRICS
 
 __all__ = [
     "SHARE_CMAP",

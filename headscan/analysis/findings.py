@@ -21,9 +21,9 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
-from . import tables
-from .metrics import METRICS
-from .provenance import ModelProvenance
+from .. import tables
+from ..metrics.attention import METRICS
+from ..tables.provenance import ModelProvenance
 
 __all__ = ["WIDE_CI", "ci_is_wide", "top_heads", "top_rows", "striking_order", "why_structural", "findings",
            "findings_by_model", "fmt_score", "fmt_bucket", "relative_depth", "family_summary", "family_findings",
@@ -521,7 +521,7 @@ def _unregistered_text(run: tables.SweepTables, metric: str, n: int) -> str:
 
 def _syntax_text(syntax: pd.DataFrame, n: int) -> str:
     """`top_heads_text` for ``syntax``: the best heads of the `n` relations with most dependents (``all`` first)."""
-    from .syntactic import best_heads, offset_text, relation_order
+    from .syntax import best_heads, offset_text, relation_order
 
     if n < 1:
         raise tables.TablesError(f"top must be at least 1, got {n}")

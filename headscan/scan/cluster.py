@@ -48,13 +48,13 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import SweepConfig
-from .corpus import Corpus
-from .errors import ConfigError, HeadscanError, ModelLoadError, SweepInterrupted, TablesError
-from .jobs import SAVE_EVERY, _state_file, _stop_requests, partial_folder
-from .scan import finish, model_provenance, run_provenance, slug
+from ..config import SweepConfig
+from ..corpus.text import Corpus
+from ..errors import ConfigError, HeadscanError, ModelLoadError, SweepInterrupted, TablesError
+from .run import SAVE_EVERY, _state_file, _stop_requests, partial_folder
+from .reduce import finish, model_provenance, run_provenance, slug
 from .state import PartialState, Shard, fingerprint_differences, merge_states
-from .tables import SweepTables, concat, write
+from ..tables.io import SweepTables, concat, write
 
 __all__ = ["sweep_on_ray", "connect", "choose_shards", "ClusterError", "RETRIES"]
 
@@ -195,7 +195,7 @@ class _Worker:
         if spec != self.spec:
             import torch
 
-            from .models import load_model
+            from ..models.load import load_model
 
             self.spec = self.model = None  # one model in memory at a time
             gc.collect()
@@ -213,7 +213,7 @@ class _Worker:
 
         A state from `source` (a saved file) that another sweep made is refused, as a local sweep refuses it.
         """
-        from .scan import accumulate, fingerprint
+        from .reduce import accumulate, fingerprint
 
         model = self._load(spec)
         if state is not None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from . import tables
+from .. import tables
 
 __all__ = ["DIRECTIONS", "FREQUENT", "MIN_SHARE", "BEST_COLUMNS", "relation_order", "best_heads", "syntax_findings",
            "syntax_display", "direction_text", "offset_text"]

@@ -30,8 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import intervals
-from .errors import TablesError
+from .. import intervals
+from ..errors import TablesError
 
 __all__ = ["PartialState", "FINGERPRINT_FIELDS", "merge_states", "Shard"]
 
@@ -59,7 +59,7 @@ class Shard:
 
     @classmethod
     def parse(cls, text: str) -> Shard:
-        from .errors import ConfigError
+        from ..errors import ConfigError
 
         k, _, n = str(text).partition("/")
         if not (k.strip().isdigit() and n.strip().isdigit()) or not 0 <= int(k) < int(n):

@@ -36,7 +36,7 @@ from typing import Callable
 
 import torch
 
-from .errors import MetricError
+from ..errors import MetricError
 
 __all__ = ["AttentionBatch", "Axis", "Metric", "METRICS", "register", "get_metric", "metric_names", "offset_range",
            "buckets", "definitions_markdown"]
@@ -218,7 +218,7 @@ def register(
     optional `AttentionBatch` fields the metric reads (``value_norms``, ``logit_contributions``,
     ``final_scale``); the sweep scores it only where it captured them, and leaves it NaN elsewhere.
     """
-    from .tables import TABLES
+    from ..tables.io import TABLES
 
     def decorate(function):
         if name in METRICS:

@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from .errors import ModelLoadError
+from ..errors import ModelLoadError
 
 if TYPE_CHECKING:
-    from .models import HookedModel
+    from .load import HookedModel
 
 __all__ = ["PatternSite", "QueryBlock", "Site", "PROBE", "Unhookable", "bridge_forward", "module_forward", "attention_sites",
            "discover", "check"]

@@ -26,17 +26,18 @@ import matplotlib
 import pandas as pd
 import seaborn as sns
 
-from . import atlas, figures, sections
+from ..plots import heatmaps as figures
+from . import atlas, sections
 from .document import (FOLDER_FILES, Bullets, Contents, Definition, Document, Heading, Note, Panels, Raw, Table, Text,
                        write_folder)
-from .errors import ConfigError
-from .findings import (WIDE_CI, family_findings, family_summary, findings_by_model, fmt_bucket, fmt_score,
+from ..errors import ConfigError
+from ..analysis.findings import (WIDE_CI, family_findings, family_summary, findings_by_model, fmt_bucket, fmt_score,
                        striking_order, top_heads, top_rows)
-from .intervals import THIN_MAX_SHARE, THIN_MIN_UNITS
-from .metrics import METRICS
-from .runs import Comparison, merge_runs, model_shapes, model_sources, run_names, run_summary
+from ..intervals import THIN_MAX_SHARE, THIN_MIN_UNITS
+from ..metrics.attention import METRICS
+from ..analysis.runs import Comparison, merge_runs, model_shapes, model_sources, run_names, run_summary
 from .sections import DISPLAY, Pngs, slug, structural
-from .tables import TABLES, SweepTables, load
+from ..tables.io import TABLES, SweepTables, load
 
 if TYPE_CHECKING:  # the report only reads what headscan.examples computed; it never imports the models
     from .examples import Examples

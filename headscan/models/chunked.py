@@ -39,12 +39,12 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from . import hooking
-from .errors import ModelLoadError
-from .hooking import QueryBlock
+from . import hooks as hooking
+from ..errors import ModelLoadError
+from .hooks import QueryBlock
 
 if TYPE_CHECKING:
-    from .models import HookedModel
+    from .load import HookedModel
 
 __all__ = ["NAME", "INTERNALS", "QueryBlock", "Unsupported", "attention_blocks", "chunked_forward", "refusal",
            "eager_bytes", "chunked_bytes", "default_budget_mib", "choose", "TEMPORARIES"]
@@ -258,7 +258,7 @@ def chunked_forward(model: HookedModel, hooks: dict[int, Callable], last: int, *
     written into. With an "out" at layer `last` the pass runs to the end of that block rather than stopping
     after its attention.
     """
-    from .errors import ConfigError
+    from ..errors import ConfigError
 
     internals = {kind: dict(by_layer) for kind, by_layer in (internals or {}).items()}
     outs = internals.pop("out", {})

@@ -31,16 +31,18 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import __version__, chunked, intervals, syntax, values  # importing syntax registers the syntax metric
-from .config import SweepConfig
-from .corpus import Corpus, Segment, batches, encode
-from .errors import ConfigError, SweepInterrupted
-from .metrics import METRICS, AttentionBatch, Metric
-from .hooking import QueryBlock
-from .models import HookedModel, resolve_device
-from .provenance import CorpusProvenance, ModelProvenance, RunProvenance
+from .. import __version__, intervals
+from ..metrics import syntax, values
+from ..models import chunked
+from ..config import SweepConfig
+from ..corpus.text import Corpus, Segment, batches, encode
+from ..errors import ConfigError, SweepInterrupted
+from ..metrics.attention import METRICS, AttentionBatch, Metric
+from ..models.hooks import QueryBlock
+from ..models.load import HookedModel, resolve_device
+from ..tables.provenance import CorpusProvenance, ModelProvenance, RunProvenance
 from .state import FINGERPRINT_FIELDS, PartialState, Shard
-from .tables import TABLES, SweepTables, head_label
+from ..tables.io import TABLES, SweepTables, head_label
 
 __all__ = ["sweep_model", "accumulate", "finish", "plan_windows", "fingerprint", "example_attention",
            "SweepInterrupted"]
@@ -411,8 +413,8 @@ def _score_logits(current: dict, columns: list[Column], model: HookedModel, conf
 def _read_weights(model: HookedModel):
     """Each head's weights (`headscan.circuits.HeadWeights`), or None and why not. An architecture whose weights
     headscan cannot read costs its weights table, value table and dla (NaN, with the reason), not the sweep."""
-    from . import circuits
-    from .errors import HeadscanError
+    from ..models import weights as circuits
+    from ..errors import HeadscanError
 
     try:
         return circuits.head_weights(model), None
@@ -424,7 +426,7 @@ def _capture(model: HookedModel, config: SweepConfig, weights, unread: str | Non
     """What the sweep needs to weight attention by values and attribute logits, and provenance notes saying
     whether it was captured and how: ({"factors", "W_O", "directions", "final_norm", "final_eps"} or None,
     {"values": ..., "dla": ...}). A model it cannot capture keeps its sweep: its value table and dla are NaN."""
-    from . import circuits
+    from ..models import weights as circuits
 
     if not config.values:
         return None, {"values": "off (values=False)", "dla": "off (values=False)"}
@@ -460,8 +462,8 @@ WEIGHT_METRICS = ("copying",)  # the rows of the weights table, in the order of 
 
 def _weight_scores(model: HookedModel, weights, unread: str | None) -> tuple[np.ndarray, str]:
     """The weight-only scores of `model`, (weight metric, layer, head), and how the weights were taken."""
-    from . import circuits
-    from .errors import HeadscanError
+    from ..models import weights as circuits
+    from ..errors import HeadscanError
 
     if weights is not None:
         try:

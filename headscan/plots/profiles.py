@@ -15,8 +15,8 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from .figures import _axes, _ranks_high, _select, model_palette, unit
-from .syntactic import offset_text
+from .heatmaps import _axes, _ranks_high, _select, model_palette, unit
+from ..analysis.syntax import offset_text
 
 __all__ = ["offset_profiles", "prev_next_scatter", "entropy_by_depth", "syntax_best_heads", "syntax_legend_handles",
            "position_profiles", "value_weighting_by_depth", "value_weighting_scatter"]

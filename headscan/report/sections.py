@@ -20,11 +20,14 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from . import charts, context, figures, movement
+from ..analysis import movement
+from ..analysis import positions as context
+from ..plots import heatmaps as figures
+from ..plots import profiles as charts
 from .document import Bullets, Figures, Heading, Note, Table, Text
-from .findings import WIDE_CI, fmt_score, run_differences, run_pairs, striking_order, top_heads, why_structural
-from .runs import Comparison
-from .syntactic import DIRECTIONS, MIN_SHARE, best_heads, direction_text, syntax_display, syntax_findings
+from ..analysis.findings import WIDE_CI, fmt_score, run_differences, run_pairs, striking_order, top_heads, why_structural
+from ..analysis.runs import Comparison
+from ..analysis.syntax import DIRECTIONS, MIN_SHARE, best_heads, direction_text, syntax_display, syntax_findings
 
 if TYPE_CHECKING:  # the report only reads what headscan.examples computed; it never imports the models
     from .examples import ExampleAttention, Examples

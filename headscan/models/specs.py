@@ -16,7 +16,7 @@ import warnings
 from pathlib import Path
 
 from .aliases import ALIASES, alias_status
-from .errors import ModelNotFoundError
+from ..errors import ModelNotFoundError
 
 __all__ = ["check_spec", "describe_spec"]
 

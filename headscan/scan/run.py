@@ -26,16 +26,16 @@ import threading
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .config import SweepConfig
-from .corpus import Corpus, pack_corpus, read_corpus
-from .errors import ConfigError, ModelLoadError, TablesError
-from .models import DEFAULT_MODELS, load_model
-from .specs import check_spec
-from .errors import SweepInterrupted
-from .scan import (accumulate, fingerprint, finish, model_provenance, run_provenance, slug,
+from ..config import SweepConfig
+from ..corpus.text import Corpus, pack_corpus, read_corpus
+from ..errors import ConfigError, ModelLoadError, TablesError
+from ..models.load import DEFAULT_MODELS, load_model
+from ..models.specs import check_spec
+from ..errors import SweepInterrupted
+from .reduce import (accumulate, fingerprint, finish, model_provenance, run_provenance, slug,
                    texts_corpus)
 from .state import PartialState, Shard, fingerprint_differences, merge_states
-from .tables import SweepTables, check_out, concat, load, write
+from ..tables.io import SweepTables, check_out, concat, load, write
 
 __all__ = ["sweep", "merge", "partial_folder", "SweepInterrupted"]
 
@@ -160,7 +160,7 @@ def sweep(
     if partial is not None and restart:
         shutil.rmtree(partial, ignore_errors=True)
     if ray not in (None, False):  # (model, shard) tasks on a Ray cluster, after the same checks
-        from .distributed import sweep_on_ray
+        from .cluster import sweep_on_ray
 
         return sweep_on_ray(models, text, out, config, address=ray, shard=shard, overwrite=overwrite, progress=progress,
                             command=command, save_every=save_every)

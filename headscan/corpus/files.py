@@ -26,7 +26,7 @@ from typing import BinaryIO, Iterator
 
 import numpy as np
 
-from .errors import CorpusError
+from ..errors import CorpusError
 
 __all__ = ["Segment", "FileSegments", "INDEX", "EACH_SEGMENT", "CorpusFile", "scan", "segment", "open_corpus", "file_error", "unreadable"]
 

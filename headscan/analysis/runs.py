@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .metrics import METRICS
-from .provenance import ModelProvenance, RunProvenance
-from .tables import TABLES, SweepTables
+from ..metrics.attention import METRICS
+from ..tables.provenance import ModelProvenance, RunProvenance
+from ..tables.io import TABLES, SweepTables
 
 __all__ = ["ReportModel", "Comparison", "run_names", "merge_runs", "model_shapes", "run_summary", "model_sources"]
 

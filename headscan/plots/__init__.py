@@ -1,0 +1,1 @@
+"""Figures: a tidy table and keyword options in, a matplotlib Axes out."""
