@@ -5,7 +5,7 @@ that many tokens (the builtin corpus, repeated) with every layer hooked and ever
 metric computed on every layer, as a sweep does, and reports the seconds of that forward pass and its peak
 memory: on CPU the process's peak resident set (``ru_maxrss``), both in all and above what the loaded model
 held before the pass; on a GPU ``torch.cuda.max_memory_allocated``. Eager runs whose estimated attention
-memory (`headscan.chunked.eager_bytes`) would push the machine past ``--memory-limit`` GiB are skipped with
+memory (`headscan.scan.budget.eager_bytes`) would push the machine past ``--memory-limit`` GiB are skipped with
 the reason printed, rather than run into the out-of-memory killer.
 
 Run it (about 15 minutes on 2 CPU cores for the default lengths; smollm2 must be installed)::
@@ -118,7 +118,7 @@ def main() -> None:
         print(json.dumps(child(int(length), mode, args.query_chunk, args.device)))
         return
 
-    from headscan.models.chunked import eager_bytes
+    from headscan.scan.budget import eager_bytes
 
     n_heads, model_gib = 9, 1.0  # smollm2: 9 query heads a layer; about 1 GiB resident once loaded
     rows = []

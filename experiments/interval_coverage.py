@@ -36,10 +36,10 @@ that `headscan.intervals.thin_support` does not flag.
 One forward pass for everything. A segment's per-segment sums and counts do not depend on which other
 segments share its corpus or on the bootstrap unit; only the weights do, and they are keyed by the unit's
 index within the part (`headscan.intervals.bootstrap_weights`). So the corpus is swept once with
-`headscan.scan.accumulate`, recording the per-segment sums that it adds into its state, and each
+`headscan.scan.reduce.accumulate`, recording the per-segment sums that it adds into its state, and each
 (part, unit) gets the state a sweep of that part would build: its units' sums (a document's segments added
 up), Poisson weights keyed by each unit's index in the part, replicate totals and power sums
-(`headscan.intervals.unit_moments`), finished into tables by `headscan.scan.finish`. ``--check`` sweeps the
+(`headscan.intervals.unit_moments`), finished into tables by `headscan.scan.finish.finish`. ``--check`` sweeps the
 first part of each kind with `headscan.scan.sweep_model` under both units and reports the largest difference
 from this reconstruction (float32 noise: a batch pads a segment differently).
 
@@ -72,6 +72,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import headscan  # noqa: E402
 from headscan import intervals
 from headscan.scan import reduce as scan  # noqa: E402
+from headscan.scan.finish import finish  # noqa: E402
 from headscan.config import SweepConfig  # noqa: E402
 from headscan.corpus import Corpus, read_corpus  # noqa: E402
 from headscan.scan import PartialState  # noqa: E402
@@ -98,12 +99,12 @@ def per_segment_sweep(model, corpus: Corpus, config: SweepConfig) -> tuple[Parti
     recorded: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     add_window = scan._add_window
 
-    def recording(totals, window, units, config):
-        sums = window["sums"].transpose(0, 1).cpu().numpy()  # (unit, layer, head, column)
-        counts = window["counts"].transpose(0, 1).cpu().numpy()
-        for row, unit in enumerate(units):
+    def recording(totals, window, config):
+        sums = window.sums.transpose(0, 1).cpu().numpy()  # (unit, layer, head, column)
+        counts = window.counts.transpose(0, 1).cpu().numpy()
+        for row, unit in enumerate(window.units):
             recorded[unit] = (sums[row].copy(), counts[row].copy())
-        add_window(totals, window, units, config)
+        add_window(totals, window, config)
 
     scan._add_window = recording
     try:
@@ -260,7 +261,7 @@ def check(model, corpus, whole, sums, counts, parts: dict[str, list[list[int]]],
         for unit in UNITS:
             settings = dataclasses.replace(config, bootstrap_unit=unit)
             real = scan.sweep_model(model, part_corpus(corpus, part), settings).frames
-            rebuilt = scan.finish(part_state(whole, sums, counts, part, corpus, settings), settings)
+            rebuilt = finish(part_state(whole, sums, counts, part, corpus, settings), settings)
             worst = {}
             for name in real:
                 for column in ("value", "ci_low", "ci_high", "units", "top_unit_share"):
@@ -291,7 +292,7 @@ def main(argv=None) -> None:
     corpus = read_corpus(args.corpus)
     config = SweepConfig(device="cpu")  # bca, 200 replicates, seed 0, segment unit: the defaults
     whole, sums, counts = cached_sweep("minilm", corpus, config, args.cache)
-    truth = scan.finish(whole, config)
+    truth = finish(whole, config)
     swept = time.perf_counter() - started
     print(f"{len(corpus.segments)} sentences ({corpus.n_documents} documents) in {swept:.0f} s", file=sys.stderr)
 
@@ -306,7 +307,7 @@ def main(argv=None) -> None:
                 for method in METHODS:
                     settings = dataclasses.replace(config, bootstrap_unit=unit, interval=method)
                     for index, part in enumerate(chosen):
-                        tables = scan.finish(part_state(whole, sums, counts, part, corpus, settings), settings)
+                        tables = finish(part_state(whole, sums, counts, part, corpus, settings), settings)
                         rows.append(covered_rows(tables, truth).assign(kind=kind, unit=unit, method=method,
                                                                        draw=draw, part=index))
     rows = pd.concat(rows, ignore_index=True)

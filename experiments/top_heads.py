@@ -7,7 +7,7 @@
 import argparse
 
 import headscan
-from headscan.tables import top_heads
+from headscan.analysis.ranking import top_heads
 
 
 def main() -> None:
@@ -23,7 +23,7 @@ def main() -> None:
         print("| model | metric | rank | head | value | 95% interval | queries |")
         print("|---|---|---|---|---|---|---|")
         for metric in args.metric or ["prev_token", "next_token", "induction", "duplicate_token"]:
-            for model, rows in top_heads(tables.heads, metric, args.top).groupby("model", sort=False):
+            for model, rows in top_heads(tables.heads, metric, args.top, keep_flat=True).groupby("model", sort=False):
                 for rank, row in enumerate(rows.itertuples(), start=1):
                     print(f"| {model} | {metric} | {rank} | {row.label} | {row.value:.3f} | "
                           f"[{row.ci_low:.3f}, {row.ci_high:.3f}] | {row.count:.0f} |")

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from headscan.models import chunked
+from headscan.scan import budget
 from headscan.errors import ConfigError, ModelLoadError
 from headscan.models.hooks import QueryBlock
 from headscan.metrics import METRICS, AttentionBatch, buckets
@@ -238,13 +239,13 @@ def test_a_model_whose_scores_cannot_be_reproduced_is_refused(tmp_path):
     with pytest.raises(ModelLoadError, match=r"cannot run chunked attention: .*ALiBi.*; use --attention eager"):
         with model.pattern_forward({0: lambda pattern, hook: None}, attention="chunked"):
             pass
-    assert chunked.choose(model, batch_size=64, max_len=100_000, budget_mib=1) == "eager"  # auto falls back
+    assert budget.choose(model, batch_size=64, max_len=100_000, budget_mib=1) == "eager"  # auto falls back
 
 
 def test_auto_goes_chunked_past_the_budget(tiny_models):
     model = tiny_models["gpt2"]
-    assert chunked.eager_bytes(model.n_heads, 2, 1024) > chunked.chunked_bytes(model.n_heads, 2, 1024, 128)
-    assert chunked.choose(model, batch_size=2, max_len=64, budget_mib=1) == "eager"
-    assert chunked.choose(model, batch_size=2, max_len=4096, budget_mib=1) == "chunked"
-    assert chunked.choose(model, batch_size=2, max_len=4096, attention="eager") == "eager"
-    assert chunked.default_budget_mib("cpu") >= 1
+    assert budget.eager_bytes(model.n_heads, 2, 1024) > budget.chunked_bytes(model.n_heads, 2, 1024, 128)
+    assert budget.choose(model, batch_size=2, max_len=64, budget_mib=1) == "eager"
+    assert budget.choose(model, batch_size=2, max_len=4096, budget_mib=1) == "chunked"
+    assert budget.choose(model, batch_size=2, max_len=4096, attention="eager") == "eager"
+    assert budget.default_budget_mib("cpu") >= 1

@@ -3,13 +3,15 @@
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 import torch
 
-from headscan.models import weights as circuits
 from headscan.errors import ModelLoadError
 from headscan.models import load_model
-from headscan.tables import TABLES
+from headscan.models import weights as circuits
+from headscan.scan.finish import weights_frame
+from headscan.tables import TABLES, head_columns
 from headscan.testing.planted import build_ov_checkpoint
 
 
@@ -72,16 +74,25 @@ def test_gpt2_pre_attention_layernorm_is_folded_into_w_v_and_b_v(tiny_models):
     assert raw.folded == "nothing" and not torch.allclose(raw.W_V[1], weights.W_V[1])
 
 
+def weight_frame(model):
+    """The weights table of `model`, as a sweep builds it (`headscan.scan.finish.weights_frame`)."""
+    weights = circuits.head_weights(model)
+    scores = circuits.copying_scores(weights).double().cpu().numpy()[None]
+    layer, head = np.meshgrid(np.arange(model.n_layers), np.arange(model.n_heads), indexing="ij")
+    per_head = head_columns(model.name, model.family, layer.ravel(), head.ravel(), model.kv_group(head.ravel()))
+    return weights_frame(per_head, scores, weights.embedding)
+
+
 def test_untied_checkpoint_is_recorded_as_untied(tmp_path):
     path, _ = build_ov_checkpoint(tmp_path, tied=False)
     model = load_model(str(path), device="cpu")
-    frame = circuits.weight_frame(model)
+    frame = weight_frame(model)
     assert set(frame["embedding"]) == {"untied"}
 
 
 def test_weight_frame_conforms_to_the_weights_table(ov_model):
     model, heads = ov_model
-    frame = circuits.weight_frame(model)
+    frame = weight_frame(model)
     assert list(frame.columns) == list(TABLES["weights"].columns)
     assert len(frame) == 2 * 4 and set(frame["metric"]) == {"copying"}
     assert frame[["sum", "count", "ci_low", "ci_high"]].isna().all().all()

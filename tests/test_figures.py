@@ -9,6 +9,8 @@ from matplotlib.figure import Figure
 from headscan.plots import profiles as charts
 from headscan.plots import heatmaps as figures
 from headscan.metrics import METRICS as METRICS_REGISTRY
+from headscan.metrics import describe
+from headscan.plots.style import SHARE_CMAP
 
 METRICS = ["prev_token", "next_token", "self", "entropy", "entropy_norm", "distance", "positional_prev"]
 
@@ -77,10 +79,10 @@ def test_heatmap_shares_use_one_0_1_scale_and_unbounded_metrics_their_own():
     heads = make_heads()
     share = figures.head_heatmap(heads, model="gpt", metric="self", ax=Figure().subplots())
     assert share.collections[0].get_clim() == (0.0, 1.0)
-    assert share.collections[0].cmap.name.startswith(figures.SHARE_CMAP)
+    assert share.collections[0].cmap.name.startswith(SHARE_CMAP)
     entropy = figures.head_heatmap(heads, model="gpt", metric="entropy", ax=Figure().subplots())
     assert entropy.collections[0].get_clim() == (0.0, value("gpt", "entropy", 1, 2))
-    assert not entropy.collections[0].cmap.name.startswith(figures.SHARE_CMAP)
+    assert not entropy.collections[0].cmap.name.startswith(SHARE_CMAP)
 
 
 
@@ -244,8 +246,7 @@ def test_difference_heatmap_centres_on_zero_and_marks_intervals_apart():
     assert [(t.get_text(), t.get_position()) for t in ax.texts] == [("\u2022", (0.5, 0.5))]
 
 
-def test_is_bounded_and_unit_follow_the_registry():
-    assert figures.is_bounded("entropy_norm") and not figures.is_bounded("entropy")
-    assert all(figures.is_bounded(name) == metric.bounded for name, metric in METRICS_REGISTRY.items())
-    assert all(figures.unit(name) == metric.unit for name, metric in METRICS_REGISTRY.items())
-    assert figures.is_bounded("not_a_metric") and figures.unit("not_a_metric") == "value"  # another headscan's run
+def test_bounds_and_unit_follow_the_registry():
+    assert describe("entropy_norm").bounded and not describe("entropy").bounded
+    assert all(describe(name) is metric for name, metric in METRICS_REGISTRY.items())
+    assert describe("not_a_metric").bounded and describe("not_a_metric").unit == "value"  # another headscan's run

@@ -20,6 +20,7 @@ from headscan import tables
 from headscan.errors import ConfigError, ModelNotFoundError, TablesError
 from headscan.scan import merge, partial_folder, sweep
 from headscan.scan import PartialState
+from headscan.scan.resume import spec_stem
 
 SETTINGS = dict(device="cpu", bootstrap=20, window=7)
 
@@ -130,7 +131,7 @@ def test_a_stopped_sweep_resumes_to_the_same_tables_bit_for_bit(sig, tmp_path, t
     whole = tmp_path / "whole"
     assert _cli("-m", tiny_bert, "--corpus", corpus_file, "--out", whole).wait() == 0
     out = tmp_path / "stopped"
-    state_file = partial_folder(out) / f"{headscan.scan.reduce.slug(str(tiny_bert))}.npz"
+    state_file = partial_folder(out) / f"{spec_stem(str(tiny_bert))}.npz"
     process = _cli("-m", tiny_bert, "--corpus", corpus_file, "--out", out, "--save-every", "0")
     _stop_midway(process, state_file, sig)
     _, stderr = process.communicate(timeout=120)
@@ -151,7 +152,7 @@ def test_a_stopped_sweep_resumes_to_the_same_tables_bit_for_bit(sig, tmp_path, t
 
 def test_a_saved_state_with_other_settings_is_refused(tmp_path, tiny_bert, corpus_file):
     out = tmp_path / "out"
-    state_file = partial_folder(out) / f"{headscan.scan.reduce.slug(str(tiny_bert))}.npz"
+    state_file = partial_folder(out) / f"{spec_stem(str(tiny_bert))}.npz"
     process = _cli("-m", tiny_bert, "--corpus", corpus_file, "--out", out, "--save-every", "0")
     _stop_midway(process, state_file, signal.SIGINT)
     process.communicate(timeout=120)

@@ -16,11 +16,12 @@ from click.testing import CliRunner
 from PIL import Image
 
 import headscan.models
-import headscan.scan
+import torch
+from headscan.corpus import Corpus, Segment, encode
 from headscan.report import examples as examples_module
 from headscan.report import document
 from headscan.plots import heatmaps as figures
-from headscan.analysis import findings
+from headscan.analysis import findings, ranking
 from headscan.report import build as report
 from headscan.analysis import runs as runs_module
 from headscan.cli import cli
@@ -120,13 +121,13 @@ def provenance_of(run):
 
 def test_top_heads_are_ranked_per_model_with_intervals(runs):
     heads = load(runs[0]).heads
-    top = findings.top_heads(heads, metric="prev_token", n=2)
+    top = ranking.top_heads(heads, metric="prev_token", n=2)
     assert top[["model", "rank", "label"]].values.tolist() == [
         ["gpt", 1, "L1H2"], ["gpt", 2, "L0H1"], ["bert", 1, "L1H2"], ["bert", 2, "L0H1"]]
     np.testing.assert_allclose(top["value"], [0.999, 0.8, 0.999, 0.8])
     np.testing.assert_allclose(top["ci_low"], [0.989, 0.79, 0.989, 0.79])
     assert not top["wide"].any() and top["thin"].tolist() == [False, False, True, False]
-    wide = findings.top_heads(heads, metric="prev_token", n=6, model="gpt")
+    wide = ranking.top_heads(heads, metric="prev_token", n=6, model="gpt")
     assert wide.set_index("label")["wide"].to_dict()["L1H0"] and wide["wide"].sum() == 1
 
 
@@ -136,22 +137,22 @@ def test_top_heads_are_ranked_per_model_with_intervals(runs):
     ("distance", ["L0H2", "L1H2", "L0H1"], [5.0, 5.0, 3.0]),  # ties go to the lower layer
 ])
 def test_top_heads_take_the_striking_end_from_the_registry(runs, metric, labels, values):
-    top = findings.top_heads(load(runs[0]).heads, metric=metric, n=3, model="gpt")
+    top = ranking.top_heads(load(runs[0]).heads, metric=metric, n=3, model="gpt")
     assert top["label"].tolist() == labels
     np.testing.assert_allclose(top["value"], values)
 
 
 def test_top_heads_skip_undefined_and_constant_metrics(runs):
     heads = load(runs[0]).heads
-    assert findings.top_heads(heads, metric="sep")["model"].unique().tolist() == ["bert"]
-    assert findings.top_heads(heads, metric="next_token")["model"].unique().tolist() == ["bert"]
+    assert ranking.top_heads(heads, metric="sep")["model"].unique().tolist() == ["bert"]
+    assert ranking.top_heads(heads, metric="next_token")["model"].unique().tolist() == ["bert"]
 
 
 def test_ci_is_wide_is_absolute_for_0_1_metrics_and_relative_otherwise():
     rows = pd.DataFrame({"metric": ["self", "self", "distance", "distance", "entropy", "entropy"],
                          "value": [0.5, 0.5, 10.0, 2.0, 0.002, 0.5],
                          "ci_low": [0.4, 0.46, 9.5, 1.5, 0.001, 0.3], "ci_high": [0.65, 0.54, 10.5, 2.5, 0.004, 0.7]})
-    assert findings.ci_is_wide(rows).tolist() == [True, False, False, True, False, True]
+    assert ranking.ci_is_wide(rows).tolist() == [True, False, False, True, False, True]
 
 
 @pytest.mark.parametrize("metric, family, values, specials, expected", [
@@ -170,7 +171,7 @@ def test_why_structural_needs_the_registry_s_condition_and_agreeing_values(metri
                                                                             expected):
     provenance = ModelProvenance("m", special_token_ids=specials) if specials is not None else None
     rows = pd.DataFrame({"value": values})
-    assert findings.why_structural(rows, metric, family=family, provenance=provenance) == expected
+    assert ranking.why_structural(rows, metric, family=family, provenance=provenance) == expected
 
 
 def test_findings_state_the_numbers(runs):
@@ -660,10 +661,14 @@ def test_report_on_a_real_sweep_of_tiny_checkpoints(tiny_gpt2, tiny_bert, tmp_pa
     # every layer in one forward pass agrees with the sweep's own reading of one layer
     model = headscan.models.load_model(str(tiny_bert), device="cpu")
     tokens, patterns = examples_module.every_layer(model, examples.text)
+    ids = torch.tensor([encode(Corpus("example", "text", "", (Segment(examples.text, 0),)), model,
+                               model.max_context).token_ids[0]])
+    assert len(tokens) == ids.shape[1]
     for layer in range(model.n_layers):
-        expected_tokens, expected = headscan.scan.reduce.example_attention(model, examples.text, layer)
-        assert list(tokens) == list(expected_tokens)
-        np.testing.assert_allclose(patterns[layer], expected, atol=1e-6)
+        seen = {}
+        with model.pattern_forward({layer: lambda pattern, hook: seen.setdefault("pattern", pattern[0])}) as forward:
+            forward(ids, torch.ones_like(ids))
+        np.testing.assert_allclose(patterns[layer], seen["pattern"].float().numpy(), atol=1e-6)
     out = report.write_report([run], tmp_path / "report", top=3, examples=examples)
     page = (out / "index.html").read_text()
     assert (out / "figures" / "looking_both_ways.png").is_file()

@@ -15,7 +15,7 @@ from headscan.plots import profiles as charts
 from headscan.analysis import positions as context
 from headscan.plots import heatmaps as figures
 from headscan.report import build as report
-from headscan.report import sections
+from headscan.report import sections, table_sections
 from headscan.report.document import Bullets, Heading, Table
 from headscan.analysis.runs import merge_runs
 from headscan.tables import TABLES, SweepTables
@@ -130,13 +130,13 @@ def test_value_heatmap_holds_the_grid_and_annotates_the_highest(positions):
 
 
 def test_no_section_without_a_long_enough_context():
-    assert sections.context_section(merge_runs([run((0, 1, 2, 4))]), sections.Pngs()) == []
-    assert sections.context_section(merge_runs([SweepTables({"heads": run()["heads"]})]), sections.Pngs()) == []
+    assert table_sections.context_section(merge_runs([run((0, 1, 2, 4))]), sections.Pngs()) == []
+    assert table_sections.context_section(merge_runs([SweepTables({"heads": run()["heads"]})]), sections.Pngs()) == []
 
 
 def test_section_numbers_figures_and_table():
     pngs = sections.Pngs()
-    blocks = sections.context_section(merge_runs([run(short_model=True)]), pngs)
+    blocks = table_sections.context_section(merge_runs([run(short_model=True)]), pngs)
     assert isinstance(blocks[0], Heading) and blocks[0].text == "Attention along the context"
     assert "bucket b holds positions b to 2b \u2212 1" in blocks[1].text
     assert set(pngs) == {"context_by_layer.png", "context_reach.png"}

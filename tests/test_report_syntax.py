@@ -22,8 +22,9 @@ from matplotlib.figure import Figure
 
 from headscan.report import atlas
 from headscan.plots import profiles as charts
+from headscan.plots import syntax as syntax_plots
 from headscan.report import build as report
-from headscan.report import sections
+from headscan.report import sections, table_sections
 from headscan.analysis import syntax as syntactic
 from headscan.cli import cli
 from headscan.analysis.runs import merge_runs
@@ -140,7 +141,7 @@ def test_relations_shown_all_first_then_by_dependents_with_the_frequent_ones_how
 
 def test_the_report_s_relations_and_directions_are_headscan_syntax_s():
     """syntactic restates syntax's directions and uses its relation names without importing it (and torch)."""
-    tree = ast.parse((ROOT / "headscan" / "metrics" / "syntax.py").read_text())
+    tree = ast.parse((ROOT / "headscan" / "corpus" / "words.py").read_text())
     literals = {node.targets[0].id if isinstance(node, ast.Assign) else node.target.id: node.value
                 for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
                 and isinstance(node.targets[0] if isinstance(node, ast.Assign) else node.target, ast.Name)}
@@ -200,7 +201,7 @@ def test_figure_draws_each_model_s_best_heads_against_the_baseline():
     best = best[~((best["model"] == "gpt") & (best["relation"] == "det") & (best["direction"] == D2H))]
     palette = {"minilm": (0.0, 0.0, 1.0), "gpt": (1.0, 0.5, 0.0)}
     ax = Figure().subplots()
-    assert charts.syntax_best_heads(best, direction=D2H, ax=ax, palette=palette, legend=False) is ax
+    assert syntax_plots.syntax_best_heads(best, direction=D2H, ax=ax, palette=palette, legend=False) is ax
     relations = ["all", "nsubj", "det", "amod", "mark"]
     assert [t.get_text() for t in ax.get_xticklabels()] == relations
     bars = [c for c in ax.containers if isinstance(c, BarContainer)]
@@ -223,7 +224,7 @@ def test_figure_draws_each_model_s_best_heads_against_the_baseline():
 def test_figure_draws_the_other_direction_and_the_relations_asked_for():
     best = syntactic.best_heads(full_syntax([("minilm", 3, 6)]))
     ax = Figure().subplots()
-    charts.syntax_best_heads(best, direction=H2D, relations=["det", "all"], ax=ax)
+    syntax_plots.syntax_best_heads(best, direction=H2D, relations=["det", "all"], ax=ax)
     assert [t.get_text() for t in ax.get_xticklabels()] == ["det", "all"]
     (points,) = [c for c in ax.collections if isinstance(c, PathCollection)]
     np.testing.assert_allclose(points.get_offsets()[:, 0], [0.0, 1.0])
@@ -277,12 +278,12 @@ def syntax_report(ewt_with_syntax, tmp_path_factory):
 
 def test_no_section_without_a_syntax_table(ewt):
     without = SweepTables({name: frame for name, frame in ewt.frames.items() if name != "syntax"}, ewt.provenance)
-    assert sections.syntax_section(merge_runs([without]), {}, sections.Pngs()) == []
+    assert table_sections.syntax_section(merge_runs([without]), {}, sections.Pngs()) == []
 
 
 def test_section_for_a_table_without_dependents(ewt):
     syntax = full_syntax([("minilm", 1, 1)]).assign(value=np.nan, count=0.0)
-    blocks = sections.syntax_section(merge_runs([SweepTables({**ewt.frames, "syntax": syntax})]), {}, sections.Pngs())
+    blocks = table_sections.syntax_section(merge_runs([SweepTables({**ewt.frames, "syntax": syntax})]), {}, sections.Pngs())
     assert [type(b).__name__ for b in blocks] == ["Heading", "Text", "Note"]
     assert "no scored dependent" in blocks[-1].text
 

@@ -16,11 +16,12 @@ from headscan.plots import heatmaps as figures
 from headscan.analysis import findings
 from headscan.analysis import movement
 from headscan.report import build as report
-from headscan.report import sections
+from headscan.report import sections, table_sections
 from headscan.cli import cli
 from headscan.report.document import Bullets, Heading
 from headscan.analysis.runs import merge_runs
-from headscan.tables import TABLES, SweepTables, write
+from headscan.tables import TABLES, SweepTables, load, write
+from headscan.plots.style import SIGNED_CMAP
 
 SHAPES = {"bert": ("bidirectional", 2, 2), "gpt": ("causal", 3, 2)}
 
@@ -137,11 +138,11 @@ def test_charts_draw_two_lines_per_model_and_a_point_per_head():
 def test_copying_heatmap_is_diverging_from_minus_one_to_one():
     t = tables()
     pngs = sections.Pngs()
-    blocks = sections.movement_section(merge_runs([t]), {}, pngs)
+    blocks = table_sections.movement_section(merge_runs([t]), {}, pngs)
     assert "copying.png" in pngs
     fig = Figure()
     ax = figures.value_heatmap(t["weights"], model="bert", label="copying", ax=fig.subplots(), vmin=-1, vmax=1,
-                               cmap=figures.SIGNED_CMAP, center=0.0)
+                               cmap=SIGNED_CMAP, center=0.0)
     mesh = ax.collections[0]
     assert (mesh.norm.vmin, mesh.norm.vmax) == (-1, 1)
     np.testing.assert_allclose(np.asarray(mesh.get_array()).reshape(2, 2), [[0.0, 0.9], [-0.7, 0.1]])
@@ -149,7 +150,7 @@ def test_copying_heatmap_is_diverging_from_minus_one_to_one():
 
 
 def test_section_text_and_parts():
-    blocks = sections.movement_section(merge_runs([tables()]), {}, sections.Pngs())
+    blocks = table_sections.movement_section(merge_runs([tables()]), {}, sections.Pngs())
     assert [b.text for b in blocks if isinstance(b, Heading)] == ["What heads move", "Value-weighted attention",
                                                                    "Copying heads", "Direct logit attribution"]
     items = [item for b in blocks if isinstance(b, Bullets) for item in b.items]
@@ -168,13 +169,13 @@ def test_section_text_and_parts():
     (dict(value=False, weights=False, dla=True), ["What heads move", "Direct logit attribution"]),
 ])
 def test_each_part_only_with_its_data(parts, headings):
-    blocks = sections.movement_section(merge_runs([tables(**parts)]), {}, sections.Pngs())
+    blocks = table_sections.movement_section(merge_runs([tables(**parts)]), {}, sections.Pngs())
     assert [b.text for b in blocks if isinstance(b, Heading)] == headings
 
 
 def test_no_dla_part_for_a_bidirectional_model_alone():
     t = tables(value=False, weights=False, models={"bert": SHAPES["bert"]})
-    assert sections.movement_section(merge_runs([t]), {}, sections.Pngs()) == []
+    assert table_sections.movement_section(merge_runs([t]), {}, sections.Pngs()) == []
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +201,7 @@ def test_show_and_atlas_on_a_run_with_value_weights_and_dla(written):
         assert result.exit_code == 0, result.output
     assert "L2H0" in runner.invoke(cli, ["show", str(written), "--metric", "dla", "--top", "1"]).output
     assert "untied" in runner.invoke(cli, ["show", str(written), "--metric", "copying", "--top", "1"]).output
-    data = atlas.atlas_data(merge_runs([findings.tables.load(written)]))
+    data = atlas.atlas_data(merge_runs([load(written)]))
     dla = next(m for m in data["metrics"] if m["name"] == "dla")
     assert dla["bounded"] is False  # in logits: not on the share scale
     assert {o["table"] for o in data["models"][0]["other"]} == {"value", "weights"}

@@ -9,9 +9,9 @@ import torch
 
 from headscan.corpus import read_corpus
 from headscan.metrics import METRICS, AttentionBatch
-from headscan.metrics.syntax import (BASELINE_OFFSETS, COLUMNS, DIRECTIONS, RELATIONS, attach_baseline, best_baseline,
-                             dependency_accuracy, encode_words, offset_baseline, relation_id, word_alignment,
-                             word_attention)
+from headscan.corpus.words import DIRECTIONS, RELATIONS, encode_words, relation_id, word_alignment
+from headscan.metrics.syntax import (BASELINE_OFFSETS, COLUMNS, attach_baseline, best_baseline, dependency_accuracy,
+                                     offset_baseline, word_attention)
 from headscan.tables import TABLES
 
 # Punctuation, clitics, hyphens, an e-mail address, numbers and long words: several tokens a word.

@@ -9,10 +9,11 @@ import torch
 from click.testing import CliRunner
 
 import headscan
-from headscan.scan import reduce as scan
+from headscan.scan import fingerprint
 from headscan.config import SweepConfig
 from headscan.metrics import METRICS, AttentionBatch
-from headscan.scan import sweep_model, texts_corpus
+from headscan.corpus import texts_corpus
+from headscan.scan import sweep_model
 from test_values import SENTENCES, loop_reference, padded, reference_body, sweep_like_capture
 
 SHORT = SENTENCES  # three short sentences of different lengths: padding counts
@@ -120,8 +121,8 @@ def test_no_values_leaves_the_value_table_and_dla_out(tiny_models):
     assert "value" not in tables.frames and not {"dla", "dla_positive"} & set(tables.heads["metric"])
     assert tables.provenance.models[0].extra["values"].startswith("off")
     on = SweepConfig(values=True)
-    assert scan.fingerprint(tiny_models["gpt2"], texts_corpus(SHORT, None), on) != \
-        scan.fingerprint(tiny_models["gpt2"], texts_corpus(SHORT, None), SweepConfig(values=False))
+    assert fingerprint(tiny_models["gpt2"], texts_corpus(SHORT, None), on) != \
+        fingerprint(tiny_models["gpt2"], texts_corpus(SHORT, None), SweepConfig(values=False))
 
 
 def test_an_hf_hooks_model_keeps_its_sweep_with_nan_values_and_the_reason(tmp_path):

@@ -10,7 +10,7 @@ attribution, read per model, layer and head.
   logits; causal models) and ``dla_positive`` (the share of queries where it is positive).
 
 Every function takes tables and returns a DataFrame, so tests check them number by number. This module draws
-nothing (see `headscan.charts`), lays out nothing (see `headscan.sections`) and imports no model.
+nothing (see `headscan.plots`), lays out nothing (see `headscan.report`) and imports no model.
 
 >>> heads = pd.DataFrame({"model": "m", "family": "bidirectional", "layer": [0, 0, 1, 1], "head": [0, 1, 0, 1],
 ...     "label": ["L0H0", "L0H1", "L1H0", "L1H1"], "metric": "first_token", "value": [0.75, 0.25, 0.5, 0.5]})

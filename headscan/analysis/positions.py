@@ -6,8 +6,8 @@ Two metrics fill it: ``first_token_by_position`` (the attention-sink share on th
 and ``distance_by_position`` (mean sum_k A[q, k] |q - k|, in tokens). Every function here takes that table
 (or its rows of one model) and returns a DataFrame, so tests check them number by number.
 
-This module draws nothing (see `headscan.charts`), lays out nothing (see `headscan.sections`) and imports no
-model; like `headscan.runs`, it reads metric names only.
+This module draws nothing (see `headscan.plots`), lays out nothing (see `headscan.report`) and imports no
+model; like `headscan.analysis.runs`, it reads metric names only.
 
 >>> rows = pd.DataFrame({"model": "m", "layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "label": ["L0H0", "L0H1",
 ...     "L1H0", "L1H1"], "metric": "first_token_by_position", "bucket": 8, "value": [0.25, 0.75, 0.5, 0.0],

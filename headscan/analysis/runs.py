@@ -2,7 +2,7 @@
 
 `merge_runs` puts one or more runs together, table by table through the registry (`headscan.tables.TABLES`),
 renaming a model ``run:model`` when more than one run has it. `model_shapes`, `run_summary` and
-`model_sources` read the runs' typed provenance (`headscan.provenance`) into display tables.
+`model_sources` read the runs' typed provenance (`headscan.tables.provenance`) into display tables.
 
 This module draws nothing, chooses no findings and loads no model.
 
@@ -22,9 +22,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..metrics.attention import METRICS
-from ..tables.provenance import ModelProvenance, RunProvenance
-from ..tables.io import TABLES, SweepTables
+from ..metrics import METRICS
+from ..tables import TABLES, ModelProvenance, RunProvenance, SweepTables
 
 __all__ = ["ReportModel", "Comparison", "run_names", "merge_runs", "model_shapes", "run_summary", "model_sources"]
 

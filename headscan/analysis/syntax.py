@@ -1,7 +1,7 @@
 """Syntactic heads in a report: per relation and direction, each model's best head against the fixed-offset baseline.
 
 The ``syntax`` table (`headscan.tables.TABLES`, filled by the sweep on CoNLL-U corpora with
-`headscan.syntax`) scores every head on every dependency relation in both directions, with the best
+`headscan.metrics.syntax`) scores every head on every dependency relation in both directions, with the best
 fixed-offset baseline of that relation and direction beside each row. `best_heads` picks, per model, relation
 and direction, the head with the highest accuracy and says whether it beats the baseline *beyond its
 interval*: the lower end of its 95% interval lies above the baseline. `relation_order` chooses which
@@ -12,8 +12,8 @@ Two cautions the report repeats: the best head is chosen among all of a model's 
 its accuracy is the maximum of many and a little optimistic, and its interval is that head's own, not widened
 for the choice; and the baseline is itself the best of six offsets on the same words.
 
-This module draws nothing (see `headscan.charts.syntax_best_heads`), lays out nothing (see
-`headscan.sections.syntax_section`) and imports no torch: it never imports `headscan.syntax`.
+This module draws nothing (see `headscan.plots.syntax.syntax_best_heads`), lays out nothing (see
+`headscan.report.table_sections.syntax_section`) and imports no torch: it never imports `headscan.metrics`.
 
 >>> rows = pd.DataFrame({"model": "m", "layer": [0, 1], "head": 0, "label": ["L0H0", "L1H0"], "relation": "det",
 ...                      "direction": "dependent_to_head", "value": [0.4, 0.9], "ci_low": [0.3, 0.85],
@@ -28,11 +28,12 @@ import numpy as np
 import pandas as pd
 
 from .. import tables
+from .formats import pct
 
 __all__ = ["DIRECTIONS", "FREQUENT", "MIN_SHARE", "BEST_COLUMNS", "relation_order", "best_heads", "syntax_findings",
            "syntax_display", "direction_text", "offset_text"]
 
-# `headscan.syntax.DIRECTIONS`, restated here so that the report never imports torch (a test checks they agree).
+# `headscan.corpus.words.DIRECTIONS`, restated here so that the report never imports torch (a test checks they agree).
 DIRECTIONS = ("dependent_to_head", "head_to_dependent")
 # Relations a report always shows when the data has them (issue 10), besides ``all``.
 FREQUENT = ("nsubj", "obj", "det", "amod", "advmod", "case", "nmod", "aux", "mark", "compound", "conj", "punct")
@@ -100,7 +101,7 @@ def best_heads(syntax: pd.DataFrame, *, relations=None, min_share: float = MIN_S
     syntax : DataFrame
         Rows of ``syntax.parquet`` (columns ``model, layer, head, label, relation, direction, value, ci_low,
         ci_high, count, baseline, baseline_offset``; ``units`` and ``top_unit_share`` where recorded), one run's
-        or several runs' (`headscan.runs.Comparison`) with the models named apart.
+        or several runs' (`headscan.analysis.runs.Comparison`) with the models named apart.
     relations : sequence of str, optional
         The relations to show, in this order; by default `relation_order`'s choice.
     min_share : float, default `MIN_SHARE`
@@ -149,18 +150,14 @@ def best_heads(syntax: pd.DataFrame, *, relations=None, min_share: float = MIN_S
     return out[BEST_COLUMNS].reset_index(drop=True)
 
 
-def _pct(value: float) -> str:
-    return f"{100 * value:.1f}%"
-
-
 def _sentence(row) -> str:
-    interval = f"{_pct(row.accuracy)} [{100 * row.ci_low:.1f}, {100 * row.ci_high:.1f}]"
+    interval = f"{pct(row.accuracy)} [{100 * row.ci_low:.1f}, {100 * row.ci_high:.1f}]"
     offset = f"the best fixed offset ({offset_text(row.baseline_offset)})"
     if row.direction == "head_to_dependent":
         return (f"In {row.model} {row.label}, the word attending most to each `{row.relation}` dependent is its head "
-                f"for {interval} of them, against {_pct(row.baseline)} for {offset}.")
+                f"for {interval} of them, against {pct(row.baseline)} for {offset}.")
     return (f"{row.model} {row.label} picks the head of {interval} of `{row.relation}` dependents, against "
-            f"{_pct(row.baseline)} for {offset}.")
+            f"{pct(row.baseline)} for {offset}.")
 
 
 def syntax_findings(best: pd.DataFrame) -> dict[str, list[str]]:

@@ -1,7 +1,9 @@
 """Corpora: reading text and treebanks into segments and documents, tokenising them per model, batching them."""
 
 from .files import INDEX, FileSegments, Segment
-from .text import Batch, Corpus, EncodedCorpus, batches, encode, pack_corpus, read_corpus
+from .text import Corpus, pack_corpus, read_corpus, texts_corpus
+from .tokens import Batch, EncodedCorpus, batches, encode
+from .words import WordAlignment
 
-__all__ = ["Segment", "Corpus", "FileSegments", "INDEX", "read_corpus", "pack_corpus", "EncodedCorpus", "encode",
-           "batches", "Batch"]
+__all__ = ["Segment", "Corpus", "FileSegments", "INDEX", "read_corpus", "pack_corpus", "texts_corpus", "EncodedCorpus",
+           "encode", "batches", "Batch", "WordAlignment"]

@@ -35,8 +35,7 @@ field; CoNLL-U sentences with wrong columns, word IDs, HEADs or no words; a corp
 changed after it was read. A UTF-8 byte order mark is accepted. Settings (``limit``, ``max_len``,
 ``batch_size``) are checked once by `headscan.config.SweepConfig`; the functions here trust them.
 
-Segments are tokenised per model with its own special tokens ([CLS] ... [SEP] for BERT-family encoders,
-BOS for decoders that use one), truncated to ``max_len`` tokens, and right-padded into batches.
+Tokenising is `headscan.corpus.tokens`; reading the files themselves, `headscan.corpus.files`.
 
 This module does not run models.
 """
@@ -45,27 +44,22 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from importlib import resources
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
-import torch
 
 from ..errors import ConfigError, CorpusError
 from .files import EACH_SEGMENT, CorpusFile, FileSegments, Segment, file_error, open_corpus, scan, segment, unreadable
 
-__all__ = ["Segment", "Corpus", "FileSegments", "read_corpus", "pack_corpus", "EncodedCorpus", "encode", "batches",
-           "Batch"]
+__all__ = ["Segment", "Corpus", "FileSegments", "read_corpus", "pack_corpus", "texts_corpus"]
 
 REPEAT_RANDOM_DEFAULTS = {"n": 50, "count": 64, "seed": 0}
-
-# One record per segment of a corpus file: 40 bytes.
-
 
 @dataclass(frozen=True)
 class Corpus:
@@ -226,146 +220,15 @@ def _joined(group: list[Segment], document: int) -> Segment:
     return Segment(text, group[0].line, tuple(words), tuple(heads), tuple(deprels), document)
 
 
-@dataclass(frozen=True)
-class EncodedCorpus:
-    """A corpus tokenised for one model."""
-
-    token_ids: tuple[tuple[int, ...], ...]  # one tuple per sequence fed to the model, special tokens included
-    n_truncated: int  # segments longer than max_len (cut, or split into several sequences)
-    max_len: int
-    n_tokens_lost: int = 0  # tokens cut off those segments (0 when they are split)
-    owner: tuple[int, ...] = ()  # for each sequence, the position of its segment among those encoded; () = itself
-    # CoNLL-U only (else empty): each sequence's token -> word (-1 for special tokens), and its sentence's tree
-    word_ids: tuple[tuple[int, ...], ...] = ()
-    trees: tuple[tuple[tuple[int, ...], tuple[str, ...]], ...] = ()  # (HEADs, DEPRELs) of the sequence's sentence
-
-    @property
-    def n_tokens(self) -> int:
-        return sum(map(len, self.token_ids))
-
-    def segment_of(self, sequence: int) -> int:
-        """The position, among the segments encoded, of the segment that `sequence` comes from."""
-        return self.owner[sequence] if self.owner else sequence
-
-
-def _special_ids(tokenizer) -> set[int]:
-    return {int(i) for i in getattr(tokenizer, "all_special_ids", []) if i is not None}
-
-
-def encode(corpus: Corpus, model, max_len: int, indices: list[int] | None = None, long: str = "truncate") -> EncodedCorpus:
-    """Tokenise the segments at `indices` (all by default) for `model` (a `headscan.models.HookedModel`).
-
-    A segment longer than `max_len` tokens is cut to `max_len` (``long="truncate"``), or split into
-    consecutive windows of at most `max_len` tokens, each with the model's own special tokens
-    (``long="split"``): nothing is lost, and every window counts toward its segment's bootstrap unit.
-    """
-    max_len = min(max_len, model.max_context)
-    indices = range(len(corpus.segments)) if indices is None else indices
-    bos = model.special_token_ids["bos"] if model.prepend_bos else None
-    if corpus.kind == "repeat-random":
-        ids, n_truncated = _repeat_random_ids(corpus, model, max_len, bos, indices)
-        return EncodedCorpus(ids, n_truncated, max_len)
-    segments = [corpus.segments[i] for i in indices]
-    if corpus.kind == "conllu":
-        # From the treebank's words, so that every token belongs to one word (the syntax table needs it).
-        encoded, word_ids = _word_token_ids(model, [s.words for s in segments])
-    else:
-        # The model decides the special tokens: BOS exactly when it says so, whatever its tokenizer does alone.
-        encoded, word_ids = model.token_ids([s.text for s in segments]), None
-    out, owner, words, n_truncated, lost = [], [], [], 0, 0
-    encoder = model.family == "bidirectional"
-    for position, ids in enumerate(encoded):
-        word = word_ids[position] if word_ids is not None else ids  # walks beside the ids; dropped when not CoNLL-U
-        if len(ids) <= max_len:
-            out.append(tuple(ids))
-            words.append(tuple(word))
-            owner.append(position)
-            continue
-        n_truncated += 1
-        # the special tokens around a segment: [CLS] ... [SEP] for encoders, BOS for decoders fed one
-        n_open = 1 if encoder or model.prepend_bos else 0
-        n_close = 1 if encoder else 0
-        room = max_len - n_open - n_close
-        if long == "split" and room > 0:
-            starts = range(n_open, len(ids) - n_close, room)
-        else:  # keep the closing [SEP] of encoders: the model never sees a segment without one
-            starts = [n_open]
-            lost += len(ids) - max_len
-        for sequence, pieces in ((ids, out), (word, words)):
-            pieces.extend(tuple(sequence[:n_open]) + tuple(sequence[start:min(start + room, len(sequence) - n_close)])
-                          + tuple(sequence[len(sequence) - n_close:]) for start in starts)
-        owner.extend([position] * len(starts))
-    if word_ids is None:
-        return EncodedCorpus(tuple(out), n_truncated, max_len, lost, tuple(owner))
-    trees = tuple((segments[p].heads, segments[p].deprels) for p in owner)
-    return EncodedCorpus(tuple(out), n_truncated, max_len, lost, tuple(owner), tuple(words), trees)
-
-
-def _word_token_ids(model, sentences: list[tuple[str, ...]]) -> tuple[list[list[int]], list[list[int]]]:
-    """Token ids of sentences given as words, with the special tokens a sweep feeds, and each token's word."""
-    from ..metrics.syntax import encode_words  # torch-side; corpus reading itself needs none of it
-
-    pairs = encode_words(model.tokenizer, sentences, add_special_tokens=not model.causal)
-    opening = [model.special_token_ids["bos"]] if model.causal and model.prepend_bos else []
-    ids = [opening + list(tokens) for tokens, _ in pairs]
-    words = [[-1] * len(opening) + list(word) for _, word in pairs]
-    return ids, words
-
-
-def _repeat_random_ids(corpus: Corpus, model, max_len: int, bos: int | None, indices):
-    n, seed = corpus.options["n"], corpus.options["seed"]
-    cls, sep = model.special_token_ids["cls"], model.special_token_ids["sep"]
-    opening = [t for t in (bos, cls) if t is not None]
-    closing = [sep] if sep is not None else []
-    if len(opening) + 2 * n + len(closing) > max_len:
-        raise ConfigError(
-            f"repeat-random with n={n} needs {len(opening) + 2 * n + len(closing)} tokens for {model.name}, "
-            f"more than --max-len {max_len}; lower n or raise --max-len"
-        )
-    special = _special_ids(model.tokenizer)
-    vocab = np.array([i for i in range(min(model.vocab_size, len(model.tokenizer))) if i not in special])
-    out = []
-    for index in indices:
-        # one generator per segment: the same segment gets the same tokens whatever the batch size
-        rng = np.random.default_rng([seed, index])
-        half = rng.choice(vocab, size=n, replace=False).tolist()
-        out.append(tuple(opening + half + half + closing))
-    return tuple(out), 0
-
-
-@dataclass(frozen=True)
-class Batch:
-    """Right-padded segments ready for the model."""
-
-    index: torch.Tensor  # (batch,) positions of the sequences among those encoded
-    input_ids: torch.Tensor  # (batch, seq)
-    attention_mask: torch.Tensor  # (batch, seq) 1 for real tokens, 0 for padding
-    words: object = None  # CoNLL-U: the batch's `headscan.syntax.WordAlignment`, else None
-
-    @property
-    def n_tokens(self) -> int:
-        return int(self.attention_mask.sum())
-
-
-def batches(encoded: EncodedCorpus, batch_size: int, pad_id: int) -> Iterator[Batch]:
-    """Batches of `batch_size` segments of similar length (less padding), right-padded with `pad_id`.
-
-    Scores do not depend on this grouping: the sweep masks padding and keys each segment by its index.
-    """
-    order = sorted(range(len(encoded.token_ids)), key=lambda i: (len(encoded.token_ids[i]), i))
-    for start in range(0, len(order), batch_size):
-        chosen = order[start : start + batch_size]
-        width = max(len(encoded.token_ids[i]) for i in chosen)
-        ids = torch.full((len(chosen), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(chosen), width), dtype=torch.long)
-        for row, i in enumerate(chosen):
-            tokens = encoded.token_ids[i]
-            ids[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-            mask[row, : len(tokens)] = 1
-        words = None
-        if encoded.trees:
-            from ..metrics.syntax import word_alignment
-
-            words = word_alignment([encoded.word_ids[i] for i in chosen], [encoded.trees[i][0] for i in chosen],
-                                   [encoded.trees[i][1] for i in chosen], width)
-        yield Batch(torch.tensor(chosen, dtype=torch.long), ids, mask, words)
+def texts_corpus(texts: list[str], limit: int | None) -> Corpus:
+    """A corpus of the given strings, one segment (and one document) each: a notebook's list of sentences."""
+    bad = [i for i, t in enumerate(texts) if not isinstance(t, str)]
+    if bad:
+        raise ConfigError(f"corpus: item {bad[0]} of the list is a {type(texts[bad[0]]).__name__}, not a string",
+                          setting="corpus")
+    kept = [t.strip() for t in texts if t.strip()][:limit]
+    segments = tuple(Segment(text, i + 1, document=i) for i, text in enumerate(kept))
+    if not segments:
+        raise ConfigError("corpus: the list holds no text (every item is empty)", setting="corpus")
+    digest = hashlib.sha256(json.dumps(texts).encode()).hexdigest()
+    return Corpus(f"<list of {len(texts)} texts>", "list", digest, segments, documents="none: each text is its own document")

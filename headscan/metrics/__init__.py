@@ -1,11 +1,15 @@
-"""Head metrics: pure, vectorised functions of one layer's attention, registered once by name.
+"""Head metrics: pure, vectorised functions of one layer's attention, each registered once with its definition.
 
-Importing this package imports every built-in metric module, so the registry is complete however it is reached.
+Importing this package imports every built-in metric module (`attention`, `values`, `syntax`, in that order:
+the registry's order), so the registry is complete however it is reached. `batch` is the metrics' view of a
+layer's attention, `registry` the registry itself.
 """
 
-from . import attention, syntax, values  # noqa: F401  (each registers its metrics)
-from .attention import (METRICS, AttentionBatch, Axis, Metric, buckets, definitions_markdown, get_metric, metric_names,
-                        offset_range, register)
+from . import attention, values, syntax  # noqa: F401  (each registers its metrics, in this order)
+from .batch import AttentionBatch, mean_over_queries, offset_range
+from .attention import buckets
+from .registry import (CAPTURED, CONDITIONS, METRICS, Axis, Metric, definitions_markdown, describe, get_metric,
+                       metric_names, register)
 
-__all__ = ["AttentionBatch", "Axis", "Metric", "METRICS", "register", "get_metric", "metric_names", "offset_range",
-           "buckets", "definitions_markdown"]
+__all__ = ["AttentionBatch", "Axis", "Metric", "METRICS", "CONDITIONS", "CAPTURED", "register", "get_metric",
+           "metric_names", "describe", "offset_range", "mean_over_queries", "buckets", "definitions_markdown"]

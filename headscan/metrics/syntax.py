@@ -1,7 +1,7 @@
 """Syntactic heads on gold treebanks (Clark et al. 2019): is a head's most-attended word the word's syntactic head?
 
-For a CoNLL-U corpus each sentence is tokenised from its syntactic words (`encode_words`), so every token
-belongs to one word; a `WordAlignment` carries, for a batch, each token's word and each word's gold head and
+For a CoNLL-U corpus each sentence is tokenised from its syntactic words, so every token belongs to one word;
+a `headscan.corpus.words.WordAlignment` carries, for a batch, each token's word and each word's gold head and
 relation. Per layer, `dependency_accuracy` turns the token pattern into word attention and scores every head;
 `offset_baseline` scores the fixed-offset baseline on the same words. Both return per-segment sums and counts,
 so the sweep adds them up and bootstraps them like every metric.
@@ -32,161 +32,26 @@ The method, as in Clark et al.'s ``Syntax_Analysis.ipynb`` and ``bpe_utils.py``,
   included. A label that is not a UD relation counts in ``all`` only.
 - Words with no token (cut off by ``max_len``) are neither scored nor anyone's predicted head.
 
-This module does not run models or read treebanks: `headscan.corpus` reads the words, heads and relations,
-and the sweep hands each layer's pattern here.
+This module does not run models or read treebanks: `headscan.corpus` reads the words, heads and relations
+(`headscan.corpus.words`), and the sweep hands each layer's pattern here.
 """
 
 from __future__ import annotations
-
-import json
-from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
-from ..errors import CorpusError
-from .attention import METRICS, AttentionBatch, Axis, register
+from ..corpus.words import DIRECTIONS, RELATIONS, WordAlignment
+from .batch import AttentionBatch
+from .registry import Axis, register
 
-__all__ = ["RELATIONS", "DIRECTIONS", "BASELINE_OFFSETS", "COLUMNS", "WordAlignment", "relation_id", "encode_words",
-           "word_alignment", "word_attention", "most_attended", "dependency_accuracy", "accuracy_of", "offset_baseline",
-           "best_baseline", "attach_baseline", "syntax_metric"]
+__all__ = ["BASELINE_OFFSETS", "COLUMNS", "word_attention", "most_attended", "dependency_accuracy", "accuracy_of",
+           "offset_baseline", "best_baseline", "attach_baseline", "syntax_metric"]
 
-# UD v2 universal relations (https://universaldependencies.org/u/dep/) without "root", which has no head word.
-UD_RELATIONS = ("acl", "advcl", "advmod", "amod", "appos", "aux", "case", "cc", "ccomp", "clf", "compound", "conj",
-                "cop", "csubj", "dep", "det", "discourse", "dislocated", "expl", "fixed", "flat", "goeswith", "iobj",
-                "list", "mark", "nmod", "nsubj", "nummod", "obj", "obl", "orphan", "parataxis", "punct",
-                "reparandum", "vocative", "xcomp")
-RELATIONS: tuple[str, ...] = ("all", *UD_RELATIONS)  # the relation inventory; a relation id indexes it
-DIRECTIONS: tuple[str, ...] = ("dependent_to_head", "head_to_dependent")
 BASELINE_OFFSETS: tuple[int, ...] = tuple(range(-3, 3))  # Clark et al.'s range(-3, 3)
 # The last axis of `dependency_accuracy` and `offset_baseline`: every relation, first in one direction, then the other.
 COLUMNS: tuple[tuple[str, str], ...] = tuple((relation, direction) for direction in DIRECTIONS for relation in RELATIONS)
-
-_RELATION_IDS = {name: i for i, name in enumerate(RELATIONS) if name != "all"}
-
-
-def relation_id(deprel: str) -> int:
-    """The index in `RELATIONS` of a CoNLL-U DEPREL, subtypes folded into their base; -1 when not a UD relation.
-
-    >>> RELATIONS[relation_id("obl:tmod")], RELATIONS[relation_id("nsubj")], relation_id("root"), relation_id("dobj")
-    ('obl', 'nsubj', -1, -1)
-    """
-    return _RELATION_IDS.get(deprel.split(":", 1)[0].strip().lower(), -1)
-
-
-@dataclass(frozen=True)
-class WordAlignment:
-    """A batch's words: which word each token belongs to, and each word's gold head and relation.
-
-    Words are indexed from 0 within their segment. Tensors are never written to.
-    """
-
-    token_word: torch.Tensor  # (batch, seq) long: the token's word, -1 for special tokens and padding
-    head: torch.Tensor  # (batch, word) long: the gold head word, -1 for the root, padding, and words not scored
-    relation: torch.Tensor  # (batch, word) long: index into RELATIONS, -1 when not a UD relation (or padding)
-
-    @property
-    def n_words(self) -> int:
-        return self.head.shape[-1]
-
-    def to(self, device) -> WordAlignment:
-        return WordAlignment(self.token_word.to(device), self.head.to(device), self.relation.to(device))
-
-
-def word_alignment(
-    word_ids: Sequence[Sequence[int | None]],
-    heads: Sequence[Sequence[int]],
-    deprels: Sequence[Sequence[str]],
-    width: int | None = None,
-) -> WordAlignment:
-    """The `WordAlignment` of a batch of segments, right-padded to `width` tokens (default: the longest).
-
-    `word_ids` are each segment's ``BatchEncoding.word_ids()`` (None or -1 for special tokens), after any BOS
-    and truncation; `heads` are CoNLL-U HEADs (1-based, 0 for the root) and `deprels` the DEPRELs.
-
-    >>> words = word_alignment([[None, 0, 0, 1, None]], [[2, 0]], [["nsubj:pass", "root"]])
-    >>> words.token_word.tolist(), words.head.tolist(), words.relation.tolist(), RELATIONS[27]
-    ([[-1, 0, 0, 1, -1]], [[1, -1]], [[27, -1]], 'nsubj')
-    """
-    n_words = max((len(h) for h in heads), default=0)
-    width = max((len(w) for w in word_ids), default=0) if width is None else width
-    token_word = np.full((len(word_ids), width), -1, dtype=np.int64)
-    head = np.full((len(word_ids), n_words), -1, dtype=np.int64)
-    relation = np.full((len(word_ids), n_words), -1, dtype=np.int64)
-    for row, (ids, gold, labels) in enumerate(zip(word_ids, heads, deprels, strict=True)):
-        if len(ids) > width:
-            raise CorpusError(f"segment {row} has {len(ids)} tokens, more than the batch width {width}")
-        if len(gold) != len(labels):
-            raise CorpusError(f"segment {row} has {len(gold)} HEADs but {len(labels)} DEPRELs; give one of each per word")
-        ids = np.array([-1 if i is None else i for i in ids], dtype=np.int64)
-        if ids.size and ids.max() >= len(gold):
-            raise CorpusError(f"segment {row}: a token belongs to word {ids.max()} but the sentence has {len(gold)} "
-                              f"words; tokenise the segment from its CoNLL-U words")
-        token_word[row, : len(ids)] = ids
-        present = np.zeros(len(gold) + 1, dtype=bool)  # word index + 1, so that the root (0) is never present
-        present[ids[ids >= 0] + 1] = True
-        gold = np.asarray(gold, dtype=np.int64)
-        scored = present[1:] & present[gold]  # the word and its head both have a token (the root has none)
-        head[row, : len(gold)] = np.where(scored, gold - 1, -1)
-        relation[row, : len(gold)] = [relation_id(label) for label in labels]
-    return WordAlignment(torch.from_numpy(token_word), torch.from_numpy(head), torch.from_numpy(relation))
-
-
-# --- tokenising from words ---------------------------------------------------------------------------------
-
-
-def _word_backend(tokenizer):
-    """A `tokenizers.Tokenizer` that encodes a list of words with a space before each one where that matters.
-
-    Byte-level BPE (GPT-2, Llama 3, SmolLM2) spells a word after a space differently ("Ġworld" vs "world");
-    Hugging Face's ``add_prefix_space=True`` gives each pre-split word that space, but only where the
-    tokenizer was built with it, and transformers 5 tokenisers without it accept ``is_split_into_words``
-    silently and glue the words together. So the backend is copied (the model's own tokenizer is not
-    touched) with a ``Prepend(" ")`` normaliser, which puts one space before each word as add_prefix_space
-    does, also where the ByteLevel step sits behind a regex Split. Other tokenizers (WordPiece, SentencePiece's
-    Metaspace) are used as they are: they already start each word afresh. The copy neither pads nor truncates,
-    whatever the tokenizer.json says.
-    """
-    from tokenizers import Tokenizer
-
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        raise CorpusError(f"{type(tokenizer).__name__} is not a fast (Rust) tokenizer, so it cannot report which "
-                          f"word each token belongs to; load the model with its fast tokenizer")
-    spec = json.loads(backend.to_str())
-    spec["padding"] = spec["truncation"] = None  # a tokenizer.json may pad or cut every encoding; we do neither
-    if _needs_prefix_space(spec.get("pre_tokenizer")):
-        prepend = {"type": "Prepend", "prepend": " "}
-        normalizer = spec.get("normalizer")
-        spec["normalizer"] = prepend if normalizer is None else {"type": "Sequence", "normalizers": [normalizer, prepend]}
-    return Tokenizer.from_str(json.dumps(spec))
-
-
-def _needs_prefix_space(pre_tokenizer) -> bool:
-    """Whether a pre-tokenizer (its JSON) is byte-level without a prefix space of its own."""
-    if not isinstance(pre_tokenizer, dict):
-        return False
-    if pre_tokenizer.get("type") == "ByteLevel":
-        return not pre_tokenizer.get("add_prefix_space", False)
-    return any(_needs_prefix_space(p) for p in pre_tokenizer.get("pretokenizers", []))
-
-
-def encode_words(tokenizer, sentences: Sequence[Sequence[str]], *, add_special_tokens: bool = True
-                 ) -> list[tuple[list[int], list[int]]]:
-    """Token ids of each sentence given as its words, and each token's word (-1 for special tokens).
-
-    The equivalent of ``tokenizer(words, is_split_into_words=True)`` and its ``word_ids()``, with the prefix
-    space byte-level BPE needs (see `_word_backend`). `add_special_tokens` adds the tokenizer's own ([CLS]
-    ... [SEP]); a causal model's BOS is the caller's (give it word -1). Never truncates. A word the tokenizer
-    turns into no token at all (BERT's normaliser drops control characters) is simply absent: it is neither
-    scored nor predicted (see `word_alignment`).
-    """
-    backend = _word_backend(tokenizer)
-    sentences = [list(words) for words in sentences]
-    encodings = backend.encode_batch(sentences, is_pretokenized=True, add_special_tokens=add_special_tokens)
-    return [(list(e.ids), [-1 if w is None else w for w in e.word_ids]) for e in encodings]
 
 
 # --- word attention and accuracy ---------------------------------------------------------------------------
@@ -336,6 +201,6 @@ def syntax_metric(batch: AttentionBatch):
     return dependency_accuracy(batch.pattern if raw is None else raw, batch.words.to(batch.pattern.device))
 
 
-# Registered on import; `headscan.scan` imports this module, and sweeps the metric only over CoNLL-U corpora.
+# Registered on import (`headscan.metrics` imports this module); swept over CoNLL-U corpora only.
 register("syntax", unit="share of dependents", table="syntax",
          axis=Axis(("relation", "direction"), lambda config: list(COLUMNS)))(syntax_metric)

@@ -16,18 +16,23 @@ sum to 1) and every share metric of `headscan.metrics` applies to it unchanged.
 Direct logit attribution (Elhage et al. 2021) of head ``h`` at query ``q``: its output ``z_q W_O^h`` dotted with
 the logit direction of the token at ``q + 1``, divided by the final norm's scale at ``q`` (frozen from the
 forward pass), the logit direction being the unembedding column with the final norm's gain folded in and
-centred over the vocabulary (`headscan.circuits.logit_directions`).
+centred over the vocabulary (`headscan.models.weights.logit_directions`).
 
-Every function builds new tensors and never writes into those it is given; none loops over heads.
-This module does not run models, hook them or read weights (see `headscan.circuits`).
+Every function builds new tensors and never writes into those it is given; none loops over heads. The metrics
+built on them, ``moved`` (value.parquet), ``dla`` and ``dla_positive`` (heads.parquet), are registered here.
+This module does not run models, hook them or read weights (see `headscan.models.weights`).
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..errors import MetricError
+from .batch import AttentionBatch, mean_over_queries
+from .registry import METRICS, register
+
 __all__ = ["output_norm_factor", "value_norms", "value_weighted", "final_norm_scale", "next_token_targets",
-           "logit_contributions", "dla_sums", "direct_logit_attribution"]
+           "logit_contributions", "dla_sums", "direct_logit_attribution", "moved", "dla", "dla_positive"]
 
 
 def _float(tensor: torch.Tensor) -> torch.Tensor:
@@ -178,7 +183,7 @@ def logit_contributions(z: torch.Tensor, W_O: torch.Tensor, directions: torch.Te
 
     ``z_q^h W_O^h . d[:, t_{q+1}]``: `z` (batch, q, head, d_head) is TransformerLens' ``blocks.{L}.attn.hook_z``
     (per query head also under grouped-query attention); `W_O` (head, d_head, d_model); `directions`
-    (d_model, vocab) is `headscan.circuits.logit_directions` (final norm gain folded in, centred); `next_tokens`
+    (d_model, vocab) is `headscan.models.weights.logit_directions` (final norm gain folded in, centred); `next_tokens`
     (batch, q) from `next_token_targets`. Divide by `final_norm_scale` to get the attribution; a sweep can
     keep these (small) per layer and divide once the last layer's residual is known.
     """
@@ -225,3 +230,68 @@ def direct_logit_attribution(z: torch.Tensor, W_O: torch.Tensor, final_scale: to
     `query_mask`. See `logit_contributions` and `dla_sums` for the two halves.
     """
     return dla_sums(logit_contributions(z, W_O, W_U, next_tokens), final_scale, query_mask)
+
+
+# --- the registered metrics: moved (value.parquet), dla and dla_positive (heads.parquet) --------------------
+
+
+@register("moved", table="value", unit="times the mean value norm", bounded=False, needs=("value_norms",))
+def moved(batch: AttentionBatch):
+    """How much a head moves: the mean over real queries q of sum_k A[q, k] ||f(x_k)|| divided by the mean of
+    ||f(x_k)|| over the segment's keys that count, where f(x_k) = (x_k W_V + b_V) W_O^h is the vector the head
+    moves from key k (value bias in, output bias out; under grouped-query attention the key/value head the
+    query head reads). Sums run over keys that count; queries that see a single key (the first token of a
+    causal model) do not count. A head whose every f(x_k) is 0 scores 0.
+
+    About 1 for a head that reads typical tokens; near 0 for a sink head whose target carries a near-zero
+    value vector, however much attention it gets. Attention weights, not value-weighted ones, go into the sum.
+    """
+    _require(batch, moved)
+    norms = batch.value_norms.to(torch.promote_types(batch.pattern.dtype, batch.value_norms.dtype))  # (batch, head, k)
+    keys = batch.key_mask.to(norms.dtype)  # (batch, k)
+    mean = (norms * keys[:, None, :]).sum(-1) / keys.sum(-1).clamp_min(1)[:, None]  # (batch, head)
+    mass = (batch.masked * norms[:, :, None, :]).sum(-1)  # (batch, head, q): sum_k A[q, k] ||f(x_k)||
+    zero = torch.zeros((), dtype=norms.dtype, device=norms.device)
+    ratio = torch.where(mean[..., None] > 0, mass / mean.clamp_min(torch.finfo(norms.dtype).tiny)[..., None], zero)
+    return mean_over_queries(ratio, batch.query_mask & (batch.n_visible() >= 2))
+
+
+_NO_LOGIT = "an encoder has no next-token logit; NaN for every head"
+
+
+def _require(batch: AttentionBatch, function) -> None:
+    """Refuse a batch without the captured tensors the metric registered as `function` needs."""
+    metric = next(m for m in METRICS.values() if m.function is function)
+    missing = [name for name in metric.needs if getattr(batch, name) is None]
+    if missing:
+        raise MetricError(f"metric {metric.name!r} needs {missing[0]}, which this AttentionBatch does not carry "
+                          f"(the sweep captures it with values=True on the transformer_lens path)")
+
+
+def _dla(batch: AttentionBatch, function):
+    _require(batch, function)
+    queries = torch.zeros_like(batch.key_mask)  # (batch, k): this batch's query rows at their absolute positions
+    queries[:, batch.query_start: batch.query_start + batch.pattern.shape[-2]] = batch.query_mask  # a fresh tensor
+    _, valid = next_token_targets(batch.tokens, queries, batch.key_mask)  # (batch, k)
+    rows = slice(batch.query_start, batch.query_start + batch.pattern.shape[-2])
+    return dla_sums(batch.logit_contributions, batch.final_scale[:, rows], valid[:, rows])
+
+
+@register("dla", unit="logit", bounded=False, structural={"bidirectional": _NO_LOGIT},
+          needs=("logit_contributions", "final_scale"))
+def dla(batch: AttentionBatch):
+    """Direct logit attribution: the mean over real queries q whose next token t is real of the head's output
+    z_q W_O^h (its slice of the attention output through W_O, output bias left out) dotted with t's unembedding
+    direction, divided by the final norm's scale at q (frozen from the forward pass), the direction having the
+    final norm's gain folded in and being centred over the vocabulary (a logit relative to the mean logit).
+
+    Positive: the head raises the logit of the token that actually comes next. Causal models only.
+    """
+    return _dla(batch, dla)[0]
+
+
+@register("dla_positive", unit="share of queries", structural={"bidirectional": _NO_LOGIT},
+          needs=("logit_contributions", "final_scale"))
+def dla_positive(batch: AttentionBatch):
+    """Share of the queries that count for dla where the head's direct logit attribution is positive."""
+    return _dla(batch, dla_positive)[1]

@@ -23,8 +23,9 @@ Two choices, measured (benchmarks/long_context.py):
   chunked mode routes each attention bridge straight to its Hugging Face module for the forward pass.
 
 Where the scores cannot be reproduced exactly (ALiBi, attention sinks, relative position biases, attention
-modules that never call transformers' attention functions), `refusal` says why in one sentence; it also runs
-a short probe through both modes and compares every layer's rows.
+modules that never call transformers' attention functions), `static_refusal` says why from the configuration,
+and `headscan.models.forward.chunked_refusal` runs a short probe through both modes and compares every
+layer's rows. When a sweep goes chunked is `headscan.scan.budget`'s choice.
 
 This module does not score heads: it hands blocks of rows to the hooks that do.
 """
@@ -32,7 +33,6 @@ This module does not score heads: it hands blocks of rows to the hooks that do.
 from __future__ import annotations
 
 import contextlib
-import os
 import types
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
@@ -44,19 +44,14 @@ from ..errors import ModelLoadError
 from .hooks import QueryBlock
 
 if TYPE_CHECKING:
-    from .load import HookedModel
+    from .hooked import HookedModel
 
-__all__ = ["NAME", "INTERNALS", "QueryBlock", "Unsupported", "attention_blocks", "chunked_forward", "refusal",
-           "eager_bytes", "chunked_bytes", "default_budget_mib", "choose", "TEMPORARIES"]
+__all__ = ["NAME", "INTERNALS", "EAGER_INSTEAD", "QueryBlock", "Unsupported", "attention_blocks", "chunked_forward",
+           "static_refusal"]
 
 NAME = "headscan_chunked"  # the attention implementation headscan registers with transformers
+EAGER_INSTEAD = "; use --attention eager"  # how every refusal of chunked mode ends
 INTERNALS = ("v", "z", "out")  # what `chunked_forward` can hand over besides patterns (see its docstring)
-
-# Eager mode holds, per layer at its peak, about this many (batch, head, q, k) float32 tensors: the scores and
-# the pattern inside the attention (the mask adds one (batch, 1, q, k)), then the pattern with the metrics' own
-# temporaries (the masked copy, x log x, products with masks). Measured with benchmarks/long_context.py on
-# smollm2 (peak resident memory growth over the q^2 term): see `eager_bytes`.
-TEMPORARIES = 4
 
 # Keyword arguments of an attention call that change the scores in ways this module does not reproduce.
 _UNSUPPORTED = {
@@ -181,7 +176,7 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     if internals.get("z") is not None:
         internals["z"](output, layer)  # (batch, q, head, d_head)
     if layer >= session.last:
-        raise hooking._Stop
+        raise hooking.Stop
     return output, None
 
 
@@ -282,14 +277,14 @@ def chunked_forward(model: HookedModel, hooks: dict[int, Callable], last: int, *
                     model.bridge(input_ids, attention_mask=attention_mask)
             else:
                 hooking.call_backbone(body, input_ids, attention_mask)
-        except hooking._Stop:
+        except hooking.Stop:
             return
         except Unsupported as error:
-            raise ModelLoadError(f"{model.name}: {error}; use --attention eager") from None
+            raise ModelLoadError(f"{model.name}: {error}{EAGER_INSTEAD}") from None
         finally:
             _SESSIONS.pop()
         raise ModelLoadError(f"{model.name}: only {session.layer} of its attention layers went through chunked "
-                             f"attention (expected {last + 1}); use --attention eager")
+                             f"attention (expected {last + 1}){EAGER_INSTEAD}")
 
     with _implementation(model.hf_model, NAME), _native_attention(model):
         yield forward
@@ -299,7 +294,7 @@ def _handing_out(fn: Callable, layer: int, stop: bool) -> Callable:
     def hook(residual, hook):
         fn(residual, layer)
         if stop:
-            raise hooking._Stop
+            raise hooking.Stop
 
     return hook
 
@@ -307,7 +302,8 @@ def _handing_out(fn: Callable, layer: int, stop: bool) -> Callable:
 # --- whether a model can run chunked -----------------------------------------------------------------------
 
 
-def _static_refusal(model: HookedModel) -> str | None:
+def static_refusal(model: HookedModel) -> str | None:
+    """Why chunked mode cannot reproduce `model`'s scores, from its configuration alone; None if nothing says so."""
     config = model.hf_model.config.get_text_config()
     kind = getattr(config, "model_type", "") or type(model.hf_model).__name__
     if getattr(config, "alibi", False) or kind in ("bloom", "mpt"):
@@ -318,107 +314,3 @@ def _static_refusal(model: HookedModel) -> str | None:
         return (f"{type(model.hf_model).__name__}'s attention modules do not call transformers' attention functions, "
                 f"so the hf_hooks path cannot read their queries and keys")
     return None
-
-
-def refusal(model: HookedModel) -> str | None:
-    """None when chunked mode reproduces `model`'s scores exactly, else one sentence saying why not.
-
-    After the static checks, a probe (two sentences of different lengths, so padding counts) runs through eager
-    and chunked mode with blocks of 3 queries, and every layer's rows of real queries must agree to 1e-4.
-    """
-    reason = _static_refusal(model)
-    if reason is not None:
-        return reason
-    ids = model.token_ids([hooking.PROBE, "A short one."])
-    n = max(map(len, ids))
-    pad = model.special_token_ids["pad"] or 0
-    input_ids = torch.tensor([row + [pad] * (n - len(row)) for row in ids], device=model.device)
-    mask = torch.tensor([[1] * len(row) + [0] * (n - len(row)) for row in ids], device=model.device)
-    real = mask.bool()
-    eager, blocks = {}, {}
-
-    def keep(store, layer):
-        def hook(pattern, hook):
-            store.setdefault(layer, []).append(pattern.detach().float().cpu())
-        return hook
-
-    layers = range(model.n_layers)
-    try:
-        with model.pattern_forward({layer: keep(eager, layer) for layer in layers}) as forward:
-            forward(input_ids, mask)
-        with torch.inference_mode(), chunked_forward(model, {layer: keep(blocks, layer) for layer in layers},
-                                                     model.n_layers - 1, query_chunk=3) as forward:
-            forward(input_ids, mask)
-    except ModelLoadError as error:
-        text = str(error).removeprefix(f"{model.name}: ").removesuffix("; use --attention eager")
-        if "attention layers went through" in text:
-            return (f"the attention modules of {type(model.hf_model).__name__} do not call transformers' attention "
-                    f"functions ({text.split(' of ')[0].removeprefix('only ')} of {model.n_layers} layers did), so "
-                    f"chunked mode cannot recompute their scores")
-        return text
-    rows = real[:, None, :, None].cpu()  # (batch, 1, q, 1): rows of real queries
-    for layer in layers:
-        want = eager[layer][0]
-        got = torch.cat(blocks[layer], dim=-2)
-        if got.shape != want.shape:
-            return f"chunked attention gave layer {layer} rows of shape {tuple(got.shape)}, eager {tuple(want.shape)}"
-        gap = float(torch.where(rows, (got - want).abs(), 0).max())
-        if not gap <= 1e-4:
-            return (f"chunked attention differs from the model's eager attention by {gap:.1e} at layer {layer}, so its "
-                    f"scores are not reproduced exactly")
-    return None
-
-
-# --- memory: when auto goes chunked ------------------------------------------------------------------------
-
-
-def eager_bytes(n_heads: int, batch: int, seq: int) -> int:
-    """Estimated peak extra bytes of one layer in eager mode: `TEMPORARIES` float32 (batch, head, seq, seq)
-    tensors (scores, pattern, the metrics' temporaries) plus the model's float mask.
-
-    >>> eager_bytes(9, 1, 8192) // 2**20  # smollm2 at 8k tokens
-    9472
-    """
-    return 4 * batch * seq * seq * (TEMPORARIES * n_heads + 1)
-
-
-def chunked_bytes(n_heads: int, batch: int, seq: int, query_chunk: int) -> int:
-    """The same estimate in chunked mode: the temporaries of one block of queries, plus the boolean mask."""
-    block = min(query_chunk, seq)
-    return 4 * batch * block * seq * TEMPORARIES * n_heads + batch * seq * seq
-
-
-def default_budget_mib(device: str) -> int:
-    """MiB one layer's eager attention may take before ``attention="auto"`` goes chunked, by device kind:
-    a quarter of the GPU's memory (cuda), 2 GiB on Apple MPS, a quarter of the RAM up to 8 GiB on CPU."""
-    if device.startswith("cuda") and torch.cuda.is_available():
-        index = torch.device(device).index or 0
-        return torch.cuda.get_device_properties(index).total_memory // 4 // 2**20
-    if device.startswith("mps"):
-        return 2048
-    try:
-        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        ram = 16 * 2**30
-    return int(min(8192, ram // 4 // 2**20))
-
-
-def choose(model: HookedModel, *, batch_size: int, max_len: int, budget_mib: int | None = None,
-           attention: str = "auto") -> str:
-    """``"eager"`` or ``"chunked"`` for `attention` (``auto``, ``eager`` or ``chunked``) on `model`.
-
-    ``auto`` goes chunked when one layer's eager attention would take more than `budget_mib` (default:
-    `default_budget_mib` of the model's device) and chunked mode reproduces the model's scores; ``chunked`` on a
-    model that it cannot reproduce raises `ModelLoadError` with the reason.
-    """
-    if attention == "eager":
-        return "eager"
-    if attention == "chunked":
-        reason = model.chunked_refusal()
-        if reason is not None:
-            raise ModelLoadError(f"model {model.name!r} cannot run chunked attention: {reason}; use --attention eager")
-        return "chunked"
-    budget = (budget_mib if budget_mib is not None else default_budget_mib(str(model.device))) * 2**20
-    if eager_bytes(model.n_heads, batch_size, max_len) <= budget:
-        return "eager"
-    return "chunked" if model.chunked_refusal() is None else "eager"

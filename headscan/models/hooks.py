@@ -5,12 +5,12 @@
   modules (found by `attention_sites` and `discover`), under eager attention.
 
 Both call ``hook(pattern, hook=...)`` per layer with (batch, head, q, k) and stop the forward pass after the
-last hooked layer. `check` runs a probe sentence through either and checks what every layer hands over.
+last hooked layer (raising `Stop`). `headscan.models.forward` chooses between them and runs the probe.
 
-Chunked attention (`headscan.chunked`) reads no pattern at all: it recomputes each layer's attention in blocks
-of queries and calls the same hooks once per block, with a `QueryBlock` as the second argument.
+Chunked attention (`headscan.models.chunked`) reads no pattern at all: it recomputes each layer's attention in
+blocks of queries and calls the same hooks once per block, with a `QueryBlock` as the second argument.
 
-This module does not load models (see `headscan.models`) or score heads.
+This module does not load models (see `headscan.models.load`) or score heads.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ import torch
 from ..errors import ModelLoadError
 
 if TYPE_CHECKING:
-    from .load import HookedModel
+    from .hooked import HookedModel
 
-__all__ = ["PatternSite", "QueryBlock", "Site", "PROBE", "Unhookable", "bridge_forward", "module_forward", "attention_sites",
-           "discover", "check"]
+__all__ = ["PatternSite", "QueryBlock", "Site", "PROBE", "Stop", "Unhookable", "bridge_forward", "module_forward",
+           "attention_sites", "discover"]
 
 PROBE = "The quick brown fox jumps over the lazy dog."  # checks every model as it loads
 
@@ -91,7 +91,7 @@ def _stop_after_block(residual, hook):
     raise StopAtLayerException(residual)
 
 
-# The bridge's hook point of each kind of internal (headscan.chunked.INTERNALS), under blocks.{layer}.
+# The bridge's hook point of each kind of internal (headscan.models.chunked.INTERNALS), under blocks.{layer}.
 BRIDGE_INTERNALS = {"v": "attn.hook_v", "z": "attn.hook_z", "out": "hook_out"}
 
 
@@ -130,8 +130,8 @@ def bridge_forward(bridge, hooks: dict[int, Callable], last: int, internals: dic
 # --- the hf_hooks path -------------------------------------------------------------------------------------
 
 
-class _Stop(Exception):
-    """Raised after the last hooked layer: the rest of the forward pass is not needed."""
+class Stop(Exception):
+    """Raised after the last hooked layer (by either path, or chunked attention): the rest of the pass is not needed."""
 
 
 def backbone(hf_model):
@@ -193,7 +193,7 @@ def module_forward(model: HookedModel, hooks: dict[int, Callable], last: int):
         if hook is not None:
             hook(output[site.index], hook=PatternSite(layer, site.name))
         if layer >= last:
-            raise _Stop
+            raise Stop
 
     body = backbone(model.hf_model)
 
@@ -201,7 +201,7 @@ def module_forward(model: HookedModel, hooks: dict[int, Callable], last: int):
         calls[0] = 0
         try:
             call_backbone(body, input_ids, attention_mask)
-        except _Stop:
+        except Stop:
             return
         raise ModelLoadError(f"{model.name}: the forward pass ran {calls[0]} attention layers, expected {last + 1}")
 
@@ -310,36 +310,3 @@ def discover(hf_model, tokenizer) -> dict:
         "n_heads": heads.pop(),
         "causal": all(causal for _, _, _, causal in calls),
     }
-
-
-# --- checking a hooked model -------------------------------------------------------------------------------
-
-
-def check(model: HookedModel) -> None:
-    """Run the probe sentence through `model.pattern_forward`, as a sweep would, and check what every layer hands over."""
-    ids = torch.tensor([model.token_ids([PROBE])[0]], dtype=torch.long, device=model.device)
-    n = ids.shape[1]
-    seen = {}
-
-    def capture(layer: int):
-        def hook(pattern, hook):
-            seen[layer] = pattern.detach().float().cpu()
-
-        return hook
-
-    with model.pattern_forward({layer: capture(layer) for layer in range(model.n_layers)}) as forward:
-        forward(ids, torch.ones_like(ids))
-    missing = [layer for layer in range(model.n_layers) if layer not in seen]
-    if missing:
-        raise Unhookable(f"no attention pattern from layer {missing[0]}")
-    tolerance = 1e-3 if next(model.hf_model.parameters()).dtype == torch.float32 else 2e-2
-    for layer, pattern in seen.items():
-        if tuple(pattern.shape) != (1, model.n_heads, n, n):
-            raise Unhookable(f"layer {layer} gave a pattern of shape {tuple(pattern.shape)}, "
-                              f"expected (1, {model.n_heads}, {n}, {n})")
-        if not torch.allclose(pattern.sum(-1), torch.ones(()), atol=tolerance):
-            raise Unhookable(f"layer {layer}'s attention rows do not sum to 1")
-    causal = all(bool((p.triu(1) == 0).all()) for p in seen.values())
-    if causal != model.causal:
-        raise Unhookable(f"it was taken for {model.family} but its probe pattern is "
-                          f"{'' if causal else 'not '}lower-triangular")

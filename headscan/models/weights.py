@@ -14,20 +14,20 @@ W_U is the masked-LM decoder's matrix (tied to W_E), without the prediction head
 What the norms' scales (one positive number per token) do is not represented: a weight-only score reads
 the weights, not a forward pass.
 
-This module does not run models or read corpora; `headscan.values` computes what heads move on a corpus.
+This module does not run models or read corpora; `headscan.metrics.values` computes what heads move on a
+corpus, and `headscan.scan.finish.weights_frame` puts the copying scores into the weights table.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import pandas as pd
 import torch
 
 from ..errors import ModelLoadError
 from .hooks import backbone
 
-__all__ = ["HeadWeights", "head_weights", "copying_scores", "logit_directions", "weight_frame", "FAMILIES"]
+__all__ = ["HeadWeights", "head_weights", "copying_scores", "logit_directions", "FAMILIES"]
 
 FAMILIES = ("bert", "gpt2", "llama")  # module layouts read from Hugging Face models (see `_family`)
 
@@ -257,33 +257,3 @@ def logit_directions(weights: HeadWeights) -> torch.Tensor:
         directions -= directions.mean(0, keepdim=True)
     directions -= directions.mean(1, keepdim=True)
     return directions
-
-
-def weight_frame(model, weights: HeadWeights | None = None) -> pd.DataFrame:
-    """The ``weights`` table of one model: a row per (layer, head, metric), read off the weights, no corpus.
-
-    Metrics: ``copying`` (`copying_scores`). ``value`` is the score; ``sum``, ``count`` and the interval are
-    NaN (there is nothing to sum or resample); ``embedding`` says whether W_U was W_E transposed ("tied") or
-    a matrix of its own ("untied").
-    """
-    from ..tables.io import TABLES, head_label
-
-    weights = head_weights(model) if weights is None else weights
-    scores = copying_scores(weights).cpu()  # (layer, head)
-    n_layers, n_heads = scores.shape
-    layers = [layer for layer in range(n_layers) for _ in range(n_heads)]
-    heads = list(range(n_heads)) * n_layers
-    frame = pd.DataFrame({
-        "model": model.name,
-        "family": model.family,
-        "layer": layers,
-        "head": heads,
-        "label": [head_label(layer, head) for layer, head in zip(layers, heads)],
-        "kv_group": [int(model.kv_group(head)) for head in heads],
-        "metric": "copying",
-        "value": scores.reshape(-1).numpy(),
-        "sum": float("nan"), "count": float("nan"), "ci_low": float("nan"), "ci_high": float("nan"),
-        "units": float("nan"), "top_unit_share": float("nan"),
-        "embedding": weights.embedding,
-    })
-    return TABLES["weights"].conform(frame)

@@ -9,7 +9,7 @@ never read against it; and the heads annotated in a heatmap are the metric's str
 share of attention, but the lowest entropy: the most focused heads).
 
 This module does not choose what to show (which heads are strongest across a report, which findings to
-state): that is `headscan.findings` and `headscan.report`. It does not save files or pick a backend either;
+state): that is `headscan.analysis` and `headscan.report`. It does not save files or pick a backend either;
 the report draws on `matplotlib.figure.Figure` objects, which need no pyplot state.
 
 >>> import pandas as pd
@@ -25,109 +25,22 @@ the report draws on `matplotlib.figure.Figure` objects, which need no pyplot sta
 
 from __future__ import annotations
 
-import textwrap
 from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from ..metrics.attention import METRICS
+from ..metrics import describe
+from .style import (DIFFERENCE_CMAP, SHARE_CMAP, UNBOUNDED_CMAP, UNDEFINED_COLOUR, axes_or_current, layer_by_head,
+                    select, wrapped)
 
-__all__ = [
-    "SHARE_CMAP",
-    "head_heatmap",
-    "attention_matrix",
-    "difference_heatmap",
-    "value_heatmap",
-    "is_bounded",
-    "unit",
-    "model_palette",
-]
-
-SHARE_CMAP = "rocket_r"  # light = little attention, dark = all of it: reads in print and in grey
-UNBOUNDED_CMAP = "mako_r"  # a different hue, so nats or tokens are never read against the share scale
-UNDEFINED_COLOUR = "#d9d9d9"  # cells where a metric is undefined (NaN) show the axes background
-DIFFERENCE_CMAP = "vlag"  # blue below 0, red above: run B minus run A
-SIGNED_CMAP = "vlag"  # scores from -1 to 1 (OV copying): blue below 0, white at 0, red above
-
-
-def is_bounded(metric: str) -> bool:
-    """Whether `metric` lies in [0, 1] (and so is drawn on the shared 0-1 scale), from its registry entry.
-
-    A name the registry does not know (a run from another version of headscan) is taken to be bounded.
-
-    >>> is_bounded("prev_token"), is_bounded("entropy_norm"), is_bounded("entropy")
-    (True, True, False)
-    """
-    return metric not in METRICS or METRICS[metric].bounded
-
-
-def unit(metric: str) -> str:
-    """What `metric` is measured in (its colour-bar label), from its registry entry; "value" if unknown.
-
-    >>> unit("prev_token"), unit("entropy"), unit("positional_prev")
-    ('share of attention', 'nats', 'share of queries')
-    """
-    return METRICS[metric].unit if metric in METRICS else "value"
-
-
-def _ranks_high(metric: str) -> bool:
-    return metric not in METRICS or METRICS[metric].ranks_high()
+__all__ = ["head_heatmap", "attention_matrix", "difference_heatmap", "value_heatmap"]
 
 
 def _fmt(metric: str, value: float) -> str:
     """A cell's annotation: two decimals, one for unbounded values of 10 or more (distance in tokens)."""
-    return f"{value:.1f}" if not is_bounded(metric) and abs(value) >= 10 else f"{value:.2f}"
-
-
-def _wrapped(label: str, width: int = 24) -> str:
-    """A colour-bar label broken into lines of about `width` characters, so it fits beside a short heatmap."""
-    return textwrap.fill(label, width)
-
-
-def model_palette(models: Sequence[str]) -> dict[str, tuple]:
-    """One colour per model, in order, from seaborn's colour-blind-safe palette.
-
-    Pass the same palette to every figure of a report so that a model keeps its colour throughout.
-    """
-    models = list(dict.fromkeys(models))
-    colours = sns.color_palette("colorblind", max(len(models), 1))
-    return dict(zip(models, colours))
-
-
-def _axes(ax):
-    if ax is None:
-        import matplotlib.pyplot as plt  # only when the caller gave no Axes, as seaborn does
-
-        ax = plt.gca()
-    return ax
-
-
-def _select(frame: pd.DataFrame, **conditions) -> pd.DataFrame:
-    """Rows of `frame` matching every column == value; an empty result names what was available."""
-    mask = np.ones(len(frame), dtype=bool)
-    for column, value in conditions.items():
-        mask &= (frame[column] == value).to_numpy()
-    rows = frame[mask]
-    if rows.empty:
-        available = {column: sorted(map(str, frame[column].unique())) for column in conditions}
-        asked = ", ".join(f"{column}={value!r}" for column, value in conditions.items())
-        raise ValueError(f"no rows with {asked}; the table has {available}")
-    return rows
-
-
-def _layer_by_head(rows: pd.DataFrame, what: str) -> pd.DataFrame:
-    if rows.duplicated(["layer", "head"]).any():
-        raise ValueError(
-            f"{what}: several rows per (layer, head); pass one run's table, or rename the models of each "
-            "run apart (headscan.runs.merge_runs does this as 'run:model')"
-        )
-    grid = rows.pivot(index="layer", columns="head", values="value")
-    # Every layer and head gets a cell, even one with no row, so the grid shows the model's real shape.
-    return grid.reindex(
-        index=range(int(rows["layer"].max()) + 1), columns=range(int(rows["head"].max()) + 1)
-    ).astype(float)
+    return f"{value:.1f}" if not describe(metric).bounded and abs(value) >= 10 else f"{value:.2f}"
 
 
 def head_heatmap(
@@ -164,7 +77,7 @@ def head_heatmap(
     cmap : str, optional
         Colour map; `SHARE_CMAP` for bounded metrics, `UNBOUNDED_CMAP` otherwise.
     cbar : bool, default True
-        Draw a colour bar labelled with the metric's unit (`unit`).
+        Draw a colour bar labelled with the metric's unit (`headscan.metrics.describe`).
     title : str, optional
         Axes title; ``"{model}: {metric}"`` by default.
 
@@ -173,9 +86,9 @@ def head_heatmap(
     matplotlib Axes
         ``ax.collections[0].get_array()`` holds the (layer, head) grid, NaN where undefined.
     """
-    ax = _axes(ax)
-    grid = _layer_by_head(_select(heads, model=model, metric=metric), f"{model}: {metric}")
-    share = is_bounded(metric)
+    ax = axes_or_current(ax)
+    grid = layer_by_head(select(heads, model=model, metric=metric), f"{model}: {metric}")
+    share = describe(metric).bounded
     values = grid.to_numpy()
     finite = values[np.isfinite(values)]
     if vmin is None:
@@ -192,7 +105,7 @@ def head_heatmap(
         vmax=vmax,
         cmap=cmap,
         cbar=cbar,
-        cbar_kws={"label": _wrapped(unit(metric))} if cbar else None,
+        cbar_kws={"label": wrapped(describe(metric).unit)} if cbar else None,
         linewidths=0.5,
         linecolor="white",
         xticklabels=True,
@@ -207,7 +120,7 @@ def head_heatmap(
         mesh = ax.collections[0]
         # stack() runs layer by layer, head by head, so keep="first" keeps ties for the lower layer, head.
         cells = grid.stack().dropna()
-        striking = cells.nlargest if _ranks_high(metric) else cells.nsmallest
+        striking = cells.nlargest if describe(metric).ranks_high() else cells.nsmallest
         for (layer, head), value in striking(annotate_top, keep="first").items():
             # Pick the text colour from the cell's own colour so the number stays legible on dark cells.
             r, g, b, _ = mesh.cmap(mesh.norm(value))
@@ -239,8 +152,8 @@ def attention_matrix(
     Parameters
     ----------
     tokens : sequence of str
-        The sentence's tokens, in order, as readable text (``headscan.scan.example_attention`` decodes each
-        one); they are drawn as they are, only a ``$`` escaped.
+        The sentence's tokens, in order, as readable text (`headscan.report.examples.every_layer` decodes
+        each one); they are drawn as they are, only a ``$`` escaped.
     pattern : array of shape (q_pos, k_pos)
         Attention weights; row ``q`` is what query ``q`` attends to and sums to 1.
     title : str, optional
@@ -258,7 +171,7 @@ def attention_matrix(
     matplotlib Axes
         Queries are rows (top to bottom), keys columns, on the 0-1 share scale.
     """
-    ax = _axes(ax)
+    ax = axes_or_current(ax)
     pattern = np.asarray(pattern, dtype=float)
     if pattern.ndim != 2 or pattern.shape[0] != pattern.shape[1] or pattern.shape[0] != len(tokens):
         raise ValueError(
@@ -305,7 +218,7 @@ def difference_heatmap(
     Parameters
     ----------
     differences : DataFrame
-        `headscan.findings.run_differences` of the two runs (columns ``metric, layer, head, difference,
+        `headscan.analysis.findings.run_differences` of the two runs (columns ``metric, layer, head, difference,
         apart``); only the rows of `metric` are drawn.
     metric : str
         Which metric.
@@ -323,15 +236,15 @@ def difference_heatmap(
     matplotlib Axes
         ``ax.collections[0].get_array()`` holds the (layer, head) differences; ``ax.texts`` the dots.
     """
-    ax = _axes(ax)
-    rows = _select(differences, metric=metric)
-    grid = _layer_by_head(rows.rename(columns={"difference": "value"}), f"difference of {metric}")
+    ax = axes_or_current(ax)
+    rows = select(differences, metric=metric)
+    grid = layer_by_head(rows.rename(columns={"difference": "value"}), f"difference of {metric}")
     values = grid.to_numpy()
     finite = np.abs(values[np.isfinite(values)])
     limit = limit if limit is not None else (float(finite.max()) if finite.size and finite.max() > 0 else 1.0)
     ax.set_facecolor(UNDEFINED_COLOUR)
     sns.heatmap(grid, ax=ax, vmin=-limit, vmax=limit, cmap=DIFFERENCE_CMAP, center=0, cbar=cbar,
-                cbar_kws={"label": _wrapped(f"second - first ({unit(metric)})")} if cbar else None,
+                cbar_kws={"label": wrapped(f"second - first ({describe(metric).unit})")} if cbar else None,
                 linewidths=0.5, linecolor="white", xticklabels=True, yticklabels="auto")
     for row in rows[rows["apart"]].itertuples():
         ax.text(row.head + 0.5, row.layer + 0.5, "\u2022", ha="center", va="center", fontsize="small", color="black")
@@ -392,15 +305,15 @@ def value_heatmap(
         ``ax.collections[0].get_array()`` holds the (layer, head) grid, NaN where undefined; ``ax.texts`` the
         annotations, highest first.
     """
-    ax = _axes(ax)
-    grid = _layer_by_head(_select(rows, model=model), f"{model}: {label}")
+    ax = axes_or_current(ax)
+    grid = layer_by_head(select(rows, model=model), f"{model}: {label}")
     values = grid.to_numpy()
     finite = values[np.isfinite(values)]
     if vmax is None:
         vmax = float(finite.max()) if finite.size and finite.max() > vmin else vmin + 1.0
     ax.set_facecolor(UNDEFINED_COLOUR)
     sns.heatmap(grid, ax=ax, vmin=vmin, vmax=vmax, cmap=cmap, center=center, cbar=cbar,
-                cbar_kws={"label": _wrapped(label)} if cbar else None, linewidths=0.5, linecolor="white",
+                cbar_kws={"label": wrapped(label)} if cbar else None, linewidths=0.5, linecolor="white",
                 xticklabels=True, yticklabels="auto")
     ax.set_xlabel("head")
     ax.set_ylabel("layer")

@@ -1,10 +1,9 @@
-"""Charts of heads across offsets, metrics, depth, relations and positions: offset profiles, previous- against
-next-token scores, entropy by relative depth, syntactic heads against the fixed-offset baseline, a metric along
-the context layer by layer, attention- against value-weighted shares. Like `headscan.figures`
-(layer x head matrices, whose helpers these share), each function takes a tidy table plus keyword-only options
-and ``ax=None``, draws on that Axes and returns it.
+"""Charts of heads across offsets, metrics, depth and positions: offset profiles, previous- against next-token
+scores, entropy by relative depth, a metric along the context layer by layer, attention- against value-weighted
+shares. Like `headscan.plots.heatmaps` (layer x head matrices), each function takes a tidy table plus
+keyword-only options and ``ax=None``, draws on that Axes and returns it.
 
-This module does not choose what to show (see `headscan.findings` and `headscan.sections`).
+This module does not choose what to show (see `headscan.analysis` and `headscan.report`).
 """
 
 from __future__ import annotations
@@ -15,13 +14,11 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from .heatmaps import _axes, _ranks_high, _select, model_palette, unit
-from ..analysis.syntax import offset_text
+from ..metrics import describe
+from .style import DEPTH_CMAP, axes_or_current, model_palette, select
 
-__all__ = ["offset_profiles", "prev_next_scatter", "entropy_by_depth", "syntax_best_heads", "syntax_legend_handles",
-           "position_profiles", "value_weighting_by_depth", "value_weighting_scatter"]
-
-DEPTH_CMAP = "viridis"  # layers coloured by depth: dark the first layer, yellow the last
+__all__ = ["offset_profiles", "prev_next_scatter", "entropy_by_depth", "position_profiles", "value_weighting_by_depth",
+           "value_weighting_scatter"]
 
 
 def offset_profiles(
@@ -56,11 +53,11 @@ def offset_profiles(
     matplotlib Axes
         ``ax.lines[i]`` is head ``heads[i]``: x the offset d (key = query + d), y its mean attention.
     """
-    ax = _axes(ax)
-    rows = _select(offsets, model=model)
+    ax = axes_or_current(ax)
+    rows = select(offsets, model=model)
     colours = sns.color_palette("colorblind", max(len(heads), 1))
     for label, colour in zip(heads, colours):
-        line = _select(rows, label=label).sort_values("offset")
+        line = select(rows, label=label).sort_values("offset")
         ax.plot(line["offset"], line["value"], marker="o", markersize=3, color=colour, label=label)
         if intervals and {"ci_low", "ci_high"} <= set(line.columns) and line["ci_low"].notna().any():
             ax.fill_between(line["offset"], line["ci_low"], line["ci_high"], color=colour, alpha=0.3, linewidth=0.6,
@@ -121,7 +118,7 @@ def prev_next_scatter(
         (x, y) scores of model i's heads, ordered by layer then head. A model whose `y` is 0 for every head
         (a causal model's next_token) is drawn in a strip below the axis, y jittered, instead of on it.
     """
-    ax = _axes(ax)
+    ax = axes_or_current(ax)
     models = list(dict.fromkeys(heads["model"]))
     palette = dict(palette) if palette is not None else model_palette(models)
     scattered, strip = [], False
@@ -168,7 +165,7 @@ def prev_next_scatter(
             for metric in (x,) if flat else (x, y):
                 values = wide[("value", metric)]
                 if values.notna().any() and values.max() > values.min():
-                    key = values.idxmax() if _ranks_high(metric) else values.idxmin()
+                    key = values.idxmax() if describe(metric).ranks_high() else values.idxmin()
                     at_y = -0.085 if flat else wide.loc[key, ("value", y)]
                     ax.annotate(key[2], (wide.loc[key, ("value", x)], at_y), xytext=(4, 4),
                                 textcoords="offset points", fontsize="x-small", color=palette[model])
@@ -183,8 +180,8 @@ def prev_next_scatter(
     ax.set_xlim(-0.02, 1.02)
     ax.set_ylim(bottom, 1.02)
     ax.set_aspect("equal")
-    ax.set_xlabel(f"{x} ({unit(x)})")
-    ax.set_ylabel(f"{y} ({unit(y)})")
+    ax.set_xlabel(f"{x} ({describe(x).unit})")
+    ax.set_ylabel(f"{y} ({describe(y).unit})")
     if scattered:
         ax.legend(fontsize="small", frameon=False, loc="upper right")
     return ax
@@ -219,7 +216,7 @@ def entropy_by_depth(
     matplotlib Axes
         ``ax.lines[i]`` is model i's mean over heads: x the mean entropy, y the layer's relative depth.
     """
-    ax = _axes(ax)
+    ax = axes_or_current(ax)
     rows = heads[heads["metric"] == metric]
     if rows.empty:
         raise ValueError(f"no rows with metric={metric!r}; the table has {sorted(heads['metric'].unique())}")
@@ -242,130 +239,10 @@ def entropy_by_depth(
         ax.scatter(part["value"], depth(part), color=palette[model], s=8, alpha=0.35, edgecolors="none")
     ax.set_ylim(1.04, -0.04)  # the first layer at the top, as in the heatmaps
     ax.set_ylabel("relative depth (0 first layer, 1 last)")
-    ax.set_xlabel(f"{metric} ({unit(metric)})")
+    ax.set_xlabel(f"{metric} ({describe(metric).unit})")
     ax.set_title(f"attention {metric} by relative depth (line: mean over a layer's heads)")
     ax.legend(fontsize="small", frameon=False)
     return ax
-
-
-def syntax_best_heads(
-    best: pd.DataFrame,
-    *,
-    direction: str = "dependent_to_head",
-    relations: Sequence[str] | None = None,
-    ax=None,
-    palette: Mapping[str, tuple] | None = None,
-    title: str | None = None,
-    label_heads: bool = True,
-    legend: bool = True,
-):
-    """Draw, per relation, each model's best head's accuracy with its 95% interval against the best fixed offset.
-
-    Clark et al. (2019)'s comparison as a figure: relations along x, one slot per model within a relation. A
-    light bar in the model's colour is the baseline (the best fixed offset's accuracy, its offset written at
-    the bar's foot); the point with its error bar is the best head's accuracy and interval, filled where the
-    interval lies wholly above the baseline and hollow where it reaches down to it. Each point carries its
-    head's 0-indexed label (``L7H9``).
-
-    Parameters
-    ----------
-    best : DataFrame
-        `headscan.syntactic.best_heads` (columns ``model, relation, direction, label, accuracy, ci_low,
-        ci_high, baseline, baseline_offset, beats``); only the rows of `direction` are drawn.
-    direction : str, default "dependent_to_head"
-        Which direction: ``"dependent_to_head"`` or ``"head_to_dependent"``.
-    relations : sequence of str, optional
-        The relations along x, in this order; those of `best` in its order by default. A relation a model has
-        no row for leaves its slot empty.
-    ax : matplotlib Axes, optional
-        Where to draw; the current Axes by default.
-    palette : mapping of model to colour, optional
-        Colours by model; `model_palette` of the table's models by default.
-    title : str, optional
-        Axes title; the direction by default.
-    label_heads : bool, default True
-        Write each point's head label above its interval.
-    legend : bool, default True
-        A legend to the right of the Axes: the models, and how to read a bar, a filled and a hollow point.
-
-    Returns
-    -------
-    matplotlib Axes
-        Per model, in the table's order: ``ax.containers`` holds its baseline bars (a BarContainer whose
-        ``datavalues`` are the baselines; label ``"{model} baseline"``), then its intervals (an
-        ErrorbarContainer), and ``ax.collections`` one PathCollection labelled with the model's name whose
-        ``get_offsets()`` are (x, accuracy), left to right, and whose face is transparent where the head does
-        not beat the baseline. Relation i is centred on x = i. ``ax.texts`` are the head labels (``gid`` "head") and the
-        baseline offsets (``gid`` "offset").
-    """
-    ax = _axes(ax)
-    rows = best[best["direction"] == direction]
-    relations = list(relations) if relations is not None else list(dict.fromkeys(rows["relation"]))
-    models = list(dict.fromkeys(best["model"]))
-    palette = dict(palette) if palette is not None else model_palette(models)
-    slot = 0.8 / max(len(models), 1)
-    where = {r: i for i, r in enumerate(relations)}
-    rows = rows[rows["relation"].isin(where)]
-    rows = rows.iloc[np.argsort(rows["relation"].map(where).to_numpy(), kind="stable")]  # left to right
-    drawn = []
-    for k, model in enumerate(models):
-        part = rows[rows["model"] == model]
-        x = part["relation"].map(where).to_numpy(float) - 0.4 + slot * (k + 0.5)
-        bars = ax.bar(x, part["baseline"].fillna(0.0).to_numpy(float), width=slot * 0.9,
-                      color=palette[model], alpha=0.25, linewidth=0, label=f"{model} baseline")
-        drawn.append((model, part, x, bars))
-    for model, part, x, _ in drawn:
-        accuracy = part["accuracy"].to_numpy(float)
-        low = np.nan_to_num(accuracy - part["ci_low"].to_numpy(float))
-        high = np.nan_to_num(part["ci_high"].to_numpy(float) - accuracy)
-        ax.errorbar(x, accuracy, yerr=np.vstack([low, high]), fmt="none", ecolor=palette[model], elinewidth=1.0,
-                    capsize=2.0, capthick=1.0)
-    for model, part, x, _ in drawn:
-        beats = part["beats"].to_numpy(bool)
-        faces = [palette[model] if b else "none" for b in beats]
-        ax.scatter(x, part["accuracy"].to_numpy(float), s=22, marker="o", facecolors=faces,
-                   edgecolors=[palette[model]] * len(x), linewidths=1.1, zorder=3, label=model)
-    small = 6.5 if len(models) <= 3 else 5.5
-    for model, part, x, _ in drawn:
-        for xi, row in zip(x, part.itertuples()):
-            if not pd.isna(row.baseline):
-                ax.text(xi, 0.012, offset_text(row.baseline_offset), ha="center", va="bottom", fontsize=small,
-                        color="0.3", gid="offset")
-            if label_heads:
-                top = row.ci_high if not pd.isna(row.ci_high) else row.accuracy
-                ax.text(xi, min(top + 0.015, 1.0), row.label, ha="center", va="bottom", rotation=90, fontsize=small,
-                        color=palette[model], gid="head")
-    if "all" in where and len(relations) > 1:
-        ax.axvline(where["all"] + 0.5, color="0.75", linewidth=0.8, linestyle=":", zorder=0)
-    ax.set_xticks(range(len(relations)), relations, rotation=45, ha="right", rotation_mode="anchor")
-    ax.set_xlim(-0.6, len(relations) - 0.4)
-    ax.set_ylim(0, 1.12 if label_heads else 1.02)
-    ax.set_yticks(np.linspace(0, 1, 6))
-    ax.grid(axis="y", color="0.92", linewidth=0.6)
-    ax.set_axisbelow(True)
-    ax.set_ylabel("accuracy (share of dependents)")
-    ax.set_title(title if title is not None else direction.replace("_", " "))
-    if legend and drawn:
-        ax.legend(handles=syntax_legend_handles([m for m, *_ in drawn], palette), fontsize="small", frameon=False,
-                  loc="upper left", bbox_to_anchor=(1.005, 1.0))
-    return ax
-
-
-
-def syntax_legend_handles(models: Sequence[str], palette: Mapping[str, tuple]) -> list:
-    """The legend entries of `syntax_best_heads`: one per model, then how to read a bar, a filled and a hollow
-    point; for a figure-level legend over several panels."""
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
-
-    handles = [Line2D([], [], color=palette[m], marker="o", linestyle="none", markersize=5, label=f"{m}: best head")
-               for m in models]
-    return handles + [
-        Patch(facecolor="0.5", alpha=0.3, label="best fixed offset (offset d at its foot)"),
-        Line2D([], [], color="0.3", marker="o", linestyle="none", markersize=5, label="interval above the baseline"),
-        Line2D([], [], color="0.3", marker="o", markerfacecolor="none", linestyle="none", markersize=5,
-               label="interval reaches the baseline"),
-    ]
 
 
 def position_profiles(
@@ -385,7 +262,7 @@ def position_profiles(
     Parameters
     ----------
     profiles : DataFrame
-        `headscan.context.layer_profiles` of one metric (columns ``model, layer, layers, bucket, value``).
+        `headscan.analysis.positions.layer_profiles` of one metric (columns ``model, layer, layers, bucket, value``).
         Bucket 0 (position 0 alone) has no place on a log axis and is left out.
     model : str
         Which model.
@@ -409,8 +286,8 @@ def position_profiles(
     """
     import matplotlib as mpl
 
-    ax = _axes(ax)
-    rows = _select(profiles, model=model)
+    ax = axes_or_current(ax)
+    rows = select(profiles, model=model)
     rows = rows[rows["bucket"] >= 1]
     n_layers = int(rows["layers"].max()) if len(rows) else 1
     colours = mpl.colormaps[cmap]
@@ -461,7 +338,7 @@ def value_weighting_by_depth(
     Parameters
     ----------
     pairs : DataFrame
-        `headscan.movement.layer_pairs` (columns ``model, layer, depth, attention, value_weighted``).
+        `headscan.analysis.movement.layer_pairs` (columns ``model, layer, depth, attention, value_weighted``).
     ax : matplotlib Axes, optional
         Where to draw; the current Axes by default.
     palette : mapping of model to colour, optional
@@ -477,7 +354,7 @@ def value_weighting_by_depth(
         For model i (in table order), ``ax.lines[2 * i]`` is its attention-weighted layer means and
         ``ax.lines[2 * i + 1]`` its value-weighted ones: x relative depth, y the mean share.
     """
-    ax = _axes(ax)
+    ax = axes_or_current(ax)
     models = list(dict.fromkeys(pairs["model"]))
     palette = dict(palette) if palette is not None else model_palette(models)
     for model in models:
@@ -511,7 +388,7 @@ def value_weighting_scatter(
     Parameters
     ----------
     both : DataFrame
-        `headscan.movement.paired` (columns ``model, family, label, attention, value_weighted``).
+        `headscan.analysis.movement.paired` (columns ``model, family, label, attention, value_weighted``).
     ax : matplotlib Axes, optional
         Where to draw; the current Axes by default.
     palette : mapping of model to colour, optional
@@ -527,7 +404,7 @@ def value_weighting_scatter(
         ``ax.collections[i].get_offsets()`` are model i's (attention, value-weighted) points, by layer then
         head; ``ax.texts`` the labels of the heads that fall most.
     """
-    ax = _axes(ax)
+    ax = axes_or_current(ax)
     models = list(dict.fromkeys(both["model"]))
     palette = dict(palette) if palette is not None else model_palette(models)
     for model in models:

@@ -10,8 +10,8 @@ page's script and style (``headscan/data/atlas.js`` and ``atlas.css``), into one
 (`atlas_html`): inline JavaScript and CSS, the data as embedded JSON, no network, so the page works from
 ``file://``. Roles and ranks are computed here, not in the browser, so tests check them number by number.
 
-This module draws no PNG (see `headscan.figures`), lays out no section (see `headscan.report`) and loads no
-model (see `headscan.examples`).
+This module draws no PNG (see `headscan.plots`), lays out no section (see `headscan.report`) and loads no
+model (see `headscan.report.examples`).
 
 >>> heads = pd.DataFrame({"model": "m", "family": "causal", "layer": 0, "head": [0, 1], "label": ["L0H0", "L0H1"],
 ...                       "metric": "prev_token", "value": [0.93, 0.2]})
@@ -33,19 +33,19 @@ import pandas as pd
 import seaborn as sns
 
 from .. import tables
-from ..analysis.findings import fmt_bucket, striking_order, why_structural
-from ..metrics.attention import METRICS
+from ..analysis.ranking import fmt_bucket, striking_order, why_structural
 from ..analysis.syntax import direction_text, offset_text, relation_order
+from ..metrics import METRICS
 
 if TYPE_CHECKING:
-    from .examples import Examples
     from ..analysis.runs import Comparison
+    from .examples import Examples
 
 __all__ = ["Role", "ROLES", "role_rules", "head_roles", "head_ranks", "atlas_data", "atlas_html", "ATLAS_ID"]
 
 ATLAS_ID = "atlas"  # the id of the atlas's section on the page
 _STOPS = 32  # colour-map stops handed to the page, which interpolates between them
-_UNDEFINED = "#d9d9d9"  # as in the heatmaps (headscan.figures.UNDEFINED_COLOUR)
+_UNDEFINED = "#d9d9d9"  # as in the heatmaps (headscan.plots.style.UNDEFINED_COLOUR)
 
 
 @dataclass(frozen=True)
@@ -214,7 +214,7 @@ def _offsets(comparison: Comparison, name: str, n_layers: int, n_heads: int) -> 
 def _other_keys(table: str, frame: pd.DataFrame, part: pd.DataFrame) -> tuple[list[str], list[list[str]], pd.DataFrame]:
     """A table's rows of one model as the panel lists them: key column names, each row's key cells, the rows.
 
-    syntax: the relations and order of the report's section (`headscan.syntactic.relation_order`), the
+    syntax: the relations and order of the report's section (`headscan.analysis.syntax.relation_order`), the
     direction in words, and the fixed-offset baseline beside each row; positions: each bucket as the query
     positions it covers; any other table: its own key columns (and weights' embedding)."""
     if table == "syntax":

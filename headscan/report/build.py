@@ -1,11 +1,11 @@
 """Reports over one or more sweep outputs: one HTML page, the same in Markdown, and every figure as a PNG.
 
 `write_report` is the library behind ``headscan report``; `build_report` lays out the sections as a
-`headscan.document.Document`: first the head atlas (`headscan.atlas`, interactive, in the HTML only), then
-the findings, the encoder-versus-decoder summary and the figure sections (`headscan.sections`), the top heads
-and the provenance. The numbers come from `headscan.findings` and `headscan.runs`, the drawings from
-`headscan.figures`, and the example attention from `headscan.examples`, computed beforehand and handed in:
-this module never loads a model.
+`headscan.report.document.Document`: first the head atlas (`headscan.report.atlas`, interactive, in the HTML
+only), then the findings, the encoder-versus-decoder summary and the figure sections
+(`headscan.report.sections`, `headscan.report.table_sections`), the top heads and the provenance. The numbers
+come from `headscan.analysis`, the drawings from `headscan.plots`, and the example attention from
+`headscan.report.examples`, computed beforehand and handed in: this module never loads a model.
 
 Every finding is generated from the numbers, and every unit, striking end, structural zero and metric
 definition is read from the metric registry (`headscan.metrics.METRICS`), so none can drift from the code.
@@ -26,27 +26,27 @@ import matplotlib
 import pandas as pd
 import seaborn as sns
 
-from ..plots import heatmaps as figures
-from . import atlas, sections
+from ..analysis.findings import family_findings, family_summary, findings_by_model
+from ..analysis.ranking import WIDE_CI, fmt_bucket, fmt_score, striking_order, top_heads, top_rows
+from ..analysis.runs import Comparison, merge_runs, model_shapes, model_sources, run_names, run_summary
+from ..errors import ConfigError
+from ..intervals import THIN_MAX_SHARE, THIN_MIN_UNITS
+from ..metrics import METRICS, describe
+from ..plots.style import model_palette
+from ..tables import TABLES, SweepTables, load
+from . import atlas, sections, table_sections
 from .document import (FOLDER_FILES, Bullets, Contents, Definition, Document, Heading, Note, Panels, Raw, Table, Text,
                        write_folder)
-from ..errors import ConfigError
-from ..analysis.findings import (WIDE_CI, family_findings, family_summary, findings_by_model, fmt_bucket, fmt_score,
-                       striking_order, top_heads, top_rows)
-from ..intervals import THIN_MAX_SHARE, THIN_MIN_UNITS
-from ..metrics.attention import METRICS
-from ..analysis.runs import Comparison, merge_runs, model_shapes, model_sources, run_names, run_summary
-from .sections import DISPLAY, Pngs, slug, structural
-from ..tables.io import TABLES, SweepTables, load
+from .sections import DISPLAY, Pngs, name_part, structural
 
-if TYPE_CHECKING:  # the report only reads what headscan.examples computed; it never imports the models
+if TYPE_CHECKING:  # the report only reads what headscan.report.examples computed; it never imports the models
     from .examples import Examples
 
 __all__ = ["write_report", "build_report", "check_report_options", "check_runs"]
 
 SECTIONED = ("heads", "offsets", "syntax")  # tables with sections of their own; any other gets its top rows
 # positions, value and weights rows get sections of their own where there is enough to draw
-# (`headscan.sections.shown_elsewhere`); the rest of them are listed with the other tables.
+# (`headscan.report.table_sections.shown_elsewhere`); the rest of them are listed with the other tables.
 
 # Fixed fonts and styles: the same input draws the same pixels, whatever the user's matplotlibrc says.
 _RC = {
@@ -88,7 +88,7 @@ def _header(comparison: Comparison, title: str) -> list:
     names = [m.name for m in comparison.models]
     runs = [name for name, _ in comparison.runs]
     metrics = comparison.metrics
-    units = [f"`{m}` in {figures.unit(m)}" for m in metrics if not figures.is_bounded(m)]
+    units = [f"`{m}` in {describe(m).unit}" for m in metrics if not describe(m).bounded]
     return [
         Heading(1, title),
         Text(f"{_plural(len(runs), 'run')} ({', '.join(runs)}), {_plural(len(names), 'model')} ({', '.join(names)}), "
@@ -238,7 +238,7 @@ def _top_section(comparison: Comparison, top: int) -> list:
 
 
 def _other_tables_section(comparison: Comparison, top: int) -> list:
-    shown = sections.shown_elsewhere(comparison)  # rows drawn in "Attention along the context", "What heads move"
+    shown = table_sections.shown_elsewhere(comparison)  # rows drawn in "Attention along the context", "What heads move"
     frames = {name: frame[~frame["metric"].isin(shown.get(name, set()))] if "metric" in frame else frame
               for name, frame in comparison.frames.items() if name not in SECTIONED}
     others = [name for name, frame in frames.items() if name not in shown or len(frame)]
@@ -296,11 +296,11 @@ def build_report(comparison: Comparison, *, top: int = 10, examples: Examples | 
     Parameters
     ----------
     comparison : Comparison
-        The runs side by side (`headscan.runs.merge_runs`).
+        The runs side by side (`headscan.analysis.runs.merge_runs`).
     top : int, default 10
         How many heads to list per metric and model.
     examples : Examples, optional
-        Example attention computed beforehand (`headscan.examples.compute_examples`); without it the report
+        Example attention computed beforehand (`headscan.report.examples.compute_examples`); without it the report
         says the example was not drawn.
     title : str, default "headscan report"
         The page's title and first heading.
@@ -310,11 +310,11 @@ def build_report(comparison: Comparison, *, top: int = 10, examples: Examples | 
     Returns
     -------
     Document
-        Its blocks and the PNG bytes of every figure (`headscan.document.to_html`, `to_markdown`).
+        Its blocks and the PNG bytes of every figure (`headscan.report.document.to_html`, `to_markdown`).
     """
     check_report_options(top=top)
     say = progress or (lambda line: None)
-    palette = figures.model_palette([m.name for m in comparison.models])
+    palette = model_palette([m.name for m in comparison.models])
     pngs = Pngs()
     steps = [
         ("the atlas", lambda: [*_header(comparison, title), *_atlas_section(comparison, examples)]),
@@ -331,11 +331,11 @@ def build_report(comparison: Comparison, *, top: int = 10, examples: Examples | 
                                 *_definitions_section(comparison)]),
     ]
     if "syntax" in comparison.frames:
-        steps.insert(-1, ("syntactic heads", lambda: sections.syntax_section(comparison, palette, pngs)))
+        steps.insert(-1, ("syntactic heads", lambda: table_sections.syntax_section(comparison, palette, pngs)))
     if "positions" in comparison.frames:
-        steps.insert(-1, ("attention along the context", lambda: sections.context_section(comparison, pngs)))
+        steps.insert(-1, ("attention along the context", lambda: table_sections.context_section(comparison, pngs)))
     if {"value", "weights"} & set(comparison.frames) or "dla" in comparison.metrics:
-        steps.insert(-1, ("what heads move", lambda: sections.movement_section(comparison, palette, pngs)))
+        steps.insert(-1, ("what heads move", lambda: table_sections.movement_section(comparison, palette, pngs)))
     blocks = []
     with matplotlib.rc_context(_RC):
         for what, make in steps:
@@ -406,7 +406,7 @@ def write_report(
         How many top heads to list per metric and model.
     examples : Examples, optional
         Example attention patterns, computed beforehand with the models by
-        `headscan.examples.compute_examples` (as ``headscan report`` does unless ``--no-models``). Without
+        `headscan.report.examples.compute_examples` (as ``headscan report`` does unless ``--no-models``). Without
         them the report says so; everything else needs only the tables.
     progress : callable, optional
         Called with one line as each part of the report is drawn and when it is written.
@@ -431,7 +431,7 @@ def write_report(
     loaded = [run if isinstance(run, SweepTables) else load(run) for run in runs]
     check_runs(loaded)
     names = run_names([run.path or f"run{i + 1}" for i, run in enumerate(loaded)])
-    out = Path(out) if out is not None else Path("reports") / slug("+".join(names))
+    out = Path(out) if out is not None else Path("reports") / name_part("+".join(names))
     check_report_options(top=top, out=out)
     document = build_report(merge_runs(loaded, names), top=top, examples=examples,
                             title=f"headscan report: {' vs '.join(names)}", progress=progress)

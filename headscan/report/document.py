@@ -9,7 +9,7 @@ A `Table` marked sortable sorts by a click on a column's heading in HTML (one sm
 block is a piece of HTML for the page only (an interactive figure), with what Markdown shows instead.
 
 This module knows nothing of heads, metrics or models, and draws nothing: `headscan.report` lays out the
-sections, `headscan.figures` draws.
+sections, `headscan.plots` draws.
 
 >>> doc = Document("Demo", [Heading(1, "Demo"), Contents(), Heading(2, "Two & three"), Text("Use `a < b`."),
 ...                         Table(pd.DataFrame({"head": ["L0H1"], "value": ["0.90"]}), numeric=("value",))])

@@ -27,11 +27,10 @@ import numpy as np
 import pandas as pd
 
 from .. import models
-from ..errors import ConfigError, HeadscanError
-from ..analysis.findings import top_heads
-from ..tables.provenance import ModelProvenance
+from ..analysis.ranking import top_heads
 from ..analysis.runs import Comparison, merge_runs
-from ..tables.io import SweepTables
+from ..errors import ConfigError, HeadscanError
+from ..tables import ModelProvenance, SweepTables
 
 __all__ = ["DEFAULT_EXAMPLE", "REPEATED_EXAMPLE", "CHOICE", "INDUCTION_SHOWN", "ExampleAttention", "HeadPatterns",
            "Examples", "example_heads", "induction_heads", "wants_repeated", "model_spec", "check_example",
@@ -177,7 +176,7 @@ def check_example(text: str | None) -> str:
 
 def every_layer(model, text: str) -> tuple[tuple[str, ...], np.ndarray]:
     """The tokens of `text` as `model` reads it and every head's pattern on it, (layer, head, q, k), from one
-    forward pass (`headscan.scan.example_attention` reads one layer per pass)."""
+    forward pass."""
     import torch
 
     ids = list(model.token_ids([text])[0])[: model.max_context]  # the model decides BOS, [CLS] and [SEP]

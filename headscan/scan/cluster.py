@@ -1,7 +1,7 @@
 """Sweeps on a Ray cluster: the corpus cut into shards, one actor per worker holding one model, shards merged.
 
 `sweep_on_ray` is where ``headscan.sweep(..., ray=True)`` and ``headscan sweep --ray [ADDRESS]`` go once
-`headscan.jobs.sweep` has checked the settings, the model specs, the corpus and the output folder:
+`headscan.scan.run.sweep` has checked the settings, the model specs, the corpus and the output folder:
 
 1. `connect` reaches the cluster: ``--ray`` alone uses the one named by ``RAY_ADDRESS``, else one started on
    this machine with ``ray start``, else a new local instance that lives as long as the sweep; ``--ray auto``
@@ -9,14 +9,14 @@
 2. The corpus is cut into S shards, ``Shard(k, S)``: the documents whose index is k modulo S. S is
    `choose_shards` (four per worker, at most one per document), or the count of the states a rerun resumes.
 3. Each worker runs one actor (with one GPU when the cluster has GPUs, else one CPU) that holds one loaded
-   model at a time and sweeps the shards it is handed with `headscan.scan.accumulate`, the models in turn.
+   model at a time and sweeps the shards it is handed with `headscan.scan.reduce.accumulate`, the models in turn.
    A task sweeps whole windows for about `save_every` seconds, then hands the shard's `PartialState` back,
    finished or not. The driver saves it as ``OUT.partial/MODEL.shard-K-of-S.npz`` (the name
-   `headscan.jobs` gives a shard's state) and hands the rest of the shard out again.
+   `headscan.scan.resume.state_file` gives a shard's state) and hands the rest of the shard out again.
 4. A task whose worker is lost (its actor or process killed, its node gone, an out-of-memory kill) goes to a
    new actor, from the shard's last state, up to `RETRIES` times. Rerunning the same command sweeps only
    what ``OUT.partial`` does not hold, from where each shard stopped.
-5. The driver adds each model's shards up (`headscan.state.merge_states`), finishes them into tables and
+5. The driver adds each model's shards up (`headscan.scan.state.merge_states`), finishes them into tables and
    publishes them as one set. They are a local sweep's tables up to the float32 forward pass (a segment's
    forward can differ by ~1e-8 with the batch it is in); with ``batch_size=1`` they agree to 1e-12,
    intervals included. Provenance records ``ray`` (``run.json``; ``provenance.extra["ray"]``): the address
@@ -25,7 +25,7 @@
 On a one-machine cluster the workers read a corpus file themselves; on several machines (or through Ray
 Client) its segments travel with the tasks. Model paths must name the same files on every machine.
 
-This module does not score heads (`headscan.scan`), check inputs (`headscan.jobs`) or manage clusters
+This module does not score heads (`headscan.scan.reduce`), check inputs (`headscan.scan.run`) or manage clusters
 (``ray start``, ``ray up``).
 """
 
@@ -49,12 +49,14 @@ from pathlib import Path
 import numpy as np
 
 from ..config import SweepConfig
-from ..corpus.text import Corpus
+from ..corpus import Corpus
 from ..errors import ConfigError, HeadscanError, ModelLoadError, SweepInterrupted, TablesError
-from .run import SAVE_EVERY, _state_file, _stop_requests, partial_folder
-from .reduce import finish, model_provenance, run_provenance, slug
-from .state import PartialState, Shard, fingerprint_differences, merge_states
-from ..tables.io import SweepTables, concat, write
+from ..tables import SweepTables
+from .finish import publish, run_provenance
+from .plan import fingerprint
+from .reduce import accumulate
+from .resume import SAVE_EVERY, check_resumable, partial_folder, spec_stem, state_file, stop_requests
+from .state import PartialState, Shard, merge_states
 
 __all__ = ["sweep_on_ray", "connect", "choose_shards", "ClusterError", "RETRIES"]
 
@@ -195,7 +197,7 @@ class _Worker:
         if spec != self.spec:
             import torch
 
-            from ..models.load import load_model
+            from ..models import load_model
 
             self.spec = self.model = None  # one model in memory at a time
             gc.collect()
@@ -213,16 +215,10 @@ class _Worker:
 
         A state from `source` (a saved file) that another sweep made is refused, as a local sweep refuses it.
         """
-        from .reduce import accumulate, fingerprint
-
         model = self._load(spec)
         if state is not None:
             state = _owned(state)
-            differences = fingerprint_differences(state.fingerprint, fingerprint(model, self.corpus, self.config))
-            if differences:
-                raise TablesError(f"{source}: a stopped sweep of {spec} with other inputs "
-                                  f"({'; '.join(differences[:3])}); rerun that sweep to finish it, or pass --restart "
-                                  f"to discard it")
+            check_resumable(state, fingerprint(model, self.corpus, self.config), shard, source, spec)
             if state.finished:
                 return state, model.device.type
         latest: dict[str, PartialState] = {}
@@ -347,15 +343,15 @@ def _saved_states(partial: Path | None, models: list[str]) -> tuple[int | None, 
     if partial is None or not partial.is_dir():
         return None, saved
     for spec in models:
-        if (partial / _state_file(spec, None)).is_file():
+        if (partial / state_file(spec, None)).is_file():
             raise TablesError(f"{partial}: holds the state of a stopped sweep of {spec} without --ray; finish it "
                               f"without --ray, or pass --restart to discard it")
-        for path in sorted(partial.glob(f"{slug(spec)}.shard-*-of-*.npz")):
+        for path in sorted(partial.glob(f"{spec_stem(spec)}.shard-*-of-*.npz")):
             match = _SHARD_FILE.search(path.name)
-            if match is None or path.name != slug(spec) + match.group(0):
+            if match is None or path.name != spec_stem(spec) + match.group(0):
                 continue  # another model's, whose name begins with this one's
             state = PartialState.load(path)
-            if state.shard is None or path.name != _state_file(spec, state.shard):
+            if state.shard is None or path.name != state_file(spec, state.shard):
                 raise TablesError(f"{path}: holds the state of shard {state.shard}, not the one its name says; "
                                   f"pass --restart to start over")
             saved[spec][state.shard.index] = (path, state)
@@ -383,7 +379,7 @@ def sweep_on_ray(
 ) -> SweepTables:
     """Sweep `models` over `corpus` on the Ray cluster at `address` (see `connect`); publish into `out` if given.
 
-    Called by `headscan.jobs.sweep` (``ray=...``) after its checks; `corpus` is read already, and `out` was
+    Called by `headscan.scan.run.sweep` (``ray=...``) after its checks; `corpus` is read already, and `out` was
     checked for writing. `shards` fixes the shard count (default: `choose_shards`, or the count of the
     states in ``OUT.partial`` that a rerun resumes). `save_every` is how long a task sweeps before it hands
     its state back to be saved; `retries` how often a task whose worker was lost goes to a new actor
@@ -429,7 +425,7 @@ def sweep_on_ray(
         corpus_ref = ray.put(_portable(corpus, cluster))
         slots = [_Slot(lambda: actor.remote(corpus_ref, config, cwd)) for _ in range(min(workers, len(tasks)))]
         try:
-            with _stop_requests() as should_stop:
+            with stop_requests() as should_stop:
                 skipped, devices, lost = _run(tasks, slots, finished, partial, shown, should_stop, save_every, retries,
                                               n_models=len(models))
         finally:
@@ -439,24 +435,16 @@ def sweep_on_ray(
     swept = [spec for spec in models if spec not in skipped]
     if not swept:
         raise ModelLoadError(f"no model could be swept: {'; '.join(skipped.values())}")
-    parts, described = [], []
-    for spec in swept:
-        names = [f"shard {k}/{count} of {spec}" for k in range(count)]
-        total = merge_states([finished[spec][k] for k in range(count)], names)
-        parts.append(SweepTables(finish(total, config)))
-        described.append(model_provenance(total, config))
-    provenance = run_provenance(corpus, dataclasses.replace(config, device="cpu"), described, command=command,
+    totals = [merge_states([finished[spec][k] for k in range(count)], [f"shard {k}/{count} of {spec}"
+                                                                        for k in range(count)]) for spec in swept]
+    provenance = run_provenance(corpus, dataclasses.replace(config, device="cpu"), command=command,
                                 started=started)  # the driver's device says nothing; the workers' follows
     extra = {"ray": {"address": cluster.address, "shards": count, "workers": len(slots), "retries": lost}}
     if skipped:
         extra["skipped"] = skipped
     provenance = dataclasses.replace(provenance, config=provenance.config | {"device": ", ".join(sorted(devices))},
                                      extra=provenance.extra | extra)
-    tables = concat(parts, provenance)
-    if out is not None:
-        tables.path = write(tables, out, overwrite=overwrite)
-        shutil.rmtree(partial, ignore_errors=True)
-    return tables
+    return publish(totals, config, provenance, out, overwrite=overwrite, partial=partial)
 
 
 def _portable(corpus: Corpus, cluster: Cluster) -> Corpus:
@@ -532,7 +520,7 @@ def _run(tasks: list[_Task], slots: list[_Slot], finished: dict, partial: Path |
             if task.state is not None and task.state.finished:  # a check of an earlier run's state: nothing new
                 continue
             if partial is not None:
-                state.save(partial / _state_file(task.spec, task.shard))
+                state.save(partial / state_file(task.spec, task.shard))
             tokens = state.n_tokens - (task.state.n_tokens if task.state is not None else 0)
             shown.advance(task.spec, tokens, state.finished)
             if state.finished:

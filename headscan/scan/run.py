@@ -11,69 +11,30 @@ With ``shard=Shard(K, N)`` a sweep covers the documents whose index is K modulo 
 model's state in ``OUT/state/``; `merge` adds the N shards' states into exactly the unsharded tables,
 intervals included.
 
-This module does not score heads (`headscan.scan`) or read files other than partial states.
+This module does not score heads (`headscan.scan.reduce`) or read files other than partial states.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import gc
 import shutil
-import signal
 import sys
-import threading
 from datetime import datetime, timezone
 from pathlib import Path
 
 from ..config import SweepConfig
-from ..corpus.text import Corpus, pack_corpus, read_corpus
-from ..errors import ConfigError, ModelLoadError, TablesError
-from ..models.load import DEFAULT_MODELS, load_model
-from ..models.specs import check_spec
-from ..errors import SweepInterrupted
-from .reduce import (accumulate, fingerprint, finish, model_provenance, run_provenance, slug,
-                   texts_corpus)
-from .state import PartialState, Shard, fingerprint_differences, merge_states
-from ..tables.io import SweepTables, check_out, concat, load, write
+from ..corpus import Corpus, pack_corpus, read_corpus, texts_corpus
+from ..errors import ConfigError, ModelLoadError, SweepInterrupted, TablesError
+from ..models import DEFAULT_MODELS, check_spec, load_model
+from ..tables import SweepTables, check_out, load
+from .finish import publish, run_provenance
+from .plan import fingerprint
+from .reduce import accumulate
+from .resume import SAVE_EVERY, check_resumable, partial_folder, state_file, stop_requests
+from .state import PartialState, Shard, merge_states
 
-__all__ = ["sweep", "merge", "partial_folder", "SweepInterrupted"]
-
-SAVE_EVERY = 120.0  # seconds between saves of a model's partial state
-
-
-def partial_folder(out: str | Path) -> Path:
-    """Where a sweep into `out` keeps its partial states until it finishes: ``OUT.partial`` beside it."""
-    out = Path(out)
-    return out.with_name(out.name + ".partial")
-
-
-def _state_file(spec: str, shard: Shard | None) -> str:
-    return f"{slug(spec)}.npz" if shard is None else f"{slug(spec)}.shard-{shard.index}-of-{shard.count}.npz"
-
-
-@contextlib.contextmanager
-def _stop_requests():
-    """SIGINT and SIGTERM become a request to stop, which the sweep acts on between two batches."""
-    requested = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        yield requested.is_set  # signals reach only the main thread; nothing to install
-        return
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-    def handler(signum, frame):
-        if requested.is_set():  # a second Ctrl-C: stop now, whatever is lost
-            signal.signal(signum, previous[signum])
-            raise KeyboardInterrupt
-        requested.set()
-
-    for sig in previous:
-        signal.signal(sig, handler)
-    try:
-        yield requested.is_set
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+__all__ = ["sweep", "merge", "SweepInterrupted"]
 
 
 def _resolve_settings(config: SweepConfig | None, settings: dict) -> SweepConfig:
@@ -122,7 +83,7 @@ def sweep(
     restart
         Discard partial states left by an earlier, stopped sweep into `out` instead of resuming from them.
     ray
-        Run the sweep on a Ray cluster (`headscan.distributed`): True for a local instance, or its address
+        Run the sweep on a Ray cluster (`headscan.scan.cluster`): True for a local instance, or its address
         (``"auto"``, ``"HOST:6379"``, ``"ray://HOST:10001"``).
     command
         How the sweep was called, for provenance; by default the Python call itself.
@@ -168,7 +129,7 @@ def sweep(
     started = datetime.now(timezone.utc)
     states: dict[str, PartialState] = {}
     skipped: dict[str, str] = {}
-    with _stop_requests() as should_stop:
+    with stop_requests() as should_stop:
         for spec in models:
             try:
                 states[spec] = _sweep_one(spec, text, config, shard, partial, should_stop, progress, save_every)
@@ -179,20 +140,13 @@ def sweep(
                 print(f"skipped {spec}: {error}", file=sys.stderr)
     if not states:
         raise ModelLoadError(f"no model could be swept: {'; '.join(skipped.values())}")
-    parts = [SweepTables(finish(state, config)) for state in states.values()]
-    described = [model_provenance(state, config) for state in states.values()]
-    provenance = run_provenance(text, config, described, command=command, started=started, shard=shard)
+    provenance = run_provenance(text, config, command=command, started=started, shard=shard)
     if skipped:
         provenance = dataclasses.replace(provenance, extra=provenance.extra | {"skipped": skipped})
-    tables = concat(parts, provenance)
-    if out is not None:
-        extra = {}
-        if shard is not None:  # merge needs each shard's replicates and power sums
-            extra = {f"state/{_state_file(spec, None)}": state.save for spec, state in states.items()}
-        tables.path = write(tables, out, overwrite=overwrite, extra=extra)
-        if partial is not None:
-            shutil.rmtree(partial, ignore_errors=True)
-    return tables
+    # a shard's output keeps each model's state: merge needs its replicates and power sums
+    extra = {f"state/{state_file(spec, None)}": state.save for spec, state in states.items()} \
+        if shard is not None else None
+    return publish(list(states.values()), config, provenance, out, overwrite=overwrite, extra=extra, partial=partial)
 
 
 def _sweep_one(spec: str, corpus: Corpus, config: SweepConfig, shard: Shard | None, partial: Path | None,
@@ -201,16 +155,11 @@ def _sweep_one(spec: str, corpus: Corpus, config: SweepConfig, shard: Shard | No
     model = load_model(spec, device=config.device, dtype=config.dtype, prepend_bos=config.prepend_bos,
                        device_map=config.device_map)
     try:
-        path = partial / _state_file(spec, shard) if partial is not None else None
+        path = partial / state_file(spec, shard) if partial is not None else None
         state = None
         if path is not None and path.is_file():
             state = PartialState.load(path)
-            differences = fingerprint_differences(state.fingerprint, fingerprint(model, corpus, config))
-            if state.shard != shard:
-                differences.append(f"shard: {state.shard} != {shard}")
-            if differences:
-                raise TablesError(f"{path}: a stopped sweep of {spec} with other inputs ({'; '.join(differences[:3])}); "
-                                  f"rerun that sweep to finish it, or pass --restart to discard it")
+            check_resumable(state, fingerprint(model, corpus, config), shard, path, spec)
             if state.finished:
                 return state
             if progress:
@@ -256,24 +205,19 @@ def merge(outs: list[str | Path], out: str | Path | None = None, *, overwrite: b
             raise TablesError(f"{path}: has models {run.models}, but {outs[0]} has {models}; merge shards of one sweep")
     config = SweepConfig(**{k: v for k, v in runs[0].provenance.config.items()
                             if k in {f.name for f in dataclasses.fields(SweepConfig)} and k != "device"})
-    parts, described = [], []
+    totals = []
     for name in models:
         states = []
         for path in outs:
-            file = Path(path) / "state" / _state_file(name, None)
+            file = Path(path) / "state" / state_file(name, None)
             if not file.is_file():
                 raise TablesError(f"{path}: has no partial state for {name} ({file}); sweep it with --shard K/N")
             states.append(PartialState.load(file))
-        total = merge_states(states, [str(p) for p in outs])
-        parts.append(SweepTables(finish(total, config)))
-        described.append(model_provenance(total, config))
+        totals.append(merge_states(states, [str(p) for p in outs]))
     first = runs[0].provenance
     provenance = dataclasses.replace(
-        first, run_id=None, models=tuple(described), command=command or f"headscan.merge({[str(p) for p in outs]!r})",
+        first, run_id=None, command=command or f"headscan.merge({[str(p) for p in outs]!r})",
         finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         extra={k: v for k, v in first.extra.items() if k != "shard"} | {"merged_from": [str(p) for p in outs]},
     )
-    tables = concat(parts, provenance)
-    if out is not None:
-        tables.path = write(tables, out, overwrite=overwrite)
-    return tables
+    return publish(totals, config, provenance, out, overwrite=overwrite)

@@ -15,7 +15,7 @@ shards merge into the unsharded result, and a state saved at a window boundary r
 
 A state is saved as one ``.npz`` file (numpy arrays and a JSON header, no pickle), written atomically.
 
-This module does not run models (see `headscan.scan`) or draw anything.
+This module does not run models (see `headscan.scan.reduce`) or draw anything.
 """
 
 from __future__ import annotations
@@ -98,6 +98,7 @@ class PartialState:
     # Scores read off the weights alone, (weight metric, layer, head): the OV copying score; NaN where the
     # architecture's weights could not be read (the model's provenance says why). No corpus, so not summed.
     weights: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0)))
+    embedding: str | None = None  # how the weights table's unembedding was taken: "tied", "untied"; None: not read
 
     @classmethod
     def empty(cls, fingerprint: dict, shard: Shard | None, shape: tuple[int, int, int], n_replicates: int) -> PartialState:
@@ -114,7 +115,7 @@ class PartialState:
             "windows_done": self.windows_done, "finished": self.finished, "model": self.model,
             "n_segments": self.n_segments, "n_tokens": self.n_tokens, "n_truncated": self.n_truncated,
             "n_tokens_lost": self.n_tokens_lost,
-            "seconds": self.seconds,
+            "seconds": self.seconds, "embedding": self.embedding,
         }
 
     def save(self, path: Path) -> None:
@@ -169,7 +170,7 @@ class PartialState:
                    windows_done=header["windows_done"], finished=header["finished"], model=header["model"],
                    n_segments=header["n_segments"], n_tokens=header["n_tokens"], n_truncated=header["n_truncated"],
                    n_tokens_lost=int(header.get("n_tokens_lost") or 0), seconds=header["seconds"], baseline=baseline,
-                   weights=weights)
+                   weights=weights, embedding=header.get("embedding", _embedding_of(header["model"])))
 
     # --- finishing -------------------------------------------------------------------------------------
 
@@ -191,6 +192,13 @@ class PartialState:
             "ci_low": np.where(defined, low, nan), "ci_high": np.where(defined, high, nan),
             "units": units, "top_unit_share": np.where(defined, top_share, nan),
         }
+
+
+def _embedding_of(model: dict) -> str | None:
+    """How a state saved before states recorded `PartialState.embedding` took its embedding: its weights note,
+    "embedding tied; folded: ...", the one place that note is read back."""
+    note = str(model.get("weights", ""))
+    return note.split(";")[0].removeprefix("embedding ") if note.startswith("embedding ") else None
 
 
 def _differences(a: dict, b: dict, prefix: str = "") -> list[str]:
@@ -246,7 +254,7 @@ def merge_states(states: list[PartialState], names: list[str]) -> PartialState:
     total = PartialState(dict(first.fingerprint), None, first.sums.copy(), first.counts.copy(),
                          first.replicate_sums.copy(), first.replicate_counts.copy(), first.moments.copy(),
                          finished=True, model=dict(first.model), baseline=first.baseline.copy(),
-                         weights=first.weights.copy())  # the same weights in every shard
+                         weights=first.weights.copy(), embedding=first.embedding)  # the same weights in every shard
     for state in states[1:]:
         total.baseline = total.baseline + state.baseline  # same fingerprint, so the same shape
         total.sums += state.sums

@@ -3,10 +3,11 @@
 Torch-free: ``import headscan`` and ``headscan.load`` need nothing heavier than pandas and pyarrow.
 """
 
-from .io import (HEAD_COLUMNS, TABLES, VALUE_COLUMNS, SweepTables, Table, check_out, combine, concat, head_label, load,
-                 register_table, thin_support, top_heads, write)
+from .io import SweepTables, check_out, combine, concat, load, thin_support, write
 from .provenance import CorpusProvenance, ModelProvenance, RunProvenance
+from .schema import (HEAD_COLUMNS, TABLES, VALUE_COLUMNS, Table, head_columns, head_label, register_table,
+                     tables_markdown)
 
-__all__ = ["HEAD_COLUMNS", "VALUE_COLUMNS", "Table", "TABLES", "register_table", "SweepTables", "load", "write",
-           "check_out", "head_label", "combine", "concat", "top_heads", "thin_support", "RunProvenance", "ModelProvenance",
-           "CorpusProvenance"]
+__all__ = ["HEAD_COLUMNS", "VALUE_COLUMNS", "Table", "TABLES", "register_table", "tables_markdown", "head_label",
+           "head_columns", "SweepTables", "load", "write", "check_out", "combine", "concat", "thin_support",
+           "RunProvenance", "ModelProvenance", "CorpusProvenance"]

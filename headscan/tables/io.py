@@ -1,4 +1,4 @@
-"""The tables headscan writes, declared once in a registry, and how to write, read and combine them.
+"""Reading, writing and combining a sweep's tables: one folder of parquet files and ``run.json``, published whole.
 
 A sweep output folder (``OUT``) holds one parquet file per registered table plus ``run.json``:
 
@@ -6,14 +6,8 @@ A sweep output folder (``OUT``) holds one parquet file per registered table plus
 - ``offsets.parquet``: one row per (model, layer, head, offset);
 - ``run.json``: the run's provenance (also stored in each parquet file's metadata under ``headscan``).
 
-Every table has the same head columns first (`HEAD_COLUMNS`), then its own key columns, then the same value
-columns (`VALUE_COLUMNS`). A new table is one `register_table` call; writing, loading, combining and
-`headscan show` go through `TABLES`, so nothing else changes.
-
-Layers and heads are 0-indexed integers (the TransformerLens convention), and ``label`` spells them
-``L{layer}H{head}``: Clark et al.'s (2019) 1-indexed BERT "head 3-1" is ``L2H0`` here.
-``value`` is ``sum / count`` and is NaN where ``count`` is 0 (the metric is not defined there), never -1.
-Sums and counts are kept so that sweeps over disjoint parts of a corpus combine exactly (see `combine`).
+The tables and their columns are declared in `headscan.tables.schema`. Sums and counts are kept so that sweeps
+over disjoint parts of a corpus combine exactly (see `combine`).
 
 This module does not compute scores (see `headscan.metrics` and `headscan.scan`), and imports no torch.
 """
@@ -34,139 +28,11 @@ import pandas as pd
 
 from ..errors import TablesError
 from .provenance import RunProvenance
+from .schema import HEAD_COLUMNS, TABLES
 
-__all__ = [
-    "HEAD_COLUMNS", "VALUE_COLUMNS", "Table", "TABLES", "register_table", "SweepTables", "load", "write", "check_out",
-    "head_label", "combine", "concat", "top_heads", "thin_support",
-]
-
-# The columns every table starts with: which head a row is about. Column name -> pandas dtype.
-HEAD_COLUMNS: dict[str, str] = {
-    "model": "string",  # the model's name as given to the sweep (alias, Hugging Face id or folder name)
-    "family": "string",  # "causal" or "bidirectional"
-    "layer": "int64",  # 0-indexed
-    "head": "int64",  # 0-indexed query head
-    "label": "string",  # "L{layer}H{head}"
-    "kv_group": "int64",  # key/value head this query head reads (grouped-query attention); == head without GQA
-}
-
-# The columns every table ends with: the score and how sure it is.
-VALUE_COLUMNS: dict[str, str] = {
-    "value": "float64",  # sum / count; NaN where count == 0
-    "sum": "float64",  # sum of per-query scores over the corpus
-    "count": "float64",  # number of queries that count for this metric
-    "ci_low": "float64",  # lower end of the 95% bootstrap interval; NaN where undefined
-    "ci_high": "float64",  # upper end
-    "units": "float64",  # bootstrap units (segments or documents) with count > 0: how many the value rests on
-    "top_unit_share": "float64",  # the largest single unit's share of the sum: near 1, one unit decides the value
-}
-
-# Columns a table written by an older headscan may lack; they read back as NaN ("not recorded").
-ADDED_LATER = ("units", "top_unit_share")
-
-
-@dataclass(frozen=True)
-class Table:
-    """A table of the registry: its name (and file), its own key columns, and what a row is."""
-
-    name: str
-    keys: dict[str, str]  # key columns after HEAD_COLUMNS, with dtypes; "metric" is filled with the metric's name
-    description: str  # "one row per ...", shown by `headscan show` and the README
-    extra: dict[str, str] = field(default_factory=dict)  # columns after VALUE_COLUMNS that only this table has
-
-    @property
-    def file(self) -> str:
-        return f"{self.name}.parquet"
-
-    @property
-    def columns(self) -> dict[str, str]:
-        """The whole schema: column name -> pandas dtype, in order."""
-        return HEAD_COLUMNS | self.keys | VALUE_COLUMNS | self.extra
-
-    @property
-    def row_key(self) -> list[str]:
-        """Columns that identify a row (the head's other columns follow from model, layer and head)."""
-        return [*HEAD_COLUMNS, *self.keys]
-
-    def conform(self, frame: pd.DataFrame) -> pd.DataFrame:
-        """`frame` with exactly this table's columns, in order and with their dtypes."""
-        frame = frame.assign(**{c: float("nan") for c in ADDED_LATER if c not in frame.columns})
-        missing = [c for c in self.columns if c not in frame.columns]
-        if missing:
-            raise TablesError(f"{self.name} table is missing columns {missing}; expected {list(self.columns)}")
-        return frame[list(self.columns)].astype(self.columns).reset_index(drop=True)
-
-
-TABLES: dict[str, Table] = {}
-
-
-def register_table(name: str, keys: dict[str, str], description: str, extra: dict[str, str] | None = None) -> Table:
-    """Declare a table; metrics then name it in `headscan.metrics.register(table=...)`.
-
-    `extra` columns follow the value columns; the sweep fills them (a table's baseline, say), and `combine`
-    leaves them NaN, since they are not sums that add up.
-    """
-    if name in TABLES:
-        raise TablesError(f"table {name!r} is registered twice; pick another name")
-    clash = (set(keys) | set(extra or {})) & (set(HEAD_COLUMNS) | set(VALUE_COLUMNS))
-    if clash or set(keys) & set(extra or {}):
-        raise TablesError(f"table {name!r}: columns {sorted(clash or set(keys) & set(extra or {}))} clash with "
-                          f"the shared columns or each other")
-    TABLES[name] = Table(name, dict(keys), description, dict(extra or {}))
-    return TABLES[name]
-
-
-register_table("heads", {"metric": "string"}, "one row per (model, layer, head, metric)")
-register_table("offsets", {"offset": "int64"}, "one row per (model, layer, head, offset): A[q, q + offset]")
-register_table("positions", {"metric": "string", "bucket": "int64"},
-               "one row per (model, layer, head, metric, bucket): a metric over the queries whose position lies in "
-               "[bucket, 2 * bucket) (bucket 0: position 0 alone), for long contexts")
-register_table("syntax", {"relation": "string", "direction": "string"},
-               "one row per (model, layer, head, relation, direction): share of dependents whose gold head the "
-               "head's attention picks (CoNLL-U corpora; Clark et al. 2019)",
-               extra={"baseline": "float64", "baseline_offset": "Int64"})
-register_table("value", {"metric": "string"},
-               "one row per (model, layer, head, metric): the heads.parquet metrics on value-weighted attention, "
-               "A[q, k] ||f(x_k)|| renormalised per query (Kobayashi et al. 2020)")
-register_table("weights", {"metric": "string"},
-               "one row per (model, layer, head, metric): scores read off the weights alone, no corpus "
-               "(sum and count are NaN)", extra={"embedding": "string"})
+__all__ = ["SweepTables", "load", "write", "check_out", "combine", "concat", "thin_support"]
 
 PROVENANCE_KEY = b"headscan"
-
-
-def tables_markdown() -> str:
-    """The registered tables and their columns as Markdown, from the registry (the README uses it)."""
-    lines = ["| file | one row per | columns |", "|---|---|---|"]
-    for table in TABLES.values():
-        own = ", ".join(f"`{name}`" for name in table.keys)
-        extra = "".join(f", `{name}`" for name in table.extra)
-        lines.append(f"| `{table.file}` | {table.description.removeprefix('one row per ')} | head columns, {own}, "
-                     f"value columns{extra} |")
-    comments = _column_comments()
-    lines.append("")
-    lines.append("Head columns: " + "; ".join(f"`{c}` ({comments.get(c, '')})" for c in HEAD_COLUMNS) + ".")
-    lines.append("")
-    lines.append("Value columns: " + "; ".join(f"`{c}` ({comments.get(c, '')})" for c in VALUE_COLUMNS) + ".")
-    return "\n".join(lines) + "\n"
-
-
-def _column_comments() -> dict[str, str]:
-    """Each shared column's trailing comment in this file: the schema documents itself once."""
-    import inspect
-    import re
-
-    source = inspect.getsource(inspect.getmodule(_column_comments))
-    return {m.group(1): m.group(2).strip() for m in re.finditer(r'^    "(\w+)": "\w+",  # (.*)$', source, re.M)}
-
-
-def head_label(layer: int, head: int) -> str:
-    """The 0-indexed label of a head.
-
-    >>> head_label(4, 11)
-    'L4H11'
-    """
-    return f"L{layer}H{head}"
 
 
 @dataclass
@@ -452,26 +318,3 @@ def thin_support(rows: pd.DataFrame) -> pd.Series:
     if not {"units", "top_unit_share"} <= set(rows.columns):  # not recorded (headscan 0.1, or built by hand)
         return pd.Series(False, index=rows.index)
     return ((rows["units"] < THIN_MIN_UNITS) | (rows["top_unit_share"] > THIN_MAX_SHARE)).fillna(False).astype(bool)
-
-
-def top_heads(heads: pd.DataFrame, metric: str, n: int = 10) -> pd.DataFrame:
-    """The `n` most striking heads of each model on `metric`, with their 95% intervals and support.
-
-    The metric's registry entry says which end is striking: the highest share of attention, but the lowest
-    entropy (the most focused head). NaN scores (undefined) are left out. ``thin`` marks intervals that
-    rest on too few units (`thin_support`): read those values as unsure whatever their interval says.
-    """
-    from ..metrics.attention import get_metric
-
-    entry = get_metric(metric)  # an unknown name gets "did you mean"
-    if entry.table != "heads":
-        raise TablesError(f"{metric!r} is a profile in {entry.table}.parquet, not a head score; "
-                          f"pick a metric of heads.parquet")
-    if n < 1:
-        raise TablesError(f"top must be at least 1, got {n}")
-    rows = heads[(heads["metric"] == metric) & heads["value"].notna()]
-    high = entry.ranks_high()
-    rows = rows.sort_values(["model", "value", "layer", "head"], ascending=[True, not high, True, True], kind="stable")
-    columns = ["model", "label", "layer", "head", "value", "ci_low", "ci_high", "count", "units", "thin"]
-    rows = rows.assign(thin=thin_support(rows), units=rows["units"] if "units" in rows else float("nan"))
-    return rows.groupby("model", sort=False).head(n)[columns].reset_index(drop=True)

@@ -1,0 +1,297 @@
+"""Ranking heads: the most striking heads of a metric, which end is striking, wide intervals, and the numbers
+as a report or ``headscan show`` prints them.
+
+A metric's striking end, unit and bounds come from the registry through `headscan.metrics.describe`: the
+highest share of attention, but the lowest entropy (the most focused head). `top_heads` is the one ranking of
+heads on a metric; `top_heads_text` is what ``headscan show`` prints.
+
+This module draws nothing and loads no model.
+
+>>> heads = pd.DataFrame({"model": "m", "family": "causal", "layer": [0, 0, 1], "head": [0, 1, 0],
+...                       "label": ["L0H0", "L0H1", "L1H0"], "metric": "entropy", "value": [2.0, 0.5, 1.0],
+...                       "count": 10.0, "ci_low": float("nan"), "ci_high": float("nan")})
+>>> top_heads(heads, metric="entropy", n=2)[["rank", "label", "value"]].to_dict("records")
+[{'rank': 1, 'label': 'L0H1', 'value': 0.5}, {'rank': 2, 'label': 'L1H0', 'value': 1.0}]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..errors import TablesError
+from ..metrics import METRICS, describe, get_metric
+from ..tables import ModelProvenance, SweepTables, thin_support
+from .formats import fmt_bucket, pct  # noqa: F401  (re-exported)
+from .syntax import best_heads, offset_text, relation_order
+
+__all__ = ["WIDE_CI", "bounded", "striking_order", "ci_is_wide", "top_heads", "thin", "top_rows", "fmt_score",
+           "fmt_bucket", "pct", "structural_reason", "why_structural", "top_heads_text"]
+
+WIDE_CI = 0.1  # an interval wider than this (0-1 metrics) or than this fraction of the value (others) is wide
+_SUPPORT = ("units", "top_unit_share")  # the columns headscan.tables.thin_support reads
+ZERO = 1e-12  # a value this close to 0 is 0
+# The columns `headscan show` prints.
+SHOWN = ["model", "label", "layer", "head", "value", "ci_low", "ci_high", "count", "units", "thin"]
+
+
+def bounded(metric: str) -> bool:
+    """Whether `metric` lies in [0, 1] (`describe`); a name the registry does not know is taken to."""
+    return describe(metric).bounded
+
+
+def striking_order(metric: str) -> str:
+    """``"highest"`` or ``"lowest"``: which heads of `metric` come first, in words (`describe`'s striking end).
+
+    >>> striking_order("prev_token"), striking_order("entropy")
+    ('highest', 'lowest')
+    """
+    return "highest" if describe(metric).ranks_high() else "lowest"
+
+
+def ci_is_wide(rows: pd.DataFrame, *, threshold: float = WIDE_CI) -> pd.Series:
+    """Whether each row's 95% interval is wide enough to show.
+
+    Wide means ``ci_high - ci_low > threshold`` for 0-1 metrics, and for unbounded ones (entropy in nats,
+    distance in tokens) more than ``threshold`` times the value, or than ``threshold`` units for values below
+    1 (so that 0.002 [0.001, 0.003] nats, a head on one key, is not called wide). Rows without an interval are
+    not wide.
+
+    >>> rows = pd.DataFrame({"metric": ["prev_token", "prev_token", "entropy", "entropy"],
+    ...                      "value": [0.5, 0.5, 2.0, 0.002], "ci_low": [0.3, 0.45, 1.9, 0.001],
+    ...                      "ci_high": [0.7, 0.55, 2.1, 0.003]})
+    >>> ci_is_wide(rows).tolist()
+    [True, False, False, False]
+    """
+    width = rows["ci_high"] - rows["ci_low"]
+    share = rows["metric"].map(bounded).astype(bool)
+    limit = np.where(share, threshold, threshold * np.maximum(rows["value"].abs(), 1.0))
+    # The 1e-9 keeps an interval of exactly the threshold (0.55 - 0.45 in floating point) from counting as wide.
+    return pd.Series((width > limit + 1e-9).fillna(False).to_numpy(dtype=bool), index=rows.index)
+
+
+def top_heads(heads: pd.DataFrame, metric: str, n: int = 10, *, model: str | None = None,
+              keep_flat: bool = False) -> pd.DataFrame:
+    """The `n` most striking heads of each model on `metric`, ranked, with their 95% intervals and support.
+
+    The highest values come first, or the lowest where the registry marks low as striking (entropy: the
+    most focused heads). Undefined (NaN) heads are left out; ties go to the lower layer, then head. A model
+    whose heads all score the same has no top heads and is left out too, unless `keep_flat` (``headscan
+    show`` keeps it; the report says why instead, see `headscan.analysis.findings`).
+
+    Returns
+    -------
+    DataFrame
+        Columns ``model, rank, label, layer, head, value, ci_low, ci_high, count, units, wide, thin``
+        (``wide``: see `ci_is_wide`; ``thin``: the value rests on thin support, `headscan.tables.thin_support`:
+        read it as unsure whatever its interval says), one block of up to `n` rows per model in the table's
+        order, rank 1 first.
+
+    Raises
+    ------
+    MetricError
+        `metric` is not in the registry ("did you mean").
+    TablesError
+        `metric` is not a head score, or `n` is below 1.
+    """
+    entry = get_metric(metric)  # an unknown name gets "did you mean"
+    if entry.table != "heads":
+        raise TablesError(f"{metric!r} is a profile in {entry.table}.parquet, not a head score; "
+                          f"pick a metric of heads.parquet")
+    if n < 1:
+        raise TablesError(f"top must be at least 1, got {n}")
+    rows = _with_support(heads[heads["metric"] == metric])
+    if model is not None:
+        rows = rows[rows["model"] == model]
+    order = {name: i for i, name in enumerate(dict.fromkeys(rows["model"]))}
+    if not keep_flat:
+        scores = rows.groupby("model", sort=False)["value"]
+        varied = scores.max() > scores.min()  # False where every head scores the same, or none is defined
+        rows = rows[rows["model"].isin(varied.index[varied])]
+    rows = rows[rows["value"].notna()]
+    rows = rows.sort_values(["value", "layer", "head"], ascending=[not entry.ranks_high(), True, True], kind="stable")
+    rows = rows.assign(thin=thin_support(rows))
+    top = rows.groupby("model", sort=False).head(n)
+    top = top.sort_values("model", key=lambda names: names.map(order), kind="stable").reset_index(drop=True)
+    top["rank"] = top.groupby("model", sort=False).cumcount() + 1
+    top["wide"] = ci_is_wide(top.assign(metric=metric))
+    columns = ["model", "rank", "label", "layer", "head", "value", "ci_low", "ci_high", "count", "units", "wide",
+               "thin"]
+    return top[columns].astype({"model": str, "label": str, "thin": bool})
+
+
+def _with_support(rows: pd.DataFrame) -> pd.DataFrame:
+    """`rows` with the support columns, NaN (not recorded: never thin) where a table predates them."""
+    return rows.assign(**{c: np.nan for c in _SUPPORT if c not in rows.columns})
+
+
+def thin(rows: pd.DataFrame) -> pd.Series:
+    """`headscan.tables.thin_support` of `rows`, also for rows of a table that predates the support columns."""
+    return thin_support(_with_support(rows))
+
+
+def top_rows(frame: pd.DataFrame, *, keys: list[str], n: int = 10) -> pd.DataFrame:
+    """The `n` most striking rows of any table per model (and per metric, where ``metric`` is among `keys`).
+
+    For a table the report has no section of its own for: rows come in the metric's striking order (highest
+    first unless the registry marks low as striking), undefined rows left out, ties to the lower layer, head.
+    Where every head of a model has the same value for one combination of keys (a causal model's first_token at
+    position 0: 1 for every head), those rows rank nothing and are left out.
+
+    >>> rows = pd.DataFrame({"model": "m", "layer": 0, "head": [0, 1, 2], "label": ["L0H0", "L0H1", "L0H2"],
+    ...                      "metric": "entropy", "value": [2.0, float("nan"), 1.0]})
+    >>> top_rows(rows, keys=["metric"], n=5)["label"].tolist()
+    ['L0H2', 'L0H0']
+    """
+    rows = frame[frame["value"].notna()]
+    by = ["model", "metric"] if "metric" in keys else ["model"]
+    if len(rows):  # keep the rows of key combinations on which the model's heads differ
+        groups = ["model", *(k for k in keys if k in rows.columns)]
+        grouped = rows.groupby(groups, sort=False, observed=True, dropna=False)["value"]
+        rows = rows[(grouped.transform("nunique") > 1) | (grouped.transform("size") == 1)]
+    parts = []
+    for _, part in rows.groupby(by, sort=False):
+        high = "metric" not in by or striking_order(str(part["metric"].iloc[0])) == "highest"
+        part = part.sort_values(["value", "layer", "head"], ascending=[not high, True, True], kind="stable")
+        parts.append(part.head(n))
+    return pd.concat(parts, ignore_index=True) if parts else rows.iloc[:0]
+
+
+def fmt_score(metric: str, value: float, like: float | None = None) -> str:
+    """A score as the report prints it: three decimals for 0-1 metrics and values below 1 (0.002 nats is not
+    0.00), two above; more where three would round a share that is not all (or none) of the attention to 1.000
+    (or 0.000); "–" for NaN. An interval's ends take the decimals of their value, `like`.
+
+    >>> fmt_score("prev_token", 0.99957), fmt_score("prev_token", 0.5), fmt_score("entropy", 2.345)
+    ('0.9996', '0.500', '2.35')
+    >>> fmt_score("prev_token", 0.99951, like=0.99957), fmt_score("entropy", 0.99, like=2.3)
+    ('0.9995', '0.99')
+    """
+    if pd.isna(value):
+        return "–"
+    like = value if like is None else like
+    digits = 3 if bounded(metric) or abs(like) < 1 else 2
+    if bounded(metric):
+        while digits < 6 and (f"{like:.{digits}f}" == f"{1:.{digits}f}" and like < 1
+                              or f"{like:.{digits}f}" == f"{0:.{digits}f}" and like > 0):
+            digits += 1
+        digits = digits if digits < 6 else 3
+    return f"{value:.{digits}f}"
+
+
+# --- zero or undefined by construction ---------------------------------------------------------------------
+
+
+def _conditions(family: str, provenance: ModelProvenance | None) -> list[str]:
+    """The registry's structural conditions (`headscan.metrics.CONDITIONS`) that hold for a model."""
+    held = [family]
+    if provenance is not None and provenance.special_token_ids and not provenance.has_sep:
+        held.append("no_sep")  # only when the run recorded the model's special tokens
+    return held
+
+
+def structural_reason(metric: str, family: str, provenance: ModelProvenance | None) -> str | None:
+    """The registry's reason why `metric` is 0 or undefined for every head of such a model, or None."""
+    structural = describe(metric).structural
+    return next((structural[c] for c in _conditions(family, provenance) if c in structural), None)
+
+
+def all_zero_or_undefined(values: pd.Series) -> bool:
+    """Whether one model's values of a metric are all 0, or all undefined, as a structural one must be."""
+    return bool(values.isna().all() or (values.notna().all() and (values.abs() < ZERO).all()))
+
+
+def why_structural(rows: pd.DataFrame, metric: str, *, family: str,
+                   provenance: ModelProvenance | None = None) -> str | None:
+    """Why one model's `metric` is 0 or undefined for every head by construction, or None.
+
+    The reason is the registry's (``METRICS[metric].structural``) for a condition that holds for the model
+    (its family; ``no_sep`` when its recorded special tokens have no [SEP]), and only when `rows` (that
+    model's heads rows of `metric`) agree: all 0 or all NaN. Rows that disagree get a "check the sweep"
+    finding instead.
+
+    >>> rows = pd.DataFrame({"value": [0.0, 0.0]})
+    >>> why_structural(rows, "next_token", family="causal")
+    "a causal model's queries cannot see later tokens, so it is 0 for every head"
+    >>> why_structural(rows, "next_token", family="bidirectional") is None
+    True
+    """
+    reason = structural_reason(metric, family, provenance)
+    return reason if reason is not None and all_zero_or_undefined(rows["value"]) else None
+
+
+# --- what headscan show prints ----------------------------------------------------------------------------
+
+
+def top_heads_text(run: SweepTables, metric: str, n: int = 10) -> str:
+    """What ``headscan show`` prints: the `n` most striking heads of each model on `metric`, as a table, with a
+    model whose `metric` is 0 or undefined by construction said in one line instead of n rows of zeros.
+
+    >>> heads = pd.DataFrame({"model": ["gpt", "gpt"], "family": "causal", "layer": 0, "head": [0, 1],
+    ...     "label": ["L0H0", "L0H1"], "metric": "next_token", "value": 0.0, "ci_low": 0.0, "ci_high": 0.0,
+    ...     "count": 5.0, "units": 5.0, "top_unit_share": 0.2})
+    >>> print(top_heads_text(SweepTables({"heads": heads}), "next_token"))
+    gpt: next_token: a causal model's queries cannot see later tokens, so it is 0 for every head
+
+    ``copying`` (weights.parquet) and ``dla`` / ``dla_positive`` (heads.parquet), which the metric registry does
+    not hold, print their highest heads. ``syntax``, for a run with a syntax table, prints each model's best head per relation and direction against
+    the fixed-offset baseline (`headscan.analysis.syntax.best_heads`), for the `n` relations with most dependents.
+    """
+    if metric == "syntax" and "syntax" in run.frames:
+        return _syntax_text(run["syntax"], n)
+    if metric not in METRICS and metric in _UNREGISTERED and _has(run, *_UNREGISTERED[metric]):
+        return _unregistered_text(run, metric, n)
+    heads = run.heads
+    said, shown = [], []
+    for model in dict.fromkeys(heads["model"]):
+        rows = heads[(heads["model"] == model) & (heads["metric"] == metric)]
+        family = str(heads.loc[heads["model"] == model, "family"].iloc[0])
+        provenance = run.provenance.model(model)
+        reason = why_structural(rows, metric, family=family, provenance=provenance if provenance.family else None)
+        if reason is not None:
+            said.append(f"{model}: {metric}: {reason}")
+        else:
+            shown.append(model)
+    top = top_heads(heads[heads["model"].isin(shown)], metric, n, keep_flat=True)  # checks the metric even if none is shown
+    parts = [top[SHOWN].to_string(index=False)] if shown else []
+    return "\n".join(parts + said)
+
+
+# Scores a sweep may write that the metric registry does not hold: metric -> the table it is in.
+_UNREGISTERED = {"copying": ("weights", "copying"), "dla": ("heads", "dla"), "dla_positive": ("heads", "dla_positive")}
+
+
+def _has(run: SweepTables, table: str, metric: str) -> bool:
+    return table in run.frames and bool((run.frames[table]["metric"] == metric).any())
+
+
+def _unregistered_text(run: SweepTables, metric: str, n: int) -> str:
+    """`top_heads_text` for ``copying`` (weights.parquet) and ``dla`` / ``dla_positive`` (heads.parquet): the
+    highest first, ties to the lower layer, then head."""
+    if n < 1:
+        raise TablesError(f"top must be at least 1, got {n}")
+    table = _UNREGISTERED[metric][0]
+    frame = run[table]
+    rows = frame[(frame["metric"] == metric) & frame["value"].notna()]
+    rows = rows.sort_values(["value", "layer", "head"], ascending=[False, True, True], kind="stable")
+    models = {name: i for i, name in enumerate(dict.fromkeys(frame["model"]))}
+    rows = rows.groupby("model", sort=False).head(n).sort_values("model", key=lambda c: c.map(models), kind="stable")
+    columns = ["model", "label", "layer", "head", "value"] + (["embedding"] if table == "weights" else
+                                                               ["ci_low", "ci_high", "count"])
+    return rows[columns].to_string(index=False)
+
+
+def _syntax_text(syntax: pd.DataFrame, n: int) -> str:
+    """`top_heads_text` for ``syntax``: the best heads of the `n` relations with most dependents (``all`` first)."""
+    if n < 1:
+        raise TablesError(f"top must be at least 1, got {n}")
+    best = best_heads(syntax, relations=relation_order(syntax)[:n])
+    if best.empty:
+        return "syntax: no scored dependent (the sweep scores relations on CoNLL-U treebanks only)"
+    models = {name: i for i, name in enumerate(dict.fromkeys(syntax["model"]))}
+    best = best.sort_values("model", key=lambda names: names.map(models), kind="stable")  # model by model
+    best = best.assign(count=best["count"].astype(int), baseline_offset=best["baseline_offset"].map(offset_text))
+    columns = ["model", "relation", "direction", "label", "accuracy", "ci_low", "ci_high", "count", "baseline",
+               "baseline_offset", "margin", "beats"]
+    return (best[columns].to_string(index=False, float_format=lambda v: f"{v:.3f}")
+            + "\nbeats: the 95% interval's low end is above the best fixed-offset baseline (offset d in -3..2)")

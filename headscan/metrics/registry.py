@@ -1,0 +1,162 @@
+"""The metric registry: each metric registered once by name, with its definition and what a report needs.
+
+`register` records a metric's function, its docstring (the definition), its table, unit, bounds, striking end
+and structural zeros; `get_metric` finds one by name ("did you mean"); `describe` is the one way to ask a
+metric's unit, bounds and striking end, also for a name this headscan does not register (another version's
+run).
+
+This module holds no metric itself: `headscan.metrics` imports every module that registers one.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+from ..errors import MetricError
+from ..tables import TABLES
+
+if TYPE_CHECKING:
+    import torch
+
+    from .batch import AttentionBatch
+
+__all__ = ["Axis", "Metric", "METRICS", "CONDITIONS", "CAPTURED", "register", "get_metric", "metric_names", "describe",
+           "definitions_markdown"]
+
+
+@dataclass(frozen=True)
+class Axis:
+    """Extra key columns a metric adds to its table's rows (the offsets of the offset profile, say).
+
+    The metric's function then returns sums and counts of shape (batch, head, n) for the n `values`.
+    """
+
+    columns: tuple[str, ...]  # key columns of the metric's table that this axis fills
+    values: Callable[[object], list[tuple]]  # sweep settings -> one tuple per position of the function's last axis
+
+
+# Conditions under which a metric is structural rather than measured; the report says why (see Metric).
+CONDITIONS = ("causal", "bidirectional", "no_sep")
+
+
+@dataclass(frozen=True, eq=False)  # one object per registered name: compared and hashed by identity
+class Metric:
+    """A registered metric: its function and what tables, figures and the report need to know about it."""
+
+    name: str
+    function: Callable[[AttentionBatch], tuple[torch.Tensor, torch.Tensor]]
+    definition: str  # the function's docstring: the precise definition, shown in README and report
+    table: str  # the name of its table in headscan.tables.TABLES
+    unit: str  # what a value is measured in; the colour-bar label
+    bounded: bool  # values lie in [0, 1] (drawn on one shared 0-1 colour scale)
+    striking: str  # "high" or "low": which end marks a head worth a look (low entropy = a focused head)
+    structural: dict[str, str]  # condition in CONDITIONS -> why the metric is 0 or undefined under it
+    axis: Axis | None = None  # extra key columns, or None for one value per head
+    needs: tuple[str, ...] = ()  # AttentionBatch fields besides the pattern it reads (captured internals)
+
+    def ranks_high(self) -> bool:
+        return self.striking == "high"
+
+
+METRICS: dict[str, Metric] = {}
+CAPTURED = ("value_norms", "logit_contributions", "final_scale")  # optional AttentionBatch fields a metric may need
+
+
+def register(
+    name: str,
+    *,
+    unit: str = "share of attention",
+    bounded: bool = True,
+    striking: str = "high",
+    structural: dict[str, str] | None = None,
+    table: str = "heads",
+    axis: Axis | None = None,
+    needs: tuple[str, ...] = (),
+):
+    """Register a metric function under `name`; its docstring becomes its definition.
+
+    `table` names a table of `headscan.tables.TABLES`: the metric's rows go there, keyed by the metric's
+    name where the table has a ``metric`` column and by `axis` for the rest of its keys. `needs` names the
+    optional `AttentionBatch` fields the metric reads (``value_norms``, ``logit_contributions``,
+    ``final_scale``); the sweep scores it only where it captured them, and leaves it NaN elsewhere.
+    """
+
+    def decorate(function):
+        if name in METRICS:
+            raise MetricError(f"metric {name!r} is registered twice ({METRICS[name].function.__qualname__} "
+                              f"and {function.__qualname__}); pick another name")
+        definition = inspect.cleandoc(function.__doc__ or "")
+        if not definition:
+            raise MetricError(f"metric {name!r} has no docstring: its docstring is its definition")
+        if table not in TABLES:
+            raise MetricError(f"metric {name!r}: no table {table!r}; register it first (tables: {', '.join(TABLES)})")
+        extra_keys = [key for key in TABLES[table].keys if key != "metric"]
+        if list(axis.columns if axis else ()) != extra_keys:
+            raise MetricError(f"metric {name!r}: table {table!r} is keyed by {extra_keys} beyond the metric, "
+                              f"so the metric's axis must fill exactly those columns")
+        if striking not in ("high", "low") or set(structural or {}) - set(CONDITIONS):
+            raise MetricError(f"metric {name!r}: striking is 'high' or 'low'; structural conditions are {CONDITIONS}")
+        unknown = sorted(set(needs) - set(CAPTURED))
+        if unknown:
+            raise MetricError(f"metric {name!r}: needs {unknown[0]!r}, which no sweep captures (choose from {CAPTURED})")
+        METRICS[name] = Metric(name, function, definition, table, unit, bounded, striking, dict(structural or {}), axis,
+                               tuple(needs))
+        return function
+
+    return decorate
+
+
+def get_metric(name: str) -> Metric:
+    """The registered metric called `name`; an unknown name gets "did you mean".
+
+    >>> get_metric("entropy").unit, get_metric("entropy").striking
+    ('nats', 'low')
+    >>> get_metric("prev_tokens")
+    Traceback (most recent call last):
+    ...
+    headscan.errors.MetricError: unknown metric 'prev_tokens'. Did you mean 'prev_token'? Available: ...
+    """
+    if name in METRICS:
+        return METRICS[name]
+    close = difflib.get_close_matches(name, METRICS, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise MetricError(f"unknown metric {name!r}.{hint} Available: {', '.join(METRICS)}")
+
+
+def metric_names(table: str = "heads") -> list[str]:
+    """Names of the metrics whose rows go into `table`, in registry order."""
+    return [m.name for m in METRICS.values() if m.table == table]
+
+
+def _unknown(function):
+    raise MetricError("a metric this headscan does not register cannot be computed")
+
+
+def describe(name: str) -> Metric:
+    """The registered metric called `name`, or, for a name this headscan does not register (a run written by
+    another version), a stand-in measured in "value", taken to lie in [0, 1] with its high end striking and
+    nothing structural: the one way to ask a metric's unit, bounds and striking end.
+
+    >>> describe("entropy").unit, describe("entropy").bounded, describe("entropy").ranks_high()
+    ('nats', False, False)
+    >>> describe("from_the_future").unit, describe("from_the_future").bounded, describe("from_the_future").ranks_high()
+    ('value', True, True)
+    """
+    if name in METRICS:
+        return METRICS[name]
+    return Metric(name, _unknown, "", "heads", "value", True, "high", {})
+
+
+def definitions_markdown() -> str:
+    """The metric definitions as a Markdown list, straight from the registry (README and report use it)."""
+    lines = []
+    for metric in METRICS.values():
+        where = f"{metric.table}.parquet, {metric.unit}"
+        if metric.striking == "low":
+            where += ", low is striking"
+        body = " ".join(metric.definition.split())
+        lines.append(f"- **`{metric.name}`** ({where}): {body}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,153 @@
+"""Finishing a sweep: partial states into tables, with their provenance, published as one set.
+
+`finish` turns one model's finished `PartialState` into its tables (each score column's rows into its
+metric's table, and the weights table from the scores read off the weights); `publish` is the one step that
+the local sweep, `merge` and the Ray sweep share: finish every model, fill the run's provenance, put the
+models side by side and write them into the output folder, removing the partial states.
+
+This module runs no model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import subprocess
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .. import __version__
+from ..config import SweepConfig
+from ..corpus import Corpus
+from ..metrics import METRICS, syntax
+from ..models import resolve_device
+from ..tables import (TABLES, CorpusProvenance, ModelProvenance, RunProvenance, SweepTables, concat, head_columns,
+                      write)
+from .plan import columns_of, has_words
+from .state import PartialState, Shard
+
+__all__ = ["WEIGHT_METRICS", "finish", "weights_frame", "model_provenance", "run_provenance", "publish"]
+
+WEIGHT_METRICS = ("copying",)  # the rows of the weights table, in the order of PartialState.weights
+
+
+def finish(state: PartialState, config: SweepConfig) -> dict[str, pd.DataFrame]:
+    """The tables of a finished state: each score column's rows go to its metric's table."""
+    model = ModelProvenance.from_json(state.model)
+    columns = columns_of(config, has_words(state.fingerprint["corpus"]["kind"]))
+    values = state.values(config.interval)  # name -> (layer, head, column)
+    n_layers, n_heads, _ = state.sums.shape
+    layer, head = np.meshgrid(np.arange(n_layers), np.arange(n_heads), indexing="ij")  # (layer, head)
+    group = n_heads // (model.n_kv_heads or n_heads)
+    per_head = head_columns(model.name, model.family, layer.ravel(), head.ravel(), head.ravel() // group)
+    parts: dict[str, list[pd.DataFrame]] = {}
+    for index, (metric, key, table_name) in enumerate(columns):
+        table = TABLES[table_name]
+        keys = dict(zip(metric.axis.columns, key)) if metric.axis else {}
+        if "metric" in table.keys:
+            keys["metric"] = metric.name
+        part = pd.DataFrame(per_head | keys | {name: array[..., index].ravel() for name, array in values.items()})
+        parts.setdefault(table.name, []).append(part)
+    # Rows of a table: by metric (registry order), then layer, head and the metric's axis.
+    frames = {}
+    for name, pieces in parts.items():
+        frame = pd.concat(pieces, ignore_index=True)
+        keys = list(TABLES[name].keys)
+        order = ["metric"] * ("metric" in keys) + ["layer", "head"] + [k for k in keys if k != "metric"]
+        frame = frame.sort_values(order, key=_registry_order, kind="stable")
+        if name == "syntax":
+            frame = syntax.attach_baseline(frame, state.baseline[0], state.baseline[1])
+        frames[name] = TABLES[name].conform(frame)
+    if state.weights.size:
+        frames["weights"] = weights_frame(per_head, state.weights, state.embedding)
+    return frames
+
+
+def weights_frame(per_head: dict, scores: np.ndarray, embedding: str | None) -> pd.DataFrame:
+    """The weights table of one model: `scores` (weight metric, layer, head) in the order of `WEIGHT_METRICS`,
+    with nothing summed (sum, count and the interval NaN) and how the embedding was taken ("tied" or "untied")."""
+    nan = float("nan")
+    parts = [pd.DataFrame(per_head | {"metric": name, "value": scores[i].ravel(), "sum": nan, "count": nan,
+                                      "ci_low": nan, "ci_high": nan, "units": nan, "top_unit_share": nan,
+                                      "embedding": embedding})
+             for i, name in enumerate(WEIGHT_METRICS)]
+    return TABLES["weights"].conform(pd.concat(parts, ignore_index=True))
+
+
+def _registry_order(column: pd.Series) -> pd.Series:
+    if column.name == "metric":
+        order = {name: i for i, name in enumerate(METRICS)}
+        return column.map(order)
+    return column
+
+
+def model_provenance(state: PartialState, config: SweepConfig) -> ModelProvenance:
+    return ModelProvenance.from_json(state.model | {
+        "n_segments": state.n_segments,
+        "n_tokens": state.n_tokens,
+        "n_truncated": state.n_truncated,
+        "n_tokens_lost": state.n_tokens_lost,
+        "max_len": config.max_len,
+        "seconds": round(state.seconds, 3),
+    })
+
+
+def _git_revision() -> str | None:
+    root = Path(__file__).resolve().parents[2]
+    if not (root / ".git").exists():
+        return None
+    try:
+        result = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return result.stdout.strip() or None
+
+
+def _versions() -> dict:
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    versions = {"python": platform.python_version(), "headscan": __version__}
+    for package in ("torch", "transformers", "transformer-lens", "numpy", "pandas"):
+        try:
+            versions[package.replace("-", "_")] = version(package)
+        except PackageNotFoundError:
+            versions[package.replace("-", "_")] = None
+    return versions
+
+
+def run_provenance(corpus: Corpus, config: SweepConfig, models: Sequence[ModelProvenance] = (), *,
+                   command: str | None = None, started: datetime | None = None, shard: Shard | None = None) -> RunProvenance:
+    """A run's provenance: how it was called, on what corpus, with which settings and versions (and `models`)."""
+    return RunProvenance(
+        headscan_version=__version__,
+        git_revision=_git_revision(),
+        command=command,
+        started=started.isoformat(timespec="seconds") if started else None,
+        finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        corpus=CorpusProvenance.from_json(corpus.provenance()),
+        config=config.to_json() | {"device": resolve_device(config.device)},
+        versions=_versions(),
+        models=tuple(models),
+        extra={} if shard is None else {"shard": str(shard)},
+    )
+
+
+def publish(states: Sequence[PartialState], config: SweepConfig, provenance: RunProvenance,
+            out: str | Path | None = None, *, overwrite: bool = False,
+            extra: dict[str, Callable[[Path], None]] | None = None, partial: Path | None = None) -> SweepTables:
+    """The tables of finished `states` (one per model), side by side, with `provenance` and each model's own;
+    written as one set into `out` when given (`headscan.tables.write`, with the `extra` files it names), after
+    which the partial states in `partial` are removed."""
+    parts = [SweepTables(finish(state, config)) for state in states]
+    described = tuple(model_provenance(state, config) for state in states)
+    tables = concat(parts, dataclasses.replace(provenance, models=described))
+    if out is not None:
+        tables.path = write(tables, out, overwrite=overwrite, extra=extra)
+        if partial is not None:
+            shutil.rmtree(partial, ignore_errors=True)
+    return tables

@@ -1,0 +1,282 @@
+"""One model's hooks: what each layer hands over in a forward pass, scored into per-segment sums as it comes.
+
+`LayerHooks` is what a sweep attaches with `HookedModel.pattern_forward`: its `pattern` method gets each
+layer's attention (or each block of its query rows, in chunked mode) and scores every column on it, its
+`values`, `head_outputs` and `final_residual` methods keep what value weighting and direct logit attribution
+need. What one batch gathers lives in a `Gathered`, begun by `LayerHooks.start` and handed over, as
+(layer, batch, head, column) sums and counts, by `LayerHooks.finish`.
+
+This module does not read corpora or keep running totals (see `headscan.scan.reduce`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass, field
+
+import torch
+
+from ..config import SweepConfig
+from ..metrics import METRICS, AttentionBatch, Metric, syntax, values
+from ..models import HookedModel
+from ..models.hooks import QueryBlock
+from ..models.weights import logit_directions
+from .plan import Column
+
+__all__ = ["BatchMasks", "Gathered", "Capture", "LayerHooks", "batch_masks", "capture_for"]
+
+
+@dataclass(frozen=True)
+class BatchMasks:
+    """What every layer of one batch shares, (batch, seq) each, on the model's device."""
+
+    ids: torch.Tensor  # token ids
+    counts: torch.Tensor  # bool: the tokens that count (real, and not special when specials="exclude")
+    sep: torch.Tensor  # bool: [SEP] tokens
+    words: object  # the batch's `headscan.corpus.words.WordAlignment` (CoNLL-U), else None
+    next_tokens: torch.Tensor  # the token each query predicts (for direct logit attribution)
+
+
+@dataclass
+class Gathered:
+    """What one batch's forward pass gathers, layer by layer, until `LayerHooks.finish` hands it over."""
+
+    masks: BatchMasks
+    scored: dict = field(default_factory=dict)  # layer -> {(metric, table): (sums, counts)}, (batch, head[, axis])
+    word_attention: dict = field(default_factory=dict)  # layer -> word attention summed over blocks (chunked syntax)
+    norms: dict = field(default_factory=dict)  # layer -> (batch, head, k) value norms, before the layer's pattern
+    contributions: dict = field(default_factory=dict)  # layer -> (batch, head, q) logit contributions
+    scale: torch.Tensor | None = None  # (batch, q) the final norm's scale, once the last layer has run
+
+
+@dataclass(frozen=True)
+class Capture:
+    """What weighting attention by values and attributing logits need, per layer, read once from the weights."""
+
+    factors: list  # per layer, (head, d_head, d_head): `headscan.metrics.values.output_norm_factor` of W_O
+    W_O: list  # per layer, (head, d_head, d_model)
+    directions: torch.Tensor | None = None  # (d_model, vocab) logit directions; None: no dla
+    final_norm: str | None = None  # "layer" or "rms"
+    final_eps: float = 0.0
+
+
+def _special_mask(tokens: torch.Tensor, model: HookedModel) -> torch.Tensor:
+    ids = [i for i in model.special_token_ids.values() if i is not None]
+    ids += list(getattr(model.tokenizer, "all_special_ids", []) or [])
+    return torch.isin(tokens, torch.tensor(sorted(set(ids)), dtype=tokens.dtype, device=tokens.device))
+
+
+def batch_masks(input_ids: torch.Tensor, real: torch.Tensor, model: HookedModel, config: SweepConfig,
+                words=None) -> BatchMasks:
+    """What every layer of one batch shares: the tokens that count and the [SEP] tokens, (batch, seq) each,
+    and the batch's words (CoNLL-U) on the model's device."""
+    counts = real & ~_special_mask(input_ids, model) if config.specials == "exclude" else real
+    sep = model.special_token_ids["sep"]
+    sep_mask = input_ids == sep if sep is not None else torch.zeros_like(real)
+    words = words.to(input_ids.device) if words is not None else None
+    next_tokens, _ = values.next_token_targets(input_ids, counts, real)  # (batch, seq): the token each query predicts
+    return BatchMasks(input_ids, counts, sep_mask, words, next_tokens)
+
+
+def _attention_batch(pattern: torch.Tensor, masks: BatchMasks, model: HookedModel, config: SweepConfig,
+                     query_start: int = 0, norms: torch.Tensor | None = None) -> AttentionBatch:
+    """The metrics' view of one layer's pattern, or of the rows ``query_start ..`` of it in chunked mode."""
+    pattern = raw = pattern.float()  # (batch, head, q, k); a new tensor for half precision, the same one otherwise
+    counts = masks.counts  # (batch, k): the keys that count; the block's rows of it are its queries
+    if config.specials == "exclude":
+        # Renormalise each query's attention over the keys that count: a new tensor, never written in place.
+        kept = pattern * counts[:, None, None, :].to(pattern.dtype)
+        pattern = kept / kept.sum(-1, keepdim=True).clamp_min(torch.finfo(pattern.dtype).tiny)
+    queries = counts[:, query_start: query_start + pattern.shape[-2]]  # (batch, q)
+    return AttentionBatch(pattern, queries, counts, masks.ids, masks.sep, model.causal, config.max_offset,
+                          words=masks.words, raw_pattern=raw if raw is not pattern else None,
+                          query_start=query_start, max_len=min(config.max_len, model.max_context), value_norms=norms)
+
+
+def _value_batch(batch: AttentionBatch) -> AttentionBatch:
+    """The same rows with value-weighted attention as the pattern: A[q, k] ||f(x_k)|| renormalised per query over
+    the keys that count (`headscan.metrics.values.value_weighted`), for the value table's columns."""
+    weighted = values.value_weighted(batch.pattern, batch.value_norms, batch.key_mask)  # (batch, head, q, k), new
+    return dataclasses.replace(batch, pattern=weighted, raw_pattern=None, words=None)
+
+
+def _logit_batch(contributions: torch.Tensor, scale: torch.Tensor, masks: BatchMasks, model: HookedModel,
+                 config: SweepConfig) -> AttentionBatch:
+    """One layer's logit contributions (batch, head, q) with the final scale (batch, q), for dla's columns once the
+    forward pass is over. No pattern is kept: its place holds a zero-stride view of one 0, for the shapes."""
+    b, h, n = contributions.shape
+    placeholder = contributions.new_zeros(()).expand(b, h, n, n)  # (batch, head, q, k), no memory
+    counts = masks.counts
+    return AttentionBatch(placeholder, counts, counts, masks.ids, masks.sep, model.causal, config.max_offset,
+                          logit_contributions=contributions, final_scale=scale)
+
+
+def _group_of(metric: Metric, table: str) -> str:
+    """Which AttentionBatch a column is scored on: "attention", "value" (value-weighted) or "logits" (dla)."""
+    if "logit_contributions" in metric.needs:
+        return "logits"
+    return "value" if table == "value" and metric.table != "value" else "attention"
+
+
+def _score(batches: dict[str, AttentionBatch | None], columns: list[Column], given: dict | None = None) -> dict:
+    """The metrics of `columns` whose batch is in `batches` and carries what they need, on one layer (or one block
+    of its queries): {(metric, table): (sums, counts)}, each (batch, head[, axis]).
+
+    `given` maps a metric to sums and counts computed elsewhere (the syntax metric in chunked mode).
+    """
+    scored = {}
+    for metric, table in dict.fromkeys((m, t) for m, _, t in columns):
+        batch = batches.get(_group_of(metric, table))
+        if given and metric in given:
+            scored[metric, table] = given[metric]
+        elif batch is not None and all(getattr(batch, name) is not None for name in metric.needs):
+            scored[metric, table] = metric.function(batch)
+    return scored
+
+
+def _add_scores(into: dict, scored: dict) -> dict:
+    """Blocks of one layer's queries add up (chunked mode)."""
+    for key, (s, c) in scored.items():
+        into[key] = (into[key][0] + s, into[key][1] + c) if key in into else (s, c)
+    return into
+
+
+def _columns_tensor(scored: dict, columns: list[Column], batch: int, heads: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer's scores as (batch, head, column) sums and counts; a column not scored (its internals were not
+    captured) gets 0 and 0, so its value is NaN."""
+    sums, counts = [], []
+    for metric, table in dict.fromkeys((m, t) for m, _, t in columns):
+        if (metric, table) in scored:
+            s, c = scored[metric, table]  # (batch, head[, axis])
+            sums.append(s if s.dim() == 3 else s[..., None])
+            counts.append(c if c.dim() == 3 else c[..., None])
+        else:
+            width = len([1 for m, _, t in columns if m is metric and t == table])
+            zeros = torch.zeros((batch, heads, width), dtype=torch.float32, device=device)
+            sums.append(zeros)
+            counts.append(zeros)
+    return torch.cat([s.to(device, torch.float64) for s in sums], -1), torch.cat([c.to(device, torch.float64) for c in counts], -1)
+
+
+class LayerHooks:
+    """The hooks of one model's sweep, as methods, and what the batch in progress has gathered (`gathered`)."""
+
+    def __init__(self, model: HookedModel, config: SweepConfig, columns: list[Column], capture: Capture | None,
+                 words: bool):
+        self.model, self.config, self.columns, self.capture = model, config, columns, capture
+        self.weighted = any(table == "value" for _, _, table in columns)  # value-weighted columns wanted
+        self.syntax = METRICS["syntax"] if words else None  # scored over blocks of word attention in chunked mode
+        self.gathered: Gathered | None = None
+
+    def patterns(self) -> dict:
+        """The pattern hook of every layer, for `HookedModel.pattern_forward`."""
+        return {layer: functools.partial(self.pattern, layer) for layer in range(self.model.n_layers)}
+
+    def internals(self) -> dict:
+        """The hooks on other tensors of the pass (values, head outputs, the last residual), where captured."""
+        found = {}
+        if self.capture is not None:
+            found["v"] = {layer: self.values for layer in range(self.model.n_layers)}
+            if self.capture.directions is not None:
+                found["z"] = {layer: self.head_outputs for layer in range(self.model.n_layers)}
+                found["out"] = {self.model.n_layers - 1: self.final_residual}
+        return found
+
+    def start(self, input_ids: torch.Tensor, real: torch.Tensor, words=None) -> None:
+        """Begin a batch: (batch, seq) ids and real-token mask on the model's device, and its words (CoNLL-U)."""
+        self.gathered = Gathered(batch_masks(input_ids, real, self.model, self.config, words))
+
+    def _batches(self, pattern, layer: int, query_start: int = 0) -> dict:
+        """The layer's AttentionBatch, with its value norms where captured, and its value-weighted twin."""
+        norms = self.gathered.norms.get(layer)  # (batch, head, k), from the layer's values: handed over before the pattern
+        batch = _attention_batch(pattern, self.gathered.masks, self.model, self.config, query_start, norms)
+        return {"attention": batch, "value": _value_batch(batch) if self.weighted and norms is not None else None}
+
+    def pattern(self, layer: int, pattern, hook):  # `hook`: TransformerLens passes it by that name; a QueryBlock in chunked mode
+        """Score every column on one layer's pattern, or on one block of its query rows (chunked mode)."""
+        gathered, where = self.gathered, hook
+        if not isinstance(where, QueryBlock):  # eager: the whole pattern at once
+            gathered.scored[layer] = _score(self._batches(pattern, layer), self.columns)
+            return None  # the pattern goes on unchanged
+        # chunked: a block of query rows. Per-token metrics add up over blocks; the syntax metric needs whole
+        # rows and columns of word attention, so its word attention is added up and scored at the last block.
+        scoring = self._batches(pattern, layer, where.start)
+        batch = scoring["attention"]
+        given = {}
+        if self.syntax is not None:
+            words = gathered.masks.words
+            raw = batch.pattern if batch.raw_pattern is None else batch.raw_pattern
+            part = syntax.word_attention(raw, words.token_word, words.n_words, where.start)  # (batch, head, word, word)
+            gathered.word_attention[layer] = gathered.word_attention.get(layer, 0) + part
+            if where.stop == where.n_queries:
+                given[self.syntax] = syntax.accuracy_of(gathered.word_attention.pop(layer), words)
+            else:
+                zeros = torch.zeros((*pattern.shape[:2], len(syntax.COLUMNS)), dtype=torch.float32, device=pattern.device)
+                given[self.syntax] = (zeros, zeros)
+        scored = _score(scoring, self.columns, given)
+        gathered.scored[layer] = _add_scores(gathered.scored[layer], scored) if where.start else scored
+        return None
+
+    def values(self, v, layer: int) -> None:
+        """(batch, k, kv_head, d_head) values, value bias included: handed over before the layer's pattern."""
+        self.gathered.norms[layer] = values.value_norms(v, factor=self.capture.factors[layer])  # (batch, head, k)
+
+    def head_outputs(self, z, layer: int) -> None:
+        """(batch, q, head, d_head): each head's output before W_O."""
+        directions = self.capture.directions
+        if directions.device != z.device:  # a device map: the layer sits elsewhere
+            directions = directions.to(z.device)
+        self.gathered.contributions[layer] = values.logit_contributions(
+            z, self.capture.W_O[layer], directions, self.gathered.masks.next_tokens.to(z.device))  # (batch, head, q)
+
+    def final_residual(self, residual, layer: int) -> None:
+        """(batch, q, d_model): the residual stream the final norm reads."""
+        self.gathered.scale = values.final_norm_scale(residual, kind=self.capture.final_norm, eps=self.capture.final_eps)
+
+    def finish(self, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """After the batch's pass: dla's columns scored (they need the final scale), then every layer's sums and
+        counts, (layer, batch, head, column) float64 on `device`, for the `n` sequences of the batch."""
+        gathered = self.gathered
+        for layer, contributions in gathered.contributions.items():
+            batch = _logit_batch(contributions, gathered.scale.to(contributions.device), gathered.masks, self.model,
+                                 self.config)
+            gathered.scored[layer].update(_score({"logits": batch}, self.columns))
+        gathered.contributions = {}  # (batch, head, q) each: dropped
+        # (batch, head, column) per layer; layers may sit on several devices under a device map
+        per_layer = [_columns_tensor(gathered.scored[layer], self.columns, n, self.model.n_heads, device)
+                     for layer in range(self.model.n_layers)]
+        return tuple(torch.stack([pair[index] for pair in per_layer]) for index in range(2))
+
+
+def capture_for(model: HookedModel, config: SweepConfig, weights, unread: str | None) -> tuple[Capture | None, dict]:
+    """What the sweep needs to weight attention by values and attribute logits, and provenance notes saying
+    whether it was captured and how: (a `Capture` or None, {"values": ..., "dla": ...}). A model it cannot capture
+    keeps its sweep: its value table and dla are NaN."""
+    if not config.values:
+        return None, {"values": "off (values=False)", "dla": "off (values=False)"}
+    if model.path != "transformer_lens":
+        why = ("not captured: this model is read through Hugging Face forward hooks (path hf_hooks), which hand over "
+               "attention patterns but not values or head outputs; its value table and dla are NaN")
+        return None, {"values": why, "dla": why}
+    if weights is None:
+        why = f"not captured: weights not read ({unread}); its value table and dla are NaN"
+        return None, {"values": why, "dla": why}
+    with torch.no_grad():
+        W_O = weights.W_O.detach()  # (layer, head, d_head, d_model), the bridge's own (no norm folds into W_O)
+        factors = [values.output_norm_factor(W_O[layer]).to(W_O.device) for layer in range(model.n_layers)]
+        capture = Capture(factors, [W_O[layer] for layer in range(model.n_layers)])
+        notes = {"values": "captured: value norms ||(x W_V + b_V) W_O^h|| of each layer's values as attention reads "
+                           "them (blocks.{L}.attn.hook_v; value bias in, output bias out), W_O from the bridge"}
+        if not model.causal:
+            notes["dla"] = "not captured: a bidirectional model has no next-token logit"
+        elif weights.final_norm is None:
+            notes["dla"] = f"not captured: no final norm before the unembedding that headscan represents ({weights.family})"
+        else:
+            directions = logit_directions(weights)  # (d_model, vocab)
+            capture = dataclasses.replace(capture, directions=directions.T.contiguous().T,  # a token's direction: one row
+                                          final_norm=weights.final_norm, final_eps=weights.final_eps)
+            notes["dla"] = (f"captured: head outputs from blocks.{{L}}.attn.hook_z; W_U {weights.embedding} "
+                            f"({weights.folded}); final {weights.final_norm} norm scale from "
+                            f"blocks.{model.n_layers - 1}.hook_out, frozen; directions centred over the vocabulary")
+    return capture, notes

@@ -1,0 +1,85 @@
+"""Resuming: where a sweep keeps its partial states, under which names, and how it is asked to stop.
+
+Both runners use it: the local sweep (`headscan.scan.run`) and the Ray sweep (`headscan.scan.cluster`). A sweep
+into ``OUT`` keeps each model's state in ``OUT.partial/`` (`partial_folder`), in a file named after the model
+spec and the shard (`state_file`); SIGINT and SIGTERM become a request to stop between two batches
+(`stop_requests`); a saved state of another sweep is refused with what differs (`check_resumable`).
+
+This module runs no model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import signal
+import threading
+from pathlib import Path
+
+from ..errors import TablesError
+from .state import PartialState, Shard, fingerprint_differences
+
+__all__ = ["SAVE_EVERY", "partial_folder", "spec_stem", "state_file", "stop_requests", "check_resumable"]
+
+SAVE_EVERY = 120.0  # seconds between saves of a model's partial state
+
+
+def partial_folder(out: str | Path) -> Path:
+    """Where a sweep into `out` keeps its partial states until it finishes: ``OUT.partial`` beside it."""
+    out = Path(out)
+    return out.with_name(out.name + ".partial")
+
+
+def spec_stem(spec: str) -> str:
+    """A model spec (an alias, a Hugging Face id or a path) as the stem of its state file's name.
+
+    >>> spec_stem("meta-llama/Llama-3.2-1B"), spec_stem("/tmp/my model/")
+    ('meta-llama--Llama-3.2-1B', 'tmp--my_model')
+    """
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", spec.strip("/").replace("/", "--")) or "model"
+
+
+def state_file(spec: str, shard: Shard | None) -> str:
+    """The file name of the partial state of `spec` over `shard` (None: the whole corpus).
+
+    >>> state_file("minilm", None), state_file("minilm", Shard(2, 8))
+    ('minilm.npz', 'minilm.shard-2-of-8.npz')
+    """
+    stem = spec_stem(spec)
+    return f"{stem}.npz" if shard is None else f"{stem}.shard-{shard.index}-of-{shard.count}.npz"
+
+
+def check_resumable(state: PartialState, expected: dict, shard: Shard | None, source: str | Path, spec: str) -> None:
+    """Refuse a saved `state` (read from `source`) whose fingerprint is not `expected` or whose shard is not
+    `shard`, naming what differs."""
+    differences = fingerprint_differences(state.fingerprint, expected)
+    if state.shard != shard:
+        differences.append(f"shard: {state.shard} != {shard}")
+    if differences:
+        raise TablesError(f"{source}: a stopped sweep of {spec} with other inputs ({'; '.join(differences[:3])}); "
+                          f"rerun that sweep to finish it, or pass --restart to discard it")
+
+
+@contextlib.contextmanager
+def stop_requests():
+    """SIGINT and SIGTERM become a request to stop, which the sweep acts on between two batches; yields the
+    function that says whether one came."""
+    requested = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield requested.is_set  # signals reach only the main thread; nothing to install
+        return
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def handler(signum, frame):
+        if requested.is_set():  # a second Ctrl-C: stop now, whatever is lost
+            signal.signal(signum, previous[signum])
+            raise KeyboardInterrupt
+        requested.set()
+
+    for sig in previous:
+        signal.signal(sig, handler)
+    try:
+        yield requested.is_set
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
