@@ -1,6 +1,6 @@
 """The `headscan` command line: parse options, call one library function, turn headscan errors into one line.
 
-No work happens here: see `headscan.scan`, `headscan.tables` and `headscan.report`.
+No work happens here: see `headscan.scan`, `headscan.tables`, `headscan.analysis` and `headscan.report`.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import click
 
 from .config import SweepConfig, choices, default
 from .errors import ConfigError, HeadscanError, SweepInterrupted
+from .tables import TABLES
 
 # Settings whose flag is not --the-setting-name.
 _FLAGS = {"models": "--model", "prepend_bos": "--bos"}
@@ -74,6 +75,18 @@ def cli():
     """
 
 
+def _table_list() -> str:
+    """The registry's tables, one line each, as the sweep's help lists them (kept as written: click's \\b)."""
+    lines = [f"  {table.file:18} {table.description.split(': ')[0]}" for table in TABLES.values()]
+    return "\b\n    " + "\n    ".join(lines)
+
+
+def _listing_tables(command):
+    """Put the registry's tables into `command`'s help, where its docstring says {tables}."""
+    command.__doc__ = command.__doc__.replace("{tables}", _table_list())
+    return command
+
+
 @cli.command()
 @click.option("models", "--model", "-m", multiple=True, metavar="SPEC",
               help="Alias (minilm, smollm2), local checkpoint folder, .gguf file or Hugging Face id; repeat for "
@@ -82,7 +95,7 @@ def cli():
               help="A .txt (one segment per line), .jsonl (a 'text' field) or .conllu file, 'builtin', or "
                    "'repeat-random[:n=50,count=64,seed=0]'.")
 @click.option("--out", "-o", default="out", show_default=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Folder for heads.parquet, offsets.parquet and run.json.")
+              help="Folder for the tables (a parquet file each) and run.json.")
 @click.option("--max-len", default=default("max_len"), show_default=True, help="Tokens per segment; longer ones are truncated.")
 @click.option("--long", default=default("long"), show_default=True, type=click.Choice(choices()["long"]),
               help="A segment longer than --max-len: 'truncate' cuts it, 'split' feeds it as consecutive windows "
@@ -139,29 +152,31 @@ def cli():
               help="Run on a Ray cluster, a worker per GPU (or CPU): --ray alone starts or uses a local instance; "
                    "--ray auto, --ray HOST:6379 or --ray ray://HOST:10001 connect to one (pip install 'headscan[ray]').")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@_listing_tables
 @_one_line_errors
 def sweep(models, corpus, out, max_len, long, batch_size, limit, device, dtype, device_map, specials, bos, max_offset, bootstrap, seed,
           bootstrap_unit, interval, window, pack, attention, query_chunk, attention_budget, values, save_every, shard,
           overwrite, restart, ray, quiet):
     """Score every head of every layer of each MODEL over a corpus.
 
-    Writes OUT/heads.parquet (one row per model, layer, head and metric),
-    OUT/offsets.parquet (one row per model, layer, head and offset) and
-    OUT/run.json (provenance), then prints the top previous- and next-token heads.
+    Writes OUT/run.json (provenance) and a parquet file per table the sweep
+    fills, then prints the top previous- and next-token heads:
+
+    {tables}
 
     Stopped (Ctrl-C, SIGTERM, a killed job), it keeps what it did in OUT.partial/;
     the same command resumes from there.
 
     Example:
 
+    \b
         headscan sweep --model minilm --corpus en_ewt-ud-dev.conllu --out out/ewt
         headscan sweep --model gpt2 --corpus big.jsonl --out out/big --ray auto
         headscan sweep -m smollm2 -c en_ewt-ud-dev.conllu --pack sentences --max-len 2048 --attention chunked
     """
-    from . import tables
-    from .analysis.findings import top_heads_text
-    from .scan.run import sweep as run_sweep
-    from .models.load import DEFAULT_MODELS
+    from .analysis.ranking import top_heads_text
+    from .scan import sweep as run_sweep
+    from .models import DEFAULT_MODELS
 
     config = SweepConfig(
         max_len=max_len, long=long, batch_size=batch_size, limit=limit, device=device, dtype=dtype,
@@ -182,7 +197,7 @@ def sweep(models, corpus, out, max_len, long, batch_size, limit, device, dtype, 
             click.echo(f"{model.name}: {model.n_truncated:,} of {model.n_segments:,} segments were longer than "
                        f"--max-len {model.max_len} and were cut ({model.n_tokens_lost:,} tokens lost; "
                        f"--long split keeps them)", err=True)
-    files = ", ".join(f"{out}/{tables.TABLES[name].file}" for name in result.frames)
+    files = ", ".join(f"{out}/{TABLES[name].file}" for name in result.frames)
     click.echo(f"wrote {files} and {out}/run.json")
     for metric in ("prev_token", "next_token"):
         click.echo(f"\ntop heads by {metric}:")
@@ -218,9 +233,10 @@ def merge(shards, out, overwrite):
 
     Example:
 
+    \b
         headscan merge out/part-0 out/part-1 out/part-2 out/part-3 --out out/all
     """
-    from .scan.run import merge as run_merge
+    from .scan import merge as run_merge
 
     command = _effective_command(click.get_current_context())
     run_merge(list(shards), out, overwrite=overwrite, command=command)
@@ -241,9 +257,10 @@ def models(specs):
 
     Example:
 
+    \b
         headscan models minilm path/to/distilbert
     """
-    from .models.load import ALIASES, alias_status, describe_spec
+    from .models import ALIASES, alias_status, describe_spec
 
     if not specs:
         for name, path in alias_status().items():
@@ -266,10 +283,11 @@ def show(run, metric, top):
 
     Example:
 
+    \b
         headscan show out --metric next_token --top 5
     """
-    from .analysis.findings import top_heads_text
-    from .tables.io import load
+    from .analysis.ranking import top_heads_text
+    from .tables import load
 
     click.echo(top_heads_text(load(run), metric, top))
 
@@ -294,11 +312,12 @@ def report(runs, out, top, example, no_models, quiet):
 
     Example:
 
+    \b
         headscan report out --out reports/demo
     """
     from .report.examples import check_example
-    from .report.build import check_report_options, check_runs, write_report
-    from .tables.io import load
+    from .report import check_report_options, check_runs, write_report
+    from .tables import load
 
     def progress(line: str) -> None:
         if not quiet:

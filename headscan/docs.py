@@ -1,20 +1,60 @@
-"""Regenerate the README's generated blocks (metric definitions, table schema) from the registries:
-``python -m headscan.docs``."""
+"""The README's generated blocks (metrics, tables, architectures, this layout), regenerated from the code.
 
+``python -m headscan.docs`` rewrites them; tests/test_docs.py fails when one has drifted."""
+
+import importlib
 import re
 import sys
 from pathlib import Path
 
-from .metrics import syntax  # noqa: F401  (registers the syntax metric, so that its definition is listed)
-from .metrics.attention import definitions_markdown
-from .tables.io import tables_markdown
+from .metrics import definitions_markdown
+from .tables import tables_markdown
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def blocks() -> dict[str, str]:
     """Each generated block of the README by name: ``<!-- NAME:start -->`` ... ``<!-- NAME:end -->``."""
     from .testing.architectures import support_matrix_markdown  # builds no checkpoint; imports transformers
 
-    return {"metrics": definitions_markdown(), "tables": tables_markdown(), "architectures": support_matrix_markdown()}
+    return {"metrics": definitions_markdown(), "tables": tables_markdown(), "architectures": support_matrix_markdown(),
+            "layout": layout_markdown()}
+
+
+def contracts() -> list[dict]:
+    """The import-linter contracts of pyproject.toml."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: import-linter brings tomli
+        import tomli as tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+
+
+def _summary(module: str) -> str:
+    """The first line of a module's docstring: what it does."""
+    doc = importlib.import_module(f"headscan.{module}").__doc__ or ""
+    return doc.strip().splitlines()[0].strip()
+
+
+def layout_markdown() -> str:
+    """The package's folders and modules as a table, one row each, top layer first: what each does (its
+    docstring's first line) and what it may import: the layers below it in the layers contract, less what a
+    forbidden contract takes away."""
+    found = contracts()
+    layers = next(c for c in found if c["type"] == "layers")["layers"]
+    forbidden = [c for c in found if c["type"] == "forbidden"]
+    tiers = [re.split(r"\s*[|:]\s*", layer) for layer in layers]
+    rows = ["| in `headscan/` | what it does | may import |", "|---|---|---|"]
+    for depth, tier in enumerate(tiers):
+        below = [name for lower in tiers[depth + 1:] for name in lower]
+        for name in tier:
+            banned = {m.removeprefix("headscan.") for c in forbidden
+                      if f"headscan.{name}" in c["source_modules"] for m in c["forbidden_modules"]}
+            allowed = [m for m in below if m not in banned]
+            label = f"`{name}/`" if (ROOT / "headscan" / name).is_dir() else f"`{name}.py`"
+            rows.append(f"| {label} | {_summary(name)} | {', '.join(f'`{m}`' for m in allowed) or 'nothing'} |")
+    return "\n".join(rows) + "\n"
 
 
 def pattern(name: str) -> re.Pattern:

@@ -1,6 +1,9 @@
-"""Helpers to build checkpoints with known answers, for tests and for users who want to check headscan
-(or their own metrics) against planted heads, and tiny checkpoints of every supported architecture family
-(`ARCHITECTURES`, the support matrix that tests/test_architectures.py verifies)."""
+"""Checkpoints with known answers: planted heads, and a tiny checkpoint of every supported architecture.
+
+For tests, and for users who want to check headscan (or their own metrics) against planted heads; the tiny
+checkpoints of every supported architecture family (`ARCHITECTURES`) are the support matrix that
+tests/test_architectures.py verifies.
+"""
 
 from headscan.testing.architectures import ARCHITECTURES, build_architecture_checkpoint, support_matrix_markdown
 from headscan.testing.checkpoints import build_tiny_checkpoint
