@@ -72,6 +72,7 @@ class HookedModel:
         by itself: Llama's and OPT's tokenizers add BOS on their own, GPT-2's does not.
 
         >>> import tempfile
+        >>> from headscan.models import load_model
         >>> from headscan.testing import build_tiny_checkpoint
         >>> folder = str(build_tiny_checkpoint(tempfile.mkdtemp(), "gpt2"))
         >>> load_model(folder).token_ids(["the cat sat"])  # BOS is <|endoftext|>, id 0
