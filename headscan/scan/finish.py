@@ -93,6 +93,7 @@ def model_provenance(state: PartialState, config: SweepConfig) -> ModelProvenanc
         "n_tokens_lost": state.n_tokens_lost,
         "max_len": config.max_len,
         "seconds": round(state.seconds, 3),
+        **state.tallies,
     })
 
 

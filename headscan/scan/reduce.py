@@ -34,7 +34,7 @@ from . import budget
 from .finish import WEIGHT_METRICS, publish, run_provenance
 from .layers import LayerHooks, capture_for
 from .plan import columns_of, fingerprint, has_words, plan_windows, unit_of
-from .state import PartialState, Shard
+from .state import PartialState, Shard, add_tallies
 
 __all__ = ["accumulate", "sweep_model"]
 
@@ -116,6 +116,9 @@ def accumulate(
                 state.n_tokens += swept.n_tokens
                 state.n_truncated += encoded.n_truncated
                 state.n_tokens_lost += encoded.n_tokens_lost
+                if encoded.trees:  # how the CoNLL-U words were found among the tokens
+                    state.tallies = add_tallies(state.tallies, {"tokens_straddling_words": encoded.n_straddling,
+                                                                "words_without_token": encoded.n_words_without_token})
                 state.seconds += time.perf_counter() - started
                 started = time.perf_counter()
                 if save is not None and started - last_save >= save_every:
