@@ -33,7 +33,7 @@ from ..models import weights as head_weights
 from . import budget
 from .finish import WEIGHT_METRICS, publish, run_provenance
 from .layers import LayerHooks, capture_for
-from .plan import columns_of, fingerprint, has_words, plan_windows, unit_of
+from .plan import columns_of, fingerprint, has_words, plan_windows, resolve_unit, unit_of
 from .state import PartialState, Shard, add_tallies
 
 __all__ = ["accumulate", "sweep_model"]
@@ -76,6 +76,7 @@ def accumulate(
     in progress is dropped, the state as of the last finished window is saved, and `SweepInterrupted` is
     raised; that state resumes exactly.
     """
+    config = resolve_unit(corpus, config)[0]
     words = has_words(corpus.kind)
     columns = columns_of(config, words)
     if state is None:
@@ -225,5 +226,6 @@ def sweep_model(model: HookedModel, corpus: Corpus, config: SweepConfig = SweepC
                 progress: bool = False):
     """Score every head of `model` over `corpus` (or its `shard`): its `SweepTables`, with this one model's
     provenance; nothing is written."""
+    config = resolve_unit(corpus, config)[0]
     state = accumulate(model, corpus, config, shard=shard, progress=progress)
     return publish([state], config, run_provenance(corpus, config))
