@@ -198,7 +198,8 @@ def test_the_command_line_sweeps_controls_and_show_names_them(tmp_path, tiny_gpt
                                       str(out), "--device", "cpu", "--bootstrap", "20", "--no-values", "--control",
                                       "random-init", "--control-seed", "2", "-q"])
     assert result.exit_code == 0, result.output
-    assert "intervals resample segments (auto: segments, since each document holds one segment" in result.output
+    assert "intervals resample segments (auto: segments, since no document holds two or more (none: each segment " \
+           "is its own document))\n" in result.output
     assert load(out).provenance.config["control"] == ["random-init"]
     shown = CliRunner().invoke(cli, ["show", str(out), "--metric", "prev_token", "--top", "2"])
     assert shown.exit_code == 0 and f"{tiny_gpt2} [random init]" in shown.output
@@ -224,6 +225,7 @@ def conllu(sentences: int, newdoc_every: int | None) -> str:
     ("conllu, # newdoc every 2 sentences", conllu(6, 2), {}, "document"),
     ("conllu without # newdoc", conllu(6, None), {}, "segment"),
     ("conllu, one sentence a document", conllu(6, 1), {}, "segment"),
+    ("conllu, one document", conllu(6, 6), {}, "segment"),
     ("text in paragraphs", "a b\nc d\n\ne f\ng h\n", {}, "document"),
     ("text without blank lines", "a b\nc d\ne f\n", {}, "segment"),
     ("jsonl with a document field", '{"text": "a", "d": 1}\n{"text": "b", "d": 1}\n{"text": "c", "d": 2}\n',
@@ -241,6 +243,7 @@ def test_the_auto_unit_is_documents_exactly_where_documents_hold_several_segment
     corpus = read_corpus(source, **options)
     config, why = resolve_unit(corpus, SweepConfig())
     assert config.bootstrap_unit == unit and why.startswith(f"auto: {unit}s, since")
+    assert ("cannot be resampled" in why) == (kind == "conllu, one document")
     # an explicit unit is kept; packed sentences are each their own document
     assert resolve_unit(corpus, SweepConfig(bootstrap_unit="segment"))[0].bootstrap_unit == "segment"
     if kind.startswith("conllu"):

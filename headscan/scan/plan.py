@@ -70,7 +70,8 @@ def fingerprint(model: HookedModel, corpus: Corpus, config: SweepConfig) -> dict
 def resolve_unit(corpus: Corpus, config: SweepConfig) -> tuple[SweepConfig, str]:
     """`config` with its bootstrap unit resolved for `corpus`, and why, in words (said on the terminal and kept
     in the run's provenance). ``"auto"`` resamples documents where some document holds several segments,
-    whose segments are not independent, and segments otherwise; an explicit unit is kept.
+    whose segments are not independent, and segments otherwise (also for a corpus of one document, which
+    cannot be resampled); an explicit unit is kept.
 
     >>> corpus = Corpus("c", "text", "", tuple(Segment("a", i, document=i // 3) for i in range(7)), documents="paragraphs")
     >>> resolve_unit(corpus, SweepConfig())
@@ -86,10 +87,13 @@ def resolve_unit(corpus: Corpus, config: SweepConfig) -> tuple[SweepConfig, str]
         if config.bootstrap_unit == "segment" and grouped:
             why += f", though {found}, whose segments are not independent"
         return config, why
-    if grouped:
+    if grouped and n_documents < 2:  # one document: resampling it cannot give an interval
+        unit, why = "segment", (f"auto: segments, since the corpus is one document ({corpus.documents}), which "
+                                f"cannot be resampled; its segments are not independent, so intervals are too narrow")
+    elif grouped:
         unit, why = "document", f"auto: documents, since {found}, whose segments are not independent"
     else:
-        unit, why = "segment", f"auto: segments, since each document holds one segment ({corpus.documents})"
+        unit, why = "segment", f"auto: segments, since no document holds two or more ({corpus.documents})"
     return dataclasses.replace(config, bootstrap_unit=unit), why
 
 
