@@ -290,7 +290,7 @@ def main(argv=None) -> None:
 
     started = time.perf_counter()
     corpus = read_corpus(args.corpus)
-    config = SweepConfig(device="cpu")  # bca, 200 replicates, seed 0, segment unit: the defaults
+    config = SweepConfig(device="cpu", bootstrap_unit="segment")  # bca, 200 replicates, seed 0: the defaults
     whole, sums, counts = cached_sweep("minilm", corpus, config, args.cache)
     truth = finish(whole, config)
     swept = time.perf_counter() - started

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from .config import SweepConfig, choices, default
+from .config import CONTROLS, SweepConfig, choices, default
 from .errors import ConfigError, HeadscanError, SweepInterrupted
 from .tables import TABLES
 
@@ -63,6 +63,8 @@ def _effective_command(context: click.Context) -> str:
 
 
 _BOS = {"auto": None, "yes": True, "no": False}  # --bos -> SweepConfig.prepend_bos
+CONTROL_WHAT = {"random-init": "a control with untrained weights drawn from the config's initialiser: ",
+                "shuffled-words": "the model, as a control swept over each segment's words permuted: "}
 
 
 @click.group()
@@ -120,7 +122,11 @@ def _listing_tables(command):
 @click.option("--bootstrap-unit", default=default("bootstrap_unit"), show_default=True,
               type=click.Choice(choices()["bootstrap_unit"]),
               help="What the bootstrap resamples: segments, or whole documents (CoNLL-U '# newdoc', a JSONL "
-                   "--document-field, blank-line paragraphs), whose sentences are not independent.")
+                   "--document-field, blank-line paragraphs), whose sentences are not independent; 'auto': "
+                   "documents where the corpus has documents of several segments, else segments.")
+@click.option("--document-field", default=default("document_field"), metavar="FIELD",
+              help="A .jsonl corpus: the field whose value marks each line's document (consecutive lines with "
+                   "equal values are one document).")
 @click.option("--interval", default=default("interval"), show_default=True, type=click.Choice(choices()["interval"]),
               help="How bootstrap replicates become a 95% interval.")
 @click.option("--window", default=default("window"), show_default=True,
@@ -141,6 +147,13 @@ def _listing_tables(command):
 @click.option("--values/--no-values", default=default("values"), show_default=True,
               help="Also score every head on value-weighted attention (value.parquet) and, for causal models, its "
                    "direct logit attribution (dla), in the same pass; --no-values leaves both out.")
+@click.option("--control", multiple=True, type=click.Choice(CONTROLS),
+              help="Also sweep a control beside each model, as a model of its own: 'random-init' (the same "
+                   "architecture and tokenizer, weights drawn from its config's initialiser; named 'MODEL [random "
+                   "init]') or 'shuffled-words' (the model over the corpus with each segment's words permuted; "
+                   "'MODEL [shuffled words]'). Repeat for both; each doubles the sweep's time.")
+@click.option("--control-seed", type=int, default=default("control_seed"), metavar="SEED",
+              help="Seed of the controls' weights and word orders (default: --seed).")
 @click.option("--save-every", default=120.0, show_default=True, metavar="SECONDS",
               help="Save the partial state at the first window end after this many seconds.")
 @click.option("--shard", default=None, metavar="K/N",
@@ -155,7 +168,8 @@ def _listing_tables(command):
 @_listing_tables
 @_one_line_errors
 def sweep(models, corpus, out, max_len, long, batch_size, limit, device, dtype, device_map, specials, bos, max_offset, bootstrap, seed,
-          bootstrap_unit, interval, window, pack, attention, query_chunk, attention_budget, values, save_every, shard,
+          bootstrap_unit, document_field, interval, window, pack, attention, query_chunk, attention_budget, values, control,
+          control_seed, save_every, shard,
           overwrite, restart, ray, quiet):
     """Score every head of every layer of each MODEL over a corpus.
 
@@ -173,8 +187,9 @@ def sweep(models, corpus, out, max_len, long, batch_size, limit, device, dtype, 
         headscan sweep --model minilm --corpus en_ewt-ud-dev.conllu --out out/ewt
         headscan sweep --model gpt2 --corpus big.jsonl --out out/big --ray auto
         headscan sweep -m smollm2 -c en_ewt-ud-dev.conllu --pack sentences --max-len 2048 --attention chunked
+        headscan sweep -m minilm -c en_ewt-ud-dev.conllu --control random-init --control shuffled-words
     """
-    from .analysis.ranking import top_heads_text
+    from .analysis.ranking import top_heads_text, unit_note
     from .scan import sweep as run_sweep
     from .models import DEFAULT_MODELS
 
@@ -183,12 +198,13 @@ def sweep(models, corpus, out, max_len, long, batch_size, limit, device, dtype, 
         device_map=device_map, specials=specials,
         max_offset=max_offset, bootstrap=bootstrap, seed=seed, prepend_bos=_BOS[bos], bootstrap_unit=bootstrap_unit,
         interval=interval, window=window, pack=pack, attention=attention, query_chunk=query_chunk,
-        attention_budget=attention_budget, values=values,
+        attention_budget=attention_budget, values=values, document_field=document_field, control=control,
+        control_seed=control_seed,
     )
     command = _effective_command(click.get_current_context())
     result = run_sweep(list(models) or DEFAULT_MODELS, corpus, out, config, shard=shard, overwrite=overwrite,
                        restart=restart, progress=not quiet, command=command, save_every=save_every, ray=ray)
-    click.echo(_unit_note(result.provenance), err=True)
+    click.echo(unit_note(result.provenance), err=True)
     for model in result.provenance.models:
         if model.n_truncated and config.long == "split":
             click.echo(f"{model.name}: {model.n_truncated:,} of {model.n_segments:,} segments were longer than "
@@ -202,20 +218,6 @@ def sweep(models, corpus, out, max_len, long, batch_size, limit, device, dtype, 
     for metric in ("prev_token", "next_token"):
         click.echo(f"\ntop heads by {metric}:")
         click.echo(top_heads_text(result, metric, 3))
-
-
-def _unit_note(run) -> str:
-    """Which unit the intervals resampled, and why it matters when the corpus has documents."""
-    unit = run.config.get("bootstrap_unit", "segment")
-    n_documents = run.corpus.extra.get("n_documents")
-    found = run.corpus.extra.get("documents", "")
-    has_documents = n_documents is not None and n_documents < (run.corpus.n_segments or 0)
-    if unit == "document":
-        return f"intervals resample {n_documents:,} documents ({found})"
-    if has_documents:
-        return (f"intervals resample segments, but the corpus has {n_documents:,} documents ({found}), whose "
-                f"segments are not independent: --bootstrap-unit document gives intervals that hold")
-    return "intervals resample segments (the corpus has no documents of several segments)"
 
 
 @cli.command()
@@ -249,10 +251,11 @@ def merge(shards, out, overwrite):
 def models(specs):
     """List the embedded offline models, or say how each SPEC would be hooked.
 
-    With no SPEC: the embedded aliases and whether each is installed. With
-    SPECs (aliases, checkpoint folders, .gguf files, cached Hugging Face ids):
-    each one's architecture and the path its attention patterns are read
-    through (transformer_lens, or hf_hooks on the model's own attention
+    With no SPEC: the embedded aliases and whether each is installed, and the
+    controls a sweep can add. With SPECs (aliases, checkpoint folders, .gguf
+    files, cached Hugging Face ids, or a control of one: 'minilm [random
+    init]'): each one's architecture and the path its attention patterns are
+    read through (transformer_lens, or hf_hooks on the model's own attention
     modules), read from its config without loading the weights.
 
     Example:
@@ -267,10 +270,14 @@ def models(specs):
             alias = ALIASES[name]
             state = f"installed: {path}" if path else f"not installed ({alias.install})"
             click.echo(f"{name:8} {alias.description}\n         {state}")
+        click.echo("controls: sweep --control random-init adds 'MODEL [random init]' (its architecture and tokenizer, "
+                   "untrained weights), --control shuffled-words 'MODEL [shuffled words]' (the model over the corpus "
+                   "with each segment's words permuted)")
         return
     for spec in specs:
         found = describe_spec(spec)
-        click.echo(f"{spec}: {found['architecture']} ({found['model_type']}), hooked through {found['path']}")
+        what = CONTROL_WHAT.get(found["control"], "")
+        click.echo(f"{spec}: {what}{found['architecture']} ({found['model_type']}), hooked through {found['path']}")
 
 
 @cli.command()
@@ -279,17 +286,22 @@ def models(specs):
 @click.option("--top", default=10, show_default=True, help="How many heads per model.")
 @_one_line_errors
 def show(run, metric, top):
-    """Print the top heads of a sweep output for one metric, per model.
+    """Print the top heads of a sweep output for one metric, per model (control
+    models, such as 'minilm [random init]', after theirs, and named as such),
+    and which unit the 95% intervals resampled.
 
     Example:
 
     \b
         headscan show out --metric next_token --top 5
     """
-    from .analysis.ranking import top_heads_text
+    from .analysis.ranking import controls_note, top_heads_text, unit_note
     from .tables import load
 
-    click.echo(top_heads_text(load(run), metric, top))
+    tables = load(run)
+    click.echo(top_heads_text(tables, metric, top))
+    for line in [*controls_note(tables.provenance), unit_note(tables.provenance)]:
+        click.echo(line)
 
 
 @cli.command()

@@ -8,6 +8,8 @@ This module imports no torch: ``headscan --help`` stays fast.
 
 >>> SweepConfig(max_len=64).max_len
 64
+>>> SweepConfig(control=["random-init"]).control  # as run.json gives it back
+('random-init',)
 >>> SweepConfig(specials="drop")
 Traceback (most recent call last):
 ...
@@ -22,12 +24,13 @@ from typing import Literal, get_args, get_type_hints
 
 from .errors import ConfigError
 
-__all__ = ["SweepConfig", "DEVICES", "DTYPES", "SPECIALS", "MIN_BOOTSTRAP", "choices"]
+__all__ = ["SweepConfig", "DEVICES", "DTYPES", "SPECIALS", "CONTROLS", "MIN_BOOTSTRAP", "choices", "control_name",
+           "split_control"]
 
 Device = Literal["auto", "cpu", "cuda", "mps"]
 DType = Literal["float32", "float16", "bfloat16"]
 Specials = Literal["keep", "exclude"]
-BootstrapUnit = Literal["segment", "document"]
+BootstrapUnit = Literal["auto", "segment", "document"]
 Long = Literal["truncate", "split"]
 IntervalMethod = Literal["bca", "percentile", "delta"]  # headscan.intervals.METHODS
 Attention = Literal["auto", "eager", "chunked"]
@@ -37,6 +40,10 @@ DTYPES: tuple[str, ...] = get_args(DType)
 SPECIALS: tuple[str, ...] = get_args(Specials)
 BOOTSTRAP_UNITS: tuple[str, ...] = get_args(BootstrapUnit)
 INTERVAL_METHODS: tuple[str, ...] = get_args(IntervalMethod)
+# Control models swept beside each model (issue 19): the same architecture with weights drawn from its config's
+# own initialiser, and the trained model over the corpus with each segment's words permuted.
+Control = Literal["random-init", "shuffled-words"]
+CONTROLS: tuple[str, ...] = get_args(Control)
 
 # Fewer replicates than this cannot place a 2.5% point: with 19 the lowest replicate is already the 5% point.
 MIN_BOOTSTRAP = 20
@@ -58,7 +65,9 @@ class SweepConfig:
     bootstrap: int = 200  # resampling weights per unit for the 95% intervals; 0 turns intervals off
     seed: int = 0  # seed of the bootstrap weights (and of nothing else: the forward pass is deterministic)
     prepend_bos: bool | None = None  # causal models: None follows TransformerLens' default per model
-    bootstrap_unit: BootstrapUnit = "segment"  # what the bootstrap resamples: segments, or whole documents
+    # what the bootstrap resamples: segments, or whole documents; "auto": documents where the corpus has documents
+    # of several segments, else segments (the sweep resolves it and records why: headscan.scan.plan.resolve_unit)
+    bootstrap_unit: BootstrapUnit = "auto"
     interval: IntervalMethod = "bca"  # how replicates become a 95% interval (see headscan.intervals and README)
     window: int = 256  # segments added up per window; state is saved, and units closed, at window ends
     attention: Attention = "auto"  # eager: the model's own pattern; chunked: recomputed in blocks of queries
@@ -66,6 +75,9 @@ class SweepConfig:
     attention_budget: int | None = None  # MiB an eager batch's patterns may take before auto goes chunked (None: by device)
     pack: Pack = "none"  # long inputs: consecutive sentences (or whole documents) packed into max_len-token segments
     values: bool = True  # also value-weighted attention (value.parquet) and direct logit attribution (dla), same pass
+    document_field: str | None = None  # JSONL corpora: the field whose value marks each line's document
+    control: tuple[Control, ...] = ()  # controls swept beside each model, under its name + " [random init]" etc.
+    control_seed: int | None = None  # seed of the controls' weights and permutations (None: `seed`)
 
     def __post_init__(self):
         for name, values in choices().items():
@@ -85,13 +97,50 @@ class SweepConfig:
         if self.device_map is not None and (not isinstance(self.device_map, str) or not self.device_map.strip()):
             raise ConfigError(f"device_map must be None or a Hugging Face device map name such as 'auto', got "
                               f"{self.device_map!r}", setting="device_map")
+        control = (self.control,) if isinstance(self.control, str) else self.control
+        if not isinstance(control, (tuple, list)) or any(c not in CONTROLS for c in control) or len(set(control)) < len(control):
+            raise ConfigError(f"control must be a set of {', '.join(CONTROLS)} (each at most once), got {self.control!r}",
+                              setting="control")
+        object.__setattr__(self, "control", tuple(control))  # a list read back from run.json, or one name
+        if self.control_seed is not None:
+            _whole("control_seed", self.control_seed, 0)
+        if self.document_field is not None and (not isinstance(self.document_field, str) or not self.document_field):
+            raise ConfigError(f"document_field must be None or the name of a JSONL field, got {self.document_field!r}",
+                              setting="document_field")
         if not isinstance(self.values, bool):
             raise ConfigError(f"values must be True or False, got {self.values!r}", setting="values")
         if self.prepend_bos not in (None, True, False):
             raise ConfigError(f"prepend_bos must be None, True or False, got {self.prepend_bos!r}", setting="prepend_bos")
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        return dataclasses.asdict(self) | {"control": list(self.control)}
+
+    @property
+    def controls_seed(self) -> int:
+        """The seed the controls use: `control_seed`, else `seed`."""
+        return self.seed if self.control_seed is None else self.control_seed
+
+
+def control_name(model: str, control: str | None) -> str:
+    """The name a control of `model` is swept under (its rows' ``model``); `model` itself for None.
+
+    >>> control_name("minilm", "random-init"), control_name("minilm", "shuffled-words"), control_name("gpt2", None)
+    ('minilm [random init]', 'minilm [shuffled words]', 'gpt2')
+    """
+    return model if control is None else f"{model} [{control.replace('-', ' ')}]"
+
+
+def split_control(name: str) -> tuple[str, str | None]:
+    """The model and the control (None for a trained model) a swept model's name stands for.
+
+    >>> split_control("minilm [random init]"), split_control("path/to/gpt2")
+    (('minilm', 'random-init'), ('path/to/gpt2', None))
+    """
+    for control in CONTROLS:
+        suffix = f" [{control.replace('-', ' ')}]"
+        if name.endswith(suffix):
+            return name[: -len(suffix)], control
+    return name, None
 
 
 def _whole(name: str, value, low: int) -> None:

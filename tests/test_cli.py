@@ -28,7 +28,7 @@ def no_model_loads(monkeypatch):
     def load_model(*args, **kwargs):
         pytest.fail(f"a model was loaded: {args}")
 
-    monkeypatch.setattr("headscan.scan.run.load_model", load_model)
+    monkeypatch.setattr("headscan.scan.controls.load_model", load_model)
 
 
 def one_line(result) -> str:
@@ -51,10 +51,11 @@ def test_sweep_then_show(runner, tmp_path, tiny_gpt2, tiny_bert):
     result = runner.invoke(cli, ["show", str(out), "--metric", "next_token", "--top", "2"])
     assert result.exit_code == 0
     lines = result.output.strip().splitlines()
-    assert len(lines) == 1 + 2 + 1  # header, bert's 2 heads, and one line for gpt2, which cannot look ahead
-    assert lines[-1] == f"{tiny_gpt2}: next_token: a causal model's queries cannot see later tokens, so it is 0 for every head"
+    assert len(lines) == 1 + 2 + 1 + 1  # header, bert's 2 heads, one line for gpt2, which cannot look ahead, the unit
+    assert lines[-2] == f"{tiny_gpt2}: next_token: a causal model's queries cannot see later tokens, so it is 0 for every head"
+    assert lines[-1].startswith("intervals resample segments (auto: segments, since no document holds two or more")
     result = runner.invoke(cli, ["show", str(out), "--metric", "prev_token", "--top", "2"])
-    assert len(result.output.strip().splitlines()) == 1 + 2 * 2  # header + 2 heads per model
+    assert len(result.output.strip().splitlines()) == 1 + 2 * 2 + 1  # header + 2 heads per model, the unit
 
 
 @pytest.mark.parametrize(
@@ -159,7 +160,7 @@ def test_a_folder_that_holds_files_is_replaced_only_with_overwrite(runner, tmp_p
     (tmp_path / "full" / "notes.txt").write_text("mine")
     arguments = ["sweep", "-m", str(tiny_bert), "--limit", "2", "--out", "full", *SWEEP]
     with monkeypatch.context() as patched:
-        patched.setattr("headscan.scan.run.load_model", lambda *a, **k: pytest.fail("loaded a model"))
+        patched.setattr("headscan.scan.controls.load_model", lambda *a, **k: pytest.fail("loaded a model"))
         result = runner.invoke(cli, arguments)
     assert one_line(result) == "Error: full: already holds files; pass --overwrite to replace them, or choose another --out"
     assert [p.name for p in (tmp_path / "full").iterdir()] == ["notes.txt"]

@@ -101,3 +101,13 @@ def test_top_heads_prints_a_markdown_table(experiment, tiny_gpt2, tmp_path, caps
     experiment("top_heads").main()
     out = capsys.readouterr().out
     assert "(corpus: builtin)" in out and out.count("| prev_token |") == 2
+
+
+def test_read_as_written(experiment, tiny_gpt2, ewt_dev, tmp_path):
+    script = experiment("read_as_written")
+    rc = script.main(["--model", str(tiny_gpt2), "--corpus", str(ewt_dev), "--limit", "6", "--max-len", "64",
+                      "--out", str(tmp_path)])
+    frame = pd.read_csv(tmp_path / "differences.csv")
+    assert rc == 0 and list(frame.table) == ["heads", "offsets", "value"] and (frame.result == "PASS").all()
+    assert (frame.max_count_difference == 0).all() and "multiword tokens" in (tmp_path / "README.md").read_text()
+    assert not (tmp_path / "sentences.txt").exists()

@@ -86,7 +86,7 @@ def test_combine_refuses_a_run_given_twice(tmp_path, tiny_bert):
 
 def test_everything_is_checked_before_the_first_model_loads(tmp_path, tiny_bert, monkeypatch):
     loaded = []
-    monkeypatch.setattr("headscan.scan.run.load_model", lambda *a, **k: loaded.append(a) or pytest.fail("loaded"))
+    monkeypatch.setattr("headscan.scan.controls.load_model", lambda *a, **k: loaded.append(a) or pytest.fail("loaded"))
     with pytest.raises(ModelNotFoundError, match=r"model 'smollm' not found: .* Did you mean 'smollm2'\?"):
         sweep([str(tiny_bert), "smollm"], "builtin", tmp_path / "out")
     with pytest.raises(ConfigError, match="bootstrap must be 0 .no intervals. or at least 20, got 1"):

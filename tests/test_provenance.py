@@ -117,7 +117,7 @@ def test_run_ids_match_across_files_and_differ_between_runs(run, tmp_path, tiny_
 
 def test_the_config_recorded_is_the_settings_passed(run, corpus_file, tiny_gpt2, tiny_bert):
     recorded = json.loads((run / "run.json").read_text())
-    assert recorded["config"] == dataclasses.asdict(CONFIG)  # "cpu" resolves to itself
+    assert recorded["config"] == CONFIG.to_json()  # "cpu" resolves to itself
     assert recorded["command"] == (
         f"headscan.sweep([{str(tiny_gpt2)!r}, {str(tiny_bert)!r}], {str(corpus_file)!r}, out={str(run)!r}, max_len=32, "
         f"batch_size=3, device='cpu', specials='exclude', max_offset=5, bootstrap=25, seed=11, "

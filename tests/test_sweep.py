@@ -199,7 +199,8 @@ def test_long_segments_split_into_windows_lose_no_token(tiny_models, arch):
     assert [t for body in bodies for t in body] == list(whole[1: len(whole) - (specials - 1)])  # nothing lost or repeated
     assert all(ids[0] == whole[0] for ids in split.token_ids)  # every window opens like the segment
     assert cut.n_truncated == split.n_truncated == 1 and cut.n_tokens_lost == len(whole) - 8
-    tables = sweep_model(model, corpus, SweepConfig(device="cpu", bootstrap=20, max_len=8, long="split"))
+    tables = sweep_model(model, corpus, SweepConfig(device="cpu", bootstrap=20, max_len=8, long="split",
+                                                    bootstrap_unit="segment"))
     assert tables.provenance.models[0].n_tokens == split.n_tokens and tables.provenance.config["long"] == "split"
     assert tables.heads.query("metric == 'self'")["units"].max() == 2  # the windows of a segment are one unit
 

@@ -1,5 +1,6 @@
 """Syntactic heads: exact positional heads equal the offset baseline, a plain loop over Hugging Face attentions
-agrees with the vectorised functions, and words align to tokens for WordPiece and byte-level BPE."""
+agrees with the vectorised functions, and tokens of a sentence's own text go to its words by their characters,
+for WordPiece and byte-level BPE."""
 
 import math
 
@@ -9,7 +10,7 @@ import torch
 
 from headscan.corpus import read_corpus
 from headscan.metrics import METRICS, AttentionBatch
-from headscan.corpus.words import DIRECTIONS, RELATIONS, encode_words, relation_id, word_alignment
+from headscan.corpus.words import DIRECTIONS, RELATIONS, relation_id, word_alignment
 from headscan.metrics.syntax import (BASELINE_OFFSETS, COLUMNS, attach_baseline, best_baseline, dependency_accuracy,
                                      offset_baseline, word_attention)
 from headscan.tables import TABLES
@@ -37,12 +38,42 @@ def ewt(ewt_dev):
     return read_corpus(ewt_dev, limit=120).segments
 
 
-def aligned(tokenizer, segments, *, specials, bos=None, max_tokens=None):
-    """Right-padded ids, attention mask and `WordAlignment` of `segments` tokenised from their words."""
-    encoded = encode_words(tokenizer, [s.words for s in segments], add_special_tokens=specials)
+def text_word_ids(tokenizer, segment, *, specials, bos=None):
+    """The token ids of `segment`'s own text and each token's word (-1: none), by a plain loop: the words are found
+    in the text one after the other, and a token goes to the word holding its first non-space character (a token
+    of spaces only to the next word). Independent of headscan's `align_tokens`."""
+    text = segment.text
+    spans, cursor = [], 0
+    for word in segment.words:
+        start = text.index(word, cursor)
+        spans.append((start, start + len(word)))
+        cursor = start + len(word)
+
+    def word_of(c):
+        return next((w for w, (a, b) in enumerate(spans) if a <= c < b), None)
+
+    encoded = tokenizer(text, add_special_tokens=specials, return_offsets_mapping=True, return_special_tokens_mask=True)
+    word_ids = []
+    for (start, stop), special in zip(encoded["offset_mapping"], encoded["special_tokens_mask"]):
+        if special:
+            word_ids.append(-1)
+            continue
+        held = [word_of(c) for c in range(start, stop) if not text[c].isspace() and word_of(c) is not None]
+        word_ids.append(held[0] if held else next((w for w, (a, _) in enumerate(spans) if a >= start), len(spans) - 1))
+    ids = list(encoded["input_ids"])
     if bos is not None:
-        encoded = [([bos, *ids], [-1, *words]) for ids, words in encoded]
-    keep = [i for i, (ids, _) in enumerate(encoded) if max_tokens is None or len(ids) <= max_tokens]
+        ids, word_ids = [bos, *ids], [-1, *word_ids]
+    return ids, word_ids
+
+
+def aligned(tokenizer, segments, *, specials, bos=None, max_tokens=None):
+    """Right-padded ids, attention mask, `WordAlignment` and segments of `segments` tokenised from their text,
+    keeping those whose every word got a token (a tokenless word would make an exact neighbour head differ from
+    the baseline)."""
+    encoded = [text_word_ids(tokenizer, s, specials=specials, bos=bos) for s in segments]
+    keep = [i for i, (ids, words) in enumerate(encoded) if (max_tokens is None or len(ids) <= max_tokens)
+            and set(range(len(segments[i].words))) <= set(words)]
+    assert len(keep) > 0.8 * len(segments)
     encoded, segments = [encoded[i] for i in keep], [segments[i] for i in keep]
     width = max(len(ids) for ids, _ in encoded)
     ids = torch.zeros(len(encoded), width, dtype=torch.long)
@@ -50,7 +81,7 @@ def aligned(tokenizer, segments, *, specials, bos=None, max_tokens=None):
         ids[row, : len(tokens)] = torch.tensor(tokens)
     mask = torch.tensor([[k < len(tokens) for k in range(width)] for tokens, _ in encoded])
     words = word_alignment([w for _, w in encoded], [s.heads for s in segments], [s.deprels for s in segments], width)
-    return ids, mask, words
+    return ids, mask, words, segments
 
 
 def exact_offset_pattern(mask, offset):
@@ -83,7 +114,7 @@ def assert_equals_baseline(sums, counts, words, offset, head=0):
 
 @pytest.mark.parametrize("offset", [-1, 1])
 def test_an_exact_neighbour_head_scores_the_baseline_at_its_offset_on_wordpiece(wordpiece, ewt, offset):
-    ids, mask, words = aligned(wordpiece, ewt, specials=True)
+    ids, mask, words, _ = aligned(wordpiece, ewt, specials=True)
     assert (words.token_word[:, 0] == -1).all()  # [CLS] is no word
     sums, counts = dependency_accuracy(exact_offset_pattern(mask, offset), words)
     accuracy = assert_equals_baseline(sums, counts, words, offset)
@@ -96,7 +127,7 @@ def test_an_exact_neighbour_head_scores_the_baseline_at_its_offset_on_wordpiece(
 @pytest.mark.parametrize("offset", [-1, 1])
 def test_an_exact_neighbour_head_scores_the_baseline_at_its_offset_on_byte_level_bpe(tiny_models, ewt, offset):
     model = tiny_models["gpt2"]
-    ids, mask, words = aligned(model.tokenizer, ewt, specials=False, bos=model.special_token_ids["bos"])
+    ids, mask, words, _ = aligned(model.tokenizer, ewt, specials=False, bos=model.special_token_ids["bos"])
     sums, counts = dependency_accuracy(exact_offset_pattern(mask, offset), words)
     assert_equals_baseline(sums, counts, words, offset)
 
@@ -109,7 +140,7 @@ def test_planted_previous_token_head_scores_exactly_the_offset_minus_one_baselin
     path, planted = build_planted_checkpoint(tmp_path / "planted", "gpt2", n_layers=1, max_positions=256)
     model = load_model(str(path), device="cpu")
     bos = model.special_token_ids["bos"] if model.prepend_bos else None
-    ids, mask, words = aligned(model.tokenizer, ewt, specials=False, bos=bos, max_tokens=256)
+    ids, mask, words, _ = aligned(model.tokenizer, ewt, specials=False, bos=bos, max_tokens=256)
     n_words = (words.token_word.max(-1).values + 1).sum()
     assert len(ids) >= 60 and (words.token_word >= 0).sum() > 1.5 * n_words  # long sentences, many tokens a word
     layer, head = planted["prev_token"]
@@ -153,7 +184,9 @@ def test_the_sweeps_syntax_table_for_a_planted_previous_token_head_is_the_offset
 
 
 def loop_accuracy(attentions, word_ids, heads, deprels, relations):
-    """Clark et al.'s procedure written out with loops: {(layer, head, relation, direction): (correct, total)}."""
+    """Clark et al.'s procedure written out with loops: {(layer, head, relation, direction): (correct, total)}.
+
+    Every word but the root counts, a word without a token too (as a miss)."""
     n_words = len(heads)
     tokens_of = [[t for t, w in enumerate(word_ids) if w == i] for i in range(n_words)]
     results = {}
@@ -164,11 +197,12 @@ def loop_accuracy(attentions, word_ids, heads, deprels, relations):
             for i in range(n_words):
                 for j in range(n_words):
                     # from word i: mean over its tokens; to word j: sum over its tokens
-                    word[i, j] = attention[np.ix_(tokens_of[i], tokens_of[j])].sum() / len(tokens_of[i])
+                    word[i, j] = attention[np.ix_(tokens_of[i], tokens_of[j])].sum() / max(len(tokens_of[i]), 1)
             for direction, matrix in zip(DIRECTIONS, (word, word.T)):
                 matrix = matrix.copy()
                 np.fill_diagonal(matrix, 0)
-                predicted = [int(np.argmax(row)) for row in matrix]
+                # no weight on any other word (a word without a token): no prediction, a miss
+                predicted = [int(np.argmax(row)) if row.max() > 0 else -1 for row in matrix]
                 for i in range(n_words):
                     if heads[i] == 0:
                         continue  # the root has no head word
@@ -190,7 +224,7 @@ def test_a_plain_loop_over_hugging_face_attentions_agrees(wordpiece, ewt):
     model = AutoModel.from_pretrained(ALIASES["minilm"].locate(), attn_implementation="eager").eval()
     segments = [s for s in ewt if 6 <= len(s.words) <= 25][:6]
     relations = ["all", "nsubj", "det", "obj", "case", "punct"]
-    encoded = encode_words(tokenizer, [s.words for s in segments])
+    encoded = [text_word_ids(tokenizer, s, specials=True) for s in segments]
     width = max(len(ids) for ids, _ in encoded)
     # the vectorised functions get one padded batch, with NaN in the padding that must not matter
     padded = torch.full((len(segments), model.config.num_hidden_layers, model.config.num_attention_heads, width, width),
@@ -205,7 +239,9 @@ def test_a_plain_loop_over_hugging_face_attentions_agrees(wordpiece, ewt):
         for key, (correct, total) in loop_accuracy(attentions, word_ids, segment.heads, segment.deprels, relations).items():
             c, t = want.get(key, (0, 0))
             want[key] = (c + correct, t + total)
-    words = word_alignment([w for _, w in encoded], [s.heads for s in segments], [s.deprels for s in segments], width)
+    missing = [sorted(set(range(len(s.words))) - set(w)) for s, (_, w) in zip(segments, encoded)]
+    words = word_alignment([w for _, w in encoded], [s.heads for s in segments], [s.deprels for s in segments], width,
+                           missing)
     checked = 0
     for layer in range(model.config.num_hidden_layers):
         sums, counts = dependency_accuracy(padded[:, layer], words)
@@ -234,7 +270,7 @@ def test_the_sweeps_syntax_table_equals_the_plain_loop(wordpiece, ewt_dev):
     relations = ["all", "det", "nsubj", "punct"]
     want = {}
     for segment in read_corpus(ewt_dev, limit=8).segments:
-        ((ids, word_ids),) = encode_words(wordpiece, [segment.words])
+        ids, word_ids = text_word_ids(wordpiece, segment, specials=True)
         with torch.no_grad():
             attentions = model(torch.tensor([ids]), output_attentions=True).attentions
         for key, (correct, total) in loop_accuracy(attentions, word_ids, segment.heads, segment.deprels, relations).items():
@@ -246,34 +282,6 @@ def test_the_sweeps_syntax_table_equals_the_plain_loop(wordpiece, ewt_dev):
 
 
 # --- word alignment ------------------------------------------------------------------------------------------
-
-
-def test_wordpiece_words_map_to_their_pieces(wordpiece):
-    tokenizer = wordpiece
-    for words, (ids, word_ids) in zip(HARD, encode_words(tokenizer, HARD)):
-        assert word_ids[0] == word_ids[-1] == -1 and tokenizer.convert_ids_to_tokens([ids[0], ids[-1]]) == ["[CLS]", "[SEP]"]
-        assert word_ids[1:-1] == sorted(word_ids[1:-1]) and set(word_ids[1:-1]) == set(range(len(words)))
-        for i, word in enumerate(words):
-            pieces = tokenizer.convert_ids_to_tokens([t for t, w in zip(ids, word_ids) if w == i])
-            assert "".join(p.removeprefix("##") for p in pieces) == word.lower().replace("é", "e"), (word, pieces)
-        # the same as Hugging Face's own is_split_into_words encoding
-        reference = tokenizer(words, is_split_into_words=True)
-        assert reference["input_ids"] == ids and [-1 if w is None else w for w in reference.word_ids()] == word_ids
-    assert max(np.bincount([w for w in encode_words(tokenizer, HARD[:1])[0][1] if w >= 0])) > 2  # a multi-piece word
-
-
-def test_byte_level_bpe_words_get_the_prefix_space(tiny_gpt2):
-    from transformers import AutoTokenizer
-
-    plain = AutoTokenizer.from_pretrained(tiny_gpt2)
-    with_space = AutoTokenizer.from_pretrained(tiny_gpt2, add_prefix_space=True)
-    for words, (ids, word_ids) in zip(HARD, encode_words(plain, HARD, add_special_tokens=False)):
-        reference = with_space(words, is_split_into_words=True, add_special_tokens=False)
-        assert reference["input_ids"] == ids and reference.word_ids() == word_ids
-        for i, word in enumerate(words):
-            assert plain.decode([t for t, w in zip(ids, word_ids) if w == i]) == " " + word
-        assert plain(words, is_split_into_words=True, add_special_tokens=False)["input_ids"] != ids  # glued words
-    assert plain.backend_tokenizer.normalizer is None  # the model's own tokenizer is left as it was
 
 
 def test_words_without_a_token_or_cut_off_are_not_scored():
@@ -307,9 +315,9 @@ def test_word_attention_sums_to_words_and_averages_from_words():
 
 
 def test_baseline_by_loop_and_best_offset(wordpiece, ewt):
-    _, _, words = aligned(wordpiece, ewt[:30], specials=True)
+    _, _, words, segments = aligned(wordpiece, ewt[:30], specials=True)
     sums, counts = offset_baseline(words)
-    for b, segment in enumerate(ewt[:30]):
+    for b, segment in enumerate(segments):
         for column, (relation, direction) in enumerate(COLUMNS):
             for o, d in enumerate(BASELINE_OFFSETS):
                 hits = total = 0
@@ -327,7 +335,7 @@ def test_baseline_by_loop_and_best_offset(wordpiece, ewt):
 
 
 def test_scores_ignore_garbage_in_padding(wordpiece, ewt):
-    ids, mask, words = aligned(wordpiece, ewt[:12], specials=True)
+    ids, mask, words, _ = aligned(wordpiece, ewt[:12], specials=True)
     torch.manual_seed(1)
     pattern = torch.softmax(torch.randn(len(ids), 3, ids.shape[1], ids.shape[1], dtype=torch.float64), -1)
     padded = ~(mask[:, None, :, None] & mask[:, None, None, :])

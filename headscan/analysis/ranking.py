@@ -21,12 +21,12 @@ import pandas as pd
 
 from ..errors import TablesError
 from ..metrics import METRICS, describe, get_metric
-from ..tables import ModelProvenance, SweepTables, thin_support
+from ..tables import ModelProvenance, RunProvenance, SweepTables, thin_support
 from .formats import fmt_bucket, pct  # noqa: F401  (re-exported)
 from .syntax import best_heads, offset_text, relation_order
 
 __all__ = ["WIDE_CI", "bounded", "striking_order", "ci_is_wide", "top_heads", "thin", "top_rows", "fmt_score",
-           "fmt_bucket", "pct", "structural_reason", "why_structural", "top_heads_text"]
+           "fmt_bucket", "pct", "structural_reason", "why_structural", "top_heads_text", "unit_note", "controls_note"]
 
 WIDE_CI = 0.1  # an interval wider than this (0-1 metrics) or than this fraction of the value (others) is wide
 _SUPPORT = ("units", "top_unit_share")  # the columns headscan.tables.thin_support reads
@@ -255,6 +255,36 @@ def top_heads_text(run: SweepTables, metric: str, n: int = 10) -> str:
     top = top_heads(heads[heads["model"].isin(shown)], metric, n, keep_flat=True)  # checks the metric even if none is shown
     parts = [top[SHOWN].to_string(index=False)] if shown else []
     return "\n".join(parts + said)
+
+
+def unit_note(run: RunProvenance) -> str:
+    """One line: which unit a run's intervals resampled, and why (`headscan.scan.plan.resolve_unit`).
+
+    >>> unit_note(RunProvenance(config={"bootstrap_unit": "document"}, extra={"bootstrap_unit": "auto: documents, "
+    ...     "since the corpus has 318 documents of 2,001 segments (conllu # newdoc lines), whose segments are not "
+    ...     "independent"}))
+    'intervals resample documents (auto: documents, since the corpus has 318 documents of 2,001 segments (conllu # newdoc lines), whose segments are not independent)'
+    >>> unit_note(RunProvenance(config={"bootstrap_unit": "segment"}))  # a run from before "auto"
+    'intervals resample segments'
+    """
+    unit = run.config.get("bootstrap_unit", "segment")
+    why = run.extra.get("bootstrap_unit")
+    return f"intervals resample {unit}s" + (f" ({why})" if why else "")
+
+
+CONTROL_MEANING = {"random-init": "the same architecture and tokenizer, weights drawn from the config's initialiser",
+                   "shuffled-words": "the same model over the corpus with each segment's words permuted"}
+
+
+def controls_note(run: RunProvenance) -> list[str]:
+    """One line per control model of a run: which model it controls, what it is, and its seed.
+
+    >>> controls_note(RunProvenance(models=(ModelProvenance("minilm"), ModelProvenance("minilm [random init]",
+    ...     control="random-init", control_of="minilm", extra={"control_seed": 0}))))
+    ["minilm [random init]: control of minilm, the same architecture and tokenizer, weights drawn from the config's initialiser (seed 0)"]
+    """
+    return [f"{m.name}: control of {m.control_of}, {CONTROL_MEANING.get(m.control, m.control)} "
+            f"(seed {m.extra.get('control_seed')})" for m in run.models if m.control]
 
 
 # Scores a sweep may write that the metric registry does not hold: metric -> the table it is in.

@@ -27,6 +27,8 @@ from typing import BinaryIO, Iterator
 import numpy as np
 
 from ..errors import CorpusError
+from .conllu import NOTES, parse_sentence
+from .segment import Segment, file_error
 
 __all__ = ["Segment", "FileSegments", "INDEX", "EACH_SEGMENT", "CorpusFile", "scan", "segment", "open_corpus", "file_error", "unreadable"]
 
@@ -43,23 +45,6 @@ READAHEAD = 256  # most segments that one read of a FileSegments brings in
 READ_BYTES = 1 << 20  # and most bytes (beyond a first segment that is longer)
 CACHE = 1024  # most parsed segments a FileSegments keeps, the last ones read
 CACHE_BYTES = 8 << 20  # and the most bytes of the file they may span (beyond the last read)
-
-
-@dataclass(frozen=True)
-class Segment:
-    """One unit of text that goes through the model on its own (a sentence or a line)."""
-
-    text: str
-    line: int  # 1-based line of the file where the segment starts (0 for generated segments)
-    words: tuple[str, ...] = ()  # CoNLL-U only: the gold words
-    heads: tuple[int, ...] = ()  # CoNLL-U only: 1-based head of each word, 0 for the root
-    deprels: tuple[str, ...] = ()  # CoNLL-U only: dependency relation of each word to its head
-    document: int = 0  # 0-based index of the segment's document in the corpus
-
-
-def file_error(path: Path, line: int | None, message: str) -> CorpusError:
-    """The one shape of every file error: ``{path}, line {line}: {what is wrong}; {how to fix it}``."""
-    return CorpusError(f"{path}, line {line}: {message}" if line else f"{path}: {message}")
 
 
 def unreadable(path: Path, error: OSError) -> CorpusError:
@@ -182,46 +167,6 @@ class _JsonlReader:
 
 
 _NEWDOC = re.compile(r"#\s*newdoc(\s|=|$)")
-_WORD_ID = re.compile(r"[0-9]+")
-_SKIPPED_ID = re.compile(r"[0-9]+-[0-9]+|[0-9]+\.[0-9]+")  # multiword token ranges and empty nodes
-_HEAD = re.compile(r"-?[0-9]+")
-
-
-def _conllu_sentence(path: Path, block: list[tuple[int, str]], document: int) -> Segment:
-    text, words, heads, deprels, head_lines = None, [], [], [], []
-    for number, line in block:
-        if line.startswith("#"):
-            key, equals, value = line[1:].partition("=")
-            if key.strip() == "text" and equals:
-                text = value.strip()
-            continue
-        columns = line.split("\t")
-        if len(columns) != 10:
-            raise file_error(path, number, f"a CoNLL-U word line has 10 tab-separated columns, found {len(columns)}; "
-                                       "separate columns with tabs and write _ for an empty one")
-        word_id, head = columns[0], columns[6]
-        if _SKIPPED_ID.fullmatch(word_id):
-            continue  # not words of the basic tree
-        if not _WORD_ID.fullmatch(word_id):
-            raise file_error(path, number, f"ID column is {word_id!r}, expected a whole number; "
-                                       "number words 1, 2, 3, ... (ranges like 2-3 and empty nodes like 3.1 are skipped)")
-        if int(word_id) != len(words) + 1:
-            raise file_error(path, number, f"word ID is {int(word_id)}, expected {len(words) + 1}; "
-                                       "number each sentence's words 1, 2, 3, ... in order")
-        if not _HEAD.fullmatch(head):
-            raise file_error(path, number, f"HEAD column is {head!r}, expected a whole number; "
-                                       "write the ID of the word's head, 0 for the root")
-        words.append(columns[1])
-        heads.append(int(head))
-        deprels.append(columns[7])
-        head_lines.append(number)
-    if not words:
-        raise file_error(path, block[0][0], "sentence has no word lines; add them, or a blank line is missing")
-    for head, number in zip(heads, head_lines):
-        if not 0 <= head <= len(words):
-            raise file_error(path, number, f"HEAD is {head} but the sentence has {len(words)} words; "
-                                       f"use 0 for the root or a word ID from 1 to {len(words)}")
-    return Segment(text or " ".join(words), block[0][0], tuple(words), tuple(heads), tuple(deprels), document)
 
 
 class _ConlluReader:
@@ -232,7 +177,7 @@ class _ConlluReader:
         self.block: list[tuple[int, str]] = []  # (line number, line) of the sentence being read
         self.raw: list[bytes] = []  # and its lines' bytes
         self.start, self.newdocs = 0, 0
-        self.skipped = {"multiword_tokens": 0, "empty_nodes": 0}  # in the sentences kept: not words of the tree
+        self.notes = dict.fromkeys(NOTES, 0)  # what reading the sentences kept counted (headscan.corpus.conllu)
 
     def line(self, number: int, start: int, raw: bytes, line: str) -> None:
         if line.strip():
@@ -249,14 +194,12 @@ class _ConlluReader:
         block, raw = self.block, b"\n".join(self.raw)  # the sentence's bytes, as they lie in the file
         self.block, self.raw = [], []
         self.newdocs += any(_NEWDOC.match(line) for _, line in block)
-        segment = _conllu_sentence(self.path, block, self.newdocs)
+        segment, notes = parse_sentence(self.path, block, self.newdocs)
         kept = self.index.n_kept
         self.index.add(self.start, raw, block[0][0], self.newdocs, segment.text)
         if self.index.n_kept > kept and len(self.index.records) // _RECORD.size == self.index.n_kept:
-            for _, line in block:
-                word_id = line.split("\t", 1)[0]
-                if _SKIPPED_ID.fullmatch(word_id):
-                    self.skipped["empty_nodes" if "." in word_id else "multiword_tokens"] += 1
+            for name, count in notes.items():
+                self.notes[name] += count
 
 
 def _documents(kind: str, index: _Index, document_field: str | None) -> tuple[bool, str]:
@@ -286,8 +229,8 @@ _HOW = {
 def scan(path: Path, stream: BinaryIO, kind: str, text_field: str, document_field: str | None,
           limit: int | None) -> tuple[str, np.ndarray, str, dict]:
     """One pass over `stream`, a line at a time: its sha256, the `INDEX` of its first `limit` segments with
-    text, how documents were found, and what was skipped (CoNLL-U: multiword-token ranges and empty nodes of
-    the segments kept; {} otherwise). Every segment is checked, also those past `limit`.
+    text, how documents were found, and what reading the segments kept counted (CoNLL-U: multiword tokens,
+    those merged into their first word, empty nodes, words not found in the text; {} otherwise). Every segment is checked, also those past `limit`.
 
     The errors are those of reading the whole file at once: an empty file, then the first NUL byte, then the
     first line that is not UTF-8, then the first malformed segment, then a file without text.
@@ -343,14 +286,14 @@ def scan(path: Path, stream: BinaryIO, kind: str, text_field: str, document_fiel
     if not index.n_kept:
         raise file_error(path, None, f"every segment is empty or whitespace; {how}")
     keyed, documents = _documents(kind, index, document_field)
-    return sha256.hexdigest(), index.array(keyed), documents, getattr(reader, "skipped", {})
+    return sha256.hexdigest(), index.array(keyed), documents, getattr(reader, "notes", {})
 
 
 def segment(path: Path, kind: str, text_field: str, raw: bytes, line: int, document: int) -> Segment:
     """Parse one segment's bytes again (the reading pass checked them)."""
     text = raw.decode("utf-8")
     if kind == "conllu":
-        return _conllu_sentence(path, [(line + i, row.rstrip()) for i, row in enumerate(text.split("\n"))], document)
+        return parse_sentence(path, [(line + i, row.rstrip()) for i, row in enumerate(text.split("\n"))], document)[0]
     text = text.rstrip("\r")
     if kind == "jsonl":
         text = json.loads(text)[text_field]

@@ -56,6 +56,7 @@ import numpy as np
 
 from ..errors import ConfigError, CorpusError
 from .files import EACH_SEGMENT, CorpusFile, FileSegments, Segment, file_error, open_corpus, scan, segment, unreadable
+from .segment import NO_SPAN
 
 __all__ = ["Segment", "Corpus", "FileSegments", "read_corpus", "pack_corpus", "texts_corpus"]
 
@@ -160,14 +161,16 @@ def read_corpus(
             raise file_error(path, None, f"document_field={document_field!r} applies to .jsonl files only; leave it out")
         try:
             before = os.fstat(stream.fileno())
-            sha256, index, documents, skipped = scan(path, stream, kind, text_field, document_field, limit)
+            sha256, index, documents, notes = scan(path, stream, kind, text_field, document_field, limit)
             after = os.fstat(stream.fileno())
         except OSError as error:
             raise unreadable(path, error) from None
     file = CorpusFile(path, kind, text_field, before.st_size, before.st_mtime_ns)
     if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
         raise file.changed(None)
-    options = {f"skipped_{name}": count for name, count in skipped.items()}  # CoNLL-U: not words of the tree
+    # CoNLL-U: multiword tokens (and how many were merged into their first word), skipped empty nodes, words
+    # the text does not hold (headscan.corpus.conllu)
+    options = {("skipped_" if name == "empty_nodes" else "") + name: count for name, count in notes.items()}
     return Corpus(source, kind, sha256, FileSegments(file, index), options, documents)
 
 
@@ -210,14 +213,16 @@ def pack_corpus(corpus: Corpus, how: str, words: int) -> Corpus:
 
 
 def _joined(group: list[Segment], document: int) -> Segment:
-    words, heads, deprels = [], [], []
+    words, heads, deprels, spans, start = [], [], [], [], 0
     for segment in group:
         shift = len(words)
         words += segment.words
         heads += [head + shift if head else 0 for head in segment.heads]
         deprels += segment.deprels
+        spans += [span if span == NO_SPAN else (span[0] + start, span[1] + start) for span in segment.spans]
+        start += len(segment.text) + 1  # the space that joins it to the next
     text = " ".join(segment.text for segment in group)
-    return Segment(text, group[0].line, tuple(words), tuple(heads), tuple(deprels), document)
+    return Segment(text, group[0].line, tuple(words), tuple(heads), tuple(deprels), document, tuple(spans))
 
 
 def texts_corpus(texts: list[str], limit: int | None) -> Corpus:

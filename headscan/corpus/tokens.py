@@ -2,8 +2,8 @@
 
 Segments are tokenised per model with its own special tokens ([CLS] ... [SEP] for BERT-family encoders, BOS
 for decoders that use one), truncated to ``max_len`` tokens (or split into windows), and right-padded into
-batches. A CoNLL-U segment is tokenised from its gold words (`headscan.corpus.words`), so that every token
-belongs to one word.
+batches. A CoNLL-U segment is tokenised from its own text, exactly as a line of a plain-text corpus would be,
+and each token is given to a word by character offsets (`headscan.corpus.words.align_tokens`).
 
 This module does not run models: it uses their tokenizers.
 """
@@ -18,7 +18,8 @@ import torch
 
 from ..errors import ConfigError
 from .text import Corpus
-from .words import encode_words, word_alignment
+from .conllu import surface_spans
+from .words import align_tokens, word_alignment
 
 __all__ = ["EncodedCorpus", "encode", "batches", "Batch"]
 
@@ -35,6 +36,9 @@ class EncodedCorpus:
     # CoNLL-U only (else empty): each sequence's token -> word (-1 for special tokens), and its sentence's tree
     word_ids: tuple[tuple[int, ...], ...] = ()
     trees: tuple[tuple[tuple[int, ...], tuple[str, ...]], ...] = ()  # (HEADs, DEPRELs) of the sequence's sentence
+    missing: tuple[tuple[int, ...], ...] = ()  # the sequence's words of the text that no token went to (misses)
+    n_straddling: int = 0  # tokens whose characters lie in two words or more (given to the first)
+    n_words_without_token: int = 0  # words of the segments' texts that no token went to
 
     @property
     def n_tokens(self) -> int:
@@ -63,19 +67,19 @@ def encode(corpus: Corpus, model, max_len: int, indices: list[int] | None = None
         ids, n_truncated = _repeat_random_ids(corpus, model, max_len, bos, indices)
         return EncodedCorpus(ids, n_truncated, max_len)
     segments = [corpus.segments[i] for i in indices]
-    if corpus.kind == "conllu":
-        # From the treebank's words, so that every token belongs to one word (the syntax table needs it).
-        encoded, word_ids = _word_token_ids(model, [s.words for s in segments])
+    if corpus.kind == "conllu":  # as a text line would be, then tokens to words by characters (the syntax table needs it)
+        encoded, word_ids, missing, straddling = _aligned_token_ids(model, segments)
     else:
         # The model decides the special tokens: BOS exactly when it says so, whatever its tokenizer does alone.
-        encoded, word_ids = model.token_ids([s.text for s in segments]), None
-    out, owner, words, n_truncated, lost = [], [], [], 0, 0
+        encoded, word_ids, missing, straddling = model.token_ids([s.text for s in segments]), None, None, 0
+    out, owner, words_of, lost_words, n_truncated, lost = [], [], [], [], 0, 0
     encoder = model.family == "bidirectional"
     for position, ids in enumerate(encoded):
         word = word_ids[position] if word_ids is not None else ids  # walks beside the ids; dropped when not CoNLL-U
         if len(ids) <= max_len:
             out.append(tuple(ids))
-            words.append(tuple(word))
+            words_of.append(tuple(word))
+            lost_words.append(tuple(missing[position]) if missing is not None else ())
             owner.append(position)
             continue
         n_truncated += 1
@@ -88,23 +92,51 @@ def encode(corpus: Corpus, model, max_len: int, indices: list[int] | None = None
         else:  # keep the closing [SEP] of encoders: the model never sees a segment without one
             starts = [n_open]
             lost += len(ids) - max_len
-        for sequence, pieces in ((ids, out), (word, words)):
+        for sequence, pieces in ((ids, out), (word, words_of)):
             pieces.extend(tuple(sequence[:n_open]) + tuple(sequence[start:min(start + room, len(sequence) - n_close)])
                           + tuple(sequence[len(sequence) - n_close:]) for start in starts)
+        if missing is not None:  # a piece counts the tokenless words among those it holds
+            pieces = words_of[len(words_of) - len(starts):]
+            whole = long == "split"  # the pieces hold every word between them; a cut segment loses its end
+            lost_words.extend(_held(piece, missing[position], k == 0, whole and k == len(pieces) - 1)
+                              for k, piece in enumerate(pieces))
         owner.extend([position] * len(starts))
     if word_ids is None:
         return EncodedCorpus(tuple(out), n_truncated, max_len, lost, tuple(owner))
     trees = tuple((segments[p].heads, segments[p].deprels) for p in owner)
-    return EncodedCorpus(tuple(out), n_truncated, max_len, lost, tuple(owner), tuple(words), trees)
+    return EncodedCorpus(tuple(out), n_truncated, max_len, lost, tuple(owner), tuple(words_of), trees,
+                         tuple(lost_words), straddling, sum(map(len, missing)))
 
 
-def _word_token_ids(model, sentences: list[tuple[str, ...]]) -> tuple[list[list[int]], list[list[int]]]:
-    """Token ids of sentences given as words, with the special tokens a sweep feeds, and each token's word."""
-    pairs = encode_words(model.tokenizer, sentences, add_special_tokens=not model.causal)
-    opening = [model.special_token_ids["bos"]] if model.causal and model.prepend_bos else []
-    ids = [opening + list(tokens) for tokens, _ in pairs]
-    words = [[-1] * len(opening) + list(word) for _, word in pairs]
-    return ids, words
+def _aligned_token_ids(model, segments) -> tuple[list[list[int]], list[list[int]], list[list[int]], int]:
+    """Token ids of each segment's text exactly as a plain-text sweep feeds them, each token's word, the words
+    no token went to, and how many tokens straddle two words (`headscan.corpus.words.align_tokens`)."""
+    ids, word_ids, missing, straddling = [], [], [], 0
+    for segment, (tokens, spans) in zip(segments, model.token_spans([s.text for s in segments])):
+        words = segment.spans or _word_spans(segment)
+        token_word, straddles, without = align_tokens(segment.text, spans, words)
+        ids.append(tokens)
+        word_ids.append(token_word)
+        missing.append(without)
+        straddling += straddles
+    return ids, word_ids, missing, straddling
+
+
+def _word_spans(segment) -> tuple[tuple[int, int], ...]:
+    """The words' characters of a segment made by hand with words but without their spans: found in order."""
+    surfaces = [(word, range(i, i + 1), True) for i, word in enumerate(segment.words)]
+    return surface_spans(segment.text, list(segment.words), surfaces)[0]
+
+
+def _held(word_ids: tuple[int, ...], missing: list[int], first: bool, last: bool) -> tuple[int, ...]:
+    """The tokenless words of a piece of a cut segment: those between the words it holds, and those before
+    them in the `first` piece and after them in the `last`."""
+    present = [w for w in word_ids if w >= 0]
+    if not present:
+        return ()
+    low = -1 if first else min(present)
+    high = max(missing, default=0) + 1 if last else max(present)
+    return tuple(w for w in missing if low < w < high)
 
 
 def _repeat_random_ids(corpus: Corpus, model, max_len: int, bos: int | None, indices):
@@ -160,5 +192,5 @@ def batches(encoded: EncodedCorpus, batch_size: int, pad_id: int) -> Iterator[Ba
         words = None
         if encoded.trees:
             words = word_alignment([encoded.word_ids[i] for i in chosen], [encoded.trees[i][0] for i in chosen],
-                                   [encoded.trees[i][1] for i in chosen], width)
+                                   [encoded.trees[i][1] for i in chosen], width, [encoded.missing[i] for i in chosen])
         yield Batch(torch.tensor(chosen, dtype=torch.long), ids, mask, words)

@@ -1,16 +1,16 @@
 """Words of a treebank for a batch of tokens: which word each token belongs to, and each word's gold head.
 
-For a CoNLL-U corpus each sentence is tokenised from its syntactic words (`encode_words`), so every token
-belongs to one word; a `WordAlignment` carries, for a batch, each token's word and each word's gold head and
-relation (UD relations, subtypes folded into their base: `relation_id`). The syntax metric
-(`headscan.metrics.syntax`) reads them.
+A CoNLL-U sentence is tokenised from its own text, as a plain-text line would be, and each token is given
+to a word by character offsets (`align_tokens`: the word holding its first non-space character; the words'
+characters come from `headscan.corpus.conllu`). A `WordAlignment` carries, for a batch, each token's word
+and each word's gold head and relation (UD relations, subtypes folded into their base: `relation_id`). The
+syntax metric (`headscan.metrics.syntax`) reads them.
 
-This module does not score heads.
+This module does not score heads or tokenise.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -19,7 +19,7 @@ import torch
 
 from ..errors import CorpusError
 
-__all__ = ["RELATIONS", "DIRECTIONS", "WordAlignment", "relation_id", "encode_words", "word_alignment"]
+__all__ = ["RELATIONS", "DIRECTIONS", "WordAlignment", "relation_id", "align_tokens", "word_alignment"]
 
 # UD v2 universal relations (https://universaldependencies.org/u/dep/) without "root", which has no head word.
 UD_RELATIONS = ("acl", "advcl", "advmod", "amod", "appos", "aux", "case", "cc", "ccomp", "clf", "compound", "conj",
@@ -64,22 +64,30 @@ def word_alignment(
     heads: Sequence[Sequence[int]],
     deprels: Sequence[Sequence[str]],
     width: int | None = None,
+    missing: Sequence[Sequence[int]] | None = None,
 ) -> WordAlignment:
     """The `WordAlignment` of a batch of segments, right-padded to `width` tokens (default: the longest).
 
-    `word_ids` are each segment's ``BatchEncoding.word_ids()`` (None or -1 for special tokens), after any BOS
-    and truncation; `heads` are CoNLL-U HEADs (1-based, 0 for the root) and `deprels` the DEPRELs.
+    `word_ids` are each segment's token -> word (None or -1 for special tokens; `align_tokens`), after any BOS
+    and truncation; `heads` are CoNLL-U HEADs (1-based, 0 for the root) and `deprels` the DEPRELs. A word is
+    scored when it and its head both have a token, or are among the segment's `missing` words: words of the
+    text that no token went to, which count as misses (a word cut off by truncation is not scored at all).
 
     >>> words = word_alignment([[None, 0, 0, 1, None]], [[2, 0]], [["nsubj:pass", "root"]])
     >>> words.token_word.tolist(), words.head.tolist(), words.relation.tolist(), RELATIONS[27]
     ([[-1, 0, 0, 1, -1]], [[1, -1]], [[27, -1]], 'nsubj')
+    >>> word_alignment([[-1, 0, 0]], [[2, 0]], [["nsubj", "root"]]).head.tolist()  # word 1 has no token
+    [[-1, -1]]
+    >>> word_alignment([[-1, 0, 0]], [[2, 0]], [["nsubj", "root"]], missing=[[1]]).head.tolist()  # a miss
+    [[1, -1]]
     """
     n_words = max((len(h) for h in heads), default=0)
     width = max((len(w) for w in word_ids), default=0) if width is None else width
     token_word = np.full((len(word_ids), width), -1, dtype=np.int64)
     head = np.full((len(word_ids), n_words), -1, dtype=np.int64)
     relation = np.full((len(word_ids), n_words), -1, dtype=np.int64)
-    for row, (ids, gold, labels) in enumerate(zip(word_ids, heads, deprels, strict=True)):
+    missing = [()] * len(word_ids) if missing is None else missing
+    for row, (ids, gold, labels, lost) in enumerate(zip(word_ids, heads, deprels, missing, strict=True)):
         if len(ids) > width:
             raise CorpusError(f"segment {row} has {len(ids)} tokens, more than the batch width {width}")
         if len(gold) != len(labels):
@@ -87,10 +95,11 @@ def word_alignment(
         ids = np.array([-1 if i is None else i for i in ids], dtype=np.int64)
         if ids.size and ids.max() >= len(gold):
             raise CorpusError(f"segment {row}: a token belongs to word {ids.max()} but the sentence has {len(gold)} "
-                              f"words; tokenise the segment from its CoNLL-U words")
+                              f"words; align the tokens to the segment's own words")
         token_word[row, : len(ids)] = ids
         present = np.zeros(len(gold) + 1, dtype=bool)  # word index + 1, so that the root (0) is never present
         present[ids[ids >= 0] + 1] = True
+        present[np.asarray(lost, dtype=np.int64) + 1] = True  # no token, yet in the text: scored as a miss
         gold = np.asarray(gold, dtype=np.int64)
         scored = present[1:] & present[gold]  # the word and its head both have a token (the root has none)
         head[row, : len(gold)] = np.where(scored, gold - 1, -1)
@@ -98,56 +107,49 @@ def word_alignment(
     return WordAlignment(torch.from_numpy(token_word), torch.from_numpy(head), torch.from_numpy(relation))
 
 
-# --- tokenising from words ---------------------------------------------------------------------------------
+# --- tokens to words by character offsets ------------------------------------------------------------------
 
 
-def _word_backend(tokenizer):
-    """A `tokenizers.Tokenizer` that encodes a list of words with a space before each one where that matters.
+def align_tokens(text: str, token_spans: Sequence[tuple[int, int] | None], word_spans: Sequence[tuple[int, int]]
+                 ) -> tuple[list[int], int, list[int]]:
+    """The word of each token of `text`, how many tokens straddle two words, and the words no token went to.
 
-    Byte-level BPE (GPT-2, Llama 3, SmolLM2) spells a word after a space differently ("Ġworld" vs "world");
-    Hugging Face's ``add_prefix_space=True`` gives each pre-split word that space, but only where the
-    tokenizer was built with it, and transformers 5 tokenisers without it accept ``is_split_into_words``
-    silently and glue the words together. So the backend is copied (the model's own tokenizer is not
-    touched) with a ``Prepend(" ")`` normaliser, which puts one space before each word as add_prefix_space
-    does, also where the ByteLevel step sits behind a regex Split. Other tokenizers (WordPiece, SentencePiece's
-    Metaspace) are used as they are: they already start each word afresh. The copy neither pads nor truncates,
-    whatever the tokenizer.json says.
+    `token_spans` are the tokens' [start, stop) characters in `text` (a fast tokenizer's offset mapping;
+    None for special tokens, which belong to no word: -1); `word_spans` the words' (`Segment.spans`,
+    (-1, -1) for a word not found in the text). A token goes to the word holding its first non-space
+    character; a token with none (only spaces, or no characters) to the next word, or the last one before
+    it at the end of the text. Words may then be left without a token (the second of '".' when one token
+    covers both): the syntax metric counts them as misses (`word_alignment`'s `missing`).
+
+    >>> text = 'It is "ok".'  # a byte-level BPE splits: It | Ġis | Ġ" | ok | ".
+    >>> align_tokens(text, [None, (0, 2), (2, 5), (5, 7), (7, 9), (9, 11)],
+    ...              [(0, 2), (3, 5), (6, 7), (7, 9), (9, 10), (10, 11)])
+    ([-1, 0, 1, 2, 3, 4], 1, [5])
     """
-    from tokenizers import Tokenizer
-
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        raise CorpusError(f"{type(tokenizer).__name__} is not a fast (Rust) tokenizer, so it cannot report which "
-                          f"word each token belongs to; load the model with its fast tokenizer")
-    spec = json.loads(backend.to_str())
-    spec["padding"] = spec["truncation"] = None  # a tokenizer.json may pad or cut every encoding; we do neither
-    if _needs_prefix_space(spec.get("pre_tokenizer")):
-        prepend = {"type": "Prepend", "prepend": " "}
-        normalizer = spec.get("normalizer")
-        spec["normalizer"] = prepend if normalizer is None else {"type": "Sequence", "normalizers": [normalizer, prepend]}
-    return Tokenizer.from_str(json.dumps(spec))
-
-
-def _needs_prefix_space(pre_tokenizer) -> bool:
-    """Whether a pre-tokenizer (its JSON) is byte-level without a prefix space of its own."""
-    if not isinstance(pre_tokenizer, dict):
-        return False
-    if pre_tokenizer.get("type") == "ByteLevel":
-        return not pre_tokenizer.get("add_prefix_space", False)
-    return any(_needs_prefix_space(p) for p in pre_tokenizer.get("pretokenizers", []))
-
-
-def encode_words(tokenizer, sentences: Sequence[Sequence[str]], *, add_special_tokens: bool = True
-                 ) -> list[tuple[list[int], list[int]]]:
-    """Token ids of each sentence given as its words, and each token's word (-1 for special tokens).
-
-    The equivalent of ``tokenizer(words, is_split_into_words=True)`` and its ``word_ids()``, with the prefix
-    space byte-level BPE needs (see `_word_backend`). `add_special_tokens` adds the tokenizer's own ([CLS]
-    ... [SEP]); a causal model's BOS is the caller's (give it word -1). Never truncates. A word the tokenizer
-    turns into no token at all (BERT's normaliser drops control characters) is simply absent: it is neither
-    scored nor predicted (see `word_alignment`).
-    """
-    backend = _word_backend(tokenizer)
-    sentences = [list(words) for words in sentences]
-    encodings = backend.encode_batch(sentences, is_pretokenized=True, add_special_tokens=add_special_tokens)
-    return [(list(e.ids), [-1 if w is None else w for w in e.word_ids]) for e in encodings]
+    n = len(text)
+    char_word = np.full(n + 1, -1, dtype=np.int64)  # (char,) the word holding each character; a sentinel at n
+    for word, (start, stop) in enumerate(word_spans):
+        if start >= 0:
+            char_word[start:stop] = word
+    usable = char_word >= 0  # a word's character that is not a space
+    usable[:n] &= ~np.fromiter((c.isspace() for c in text), dtype=bool, count=n)
+    usable[n] = True
+    positions = np.arange(n + 1)
+    following = np.minimum.accumulate(np.where(usable, positions, n)[::-1])[::-1]  # (char,) first usable at or after
+    preceding = np.maximum.accumulate(np.where(usable[:n], positions[:n], -1))  # (char,) last usable at or before
+    token_word, straddling = [], 0
+    for span in token_spans:
+        if span is None:
+            token_word.append(-1)
+            continue
+        start, stop = min(max(span[0], 0), n), min(max(span[1], 0), n)
+        first = following[start]
+        if first < stop:  # the token holds a word's character
+            token_word.append(int(char_word[first]))
+            straddling += int(char_word[preceding[stop - 1]] != char_word[first])
+        elif first < n:  # spaces only: the next word
+            token_word.append(int(char_word[first]))
+        else:  # spaces at the end: the last word
+            token_word.append(int(char_word[preceding[start - 1]]) if start > 0 and preceding[start - 1] >= 0 else -1)
+    given = set(token_word)
+    return token_word, straddling, [w for w in range(len(word_spans)) if w not in given]

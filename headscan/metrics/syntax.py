@@ -1,8 +1,8 @@
 """Syntactic heads on gold treebanks (Clark et al. 2019): is a head's most-attended word the word's syntactic head?
 
-For a CoNLL-U corpus each sentence is tokenised from its syntactic words, so every token belongs to one word;
-a `headscan.corpus.words.WordAlignment` carries, for a batch, each token's word and each word's gold head and
-relation. Per layer, `dependency_accuracy` turns the token pattern into word attention and scores every head;
+For a CoNLL-U corpus each sentence is tokenised from its own text and each token given to one of its syntactic
+words by characters (`headscan.corpus.words.align_tokens`); a `headscan.corpus.words.WordAlignment` carries, for
+a batch, each token's word and each word's gold head and relation. Per layer, `dependency_accuracy` turns the token pattern into word attention and scores every head;
 `offset_baseline` scores the fixed-offset baseline on the same words. Both return per-segment sums and counts,
 so the sweep adds them up and bootstraps them like every metric.
 
@@ -30,7 +30,8 @@ The method, as in Clark et al.'s ``Syntax_Analysis.ipynb`` and ``bpe_utils.py``,
   ``nmod:poss`` -> ``nmod``; so Clark's special case for ``poss`` has nothing to apply to), plus ``all``.
   Root words have no head word and are never counted; ``all`` counts every other word, punctuation
   included. A label that is not a UD relation counts in ``all`` only.
-- Words with no token (cut off by ``max_len``) are neither scored nor anyone's predicted head.
+- Words cut off by ``max_len`` are neither scored nor anyone's predicted head. A word of the text that got no
+  token (one token covering two words gives it to the first) is scored, and can only be a miss.
 
 This module does not run models or read treebanks: `headscan.corpus` reads the words, heads and relations
 (`headscan.corpus.words`), and the sweep hands each layer's pattern here.

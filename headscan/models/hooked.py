@@ -92,6 +92,39 @@ class HookedModel:
         opening = [self.special_token_ids["bos"]] if self.prepend_bos else []
         return [opening + list(ids) for ids in encoded]
 
+    def token_spans(self, texts: Sequence[str]) -> list[tuple[list[int], list[tuple[int, int] | None]]]:
+        """`token_ids` of each text, and each token's [start, stop) characters in the text (None for special
+        tokens): the fast tokenizer's own offset mapping, from the same call, so the ids are `token_ids`'.
+
+        >>> import tempfile
+        >>> from headscan.models import load_model
+        >>> from headscan.testing import build_tiny_checkpoint
+        >>> folder = str(build_tiny_checkpoint(tempfile.mkdtemp(), "bert"))
+        >>> ids, spans = load_model(folder).token_spans(["the cat"])[0]  # the c ##a ##t
+        >>> spans
+        [None, (0, 3), (4, 5), (5, 6), (6, 7), None]
+        """
+        texts = list(texts)
+        if not texts:
+            return []
+        if not getattr(self.tokenizer, "is_fast", False):
+            from ..errors import CorpusError
+
+            raise CorpusError(f"{self.name}: its tokenizer ({type(self.tokenizer).__name__}) is not a fast (Rust) "
+                              f"tokenizer, so it cannot say which characters each token covers, which a CoNLL-U "
+                              f"sweep needs to give tokens to words; load the model with its fast tokenizer")
+        specials = not self.causal  # as token_ids: a causal model's BOS is put back below
+        encoded = self.tokenizer(texts, add_special_tokens=specials, truncation=False, verbose=False,
+                                 return_offsets_mapping=True, return_special_tokens_mask=True)
+        out = []
+        for ids, offsets, special in zip(encoded["input_ids"], encoded["offset_mapping"], encoded["special_tokens_mask"]):
+            spans = [None if is_special else (int(start), int(stop))
+                     for (start, stop), is_special in zip(offsets, special)]
+            if self.causal and self.prepend_bos:
+                ids, spans = [self.special_token_ids["bos"], *ids], [None, *spans]
+            out.append((list(ids), spans))
+        return out
+
     @contextlib.contextmanager
     def pattern_forward(self, hooks: dict[int, Callable], attention: str = "eager", query_chunk: int = 512,
                         internals: dict[str, dict[int, Callable]] | None = None):

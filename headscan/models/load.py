@@ -31,12 +31,13 @@ from typing import Any
 import torch
 
 from . import forward, hooks as hooking
-from ..config import DEVICES
+from ..config import CONTROLS, DEVICES, control_name
 from ..config import DTYPES as DTYPE_NAMES
 from ..errors import ConfigError, ModelLoadError, ModelNotFoundError
 from .aliases import ALIASES, DEFAULT_MODELS, alias_status  # noqa: F401  (re-exported)
 from .hooked import PATHS, HookedModel  # noqa: F401  (re-exported)
 from .hooks import PatternSite
+from .random_init import initializer_note, random_init
 from .specs import (_architecture, _has_adapter, _hf_cache_revision, _not_found, _offline, _one_line, _quiet,  # noqa: F401
                     check_spec, describe_spec)
 
@@ -133,6 +134,11 @@ def _via_hooks(target: str, *, device: str, dtype: torch.dtype, hf_model=None, t
             tokenizer = AutoTokenizer.from_pretrained(target)
     else:
         hf_model.set_attn_implementation("eager")
+        if tokenizer is None:  # a random-init control: the trained model's tokenizer
+            from transformers import AutoTokenizer
+
+            with _quiet():
+                tokenizer = AutoTokenizer.from_pretrained(target)
     hf_model = (hf_model if device_map else hf_model.to(device)).eval()
     found = hooking.discover(hf_model, tokenizer)
     config = hf_model.config.get_text_config()
@@ -277,8 +283,10 @@ def load_model(
     dtype: str = "float32",
     prepend_bos: bool | None = None,
     device_map: str | None = None,
+    control: str | None = None,
+    control_seed: int = 0,
 ) -> HookedModel:
-    """Load and hook the model named by `spec`.
+    """Load and hook the model named by `spec` (or a control of it, named ``"<spec> [random init]"`` etc.).
 
     Parameters
     ----------
@@ -296,6 +304,11 @@ def load_model(
         GPT-2 (``<|endoftext|>``), Llama, Mistral and Gemma; no for Pythia, Qwen, Phi and BLOOM; yes on the
         ``hf_hooks`` path. A model without a BOS token gets its EOS token, as in TransformerLens. Encoders
         always get their own [CLS] ... [SEP].
+    control
+        ``"random-init"``: the same architecture and tokenizer, its weights drawn from the config's own
+        initialiser with `control_seed` (`headscan.models.random_init`), hooked by the same path as the trained
+        model. ``"shuffled-words"``: the trained model itself, named as the control a sweep runs over the
+        corpus with each segment's words permuted (the corpus is the sweep's business).
     """
     device = resolve_device(device)
     if dtype not in DTYPES:
@@ -346,9 +359,43 @@ def load_model(
     if device_map and hf_model is not None:
         raise ConfigError(f"device_map: {spec!r} is a .gguf file, which loads whole on one device; leave device_map "
                           f"out, or pass a Hugging Face checkpoint", setting="device_map")
-    model = _hook(spec, target, config, device=device, dtype=torch_dtype, prepend_bos=prepend_bos, hf_model=hf_model,
-                  tokenizer=tokenizer, device_map=device_map, source=source, id=model_id, revision=revision or "unknown")
+    if control not in (None, *CONTROLS):
+        raise ConfigError(f"control must be one of {', '.join(CONTROLS)}; got {control!r}", setting="control")
+    note = None
+    if control == "random-init":
+        if device_map:
+            raise ConfigError("device_map: a random-init control is built whole on one device; leave device_map out",
+                              setting="device_map")
+        # Built here, so that both paths hook it: the bridge's own class where TransformerLens has an adapter
+        # (the tokenizer then comes as the trained model's does), else AutoModel's; a GGUF's own class.
+        if hf_model is not None:
+            model_class, config = type(hf_model), hf_model.config
+        else:
+            model_class = _bridge_class(config) if _has_adapter(config) else _auto_model()
+        with _quiet():
+            hf_model = random_init(model_class, config, seed=control_seed, dtype=torch_dtype).to(device)
+        note = initializer_note(hf_model, control_seed)
+    model = _hook(control_name(spec, control), target, config, device=device, dtype=torch_dtype,
+                  prepend_bos=prepend_bos, hf_model=hf_model, tokenizer=tokenizer, device_map=device_map, source=source,
+                  id=model_id, revision=revision or "unknown")
     if source == "huggingface" and model.revision == "unknown":
         model.revision = _hf_cache_revision(spec) or "unknown"  # cached by the download just made
+    if control is not None:
+        model.extra.update({"control": control, "control_of": spec, "control_seed": control_seed}
+                           | ({"initializer": note} if note else {}))
     return model
+
+
+def _bridge_class(config):
+    """The Hugging Face (Auto) class TransformerLens' bridge loads an architecture with."""
+    from transformer_lens.model_bridge.sources.transformers.helpers import get_hf_model_class_for_architecture
+    from transformer_lens.model_bridge.sources.transformers import determine_architecture_from_hf_config
+
+    return get_hf_model_class_for_architecture(determine_architecture_from_hf_config(config))
+
+
+def _auto_model():
+    from transformers import AutoModel
+
+    return AutoModel
 

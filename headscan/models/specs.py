@@ -15,6 +15,7 @@ import os
 import warnings
 from pathlib import Path
 
+from ..config import split_control
 from .aliases import ALIASES, alias_status
 from ..errors import ModelNotFoundError
 
@@ -87,13 +88,16 @@ def _has_adapter(config) -> bool:
 
 
 def describe_spec(spec: str) -> dict:
-    """Architecture, model type and hooking path of `spec`, from its config alone (no weights are loaded).
+    """Architecture, model type and hooking path of `spec`, from its config alone (no weights are loaded), and
+    which control of its model it is (``control``: None for a model itself, as in ``"minilm [random init]"``).
 
     The path is the one `load_model` tries first: ``transformer_lens`` where TransformerLens has an adapter,
-    else ``hf_hooks``; a model the bridge then fails on still falls back to ``hf_hooks`` when loaded.
+    else ``hf_hooks``; a model the bridge then fails on still falls back to ``hf_hooks`` when loaded. A control
+    takes its model's path.
     """
     from transformers import AutoConfig
 
+    spec, control = split_control(spec)
     check_spec(spec)
     target = ALIASES[spec].locate() if spec in ALIASES else Path(spec).expanduser()
     try:
@@ -105,7 +109,7 @@ def describe_spec(spec: str) -> dict:
     except (OSError, ValueError) as error:
         raise ModelNotFoundError(f"model {spec!r}: no readable config ({_one_line(error, 120)})") from None
     return {"architecture": _architecture(config), "model_type": getattr(config, "model_type", None),
-            "path": "transformer_lens" if _has_adapter(config) else "hf_hooks"}
+            "path": "transformer_lens" if _has_adapter(config) else "hf_hooks", "control": control, "model": spec}
 
 
 def check_spec(spec: str) -> None:

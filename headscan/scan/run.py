@@ -23,13 +23,14 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..config import SweepConfig
+from ..config import SweepConfig, control_name
 from ..corpus import Corpus, pack_corpus, read_corpus, texts_corpus
 from ..errors import ConfigError, ModelLoadError, SweepInterrupted, TablesError
-from ..models import DEFAULT_MODELS, check_spec, load_model
+from ..models import DEFAULT_MODELS, check_spec
 from ..tables import SweepTables, check_out, load
+from .controls import corpus_for, load_swept, swept_names
 from .finish import publish, run_provenance
-from .plan import fingerprint
+from .plan import fingerprint, resolve_unit
 from .reduce import accumulate
 from .resume import SAVE_EVERY, check_resumable, partial_folder, state_file, stop_requests
 from .state import PartialState, Shard, merge_states
@@ -77,6 +78,8 @@ def sweep(
         keeps no partial state). An existing folder with files is replaced only with `overwrite`.
     config, **settings
         A `SweepConfig`, or its fields as keywords (``max_len=64``); keywords override `config`.
+        ``control=("random-init", "shuffled-words")`` also sweeps each model's controls, as models of their own
+        (`headscan.scan.controls`); each doubles the sweep's time.
     shard
         ``"K/N"`` or a `Shard`: sweep only the documents whose index is K modulo N (K from 0); the output
         keeps the partial states that `merge` needs.
@@ -107,40 +110,47 @@ def sweep(
         check_spec(spec)
     if out is not None:
         check_out(out, overwrite=overwrite)
+    if config.document_field is not None and (isinstance(corpus, (Corpus, list, tuple))):
+        raise ConfigError("document_field names a field of a .jsonl file's lines; leave it out for a list of texts "
+                          "or a Corpus (give each Segment its document)", setting="document_field")
     if isinstance(corpus, Corpus):
         text = corpus
     elif isinstance(corpus, (list, tuple)):
         text = texts_corpus(list(corpus), config.limit)
     else:
-        text = read_corpus(corpus, limit=config.limit)
+        text = read_corpus(corpus, limit=config.limit, document_field=config.document_field)
     text = pack_corpus(text, config.pack, config.max_len)
+    config, unit_why = resolve_unit(text, config)  # the unit used, everywhere from here on: the fingerprint too
     if shard is not None and shard.count > text.n_documents:
         raise ConfigError(f"shard: {shard.count} shards of {text.n_documents} documents would leave some empty; "
                           f"use at most {text.n_documents}", setting="shard")
     partial = partial_folder(out) if out is not None else None
     if partial is not None and restart:
         shutil.rmtree(partial, ignore_errors=True)
+    names = swept_names(models, config)  # each model, then its controls
+    if "shuffled-words" in config.control:
+        corpus_for(control_name(models[0], "shuffled-words"), text, config)  # refuses a corpus without words
     if ray not in (None, False):  # (model, shard) tasks on a Ray cluster, after the same checks
         from .cluster import sweep_on_ray
 
-        return sweep_on_ray(models, text, out, config, address=ray, shard=shard, overwrite=overwrite, progress=progress,
-                            command=command, save_every=save_every)
+        return sweep_on_ray(names, text, out, config, address=ray, shard=shard, overwrite=overwrite, progress=progress,
+                            command=command, save_every=save_every, unit_why=unit_why)
 
     started = datetime.now(timezone.utc)
     states: dict[str, PartialState] = {}
     skipped: dict[str, str] = {}
     with stop_requests() as should_stop:
-        for spec in models:
+        for name in names:
             try:
-                states[spec] = _sweep_one(spec, text, config, shard, partial, should_stop, progress, save_every)
+                states[name] = _sweep_one(name, text, config, shard, partial, should_stop, progress, save_every)
             except ModelLoadError as error:  # one model that cannot be hooked does not cost the others
-                if len(models) == 1:
+                if len(names) == 1:
                     raise
-                skipped[spec] = str(error)
-                print(f"skipped {spec}: {error}", file=sys.stderr)
+                skipped[name] = str(error)
+                print(f"skipped {name}: {error}", file=sys.stderr)
     if not states:
         raise ModelLoadError(f"no model could be swept: {'; '.join(skipped.values())}")
-    provenance = run_provenance(text, config, command=command, started=started, shard=shard)
+    provenance = run_provenance(text, config, command=command, started=started, shard=shard, unit_why=unit_why)
     if skipped:
         provenance = dataclasses.replace(provenance, extra=provenance.extra | {"skipped": skipped})
     # a shard's output keeps each model's state: merge needs its replicates and power sums
@@ -151,9 +161,10 @@ def sweep(
 
 def _sweep_one(spec: str, corpus: Corpus, config: SweepConfig, shard: Shard | None, partial: Path | None,
                should_stop, progress: bool, save_every: float) -> PartialState:
-    """One model's finished state: resumed from `partial` where a matching state was saved there."""
-    model = load_model(spec, device=config.device, dtype=config.dtype, prepend_bos=config.prepend_bos,
-                       device_map=config.device_map)
+    """One model's finished state (a control's: `headscan.scan.controls`), resumed from `partial` where a matching
+    state was saved there."""
+    model = load_swept(spec, config)
+    corpus = corpus_for(spec, corpus, config)
     try:
         path = partial / state_file(spec, shard) if partial is not None else None
         state = None

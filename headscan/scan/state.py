@@ -33,13 +33,13 @@ import numpy as np
 from .. import intervals
 from ..errors import TablesError
 
-__all__ = ["PartialState", "FINGERPRINT_FIELDS", "merge_states", "Shard"]
+__all__ = ["PartialState", "FINGERPRINT_FIELDS", "merge_states", "add_tallies", "Shard"]
 
 STATE_VERSION = 1
 
 # Settings whose change changes the numbers: two states must agree on each to be added, or to resume.
 FINGERPRINT_FIELDS = ("max_len", "long", "limit", "dtype", "specials", "max_offset", "bootstrap", "seed", "prepend_bos",
-                      "bootstrap_unit", "window", "pack", "attention", "query_chunk", "values")
+                      "bootstrap_unit", "window", "pack", "attention", "query_chunk", "values", "document_field")
 
 
 @dataclass(frozen=True)
@@ -99,6 +99,9 @@ class PartialState:
     # architecture's weights could not be read (the model's provenance says why). No corpus, so not summed.
     weights: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0)))
     embedding: str | None = None  # how the weights table's unembedding was taken: "tied", "untied"; None: not read
+    # Counts of how the corpus was read for this model, added up like n_tokens (CoNLL-U: tokens straddling two
+    # words, words without a token); they go into the model's provenance.
+    tallies: dict = field(default_factory=dict)
 
     @classmethod
     def empty(cls, fingerprint: dict, shard: Shard | None, shape: tuple[int, int, int], n_replicates: int) -> PartialState:
@@ -115,7 +118,7 @@ class PartialState:
             "windows_done": self.windows_done, "finished": self.finished, "model": self.model,
             "n_segments": self.n_segments, "n_tokens": self.n_tokens, "n_truncated": self.n_truncated,
             "n_tokens_lost": self.n_tokens_lost,
-            "seconds": self.seconds, "embedding": self.embedding,
+            "seconds": self.seconds, "embedding": self.embedding, "tallies": self.tallies,
         }
 
     def save(self, path: Path) -> None:
@@ -170,7 +173,8 @@ class PartialState:
                    windows_done=header["windows_done"], finished=header["finished"], model=header["model"],
                    n_segments=header["n_segments"], n_tokens=header["n_tokens"], n_truncated=header["n_truncated"],
                    n_tokens_lost=int(header.get("n_tokens_lost") or 0), seconds=header["seconds"], baseline=baseline,
-                   weights=weights, embedding=header.get("embedding", _embedding_of(header["model"])))
+                   weights=weights, embedding=header.get("embedding", _embedding_of(header["model"])),
+                   tallies=dict(header.get("tallies") or {}))
 
     # --- finishing -------------------------------------------------------------------------------------
 
@@ -192,6 +196,15 @@ class PartialState:
             "ci_low": np.where(defined, low, nan), "ci_high": np.where(defined, high, nan),
             "units": units, "top_unit_share": np.where(defined, top_share, nan),
         }
+
+
+def add_tallies(a: dict, b: dict) -> dict:
+    """Two states' tallies added up, name by name.
+
+    >>> add_tallies({"words_without_token": 2}, {"words_without_token": 1, "tokens_straddling_words": 3})
+    {'words_without_token': 3, 'tokens_straddling_words': 3}
+    """
+    return {name: a.get(name, 0) + b.get(name, 0) for name in dict.fromkeys([*a, *b])}
 
 
 def _embedding_of(model: dict) -> str | None:
@@ -268,5 +281,6 @@ def merge_states(states: list[PartialState], names: list[str]) -> PartialState:
         total.n_truncated += state.n_truncated
         total.n_tokens_lost += state.n_tokens_lost
         total.seconds += state.seconds
+        total.tallies = add_tallies(total.tallies, state.tallies)
     total.fingerprint["shard"] = None
     return total

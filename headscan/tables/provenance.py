@@ -12,6 +12,12 @@ This module does not compute anything; `headscan.scan` fills these in, `headscan
 (1, 'minilm', 6, None)
 >>> RunProvenance.from_json(run.to_json()) == run
 True
+
+A control model (``--control``) is a model of its own, named after the trained one:
+
+>>> control = ModelProvenance("minilm [random init]", control="random-init", control_of="minilm")
+>>> ModelProvenance.from_json(control.to_json()) == control, run.models[0].control
+(True, None)
 """
 
 from __future__ import annotations
@@ -65,6 +71,10 @@ class ModelProvenance:
     n_tokens_lost: int | None = None  # tokens cut off the truncated segments
     max_len: int | None = None
     seconds: float | None = None
+    # Controls (issue 19): "random-init" (the same architecture, weights drawn from the config's own initialiser)
+    # or "shuffled-words" (the trained model on each segment's words permuted); None for a trained model as given.
+    control: str | None = None
+    control_of: str | None = None  # a control's trained model, by its name in this run
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
