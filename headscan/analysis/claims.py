@@ -56,7 +56,7 @@ def why_not(rows: pd.DataFrame, *, striking="high") -> pd.Series:
     ['', 'at chance', 'below chance', 'thin support']
     >>> why_not(rows.assign(ci_low=[2.0, 1.0, 0.5, 2.0], ci_high=[2.2, 1.2, 0.9, 2.2], chance=1.0),
     ...         striking="low").tolist()
-    ['above chance', 'at chance', '', 'thin support']
+    ['above chance', 'at chance', '', 'thin support; above chance']
     """
     side = striking if isinstance(striking, pd.Series) else pd.Series(striking, index=rows.index)
     low, high, chance = _column(rows, "ci_low"), _column(rows, "ci_high"), _column(rows, "chance")

@@ -158,8 +158,9 @@ def context_section(comparison: Comparison, pngs: Pngs) -> list:
              "by position: bucket b holds positions b to 2b \u2212 1 (bucket 0 is position 0 alone), so the buckets "
              "double, 1, 2, 4, 8, ... up to the sweep's max_len, and each is a mean over the queries of the corpus "
              "that fall in it. `first_token_by_position` is the share of attention on the first token (BOS or "
-             "[CLS]): an attention sink's share; `distance_by_position` is the mean distance attended over, "
-             "sum_k A[q, k] |q \u2212 k| in tokens (see the metric definitions)."),
+             "[CLS]): an attention sink's share; `distance_by_position` is the mean distance attended over past the "
+             "first token, sum_{k \u2265 1} A[q, k] |q \u2212 k| in tokens (see the metric definitions). Statements "
+             "are made only at buckets whose rows are not thin, about heads beyond chance."),
     ]
     short = [f"{name} ({n})" for name, n in filled.items() if name not in long]
     sink = context.layer_profiles(positions, metric=context.SINK)
@@ -173,42 +174,27 @@ def context_section(comparison: Comparison, pngs: Pngs) -> list:
                 ax.set_visible(False)
                 continue
             sinks = metric == context.SINK
-            charts.position_profiles(frame, model=m.name, ax=ax, share=sinks,
+            chance = context.chance_profile(positions, metric=metric)
+            charts.position_profiles(frame, model=m.name, ax=ax, share=sinks, chance=chance,
                                      ylabel="share on the first token" if sinks else "mean distance (tokens)",
                                      title=f"{m.name} ({m.family}): "
-                                           + ("first-token share" if sinks else "distance attended over"))
+                                           + ("first-token share" if sinks else "distance past the first token"))
     name = pngs.add("context_by_layer.png", fig)
-    blocks.append(Figures([name], "Each model's first-token share (left) and mean distance attended over (right) "
-                                  "against the query's position, one line per layer (the mean over its heads), "
+    blocks.append(Figures([name], "Each model's first-token share (left) and mean distance attended over past the "
+                                  "first token (right) against the query's position, one line per layer (the mean "
+                                  "over its heads), with uniform attention's value on the same queries as a dashed "
+                                  "black line (chance: a share falls along the context for uniform attention too, "
+                                  "1/(q+1) at position q of a causal model, so compare each line with it), "
                                   "coloured by depth from layer 0 (dark) to the last layer (yellow); position on a "
                                   "log2 axis, each point at its bucket's first position."))
     tops = context.sink_heads(positions, n=CONTEXT_TOP)
     items = []
     for m in models:
-        mine = sink[sink["model"] == m.name]
-        mine = mine[mine["bucket"] >= 1]
-        top = tops[tops["model"] == m.name]
-        if mine.empty or top.empty:
-            continue
-        early, late = int(mine["bucket"].min()), int(mine["bucket"].max())
-        model_mean = positions[(positions["model"] == m.name) & (positions["metric"] == context.SINK)]
-        mean_at = model_mean.groupby("bucket")["value"].mean()
-        heads_text = ", ".join(f"{r.label} {r.value:.2f} ({r.early:.2f} at {_positions(r.early_bucket)})"
-                               for r in top.itertuples())
-        items.append(f"{m.name}: the mean first-token share over all heads is {mean_at[early]:.2f} at "
-                     f"{_positions(early)} and {mean_at[late]:.2f} at {_positions(late)}; the largest at "
-                     f"{_positions(late)}: {heads_text}.")
+        items += _sink_sentences(m.name, positions, tops)
     reach = context.reach(positions)
     reach = reach[reach["model"].isin(long)]
     for m in models:
-        mine = reach[reach["model"] == m.name]
-        if mine.empty:
-            continue
-        bucket = int(mine["bucket"].iloc[0])
-        far, near = mine.loc[mine["value"].idxmax()], mine.loc[mine["value"].idxmin()]
-        items.append(f"{m.name} at {_positions(bucket)}: {far['label']} looks furthest, {far['distance']:.1f} tokens "
-                     f"on average (reach {far['value']:.2f}); {near['label']} nearest, {near['distance']:.1f} tokens "
-                     f"(reach {near['value']:.2f}), {near['distance_early']:.1f} at {_positions(int(near['early_bucket']))}.")
+        items += _reach_sentences(m.name, reach)
     if items:
         blocks.append(Bullets(items))
     if len(reach):
@@ -216,16 +202,17 @@ def context_section(comparison: Comparison, pngs: Pngs) -> list:
         top = max(1.0, float(reach["value"].max()))
 
         def draw(rows, model, ax, cbar):
-            figures.value_heatmap(rows, model=model, ax=ax, vmin=0.0, vmax=top, label="reach: distance / position",
+            figures.value_heatmap(rows, model=model, ax=ax, vmin=0.0, vmax=top, label="reach: distance / uniform's",
                                   cbar=cbar, title=f"{model}: reach at {_positions(int(rows['bucket'].iloc[0]))}")
 
         files = heatmap_rows(drawable, pngs, "context_reach", draw)
-        blocks.append(Figures(files, "Reach of each head: its mean distance attended over at the model's longest "
-                                     "bucket divided by that bucket's first position. A head that looks a fixed "
-                                     "number of tokens back keeps its distance as the context grows, so its reach is "
-                                     "near 0; one that spreads over everything before the query looks further the "
-                                     "later the query, with a reach near 0.75 (uniform attention over the context); "
-                                     f"one scale, 0 to {top:.2f}; annotated: the {ANNOTATE_TOP} longest reaches."))
+        blocks.append(Figures(files, "Reach of each head at the model's longest bucket that is not thin: its mean "
+                                     "distance attended over past the first token, divided by the same under uniform "
+                                     "attention over the keys each query sees (the chance column). Uniform attention "
+                                     "reaches 1; a head that looks a fixed number of tokens back, near 0, and so does a "
+                                     "sink, whose attention on the first token is left out (the first-token share "
+                                     f"shows it); one scale, 0 to {top:.2f}; annotated: the {ANNOTATE_TOP} longest "
+                                     "reaches."))
     rows = _context_table(positions, reach, tops, long)
     if len(rows):
         blocks.append(Table(rows, numeric=tuple(c for c in rows.columns if c not in ("model", "head")), sortable=True,
@@ -236,6 +223,57 @@ def context_section(comparison: Comparison, pngs: Pngs) -> list:
         blocks.append(Note("Not drawn, with fewer than "
                            f"{context.MIN_BUCKETS} non-empty buckets (too short a context): " + ", ".join(short) + "."))
     return blocks
+
+
+def _sink_sentences(model: str, positions: pd.DataFrame, tops: pd.DataFrame) -> list[str]:
+    """The mean first-token share at the first and the last bucket a statement may be made at, each beside its
+    chance, and the largest sinks there (heads that may carry a claim)."""
+    rows = positions[(positions["model"] == model) & (positions["metric"] == context.SINK) & positions["value"].notna()]
+    rows = rows[(rows["bucket"] >= 1) & (rows["count"].fillna(0) > 0)]
+    solid = context.solid_buckets(rows) if len(rows) else pd.Series(dtype=bool)
+    buckets = sorted(b for (m, b), ok in solid.items() if ok)
+    top = tops[tops["model"] == model]
+    if len(buckets) < 2 or top.empty:
+        return []
+    early, late = buckets[0], buckets[-1]
+    mean_at = rows.groupby("bucket")[["value", "chance"] if "chance" in rows else ["value"]].mean()
+
+    def at(bucket):
+        chance = mean_at["chance"].get(bucket, np.nan) if "chance" in mean_at else np.nan
+        return f"{mean_at['value'][bucket]:.2f} at {_positions(bucket)}" + (
+            "" if pd.isna(chance) else f" (uniform attention: {chance:.3f})")
+
+    heads_text = ", ".join(f"{r.label} {r.value:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}] (chance {r.chance:.3f}; "
+                           f"{r.early:.2f} at {_positions(r.early_bucket)}, chance {r.early_chance:.3f})"
+                           for r in top.itertuples())
+    return [f"{model}: the mean first-token share over all heads is {at(early)} and {at(late)}; the largest at "
+            f"{_positions(late)}, beyond chance: {heads_text}."]
+
+
+def _reach_sentences(model: str, reach: pd.DataFrame) -> list[str]:
+    """Which head looks furthest back, and which nearest, beyond uniform attention's reach (or why none does)."""
+    mine = reach[reach["model"] == model]
+    if mine.empty:
+        return []
+    where = _positions(int(mine["bucket"].iloc[0]))
+    out = []
+    far = mine[mine["far"] == ""]
+    if len(far):
+        best = far.loc[far["value"].idxmax()]
+        out.append(f"{model} at {where}: {best['label']} looks furthest back past the first token, "
+                   f"{best['distance']:.1f} tokens on average [{best['ci_low']:.1f}, {best['ci_high']:.1f}] against "
+                   f"{best['chance']:.1f} for uniform attention (reach {best['value']:.2f}).")
+    else:
+        best = mine.loc[mine["value"].idxmax()]
+        out.append(f"No head of {model} looks further back than uniform attention beyond its interval at {where}: "
+                   f"the furthest, {best['label']}, reaches {best['value']:.2f} ({best['far']}).")
+    near = mine[mine["near"] == ""]
+    if len(near):
+        best = near.loc[near["value"].idxmin()]
+        out.append(f"{model} at {where}: {best['label']} looks nearest, {best['distance']:.1f} tokens "
+                   f"[{best['ci_low']:.1f}, {best['ci_high']:.1f}] (reach {best['value']:.2f}), "
+                   f"{best['distance_early']:.1f} at {_positions(int(best['early_bucket']))}.")
+    return out
 
 
 def _context_table(positions: pd.DataFrame, reach: pd.DataFrame, tops: pd.DataFrame, long: list[str]) -> pd.DataFrame:
@@ -291,16 +329,19 @@ def _value_part(comparison: Comparison, palette: dict, pngs: Pngs) -> list:
         Text("A head that attends to a key whose value vector is small moves almost nothing from it. Value "
              "weighting (Kobayashi et al. 2020) counts each key by the norm of what the head moves from it: "
              "A[q, k] ||f(x_k)||, with f(x_k) = (x_k W_V + b_V) W_O for the head, renormalised over each query's "
-             "keys so that it reads like attention. The heads metrics computed on it say how much of a sink "
-             "survives: much of the attention on [CLS], [SEP] or BOS is a no-op."),
+             "keys so that it reads like attention. The heads metrics computed on it say how much of each sink's "
+             "share survives once values count: a share that falls is attention that moves little; one that rises "
+             "is a sink whose value vectors are large."),
     ]
     sinks = movement.sink_summary(heads, value)
     items = []
     for row in sinks.itertuples():
         what = "[SEP]" if row.metric == "sep" else ("[CLS]" if comparison.model(row.model).family ==
                                                      "bidirectional" else "BOS (first-token)")
-        items.append(f"{row.model}: mean {what} share {row.attention:.2f} attention-weighted, {row.value_weighted:.2f} "
-                     f"value-weighted, over {row.heads} heads (`{row.metric}`); the largest fall: {row.drop_label}, "
+        way = ("falls" if row.value_weighted < row.attention else "rises") + f" from {row.attention:.2f} to " \
+            f"{row.value_weighted:.2f}"
+        items.append(f"{row.model}: the mean {what} share {way} once values count, over {row.heads} heads "
+                     f"(`{row.metric}`, attention-weighted to value-weighted); the largest fall: {row.drop_label}, "
                      f"{row.drop_attention:.2f} to {row.drop_value:.2f}.")
     if items:
         blocks.append(Bullets(items))
@@ -342,16 +383,23 @@ def _copying_part(comparison: Comparison, pngs: Pngs) -> list:
         return []
     weights = comparison["weights"]
     rows = weights[(weights["metric"] == movement.COPYING) & weights["value"].notna()]
+    unscored = [m for m in comparison.models if (weights["model"] == m.name).any()
+                and not (rows["model"] == m.name).any()]
+    why = [f"{m.name}: no copying score: {_weights_note(m)}." for m in unscored]
     if rows.empty:
-        return []
+        return [Heading(3, "Copying heads"), Bullets(why)] if why else []
     counts = movement.copying_counts(weights)
     top = movement.copying_heads(weights, n=COPYING_TOP)
     blocks: list = [
         Heading(3, "Copying heads"),
-        Text("Each head's OV copying score (Olsson et al. 2022), read off the weights alone, with no corpus: "
-             "how far what the head writes when it attends to a token raises that same token's logit, from \u22121 "
-             "(it lowers it) through 0 to 1 (it copies it). A copying head that attends to a name, say, pushes "
-             f"the model to say that name again. Counted as copying: a score above {movement.COPYING_HIGH:g}."),
+        Text("Each head's OV copying score (Olsson et al. 2022), read off the weights alone, with no corpus: the "
+             "sum of the real parts of the eigenvalues of the head's full OV circuit W_E W_V W_O W_U over the sum "
+             "of their absolute values, from \u22121 through 0 to 1. It summarises the weights, not what the head "
+             "does on text: a positive score says the circuit as a whole maps tokens towards their own logits, on "
+             "average over the vocabulary, and a head can score below 0 yet raise the next token's logit on a "
+             "corpus, or the reverse (compare its direct logit attribution below). Its chance is 0: weights drawn "
+             "with either sign equally likely score 0 on average. Counted as copying: a score above "
+             f"{movement.COPYING_HIGH:g}."),
     ]
     items = []
     for row in counts.itertuples():
@@ -361,7 +409,7 @@ def _copying_part(comparison: Comparison, pngs: Pngs) -> list:
         items.append(f"{row.model}: {row.high} of {row.heads} heads score above {movement.COPYING_HIGH:g} "
                      f"({row.positive} above 0, mean {row.mean:.2f}); the highest: {named}"
                      + (f" (embedding {embedding.iloc[0]})" if len(embedding) else "") + ".")
-    blocks.append(Bullets(items))
+    blocks.append(Bullets(items + why))
     drawable = [(m.name, rows[rows["model"] == m.name]) for m in comparison.models if (rows["model"] == m.name).any()]
 
     def draw(part, model, ax, cbar):
@@ -374,6 +422,12 @@ def _copying_part(comparison: Comparison, pngs: Pngs) -> list:
                                  "attended token's logit) through 0 (white) to 1 (red: copies it); annotated: each "
                                  f"model's {ANNOTATE_TOP} highest."))
     return blocks
+
+
+def _weights_note(m) -> str:
+    """Why a model's weights table has no copying score, from its provenance (``weights``)."""
+    note = str(m.provenance.extra.get("weights") or "not recorded")
+    return note.removeprefix("not scored: ").removeprefix("not read: ")
 
 
 def _dla_part(comparison: Comparison) -> list:
@@ -390,19 +444,27 @@ def _dla_part(comparison: Comparison) -> list:
     ]
     items = []
     for model, part in top.groupby("model", sort=False):
-        best = part.iloc[0]
+        claimed = part[part["unsupported"] == ""]
+        if claimed.empty:
+            items.append(f"{model}: no head's attribution lies beyond chance ({part.iloc[0]['label']}: "
+                         f"{part.iloc[0]['unsupported']}).")
+            continue
+        best = claimed.iloc[0]
         share = "" if pd.isna(best["positive"]) else f", positive at {best['positive']:.0%} of queries"
-        items.append(f"{model}: {best['label']} adds {best['dla']:+.2f} logits to the next token on average{share}.")
+        items.append(f"{model}: {best['label']} adds {best['dla']:+.2f} [{best['ci_low']:+.2f}, {best['ci_high']:+.2f}] "
+                     f"logits to the next token on average (chance {best['chance']:+.2f}: the same head attending "
+                     f"uniformly){share}.")
     blocks.append(Bullets(items))
+    signed = lambda v: "–" if pd.isna(v) else f"{v:+.3f}"  # noqa: E731
     frame = pd.DataFrame({
-        "model": top["model"], "head": top["label"], "logits": top["dla"].map(lambda v: f"{v:+.3f}"),
-        "95% low": top["ci_low"].map(lambda v: "–" if pd.isna(v) else f"{v:+.3f}"),
-        "95% high": top["ci_high"].map(lambda v: "–" if pd.isna(v) else f"{v:+.3f}"),
-        "positive share": top["positive"].map(fmt_cell),
+        "model": top["model"], "head": top["label"], "logits": top["dla"].map(signed),
+        "95% low": top["ci_low"].map(signed), "95% high": top["ci_high"].map(signed),
+        "chance": top["chance"].map(signed), "positive share": top["positive"].map(fmt_cell),
+        "no claim": top["unsupported"],
     })
     if top["model"].nunique() == 1 and len(comparison.models) == 1:
         frame = frame.drop(columns="model")
-    blocks.append(Table(frame, numeric=("logits", "95% low", "95% high", "positive share"), sortable=True,
+    blocks.append(Table(frame, numeric=("logits", "95% low", "95% high", "chance", "positive share"), sortable=True,
                         note=f"Each causal model's {DLA_TOP} heads with the largest mean direct logit attribution to "
                              "the next token (heads.parquet `dla`), its 95% interval and the share of queries where "
                              "it is positive (`dla_positive`). Click a heading to sort."))

@@ -65,6 +65,8 @@ class ModelProvenance:
     n_tokens_lost: int | None = None  # tokens cut off the truncated segments
     max_len: int | None = None
     seconds: float | None = None
+    control: str | None = None  # None for a trained model; "random-init" or "shuffled-words" for a control
+    control_of: str | None = None  # a control's trained model, by its name in the run
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
