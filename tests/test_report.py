@@ -69,7 +69,7 @@ def make_tables(models, *, shift=0.0):
                     units = 5.0 if (model, metric, layer, head) == ("bert", "prev_token", 1, 2) else 400.0
                     heads.append(dict(common, metric=metric, value=v, sum=v * 10, count=10.0,
                                       ci_low=v - width / 2, ci_high=v + width / 2, units=units,
-                                      top_unit_share=0.01))
+                                      top_unit_share=0.01, chance=np.nan if np.isnan(v) else CHANCE.get(metric, 0.05)))
                 for offset in range(-8, 9):
                     v = 0.5 ** abs(offset + 1 - head)
                     offsets.append(dict(common, offset=offset, value=v, sum=v, count=1.0, ci_low=v, ci_high=v))
@@ -90,6 +90,9 @@ def make_tables(models, *, shift=0.0):
     return SweepTables(frames, RunProvenance.from_json(provenance))
 
 
+# Uniform attention's value: low enough that every head but the flat ones lies beyond it on shares, high enough
+# that every entropy lies below it.
+CHANCE = {"entropy": 3.0, "entropy_norm": 1.0, "distance": 2.0}
 GPT = ("gpt", "causal", 2, 3)
 BERT = ("bert", "bidirectional", 2, 4)
 # Heatmaps the report draws: every metric of every model, except those 0 or undefined by construction.
@@ -176,21 +179,24 @@ def test_why_structural_needs_the_registry_s_condition_and_agreeing_values(metri
 
 def test_findings_state_the_numbers(runs):
     sentences = findings.findings(load(runs[0]).heads, provenance=provenance_of(runs[0]))
-    assert sentences[0] == "In gpt, L1H2 puts 99.9% of its attention on the previous token."
-    assert "2 of 6 heads in gpt put more than half of their attention on the previous token." in sentences
-    assert "In bert, L1H3 puts 90.0% of its attention on the next token." in sentences
+    assert sentences[0] == ("In gpt, L1H2 puts 99.9% of its attention on the previous token (95% interval 99.4% to "
+                            "100.4%; chance 5.0%).")
+    assert "2 of 6 heads in gpt are previous-token heads (`prev_token` \u2265 0.5 beyond chance)." in sentences
+    assert ("In bert, L1H3 puts 90.0% of its attention on the next token (95% interval 89.0% to 91.0%; chance "
+            "5.0%).") in sentences
     # bert's L1H2 (0.999) rests on thin support: the findings name its L0H1 instead, and say why
-    assert "In bert, L0H1 puts 80.0% of its attention on the previous token." in sentences
-    assert "1 of 8 heads in bert put more than half of their attention on the previous token." in sentences
+    assert ("In bert, L0H1 puts 80.0% of its attention on the previous token (95% interval 79.0% to 81.0%; chance "
+            "5.0%).") in sentences
+    assert "1 of 8 heads in bert are previous-token heads (`prev_token` \u2265 0.5 beyond chance)." in sentences
     assert ("1 of 96 scores of bert rest on thin support (too few segments or documents, or one holding much of "
             "the sum); no finding here rests on them.") in sentences
-    assert not any("L1H2 puts" in s for s in sentences[sentences.index("In bert, L0H1 puts 80.0% of its attention "
-                                                                       "on the previous token."):])
+    assert not any("L1H2 puts" in s for s in sentences[[i for i, s in enumerate(sentences)
+                                                         if s.startswith("In bert, L0H1 puts 80.0%")][0]:])
     assert f"gpt's `next_token`: {NEXT_IN_CAUSAL}." in sentences
     assert "gpt's `sep`: the model has no [SEP] token, so it is undefined for every head." in sentences
     # gpt: layer 0 has 1.0, 1.1, 1.2 nats (mean 1.10); layer 1 has 1.5, 0.2, 1.7 (mean 1.13).
-    assert ("In gpt, attention is most focused in layer 0 (mean entropy 1.10 nats) and broadest in layer 1 "
-            "(1.13 nats).") in sentences
+    assert ("In gpt, attention is most focused in layer 0 (mean entropy 1.10 nats; uniform attention over the same "
+            "keys 3.00) and broadest in layer 1 (1.13 nats; uniform attention over the same keys 3.00).") in sentences
     assert not any(s.startswith("bert's `next_token`") or s.startswith("bert's `sep`") for s in sentences)
 
 
@@ -238,7 +244,7 @@ def test_example_heads_leave_out_thin_support_unless_every_head_has_it(units, la
     heads = pd.DataFrame({"model": "m", "family": "causal", "layer": 0, "head": [2, 1, 0],
                           "label": ["L0H2", "L0H1", "L0H0"], "metric": "prev_token", "value": [0.9, 0.5, 0.1],
                           "count": 10.0, "ci_low": np.nan, "ci_high": np.nan, "units": units,
-                          "top_unit_share": 0.01})
+                          "top_unit_share": 0.01})  # no interval: no head may carry a claim, so support decides
     assert examples_module.example_heads(heads)["label"].tolist() == [label]
 
 

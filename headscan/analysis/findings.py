@@ -39,7 +39,7 @@ _SHORT = {"duplicate_token": "other occurrences of its own token",
           "induction": "the tokens that follow other occurrences of its own token"}
 # The roles whose heads findings count, with how a sentence names them.
 _COUNTED = {"previous-token": "previous-token heads", "induction": "induction heads",
-            "prefix-matching": "prefix-matching heads (induction-like attention without copying evidence)"}
+            "prefix-matching": "prefix-matching heads, attending like induction heads with no evidence that they copy"}
 _FAILS = {AT_CHANCE: "is at chance", "below chance": "lies below chance", "above chance": "lies above chance",
           THIN: "rests on thin support", NO_INTERVAL: "has no interval", NO_CHANCE: "has no chance level recorded"}
 

@@ -114,7 +114,8 @@ def copying_evidence(heads: pd.DataFrame, weights: pd.DataFrame | None = None) -
     if len(dla):
         good = dla[supported(dla) & (dla["ci_low"] > 0)]
         for row in good.itertuples():
-            said[(row.model, row.layer, row.head)].append(f"dla {row.value:+.2f} [{row.ci_low:+.2f}, {row.ci_high:+.2f}]")
+            said[(row.model, row.layer, row.head)].append(
+                f"dla {row.value:+.2f} [{row.ci_low:+.2f}, {row.ci_high:+.2f}]")
     if weights is not None and len(weights):
         copying = weights[(weights["metric"] == "copying") & (weights["value"] > 0)]
         for row in copying.itertuples():

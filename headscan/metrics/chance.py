@@ -11,8 +11,8 @@ attention is the target: ``1/n`` for n visible keys, a uniformly random choice a
 `NullHead` computes the null head's per-query quantities in closed form, from sums and cumulative sums over
 the keys, and never builds a (batch, head, q, k) pattern (`NullHead.pattern` builds one for a metric that
 registers no chance of its own). With uniform weights it works on a (batch, 1, q) grid, the same for every
-head and layer; with value norms, on (batch, head, q). All of it in float64: cumulative sums of positions
-over 32k-token contexts would lose digits in float32.
+head and layer; with value norms, on (batch, head, q). All of it in float64 (float32 on Apple's MPS, which
+has no float64): cumulative sums of positions over 32k-token contexts would lose digits in float32.
 
 What it does not model: a sliding-window layer (Mistral, Gemma 2's local layers) shows its queries fewer keys
 than the causal mask; the null head here sees them all, so for such layers chance is that of full causal
@@ -29,7 +29,7 @@ import torch
 
 __all__ = ["NullHead"]
 
-_F64 = torch.float64
+_F64 = torch.float64  # the null head's dtype (`NullHead.dtype` falls back to float32 where a device lacks it)
 
 
 class NullHead:
@@ -42,14 +42,15 @@ class NullHead:
 
     def __init__(self, batch):
         self.batch = batch
+        self.dtype = torch.float32 if batch.key_mask.device.type == "mps" else _F64
 
     @cached_property
     def weights(self) -> torch.Tensor:
         """(batch, H, k) float64: the null head's unnormalised weight on each key, 0 on keys that do not count;
         H is 1 for uniform weights, the number of heads for value norms."""
-        mask = self.batch.key_mask.to(_F64)[:, None, :]  # (batch, 1, k)
+        mask = self.batch.key_mask.to(self.dtype)[:, None, :]  # (batch, 1, k)
         given = self.batch.key_weights
-        return mask if given is None else given.to(_F64) * mask
+        return mask if given is None else given.to(self.dtype) * mask
 
     @cached_property
     def _positions(self) -> torch.Tensor:
@@ -66,14 +67,18 @@ class NullHead:
         """(batch, H, q) the null head's total weight over the keys each query sees (n for uniform weights)."""
         return self.seen(self.weights)
 
+    def _over(self, amount: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+        """amount / total, 0 where total is 0 (a query that sees no weight: a head that moves nothing)."""
+        zero = torch.zeros((), dtype=self.dtype)
+        return torch.where(total > 0, amount / total.clamp_min(torch.finfo(self.dtype).tiny), zero)
+
     def share(self, amount: torch.Tensor) -> torch.Tensor:
-        """`amount` (batch, H, q) over `total`: 0 where a query sees no weight (a head that moves nothing)."""
-        total = self.total
-        return torch.where(total > 0, amount / total.clamp_min(torch.finfo(_F64).tiny), torch.zeros((), dtype=_F64))
+        """`amount` (batch, H, q) over `total`."""
+        return self._over(amount, self.total)
 
     def expect(self, per_key: torch.Tensor) -> torch.Tensor:
         """(batch, H', k) a quantity per key -> (batch, H'', q) its expectation under the null head's attention."""
-        return self.share(self.seen(self.weights * per_key.to(_F64)))
+        return self.share(self.seen(self.weights * per_key.to(self.dtype)))
 
     def at(self, keys: torch.Tensor, in_range: torch.Tensor) -> torch.Tensor:
         """(batch, H, q, n) the null head's weight on the keys `keys` (q, n) (absolute positions, valid where
@@ -83,9 +88,8 @@ class NullHead:
         flat = keys.clamp(0, n_k - 1).reshape(1, 1, -1).expand(b, h, -1)
         weights = self.weights.gather(-1, flat).view(b, h, n_q, n)  # (batch, H, q, n)
         visible = in_range & (keys <= self._positions[:, None]) if self.batch.causal else in_range  # (q, n)
-        weights = torch.where(visible, weights, torch.zeros((), dtype=_F64))
-        total = self.total[..., None]
-        return torch.where(total > 0, weights / total.clamp_min(torch.finfo(_F64).tiny), torch.zeros((), dtype=_F64))
+        weights = torch.where(visible, weights, torch.zeros((), dtype=self.dtype))
+        return self._over(weights, self.total[..., None])
 
     @cached_property
     def at_offsets(self) -> torch.Tensor:
@@ -105,8 +109,8 @@ class NullHead:
         w = self.weights
         plogp = self.seen(torch.special.xlogy(w, w))  # (batch, H, q): sum over seen keys of w log w
         total = self.total
-        safe = total.clamp_min(torch.finfo(_F64).tiny)
-        return torch.where(total > 0, torch.log(safe) - plogp / safe, torch.zeros((), dtype=_F64))
+        safe = total.clamp_min(torch.finfo(self.dtype).tiny)
+        return torch.where(total > 0, torch.log(safe) - plogp / safe, torch.zeros((), dtype=self.dtype))
 
     def distance(self, *, skip_first: bool = False) -> torch.Tensor:
         """(batch, H, q) sum_k A'[q, k] |q - k| under the null head; `skip_first` leaves the first token out of
@@ -114,8 +118,8 @@ class NullHead:
         w = self.weights
         if skip_first:
             w = torch.cat([torch.zeros_like(w[..., :1]), w[..., 1:]], -1)  # a new tensor
-        k = torch.arange(w.shape[-1], dtype=_F64, device=w.device)
-        q = self._positions.to(_F64)
+        k = torch.arange(w.shape[-1], dtype=self.dtype, device=w.device)
+        q = self._positions.to(self.dtype)
         mass, moment = w.cumsum(-1)[..., self._positions], (w * k).cumsum(-1)[..., self._positions]  # (batch, H, q)
         before = q * mass - moment  # sum over k <= q of w_k (q - k)
         if not self.batch.causal:  # plus the sum over k > q of w_k (k - q)
@@ -127,7 +131,7 @@ class NullHead:
         keys the query sees: other occurrences, induction targets)."""
         weights = self.weights.to(torch.float32)  # the (batch, q, k) contraction in float32, like the metric's
         amount = torch.einsum("bqk,bhk->bhq", targets.to(torch.float32), weights)
-        return self.share(amount.to(_F64))
+        return self.share(amount.to(self.dtype))
 
     def pattern(self) -> torch.Tensor:
         """(batch, H, q, k) the null head's attention itself, rows summing to 1 (0 where a query sees nothing),
@@ -135,6 +139,5 @@ class NullHead:
         keys = torch.arange(self.weights.shape[-1], device=self.weights.device)
         visible = keys[None, :] <= self._positions[:, None] if self.batch.causal else torch.ones(
             (self._positions.shape[0], keys.shape[0]), dtype=torch.bool, device=keys.device)  # (q, k)
-        w = torch.where(visible, self.weights[:, :, None, :], torch.zeros((), dtype=_F64))  # (batch, H, q, k)
-        total = self.total[..., None]
-        return torch.where(total > 0, w / total.clamp_min(torch.finfo(_F64).tiny), torch.zeros((), dtype=_F64))
+        w = torch.where(visible, self.weights[:, :, None, :], torch.zeros((), dtype=self.dtype))  # (batch, H, q, k)
+        return self._over(w, self.total[..., None])
