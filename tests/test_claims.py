@@ -99,8 +99,8 @@ def test_one_threshold_per_role_for_atlas_and_findings():
                           row("m", 0, 1, "duplicate_token", 0.39, 0.36, 0.42, 0.05)])
     assert roles.role_for("duplicate_token").threshold == 0.4
     said = findings.findings(heads)
-    assert "In m, L0H0 puts 45.0% of its attention on other occurrences of its own token (a duplicate-token head) " \
-           "(95% interval 42.0% to 48.0%; chance 5.0%)." in said
+    assert "In m, L0H0 puts 45.0% of its attention on other occurrences of its own token (95% interval 42.0% to " \
+           "48.0%; chance 5.0%): a duplicate-token head." in said
     assert roles.head_roles(heads)["roles"].tolist() == [["duplicate"], []]
 
 

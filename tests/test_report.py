@@ -631,8 +631,8 @@ def test_summary_table_compares_the_families(one_report):
     assert ("| gpt | causal | 2 | 6 | L1H2 | 0.999 | 1.00 | 2 | – | – | – | – |\n"
             "| bert | bidirectional | 2 | 8 | L0H1 | 0.800 | 0.00 | 1 | L1H3 | 0.900 | 1.00 | 1 |") in section
     assert f"*gpt's `next_token`: {NEXT_IN_CAUSAL}.*" in section
-    assert ("The strongest previous-token heads: gpt (causal) L1H2, 99.9%, at relative depth 1.00; bert "
-            "(bidirectional) L0H1, 80.0%, at relative depth 0.00.") in md
+    assert ("The strongest previous-token heads: gpt (causal) L1H2, 99.9% (chance 5.0%), at relative depth 1.00; bert "
+            "(bidirectional) L0H1, 80.0% (chance 5.0%), at relative depth 0.00.") in md
 
 
 def test_induction_findings_name_the_head_and_count_them():
@@ -640,10 +640,11 @@ def test_induction_findings_name_the_head_and_count_them():
     heads.loc[(heads.metric == "induction") & (heads.label == "L1H1"), "value"] = 0.953
     sentences = findings.findings(heads)
     assert ("In gpt, L1H1 puts 95.3% of its attention on the tokens that follow other occurrences of its own token "
-            "(an induction head).") in sentences
-    # L0H0 (0.9) and L1H1 (0.953) are above half
-    assert ("2 of 6 heads in gpt put more than half of their attention on the tokens that follow other occurrences "
-            "of their own token (induction heads).") in sentences
+            "(95% interval 94.3% to 96.3%; chance 5.0%): prefix matching, with no evidence that it copies what it "
+            "attends to.") in sentences
+    # L0H0 (0.9), L0H2 (0.5), L1H0 (0.4) and L1H1 (0.953) reach the role's 0.4, with no copying evidence
+    assert ("4 of 6 heads in gpt are prefix-matching heads, attending like induction heads with no evidence that "
+            "they copy (`induction` \u2265 0.4 beyond chance, without copying evidence).") in sentences
 
 
 def test_a_metric_this_headscan_does_not_know_is_drawn_but_not_ranked(tmp_path):

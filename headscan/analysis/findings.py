@@ -32,11 +32,9 @@ _ON = {
     "self": "itself",
     "first_token": "the first token",
     "sep": "separator tokens",
-    "duplicate_token": "other occurrences of its own token (a duplicate-token head)",
-    "induction": "the tokens that follow other occurrences of its own token (an induction head)",
+    "duplicate_token": "other occurrences of its own token",
+    "induction": "the tokens that follow other occurrences of its own token",
 }
-_SHORT = {"duplicate_token": "other occurrences of its own token",
-          "induction": "the tokens that follow other occurrences of its own token"}
 # The roles whose heads findings count, with how a sentence names them.
 _COUNTED = {"previous-token": "previous-token heads", "induction": "induction heads",
             "prefix-matching": "prefix-matching heads, attending like induction heads with no evidence that they copy"}
@@ -112,6 +110,21 @@ def findings_by_model(heads: pd.DataFrame, *, provenance: Mapping[str, ModelProv
     return by_model
 
 
+def _what_it_is(best: pd.Series, metric: str, roles: pd.DataFrame | None) -> str:
+    """What role a head's sentence names, as `headscan.analysis.roles` says: for an induction-like head, an
+    induction head (with its copying evidence) or prefix matching only; a duplicate-token head."""
+    if metric not in ("induction", "duplicate_token") or roles is None:
+        return ""
+    mine = roles[(roles["model"] == best["model"]) & (roles["layer"] == best["layer"]) & (roles["head"] == best["head"])]
+    if mine.empty:
+        return ""
+    if metric == "duplicate_token":
+        return ": a duplicate-token head" if "duplicate" in mine["roles"].iloc[0] else ""
+    if "induction" in mine["roles"].iloc[0]:
+        return f": an induction head ({mine['evidence'].iloc[0]})"
+    return ": prefix matching, with no evidence that it copies what it attends to"
+
+
 def _control_clause(best: pd.Series, metric: str, controls: list[tuple[str, pd.DataFrame]]) -> str:
     """Whether each control shows what `best` (a top_heads row of a trained model) shows, in a sentence each."""
     out = []
@@ -154,10 +167,11 @@ def _model_findings(model: str, rows: pd.DataFrame, provenance: ModelProvenance 
             best = good.iloc[0]
             if wanted or best["value"] >= threshold:
                 out.append(f"In {model}, {best['label']} puts {pct(best['value'])} of its attention on {_ON[metric]}"
-                           f"{_numbers(best)}.{_control_clause(best, metric, controls)}")
+                           f"{_numbers(best)}{_what_it_is(best, metric, roles)}."
+                           f"{_control_clause(best, metric, controls)}")
         else:
             best = top.iloc[0]
-            out.append(f"No head of {model} puts its attention on {_SHORT.get(metric, _ON[metric])} beyond chance: "
+            out.append(f"No head of {model} puts its attention on {_ON[metric]} beyond chance: "
                        f"the strongest, {best['label']} with {pct(best['value'])}{_numbers(best)}, "
                        f"{_failing(best['unsupported'])}.")
     if roles is not None and recorded:
