@@ -1,9 +1,11 @@
-"""The mask is the difference: an encoder looks ahead, a decoder structurally cannot.
+"""What the mask does: an encoder looks ahead, a decoder structurally cannot.
 
-Claim. The one architectural difference between the two families that attention shows is the causal mask:
-an encoder's heads put a real share of their attention on later positions in every layer, a decoder's put
-exactly 0 there (a structural zero, not a measured one). Split by where each head looks most, an encoder has
-heads that look ahead; a decoder's heads look back, at themselves, or at a sink.
+Claim. The causal mask makes one difference between the two families by construction: an encoder's heads put
+a real share of their attention on later positions in every layer, a decoder's put exactly 0 there (a
+structural zero, not a measured one). Split by where each head looks most, an encoder has heads that look
+ahead; a decoder's heads look back, at themselves, or at a sink. The models differ in much else too (how
+many heads sit on a sink, say); with one model of each family, trained on other data and of other sizes,
+nothing here says which of those differences the mask causes.
 
 Literature (0-indexed layers; the paper's own 1-indexed labels in quotes): Clark et al. (2019, Section 3 and
 Figure 2) find that much of BERT-base's attention goes to [CLS] and [SEP], over half of it to [SEP] in

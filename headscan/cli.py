@@ -286,9 +286,10 @@ def models(specs):
 @click.option("--top", default=10, show_default=True, help="How many heads per model.")
 @_one_line_errors
 def show(run, metric, top):
-    """Print the top heads of a sweep output for one metric, per model (control
-    models, such as 'minilm [random init]', after theirs, and named as such),
-    and which unit the 95% intervals resampled.
+    """Print the top heads of a sweep output for one metric, per model, with each head's interval, chance
+    (uniform attention's value on the same queries) and why it carries no claim ("at chance", "thin support");
+    control models, such as 'minilm [random init]', after theirs and named as such; and which unit the 95%
+    intervals resampled.
 
     Example:
 

@@ -29,13 +29,14 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 
 
 def heads_frame(rows):
-    """heads rows from (model, family, layer, head, metric, value[, ci_low, ci_high, units]) tuples."""
+    """heads rows from (model, family, layer, head, metric, value[, ci_low, ci_high, units]) tuples; by default
+    an interval of value +- 0.01, chance 0.05 (below every role's threshold) and support that is not thin."""
     records = []
     for model, family, layer, head, metric, value, *rest in rows:
-        low, high, units = (rest + [np.nan, np.nan, 400.0])[:3] if rest else (np.nan, np.nan, 400.0)
+        low, high, units = (rest + [np.nan, np.nan, 400.0])[:3] if rest else (value - 0.01, value + 0.01, 400.0)
         records.append(dict(model=model, family=family, layer=layer, head=head, label=f"L{layer}H{head}",
                             kv_group=head, metric=metric, value=value, sum=value, count=1.0, ci_low=low,
-                            ci_high=high, units=units, top_unit_share=0.01))
+                            ci_high=high, units=units, top_unit_share=0.01, chance=0.05))
     return pd.DataFrame(records)
 
 
@@ -48,7 +49,8 @@ def heads_frame(rows):
     ({"next_token": 0.5}, ["next-token"]),  # a threshold holds at equality
     ({"first_token": 0.7, "entropy_norm": 0.85}, ["sink", "broad"]),
     ({"sep": 0.6}, ["sink"]),
-    ({"induction": 0.8, "duplicate_token": 0.41, "prev_token": 0.6}, ["induction", "duplicate", "previous-token"]),
+    # attention alone makes an induction-like head prefix-matching (tests/test_claims.py gives it copying evidence)
+    ({"induction": 0.8, "duplicate_token": 0.41, "prev_token": 0.6}, ["prefix-matching", "duplicate", "previous-token"]),
     ({"self": 0.7}, ["self"]),
 ])
 def test_roles_follow_the_stated_thresholds(scores, roles):
@@ -59,18 +61,24 @@ def test_roles_follow_the_stated_thresholds(scores, roles):
 
 
 def test_a_value_on_thin_support_gives_no_role():
-    heads = heads_frame([("m", "causal", 0, 0, "prev_token", 0.9, np.nan, np.nan, 5.0),
+    heads = heads_frame([("m", "causal", 0, 0, "prev_token", 0.9, 0.89, 0.91, 5.0),
                          ("m", "causal", 0, 1, "prev_token", 0.9)])
     assert atlas.head_roles(heads)["roles"].tolist() == [[], ["previous-token"]]
 
 
+def test_a_value_at_chance_gives_no_role():
+    heads = heads_frame([("m", "causal", 0, 0, "first_token", 0.6), ("m", "causal", 0, 1, "first_token", 0.6)])
+    heads.loc[0, "chance"] = 0.6  # a causal model's early queries: uniform attention is half on the first token
+    assert atlas.head_roles(heads)["roles"].tolist() == [[], ["sink"]]
+
+
 def test_role_rules_state_every_threshold():
     rules = atlas.role_rules()
-    assert ("previous-token: `prev_token` \u2265 0.5; puts at least half of its attention on the previous token."
-            in rules)
-    assert any(r.startswith("positional: `positional_prev` or `positional_next` \u2265 0.9;") and "Voita" in r
-               for r in rules)
-    assert [r.split(":")[0] for r in rules] == [role.name for role in atlas.ROLES]
+    assert ("previous-token: `prev_token` \u2265 0.5 beyond chance; puts at least half of its attention on the "
+            "previous token." in rules)
+    assert any(r.startswith("positional: `positional_prev` or `positional_next` \u2265 0.9 beyond chance;")
+               and "Voita" in r for r in rules)
+    assert [r.split(":")[0] for r in rules[:-1]] == [role.name for role in atlas.ROLES]
 
 
 def test_ranks_run_from_the_striking_end():
@@ -178,6 +186,11 @@ def test_atlas_works_in_headless_chromium(atlas_page, tmp_path):
             assert "nats" in page.inner_text("#atlas-legend")
             page.select_option("#atlas-metric", "@role")
             assert cell.get_attribute("fill") != after
+            page.select_option("#atlas-metric", "prev_token")
+            page.select_option("#atlas-scale", "lift")  # value - chance, white at chance
+            assert "at chance" in page.inner_text("#atlas-legend") and cell.get_attribute("fill") != before
+            page.select_option("#atlas-scale", "value")
+            assert cell.get_attribute("fill") == before
 
             page.locator('rect.atlas-cell[data-model="minilm"][data-label="L0H2"]').click()
             panel = page.locator("#atlas-panel")
@@ -186,6 +199,9 @@ def test_atlas_works_in_headless_chromium(atlas_page, tmp_path):
             assert float(value.get_attribute("data-value")) == pytest.approx(expected, rel=1e-4)
             assert float(value.inner_text().split()[0]) == pytest.approx(expected, abs=5e-4)
             assert "previous-token" in panel.inner_text() and panel.locator("svg.atlas-offsets").count() == 1
+            chance = heads[(heads.model == "minilm") & (heads.label == "L0H2") & (heads.metric == "prev_token")]
+            shown = panel.locator('tr[data-metric="prev_token"] td.chance').inner_text()
+            assert float(shown) == pytest.approx(chance["chance"].iloc[0], abs=5e-4)
 
             page.fill("#atlas-search", "L18H6")
             assert "L18H6 in smollm2" in page.inner_text("#atlas-found")

@@ -96,16 +96,19 @@ def test_position_buckets_add_up_to_their_metric():
     batch = make_batch([11, 6, 9], n_heads=2, causal=True, seed=4)
     whole = AttentionBatch(batch.pattern, batch.query_mask, batch.key_mask, batch.tokens, batch.sep_mask, True, 3,
                            max_len=11)
-    for by_position, metric in (("first_token_by_position", "first_token"), ("distance_by_position", "distance")):
+    on_first = (batch.pattern[..., 0] * torch.arange(11)).sum(-1)  # (batch, head): sum_q A[q, 0] |q - 0|
+    for by_position, metric, less in (("first_token_by_position", "first_token", 0.0),
+                                      ("distance_by_position", "distance", on_first)):
         sums, counts = METRICS[by_position].function(whole)
         assert sums.shape == (3, 2, len(buckets(11)))
         want_sums, want_counts = METRICS[metric].function(whole)
-        torch.testing.assert_close(sums.sum(-1), want_sums)
+        torch.testing.assert_close(sums.sum(-1), want_sums - less)  # distance_by_position leaves the first token out
         torch.testing.assert_close(counts.sum(-1), want_counts)
-    # bucket 4 holds positions 4..7: the mean distance of those queries, by hand for segment 0, head 0
+    # bucket 4 holds positions 4..7: the mean distance of those queries past the first token, by hand for
+    # segment 0, head 0
     sums, counts = METRICS["distance_by_position"].function(whole)
     pattern = batch.pattern[0, 0]
-    by_hand = sum(float((pattern[q] * (q - torch.arange(11)).abs()).sum()) for q in range(4, 8))
+    by_hand = sum(float((pattern[q, 1:] * (q - torch.arange(1, 11)).abs()).sum()) for q in range(4, 8))
     assert counts[0, 0, 3] == 4 and sums[0, 0, 3].item() == pytest.approx(by_hand)
 
 

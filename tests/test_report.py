@@ -69,7 +69,7 @@ def make_tables(models, *, shift=0.0):
                     units = 5.0 if (model, metric, layer, head) == ("bert", "prev_token", 1, 2) else 400.0
                     heads.append(dict(common, metric=metric, value=v, sum=v * 10, count=10.0,
                                       ci_low=v - width / 2, ci_high=v + width / 2, units=units,
-                                      top_unit_share=0.01))
+                                      top_unit_share=0.01, chance=np.nan if np.isnan(v) else CHANCE.get(metric, 0.05)))
                 for offset in range(-8, 9):
                     v = 0.5 ** abs(offset + 1 - head)
                     offsets.append(dict(common, offset=offset, value=v, sum=v, count=1.0, ci_low=v, ci_high=v))
@@ -90,6 +90,9 @@ def make_tables(models, *, shift=0.0):
     return SweepTables(frames, RunProvenance.from_json(provenance))
 
 
+# Uniform attention's value: low enough that every head but the flat ones lies beyond it on shares, high enough
+# that every entropy lies below it.
+CHANCE = {"entropy": 3.0, "entropy_norm": 1.0, "distance": 2.0}
 GPT = ("gpt", "causal", 2, 3)
 BERT = ("bert", "bidirectional", 2, 4)
 # Heatmaps the report draws: every metric of every model, except those 0 or undefined by construction.
@@ -176,21 +179,24 @@ def test_why_structural_needs_the_registry_s_condition_and_agreeing_values(metri
 
 def test_findings_state_the_numbers(runs):
     sentences = findings.findings(load(runs[0]).heads, provenance=provenance_of(runs[0]))
-    assert sentences[0] == "In gpt, L1H2 puts 99.9% of its attention on the previous token."
-    assert "2 of 6 heads in gpt put more than half of their attention on the previous token." in sentences
-    assert "In bert, L1H3 puts 90.0% of its attention on the next token." in sentences
+    assert sentences[0] == ("In gpt, L1H2 puts 99.9% of its attention on the previous token (95% interval 98.9% to "
+                            "100.9%; chance 5.0%).")
+    assert "2 of 6 heads in gpt are previous-token heads (`prev_token` \u2265 0.5 beyond chance)." in sentences
+    assert ("In bert, L1H3 puts 90.0% of its attention on the next token (95% interval 89.0% to 91.0%; chance "
+            "5.0%).") in sentences
     # bert's L1H2 (0.999) rests on thin support: the findings name its L0H1 instead, and say why
-    assert "In bert, L0H1 puts 80.0% of its attention on the previous token." in sentences
-    assert "1 of 8 heads in bert put more than half of their attention on the previous token." in sentences
+    assert ("In bert, L0H1 puts 80.0% of its attention on the previous token (95% interval 79.0% to 81.0%; chance "
+            "5.0%).") in sentences
+    assert "1 of 8 heads in bert are previous-token heads (`prev_token` \u2265 0.5 beyond chance)." in sentences
     assert ("1 of 96 scores of bert rest on thin support (too few segments or documents, or one holding much of "
             "the sum); no finding here rests on them.") in sentences
-    assert not any("L1H2 puts" in s for s in sentences[sentences.index("In bert, L0H1 puts 80.0% of its attention "
-                                                                       "on the previous token."):])
+    assert not any("L1H2 puts" in s for s in sentences[[i for i, s in enumerate(sentences)
+                                                         if s.startswith("In bert, L0H1 puts 80.0%")][0]:])
     assert f"gpt's `next_token`: {NEXT_IN_CAUSAL}." in sentences
     assert "gpt's `sep`: the model has no [SEP] token, so it is undefined for every head." in sentences
     # gpt: layer 0 has 1.0, 1.1, 1.2 nats (mean 1.10); layer 1 has 1.5, 0.2, 1.7 (mean 1.13).
-    assert ("In gpt, attention is most focused in layer 0 (mean entropy 1.10 nats) and broadest in layer 1 "
-            "(1.13 nats).") in sentences
+    assert ("In gpt, attention is most focused in layer 0 (mean entropy 1.10 nats; uniform attention over the same "
+            "keys 3.00) and broadest in layer 1 (1.13 nats; uniform attention over the same keys 3.00).") in sentences
     assert not any(s.startswith("bert's `next_token`") or s.startswith("bert's `sep`") for s in sentences)
 
 
@@ -238,7 +244,7 @@ def test_example_heads_leave_out_thin_support_unless_every_head_has_it(units, la
     heads = pd.DataFrame({"model": "m", "family": "causal", "layer": 0, "head": [2, 1, 0],
                           "label": ["L0H2", "L0H1", "L0H0"], "metric": "prev_token", "value": [0.9, 0.5, 0.1],
                           "count": 10.0, "ci_low": np.nan, "ci_high": np.nan, "units": units,
-                          "top_unit_share": 0.01})
+                          "top_unit_share": 0.01})  # no interval: no head may carry a claim, so support decides
     assert examples_module.example_heads(heads)["label"].tolist() == [label]
 
 
@@ -301,7 +307,8 @@ def test_report_content(one_report):
     page, md = (one_report / "index.html").read_text(), (one_report / "report.md").read_text()
     assert ('<dt id="metric-prev_token"><code>prev_token</code> <span class="muted">(share of attention, 0 to 1; '
             'heads table)</span></dt><dd><p>Mean of A[q, q-1] over real queries q whose previous position q-1 is a '
-            'real token.</p></dd>') in page
+            'real token.</p><p>Chance: 1/n, n the keys that count and that the query sees: uniform attention&#x27;s '
+            'weight on q-1.</p></dd>') in page
     assert "**`entropy`** (nats; heads table; low is striking)" in md
     assert "over real queries q \\>= 1" in md and "over real queries q &gt;= 1" in page  # escaped in each
     for text in (page, md):
@@ -312,8 +319,9 @@ def test_report_content(one_report):
         assert "without loading the models" in text
         assert any(f"previous-token: {code} ≥ 0.5" in text for code in ("`prev_token`", "<code>prev_token</code>"))
     # a top head: value and interval ends in cells of their own, so they sort; a wide interval is marked
-    assert "| gpt | 1 | L1H2 | 0.999 | 0.989 | 1.009 |  |" in md
-    assert "| gpt | 6 | L1H0 | 0.100 | -0.100 | 0.300 | † |" in md
+    assert "| gpt | 1 | L1H2 | 0.999 | 0.989 | 1.009 | 0.050 |  |  |" in md
+    # listed, but its interval holds chance: not a finding, and the table says why
+    assert "| gpt | 6 | L1H0 | 0.100 | -0.100 | 0.300 | 0.050 | at chance | † |" in md
     assert ('<td>gpt</td><td class="num">1</td><td>L1H2</td><td class="num">0.999</td><td class="num">0.989</td>'
             '<td class="num">1.009</td>') in page
     assert "The interactive head atlas is in `index.html` beside this file" in md
@@ -324,16 +332,18 @@ def test_markdown_tables_and_headings(one_report):
     assert md.startswith("# headscan report: runA\n")
     assert "**Contents**" in md and "1. [Head atlas](#head-atlas)" in md and "2. [Findings](#findings)" in md
     # entropy's top heads are its most focused: lowest first, said in the heading
-    assert ("### Top entropy (lowest first)\n\n| model | rank | head | value | 95% low | 95% high |\n"
-            "| --- | ---: | --- | ---: | ---: | ---: |\n| gpt | 1 | L1H1 | 0.200 | 0.190 | 0.210 |\n"
-            "| gpt | 2 | L0H0 | 1.00 | 0.99 | 1.01 |\n") in md
+    assert ("### Top entropy (lowest first)\n\n| model | rank | head | value | 95% low | 95% high | chance |\n"
+            "| --- | ---: | --- | ---: | ---: | ---: | ---: |\n| gpt | 1 | L1H1 | 0.200 | 0.190 | 0.210 | 3.000 |\n"
+            "| gpt | 2 | L0H0 | 1.00 | 0.99 | 1.01 | 3.00 |\n") in md
     # a metric 0 or undefined by construction says why under its table
-    assert ("### Top next_token\n\n| model | rank | head | value | 95% low | 95% high |\n"
-            "| --- | ---: | --- | ---: | ---: | ---: |\n| bert | 1 | L1H3 | 0.900 | 0.890 | 0.910 |\n") in md
-    assert f"| bert | 8 | L1H0 | 0.000 | -0.010 | 0.010 |\n\n*gpt: 0.000 for every head; {NEXT_IN_CAUSAL}.*" in md
+    assert ("### Top next_token\n\n| model | rank | head | value | 95% low | 95% high | chance | no claim |\n"
+            "| --- | ---: | --- | ---: | ---: | ---: | ---: | --- |\n| bert | 1 | L1H3 | 0.900 | 0.890 | 0.910 | 0.050 |  |\n"
+            ) in md
+    assert (f"| bert | 8 | L1H0 | 0.000 | -0.010 | 0.010 | 0.050 | below chance |\n\n*gpt: 0.000 for every head; "
+            f"{NEXT_IN_CAUSAL}.*") in md
     assert f"*gpt: undefined for every head; {NO_SEP}.*" in md
     # a value resting on thin support is marked, and the mark explained
-    assert "| bert | 1 | L1H2 | 0.999 | 0.989 | 1.009 | ‡ |" in md
+    assert "| bert | 1 | L1H2 | 0.999 | 0.989 | 1.009 | 0.050 | thin support | ‡ |" in md
     assert ("‡ marks a value resting on thin support: fewer than 15 segments or documents count for it, or one of "
             "them holds more than 25% of its sum") in md
 
@@ -393,8 +403,9 @@ def test_a_table_the_report_does_not_know_gets_its_top_rows(tmp_path):
     finally:
         TABLES.pop("toyrel")
     assert "## Other tables" in md and "### toyrel (toyrel.parquet)" in md
-    assert ("| model | metric | head | relation | value | 95% interval |\n| --- | --- | --- | --- | ---: | --- |\n"
-            "| gpt | toy\\_score | L1H2 | obj | 0.7 |  |\n| gpt | toy\\_score | L0H1 | nsubj | 0.4 |  |\n") in md
+    assert ("| model | metric | head | relation | value | 95% interval | chance |\n"
+            "| --- | --- | --- | --- | ---: | --- | --- |\n"
+            "| gpt | toy\\_score | L1H2 | obj | 0.7 |  |  |\n| gpt | toy\\_score | L0H1 | nsubj | 0.4 |  |  |\n") in md
 
 
 def fake_every_layer(model, text):
@@ -625,19 +636,21 @@ def test_summary_table_compares_the_families(one_report):
     assert ("| gpt | causal | 2 | 6 | L1H2 | 0.999 | 1.00 | 2 | – | – | – | – |\n"
             "| bert | bidirectional | 2 | 8 | L0H1 | 0.800 | 0.00 | 1 | L1H3 | 0.900 | 1.00 | 1 |") in section
     assert f"*gpt's `next_token`: {NEXT_IN_CAUSAL}.*" in section
-    assert ("The strongest previous-token heads: gpt (causal) L1H2, 99.9%, at relative depth 1.00; bert "
-            "(bidirectional) L0H1, 80.0%, at relative depth 0.00.") in md
+    assert ("The strongest previous-token heads: gpt (causal) L1H2, 99.9% (chance 5.0%), at relative depth 1.00; bert "
+            "(bidirectional) L0H1, 80.0% (chance 5.0%), at relative depth 0.00.") in md
 
 
 def test_induction_findings_name_the_head_and_count_them():
     heads = make_tables([GPT]).heads
-    heads.loc[(heads.metric == "induction") & (heads.label == "L1H1"), "value"] = 0.953
+    at = (heads.metric == "induction") & (heads.label == "L1H1")
+    heads.loc[at, ["value", "ci_low", "ci_high"]] = [0.953, 0.943, 0.963]
     sentences = findings.findings(heads)
     assert ("In gpt, L1H1 puts 95.3% of its attention on the tokens that follow other occurrences of its own token "
-            "(an induction head).") in sentences
-    # L0H0 (0.9) and L1H1 (0.953) are above half
-    assert ("2 of 6 heads in gpt put more than half of their attention on the tokens that follow other occurrences "
-            "of their own token (induction heads).") in sentences
+            "(95% interval 94.3% to 96.3%; chance 5.0%): prefix matching, with no evidence that it copies what it "
+            "attends to.") in sentences
+    # L0H0 (0.9), L0H2 (0.5), L1H0 (0.4) and L1H1 (0.953) reach the role's 0.4, with no copying evidence
+    assert ("4 of 6 heads in gpt are prefix-matching heads, attending like induction heads with no evidence that "
+            "they copy (`induction` \u2265 0.4 beyond chance, without copying evidence).") in sentences
 
 
 def test_a_metric_this_headscan_does_not_know_is_drawn_but_not_ranked(tmp_path):

@@ -45,6 +45,16 @@ def distance(head, bucket):
     return 1.0 if head == 0 else 0.75 * bucket
 
 
+def sink_chance(bucket):
+    """Uniform attention's first-token share at bucket b, as if every query sat at 1.5 b: 1 / (1.5 b + 1)."""
+    return 1 / (1.5 * bucket + 1)
+
+
+def distance_chance(bucket):
+    """Uniform attention's distance at bucket b: 0.75 b, so head 1 spreads exactly like it."""
+    return 0.75 * bucket
+
+
 def position_rows(model, family, n_layers, n_heads, buckets=BUCKETS):
     rows = []
     for layer in range(n_layers):
@@ -54,10 +64,10 @@ def position_rows(model, family, n_layers, n_heads, buckets=BUCKETS):
                               kv_group=head, bucket=bucket, units=400.0, top_unit_share=0.01)
                 s, c = (np.nan, 0.0) if bucket == 0 else (sink(layer, head, bucket), 100.0)
                 rows.append(dict(common, metric=context.SINK, value=s, sum=s * c if c else 0.0, count=c,
-                                 ci_low=s - 0.01, ci_high=s + 0.01))
+                                 ci_low=s - 0.01, ci_high=s + 0.01, chance=np.nan if c == 0 else sink_chance(bucket)))
                 d = 0.0 if bucket == 0 else distance(head, bucket)
                 rows.append(dict(common, metric=context.DISTANCE, value=d, sum=100 * d, count=100.0,
-                                 ci_low=d - 0.1, ci_high=d + 0.1))
+                                 ci_low=d - 0.1, ci_high=d + 0.1, chance=distance_chance(bucket)))
     return rows
 
 
@@ -98,21 +108,27 @@ def test_sink_heads_at_the_longest_bucket_with_their_early_share(positions):
     assert top["label"].tolist() == ["L1H1", "L1H0", "L0H1"]
     np.testing.assert_allclose(top["value"], [0.4, 0.3, 0.2])
     np.testing.assert_allclose(top["early"], [0.08, 0.06, 0.04])
+    np.testing.assert_allclose(top["chance"], [1 / 25] * 3)
+    np.testing.assert_allclose(top["early_chance"], [0.4] * 3)
     assert set(top["bucket"]) == {16} and set(top["early_bucket"]) == {1}
 
 
-def test_reach_is_distance_over_the_bucket_s_position(positions):
+def test_reach_is_distance_over_uniform_attention_s(positions):
     reach = context.reach(positions).set_index("label")
-    assert reach.loc["L0H0", "value"] == pytest.approx(1 / 16)
-    assert reach.loc["L1H1", "value"] == pytest.approx(0.75)
+    assert reach.loc["L0H0", "value"] == pytest.approx(1 / 12)  # 1 token against uniform's 12
+    assert reach.loc["L1H1", "value"] == pytest.approx(1.0)  # spread like uniform attention
     assert reach.loc["L1H1", "distance_early"] == pytest.approx(0.75)
+    assert reach.loc["L1H1", "far"] == "at chance" and reach.loc["L0H0", "near"] == ""
 
 
 def test_position_profiles_draws_a_line_per_layer_on_a_log2_axis(positions):
     fig = Figure()
     ax = charts.position_profiles(context.layer_profiles(positions, metric=context.SINK), model="gpt",
-                                  ax=fig.subplots(), share=True)
-    assert len(ax.lines) == 2
+                                  ax=fig.subplots(), share=True,
+                                  chance=context.chance_profile(positions, metric=context.SINK))
+    assert len(ax.lines) == 3  # two layers, then chance
+    assert ax.lines[2].get_label() == "chance (uniform attention)" and ax.lines[2].get_linestyle() == "--"
+    np.testing.assert_allclose(ax.lines[2].get_ydata(), [sink_chance(b) for b in (1, 2, 4, 8, 16)])
     np.testing.assert_allclose(ax.lines[0].get_xdata(), [1, 2, 4, 8, 16])
     np.testing.assert_allclose(ax.lines[1].get_ydata()[-1], 0.35)
     assert ax.get_xscale() == "log" and ax.get_ylim() == (0, 1.02)
@@ -125,8 +141,8 @@ def test_value_heatmap_holds_the_grid_and_annotates_the_highest(positions):
     ax = figures.value_heatmap(context.reach(positions), model="gpt", label="reach", ax=fig.subplots(), vmax=1.0,
                                annotate_top=1)
     np.testing.assert_allclose(np.asarray(ax.collections[0].get_array()).reshape(2, 2),
-                               [[1 / 16, 0.75], [1 / 16, 0.75]])
-    assert [t.get_text() for t in ax.texts] == ["0.75"]
+                               [[1 / 12, 1.0], [1 / 12, 1.0]])
+    assert [t.get_text() for t in ax.texts] == ["1.00"]
 
 
 def test_no_section_without_a_long_enough_context():
@@ -141,11 +157,16 @@ def test_section_numbers_figures_and_table():
     assert "bucket b holds positions b to 2b \u2212 1" in blocks[1].text
     assert set(pngs) == {"context_by_layer.png", "context_reach.png"}
     items = next(b for b in blocks if isinstance(b, Bullets)).items
-    assert items[0] == ("gpt: the mean first-token share over all heads is 0.05 at position 1 and 0.25 at positions "
-                        "16\u201331; the largest at positions 16\u201331: L1H1 0.40 (0.08 at position 1), L1H0 0.30 "
-                        "(0.06 at position 1), L0H1 0.20 (0.04 at position 1).")
-    assert items[1].startswith("gpt at positions 16\u201331: L0H1 looks furthest, 12.0 tokens on average (reach 0.75); "
-                               "L0H0 nearest, 1.0 tokens (reach 0.06)")
+    assert items[0] == ("gpt: the mean first-token share over all heads is 0.05 at position 1 (uniform attention: "
+                        "0.400) and 0.25 at positions 16\u201331 (uniform attention: 0.040); the largest at positions "
+                        "16\u201331, beyond chance: L1H1 0.40 [0.39, 0.41] (chance 0.040; 0.08 at position 1, chance "
+                        "0.400), L1H0 0.30 [0.29, 0.31] (chance 0.040; 0.06 at position 1, chance 0.400), L0H1 0.20 "
+                        "[0.19, 0.21] (chance 0.040; 0.04 at position 1, chance 0.400).")
+    # the spreading heads reach exactly uniform attention's distance: none looks further than it
+    assert items[1] == ("No head of gpt looks further back than uniform attention beyond its interval at positions "
+                        "16\u201331: the furthest, L0H1, reaches 1.00 (at chance).")
+    assert items[2] == ("gpt at positions 16\u201331: L0H0 looks nearest, 1.0 tokens [0.9, 1.1] (reach 0.08), 1.0 at "
+                        "position 1.")
     table = next(b for b in blocks if isinstance(b, Table))
     assert table.sortable and table.frame["head"].tolist() == ["L1H1", "L1H0", "L0H1", "L0H0"]
     assert "bert (4)" in blocks[-1].text  # too short a context: named, not drawn

@@ -43,7 +43,8 @@ def syntax_rows(rows, *, family="causal"):
         records.append(dict(model=model, family=family, layer=layer, head=head, label=f"L{layer}H{head}",
                             kv_group=head, relation=relation, direction=direction, value=value,
                             sum=value * count, count=count, ci_low=low, ci_high=high, units=400.0,
-                            top_unit_share=0.01, baseline=baseline, baseline_offset=offset))
+                            top_unit_share=0.01, baseline=baseline, baseline_offset=offset,
+                            chance=np.nan if np.isnan(value) else 0.05))
     return TABLES["syntax"].conform(pd.DataFrame(records))
 
 
@@ -167,8 +168,8 @@ def test_a_sentence_only_where_the_interval_clears_the_baseline():
     best = syntactic.best_heads(full_syntax([("minilm", 3, 6)]))
     said = syntactic.syntax_findings(best)["minilm"]
     assert said == [
-        "minilm L2H5 picks the head of 93.0% [92.0, 94.0] of `det` dependents, against 58.9% for the best fixed "
-        "offset (+1).",
+        "minilm L2H5 picks the head of 93.0% [92.0, 94.0] of `det` dependents (chance 5.0%), against 58.9% for the "
+        "best fixed offset (+1).",
         "No head of minilm beats the best fixed offset beyond its 95% interval on `all`, `nsubj`, `amod`, `mark`, in "
         "either direction.",
     ]
@@ -181,14 +182,16 @@ def test_the_head_to_dependent_sentence_and_thin_support():
         "model": "m", "relation": ["obj", "det"], "direction": [H2D, D2H], "label": ["L4H3", "L0H0"],
         "layer": [4, 0], "head": [3, 0], "accuracy": [0.66, 0.9], "ci_low": [0.633, 0.8], "ci_high": [0.686, 1.0],
         "count": [1211.0, 12.0], "baseline": [0.358, 0.5], "baseline_offset": pd.array([2, 1], dtype="Int64"),
-        "margin": [0.275, 0.3], "beats": True, "thin": [False, True]})
+        "margin": [0.275, 0.3], "beats": True, "thin": [False, True], "chance": [0.1, 0.2],
+        "unsupported": ["", "thin support"]})
     assert syntactic.syntax_findings(best)["m"] == [
-        "In m L4H3, the word attending most to each `obj` dependent is its head for 66.0% [63.3, 68.6] of them, "
-        "against 35.8% for the best fixed offset (+2).",
+        "In m L4H3, the word attending most to each `obj` dependent is its head for 66.0% [63.3, 68.6] of them "
+        "(chance 10.0%), against 35.8% for the best fixed offset (+2).",
         "1 of 2 best heads of m are not judged: thin support."]
     cells = syntactic.syntax_display(best)
     assert cells["beats"].tolist() == ["yes", "yes\u2021"]
     assert cells["offset"].tolist() == ["+2", "+1"] and cells["margin"].tolist() == ["+0.275", "+0.300"]
+    assert cells["chance"].tolist() == ["0.100", "0.200"] and cells["not claimed"].tolist() == ["", "thin support"]
 
 
 # --- the figure ------------------------------------------------------------------------------------------------
@@ -297,8 +300,8 @@ def test_the_report_has_the_section_figure_findings_and_sortable_table(syntax_re
     section = md[md.index("## Syntactic heads"):md.index("## Runs")]
     assert "L7H9 here" in section and "-3..2" in section
     for model in ("minilm", "smollm2"):
-        assert (f"- {model} L2H5 picks the head of 93.0% [92.0, 94.0] of `det` dependents, against 58.9% for the "
-                f"best fixed offset (+1).") in section
+        assert (f"- {model} L2H5 picks the head of 93.0% [92.0, 94.0] of `det` dependents (chance 5.0%), against "
+                f"58.9% for the best fixed offset (+1).") in section
     assert "the most accurate of a model's heads (72 in minilm, 270 in smollm2)" in section
     assert "L1H0 picks" not in section  # amod: above the baseline, not beyond its interval
     assert "4 of 20 best heads beat" not in section and "2 of 20 best heads beat" in section

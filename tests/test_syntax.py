@@ -10,8 +10,8 @@ import torch
 
 from headscan.corpus import read_corpus
 from headscan.metrics import METRICS, AttentionBatch
-from headscan.corpus.words import DIRECTIONS, RELATIONS, relation_id, word_alignment
-from headscan.metrics.syntax import (BASELINE_OFFSETS, COLUMNS, attach_baseline, best_baseline, dependency_accuracy,
+from headscan.corpus.words import DIRECTIONS, RELATIONS, ROOT, relation_id, word_alignment
+from headscan.metrics.syntax import (BASELINE_OFFSETS, COLUMNS, SCORED, attach_baseline, best_baseline, dependency_accuracy,
                                      offset_baseline, word_attention)
 from headscan.tables import TABLES
 
@@ -204,14 +204,13 @@ def loop_accuracy(attentions, word_ids, heads, deprels, relations):
                 # no weight on any other word (a word without a token): no prediction, a miss
                 predicted = [int(np.argmax(row)) if row.max() > 0 else -1 for row in matrix]
                 for i in range(n_words):
-                    if heads[i] == 0:
-                        continue  # the root has no head word
+                    root = heads[i] == 0  # no head word: a miss in "all" (Clark et al.), left out of the rest
                     base = deprels[i].split(":")[0]
                     for relation in relations:
-                        if relation == "all" or relation == base:
+                        if relation == "all" or (not root and relation in ("all_nonroot", base)):
                             key = (layer, head, relation, direction)
                             correct, total = results.get(key, (0, 0))
-                            results[key] = (correct + (predicted[i] == heads[i] - 1), total + 1)
+                            results[key] = (correct + (not root and predicted[i] == heads[i] - 1), total + 1)
     return results
 
 
@@ -223,7 +222,7 @@ def test_a_plain_loop_over_hugging_face_attentions_agrees(wordpiece, ewt):
     tokenizer = wordpiece
     model = AutoModel.from_pretrained(ALIASES["minilm"].locate(), attn_implementation="eager").eval()
     segments = [s for s in ewt if 6 <= len(s.words) <= 25][:6]
-    relations = ["all", "nsubj", "det", "obj", "case", "punct"]
+    relations = ["all", "all_nonroot", "nsubj", "det", "obj", "case", "punct"]
     encoded = [text_word_ids(tokenizer, s, specials=True) for s in segments]
     width = max(len(ids) for ids, _ in encoded)
     # the vectorised functions get one padded batch, with NaN in the padding that must not matter
@@ -267,7 +266,7 @@ def test_the_sweeps_syntax_table_equals_the_plain_loop(wordpiece, ewt_dev):
     tables = headscan.sweep("minilm", ewt_dev, limit=8, device="cpu", bootstrap=0)
     syntax = tables["syntax"].set_index(["layer", "head", "relation", "direction"])
     model = AutoModel.from_pretrained(ALIASES["minilm"].locate(), attn_implementation="eager").eval()
-    relations = ["all", "det", "nsubj", "punct"]
+    relations = ["all", "all_nonroot", "det", "nsubj", "punct"]
     want = {}
     for segment in read_corpus(ewt_dev, limit=8).segments:
         ids, word_ids = text_word_ids(wordpiece, segment, specials=True)
@@ -285,11 +284,42 @@ def test_the_sweeps_syntax_table_equals_the_plain_loop(wordpiece, ewt_dev):
 
 
 def test_words_without_a_token_or_cut_off_are_not_scored():
-    # word 2 has no token (cut off): its dependent (word 1) and itself are not scored; the root never is
+    # word 2 has no token (cut off): its dependent (word 1) and itself are not scored, not even as a root
     words = word_alignment([[-1, 0, 1, 1]], [[2, 3, 0]], [["det", "nsubj", "root"]])
     assert words.head.tolist() == [[1, -1, -1]]
     _, counts = offset_baseline(words)
-    assert counts[0, 0, RELATIONS.index("all")] == 1 and counts[0, 0, RELATIONS.index("det")] == 1
+    assert counts[0, 0, SCORED.index("all")] == 1 and counts[0, 0, SCORED.index("det")] == 1
+
+
+def test_all_counts_root_words_as_misses_as_clark_et_al():
+    """`all` is Clark et al.'s: every word with a token, the root a miss; `all_nonroot` leaves the root out.
+    By hand: "cats sleep well", cats -nsubj-> sleep (root) <-advmod- well; a perfect dependent-to-head head gets
+    2 of 3 in `all`, 2 of 2 in `all_nonroot`; the offset baseline +1 gets 1 of 3."""
+    words = word_alignment([[-1, 0, 1, 2]], [[2, 0, 2]], [["nsubj", "root", "advmod"]])
+    assert words.head.tolist() == [[1, ROOT, 1]]
+    pattern = torch.zeros(1, 1, 4, 4, dtype=torch.float64)
+    pattern[0, 0, :, 0] = 0.1  # a little on the BOS, which is no word
+    for q, k in [(0, 0), (1, 2), (2, 1), (3, 2)]:  # each word on its head; the root on "cats"
+        pattern[0, 0, q, k] += 0.9
+    sums, counts = dependency_accuracy(pattern, words)
+    column = {relation: COLUMNS.index((relation, "dependent_to_head")) for relation in ("all", "all_nonroot")}
+    assert (sums[0, 0, column["all"]], counts[0, 0, column["all"]]) == (2, 3)
+    assert (sums[0, 0, column["all_nonroot"]], counts[0, 0, column["all_nonroot"]]) == (2, 2)
+    base_sums, base_counts = offset_baseline(words)
+    plus_one = BASELINE_OFFSETS.index(1)
+    assert (base_sums[0, plus_one, column["all"]], base_counts[0, plus_one, column["all"]]) == (1, 3)
+    # the root (ROOT, -2, at word 1) is never hit by the offset that lands on -2 (1 - 3)
+    assert base_sums[0, BASELINE_OFFSETS.index(-3), column["all"]] == 0
+
+
+def test_a_causal_models_baseline_uses_only_offsets_its_queries_can_see():
+    sums = np.zeros((len(BASELINE_OFFSETS), 1))
+    sums[BASELINE_OFFSETS.index(1)] = 9.0  # +1, which no causal query sees, would win
+    sums[BASELINE_OFFSETS.index(-2)] = 3.0
+    counts = np.full_like(sums, 10.0)
+    assert best_baseline(sums, counts, causal=False) == (pytest.approx([0.9]), [1])
+    value, offset = best_baseline(sums, counts, causal=True)
+    assert value.tolist() == [0.3] and offset.tolist() == [-2]
 
 
 def test_relations_fold_subtypes_and_keep_the_ud_inventory():
@@ -322,10 +352,10 @@ def test_baseline_by_loop_and_best_offset(wordpiece, ewt):
             for o, d in enumerate(BASELINE_OFFSETS):
                 hits = total = 0
                 for i, (head, deprel) in enumerate(zip(segment.heads, segment.deprels)):
-                    if head == 0 or (relation != "all" and deprel.split(":")[0] != relation):
+                    if relation != "all" and (head == 0 or relation not in ("all_nonroot", deprel.split(":")[0])):
                         continue
-                    total += 1
-                    hits += (head - 1 == i + d) if direction == "dependent_to_head" else (i == head - 1 + d)
+                    total += 1  # a root counts in "all", never as a hit
+                    hits += head != 0 and ((head - 1 == i + d) if direction == "dependent_to_head" else (i == head - 1 + d))
                 assert (sums[b, o, column].item(), counts[b, o, column].item()) == (hits, total)
     value, offset = best_baseline(sums.sum(0), counts.sum(0))
     det = COLUMNS.index(("det", "dependent_to_head"))
@@ -348,7 +378,7 @@ def test_scores_ignore_garbage_in_padding(wordpiece, ewt):
 def test_syntax_metric_is_registered_with_its_table_and_needs_words():
     metric = METRICS["syntax"]
     assert metric.table == "syntax" and list(TABLES["syntax"].keys) == ["relation", "direction"]
-    assert metric.axis.values(None) == list(COLUMNS) and len(COLUMNS) == 2 * len(RELATIONS)
+    assert metric.axis.values(None) == list(COLUMNS) and len(COLUMNS) == 2 * (len(RELATIONS) + 1)
     mask = torch.ones(2, 5, dtype=torch.bool)
     batch = AttentionBatch(torch.full((2, 3, 5, 5), 0.2), mask, mask, torch.zeros(2, 5, dtype=torch.long),
                            torch.zeros_like(mask), False)

@@ -9,16 +9,18 @@ This module draws nothing (see `headscan.plots`), lays out nothing (see `headsca
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
 from ..metrics import describe
 from ..tables import ModelProvenance
+from .claims import AT_CHANCE, NO_CHANCE, NO_INTERVAL, THIN, supported, why_not
 from .formats import pct
-from .ranking import (WIDE_CI, ZERO, all_zero_or_undefined, bounded, ci_is_wide, structural_reason, thin,
-                      top_heads)
+from .ranking import (WIDE_CI, ZERO, all_zero_or_undefined, bounded, ci_is_wide, striking_of, structural_reason,
+                      thin, top_heads)
+from .roles import ROLES, head_roles, role_for
 
 __all__ = ["findings", "findings_by_model", "relative_depth", "family_summary", "family_findings", "run_pairs",
            "run_differences"]
@@ -30,85 +32,160 @@ _ON = {
     "self": "itself",
     "first_token": "the first token",
     "sep": "separator tokens",
-    "duplicate_token": "other occurrences of its own token (a duplicate-token head)",
-    "induction": "the tokens that follow other occurrences of its own token (an induction head)",
+    "duplicate_token": "other occurrences of its own token",
+    "induction": "the tokens that follow other occurrences of its own token",
 }
-_COUNTED = {"prev_token": "the previous token", "induction": "the tokens that follow other occurrences of their own "
-                                                               "token (induction heads)"}
+# The roles whose heads findings count, with how a sentence names them.
+_COUNTED = {"previous-token": "previous-token heads", "induction": "induction heads",
+            "prefix-matching": "prefix-matching heads, attending like induction heads with no evidence that they copy"}
+_FAILS = {AT_CHANCE: "is at chance", "below chance": "lies below chance", "above chance": "lies above chance",
+          THIN: "rests on thin support", NO_INTERVAL: "has no interval", NO_CHANCE: "has no chance level recorded"}
 
 
-def _interval(row: pd.Series) -> str:
-    if pd.isna(row["ci_low"]) or pd.isna(row["ci_high"]):
-        return ""
-    return f" (95% interval {pct(row['ci_low'])} to {pct(row['ci_high'])})"
+def _numbers(row, metric: str = "") -> str:
+    """A row's interval and chance, as a claim states them: " (95% interval a to b; chance c)"."""
+    parts = []
+    if not (pd.isna(row["ci_low"]) or pd.isna(row["ci_high"])):
+        parts.append(f"95% interval {_fmt(metric, row['ci_low'])} to {_fmt(metric, row['ci_high'])}")
+    if "chance" in row and not pd.isna(row["chance"]):
+        parts.append(f"chance {_fmt(metric, row['chance'])}")
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
-def findings(heads: pd.DataFrame, *, threshold: float = 0.5,
-             provenance: Mapping[str, ModelProvenance] | None = None) -> list[str]:
+def _fmt(metric: str, value: float) -> str:
+    return pct(value) if not metric or bounded(metric) else f"{value:.2f} {describe(metric).unit}"
+
+
+def _failing(reason: str) -> str:
+    """A gate's reasons as a verb phrase: "is at chance and rests on thin support"."""
+    return " and ".join(_FAILS.get(part, part) for part in reason.split("; ") if part)
+
+
+def findings(heads: pd.DataFrame, *, provenance: Mapping[str, ModelProvenance] | None = None,
+             controls: Mapping[str, Sequence[str]] | None = None, weights: pd.DataFrame | None = None) -> list[str]:
     """Sentences that state what the numbers show, generated from `heads` (never written by hand).
 
     All of `findings_by_model`'s sentences in one list, model by model, then those across runs.
 
     For each model: its strongest previous-token head (and, in a bidirectional model, next-token head);
-    any other head that puts more than `threshold` of its attention on one kind of token; how many heads look
-    mostly at the previous token; metrics that are 0 or undefined for every head, and why when the registry
-    says so; where attention is most focused and broadest; how many scores have wide intervals, or rest on
-    thin support (`headscan.tables.thin_support`), which no other finding rests on. Across runs:
-    how far two runs of the same model agree. `provenance` (model name -> its `ModelProvenance`) tells
-    which models have no [SEP] token.
+    any other head that puts at least its role's threshold (`headscan.analysis.roles`) of its attention on one
+    kind of token; how many heads hold the previous-token, induction and prefix-matching roles; metrics that
+    are 0 or undefined for every head, and why when the registry says so; where attention is most focused
+    and broadest; how many scores have wide intervals, or rest on thin support, or lie within chance. A
+    sentence about a head is made only from a row that may carry a claim (`headscan.analysis.claims`: not
+    thin, beyond chance) and states its interval and chance; where no head of a kind does, one sentence says
+    so and why ("at chance"). `controls` (model -> its control models, `headscan.analysis.runs.Comparison`)
+    adds to each sentence whether the control shows it too; `weights` (weights.parquet) gives the copying
+    evidence that tells induction heads from prefix-matching ones. Across runs: how far two runs of the same
+    model agree. `provenance` (model name -> its `ModelProvenance`) tells which models have no [SEP] token.
 
     >>> heads = pd.DataFrame({"model": "m", "family": "causal", "layer": 0, "head": [0, 1, 0, 1],
     ...                       "label": ["L0H0", "L0H1"] * 2, "metric": ["prev_token"] * 2 + ["next_token"] * 2,
-    ...                       "value": [0.999, 0.1, 0.0, 0.0], "count": 10.0, "ci_low": float("nan"),
-    ...                       "ci_high": float("nan")})
+    ...                       "value": [0.999, 0.1, 0.0, 0.0], "count": 10.0, "ci_low": [0.998, 0.05, 0, 0],
+    ...                       "ci_high": [0.9995, 0.15, 0, 0], "chance": [0.2, 0.2, 0, 0]})
     >>> for sentence in findings(heads):
     ...     print(sentence)
-    In m, L0H0 puts 99.9% of its attention on the previous token.
-    1 of 2 heads in m put more than half of their attention on the previous token.
+    In m, L0H0 puts 99.9% of its attention on the previous token (95% interval 99.8% to 99.95%; chance 20.0%).
+    1 of 2 heads in m are previous-token heads (`prev_token` ≥ 0.5 beyond chance).
     m's `next_token`: a causal model's queries cannot see later tokens, so it is 0 for every head.
+    1 of 2 scores of m do not lie beyond chance on their striking side (their 95% interval holds the value of uniform attention, or lies on its other side); no finding here rests on them.
     """
-    by_model = findings_by_model(heads, threshold=threshold, provenance=provenance)
+    by_model = findings_by_model(heads, provenance=provenance, controls=controls, weights=weights)
     return [sentence for sentences in by_model.values() for sentence in sentences]
 
 
-def findings_by_model(heads: pd.DataFrame, *, threshold: float = 0.5,
-                      provenance: Mapping[str, ModelProvenance] | None = None) -> dict[str, list[str]]:
+def findings_by_model(heads: pd.DataFrame, *, provenance: Mapping[str, ModelProvenance] | None = None,
+                      controls: Mapping[str, Sequence[str]] | None = None,
+                      weights: pd.DataFrame | None = None) -> dict[str, list[str]]:
     """`findings`, keyed by model (in the table's order), with the sentences across runs under ``""``."""
     by_model: dict[str, list[str]] = {}
+    roles = head_roles(heads, weights) if len(heads) else None
     for model in dict.fromkeys(heads["model"]):
         rows = heads[heads["model"] == model]
-        by_model[model] = _model_findings(model, rows, threshold, (provenance or {}).get(model))
+        mine = [(c, heads[heads["model"] == c]) for c in (controls or {}).get(model, ())]
+        by_model[model] = _model_findings(model, rows, (provenance or {}).get(model), mine, roles)
     agreement = _agreement(heads)
     if agreement:
         by_model[""] = agreement
     return by_model
 
 
-def _model_findings(model: str, rows: pd.DataFrame, threshold: float, provenance: ModelProvenance | None) -> list[str]:
+def _what_it_is(best: pd.Series, metric: str, roles: pd.DataFrame | None) -> str:
+    """What role a head's sentence names, as `headscan.analysis.roles` says: for an induction-like head, an
+    induction head (with its copying evidence) or prefix matching only; a duplicate-token head."""
+    if metric not in ("induction", "duplicate_token") or roles is None:
+        return ""
+    mine = roles[(roles["model"] == best["model"]) & (roles["layer"] == best["layer"]) & (roles["head"] == best["head"])]
+    if mine.empty:
+        return ""
+    if metric == "duplicate_token":
+        return ": a duplicate-token head" if "duplicate" in mine["roles"].iloc[0] else ""
+    if "induction" in mine["roles"].iloc[0]:
+        return f": an induction head ({mine['evidence'].iloc[0]})"
+    return ": prefix matching, with no evidence that it copies what it attends to"
+
+
+def _control_clause(best: pd.Series, metric: str, controls: list[tuple[str, pd.DataFrame]]) -> str:
+    """Whether each control shows what `best` (a top_heads row of a trained model) shows, in a sentence each."""
+    out = []
+    for name, rows in controls:
+        row = rows[(rows["metric"] == metric) & (rows["layer"] == best["layer"]) & (rows["head"] == best["head"])]
+        if row.empty or row["value"].isna().all():
+            out.append(f" {name} has no `{metric}` for {best['label']}.")
+            continue
+        row = row.iloc[0]
+        reason = why_not(row.to_frame().T, striking=describe(metric).striking).iloc[0]
+        verdict = "also shows it" if not reason and row["value"] >= best["value"] * 0.5 else (
+            "shows it weaker" if not reason else f"does not: it {_failing(reason)}")
+        out.append(f" {name} {verdict}: {best['label']} {_fmt(metric, row['value'])}{_numbers(row, metric)}.")
+    return "".join(out)
+
+
+def _model_findings(model: str, rows: pd.DataFrame, provenance: ModelProvenance | None,
+                    controls: list[tuple[str, pd.DataFrame]], roles: pd.DataFrame | None) -> list[str]:
     out = []
     family = str(rows["family"].iloc[0])
     n_heads = len(rows[["layer", "head"]].drop_duplicates())
     metrics = list(dict.fromkeys(rows["metric"]))
+    recorded = "chance" in rows.columns and rows["chance"].notna().any()
+    if not recorded:
+        out.append(f"{model}'s tables record no chance level (written by a headscan before 0.4): no head of it is "
+                   "claimed; sweep again to judge them.")
 
-    # The strongest heads: previous token always, next token in a bidirectional model, any other
-    # "on what" metric where one head is mostly on it.
-    for metric in [m for m in _ON if m in metrics]:
+    # The strongest heads: previous token always, next token in a bidirectional model, any other "on what"
+    # metric where one head reaches its role's threshold; a row that cannot carry a claim is never one.
+    for metric in [m for m in _ON if m in metrics] if recorded else []:
+        if structural_reason(metric, family, provenance) is not None:
+            continue  # said below, once
         top = top_heads(rows, metric=metric, n=n_heads)
-        top = top[~top["thin"]]
         if top.empty:
             continue
-        best = top.iloc[0]
+        good = top[top["unsupported"] == ""]
+        threshold = role_for(metric).threshold
         wanted = metric == "prev_token" or (metric == "next_token" and family == "bidirectional")
-        if wanted or best["value"] > threshold:
-            out.append(f"In {model}, {best['label']} puts {pct(best['value'])} of its attention on {_ON[metric]}"
-                       f"{_interval(best) if best['wide'] else ''}.")
-    for metric in [m for m in _COUNTED if m in metrics]:
-        part = rows[rows["metric"] == metric]
-        many = int(((part["value"] > threshold) & ~thin(part)).sum())
-        if many:
-            share = "half" if threshold == 0.5 else pct(threshold)
-            out.append(f"{many} of {n_heads} heads in {model} put more than {share} of their attention on "
-                       f"{_COUNTED[metric]}.")
+        if len(good):
+            best = good.iloc[0]
+            if wanted or best["value"] >= threshold:
+                out.append(f"In {model}, {best['label']} puts {pct(best['value'])} of its attention on {_ON[metric]}"
+                           f"{_numbers(best)}{_what_it_is(best, metric, roles)}."
+                           f"{_control_clause(best, metric, controls)}")
+        else:
+            best = top.iloc[0]
+            out.append(f"No head of {model} puts its attention on {_ON[metric]} beyond chance: "
+                       f"the strongest, {best['label']} with {pct(best['value'])}{_numbers(best)}, "
+                       f"{_failing(best['unsupported'])}.")
+    if roles is not None and recorded:
+        mine = roles[roles["model"] == model]
+        for role_name, said in _COUNTED.items():
+            role = next(r for r in ROLES if r.name == role_name)
+            if not set(role.metrics) & set(metrics):
+                continue
+            many = int(mine["roles"].map(lambda names: role_name in names).sum())
+            if not many and role_name != "previous-token":
+                continue
+            versus = "".join(f"; {c}: {int(roles[roles['model'] == c]['roles'].map(lambda n: role_name in n).sum())}"
+                             for c, _ in controls)
+            out.append(f"{many} of {n_heads} heads in {model} are {said} ({role.rule()}{versus}).")
 
     for metric in metrics:
         part = rows[rows["metric"] == metric]
@@ -126,12 +203,16 @@ def _model_findings(model: str, rows: pd.DataFrame, threshold: float, provenance
             out.append(f"{model}'s `{metric}` is 0 for every head.")
 
     if "entropy" in metrics:
-        by_layer = rows[rows["metric"] == "entropy"].groupby("layer")["value"].mean().dropna()
+        entropy = rows[rows["metric"] == "entropy"]
+        by_layer = entropy.groupby("layer")["value"].mean().dropna()
+        uniform = entropy.groupby("layer")["chance"].mean() if recorded else None
         unit = describe("entropy").unit
         if len(by_layer) > 1:
-            out.append(f"In {model}, attention is most focused in layer {int(by_layer.idxmin())} (mean entropy "
-                       f"{by_layer.min():.2f} {unit}) and broadest in layer {int(by_layer.idxmax())} "
-                       f"({by_layer.max():.2f} {unit}).")
+            low, high = int(by_layer.idxmin()), int(by_layer.idxmax())
+            def null(layer):
+                return f"; uniform attention over the same keys {uniform[layer]:.2f}" if uniform is not None else ""
+            out.append(f"In {model}, attention is most focused in layer {low} (mean entropy {by_layer.min():.2f} "
+                       f"{unit}{null(low)}) and broadest in layer {high} ({by_layer.max():.2f} {unit}{null(high)}).")
 
     shares = rows[rows["metric"].map(bounded).astype(bool) & rows["value"].notna()]
     wide = int(ci_is_wide(shares).sum())
@@ -143,6 +224,14 @@ def _model_findings(model: str, rows: pd.DataFrame, threshold: float, provenance
     if n_thin:
         out.append(f"{n_thin} of {len(defined)} scores of {model} rest on thin support (too few segments or "
                    "documents, or one holding much of the sum); no finding here rests on them.")
+    measured = defined[defined["metric"].map(lambda m: structural_reason(m, family, provenance) is None).astype(bool)]
+    if recorded and len(measured):
+        reasons = why_not(measured, striking=striking_of(measured))
+        near = int(reasons.str.contains("chance").sum())
+        if near:
+            out.append(f"{near} of {len(measured)} scores of {model} do not lie beyond chance on their striking side "
+                       "(their 95% interval holds the value of uniform attention, or lies on its other side); no "
+                       "finding here rests on them.")
     return out
 
 
@@ -184,17 +273,17 @@ def relative_depth(layer, n_layers):
     return layer / (n_layers - 1) if n_layers > 1 else 0 * layer
 
 
-def family_summary(heads: pd.DataFrame, *, threshold: float = 0.5,
-                   metrics: tuple[str, ...] = ("prev_token", "next_token")) -> pd.DataFrame:
-    """Per model: its family, shape and, for each of `metrics`, its strongest head (thin support left out),
-    that head's value and relative depth, and how many heads score above `threshold`.
+def family_summary(heads: pd.DataFrame, *, metrics: tuple[str, ...] = ("prev_token", "next_token")) -> pd.DataFrame:
+    """Per model: its family, shape and, for each of `metrics`, its strongest head among the rows that may carry
+    a claim (`headscan.analysis.claims`), that head's value, chance and relative depth, and how many heads reach
+    the metric's role threshold beyond chance (`headscan.analysis.roles.role_for`).
 
     Returns
     -------
     DataFrame
-        Columns ``model, family, layers, heads`` then ``{metric}_head, {metric}, {metric}_depth,
-        {metric}_above`` per metric; the head is "" and the numbers NaN where the model has no such head
-        (all its heads score the same, as a causal model's next_token does).
+        Columns ``model, family, layers, heads`` then ``{metric}_head, {metric}, {metric}_chance,
+        {metric}_depth, {metric}_above`` per metric; the head is "" and the numbers NaN where the model has no
+        such head (all its heads score the same, as a causal model's next_token does, or none is beyond chance).
     """
     rows = []
     for model in dict.fromkeys(heads["model"]):
@@ -204,34 +293,36 @@ def family_summary(heads: pd.DataFrame, *, threshold: float = 0.5,
                "heads": len(part[["layer", "head"]].drop_duplicates())}
         for metric in metrics:
             scores = part[part["metric"] == metric]
-            top = top_heads(scores, metric=metric, n=1) if len(scores) else scores.iloc[:0]
-            top = top_heads(scores, metric=metric, n=len(scores)) if len(top) and top["thin"].iloc[0] else top
-            top = top[~top["thin"]] if len(top) else top
+            top = top_heads(scores, metric=metric, n=len(scores)) if len(scores) else scores.iloc[:0]
+            top = top[top["unsupported"] == ""] if len(top) else top
             best = top.iloc[0] if len(top) else None
             row[f"{metric}_head"] = best["label"] if best is not None else ""
             row[metric] = float(best["value"]) if best is not None else np.nan
+            row[f"{metric}_chance"] = float(best["chance"]) if best is not None else np.nan
             row[f"{metric}_depth"] = relative_depth(int(best["layer"]), n_layers) if best is not None else np.nan
-            row[f"{metric}_above"] = (int(((scores["value"] > threshold) & ~thin(scores)).sum())
+            threshold = role_for(metric).threshold
+            row[f"{metric}_above"] = (int(((scores["value"] >= threshold) & supported(scores)).sum())
                                       if len(scores) else np.nan)
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-def family_findings(heads: pd.DataFrame, *, threshold: float = 0.5) -> list[str]:
-    """Sentences comparing the models' strongest previous-token heads: where they sit by relative depth and
-    how many heads look mostly at the previous token, when the report has models of both families."""
+def family_findings(heads: pd.DataFrame) -> list[str]:
+    """Sentences comparing the models' strongest previous-token heads (beyond chance, not thin): where they sit
+    by relative depth and how many previous-token heads each model has, when the report has models of both
+    families."""
     if "prev_token" not in set(heads["metric"]) or heads["family"].nunique() < 2:
         return []
-    summary = family_summary(heads, threshold=threshold, metrics=("prev_token",))
+    summary = family_summary(heads, metrics=("prev_token",))
     summary = summary[summary["prev_token_head"] != ""]
     if len(summary) < 2:
         return []
-    where = "; ".join(f"{r.model} ({r.family}) {r.prev_token_head}, {pct(r.prev_token)}, at relative depth "
-                      f"{r.prev_token_depth:.2f}" for r in summary.itertuples())
+    where = "; ".join(f"{r.model} ({r.family}) {r.prev_token_head}, {pct(r.prev_token)} (chance "
+                      f"{pct(r.prev_token_chance)}), at relative depth {r.prev_token_depth:.2f}"
+                      for r in summary.itertuples())
     many = ", ".join(f"{int(r.prev_token_above)} of {r.heads} in {r.model}" for r in summary.itertuples())
-    share = "half" if threshold == 0.5 else pct(threshold)
     return [f"The strongest previous-token heads: {where}.",
-            f"Heads putting more than {share} of their attention on the previous token: {many}."]
+            f"Previous-token heads ({role_for('prev_token').rule()}): {many}."]
 
 
 def run_pairs(models: list[str]) -> list[tuple[str, str]]:

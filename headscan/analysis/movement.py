@@ -24,6 +24,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from .claims import why_not
+
 __all__ = ["SINKS", "COPYING", "DLA", "DLA_POSITIVE", "COPYING_HIGH", "paired", "layer_pairs", "sink_summary",
            "value_means", "copying_heads", "copying_counts", "dla_heads"]
 
@@ -158,8 +160,10 @@ def dla_heads(heads: pd.DataFrame, *, n: int = 5) -> pd.DataFrame:
     Returns
     -------
     DataFrame
-        Columns ``model, label, layer, head, dla, ci_low, ci_high, positive`` (``positive``: the head's
-        ``dla_positive``, NaN where the table has none), `n` rows per model at most, in table order.
+        Columns ``model, label, layer, head, dla, ci_low, ci_high, chance, positive, unsupported``
+        (``positive``: the head's ``dla_positive``, NaN where the table has none; ``chance``: the null head's dla,
+        its output replaced by the mean of the values it could see; ``unsupported``: why the row cannot carry a
+        claim, `headscan.analysis.claims.why_not`), `n` rows per model at most, in table order.
     """
     rows = heads[(heads["metric"] == DLA) & heads["value"].notna()]
     if "family" in rows:
@@ -170,6 +174,8 @@ def dla_heads(heads: pd.DataFrame, *, n: int = 5) -> pd.DataFrame:
     models = {name: i for i, name in enumerate(dict.fromkeys(heads["model"]))}
     top = top.sort_values("model", key=lambda c: c.map(models), kind="stable")
     positive = [share.get((m, lay, h), np.nan) for m, lay, h in zip(top["model"], top["layer"], top["head"])]
-    out = top.rename(columns={"value": "dla"}).assign(positive=positive)
-    return out[["model", "label", "layer", "head", "dla", "ci_low", "ci_high", "positive"]].astype(
-        {"model": str, "label": str, "positive": float}).reset_index(drop=True)
+    chance = top["chance"] if "chance" in top.columns else pd.Series(np.nan, index=top.index)
+    out = top.rename(columns={"value": "dla"}).assign(positive=positive, chance=chance,
+                                                      unsupported=why_not(top) if len(top) else "")
+    return out[["model", "label", "layer", "head", "dla", "ci_low", "ci_high", "chance", "positive",
+                "unsupported"]].astype({"model": str, "label": str, "positive": float}).reset_index(drop=True)

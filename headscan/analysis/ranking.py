@@ -22,17 +22,19 @@ import pandas as pd
 from ..errors import TablesError
 from ..metrics import METRICS, describe, get_metric
 from ..tables import ModelProvenance, RunProvenance, SweepTables, thin_support
+from .claims import why_not
 from .formats import fmt_bucket, pct  # noqa: F401  (re-exported)
 from .syntax import best_heads, offset_text, relation_order
 
-__all__ = ["WIDE_CI", "bounded", "striking_order", "ci_is_wide", "top_heads", "thin", "top_rows", "fmt_score",
-           "fmt_bucket", "pct", "structural_reason", "why_structural", "top_heads_text", "unit_note", "controls_note"]
+__all__ = ["WIDE_CI", "bounded", "striking_order", "striking_of", "ci_is_wide", "top_heads", "thin", "top_rows",
+           "fmt_score", "fmt_bucket", "pct", "structural_reason", "why_structural", "top_heads_text", "unit_note",
+           "controls_note"]
 
 WIDE_CI = 0.1  # an interval wider than this (0-1 metrics) or than this fraction of the value (others) is wide
 _SUPPORT = ("units", "top_unit_share")  # the columns headscan.tables.thin_support reads
 ZERO = 1e-12  # a value this close to 0 is 0
 # The columns `headscan show` prints.
-SHOWN = ["model", "label", "layer", "head", "value", "ci_low", "ci_high", "count", "units", "thin"]
+SHOWN = ["model", "label", "layer", "head", "value", "ci_low", "ci_high", "chance", "count", "units", "unsupported"]
 
 
 def bounded(metric: str) -> bool:
@@ -47,6 +49,18 @@ def striking_order(metric: str) -> str:
     ('highest', 'lowest')
     """
     return "highest" if describe(metric).ranks_high() else "lowest"
+
+
+def striking_of(rows: pd.DataFrame) -> pd.Series:
+    """Each row's striking end, "high" or "low", from its ``metric`` (`describe`; "high" for a table without one).
+
+    >>> striking_of(pd.DataFrame({"metric": ["prev_token", "entropy"]})).tolist()
+    ['high', 'low']
+    """
+    if "metric" not in rows.columns:
+        return pd.Series("high", index=rows.index, dtype=object)
+    ends = {m: describe(str(m)).striking for m in rows["metric"].unique()}
+    return rows["metric"].map(ends).astype(object)
 
 
 def ci_is_wide(rows: pd.DataFrame, *, threshold: float = WIDE_CI) -> pd.Series:
@@ -82,10 +96,13 @@ def top_heads(heads: pd.DataFrame, metric: str, n: int = 10, *, model: str | Non
     Returns
     -------
     DataFrame
-        Columns ``model, rank, label, layer, head, value, ci_low, ci_high, count, units, wide, thin``
-        (``wide``: see `ci_is_wide`; ``thin``: the value rests on thin support, `headscan.tables.thin_support`:
-        read it as unsure whatever its interval says), one block of up to `n` rows per model in the table's
-        order, rank 1 first.
+        Columns ``model, rank, label, layer, head, value, ci_low, ci_high, chance, count, units, wide, thin,
+        unsupported`` (``wide``: see `ci_is_wide`; ``thin``: the value rests on thin support,
+        `headscan.tables.thin_support`: read it as unsure whatever its interval says; ``unsupported``: why the
+        row cannot carry a claim, `headscan.analysis.claims.why_not`, "" where it can: "at chance", "thin
+        support", ...), one block of up to `n` rows per model in the table's order, rank 1 first. The list
+        keeps the striking heads that fail the claim gate, marked, so that a reader sees why they are not
+        findings.
 
     Raises
     ------
@@ -112,12 +129,14 @@ def top_heads(heads: pd.DataFrame, metric: str, n: int = 10, *, model: str | Non
     rows = rows.sort_values(["value", "layer", "head"], ascending=[not entry.ranks_high(), True, True], kind="stable")
     rows = rows.assign(thin=thin_support(rows))
     top = rows.groupby("model", sort=False).head(n)
+    top = top.assign(chance=top["chance"] if "chance" in top.columns else np.nan)
+    top = top.assign(unsupported=why_not(top, striking=entry.striking) if len(top) else pd.Series(dtype=object))
     top = top.sort_values("model", key=lambda names: names.map(order), kind="stable").reset_index(drop=True)
     top["rank"] = top.groupby("model", sort=False).cumcount() + 1
     top["wide"] = ci_is_wide(top.assign(metric=metric))
-    columns = ["model", "rank", "label", "layer", "head", "value", "ci_low", "ci_high", "count", "units", "wide",
-               "thin"]
-    return top[columns].astype({"model": str, "label": str, "thin": bool})
+    columns = ["model", "rank", "label", "layer", "head", "value", "ci_low", "ci_high", "chance", "count", "units",
+               "wide", "thin", "unsupported"]
+    return top[columns].astype({"model": str, "label": str, "thin": bool, "unsupported": object})
 
 
 def _with_support(rows: pd.DataFrame) -> pd.DataFrame:

@@ -71,6 +71,17 @@ class Comparison:
     def model(self, name: str) -> ReportModel:
         return next(m for m in self.models if m.name == name)
 
+    def controls(self, name: str) -> list[ReportModel]:
+        """The control models swept beside model `name` in its run (`ModelProvenance.control_of`), in order."""
+        trained = self.model(name)
+        return [m for m in self.models if m.run == trained.run and m.provenance.control_of == trained.model
+                and m.provenance.control is not None]
+
+    def control_map(self) -> dict[str, list[str]]:
+        """Report name of each trained model that has controls -> the report names of its controls."""
+        found = {m.name: [c.name for c in self.controls(m.name)] for m in self.models if m.provenance.control is None}
+        return {name: controls for name, controls in found.items() if controls}
+
 
 def run_names(paths: Sequence[str | os.PathLike]) -> list[str]:
     """A short, distinct name for each run: its folder's name, with ``-2``, ``-3`` ... on repeats."""
@@ -112,7 +123,18 @@ def merge_runs(runs: Sequence[SweepTables], names: Sequence[str] | None = None) 
             frame["model"] = frame["model"].map(lambda m: rename.get(m, m)).astype("string")
             parts.setdefault(table, []).append(frame)
     frames = {table: pd.concat(parts[table], ignore_index=True) for table in TABLES if table in parts}
-    return Comparison(frames, list(zip(names, runs)), models)
+    return Comparison(frames, list(zip(names, runs)), _controls_beside(models))
+
+
+def _controls_beside(models: list[ReportModel]) -> list[ReportModel]:
+    """`models` with each control right after its trained model of the same run (the order figures show them in)."""
+    trained = [m for m in models if m.provenance.control_of is None or not any(
+        t.run == m.run and t.model == m.provenance.control_of for t in models)]
+    out = []
+    for m in trained:
+        out.append(m)
+        out += [c for c in models if c is not m and c.run == m.run and c.provenance.control_of == m.model]
+    return out + [m for m in models if m not in out]
 
 
 # --- provenance as display tables -------------------------------------------------------------------------

@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from .. import tables
+from .claims import why_not
 from .formats import pct
 
 __all__ = ["DIRECTIONS", "FREQUENT", "MIN_SHARE", "BEST_COLUMNS", "relation_order", "best_heads", "syntax_findings",
@@ -40,7 +41,7 @@ FREQUENT = ("nsubj", "obj", "det", "amod", "advmod", "case", "nmod", "aux", "mar
 MIN_SHARE = 0.01  # any other relation is shown when it has at least this share of all dependents
 
 BEST_COLUMNS = ["model", "relation", "direction", "label", "layer", "head", "accuracy", "ci_low", "ci_high", "count",
-                "baseline", "baseline_offset", "margin", "beats", "thin"]
+                "baseline", "baseline_offset", "margin", "beats", "thin", "chance", "unsupported"]
 
 _DIRECTION_TEXT = {"dependent_to_head": "dependent \u2192 head", "head_to_dependent": "head \u2192 dependent"}
 
@@ -114,7 +115,9 @@ def best_heads(syntax: pd.DataFrame, *, relations=None, min_share: float = MIN_S
         of dependents, ``baseline`` and ``baseline_offset`` the best fixed offset's accuracy and offset
         (NaN / <NA> where the table did not record them: tables added up by `headscan.tables.combine`),
         ``margin = ci_low - baseline`` and ``beats = ci_low > baseline`` (False where either is NaN),
-        ``thin`` the head's value rests on thin support (`headscan.tables.thin_support`). One row per
+        ``thin`` the head's value rests on thin support (`headscan.tables.thin_support`), ``chance`` a uniformly
+        random choice among the candidate words, ``unsupported`` why the row cannot carry a claim
+        (`headscan.analysis.claims.why_not`: thin, or its interval not above chance), "" where it can. One row per
         (model, relation, direction) with a defined value, relation by relation in the shown order, then
         direction, then model in the table's order.
 
@@ -146,43 +149,57 @@ def best_heads(syntax: pd.DataFrame, *, relations=None, min_share: float = MIN_S
         "ci_high": best["ci_high"].astype(float), "count": best["count"].astype(float),
         "baseline": best["baseline"].astype(float), "baseline_offset": best["baseline_offset"].astype("Int64"),
         "margin": margin, "beats": (margin > 0).fillna(False).astype(bool), "thin": best["thin"].astype(bool),
+        "chance": best["chance"].astype(float) if "chance" in best.columns else np.nan,
+        "unsupported": why_not(best) if len(best) else pd.Series(dtype=object),
     })
     return out[BEST_COLUMNS].reset_index(drop=True)
 
 
+def _claimable(rows: pd.DataFrame) -> pd.Series:
+    """Rows that may carry a claim: `best_heads`' ``unsupported`` empty (tables written before headscan gave
+    best_heads that column are judged on support and interval alone)."""
+    if "unsupported" in rows.columns:
+        return rows["unsupported"].fillna("") == ""
+    return rows["ci_low"].notna() & ~rows["thin"]
+
+
 def _sentence(row) -> str:
-    interval = f"{pct(row.accuracy)} [{100 * row.ci_low:.1f}, {100 * row.ci_high:.1f}]"
+    chance = "" if pd.isna(getattr(row, "chance", np.nan)) else f" (chance {pct(row.chance)})"
     offset = f"the best fixed offset ({offset_text(row.baseline_offset)})"
     if row.direction == "head_to_dependent":
         return (f"In {row.model} {row.label}, the word attending most to each `{row.relation}` dependent is its head "
-                f"for {interval} of them, against {pct(row.baseline)} for {offset}.")
-    return (f"{row.model} {row.label} picks the head of {interval} of `{row.relation}` dependents, against "
-            f"{pct(row.baseline)} for {offset}.")
+                f"for {pct(row.accuracy)} [{100 * row.ci_low:.1f}, {100 * row.ci_high:.1f}] of them{chance}, against "
+                f"{pct(row.baseline)} for {offset}.")
+    return (f"{row.model} {row.label} picks the head of {pct(row.accuracy)} [{100 * row.ci_low:.1f}, "
+            f"{100 * row.ci_high:.1f}] of `{row.relation}` dependents{chance}, against {pct(row.baseline)} for {offset}.")
 
 
 def syntax_findings(best: pd.DataFrame) -> dict[str, list[str]]:
     """Sentences from `best_heads`, keyed by model (in the table's order).
 
-    A sentence for each row whose best head beats the baseline beyond its interval (``beats``) and does not
-    rest on thin support, most dependents first; then one sentence naming the relations where no head does in
-    either direction, and one for rows left unsaid because of thin support or a missing interval or baseline.
-    A head whose accuracy is above the baseline but whose interval reaches down to it gets no sentence.
+    A sentence for each row whose best head beats the baseline beyond its interval (``beats``) and may carry a
+    claim (``unsupported`` empty: not thin, its interval above chance), most dependents first; then one
+    sentence naming the relations where no head does in either direction, and one for rows left unsaid
+    because of thin support, a missing interval, chance or baseline, or an interval that holds chance. A head
+    whose accuracy is above the baseline but whose interval reaches down to it gets no sentence.
 
     >>> best = pd.DataFrame({"model": "m", "relation": ["det", "amod"], "direction": "dependent_to_head",
     ...     "label": ["L3H5", "L0H1"], "layer": [3, 0], "head": [5, 1], "accuracy": [0.612, 0.70],
     ...     "ci_low": [0.590, 0.66], "ci_high": [0.634, 0.74], "count": [500.0, 300.0], "baseline": [0.481, 0.68],
-    ...     "baseline_offset": [-1, 1], "margin": [0.109, -0.02], "beats": [True, False], "thin": False})
+    ...     "baseline_offset": [-1, 1], "margin": [0.109, -0.02], "beats": [True, False], "thin": False,
+    ...     "chance": [0.1, 0.12], "unsupported": ""})
     >>> for sentence in syntax_findings(best)["m"]:
     ...     print(sentence)
-    m L3H5 picks the head of 61.2% [59.0, 63.4] of `det` dependents, against 48.1% for the best fixed offset (-1).
+    m L3H5 picks the head of 61.2% [59.0, 63.4] of `det` dependents (chance 10.0%), against 48.1% for the best fixed offset (-1).
     No head of m beats the best fixed offset beyond its 95% interval on `amod`, in either direction.
     """
     out: dict[str, list[str]] = {}
     for model in dict.fromkeys(best["model"]):
         rows = best[best["model"] == model]
-        said = rows[rows["beats"] & ~rows["thin"]]
+        claimable = _claimable(rows)
+        said = rows[rows["beats"] & claimable]
         sentences = [_sentence(row) for row in said.sort_values("count", ascending=False, kind="stable").itertuples()]
-        judged = rows[rows["ci_low"].notna() & rows["baseline"].notna() & ~rows["thin"]]
+        judged = rows[rows["baseline"].notna() & claimable]
         beaten = set(rows.loc[rows["beats"], "relation"])
         unsure = set(rows.loc[~rows.index.isin(judged.index), "relation"])
         never = [r for r in dict.fromkeys(rows["relation"]) if r not in beaten | unsure]
@@ -198,6 +215,9 @@ def syntax_findings(best: pd.DataFrame) -> dict[str, list[str]]:
                 why.append("no baseline recorded")
             if rows["thin"].any():
                 why.append("thin support")
+            near = rows["unsupported"].fillna("").str.contains("chance") if "unsupported" in rows else rows["thin"] & False
+            if near.any():
+                why.append(f"{int(near.sum())} with an interval that does not lie above chance, or no chance recorded")
             sentences.append(f"{len(unjudged)} of {len(rows)} best heads of {model} are not judged: "
                              f"{'; '.join(why)}.")
         out[model] = sentences
@@ -212,8 +232,8 @@ def syntax_display(best: pd.DataFrame, *, with_model: bool = True) -> pd.DataFra
     """`best_heads` as display strings, one row per (model, relation, direction), for a sortable table.
 
     Columns ``model`` (unless not `with_model`), ``relation, direction, head, accuracy, 95% low, 95% high,
-    dependents, baseline, offset, margin, beats``; margin is signed, beats is "yes" (‡ where on thin support,
-    which no finding rests on) or "".
+    dependents, baseline, offset, margin, beats, chance, not claimed``; margin is signed, beats is "yes" (‡
+    where on thin support, which no finding rests on) or "", not claimed says why a row carries no claim.
     """
     frame = pd.DataFrame({
         "model": best["model"],
@@ -229,5 +249,7 @@ def syntax_display(best: pd.DataFrame, *, with_model: bool = True) -> pd.DataFra
         "margin": best["margin"].map(lambda v: "\u2013" if pd.isna(v) else f"{v:+.3f}"),
         "beats": [("yes" if beats else "") + ("\u2021" if thin else "")
                   for beats, thin in zip(best["beats"], best["thin"])],
+        "chance": (best["chance"] if "chance" in best else pd.Series(np.nan, index=best.index)).map(_fmt),
+        "not claimed": (best["unsupported"] if "unsupported" in best else pd.Series("", index=best.index)).fillna(""),
     })
     return (frame if with_model else frame.drop(columns="model")).reset_index(drop=True)

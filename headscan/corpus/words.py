@@ -19,7 +19,7 @@ import torch
 
 from ..errors import CorpusError
 
-__all__ = ["RELATIONS", "DIRECTIONS", "WordAlignment", "relation_id", "align_tokens", "word_alignment"]
+__all__ = ["RELATIONS", "DIRECTIONS", "ROOT", "WordAlignment", "relation_id", "align_tokens", "word_alignment"]
 
 # UD v2 universal relations (https://universaldependencies.org/u/dep/) without "root", which has no head word.
 UD_RELATIONS = ("acl", "advcl", "advmod", "amod", "appos", "aux", "case", "cc", "ccomp", "clf", "compound", "conj",
@@ -29,6 +29,7 @@ UD_RELATIONS = ("acl", "advcl", "advmod", "amod", "appos", "aux", "case", "cc", 
 RELATIONS: tuple[str, ...] = ("all", *UD_RELATIONS)  # the relation inventory; a relation id indexes it
 DIRECTIONS: tuple[str, ...] = ("dependent_to_head", "head_to_dependent")
 _RELATION_IDS = {name: i for i, name in enumerate(RELATIONS) if name != "all"}
+ROOT = -2  # `WordAlignment.head` of a root word that has a token: no head word, so never predicted right
 
 
 def relation_id(deprel: str) -> int:
@@ -48,7 +49,8 @@ class WordAlignment:
     """
 
     token_word: torch.Tensor  # (batch, seq) long: the token's word, -1 for special tokens and padding
-    head: torch.Tensor  # (batch, word) long: the gold head word, -1 for the root, padding, and words not scored
+    head: torch.Tensor  # (batch, word) long: the gold head word; ROOT (-2) for a root word that has a token;
+    # -1 for padding and words not scored
     relation: torch.Tensor  # (batch, word) long: index into RELATIONS, -1 when not a UD relation (or padding)
 
     @property
@@ -75,11 +77,11 @@ def word_alignment(
 
     >>> words = word_alignment([[None, 0, 0, 1, None]], [[2, 0]], [["nsubj:pass", "root"]])
     >>> words.token_word.tolist(), words.head.tolist(), words.relation.tolist(), RELATIONS[27]
-    ([[-1, 0, 0, 1, -1]], [[1, -1]], [[27, -1]], 'nsubj')
+    ([[-1, 0, 0, 1, -1]], [[1, -2]], [[27, -1]], 'nsubj')
     >>> word_alignment([[-1, 0, 0]], [[2, 0]], [["nsubj", "root"]]).head.tolist()  # word 1 has no token
     [[-1, -1]]
     >>> word_alignment([[-1, 0, 0]], [[2, 0]], [["nsubj", "root"]], missing=[[1]]).head.tolist()  # a miss
-    [[1, -1]]
+    [[1, -2]]
     """
     n_words = max((len(h) for h in heads), default=0)
     width = max((len(w) for w in word_ids), default=0) if width is None else width
@@ -102,7 +104,8 @@ def word_alignment(
         present[np.asarray(lost, dtype=np.int64) + 1] = True  # no token, yet in the text: scored as a miss
         gold = np.asarray(gold, dtype=np.int64)
         scored = present[1:] & present[gold]  # the word and its head both have a token (the root has none)
-        head[row, : len(gold)] = np.where(scored, gold - 1, -1)
+        root = present[1:] & (gold == 0)  # a root word with a token: Clark et al. count it as a miss in "all"
+        head[row, : len(gold)] = np.where(scored, gold - 1, np.where(root, ROOT, -1))
         relation[row, : len(gold)] = [relation_id(label) for label in labels]
     return WordAlignment(torch.from_numpy(token_word), torch.from_numpy(head), torch.from_numpy(relation))
 

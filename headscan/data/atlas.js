@@ -9,6 +9,7 @@
   var panel = document.getElementById("atlas-panel");
   var tip = document.getElementById("atlas-tip");
   var select = document.getElementById("atlas-metric");
+  var scaleSelect = document.getElementById("atlas-scale");
   var search = document.getElementById("atlas-search");
   var found = document.getElementById("atlas-found");
   var legend = document.getElementById("atlas-legend");
@@ -16,7 +17,7 @@
   D.metrics.forEach(function (m) { metricInfo[m.name] = m; });
   var roleInfo = {};
   D.roles.forEach(function (r) { roleInfo[r.name] = r; });
-  var state = { metric: D.initial, open: null };
+  var state = { metric: D.initial, scale: "value", open: null };
 
   function esc(text) {
     return String(text).replace(/[&<>"']/g, function (c) {
@@ -61,6 +62,21 @@
     return scores.thin.indexOf(index) >= 0;
   }
 
+  function unsupported(scores, index) {
+    return (scores.unsupported || {})[String(index)] || "";
+  }
+
+  // Colour by lift over chance: value - chance, or log2(value / chance) for shares; white at chance.
+  function lifted(scores, index, info) {
+    var v = scores.value[index], c = scores.chance ? scores.chance[index] : null;
+    if (v === null || v === undefined || c === null || c === undefined) return null;
+    if (state.scale === "ratio") {
+      if (!info.ratio || !(c > 0) || !(v > 0)) return null;
+      return Math.log(v / c) / Math.LN2 / info.ratio;
+    }
+    return info.lift ? (v - c) / info.lift : null;
+  }
+
   function fill(model, index) {
     if (state.metric === "@role") {
       var roles = model.roles[index];
@@ -70,6 +86,10 @@
     var value = scores ? scores.value[index] : null;
     if (value === null || value === undefined) return D.scales.undefined;
     var info = metricInfo[state.metric];
+    if (state.scale !== "value") {
+      var t = lifted(scores, index, info);
+      return t === null ? D.scales.undefined : scaleColour(D.scales.signed, (t + 1) / 2);
+    }
     return scaleColour(info.bounded ? D.scales.share : D.scales.unbounded, value / (info.max || 1));
   }
 
@@ -160,6 +180,21 @@
       return;
     }
     var info = metricInfo[state.metric];
+    if (state.scale !== "value") {
+      var end = state.scale === "ratio" ? info.ratio : info.lift;
+      var signed = "linear-gradient(to right," + D.scales.signed.join(",") + ")";
+      legend.innerHTML = end === null || end === undefined ?
+        '<span class="muted">' + esc(state.metric) + ": no chance level to compare with" +
+          (state.scale === "ratio" && !info.bounded ? " (value / chance is drawn for shares only)" : "") + "</span>" :
+        '<span class="atlas-bar-end">' + (state.scale === "ratio" ? "\u00f7" + Math.pow(2, end).toPrecision(3) :
+          "\u2212" + fmt(end, info.name)) + '</span><span class="atlas-bar" style="background:' + signed + '"></span>' +
+        '<span class="atlas-bar-end">' + (state.scale === "ratio" ? "\u00d7" + Math.pow(2, end).toPrecision(3) :
+          "+" + fmt(end, info.name)) + "</span> " + '<span class="muted">' +
+        (state.scale === "ratio" ? "value / chance, on a log scale" : "value \u2212 chance, in " + esc(info.unit)) +
+        "; white: at chance (uniform attention over the keys each query sees); " + esc(info.striking) +
+        ' is striking; <span class="atlas-grey"></span> undefined</span>';
+      return;
+    }
     var stops = info.bounded ? D.scales.share : D.scales.unbounded;
     var gradient = "linear-gradient(to right," + stops.join(",") + ")";
     legend.innerHTML = '<span class="atlas-bar-end">0</span><span class="atlas-bar" style="background:' + gradient +
@@ -186,7 +221,10 @@
     if (!scores) return text + "<br>no " + esc(state.metric);
     text += "<br>" + esc(state.metric) + " " + fmt(scores.value[index], state.metric) + " " +
       interval(scores.low[index], scores.high[index], state.metric);
+    if (scores.chance && scores.chance[index] !== null) text += "<br>chance " + fmt(scores.chance[index], state.metric);
     if (isThin(scores, index)) text += ' <span class="atlas-thin">\u2021 thin support</span>';
+    var reason = unsupported(scores, index);
+    if (reason && reason !== "thin support") text += '<br><span class="muted">no claim: ' + esc(reason) + "</span>";
     if (scores.rank[index] !== null) text += "<br>rank " + scores.rank[index] + " of " + scores.of;
     return text;
   }
@@ -316,7 +354,7 @@
         '<i style="background:' + roleInfo[r].colour + '"></i>' + esc(r) + "</span>";
     }).join("") : '<span class="muted">no role by the rules below the atlas</span>') + "</p>";
     s += '<table class="atlas-scores"><thead><tr><th>metric</th><th class="num">value</th><th class="num">95% interval</th>' +
-      '<th class="num">rank</th></tr></thead><tbody>';
+      '<th class="num">chance</th><th class="num">rank</th><th>no claim</th></tr></thead><tbody>';
     D.metrics.forEach(function (info) {
       var scores = model.metrics[info.name];
       if (!scores) return;
@@ -324,13 +362,33 @@
       s += '<tr data-metric="' + esc(info.name) + '"' + (info.name === state.metric ? ' class="current"' : "") + "><td>" +
         esc(info.name) + '</td><td class="num value" data-value="' + (value === null ? "" : value) + '">' +
         fmt(value, info.name) + (isThin(scores, index) ? ' <span class="atlas-thin" title="thin support">\u2021</span>' : "") +
-        '</td><td class="num">' + interval(scores.low[index], scores.high[index], info.name) + '</td><td class="num"' +
+        '</td><td class="num">' + interval(scores.low[index], scores.high[index], info.name) + '</td><td class="num chance">' +
+        fmt(scores.chance ? scores.chance[index] : null, info.name) + '</td><td class="num"' +
         ' title="' + esc(info.striking) + ' first">' + (rank === null ? "\u2013" : rank + " of " + scores.of +
-        ' <span class="muted">' + (info.striking === "lowest" ? "low" : "high") + "</span>") + "</td></tr>";
+        ' <span class="muted">' + (info.striking === "lowest" ? "low" : "high") + "</span>") + '</td><td class="muted">' +
+        esc(value === null ? "" : unsupported(scores, index)) + "</td></tr>";
     });
     s += "</tbody></table>";
     s += '<p class="muted atlas-small">Rank 1 is the most striking head of the model: the highest value, or the lowest ' +
-      "where low is striking (entropy: the most focused head). \u2021: thin support.</p>";
+      "where low is striking (entropy: the most focused head). Chance: the value of uniform attention over the keys " +
+      "each query sees, on the same queries. No claim: why the value cannot carry one (its interval is thin, or does " +
+      "not lie beyond chance on the striking side). \u2021: thin support.</p>";
+    var controls = (D.controls || {})[model.name] || [];
+    controls.forEach(function (name) {
+      var other = D.models.filter(function (x) { return x.name === name; })[0];
+      if (!other || other.heads !== model.heads || other.layers !== model.layers) return;
+      s += "<h4>Beside its control: " + esc(name) + '</h4><table class="atlas-scores atlas-control"><thead><tr><th>metric</th>' +
+        '<th class="num">' + esc(model.name) + '</th><th class="num">control</th><th class="num">chance</th></tr></thead><tbody>';
+      D.metrics.forEach(function (info) {
+        var mine = model.metrics[info.name], theirs = other.metrics[info.name];
+        if (!mine || !theirs) return;
+        s += "<tr><td>" + esc(info.name) + '</td><td class="num">' + fmt(mine.value[index], info.name) +
+          '</td><td class="num">' + fmt(theirs.value[index], info.name) + (unsupported(theirs, index) ?
+            ' <span class="muted" title="' + esc(unsupported(theirs, index)) + '">(no claim)</span>' : "") +
+          '</td><td class="num">' + fmt(theirs.chance ? theirs.chance[index] : null, info.name) + "</td></tr>";
+      });
+      s += "</tbody></table>";
+    });
     var widest = 0;
     if (model.offsets) {
       model.offsets.low[index].forEach(function (lo, k) {
@@ -395,6 +453,12 @@
     recolour();
     if (state.open) openPanel(state.open[0], state.open[1]);
   });
+  if (scaleSelect) {
+    scaleSelect.addEventListener("change", function () {
+      state.scale = scaleSelect.value;
+      recolour();
+    });
+  }
   document.addEventListener("keydown", function (event) { if (event.key === "Escape") closePanel(); });
 
   select.value = state.metric;

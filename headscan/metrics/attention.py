@@ -53,6 +53,13 @@ def _share_where_argmax_at(batch: AttentionBatch, offset: int) -> tuple[torch.Te
     return mean_over_queries(hit, valid[..., offset + batch.max_offset])
 
 
+def _null_at_offset(batch: AttentionBatch, offset: int) -> torch.Tensor:
+    """Sums of the null head's weight on q + offset over the queries `_mean_at_offset` counts."""
+    _, valid = batch.at_offsets
+    column = offset + batch.max_offset
+    return mean_over_queries(batch.null.at_offsets[..., column], valid[..., column])[0]
+
+
 def _first_token_per_query(batch: AttentionBatch) -> tuple[torch.Tensor, torch.Tensor]:
     """(batch, head, q) attention on the first token, and (batch, q) where it counts: real queries q >= 1."""
     weights = batch.masked[..., 0]  # (batch, head, q)
@@ -96,13 +103,28 @@ _NO_FUTURE = "a causal model's queries cannot see later tokens, so it is 0 for e
 # --- registered metrics ------------------------------------------------------------------------------------
 
 
-@register("prev_token")
+def _prev_chance(batch: AttentionBatch):
+    """1/n, n the keys that count and that the query sees: uniform attention's weight on q-1."""
+    return _null_at_offset(batch, -1)
+
+
+def _next_chance(batch: AttentionBatch):
+    """1/n, as for prev_token (0 for a causal model, whose queries cannot see q+1)."""
+    return _null_at_offset(batch, +1)
+
+
+def _self_chance(batch: AttentionBatch):
+    """1/n, n the keys that count and that the query sees."""
+    return _null_at_offset(batch, 0)
+
+
+@register("prev_token", chance=_prev_chance)
 def prev_token(batch: AttentionBatch):
     """Mean of A[q, q-1] over real queries q whose previous position q-1 is a real token."""
     return _mean_at_offset(batch, -1)
 
 
-@register("next_token", structural={"causal": _NO_FUTURE})
+@register("next_token", structural={"causal": _NO_FUTURE}, chance=_next_chance)
 def next_token(batch: AttentionBatch):
     """Mean of A[q, q+1] over real queries q whose next position q+1 is a real token.
 
@@ -111,13 +133,19 @@ def next_token(batch: AttentionBatch):
     return _mean_at_offset(batch, +1)
 
 
-@register("self")
+@register("self", chance=_self_chance)
 def self_attention(batch: AttentionBatch):
     """Mean of A[q, q] (attention to the query's own token) over real queries q."""
     return _mean_at_offset(batch, 0)
 
 
-@register("first_token")
+def _first_chance(batch: AttentionBatch):
+    """1/n at each query, n the keys it sees: 1/(q+1) at position q of a causal model whose every token counts."""
+    _, valid = _first_token_per_query(batch)
+    return mean_over_queries(batch.null.first, valid)[0]
+
+
+@register("first_token", chance=_first_chance)
 def first_token(batch: AttentionBatch):
     """Mean attention on the segment's first token (BOS or [CLS] when the model uses one) over real queries q >= 1.
 
@@ -126,20 +154,43 @@ def first_token(batch: AttentionBatch):
     return mean_over_queries(*_first_token_per_query(batch))
 
 
-@register("sep", structural={"no_sep": "the model has no [SEP] token, so it is undefined for every head"})
+def _sep_on(batch: AttentionBatch) -> torch.Tensor:
+    return batch.sep_mask & batch.key_mask  # (batch, k)
+
+
+def _sep_chance(batch: AttentionBatch):
+    """The number of [SEP] tokens the query sees over n, the keys it sees."""
+    on_sep = _sep_on(batch)
+    return mean_over_queries(batch.null.expect(on_sep[:, None, :]), batch.query_mask & on_sep.any(-1, keepdim=True))[0]
+
+
+@register("sep", structural={"no_sep": "the model has no [SEP] token, so it is undefined for every head"},
+          chance=_sep_chance)
 def sep(batch: AttentionBatch):
     """Mean over real queries of the total attention on [SEP] tokens.
 
     Defined only for segments holding a [SEP] that counts (NaN for models without one, such as GPT-2).
     """
-    on_sep = batch.sep_mask & batch.key_mask  # (batch, k)
+    on_sep = _sep_on(batch)  # (batch, k)
     # multiply-and-sum: several times faster than the equivalent einsum (a batched matmul) on CPU
     weights = (batch.masked * on_sep[:, None, None, :].to(batch.pattern.dtype)).sum(-1)  # (batch, head, q)
     valid = batch.query_mask & on_sep.any(-1, keepdim=True)
     return mean_over_queries(weights, valid)
 
 
-@register("entropy", unit="nats", bounded=False, striking="low")
+def _entropy_chance(batch: AttentionBatch):
+    """log n, n the keys that count and that the query sees: uniform attention's entropy, the largest possible."""
+    return mean_over_queries(batch.null.entropy, batch.query_mask)[0]
+
+
+def _entropy_norm_chance(batch: AttentionBatch):
+    """1: uniform attention's entropy is log n (value-weighted: its entropy over log n)."""
+    n_visible = batch.n_visible().to(torch.float64)  # (batch, q)
+    normalised = batch.null.entropy / torch.log(n_visible.clamp_min(2))[:, None, :]
+    return mean_over_queries(normalised, batch.query_mask & (n_visible >= 2))[0]
+
+
+@register("entropy", unit="nats", bounded=False, striking="low", chance=_entropy_chance)
 def entropy(batch: AttentionBatch):
     """Mean over real queries of the entropy -sum_k A[q, k] log A[q, k] of the query's attention, in nats.
 
@@ -148,7 +199,7 @@ def entropy(batch: AttentionBatch):
     return mean_over_queries(batch.entropy, batch.query_mask)
 
 
-@register("entropy_norm", unit="fraction of the largest possible entropy", striking="low")
+@register("entropy_norm", unit="fraction of the largest possible entropy", striking="low", chance=_entropy_norm_chance)
 def entropy_norm(batch: AttentionBatch):
     """Mean over real queries of the entropy divided by log(n), n the number of keys the query could see.
 
@@ -160,13 +211,29 @@ def entropy_norm(batch: AttentionBatch):
     return mean_over_queries(normalised, batch.query_mask & (n_visible >= 2))
 
 
-@register("distance", unit="tokens", bounded=False)
+def _distance_chance(batch: AttentionBatch):
+    """The mean of |q - k| over the keys k that count and that the query sees: q/2 at position q of a causal
+    model whose every token counts."""
+    return mean_over_queries(batch.null.distance(), batch.query_mask)[0]
+
+
+@register("distance", unit="tokens", bounded=False, chance=_distance_chance)
 def distance(batch: AttentionBatch):
     """Mean over real queries of sum_k A[q, k] |q - k|: how far, in tokens, a head looks on average."""
     return mean_over_queries(batch.distance, batch.query_mask)
 
 
-@register("positional_prev", unit="share of queries")
+def _positional_prev_chance(batch: AttentionBatch):
+    """The probability that a key drawn from uniform attention is q-1: 1/n, n the keys the query sees."""
+    return _null_at_offset(batch, -1)
+
+
+def _positional_next_chance(batch: AttentionBatch):
+    """The probability that a key drawn from uniform attention is q+1: 1/n (0 for a causal model)."""
+    return _null_at_offset(batch, +1)
+
+
+@register("positional_prev", unit="share of queries", chance=_positional_prev_chance)
 def positional_prev(batch: AttentionBatch):
     """Share of real queries q (with q-1 real) whose largest attention weight is on q-1.
 
@@ -177,7 +244,7 @@ def positional_prev(batch: AttentionBatch):
     return _share_where_argmax_at(batch, -1)
 
 
-@register("positional_next", unit="share of queries", structural={"causal": _NO_FUTURE})
+@register("positional_next", unit="share of queries", structural={"causal": _NO_FUTURE}, chance=_positional_next_chance)
 def positional_next(batch: AttentionBatch):
     """Share of real queries q (with q+1 real) whose largest attention weight is on q+1."""
     return _share_where_argmax_at(batch, +1)
@@ -189,7 +256,19 @@ def _attention_on(batch: AttentionBatch, targets: torch.Tensor) -> tuple[torch.T
     return mean_over_queries(weights, batch.query_mask & targets.any(-1))
 
 
-@register("duplicate_token")
+def _duplicate_chance(batch: AttentionBatch):
+    """The number of other occurrences of the query's token that it sees, over n, the keys it sees."""
+    targets = batch.other_occurrences
+    return mean_over_queries(batch.null.on(targets), batch.query_mask & targets.any(-1))[0]
+
+
+def _induction_chance(batch: AttentionBatch):
+    """The number of the query's targets over n, the keys that count and that it sees."""
+    targets = batch.induction_targets
+    return mean_over_queries(batch.null.on(targets), batch.query_mask & targets.any(-1))[0]
+
+
+@register("duplicate_token", chance=_duplicate_chance)
 def duplicate_token(batch: AttentionBatch):
     """Mean total attention on the other occurrences of the query's own token.
 
@@ -199,7 +278,7 @@ def duplicate_token(batch: AttentionBatch):
     return _attention_on(batch, batch.other_occurrences)
 
 
-@register("induction")
+@register("induction", chance=_induction_chance)
 def induction(batch: AttentionBatch):
     """Mean total attention on the tokens right after other occurrences of the query's token, q-1 and q excluded.
 
@@ -215,23 +294,11 @@ def induction(batch: AttentionBatch):
     one, so a previous-token or self head would score as an induction head. A head that attends only to q-1
     or q now scores 0; on `repeat-random` (n >= 3) no target is excluded, so its scores are unchanged.
     """
-    same = batch.other_occurrences  # (batch, q, j)
-    # target key k = j + 1: shift along keys; the key at k must count too.
-    targets = torch.zeros_like(same)
-    targets[..., 1:] = same[..., :-1]  # a fresh tensor, so writing into it is safe
-    gap = batch.key_positions[None, :] - batch.query_positions[:, None]  # (q, k): k - q
-    not_positional = (gap != -1) & (gap != 0)  # (q, k): k is neither q-1 nor q
-    targets = targets & not_positional & batch.key_mask[:, None, :]
-    return _attention_on(batch, targets)
+    return _attention_on(batch, batch.induction_targets)
 
 
-@register("offsets", table="offsets", axis=Axis(("offset",), lambda config: [(d,) for d in offset_range(config.max_offset)]))
-def offset_profile(batch: AttentionBatch):
-    """For each offset d in -K..K, the mean of A[q, q+d] over real queries q whose position q+d is a real token.
-
-    d = -1 is prev_token, 0 is self and +1 is next_token. A row's profile sums to at most 1.
-    """
-    weights, valid = batch.at_offsets  # (batch, head, q, offset), (batch, q, offset)
+def _by_offset(weights: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sums and counts of `weights` (batch, head, q, offset) over queries where `valid` (batch, q, offset)."""
     valid = valid[:, None]  # (batch, 1, q, n_off)
     zero = torch.zeros((), dtype=weights.dtype)
     sums = torch.where(valid, weights, zero).sum(-2)  # (batch, head, n_off)
@@ -239,11 +306,34 @@ def offset_profile(batch: AttentionBatch):
     return sums, counts
 
 
+def _offsets_chance(batch: AttentionBatch):
+    """1/n where the query sees q+d, n the keys that count and that it sees; 0 where it cannot see q+d."""
+    return _by_offset(batch.null.at_offsets, batch.at_offsets[1])[0]
+
+
+@register("offsets", table="offsets", axis=Axis(("offset",), lambda config: [(d,) for d in offset_range(config.max_offset)]),
+          chance=_offsets_chance)
+def offset_profile(batch: AttentionBatch):
+    """For each offset d in -K..K, the mean of A[q, q+d] over real queries q whose position q+d is a real token.
+
+    d = -1 is prev_token, 0 is self and +1 is next_token. A row's profile sums to at most 1.
+    """
+    return _by_offset(*batch.at_offsets)  # (batch, head, q, offset), (batch, q, offset)
+
+
 def _bucket_axis(config) -> list[tuple]:
     return [(b,) for b in buckets(config.max_len)]
 
 
-@register("first_token_by_position", table="positions", axis=Axis(("bucket",), _bucket_axis))
+def _first_by_position_chance(batch: AttentionBatch):
+    """1/n at each query, n the keys it sees, averaged over the bucket's queries: 1/(q+1) at position q of a
+    causal model whose every token counts."""
+    _, valid = _first_token_per_query(batch)
+    return _by_bucket(batch.null.first, valid, batch)[0]
+
+
+@register("first_token_by_position", table="positions", axis=Axis(("bucket",), _bucket_axis),
+          chance=_first_by_position_chance)
 def first_token_by_position(batch: AttentionBatch):
     """first_token by query position: for each bucket b, the mean attention on the first token over real queries
     q >= 1 whose position lies in [b, 2b) (bucket 0, position 0 alone, is always empty).
@@ -253,12 +343,23 @@ def first_token_by_position(batch: AttentionBatch):
     return _by_bucket(*_first_token_per_query(batch), batch)
 
 
-@register("distance_by_position", table="positions", unit="tokens", bounded=False,
-          axis=Axis(("bucket",), _bucket_axis))
-def distance_by_position(batch: AttentionBatch):
-    """distance by query position: for each bucket b, the mean over real queries q in [b, 2b) of
-    sum_k A[q, k] |q - k| (bucket 0: position 0 alone).
+def _distance_by_position_chance(batch: AttentionBatch):
+    """The same sum, first token left out, under uniform attention over the keys that count and that the query
+    sees, averaged over the bucket's queries: q(q - 1) / (2(q + 1)), about q/2, at position q of a causal model
+    whose every token counts."""
+    return _by_bucket(batch.null.distance(skip_first=True), batch.query_mask, batch)[0]
 
-    Whether a head looks a fixed distance back wherever the query is, or further the later the query.
+
+@register("distance_by_position", table="positions", unit="tokens", bounded=False,
+          axis=Axis(("bucket",), _bucket_axis), chance=_distance_by_position_chance)
+def distance_by_position(batch: AttentionBatch):
+    """distance by query position, the first token left out: for each bucket b, the mean over real queries q in
+    [b, 2b) of sum_{k >= 1} A[q, k] |q - k| (bucket 0: position 0 alone).
+
+    Whether a head looks a fixed distance back wherever the query is, or further the later the query. The
+    first token is left out of the sum (not renormalised away) because a sink head's attention on it would
+    read as looking far back: a sink scores near 0 here, and `first_token_by_position` shows it instead;
+    `distance` keeps the first token.
     """
-    return _by_bucket(batch.distance, batch.query_mask, batch)
+    first = batch.masked[..., 0] * batch.query_positions.to(batch.pattern.dtype)  # (batch, head, q): A[q, 0] |q - 0|
+    return _by_bucket(batch.distance - first, batch.query_mask, batch)

@@ -9,12 +9,14 @@ This module registers no metric (see `headscan.metrics.registry`).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import cached_property
 
 import torch
 
 from ..errors import MetricError
+from .chance import NullHead
 
 __all__ = ["AttentionBatch", "offset_range", "mean_over_queries"]
 
@@ -43,6 +45,10 @@ class AttentionBatch:
     value_norms: torch.Tensor | None = None  # (batch, head, k) ||f(x_k)|| = ||v_k W_O^h||, b_V in, b_O out
     logit_contributions: torch.Tensor | None = None  # (batch, head, q) z_q^h W_O^h . d[:, t_{q+1}], before the scale
     final_scale: torch.Tensor | None = None  # (batch, q) the final norm's divisor, frozen from the forward pass
+    null_logit_contributions: torch.Tensor | None = None  # (batch, head, q) the same for the null head's output
+    # The null head's weight on each key (`headscan.metrics.chance`): None is uniform attention; value-weighted
+    # attention sets the value norms, (batch, head, k).
+    key_weights: torch.Tensor | None = None
 
     def __post_init__(self):
         if self.max_offset < 1:
@@ -63,6 +69,17 @@ class AttentionBatch:
     def key_positions(self) -> torch.Tensor:
         """(k,) the position of each key: 0 .. k - 1."""
         return torch.arange(self.pattern.shape[-1], device=self.pattern.device)
+
+    @cached_property
+    def null(self) -> NullHead:
+        """The null head of these queries: what uniform attention over what each query sees would score."""
+        return NullHead(self)
+
+    def null_batch(self) -> AttentionBatch:
+        """The same queries with the null head's attention as the pattern, (batch, H, q, k), H = 1 for uniform
+        weights: what a metric that registers no chance of its own is computed on."""
+        pattern = self.null.pattern().to(self.pattern.dtype)
+        return dataclasses.replace(self, pattern=pattern, raw_pattern=None, key_weights=None)
 
     # Derived tensors several metrics share, computed once per layer (new tensors, never the inputs).
     @cached_property
@@ -122,6 +139,17 @@ class AttentionBatch:
         same = self.tokens[:, queries, None] == self.tokens[:, None, :]  # (batch, q, k)
         other = keys[None, :] < queries[:, None] if self.causal else keys[None, :] != queries[:, None]  # (q, k)
         return same & other & self.query_mask[:, :, None] & self.key_mask[:, None, :]
+
+    @cached_property
+    def induction_targets(self) -> torch.Tensor:
+        """(batch, q, k) bool: the keys k = j + 1 after another occurrence j of the query's token (see `induction`),
+        k counting and neither q - 1 nor q."""
+        same = self.other_occurrences  # (batch, q, j)
+        targets = torch.zeros_like(same)
+        targets[..., 1:] = same[..., :-1]  # a fresh tensor, so writing into it is safe: k = j + 1
+        gap = self.key_positions[None, :] - self.query_positions[:, None]  # (q, k): k - q
+        not_positional = (gap != -1) & (gap != 0)  # (q, k): k is neither q-1 nor q
+        return targets & not_positional & self.key_mask[:, None, :]
 
     def n_visible(self) -> torch.Tensor:
         """(batch, q) how many keys that count query q could see under the model's mask."""

@@ -1,7 +1,8 @@
 """The metric registry: each metric registered once by name, with its definition and what a report needs.
 
-`register` records a metric's function, its docstring (the definition), its table, unit, bounds, striking end
-and structural zeros; `get_metric` finds one by name ("did you mean"); `describe` is the one way to ask a
+`register` records a metric's function, its docstring (the definition), its chance level (a function of the
+same batch whose docstring says how chance is defined for the metric; by default the metric applied to the
+null head, `headscan.metrics.chance`), its table, unit, bounds, striking end and structural zeros; `get_metric` finds one by name ("did you mean"); `describe` is the one way to ask a
 metric's unit, bounds and striking end, also for a name this headscan does not register (another version's
 run).
 
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 
     from .batch import AttentionBatch
 
-__all__ = ["Axis", "Metric", "METRICS", "CONDITIONS", "CAPTURED", "register", "get_metric", "metric_names", "describe",
+__all__ = ["Axis", "Metric", "METRICS", "CONDITIONS", "CAPTURED", "DEFAULT_CHANCE", "register", "get_metric", "metric_names", "describe",
            "definitions_markdown"]
 
 
@@ -56,13 +57,24 @@ class Metric:
     structural: dict[str, str]  # condition in CONDITIONS -> why the metric is 0 or undefined under it
     axis: Axis | None = None  # extra key columns, or None for one value per head
     needs: tuple[str, ...] = ()  # AttentionBatch fields besides the pattern it reads (captured internals)
+    chance: Callable[[AttentionBatch], torch.Tensor | None] | None = None  # sums of the null head's score; None: default
+    chance_definition: str = ""  # how its chance is defined: the chance function's docstring
 
     def ranks_high(self) -> bool:
         return self.striking == "high"
 
+    def chance_sums(self, batch: AttentionBatch) -> torch.Tensor | None:
+        """Per-segment sums of the null head's score over the queries the metric counts, (batch, H[, axis]) with
+        H 1 (the same for every head) or the number of heads; None where it cannot be computed (NaN)."""
+        if self.chance is not None:
+            return self.chance(batch)
+        return self.function(batch.null_batch())[0]
+
 
 METRICS: dict[str, Metric] = {}
 CAPTURED = ("value_norms", "logit_contributions", "final_scale")  # optional AttentionBatch fields a metric may need
+DEFAULT_CHANCE = ("The metric itself on the null head (uniform attention over the keys each query sees, "
+                  "value-weighted for value.parquet).")
 
 
 def register(
@@ -75,8 +87,15 @@ def register(
     table: str = "heads",
     axis: Axis | None = None,
     needs: tuple[str, ...] = (),
+    chance: Callable | None = None,
 ):
     """Register a metric function under `name`; its docstring becomes its definition.
+
+    `chance` computes the sums of the metric's chance level on the same batch and queries (so that the
+    metric's counts are its counts; `headscan.metrics.chance`): a function whose docstring says how chance is
+    defined for the metric. Without one, chance is the metric applied to the null head's attention
+    (`AttentionBatch.null_batch`), which is right for metrics that are averages of the attention weights and
+    wrong for argmax metrics, whose chance is the probability that the null head's draw hits the target.
 
     `table` names a table of `headscan.tables.TABLES`: the metric's rows go there, keyed by the metric's
     name where the table has a ``metric`` column and by `axis` for the rest of its keys. `needs` names the
@@ -102,8 +121,11 @@ def register(
         unknown = sorted(set(needs) - set(CAPTURED))
         if unknown:
             raise MetricError(f"metric {name!r}: needs {unknown[0]!r}, which no sweep captures (choose from {CAPTURED})")
+        chance_definition = inspect.cleandoc(chance.__doc__ or "") if chance is not None else DEFAULT_CHANCE
+        if not chance_definition:
+            raise MetricError(f"metric {name!r}: its chance function has no docstring; say how chance is defined")
         METRICS[name] = Metric(name, function, definition, table, unit, bounded, striking, dict(structural or {}), axis,
-                               tuple(needs))
+                               tuple(needs), chance, chance_definition)
         return function
 
     return decorate
@@ -158,5 +180,6 @@ def definitions_markdown() -> str:
         if metric.striking == "low":
             where += ", low is striking"
         body = " ".join(metric.definition.split())
-        lines.append(f"- **`{metric.name}`** ({where}): {body}")
+        chance = " ".join(metric.chance_definition.split())
+        lines.append(f"- **`{metric.name}`** ({where}): {body} *Chance:* {chance}")
     return "\n".join(lines) + "\n"

@@ -25,13 +25,21 @@ The method, as in Clark et al.'s ``Syntax_Analysis.ipynb`` and ``bpe_utils.py``,
   ``dependent_to_head`` it predicts head = dependent + d, for ``head_to_dependent`` dependent = head + d.
   So a perfect previous-token head scores exactly the baseline at d = -1 in both directions. An offset
   that falls outside the sentence is a miss (Clark clamps to the root or the last word). Ties go to the
-  larger offset, as Clark's ``max((score, offset))``.
+  larger offset, as Clark's ``max((score, offset))``. Only offsets a query of the model can see compete: in
+  a causal model the attending word sees only words at or before it, so d <= 0 in both directions (a
+  baseline at +1 would be a rule no head of it could follow).
 - Relations: UD universal relations, subtypes folded into their base (``obl:tmod`` -> ``obl``,
-  ``nmod:poss`` -> ``nmod``; so Clark's special case for ``poss`` has nothing to apply to), plus ``all``.
-  Root words have no head word and are never counted; ``all`` counts every other word, punctuation
-  included. A label that is not a UD relation counts in ``all`` only.
+  ``nmod:poss`` -> ``nmod``; so Clark's special case for ``poss`` has nothing to apply to), plus ``all``
+  and ``all_nonroot``. ``all`` counts every word, punctuation included, and root words, which have no head
+  word, as misses, as Clark et al. do; ``all_nonroot`` leaves the roots out. Other relations never count a
+  root. A label that is not a UD relation counts in ``all`` and ``all_nonroot`` only.
 - Words cut off by ``max_len`` are neither scored nor anyone's predicted head. A word of the text that got no
   token (one token covering two words gives it to the first) is scored, and can only be a miss.
+- Chance: 1/m for a dependent whose gold head is among the m candidate words, 0 otherwise (a root, a head
+  out of sight): in ``dependent_to_head`` the candidates are the other words the dependent can attend to
+  (in a causal model, those whose first token is at or before the dependent's last), in
+  ``head_to_dependent`` the other words that can attend to the dependent. A uniformly random choice among
+  the candidates, not the null head's argmax (uniform attention's argmax is the word with the most tokens).
 
 This module does not run models or read treebanks: `headscan.corpus` reads the words, heads and relations
 (`headscan.corpus.words`), and the sweep hands each layer's pattern here.
@@ -43,16 +51,20 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..corpus.words import DIRECTIONS, RELATIONS, WordAlignment
+from ..corpus.words import DIRECTIONS, RELATIONS, ROOT, WordAlignment
 from .batch import AttentionBatch
 from .registry import Axis, register
 
-__all__ = ["BASELINE_OFFSETS", "COLUMNS", "word_attention", "most_attended", "dependency_accuracy", "accuracy_of",
-           "offset_baseline", "best_baseline", "attach_baseline", "syntax_metric"]
+__all__ = ["BASELINE_OFFSETS", "SCORED", "COLUMNS", "word_attention", "most_attended", "dependency_accuracy", "accuracy_of",
+           "offset_baseline", "visible_offsets", "best_baseline", "attach_baseline", "syntax_metric", "candidate_words",
+           "syntax_chance"]
 
 BASELINE_OFFSETS: tuple[int, ...] = tuple(range(-3, 3))  # Clark et al.'s range(-3, 3)
+# The relations of the syntax table: ``all`` (roots counted as misses, as Clark et al.), ``all_nonroot`` (every
+# word but the root) and UD's relations, in `RELATIONS` order.
+SCORED: tuple[str, ...] = ("all", "all_nonroot", *RELATIONS[1:])
 # The last axis of `dependency_accuracy` and `offset_baseline`: every relation, first in one direction, then the other.
-COLUMNS: tuple[tuple[str, str], ...] = tuple((relation, direction) for direction in DIRECTIONS for relation in RELATIONS)
+COLUMNS: tuple[tuple[str, str], ...] = tuple((relation, direction) for direction in DIRECTIONS for relation in SCORED)
 
 
 # --- word attention and accuracy ---------------------------------------------------------------------------
@@ -104,11 +116,13 @@ def most_attended(attention: torch.Tensor) -> torch.Tensor:
 
 
 def _relation_members(words: WordAlignment, dtype: torch.dtype) -> torch.Tensor:
-    """(batch, word, relation) 1 where the word is scored and has the relation; column 0 ("all"): every scored word."""
+    """(batch, word, relation of `SCORED`) 1 where the word counts for the relation: "all", every scored word and
+    every root word; "all_nonroot", every scored word; a UD relation, the scored words that have it."""
     scored = words.head >= 0  # (batch, word)
-    ids = torch.arange(len(RELATIONS), device=words.head.device)
-    members = (words.relation[..., None] == ids) | (ids == 0)  # "all" (id 0) is never a word's own relation
-    return (members & scored[..., None]).to(dtype)
+    ids = torch.arange(1, len(RELATIONS), device=words.head.device)  # RELATIONS[0] is "all", never a word's own
+    own = (words.relation[..., None] == ids) & scored[..., None]  # (batch, word, UD relation)
+    every = (scored | (words.head == ROOT))[..., None]
+    return torch.cat([every, scored[..., None], own], -1).to(dtype)
 
 
 def dependency_accuracy(pattern: torch.Tensor, words: WordAlignment) -> tuple[torch.Tensor, torch.Tensor]:
@@ -144,25 +158,42 @@ def offset_baseline(words: WordAlignment, dtype: torch.dtype = torch.float64) ->
     position = torch.arange(words.n_words, device=words.head.device)  # (word,)
     offsets = torch.tensor(BASELINE_OFFSETS, device=words.head.device)[:, None]  # (offset, 1)
     gold = words.head[:, None, :]  # (batch, 1, word)
+    real = gold >= 0  # a root (ROOT) or an unscored word (-1) is never a hit, whatever the offset
     sums = torch.cat([
-        (gold == position + offsets).to(dtype) @ members,  # (batch, offset, relation): head = dependent + d
-        (gold == position - offsets).to(dtype) @ members,  # dependent = head + d
+        ((gold == position + offsets) & real).to(dtype) @ members,  # (batch, offset, relation): head = dependent + d
+        ((gold == position - offsets) & real).to(dtype) @ members,  # dependent = head + d
     ], -1)
     counts = members.sum(1).repeat(1, len(DIRECTIONS))[:, None, :].expand_as(sums)
     return sums, counts
 
 
-def best_baseline(sums: torch.Tensor | np.ndarray, counts: torch.Tensor | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The best offset's accuracy and the offset, per column, from corpus totals (offset, column).
+def visible_offsets(causal: bool) -> tuple[int, ...]:
+    """The baseline offsets a query of the model can see: d <= 0 for a causal model (in both directions the
+    attending word looks d words away), all of `BASELINE_OFFSETS` for a bidirectional one.
+
+    >>> visible_offsets(True), visible_offsets(False)
+    ((-3, -2, -1, 0), (-3, -2, -1, 0, 1, 2))
+    """
+    return tuple(d for d in BASELINE_OFFSETS if d <= 0 or not causal)
+
+
+def best_baseline(sums: torch.Tensor | np.ndarray, counts: torch.Tensor | np.ndarray, *,
+                  causal: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """The best offset's accuracy and the offset, per column, from corpus totals (offset, column), among the
+    offsets a query of the model can see (`visible_offsets`).
 
     NaN and offset 0 where a column has no dependent. Ties go to the larger offset (Clark's ``max``).
 
-    >>> best_baseline(np.array([[1.0, 0], [3, 0], [3, 0], [0, 0], [0, 0], [0, 0]]), np.full((6, 2), 4.0))
+    >>> sums = np.array([[1.0, 0], [3, 0], [3, 0], [0, 0], [0, 0], [0, 0]])
+    >>> best_baseline(sums, np.full((6, 2), 4.0))
     (array([0.75, 0.  ]), array([-1,  2]))
+    >>> best_baseline(sums + np.array([[0.0], [0], [0], [0], [4], [0]]), np.full((6, 2), 4.0), causal=True)
+    (array([0.75, 0.  ]), array([-1,  0]))
     """
     sums, counts = np.asarray(sums, dtype=np.float64), np.asarray(counts, dtype=np.float64)
+    seen = np.isin(np.asarray(BASELINE_OFFSETS), visible_offsets(causal))[:, None]  # (offset, 1)
     with np.errstate(invalid="ignore", divide="ignore"):
-        accuracy = np.where(counts > 0, sums / counts, -np.inf)  # (offset, column)
+        accuracy = np.where((counts > 0) & seen, sums / counts, -np.inf)  # (offset, column)
     last = accuracy.shape[0] - 1 - np.argmax(accuracy[::-1], axis=0)  # the largest offset among the best
     best = np.take_along_axis(accuracy, last[None], 0)[0]
     defined = np.isfinite(best)
@@ -170,12 +201,13 @@ def best_baseline(sums: torch.Tensor | np.ndarray, counts: torch.Tensor | np.nda
     return np.where(defined, best, np.nan), offsets
 
 
-def attach_baseline(frame: pd.DataFrame, sums, counts) -> pd.DataFrame:
+def attach_baseline(frame: pd.DataFrame, sums, counts, *, causal: bool = False) -> pd.DataFrame:
     """`frame` (rows keyed by relation and direction) with ``baseline`` and ``baseline_offset`` columns.
 
-    `sums` and `counts` are `offset_baseline`'s totals over the corpus, (offset, column).
+    `sums` and `counts` are `offset_baseline`'s totals over the corpus, (offset, column); `causal` keeps the
+    offsets a causal model's queries can see (`visible_offsets`).
     """
-    value, offset = best_baseline(sums, counts)
+    value, offset = best_baseline(sums, counts, causal=causal)
     baseline = pd.DataFrame({"relation": [r for r, _ in COLUMNS], "direction": [d for _, d in COLUMNS],
                              "baseline": value, "baseline_offset": offset})
     return frame.drop(columns=["baseline", "baseline_offset"], errors="ignore").merge(
@@ -191,8 +223,9 @@ def syntax_metric(batch: AttentionBatch):
     Word attention: to a word, the sum over its tokens; from a word, the mean over its tokens; special tokens
     and the word itself are removed before the argmax, without renormalising. ``dependent_to_head``: the
     dependent's most-attended word is its head; ``head_to_dependent``: the head is the word that attends most
-    to the dependent. Relations are UD's, subtypes folded into their base, plus ``all`` (every word but the
-    root). Swept over CoNLL-U corpora only, with the corpus's own words.
+    to the dependent. Relations are UD's, subtypes folded into their base, plus ``all`` (every word, root words
+    counted as misses, as Clark et al.) and ``all_nonroot`` (every word but the root). Swept over CoNLL-U
+    corpora only, with the corpus's own words.
     """
     if batch.words is None:
         b, h = batch.pattern.shape[:2]
@@ -202,6 +235,49 @@ def syntax_metric(batch: AttentionBatch):
     return dependency_accuracy(batch.pattern if raw is None else raw, batch.words.to(batch.pattern.device))
 
 
+def candidate_words(words: WordAlignment, causal: bool) -> torch.Tensor:
+    """(batch, word i, word j) bool: word j is a candidate for word i's most-attended word, i.e. i can attend to j.
+
+    Both have a token and j is not i; in a causal model j's first token is at or before i's last (some token of
+    i sees some token of j, so the word attention from i to j can be above 0).
+
+    >>> words = WordAlignment(torch.tensor([[-1, 0, 1, 1, 2]]), torch.tensor([[1, -2, 1]]), torch.tensor([[0, 0, 0]]))
+    >>> candidate_words(words, causal=True)[0].int().tolist()
+    [[0, 0, 0], [1, 0, 0], [1, 1, 0]]
+    """
+    positions = torch.arange(words.token_word.shape[-1], device=words.token_word.device)  # (seq,)
+    members = words.token_word[..., None] == torch.arange(words.n_words, device=positions.device)  # (batch, seq, word)
+    present = members.any(1)  # (batch, word)
+    first = torch.where(members, positions[:, None], positions.shape[0]).amin(1)  # (batch, word)
+    last = torch.where(members, positions[:, None], -1).amax(1)
+    other = ~torch.eye(words.n_words, dtype=torch.bool, device=positions.device)
+    seen = present[:, :, None] & present[:, None, :] & other  # (batch, i, j)
+    return seen & (first[:, None, :] <= last[:, :, None]) if causal else seen
+
+
+def syntax_chance(batch: AttentionBatch):
+    """1/m for a dependent whose gold head is among the m candidate words, 0 otherwise (a root; a head it
+    cannot see): dependent to head, the candidates are the other words the dependent can attend to; head to
+    dependent, the other words that can attend to the dependent. A uniformly random choice among the
+    candidates."""
+    if batch.words is None:
+        return torch.zeros((batch.pattern.shape[0], 1, len(COLUMNS)), dtype=torch.float64, device=batch.pattern.device)
+    words = batch.words.to(batch.pattern.device)
+    seen = candidate_words(words, batch.causal).to(torch.float64)  # (batch, i, j)
+    gold = words.head.clamp_min(0)  # (batch, word); roots and unscored words are masked below
+    real = (words.head >= 0).to(torch.float64)
+    zero = torch.zeros((), dtype=torch.float64)
+
+    def chance(candidates: torch.Tensor) -> torch.Tensor:  # (batch, dependent, word): the dependent's candidates
+        hit = candidates.gather(-1, gold[..., None])[..., 0] * real  # the gold head is a candidate
+        n = candidates.sum(-1)
+        return torch.where(n > 0, hit / n.clamp_min(1), zero)  # (batch, dependent)
+
+    members = _relation_members(words, torch.float64)  # (batch, word, relation)
+    sums = [chance(seen)[:, None, :] @ members, chance(seen.transpose(1, 2))[:, None, :] @ members]
+    return torch.cat(sums, -1)  # (batch, 1, column)
+
+
 # Registered on import (`headscan.metrics` imports this module); swept over CoNLL-U corpora only.
 register("syntax", unit="share of dependents", table="syntax",
-         axis=Axis(("relation", "direction"), lambda config: list(COLUMNS)))(syntax_metric)
+         axis=Axis(("relation", "direction"), lambda config: list(COLUMNS)), chance=syntax_chance)(syntax_metric)

@@ -32,7 +32,7 @@ from .batch import AttentionBatch, mean_over_queries
 from .registry import METRICS, register
 
 __all__ = ["output_norm_factor", "value_norms", "value_weighted", "final_norm_scale", "next_token_targets",
-           "logit_contributions", "dla_sums", "direct_logit_attribution", "moved", "dla", "dla_positive"]
+           "logit_contributions", "uniform_values", "dla_sums", "direct_logit_attribution", "moved", "dla", "dla_positive"]
 
 
 def _float(tensor: torch.Tensor) -> torch.Tensor:
@@ -185,12 +185,38 @@ def logit_contributions(z: torch.Tensor, W_O: torch.Tensor, directions: torch.Te
     (per query head also under grouped-query attention); `W_O` (head, d_head, d_model); `directions`
     (d_model, vocab) is `headscan.models.weights.logit_directions` (final norm gain folded in, centred); `next_tokens`
     (batch, q) from `next_token_targets`. Divide by `final_norm_scale` to get the attribution; a sweep can
-    keep these (small) per layer and divide once the last layer's residual is known.
+    keep these (small) per layer and divide once the last layer's residual is known. `z` may have leading
+    dimensions before (batch, q, head, d_head) (the head's output and the null head's, stacked): the result
+    keeps them, (..., batch, head, q), and the projection back from the vocabulary is computed once.
     """
     dtype = torch.promote_types(_float(z).dtype, directions.dtype)
     wanted = directions.T[next_tokens].to(dtype)  # (batch, q, d_model): gathered rows, a new tensor
     back = torch.einsum("hed,bqd->bqhe", W_O.to(device=z.device, dtype=dtype), wanted)  # (batch, q, head, d_head)
-    return (z.to(dtype) * back).sum(-1).transpose(1, 2)  # (batch, head, q)
+    return (z.to(dtype) * back).sum(-1).transpose(-1, -2)  # (..., batch, head, q)
+
+
+def uniform_values(v: torch.Tensor, key_mask: torch.Tensor, *, causal: bool, n_heads: int) -> torch.Tensor:
+    """(batch, q, head, d_head) the null head's output before W_O: the mean of the value vectors of the keys that
+    count and that each query sees (at or before it when `causal`), for every query head.
+
+    `v` (batch, k, kv_head, d_head) as `value_norms` takes it (query head h reads key/value head
+    h // (head // kv_head)); `key_mask` (batch, k). A query that sees no key that counts gets 0.
+
+    >>> v = torch.tensor([1.0, 3.0, 5.0]).view(1, 3, 1, 1)
+    >>> uniform_values(v, torch.tensor([[True, True, True]]), causal=True, n_heads=2)[0, :, :, 0]
+    tensor([[1., 1.],
+            [2., 2.],
+            [3., 3.]])
+    """
+    dtype = torch.promote_types(_float(v).dtype, torch.float32)
+    mask = key_mask.to(dtype)[:, :, None, None]  # (batch, k, 1, 1)
+    kept = v.to(dtype) * mask  # a new tensor
+    if causal:
+        total, n = kept.cumsum(1), mask.cumsum(1)  # (batch, q = k, kv_head, d_head), (batch, q, 1, 1)
+    else:
+        total, n = kept.sum(1, keepdim=True).expand_as(kept), mask.sum(1, keepdim=True).expand_as(mask)
+    mean = total / n.clamp_min(1)
+    return mean.repeat_interleave(n_heads // v.shape[2], dim=2)  # (batch, q, head, d_head)
 
 
 def dla_sums(contributions: torch.Tensor, final_scale: torch.Tensor, query_mask: torch.Tensor):
@@ -235,7 +261,20 @@ def direct_logit_attribution(z: torch.Tensor, W_O: torch.Tensor, final_scale: to
 # --- the registered metrics: moved (value.parquet), dla and dla_positive (heads.parquet) --------------------
 
 
-@register("moved", table="value", unit="times the mean value norm", bounded=False, needs=("value_norms",))
+def _moved_chance(batch: AttentionBatch):
+    """The mean of ||f(x_k)|| over the keys the query sees, over its mean over the segment's keys that count:
+    exactly 1 for a bidirectional model, whose queries see every key."""
+    norms = batch.value_norms.to(torch.float64)  # (batch, head, k)
+    keys = batch.key_mask.to(norms.dtype)  # (batch, k)
+    mean = (norms * keys[:, None, :]).sum(-1) / keys.sum(-1).clamp_min(1)[:, None]  # (batch, head)
+    seen = batch.null.expect(norms)  # (batch, head, q): uniform attention's sum_k A'[q, k] ||f(x_k)||
+    ratio = torch.where(mean[..., None] > 0, seen / mean.clamp_min(torch.finfo(norms.dtype).tiny)[..., None],
+                        torch.zeros((), dtype=norms.dtype))
+    return mean_over_queries(ratio, batch.query_mask & (batch.n_visible() >= 2))[0]
+
+
+@register("moved", table="value", unit="times the mean value norm", bounded=False, needs=("value_norms",),
+          chance=_moved_chance)
 def moved(batch: AttentionBatch):
     """How much a head moves: the mean over real queries q of sum_k A[q, k] ||f(x_k)|| divided by the mean of
     ||f(x_k)|| over the segment's keys that count, where f(x_k) = (x_k W_V + b_V) W_O^h is the vector the head
@@ -268,17 +307,34 @@ def _require(batch: AttentionBatch, function) -> None:
                           f"(the sweep captures it with values=True on the transformer_lens path)")
 
 
-def _dla(batch: AttentionBatch, function):
+def _dla(batch: AttentionBatch, function, contributions: torch.Tensor | None = None):
     _require(batch, function)
     queries = torch.zeros_like(batch.key_mask)  # (batch, k): this batch's query rows at their absolute positions
     queries[:, batch.query_start: batch.query_start + batch.pattern.shape[-2]] = batch.query_mask  # a fresh tensor
     _, valid = next_token_targets(batch.tokens, queries, batch.key_mask)  # (batch, k)
     rows = slice(batch.query_start, batch.query_start + batch.pattern.shape[-2])
-    return dla_sums(batch.logit_contributions, batch.final_scale[:, rows], valid[:, rows])
+    given = batch.logit_contributions if contributions is None else contributions
+    return dla_sums(given, batch.final_scale[:, rows], valid[:, rows])
+
+
+def _dla_chance(batch: AttentionBatch):
+    """The null head's dla: its output z_q replaced by the mean of the value vectors of the keys that count and
+    that the query sees (what uniform attention would move), through the same W_O, direction and frozen scale.
+    NaN where the sweep did not capture it."""
+    if batch.null_logit_contributions is None:
+        return None
+    return _dla(batch, dla, batch.null_logit_contributions)[0][0]
+
+
+def _dla_positive_chance(batch: AttentionBatch):
+    """The share of those queries where the null head's dla (see dla's chance) is positive."""
+    if batch.null_logit_contributions is None:
+        return None
+    return _dla(batch, dla_positive, batch.null_logit_contributions)[1][0]
 
 
 @register("dla", unit="logit", bounded=False, structural={"bidirectional": _NO_LOGIT},
-          needs=("logit_contributions", "final_scale"))
+          needs=("logit_contributions", "final_scale"), chance=_dla_chance)
 def dla(batch: AttentionBatch):
     """Direct logit attribution: the mean over real queries q whose next token t is real of the head's output
     z_q W_O^h (its slice of the attention output through W_O, output bias left out) dotted with t's unembedding
@@ -291,7 +347,7 @@ def dla(batch: AttentionBatch):
 
 
 @register("dla_positive", unit="share of queries", structural={"bidirectional": _NO_LOGIT},
-          needs=("logit_contributions", "final_scale"))
+          needs=("logit_contributions", "final_scale"), chance=_dla_positive_chance)
 def dla_positive(batch: AttentionBatch):
     """Share of the queries that count for dla where the head's direct logit attribution is positive."""
     return _dla(batch, dla_positive)[1]

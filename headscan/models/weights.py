@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import ModelLoadError
+from .checkpoint import untrained_head
 from .hooks import backbone
 
 __all__ = ["HeadWeights", "head_weights", "copying_scores", "logit_directions", "FAMILIES"]
@@ -50,6 +51,7 @@ class HeadWeights:
     final_norm: str | None  # "layer", "rms", or None (BERT: no final norm before the decoder is represented)
     final_eps: float  # the final norm's epsilon
     folded: str  # which norms were folded, in words (provenance)
+    untrained: str | None = None  # why the checkpoint holds no trained LM head (`headscan.models.checkpoint`); None: it does
 
     @property
     def embedding(self) -> str:
@@ -215,7 +217,8 @@ def head_weights(model, *, fold_norms: bool = True) -> HeadWeights:
             W_U = gain[:, None] * W_U
             folded.append("final norm gain into W_U")
     return HeadWeights(W_V=W_V, b_V=b_V, W_O=W_O, b_O=b_O, W_E=W_E, W_U=W_U, tied=tied, family=family,
-                       final_norm=kind, final_eps=eps, folded="; ".join(folded) or "nothing")
+                       final_norm=kind, final_eps=eps, folded="; ".join(folded) or "nothing",
+                       untrained=untrained_head(model))
 
 
 def copying_scores(weights: HeadWeights) -> torch.Tensor:

@@ -255,9 +255,10 @@ def position_profiles(
     cmap: str = DEPTH_CMAP,
     colorbar: bool = True,
     share: bool = False,
+    chance: pd.DataFrame | None = None,
 ):
     """Draw a metric against query position for one model, one line per layer (the mean over its heads),
-    coloured by depth, on a log2 axis of position buckets.
+    coloured by depth, on a log2 axis of position buckets, with the metric's chance level beside them.
 
     Parameters
     ----------
@@ -278,11 +279,15 @@ def position_profiles(
         A colour bar of layers beside the Axes.
     share : bool, default False
         The metric is a share of attention: the y axis runs from 0 to 1.
+    chance : DataFrame, optional
+        `headscan.analysis.positions.chance_profile` of the metric (columns ``model, bucket, chance``): drawn as
+        a dashed black line labelled "chance (uniform attention)" after the layers' lines.
 
     Returns
     -------
     matplotlib Axes
-        ``ax.lines[i]`` is layer i (in the table's order of layers): x the bucket's first position, y the mean.
+        ``ax.lines[i]`` is layer i (in the table's order of layers): x the bucket's first position, y the mean;
+        the chance line, where drawn, comes last.
     """
     import matplotlib as mpl
 
@@ -296,6 +301,12 @@ def position_profiles(
         line = line.sort_values("bucket")
         ax.plot(line["bucket"], line["value"], color=colours(norm(layer)), linewidth=1.1, marker="o", markersize=2.2,
                 label=f"layer {layer}")
+    if chance is not None:
+        line = select(chance, model=model)
+        line = line[line["bucket"] >= 1].sort_values("bucket")
+        if len(line):
+            ax.plot(line["bucket"], line["chance"], color="black", linestyle="--", linewidth=1.0,
+                    label="chance (uniform attention)")
     ax.set_xscale("log", base=2)
     if len(rows):
         ticks = sorted(rows["bucket"].unique())

@@ -13,10 +13,7 @@ page's script and style (``headscan/data/atlas.js`` and ``atlas.css``), into one
 This module draws no PNG (see `headscan.plots`), lays out no section (see `headscan.report`) and loads no
 model (see `headscan.report.examples`).
 
->>> heads = pd.DataFrame({"model": "m", "family": "causal", "layer": 0, "head": [0, 1], "label": ["L0H0", "L0H1"],
-...                       "metric": "prev_token", "value": [0.93, 0.2]})
->>> head_roles(heads)[["label", "roles", "role"]].to_dict("records")
-[{'label': 'L0H0', 'roles': ['previous-token'], 'role': 'previous-token'}, {'label': 'L0H1', 'roles': [], 'role': ''}]
+Roles come from `headscan.analysis.roles`, the same rules findings use.
 """
 
 from __future__ import annotations
@@ -24,7 +21,6 @@ from __future__ import annotations
 import base64
 import html
 import json
-from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING
 
@@ -33,7 +29,9 @@ import pandas as pd
 import seaborn as sns
 
 from .. import tables
-from ..analysis.ranking import fmt_bucket, striking_order, why_structural
+from ..analysis.claims import why_not
+from ..analysis.ranking import fmt_bucket, striking_of, striking_order, why_structural
+from ..analysis.roles import ROLES, Role, head_roles, role_rules  # noqa: F401  (Role, role_rules: re-exported)
 from ..analysis.syntax import direction_text, offset_text, relation_order
 from ..metrics import METRICS
 
@@ -46,81 +44,6 @@ __all__ = ["Role", "ROLES", "role_rules", "head_roles", "head_ranks", "atlas_dat
 ATLAS_ID = "atlas"  # the id of the atlas's section on the page
 _STOPS = 32  # colour-map stops handed to the page, which interpolates between them
 _UNDEFINED = "#d9d9d9"  # as in the heatmaps (headscan.plots.style.UNDEFINED_COLOUR)
-
-
-@dataclass(frozen=True)
-class Role:
-    """A role a head is given from its numbers: any of `metrics` at least `threshold`."""
-
-    name: str  # the badge
-    metrics: tuple[str, ...]
-    threshold: float
-    colour: str  # its colour when the grid is coloured by role
-    meaning: str  # what the role is, for the page
-
-    def rule(self) -> str:
-        names = " or ".join(f"`{m}`" for m in self.metrics)
-        return f"{names} \u2265 {self.threshold:g}"
-
-
-# In order of precedence: colouring by role shows a head's first role in this order, badges show them all.
-ROLES = (
-    Role("induction", ("induction",), 0.4, "#d55e00",
-         "attends to the token after an earlier occurrence of its own token (Olsson et al. 2022)"),
-    Role("duplicate", ("duplicate_token",), 0.4, "#cc78bc", "attends to other occurrences of its own token"),
-    Role("previous-token", ("prev_token",), 0.5, "#0173b2",
-         "puts at least half of its attention on the previous token"),
-    Role("next-token", ("next_token",), 0.5, "#029e73", "puts at least half of its attention on the next token"),
-    Role("self", ("self",), 0.5, "#ece133", "puts at least half of its attention on its own token"),
-    Role("positional", ("positional_prev", "positional_next"), 0.9, "#56b4e9",
-         "looks most at the previous (or next) token for at least 90% of queries: Voita et al.'s (2019) rule"),
-    Role("sink", ("first_token", "sep"), 0.5, "#949494",
-         "puts at least half of its attention on the first token or on [SEP]: an attention sink"),
-    Role("broad", ("entropy_norm",), 0.8, "#ca9161", "spreads its attention: entropy near that of uniform attention"),
-)
-
-
-def role_rules() -> list[str]:
-    """One line per role: its name, its rule and what it means, as the page states them."""
-    return [f"{role.name}: {role.rule()}; {role.meaning}." for role in ROLES]
-
-
-def _wide(heads: pd.DataFrame) -> pd.DataFrame:
-    """One row per (model, layer, head) that has rows, one column per metric, in the table's order of models."""
-    models = {name: i for i, name in enumerate(dict.fromkeys(heads["model"]))}
-    keys = ["model", "layer", "head", "label"]
-    frame = heads.drop_duplicates([*keys, "metric"]).set_index([*keys, "metric"])["value"].unstack("metric")
-    frame = frame.reset_index()
-    frame.columns.name = None
-    return frame.sort_values(["model", "layer", "head"], key=lambda c: c.map(models) if c.name == "model" else c,
-                             kind="stable").reset_index(drop=True)
-
-
-def head_roles(heads: pd.DataFrame) -> pd.DataFrame:
-    """Each head's roles (`ROLES`) from its numbers; a value resting on thin support gives no role.
-
-    Returns
-    -------
-    DataFrame
-        Columns ``model, layer, head, label, roles, role``: ``roles`` every role that holds, in `ROLES`
-        order, ``role`` the first of them ("" when none does).
-    """
-    rows = heads[heads["value"].notna()]
-    rows = rows[~tables.thin_support(rows)] if {"units", "top_unit_share"} <= set(rows.columns) else rows
-    keys = ["model", "layer", "head", "label"]
-    wide = _wide(heads[keys].drop_duplicates().assign(metric="_", value=0.0))[keys]
-    if len(rows):
-        wide = wide.merge(_wide(rows), how="left", on=keys)
-    held = []
-    for row in wide.itertuples(index=False):
-        record = row._asdict()
-        held.append([role.name for role in ROLES
-                     if any(record.get(m) is not None and not pd.isna(record.get(m)) and record[m] >= role.threshold
-                            for m in role.metrics if m in wide.columns)])
-    out = wide[["model", "layer", "head", "label"]].copy()
-    out["roles"] = held
-    out["role"] = [names[0] if names else "" for names in held]
-    return out
 
 
 def head_ranks(heads: pd.DataFrame) -> pd.DataFrame:
@@ -180,10 +103,17 @@ def _model_metrics(comparison: Comparison, m, rows: pd.DataFrame, ranks: pd.Data
             continue
         thin = tables.thin_support(part) if {"units", "top_unit_share"} <= set(part.columns) else part["value"] < -1
         rank = ranks[ranks["metric"] == metric]
+        defined = part[part["value"].notna()]
+        reasons = why_not(defined, striking=striking_of(defined)) if len(defined) else pd.Series(dtype=object)
         out[metric] = {
             "value": _grid(part, "value", n_layers, n_heads),
             "low": _grid(part, "ci_low", n_layers, n_heads),
             "high": _grid(part, "ci_high", n_layers, n_heads),
+            "chance": _grid(part.assign(chance=part["chance"] if "chance" in part else np.nan), "chance", n_layers,
+                            n_heads),
+            # why a head's row cannot carry a claim, by index; heads absent here may carry one
+            "unsupported": {str(int(layer * n_heads + head)): reason for layer, head, reason in
+                            zip(defined["layer"], defined["head"], reasons) if reason},
             "rank": _grid(rank, "rank", n_layers, n_heads),
             "of": int(rank["of"].max()) if len(rank) else 0,
             "thin": sorted(int(i) for i in (part.loc[thin, "layer"] * n_heads + part.loc[thin, "head"])),
@@ -269,17 +199,24 @@ def atlas_data(comparison: Comparison, examples: Examples | None = None) -> dict
     Per-head lists run layer by layer, head by head (index ``layer * heads + head``); NaN is None.
     """
     heads = comparison.heads
-    roles = head_roles(heads)
+    roles = head_roles(heads, comparison.frames.get("weights"))
     ranks = head_ranks(heads)
     metrics = []
     for metric in comparison.metrics:
         entry = METRICS.get(metric)
-        values = heads.loc[heads["metric"] == metric, "value"].dropna()
+        rows = heads[(heads["metric"] == metric) & heads["value"].notna()]
+        values = rows["value"]
         # a metric this headscan does not register (dla, in logits) is drawn as a share only when it looks like one
         bounded = entry.bounded if entry is not None else bool(values.between(0.0, 1.0).all())
         top = 1.0 if bounded else (float(values.max()) if len(values) and values.max() > 0 else 1.0)
+        chance = rows["chance"] if "chance" in rows else pd.Series(np.nan, index=rows.index)
+        lift = (values - chance).abs().max()
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.log2((values / chance).where((chance > 0) & (values > 0))).abs().max()
         metrics.append({"name": metric, "unit": entry.unit if entry else "value", "bounded": bounded,
-                        "striking": striking_order(metric), "max": _num(top), "ranked": entry is not None})
+                        "striking": striking_order(metric), "max": _num(top), "ranked": entry is not None,
+                        "lift": _num(lift if pd.notna(lift) and lift > 0 else None),
+                        "ratio": _num(ratio if bounded and pd.notna(ratio) and ratio > 0 else None)})
     models = []
     for m in comparison.models:
         rows = heads[heads["model"] == m.name]
@@ -298,7 +235,9 @@ def atlas_data(comparison: Comparison, examples: Examples | None = None) -> dict
         })
     return {
         "metrics": metrics,
-        "scales": {"share": _stops("rocket_r"), "unbounded": _stops("mako_r"), "undefined": _UNDEFINED},
+        "scales": {"share": _stops("rocket_r"), "unbounded": _stops("mako_r"), "signed": _stops("vlag"),
+                   "undefined": _UNDEFINED},
+        "controls": comparison.control_map(),
         "roles": [{"name": r.name, "rule": r.rule().replace("`", ""), "colour": r.colour, "meaning": r.meaning}
                   for r in ROLES],
         "models": models,
@@ -320,6 +259,9 @@ def atlas_html(comparison: Comparison, examples: Examples | None = None) -> str:
         f'<section id="{ATLAS_ID}" class="atlas" aria-label="head atlas">'
         '<div class="atlas-controls">'
         f'<label>Colour by <select id="atlas-metric">{options}<option value="@role">role</option></select></label>'
+        '<label>as <select id="atlas-scale"><option value="value">value</option>'
+        '<option value="lift">lift over chance (value \u2212 chance)</option>'
+        '<option value="ratio">value / chance (shares)</option></select></label>'
         '<label>Find a head <input id="atlas-search" type="search" placeholder="L4H11 or model L4H11" '
         'autocomplete="off" spellcheck="false"></label><span id="atlas-found" class="atlas-found" aria-live="polite">'
         '</span></div>'

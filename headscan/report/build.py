@@ -23,10 +23,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import matplotlib
+import numpy as np
 import pandas as pd
 import seaborn as sns
 
+from ..analysis.claims import gate_text
 from ..analysis.findings import family_findings, family_summary, findings_by_model
+from ..analysis.roles import role_for
 from ..analysis.ranking import WIDE_CI, fmt_bucket, fmt_score, striking_order, top_heads, top_rows
 from ..analysis.runs import Comparison, merge_runs, model_shapes, model_sources, run_names, run_summary
 from ..errors import ConfigError
@@ -110,16 +113,24 @@ def _atlas_section(comparison: Comparison, examples: Examples | None) -> list:
              "click it for all its scores, ranks, offset profile and attention on the example sentence."),
         Raw(atlas.atlas_html(comparison, examples),
             markdown="The interactive head atlas is in `index.html` beside this file; its role rules follow."),
-        Text("Roles, from the numbers (a value resting on thin support gives none); colouring by role shows a "
-             "head's first role in this order:"),
+        Text("Roles, from the numbers, by the rules findings use too: a role needs its metric at the role's "
+             "threshold and the value beyond chance (its 95% interval's low end above uniform attention's value, "
+             "support not thin); colouring by role shows a head's first role in this order. The atlas can also be "
+             "coloured by lift over chance: value \u2212 chance, or value / chance for shares."),
         Bullets(atlas.role_rules()),
+        Text(gate_text()),
     ]
 
 
 def _findings_section(comparison: Comparison) -> list:
-    blocks = [Heading(2, "Findings"), Text("Generated from the tables; each sentence states a number in them.")]
+    blocks = [Heading(2, "Findings"),
+              Text("Generated from the tables; each sentence states a number in them, with its 95% interval and its "
+                   "chance level (uniform attention over the keys each query sees, on the same queries). " + gate_text()
+                   + " Where a model has a control (an untrained copy, or the corpus with its words shuffled), each "
+                   "sentence about a head says whether the control shows it too.")]
     provenance = {m.name: m.provenance for m in comparison.models}
-    by_model = findings_by_model(comparison.heads, provenance=provenance)
+    by_model = findings_by_model(comparison.heads, provenance=provenance, controls=comparison.control_map(),
+                                 weights=comparison.frames.get("weights"))
     across = family_findings(comparison.heads) + by_model.pop("", [])
     for model, sentences in by_model.items():
         title = f"{model} ({comparison.model(model).family})"
@@ -149,7 +160,7 @@ def _summary_section(comparison: Comparison) -> list:
         frame[f"strongest {names[metric]} head"] = summary[f"{metric}_head"].replace("", "–")
         frame[metric] = summary[metric].map(lambda v: _fmt_value(metric, v))
         frame[f"{metric} depth"] = summary[f"{metric}_depth"].map(_depth)
-        frame[f"heads with {metric} > 0.5"] = [
+        frame[f"{names[metric]} heads"] = [
             "–" if pd.isna(v) or structural_zero[model] else str(int(v))
             for model, v in zip(summary["model"], summary[f"{metric}_above"])]
         notes += [f"{model}'s `{metric}`: {reason}." for model, reason in structural_zero.items() if reason]
@@ -157,9 +168,10 @@ def _summary_section(comparison: Comparison) -> list:
     title = ("Encoder versus decoder" if {"causal", "bidirectional"} <= set(summary["family"])
              else "Strongest heads by model")
     return [Heading(2, title),
-            Text("Each model's strongest previous-token and next-token head (a value resting on thin support left "
-                 "out), where it sits by relative depth (layer / (layers - 1): 0 the first layer, 1 the last), and "
-                 "how many of the model's heads put more than half of their attention there."),
+            Text("Each model's strongest previous-token and next-token head among those whose value may carry a "
+                 "claim (not thin, beyond chance), where it sits by relative depth (layer / (layers - 1): 0 the first "
+                 "layer, 1 the last), and how many of the model's heads hold the role ("
+                 + "; ".join(f"{role_for(m).name}: {role_for(m).rule()}" for m in metrics) + ")."),
             Table(frame, numeric=numeric, sortable=True, note=" ".join(notes))]
 
 
@@ -185,28 +197,47 @@ def _models_section(comparison: Comparison) -> list:
 
 
 def _top_table(comparison: Comparison, metric: str, n: int) -> Table:
-    """One metric's top heads, model by model: value and interval ends in columns of their own, so they sort."""
+    """One metric's top heads, model by model: value, interval ends and chance in columns of their own, so they
+    sort; why a head carries no claim ("at chance", "thin support"); each control's value for the same head."""
     top = top_heads(comparison.heads, metric=metric, n=n)
+    controls = comparison.control_map()
+    kinds = {c: _control_kind(comparison, c) for names in controls.values() for c in names}
+    heads = comparison.heads[comparison.heads["metric"] == metric].set_index(["model", "layer", "head"])
     rows, notes = [], []
     for m in comparison.models:
         part = top[top["model"] == m.name]
         for row in part.itertuples():
-            rows.append({"model": m.name, "rank": str(row.rank), "head": row.label,
-                         "value": _fmt_value(metric, row.value), "95% low": _fmt_value(metric, row.ci_low, row.value),
-                         "95% high": _fmt_value(metric, row.ci_high, row.value),
-                         "mark": ("†" if row.wide else "") + ("‡" if row.thin else "")})
+            cells = {"model": m.name, "rank": str(row.rank), "head": row.label,
+                     "value": _fmt_value(metric, row.value), "95% low": _fmt_value(metric, row.ci_low, row.value),
+                     "95% high": _fmt_value(metric, row.ci_high, row.value),
+                     "chance": _fmt_value(metric, row.chance, row.value),
+                     "no claim": row.unsupported, "mark": ("†" if row.wide else "") + ("‡" if row.thin else "")}
+            for control in controls.get(m.name, []):
+                value = heads["value"].get((control, row.layer, row.head), float("nan"))
+                cells[kinds[control]] = _fmt_value(metric, value, row.value)
+            rows.append(cells)
         if part.empty and (comparison.heads["model"] == m.name).any():
             values = _model_rows(comparison, m.name, metric)["value"].dropna()
             same = "undefined" if values.empty else _fmt_value(metric, values.iloc[0])
             reason = structural(comparison, m.name, metric)
             notes.append(f"{m.name}: {same} for every head" + (f"; {reason}." if reason else "."))
-    columns = ["model", "rank", "head", "value", "95% low", "95% high", "mark"]
-    frame = pd.DataFrame(rows, columns=columns)
+    columns = ["model", "rank", "head", "value", "95% low", "95% high", "chance", *dict.fromkeys(kinds.values()),
+               "no claim", "mark"]
+    frame = pd.DataFrame(rows, columns=columns).fillna("")
     if len(comparison.models) == 1:
         frame = frame.drop(columns="model")
     if not frame["mark"].astype(bool).any():
         frame = frame.drop(columns="mark")
-    return Table(frame, numeric=("rank", "value", "95% low", "95% high"), note=" ".join(notes), sortable=True)
+    if not frame["no claim"].astype(bool).any():
+        frame = frame.drop(columns="no claim")
+    numeric = ("rank", "value", "95% low", "95% high", "chance", *dict.fromkeys(kinds.values()))
+    return Table(frame, numeric=numeric, note=" ".join(notes), sortable=True)
+
+
+def _control_kind(comparison: Comparison, name: str) -> str:
+    """A control's column heading: what kind of control it is ("random init", "shuffled words")."""
+    kind = comparison.model(name).provenance.control or "control"
+    return kind.replace("-", " ")
 
 
 def _model_rows(comparison: Comparison, model: str, metric: str) -> pd.DataFrame:
@@ -226,8 +257,11 @@ def _top_section(comparison: Comparison, top: int) -> list:
     return [
         Heading(2, "Top heads"),
         Text(f"The {top} most striking heads of each metric in each model: label, value and, where the sweep "
-             f"bootstrapped it, the ends of the 95% interval over segments. {order}. Click a column's heading to "
-             "sort by it."),
+             f"bootstrapped it, the ends of the 95% interval, and chance, the value of uniform attention over the "
+             f"keys each query sees on the same queries. {order}. A head listed here is not a finding unless its "
+             "value may carry a claim: \u201cno claim\u201d says why not (at chance: its interval holds chance; "
+             "thin support). Where a model has a control, its value for the same head stands beside it. Click a "
+             "column's heading to sort by it."),
         Panels(panels),
         Note(f"† marks a 95% interval wider than {WIDE_CI:g} (0-1 metrics) or than {WIDE_CI:.0%} of the value "
              "(unbounded metrics; of 1 for values below 1): read that value with care."
@@ -261,6 +295,7 @@ def _other_tables_section(comparison: Comparison, top: int) -> list:
             "value": [f"{v:.3g}" for v in rows["value"]],
             "95% interval": ["" if pd.isna(lo) or pd.isna(hi) else f"[{lo:.3g}, {hi:.3g}]"
                              for lo, hi in zip(rows["ci_low"], rows["ci_high"])],
+            "chance": ["" if pd.isna(c) else f"{c:.3g}" for c in rows.get("chance", pd.Series(np.nan, index=rows.index))],
         })
         if len(rows) and rows["count"].isna().all():  # scores read off the weights: no corpus, no interval
             cells = cells.drop(columns="95% interval")
@@ -285,7 +320,8 @@ def _definitions_section(comparison: Comparison) -> list:
             continue
         kind = entry.unit + (", 0 to 1" if entry.bounded else "") + f"; {entry.table} table"
         kind += "; low is striking" if not entry.ranks_high() else ""
-        blocks.append(Definition(name, kind, entry.definition, anchor=f"metric-{name}"))
+        body = f"{entry.definition}\n\nChance: {entry.chance_definition}"
+        blocks.append(Definition(name, kind, body, anchor=f"metric-{name}"))
     return blocks
 
 

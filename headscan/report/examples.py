@@ -92,22 +92,28 @@ class Examples:
     every_head: tuple[HeadPatterns, ...] = ()  # every head on each sentence, model by model
 
 
-def _best(part: pd.DataFrame, metric: str) -> pd.Series | None:
-    """The most striking head of one model on `metric`, leaving out thin support unless every head has it."""
+def _best(part: pd.DataFrame, metric: str, *, strict: bool = False) -> pd.Series | None:
+    """The most striking head of one model on `metric` among those whose value may carry a claim (not thin,
+    beyond chance: `headscan.analysis.claims`); where none may, and not `strict`, the most striking head not on
+    thin support (or any, when every head is thin), to illustrate the metric."""
     if metric not in set(part["metric"]):
         return None
     top = top_heads(part, metric=metric, n=len(part))
-    top = top[~top["thin"]] if not top["thin"].all() else top
+    claimed = top[top["unsupported"] == ""]
+    if strict or len(claimed):
+        top = claimed
+    else:
+        top = top[~top["thin"]] if not top["thin"].all() else top
     return None if top.empty else top.iloc[0]
 
 
-def _picks(heads: pd.DataFrame, metrics: Callable[[str], Sequence[str]]) -> pd.DataFrame:
+def _picks(heads: pd.DataFrame, metrics: Callable[[str], Sequence[str]], *, strict: bool = False) -> pd.DataFrame:
     rows = []
     for model in dict.fromkeys(heads["model"]):
         part = heads[heads["model"] == model]
         family = str(part["family"].iloc[0])
         for metric in metrics(family):
-            best = _best(part, metric)
+            best = _best(part, metric, strict=strict)
             if best is not None:
                 rows.append({"model": model, "family": family, "metric": metric, "label": best["label"],
                              "layer": int(best["layer"]), "head": int(best["head"]), "value": float(best["value"])})
@@ -133,8 +139,9 @@ def example_heads(heads: pd.DataFrame) -> pd.DataFrame:
 
 
 def induction_heads(heads: pd.DataFrame) -> pd.DataFrame:
-    """Each model's strongest induction head, as `example_heads` returns heads."""
-    return _picks(heads, lambda family: ("induction",))
+    """Each model's strongest induction head among those beyond chance and not thin, as `example_heads` returns
+    heads; a model with none (minilm on natural text, whose induction scores sit at chance) has no row."""
+    return _picks(heads, lambda family: ("induction",), strict=True)
 
 
 def wants_repeated(comparison: Comparison) -> bool:

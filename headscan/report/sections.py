@@ -173,17 +173,30 @@ def induction_section(comparison: Comparison, examples: Examples | None, pngs: P
         return []
     blocks: list = [
         Heading(2, "Induction heads"),
-        Text(f"Each model's strongest induction head on a repeated sequence: \u201c{examples.repeated_text}\u201d. "
-             "In the second copy an induction head attends to the token that followed the current token in the "
-             "first copy: a diagonal stripe one step right of the first copy's diagonal. `induction` and "
-             "`duplicate_token` need repeated tokens to score; the `repeat-random` corpus gives them."),
+        Text(f"Each model's strongest head on `induction` whose value lies beyond chance (not thin), on a repeated "
+             f"sequence: \u201c{examples.repeated_text}\u201d. In the second copy a head that matches prefixes "
+             "attends to the token that followed the current token in the first copy: a diagonal stripe one step "
+             "right of the first copy's diagonal. Attention alone makes it prefix-matching; the role \u201cinduction"
+             "\u201d also asks for evidence that it copies what it attends to (see the roles under the atlas). "
+             "`induction` and `duplicate_token` need repeated tokens to score; the `repeat-random` corpus gives "
+             "them."),
     ]
     shown = list(examples.induction)
     if shown:
         name = pngs.add("induction_example.png", _attention_figure(shown))
-        blocks.append(Figures([name], "Induction heads on the repeated sequence: " + "; ".join(
+        blocks.append(Figures([name], "Heads beyond chance on `induction`, on the repeated sequence: " + "; ".join(
             f"{e.model} {e.label} (induction {fmt_score('induction', e.value)} over the corpus)" for e in shown)
             + "."))
+    drawn = {e.model for e in shown}
+    missing = [m.name for m in comparison.models if m.name not in drawn
+               and (comparison.heads["model"] == m.name).any()]
+    if missing:
+        top = top_heads(comparison.heads[comparison.heads["model"].isin(missing)], metric="induction", n=1)
+        said = [f"{row.model}: no head lies beyond chance on `induction`; the strongest, {row.label} "
+                f"{fmt_score('induction', row.value)} (chance {fmt_score('induction', row.chance)}), {row.unsupported}."
+                for row in top.itertuples()]
+        if said:
+            blocks.append(Bullets(said))
     return blocks
 
 

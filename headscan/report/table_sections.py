@@ -1,5 +1,6 @@
-"""The report's sections on the tables beyond heads and offsets: syntactic heads (syntax.parquet), attention
-along the context (positions.parquet) and what heads move (value.parquet, weights.parquet, dla).
+"""The report's sections on the tables beyond heads and offsets: syntactic heads (syntax.parquet) and attention
+along the context (positions.parquet); what heads move (value.parquet, weights.parquet, dla) is in
+`headscan.report.moves`.
 
 Each section takes the runs side by side, draws its PNGs (sized as in `headscan.report.sections`) and returns
 document blocks, or nothing when its table is absent or too short to draw.
@@ -22,16 +23,15 @@ from ..analysis.syntax import DIRECTIONS, MIN_SHARE, best_heads, direction_text,
 from ..plots import heatmaps as figures
 from ..plots import profiles as charts
 from ..plots import syntax as syntax_plots
-from ..plots.style import SIGNED_CMAP, model_palette
+from ..plots.style import model_palette
 from .document import Bullets, Figures, Heading, Note, Table, Text
+from .moves import movement_section  # noqa: F401  (re-exported: what heads move has a module of its own)
 from .sections import ANNOTATE_TOP, MAX_WIDTH, Pngs, fmt_cell, heatmap_rows
 
 __all__ = ["syntax_section", "context_section", "movement_section", "shown_elsewhere"]
 
 CONTEXT_TOP = 3  # sink heads named per model in "Attention along the context"
 CONTEXT_ROWS = 5  # heads per model and ranking in its table (largest sink share, longest reach)
-COPYING_TOP = 3  # copying heads named per model
-DLA_TOP = 5  # heads per model in the direct logit attribution table
 
 
 # --- syntactic heads -----------------------------------------------------------------------------------------
@@ -70,10 +70,13 @@ def syntax_section(comparison: Comparison, palette: dict, pngs: Pngs) -> list:
              "dependent \u2192 head a dependent is counted right when the word it attends to most is its gold head; "
              "in head \u2192 dependent, when the word that attends most to it is its head. Accuracy is the share "
              "of a relation's dependents counted right (UD relations, subtypes folded into their base, so "
-             "`nmod:poss` is `nmod`; `all` is every word but the root). The baseline is the best fixed offset "
-             "d in -3..2 for that relation and direction on the same words (d = -1: the previous word; its "
-             "accuracy is what a perfect positional head would score). Heads are 0-indexed L{layer}H{head}: "
-             "Clark et al.'s 1-indexed BERT \u201chead 8-10\u201d is L7H9 here."),
+             "`nmod:poss` is `nmod`; `all` is every word, root words counted as misses as Clark et al. count them, "
+             "and `all_nonroot` every word but the root). The baseline is the best fixed offset d in -3..2 for "
+             "that relation and direction on the same words, among the offsets the model's queries can see (a "
+             "causal model's words see only earlier words: d \u2264 0); d = -1 is the previous word, whose "
+             "accuracy is what a perfect positional head would score. Chance is a uniformly random choice among "
+             "the words the dependent could pick. Heads are 0-indexed L{layer}H{head}: Clark et al.'s 1-indexed "
+             "BERT \u201chead 8-10\u201d is L7H9 here."),
     ]
     best = best_heads(syntax)
     if best.empty:
@@ -98,7 +101,7 @@ def syntax_section(comparison: Comparison, palette: dict, pngs: Pngs) -> list:
     fig.legend(handles=syntax_plots.syntax_legend_handles(models, palette), loc="outside upper center",
                ncols=len(models) + 3, frameon=False, fontsize="small")
     name = pngs.add("syntactic_heads.png", fig)
-    beats = best[best["beats"] & ~best["thin"]]
+    beats = best[best["beats"] & (best["unsupported"] == "")]
     choice = ", ".join(f"{n_heads[m]} in {m}" for m in models)
     blocks.append(Figures([name], "Per relation (most dependents first, `all` left of the dotted line), each "
                                   "model's most accurate head with its 95% interval, against the best fixed offset "
@@ -106,7 +109,8 @@ def syntax_section(comparison: Comparison, palette: dict, pngs: Pngs) -> list:
                                   "filled point's interval lies wholly above the baseline; a hollow one's reaches "
                                   "down to it. Each point is labelled with its head."))
     blocks.append(Text(f"{len(beats)} of {len(best)} best heads beat the best fixed offset beyond their 95% interval "
-                       "(the interval's lower end above the baseline). Read them with two cautions: the best head is "
+                       "(the interval's lower end above the baseline); a finding also needs the interval above chance "
+                       "and support that is not thin. Read them with two cautions: the best head is "
                        f"the most accurate of a model's heads ({choice}) on the same words, so its accuracy is a "
                        "little optimistic and its interval is that head's own, not widened for the choice; and the "
                        "baseline is itself the best of six offsets on these words."))
@@ -158,8 +162,9 @@ def context_section(comparison: Comparison, pngs: Pngs) -> list:
              "by position: bucket b holds positions b to 2b \u2212 1 (bucket 0 is position 0 alone), so the buckets "
              "double, 1, 2, 4, 8, ... up to the sweep's max_len, and each is a mean over the queries of the corpus "
              "that fall in it. `first_token_by_position` is the share of attention on the first token (BOS or "
-             "[CLS]): an attention sink's share; `distance_by_position` is the mean distance attended over, "
-             "sum_k A[q, k] |q \u2212 k| in tokens (see the metric definitions)."),
+             "[CLS]): an attention sink's share; `distance_by_position` is the mean distance attended over past the "
+             "first token, sum_{k \u2265 1} A[q, k] |q \u2212 k| in tokens (see the metric definitions). Statements "
+             "are made only at buckets whose rows are not thin, about heads beyond chance."),
     ]
     short = [f"{name} ({n})" for name, n in filled.items() if name not in long]
     sink = context.layer_profiles(positions, metric=context.SINK)
@@ -173,42 +178,27 @@ def context_section(comparison: Comparison, pngs: Pngs) -> list:
                 ax.set_visible(False)
                 continue
             sinks = metric == context.SINK
-            charts.position_profiles(frame, model=m.name, ax=ax, share=sinks,
+            chance = context.chance_profile(positions, metric=metric)
+            charts.position_profiles(frame, model=m.name, ax=ax, share=sinks, chance=chance,
                                      ylabel="share on the first token" if sinks else "mean distance (tokens)",
                                      title=f"{m.name} ({m.family}): "
-                                           + ("first-token share" if sinks else "distance attended over"))
+                                           + ("first-token share" if sinks else "distance past the first token"))
     name = pngs.add("context_by_layer.png", fig)
-    blocks.append(Figures([name], "Each model's first-token share (left) and mean distance attended over (right) "
-                                  "against the query's position, one line per layer (the mean over its heads), "
+    blocks.append(Figures([name], "Each model's first-token share (left) and mean distance attended over past the "
+                                  "first token (right) against the query's position, one line per layer (the mean "
+                                  "over its heads), with uniform attention's value on the same queries as a dashed "
+                                  "black line (chance: a share falls along the context for uniform attention too, "
+                                  "1/(q+1) at position q of a causal model, so compare each line with it), "
                                   "coloured by depth from layer 0 (dark) to the last layer (yellow); position on a "
                                   "log2 axis, each point at its bucket's first position."))
     tops = context.sink_heads(positions, n=CONTEXT_TOP)
     items = []
     for m in models:
-        mine = sink[sink["model"] == m.name]
-        mine = mine[mine["bucket"] >= 1]
-        top = tops[tops["model"] == m.name]
-        if mine.empty or top.empty:
-            continue
-        early, late = int(mine["bucket"].min()), int(mine["bucket"].max())
-        model_mean = positions[(positions["model"] == m.name) & (positions["metric"] == context.SINK)]
-        mean_at = model_mean.groupby("bucket")["value"].mean()
-        heads_text = ", ".join(f"{r.label} {r.value:.2f} ({r.early:.2f} at {_positions(r.early_bucket)})"
-                               for r in top.itertuples())
-        items.append(f"{m.name}: the mean first-token share over all heads is {mean_at[early]:.2f} at "
-                     f"{_positions(early)} and {mean_at[late]:.2f} at {_positions(late)}; the largest at "
-                     f"{_positions(late)}: {heads_text}.")
+        items += _sink_sentences(m.name, positions, tops)
     reach = context.reach(positions)
     reach = reach[reach["model"].isin(long)]
     for m in models:
-        mine = reach[reach["model"] == m.name]
-        if mine.empty:
-            continue
-        bucket = int(mine["bucket"].iloc[0])
-        far, near = mine.loc[mine["value"].idxmax()], mine.loc[mine["value"].idxmin()]
-        items.append(f"{m.name} at {_positions(bucket)}: {far['label']} looks furthest, {far['distance']:.1f} tokens "
-                     f"on average (reach {far['value']:.2f}); {near['label']} nearest, {near['distance']:.1f} tokens "
-                     f"(reach {near['value']:.2f}), {near['distance_early']:.1f} at {_positions(int(near['early_bucket']))}.")
+        items += _reach_sentences(m.name, reach)
     if items:
         blocks.append(Bullets(items))
     if len(reach):
@@ -216,16 +206,17 @@ def context_section(comparison: Comparison, pngs: Pngs) -> list:
         top = max(1.0, float(reach["value"].max()))
 
         def draw(rows, model, ax, cbar):
-            figures.value_heatmap(rows, model=model, ax=ax, vmin=0.0, vmax=top, label="reach: distance / position",
+            figures.value_heatmap(rows, model=model, ax=ax, vmin=0.0, vmax=top, label="reach: distance / uniform's",
                                   cbar=cbar, title=f"{model}: reach at {_positions(int(rows['bucket'].iloc[0]))}")
 
         files = heatmap_rows(drawable, pngs, "context_reach", draw)
-        blocks.append(Figures(files, "Reach of each head: its mean distance attended over at the model's longest "
-                                     "bucket divided by that bucket's first position. A head that looks a fixed "
-                                     "number of tokens back keeps its distance as the context grows, so its reach is "
-                                     "near 0; one that spreads over everything before the query looks further the "
-                                     "later the query, with a reach near 0.75 (uniform attention over the context); "
-                                     f"one scale, 0 to {top:.2f}; annotated: the {ANNOTATE_TOP} longest reaches."))
+        blocks.append(Figures(files, "Reach of each head at the model's longest bucket that is not thin: its mean "
+                                     "distance attended over past the first token, divided by the same under uniform "
+                                     "attention over the keys each query sees (the chance column). Uniform attention "
+                                     "reaches 1; a head that looks a fixed number of tokens back, near 0, and so does a "
+                                     "sink, whose attention on the first token is left out (the first-token share "
+                                     f"shows it); one scale, 0 to {top:.2f}; annotated: the {ANNOTATE_TOP} longest "
+                                     "reaches."))
     rows = _context_table(positions, reach, tops, long)
     if len(rows):
         blocks.append(Table(rows, numeric=tuple(c for c in rows.columns if c not in ("model", "head")), sortable=True,
@@ -236,6 +227,57 @@ def context_section(comparison: Comparison, pngs: Pngs) -> list:
         blocks.append(Note("Not drawn, with fewer than "
                            f"{context.MIN_BUCKETS} non-empty buckets (too short a context): " + ", ".join(short) + "."))
     return blocks
+
+
+def _sink_sentences(model: str, positions: pd.DataFrame, tops: pd.DataFrame) -> list[str]:
+    """The mean first-token share at the first and the last bucket a statement may be made at, each beside its
+    chance, and the largest sinks there (heads that may carry a claim)."""
+    rows = positions[(positions["model"] == model) & (positions["metric"] == context.SINK) & positions["value"].notna()]
+    rows = rows[(rows["bucket"] >= 1) & (rows["count"].fillna(0) > 0)]
+    solid = context.solid_buckets(rows) if len(rows) else pd.Series(dtype=bool)
+    buckets = sorted(b for (m, b), ok in solid.items() if ok)
+    top = tops[tops["model"] == model]
+    if len(buckets) < 2 or top.empty:
+        return []
+    early, late = buckets[0], buckets[-1]
+    mean_at = rows.groupby("bucket")[["value", "chance"] if "chance" in rows else ["value"]].mean()
+
+    def at(bucket):
+        chance = mean_at["chance"].get(bucket, np.nan) if "chance" in mean_at else np.nan
+        return f"{mean_at['value'][bucket]:.2f} at {_positions(bucket)}" + (
+            "" if pd.isna(chance) else f" (uniform attention: {chance:.3f})")
+
+    heads_text = ", ".join(f"{r.label} {r.value:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}] (chance {r.chance:.3f}; "
+                           f"{r.early:.2f} at {_positions(r.early_bucket)}, chance {r.early_chance:.3f})"
+                           for r in top.itertuples())
+    return [f"{model}: the mean first-token share over all heads is {at(early)} and {at(late)}; the largest at "
+            f"{_positions(late)}, beyond chance: {heads_text}."]
+
+
+def _reach_sentences(model: str, reach: pd.DataFrame) -> list[str]:
+    """Which head looks furthest back, and which nearest, beyond uniform attention's reach (or why none does)."""
+    mine = reach[reach["model"] == model]
+    if mine.empty:
+        return []
+    where = _positions(int(mine["bucket"].iloc[0]))
+    out = []
+    far = mine[mine["far"] == ""]
+    if len(far):
+        best = far.loc[far["value"].idxmax()]
+        out.append(f"{model} at {where}: {best['label']} looks furthest back past the first token, "
+                   f"{best['distance']:.1f} tokens on average [{best['ci_low']:.1f}, {best['ci_high']:.1f}] against "
+                   f"{best['chance']:.1f} for uniform attention (reach {best['value']:.2f}).")
+    else:
+        best = mine.loc[mine["value"].idxmax()]
+        out.append(f"No head of {model} looks further back than uniform attention beyond its interval at {where}: "
+                   f"the furthest, {best['label']}, reaches {best['value']:.2f} ({best['far']}).")
+    near = mine[mine["near"] == ""]
+    if len(near):
+        best = near.loc[near["value"].idxmin()]
+        out.append(f"{model} at {where}: {best['label']} looks nearest, {best['distance']:.1f} tokens "
+                   f"[{best['ci_low']:.1f}, {best['ci_high']:.1f}] (reach {best['value']:.2f}), "
+                   f"{best['distance_early']:.1f} at {_positions(int(best['early_bucket']))}.")
+    return out
 
 
 def _context_table(positions: pd.DataFrame, reach: pd.DataFrame, tops: pd.DataFrame, long: list[str]) -> pd.DataFrame:
@@ -274,152 +316,6 @@ def _context_table(positions: pd.DataFrame, reach: pd.DataFrame, tops: pd.DataFr
     frame = pd.DataFrame(frames, columns=["model", "head", "sink early", "sink late", "distance early",
                                           "distance late", "reach"])
     return frame.drop(columns="model") if len(long) == 1 else frame
-
-
-# --- what heads move -----------------------------------------------------------------------------------------------
-
-
-def _value_part(comparison: Comparison, palette: dict, pngs: Pngs) -> list:
-    if "value" not in comparison.frames:
-        return []
-    heads, value = comparison.heads, comparison["value"]
-    means = movement.value_means(heads, value)
-    if means.empty:
-        return []
-    blocks: list = [
-        Heading(3, "Value-weighted attention"),
-        Text("A head that attends to a key whose value vector is small moves almost nothing from it. Value "
-             "weighting (Kobayashi et al. 2020) counts each key by the norm of what the head moves from it: "
-             "A[q, k] ||f(x_k)||, with f(x_k) = (x_k W_V + b_V) W_O for the head, renormalised over each query's "
-             "keys so that it reads like attention. The heads metrics computed on it say how much of a sink "
-             "survives: much of the attention on [CLS], [SEP] or BOS is a no-op."),
-    ]
-    sinks = movement.sink_summary(heads, value)
-    items = []
-    for row in sinks.itertuples():
-        what = "[SEP]" if row.metric == "sep" else ("[CLS]" if comparison.model(row.model).family ==
-                                                     "bidirectional" else "BOS (first-token)")
-        items.append(f"{row.model}: mean {what} share {row.attention:.2f} attention-weighted, {row.value_weighted:.2f} "
-                     f"value-weighted, over {row.heads} heads (`{row.metric}`); the largest fall: {row.drop_label}, "
-                     f"{row.drop_attention:.2f} to {row.drop_value:.2f}.")
-    if items:
-        blocks.append(Bullets(items))
-    shown = [metric for metric in movement.SINKS if (sinks["metric"] == metric).any()]
-    if shown:
-        heights = [4.6 if metric == "first_token" else 3.4 for metric in shown]
-        fig = Figure(figsize=(MAX_WIDTH - 1.2, sum(heights)), layout="constrained")
-        axes = fig.subplots(len(shown), 2, squeeze=False, width_ratios=[1.45, 1.0], height_ratios=heights)
-        for (left, right), metric in zip(axes, shown):
-            pairs = movement.layer_pairs(heads, value, metric=metric)
-            colours = {**model_palette(list(dict.fromkeys(pairs["model"]))), **palette}
-            charts.value_weighting_by_depth(pairs, ax=left, palette=colours, metric=metric)
-            charts.value_weighting_scatter(movement.paired(heads, value, metric=metric), ax=right, palette=colours,
-                                           metric=metric)
-            right.set_title(f"{metric}: one point per head")
-        name = pngs.add("value_weighted_sinks.png", fig)
-        blocks.append(Figures([name], "Left: per model, the mean share of a layer's heads on the sink, attention-"
-                                      "weighted (solid) and value-weighted (dashed), by relative depth. Right: every "
-                                      "head, attention-weighted against value-weighted; points below the dashed "
-                                      "diagonal lose share once values count, and the head of each model that loses "
-                                      "most is labelled. A panel whose shares all lie below 0.5 is drawn to its "
-                                      "largest, not to 1."))
-    frame = pd.DataFrame({"model": means["model"], "metric": means["metric"],
-                          "attention-weighted": means["attention"].map(fmt_cell),
-                          "value-weighted": means["value_weighted"].map(fmt_cell),
-                          "change": means["change"].map(lambda v: f"{v:+.3f}")})
-    if len(comparison.models) == 1:
-        frame = frame.drop(columns="model")
-    blocks.append(Table(frame, numeric=("attention-weighted", "value-weighted", "change"), sortable=True,
-                        note="Every metric both tables have: its mean over a model's heads, attention-weighted "
-                             "(heads.parquet) and value-weighted (value.parquet); change = value-weighted minus "
-                             "attention-weighted (entropy and distance in their own units). Per-head values are in "
-                             "the atlas. Click a heading to sort."))
-    return blocks
-
-
-def _copying_part(comparison: Comparison, pngs: Pngs) -> list:
-    if "weights" not in comparison.frames:
-        return []
-    weights = comparison["weights"]
-    rows = weights[(weights["metric"] == movement.COPYING) & weights["value"].notna()]
-    if rows.empty:
-        return []
-    counts = movement.copying_counts(weights)
-    top = movement.copying_heads(weights, n=COPYING_TOP)
-    blocks: list = [
-        Heading(3, "Copying heads"),
-        Text("Each head's OV copying score (Olsson et al. 2022), read off the weights alone, with no corpus: "
-             "how far what the head writes when it attends to a token raises that same token's logit, from \u22121 "
-             "(it lowers it) through 0 to 1 (it copies it). A copying head that attends to a name, say, pushes "
-             f"the model to say that name again. Counted as copying: a score above {movement.COPYING_HIGH:g}."),
-    ]
-    items = []
-    for row in counts.itertuples():
-        mine = top[top["model"] == row.model]
-        embedding = mine["embedding"].dropna()
-        named = ", ".join(f"{r.label} {r.value:.2f}" for r in mine.itertuples())
-        items.append(f"{row.model}: {row.high} of {row.heads} heads score above {movement.COPYING_HIGH:g} "
-                     f"({row.positive} above 0, mean {row.mean:.2f}); the highest: {named}"
-                     + (f" (embedding {embedding.iloc[0]})" if len(embedding) else "") + ".")
-    blocks.append(Bullets(items))
-    drawable = [(m.name, rows[rows["model"] == m.name]) for m in comparison.models if (rows["model"] == m.name).any()]
-
-    def draw(part, model, ax, cbar):
-        figures.value_heatmap(part, model=model, ax=ax, vmin=-1.0, vmax=1.0, cmap=SIGNED_CMAP, center=0.0,
-                              label="OV copying score", annotate_top=ANNOTATE_TOP, cbar=cbar,
-                              title=f"{model} ({comparison.model(model).family})")
-
-    files = heatmap_rows(drawable, pngs, "copying", draw)
-    blocks.append(Figures(files, "OV copying score by layer and head, one scale from \u22121 (blue: lowers the "
-                                 "attended token's logit) through 0 (white) to 1 (red: copies it); annotated: each "
-                                 f"model's {ANNOTATE_TOP} highest."))
-    return blocks
-
-
-def _dla_part(comparison: Comparison) -> list:
-    top = movement.dla_heads(comparison.heads, n=DLA_TOP)
-    if top.empty:
-        return []
-    blocks: list = [
-        Heading(3, "Direct logit attribution"),
-        Text("How much each head of a causal model writes, directly, towards the token that actually comes next "
-             "(Elhage et al. 2021): its output at a query dotted with that token's logit direction (the "
-             "unembedding with the final norm folded in, centred over the vocabulary), in logits, averaged over the "
-             "corpus; and the share of queries where it is positive. Direct only: what later layers make of the "
-             "head's output is not counted."),
-    ]
-    items = []
-    for model, part in top.groupby("model", sort=False):
-        best = part.iloc[0]
-        share = "" if pd.isna(best["positive"]) else f", positive at {best['positive']:.0%} of queries"
-        items.append(f"{model}: {best['label']} adds {best['dla']:+.2f} logits to the next token on average{share}.")
-    blocks.append(Bullets(items))
-    frame = pd.DataFrame({
-        "model": top["model"], "head": top["label"], "logits": top["dla"].map(lambda v: f"{v:+.3f}"),
-        "95% low": top["ci_low"].map(lambda v: "–" if pd.isna(v) else f"{v:+.3f}"),
-        "95% high": top["ci_high"].map(lambda v: "–" if pd.isna(v) else f"{v:+.3f}"),
-        "positive share": top["positive"].map(fmt_cell),
-    })
-    if top["model"].nunique() == 1 and len(comparison.models) == 1:
-        frame = frame.drop(columns="model")
-    blocks.append(Table(frame, numeric=("logits", "95% low", "95% high", "positive share"), sortable=True,
-                        note=f"Each causal model's {DLA_TOP} heads with the largest mean direct logit attribution to "
-                             "the next token (heads.parquet `dla`), its 95% interval and the share of queries where "
-                             "it is positive (`dla_positive`). Click a heading to sort."))
-    return blocks
-
-
-def movement_section(comparison: Comparison, palette: dict, pngs: Pngs) -> list:
-    """What heads move, not only where they look: how much of the sinks survives value weighting, OV copying
-    scores, and direct logit attribution; each part only where its data is present, nothing when none is."""
-    parts = [*_value_part(comparison, palette, pngs), *_copying_part(comparison, pngs), *_dla_part(comparison)]
-    if not parts:
-        return []
-    return [Heading(2, "What heads move"),
-            Text("Attention says where a head looks; these say what it moves: value-weighted attention, the OV "
-                 "circuit's copying score and the head's direct effect on the next token's logit. Heads are 0-indexed "
-                 "L{layer}H{head}."),
-            *parts]
 
 
 def shown_elsewhere(comparison: Comparison) -> dict[str, set[str]]:

@@ -30,9 +30,12 @@ from ..tables import (TABLES, CorpusProvenance, ModelProvenance, RunProvenance, 
 from .plan import columns_of, has_words, resolve_unit
 from .state import PartialState, Shard
 
-__all__ = ["WEIGHT_METRICS", "finish", "weights_frame", "model_provenance", "run_provenance", "publish"]
+__all__ = ["WEIGHT_METRICS", "WEIGHT_CHANCE", "finish", "weights_frame", "model_provenance", "run_provenance", "publish"]
 
 WEIGHT_METRICS = ("copying",)  # the rows of the weights table, in the order of PartialState.weights
+# Their chance (no corpus, so no null head): copying's is 0, the expected score of OV weights drawn with either
+# sign equally likely (negating W_V negates every eigenvalue). The weights table's description says so.
+WEIGHT_CHANCE = {"copying": 0.0}
 
 
 def finish(state: PartialState, config: SweepConfig) -> dict[str, pd.DataFrame]:
@@ -59,8 +62,8 @@ def finish(state: PartialState, config: SweepConfig) -> dict[str, pd.DataFrame]:
         keys = list(TABLES[name].keys)
         order = ["metric"] * ("metric" in keys) + ["layer", "head"] + [k for k in keys if k != "metric"]
         frame = frame.sort_values(order, key=_registry_order, kind="stable")
-        if name == "syntax":
-            frame = syntax.attach_baseline(frame, state.baseline[0], state.baseline[1])
+        if name == "syntax":  # the baseline among the offsets the model's queries can see
+            frame = syntax.attach_baseline(frame, state.baseline[0], state.baseline[1], causal=model.family == "causal")
         frames[name] = TABLES[name].conform(frame)
     if state.weights.size:
         frames["weights"] = weights_frame(per_head, state.weights, state.embedding)
@@ -73,7 +76,7 @@ def weights_frame(per_head: dict, scores: np.ndarray, embedding: str | None) -> 
     nan = float("nan")
     parts = [pd.DataFrame(per_head | {"metric": name, "value": scores[i].ravel(), "sum": nan, "count": nan,
                                       "ci_low": nan, "ci_high": nan, "units": nan, "top_unit_share": nan,
-                                      "embedding": embedding})
+                                      "chance": WEIGHT_CHANCE.get(name, nan), "embedding": embedding})
              for i, name in enumerate(WEIGHT_METRICS)]
     return TABLES["weights"].conform(pd.concat(parts, ignore_index=True))
 

@@ -4,7 +4,12 @@
 layer's attention (or each block of its query rows, in chunked mode) and scores every column on it, its
 `values`, `head_outputs` and `final_residual` methods keep what value weighting and direct logit attribution
 need. What one batch gathers lives in a `Gathered`, begun by `LayerHooks.start` and handed over, as
-(layer, batch, head, column) sums and counts, by `LayerHooks.finish`.
+(layer, batch, head, column) sums, counts and chance sums, by `LayerHooks.finish`.
+
+Chance (`headscan.metrics.chance`): each column's null-head sums come with its sums, from the same batch and
+queries. The null head of plain attention depends on the masks alone, not on the layer or the head, so its
+sums are computed on the first layer of a batch (or on each block of it, chunked) and reused for the others;
+the value-weighted null head and the null head of dla depend on each layer's values.
 
 This module does not read corpora or keep running totals (see `headscan.scan.reduce`).
 """
@@ -43,10 +48,12 @@ class Gathered:
     """What one batch's forward pass gathers, layer by layer, until `LayerHooks.finish` hands it over."""
 
     masks: BatchMasks
-    scored: dict = field(default_factory=dict)  # layer -> {(metric, table): (sums, counts)}, (batch, head[, axis])
+    scored: dict = field(default_factory=dict)  # layer -> {(metric, table): (sums, counts, chance)}, (batch, head[, axis])
+    chance: dict = field(default_factory=dict)  # query_start -> {(metric, table): the plain null head's sums}, all layers
     word_attention: dict = field(default_factory=dict)  # layer -> word attention summed over blocks (chunked syntax)
     norms: dict = field(default_factory=dict)  # layer -> (batch, head, k) value norms, before the layer's pattern
-    contributions: dict = field(default_factory=dict)  # layer -> (batch, head, q) logit contributions
+    contributions: dict = field(default_factory=dict)  # layer -> (2, batch, head, q) logit contributions, head's and null's
+    uniform: dict = field(default_factory=dict)  # layer -> (batch, q, head, d_head) the null head's output before W_O
     scale: torch.Tensor | None = None  # (batch, q) the final norm's scale, once the last layer has run
 
 
@@ -98,18 +105,21 @@ def _value_batch(batch: AttentionBatch) -> AttentionBatch:
     """The same rows with value-weighted attention as the pattern: A[q, k] ||f(x_k)|| renormalised per query over
     the keys that count (`headscan.metrics.values.value_weighted`), for the value table's columns."""
     weighted = values.value_weighted(batch.pattern, batch.value_norms, batch.key_mask)  # (batch, head, q, k), new
-    return dataclasses.replace(batch, pattern=weighted, raw_pattern=None, words=None)
+    # its null head is value-weighted too: A'[q, k] proportional to ||f(x_k)|| over the keys q sees
+    return dataclasses.replace(batch, pattern=weighted, raw_pattern=None, words=None, key_weights=batch.value_norms)
 
 
 def _logit_batch(contributions: torch.Tensor, scale: torch.Tensor, masks: BatchMasks, model: HookedModel,
                  config: SweepConfig) -> AttentionBatch:
-    """One layer's logit contributions (batch, head, q) with the final scale (batch, q), for dla's columns once the
-    forward pass is over. No pattern is kept: its place holds a zero-stride view of one 0, for the shapes."""
-    b, h, n = contributions.shape
+    """One layer's logit contributions (2, batch, head, q), the head's and its null head's, with the final scale
+    (batch, q), for dla's columns once the forward pass is over. No pattern is kept: its place holds a
+    zero-stride view of one 0, for the shapes."""
+    _, b, h, n = contributions.shape
     placeholder = contributions.new_zeros(()).expand(b, h, n, n)  # (batch, head, q, k), no memory
     counts = masks.counts
     return AttentionBatch(placeholder, counts, counts, masks.ids, masks.sep, model.causal, config.max_offset,
-                          logit_contributions=contributions, final_scale=scale)
+                          logit_contributions=contributions[0], final_scale=scale,
+                          null_logit_contributions=contributions[1])
 
 
 def _group_of(metric: Metric, table: str) -> str:
@@ -119,44 +129,66 @@ def _group_of(metric: Metric, table: str) -> str:
     return "value" if table == "value" and metric.table != "value" else "attention"
 
 
-def _score(batches: dict[str, AttentionBatch | None], columns: list[Column], given: dict | None = None) -> dict:
+def _score(batches: dict[str, AttentionBatch | None], columns: list[Column], given: dict | None = None,
+           shared: dict | None = None) -> dict:
     """The metrics of `columns` whose batch is in `batches` and carries what they need, on one layer (or one block
-    of its queries): {(metric, table): (sums, counts)}, each (batch, head[, axis]).
+    of its queries): {(metric, table): (sums, counts, chance)}, each (batch, head[, axis]); chance is the null
+    head's sums, (batch, 1[, axis]) where it is the same for every head, None where it cannot be computed.
 
-    `given` maps a metric to sums and counts computed elsewhere (the syntax metric in chunked mode).
+    `given` maps a metric to sums, counts and chance computed elsewhere (the syntax metric in chunked mode);
+    `shared` holds the plain null head's sums of this batch (or block), computed on the first layer that needs
+    them and read by the others.
     """
     scored = {}
     for metric, table in dict.fromkeys((m, t) for m, _, t in columns):
-        batch = batches.get(_group_of(metric, table))
+        group = _group_of(metric, table)
+        batch = batches.get(group)
         if given and metric in given:
             scored[metric, table] = given[metric]
         elif batch is not None and all(getattr(batch, name) is not None for name in metric.needs):
-            scored[metric, table] = metric.function(batch)
+            sums, counts = metric.function(batch)
+            plain = shared is not None and group == "attention" and not metric.needs  # the same for every layer
+            if plain and (metric, table) in shared:
+                chance = shared[metric, table]
+            else:
+                chance = metric.chance_sums(batch)
+                if plain:
+                    shared[metric, table] = chance
+            scored[metric, table] = (sums, counts, chance)
     return scored
 
 
 def _add_scores(into: dict, scored: dict) -> dict:
-    """Blocks of one layer's queries add up (chunked mode)."""
-    for key, (s, c) in scored.items():
-        into[key] = (into[key][0] + s, into[key][1] + c) if key in into else (s, c)
+    """Blocks of one layer's queries add up (chunked mode); a chance that cannot be computed stays None."""
+    for key, (s, c, n) in scored.items():
+        if key in into:
+            s0, c0, n0 = into[key]
+            into[key] = (s0 + s, c0 + c, None if n0 is None or n is None else n0 + n)
+        else:
+            into[key] = (s, c, n)
     return into
 
 
-def _columns_tensor(scored: dict, columns: list[Column], batch: int, heads: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """One layer's scores as (batch, head, column) sums and counts; a column not scored (its internals were not
-    captured) gets 0 and 0, so its value is NaN."""
-    sums, counts = [], []
+def _columns_tensor(scored: dict, columns: list[Column], batch: int, heads: int,
+                    device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One layer's scores as (batch, head, column) sums, counts and chance sums; a column not scored (its
+    internals were not captured) gets 0 and 0, so its value is NaN, and a chance that cannot be computed NaN."""
+    sums, counts, chances = [], [], []
     for metric, table in dict.fromkeys((m, t) for m, _, t in columns):
+        width = len([1 for m, _, t in columns if m is metric and t == table])
+        shape = (batch, heads, width)
         if (metric, table) in scored:
-            s, c = scored[metric, table]  # (batch, head[, axis])
+            s, c, n = scored[metric, table]  # (batch, head[, axis]); n (batch, 1 or head[, axis]) or None
             sums.append(s if s.dim() == 3 else s[..., None])
             counts.append(c if c.dim() == 3 else c[..., None])
+            n = torch.full(shape, torch.nan, device=device) if n is None else (n if n.dim() == 3 else n[..., None])
+            chances.append(n.expand(shape))
         else:
-            width = len([1 for m, _, t in columns if m is metric and t == table])
-            zeros = torch.zeros((batch, heads, width), dtype=torch.float32, device=device)
+            zeros = torch.zeros(shape, dtype=torch.float32, device=device)
             sums.append(zeros)
             counts.append(zeros)
-    return torch.cat([s.to(device, torch.float64) for s in sums], -1), torch.cat([c.to(device, torch.float64) for c in counts], -1)
+            chances.append(torch.full(shape, torch.nan, device=device))
+    return tuple(torch.cat([part.to(device, torch.float64) for part in parts], -1) for parts in (sums, counts, chances))
 
 
 class LayerHooks:
@@ -197,7 +229,8 @@ class LayerHooks:
         """Score every column on one layer's pattern, or on one block of its query rows (chunked mode)."""
         gathered, where = self.gathered, hook
         if not isinstance(where, QueryBlock):  # eager: the whole pattern at once
-            gathered.scored[layer] = _score(self._batches(pattern, layer), self.columns)
+            gathered.scored[layer] = _score(self._batches(pattern, layer), self.columns,
+                                            shared=gathered.chance.setdefault(0, {}))
             return None  # the pattern goes on unchanged
         # chunked: a block of query rows. Per-token metrics add up over blocks; the syntax metric needs whole
         # rows and columns of word attention, so its word attention is added up and scored at the last block.
@@ -210,33 +243,42 @@ class LayerHooks:
             part = syntax.word_attention(raw, words.token_word, words.n_words, where.start)  # (batch, head, word, word)
             gathered.word_attention[layer] = gathered.word_attention.get(layer, 0) + part
             if where.stop == where.n_queries:
-                given[self.syntax] = syntax.accuracy_of(gathered.word_attention.pop(layer), words)
+                words_chance = gathered.chance.setdefault("words", {})  # from the words alone: once per batch
+                if self.syntax not in words_chance:
+                    words_chance[self.syntax] = self.syntax.chance_sums(batch)
+                given[self.syntax] = (*syntax.accuracy_of(gathered.word_attention.pop(layer), words),
+                                      words_chance[self.syntax])
             else:
                 zeros = torch.zeros((*pattern.shape[:2], len(syntax.COLUMNS)), dtype=torch.float32, device=pattern.device)
-                given[self.syntax] = (zeros, zeros)
-        scored = _score(scoring, self.columns, given)
+                given[self.syntax] = (zeros, zeros, zeros[:, :1])
+        scored = _score(scoring, self.columns, given, shared=gathered.chance.setdefault(where.start, {}))
         gathered.scored[layer] = _add_scores(gathered.scored[layer], scored) if where.start else scored
         return None
 
     def values(self, v, layer: int) -> None:
         """(batch, k, kv_head, d_head) values, value bias included: handed over before the layer's pattern."""
         self.gathered.norms[layer] = values.value_norms(v, factor=self.capture.factors[layer])  # (batch, head, k)
+        if self.capture.directions is not None:  # the null head's output, for dla's chance
+            self.gathered.uniform[layer] = values.uniform_values(v, self.gathered.masks.counts.to(v.device),
+                                                                 causal=self.model.causal, n_heads=self.model.n_heads)
 
     def head_outputs(self, z, layer: int) -> None:
         """(batch, q, head, d_head): each head's output before W_O."""
         directions = self.capture.directions
         if directions.device != z.device:  # a device map: the layer sits elsewhere
             directions = directions.to(z.device)
+        both = torch.stack([z.to(self.gathered.uniform[layer].dtype), self.gathered.uniform.pop(layer)])
         self.gathered.contributions[layer] = values.logit_contributions(
-            z, self.capture.W_O[layer], directions, self.gathered.masks.next_tokens.to(z.device))  # (batch, head, q)
+            both, self.capture.W_O[layer], directions, self.gathered.masks.next_tokens.to(z.device))  # (2, batch, head, q)
 
     def final_residual(self, residual, layer: int) -> None:
         """(batch, q, d_model): the residual stream the final norm reads."""
         self.gathered.scale = values.final_norm_scale(residual, kind=self.capture.final_norm, eps=self.capture.final_eps)
 
-    def finish(self, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-        """After the batch's pass: dla's columns scored (they need the final scale), then every layer's sums and
-        counts, (layer, batch, head, column) float64 on `device`, for the `n` sequences of the batch."""
+    def finish(self, n: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """After the batch's pass: dla's columns scored (they need the final scale), then every layer's sums,
+        counts and chance sums, (layer, batch, head, column) float64 on `device`, for the `n` sequences of the
+        batch."""
         gathered = self.gathered
         for layer, contributions in gathered.contributions.items():
             batch = _logit_batch(contributions, gathered.scale.to(contributions.device), gathered.masks, self.model,
@@ -246,7 +288,7 @@ class LayerHooks:
         # (batch, head, column) per layer; layers may sit on several devices under a device map
         per_layer = [_columns_tensor(gathered.scored[layer], self.columns, n, self.model.n_heads, device)
                      for layer in range(self.model.n_layers)]
-        return tuple(torch.stack([pair[index] for pair in per_layer]) for index in range(2))
+        return tuple(torch.stack([part[index] for part in per_layer]) for index in range(3))
 
 
 def capture_for(model: HookedModel, config: SweepConfig, weights, unread: str | None) -> tuple[Capture | None, dict]:
@@ -270,6 +312,8 @@ def capture_for(model: HookedModel, config: SweepConfig, weights, unread: str | 
                            "them (blocks.{L}.attn.hook_v; value bias in, output bias out), W_O from the bridge"}
         if not model.causal:
             notes["dla"] = "not captured: a bidirectional model has no next-token logit"
+        elif weights.untrained is not None:
+            notes["dla"] = f"not captured: {weights.untrained}"
         elif weights.final_norm is None:
             notes["dla"] = f"not captured: no final norm before the unembedding that headscan represents ({weights.family})"
         else:

@@ -38,7 +38,7 @@ from .state import PartialState, Shard, add_tallies
 
 __all__ = ["accumulate", "sweep_model"]
 
-_TOTALS = ("sums", "counts", "replicate_sums", "replicate_counts", "moments", "baseline")  # PartialState's arrays
+_TOTALS = ("sums", "counts", "replicate_sums", "replicate_counts", "moments", "chance", "baseline")  # PartialState's
 
 
 @dataclass
@@ -48,6 +48,7 @@ class Window:
     units: dict[int, int]  # bootstrap unit -> its row in `sums` and `counts`
     sums: torch.Tensor  # (layer, unit, head, column)
     counts: torch.Tensor  # (layer, unit, head, column)
+    chance: torch.Tensor  # (layer, head, column): the null head's sums, not per unit (chance is not bootstrapped)
     baseline: torch.Tensor  # (2, offset, syntax column): the fixed-offset baseline's sums and counts (CoNLL-U)
     n_tokens: int = 0
 
@@ -148,7 +149,8 @@ def _sweep_window(forward, layers: LayerHooks, encoded: EncodedCorpus, units: li
     local = {unit: n for n, unit in enumerate(dict.fromkeys(units))}
     n_layers, n_heads, n_columns = totals["sums"].shape
     sums = torch.zeros((n_layers, len(local), n_heads, n_columns), dtype=torch.float64, device=device)
-    window = Window(local, sums, torch.zeros_like(sums), torch.zeros_like(totals["baseline"]))
+    window = Window(local, sums, torch.zeros_like(sums), torch.zeros_like(totals["chance"]),
+                    torch.zeros_like(totals["baseline"]))
     pad = model.special_token_ids["pad"]
     pad = pad if pad is not None else 0  # masked out, so any id will do (GPT-2 has no pad token)
     for batch in batches(encoded, layers.config.batch_size, pad):
@@ -160,8 +162,10 @@ def _sweep_window(forward, layers: LayerHooks, encoded: EncodedCorpus, units: li
         # every layer's sums at once into their units: one index_add per batch, not one per layer
         rows = torch.tensor([local[units[encoded.segment_of(int(i))]] for i in batch.index], dtype=torch.long,
                             device=device)
-        for into, stacked in zip((window.sums, window.counts), layers.finish(len(batch.index), device)):
-            into.index_add_(1, rows, stacked)  # stacked: (layer, batch, head, column)
+        sums, counts, chance = layers.finish(len(batch.index), device)  # (layer, batch, head, column) each
+        for into, stacked in zip((window.sums, window.counts), (sums, counts)):
+            into.index_add_(1, rows, stacked)
+        window.chance += chance.sum(1)
         if batch.words is not None:  # the fixed-offset baseline on the same words: one rule for the batch
             sums, counts = syntax.offset_baseline(batch.words.to(device))  # (batch, offset, column)
             window.baseline += torch.stack([sums.sum(0), counts.sum(0)])
@@ -184,13 +188,16 @@ def _read_weights(model: HookedModel):
 def _weight_scores(model: HookedModel, weights, unread: str | None) -> tuple[np.ndarray, str | None, str]:
     """The weight-only scores of `model`, (weight metric, layer, head), how the embedding was taken ("tied",
     "untied"; None when the weights were not read) and a provenance note on how the weights were taken."""
-    if weights is not None:
+    if weights is not None and weights.untrained is not None:
+        unread = weights.untrained  # copying would read an unembedding the checkpoint never trained
+    elif weights is not None:
         try:
             scores = head_weights.copying_scores(weights).double().cpu().numpy()[None]
             return scores, weights.embedding, f"embedding {weights.embedding}; folded: {weights.folded}"
         except (HeadscanError, RuntimeError, ValueError) as error:  # e.g. an eigensolver that does not converge
             unread = str(error)
-    return np.full((len(WEIGHT_METRICS), model.n_layers, model.n_heads), np.nan), None, f"not read: {unread}"
+    embedding = weights.embedding if weights is not None else None
+    return np.full((len(WEIGHT_METRICS), model.n_layers, model.n_heads), np.nan), embedding, f"not scored: {unread}"
 
 
 def _add_window(totals: dict, window: Window, config: SweepConfig) -> None:
@@ -206,6 +213,7 @@ def _add_window(totals: dict, window: Window, config: SweepConfig) -> None:
         totals["replicate_sums"] += (weights @ sums.flatten(1)).view_as(totals["replicate_sums"])
         totals["replicate_counts"] += (weights @ counts.flatten(1)).view_as(totals["replicate_counts"])
     totals["moments"] = intervals.combine_moments(totals["moments"], intervals.unit_moments(sums, counts))
+    totals["chance"] += window.chance
     totals["baseline"] += window.baseline
 
 

@@ -7,7 +7,9 @@ A sweep reduces each layer's attention to per-segment sums and counts; `PartialS
 - ``replicate_sums`` and ``replicate_counts``, (replicate, layer, head, column): Poisson-bootstrap replicates,
   each unit weighted by draws keyed on (seed, unit index), so they do not depend on batching or sharding;
 - ``moments``, (term, layer, head, column): per-unit power sums for the accelerated interval and the support
-  columns (`headscan.intervals`).
+  columns (`headscan.intervals`);
+- ``chance``, (layer, head, column): the null head's sums over the same queries (`headscan.metrics.chance`),
+  divided by ``counts`` at the end. Not bootstrapped: chance is the reference an interval is read against.
 
 All of these add exactly across disjoint parts of a corpus (the largest-unit term takes the maximum), so
 shards merge into the unsharded result, and a state saved at a window boundary resumes bit for bit. The
@@ -35,7 +37,7 @@ from ..errors import TablesError
 
 __all__ = ["PartialState", "FINGERPRINT_FIELDS", "merge_states", "add_tallies", "Shard"]
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: states carry the null head's sums (chance); a version 1 state is refused, to be swept again
 
 # Settings whose change changes the numbers: two states must agree on each to be added, or to resume.
 FINGERPRINT_FIELDS = ("max_len", "long", "limit", "dtype", "specials", "max_offset", "bootstrap", "seed", "prepend_bos",
@@ -84,6 +86,7 @@ class PartialState:
     replicate_sums: np.ndarray  # (replicate, layer, head, column)
     replicate_counts: np.ndarray  # (replicate, layer, head, column)
     moments: np.ndarray  # (term, layer, head, column); see headscan.intervals.MOMENT_TERMS
+    chance: np.ndarray  # (layer, head, column): the null head's sums over the same queries (NaN: not computable)
     windows_done: int = 0  # windows of the sweep's plan already added
     finished: bool = False  # every window added
     model: dict = field(default_factory=dict)  # the model's provenance (ModelProvenance.to_json())
@@ -107,7 +110,7 @@ class PartialState:
     def empty(cls, fingerprint: dict, shard: Shard | None, shape: tuple[int, int, int], n_replicates: int) -> PartialState:
         zeros = np.zeros(shape)
         return cls(fingerprint, shard, zeros, zeros.copy(), np.zeros((n_replicates, *shape)),
-                   np.zeros((n_replicates, *shape)), intervals.unit_moments(zeros[None], zeros[None]) * 0)
+                   np.zeros((n_replicates, *shape)), intervals.unit_moments(zeros[None], zeros[None]) * 0, zeros.copy())
 
     # --- saving and loading ----------------------------------------------------------------------------
 
@@ -129,8 +132,8 @@ class PartialState:
             with os.fdopen(fd, "wb") as handle:
                 np.savez(handle, header=np.frombuffer(json.dumps(self.header()).encode(), dtype=np.uint8),
                          sums=self.sums, counts=self.counts, replicate_sums=self.replicate_sums,
-                         replicate_counts=self.replicate_counts, moments=self.moments, baseline=self.baseline,
-                         weights=self.weights)
+                         replicate_counts=self.replicate_counts, moments=self.moments, chance=self.chance,
+                         baseline=self.baseline, weights=self.weights)
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -146,7 +149,8 @@ class PartialState:
         try:
             with np.load(path, allow_pickle=False) as data:
                 header = json.loads(data["header"].tobytes())
-                arrays = {name: data[name] for name in ("sums", "counts", "replicate_sums", "replicate_counts", "moments")}
+                names = ("sums", "counts", "replicate_sums", "replicate_counts", "moments", "chance")
+                arrays = {name: data[name] for name in names if name in data.files}
                 baseline = data["baseline"] if "baseline" in data.files else np.zeros((2, 0, 0))
                 weights = data["weights"] if "weights" in data.files else np.zeros((0, 0, 0))
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as error:
@@ -155,7 +159,10 @@ class PartialState:
             raise damaged("its header is not a JSON object")
         if header.get("state_version") != STATE_VERSION:
             raise TablesError(f"{path}: partial state version {header.get('state_version')!r}, this headscan "
-                              f"reads {STATE_VERSION}; delete it to start that part again")
+                              f"reads {STATE_VERSION} (version 2 added the chance sums, which an older state cannot "
+                              f"supply); delete it, or pass --restart, to start that part again")
+        if len(arrays) < 6:
+            raise damaged("an array is missing")
         types = {"fingerprint": dict, "model": dict, "finished": bool, "windows_done": int, "n_segments": int,
                  "n_tokens": int, "n_truncated": int, "seconds": (int, float)}
         wrong = [key for key, kind in types.items() if not isinstance(header.get(key), kind)]
@@ -166,7 +173,8 @@ class PartialState:
         if wrong:
             raise damaged(f"bad or missing {', '.join(wrong)} in its header")
         shapes = {name: array.shape for name, array in arrays.items()}
-        if (len({shapes["sums"], shapes["counts"]}) != 1 or shapes["replicate_sums"] != shapes["replicate_counts"]
+        if (len({shapes["sums"], shapes["counts"], shapes["chance"]}) != 1
+                or shapes["replicate_sums"] != shapes["replicate_counts"]
                 or baseline.ndim != 3 or baseline.shape[0] != 2):
             raise damaged("its arrays do not fit together")
         return cls(header["fingerprint"], Shard(*shard) if shard else None, **arrays,
@@ -184,6 +192,7 @@ class PartialState:
         defined = self.counts > 0
         with np.errstate(invalid="ignore", divide="ignore"):
             value = np.where(defined, self.sums / self.counts, np.nan)
+            chance = np.where(defined, self.chance / self.counts, np.nan)
         if self.replicate_sums.shape[0]:
             low, high = intervals.interval(value, self.replicate_sums, self.replicate_counts, self.moments,
                                            method=method, level=level)
@@ -194,7 +203,7 @@ class PartialState:
         return {
             "value": value, "sum": self.sums, "count": self.counts,
             "ci_low": np.where(defined, low, nan), "ci_high": np.where(defined, high, nan),
-            "units": units, "top_unit_share": np.where(defined, top_share, nan),
+            "units": units, "top_unit_share": np.where(defined, top_share, nan), "chance": chance,
         }
 
 
@@ -266,7 +275,7 @@ def merge_states(states: list[PartialState], names: list[str]) -> PartialState:
                           f"merge needs all {first.shard.count}")
     total = PartialState(dict(first.fingerprint), None, first.sums.copy(), first.counts.copy(),
                          first.replicate_sums.copy(), first.replicate_counts.copy(), first.moments.copy(),
-                         finished=True, model=dict(first.model), baseline=first.baseline.copy(),
+                         first.chance.copy(), finished=True, model=dict(first.model), baseline=first.baseline.copy(),
                          weights=first.weights.copy(), embedding=first.embedding)  # the same weights in every shard
     for state in states[1:]:
         total.baseline = total.baseline + state.baseline  # same fingerprint, so the same shape
@@ -274,6 +283,7 @@ def merge_states(states: list[PartialState], names: list[str]) -> PartialState:
         total.counts += state.counts
         total.replicate_sums += state.replicate_sums
         total.replicate_counts += state.replicate_counts
+        total.chance += state.chance
         total.moments = intervals.combine_moments(total.moments, state.moments)
     for state in states:
         total.n_segments += state.n_segments

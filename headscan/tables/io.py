@@ -262,12 +262,15 @@ def combine(parts: list[SweepTables]) -> SweepTables:
             frames[name] = table.conform(pd.concat([p.frames[name] for p in parts if name in p.frames])
                                          .drop_duplicates(table.row_key))
             continue
-        total = (
-            pd.concat([part.frames[name] for part in parts if name in part.frames])
-            .groupby(table.row_key, sort=False, as_index=False)[["sum", "count"]]
-            .sum()
-        )
+        rows = pd.concat([table.conform(part.frames[name]) for part in parts if name in part.frames])
+        counted = rows["count"] > 0  # chance is a ratio over the same counts: chance * count adds up
+        rows = rows.assign(chance_sum=(rows["chance"] * rows["count"]).where(counted, 0.0),
+                           chance_missing=(counted & rows["chance"].isna()).astype(int))
+        total = rows.groupby(table.row_key, sort=False, as_index=False)[["sum", "count", "chance_sum",
+                                                                          "chance_missing"]].sum()
         total["value"] = (total["sum"] / total["count"]).where(total["count"] > 0)
+        total["chance"] = (total["chance_sum"] / total["count"]).where((total["count"] > 0)
+                                                                        & (total["chance_missing"] == 0))
         total["ci_low"] = total["ci_high"] = total["units"] = total["top_unit_share"] = float("nan")
         total = total.assign(**{column: float("nan") for column in table.extra})  # not sums: cannot be added up
         frames[name] = table.conform(total)

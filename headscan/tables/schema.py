@@ -7,6 +7,8 @@ columns (`VALUE_COLUMNS`). A new table is one `register_table` call; writing, lo
 Layers and heads are 0-indexed integers (the TransformerLens convention), and ``label`` spells them
 ``L{layer}H{head}``: Clark et al.'s (2019) 1-indexed BERT "head 3-1" is ``L2H0`` here.
 ``value`` is ``sum / count`` and is NaN where ``count`` is 0 (the metric is not defined there), never -1.
+``chance`` is what the null head, uniform attention over the keys each query sees, scores on the same
+queries (`headscan.metrics.chance`); every table has it, and a claim about a row needs its interval beyond it.
 
 This module imports no torch.
 """
@@ -41,10 +43,11 @@ VALUE_COLUMNS: dict[str, str] = {
     "ci_high": "float64",  # upper end
     "units": "float64",  # bootstrap units (segments or documents) with count > 0: how many the value rests on
     "top_unit_share": "float64",  # the largest single unit's share of the sum: near 1, one unit decides the value
+    "chance": "float64",  # the value under uniform attention over what each query sees, on the same queries
 }
 
 # Columns a table written by an older headscan may lack; they read back as NaN ("not recorded").
-ADDED_LATER = ("units", "top_unit_share")
+ADDED_LATER = ("units", "top_unit_share", "chance")
 
 
 @dataclass(frozen=True)
@@ -112,7 +115,8 @@ register_table("value", {"metric": "string"},
                "A[q, k] ||f(x_k)|| renormalised per query (Kobayashi et al. 2020)")
 register_table("weights", {"metric": "string"},
                "one row per (model, layer, head, metric): scores read off the weights alone, no corpus "
-               "(sum and count are NaN)", extra={"embedding": "string"})
+               "(sum and count are NaN; chance of copying is 0: negating W_V negates every eigenvalue, so OV "
+               "weights drawn with either sign equally likely score 0 on average)", extra={"embedding": "string"})
 
 def tables_markdown() -> str:
     """The registered tables and their columns as Markdown, from the registry (the README uses it)."""
