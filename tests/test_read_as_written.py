@@ -10,7 +10,7 @@ import pytest
 
 import headscan
 from headscan.corpus import encode, read_corpus
-from headscan.corpus.words import align_tokens, word_alignment
+from headscan.corpus.words import ROOT, align_tokens, word_alignment
 
 # "I don't "know"." with a multiword token (do + n't) and SpaceAfter=No, without a # text line.
 HAND = """\
@@ -81,8 +81,8 @@ def test_a_merged_multiword_token_leaves_its_other_words_without_a_token_and_the
     encoded = encode(corpus, tiny_models["bert"], 64)
     assert encoded.missing == ((2,),) and encoded.n_words_without_token == 1 and 2 not in encoded.word_ids[0]
     words = word_alignment(encoded.word_ids, [segment.heads], [segment.deprels], missing=encoded.missing)
-    # every word but the root is scored: "el" (word 2, head "mar") too, and it can only be a miss
-    assert words.head.tolist() == [[-1, 3, 3, 0, 0]]
+    # every word is scored: "el" (word 2, head "mar") too, and it can only be a miss; the root as ROOT (-2)
+    assert words.head.tolist() == [[ROOT, 3, 3, 0, 0]]
 
 
 def test_a_word_the_tokenizer_drops_is_a_miss_not_a_crash():
