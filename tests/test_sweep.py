@@ -224,3 +224,29 @@ def test_a_chunked_sweep_writes_the_eager_tables(tmp_path, arch, ewt_dev):
         np.testing.assert_allclose(other["value"], frame["value"], rtol=0, atol=1e-5, err_msg=name)
     assert chunked.provenance.models[0].extra["attention"] == "chunked"
     assert eager.provenance.models[0].extra["attention"] == "eager"
+
+
+@pytest.mark.parametrize("max_len", [129, 512])
+def test_a_max_len_past_the_context_is_clamped_with_one_line(tiny_gpt2, tiny_models, tmp_path, max_len):
+    """The tiny GPT-2 has a context of 128 tokens: --max-len 129 or 512 sweeps at 128, says so on the terminal and
+    in the model's provenance, and the position buckets stop at the clamped length (issue 18: a crash before)."""
+    from click.testing import CliRunner
+
+    from headscan.cli import cli
+
+    text = tmp_path / "long.txt"
+    text.write_text(" ".join([LONG] * 8) + "\n" + SHORT + "\n")  # the first line runs past 128 tokens
+    out = tmp_path / "out"
+    result = CliRunner().invoke(cli, ["sweep", "-m", str(tiny_gpt2), "-c", str(text), "--max-len", str(max_len),
+                                      "--bootstrap", "0", "-q", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    line = f"{tiny_gpt2}: --max-len {max_len} is past its context of 128 tokens; swept with --max-len 128"
+    assert line in result.output.splitlines()
+    run = load(out)
+    model = run.provenance.models[0]
+    assert (model.max_len, model.max_len_note, model.max_context) == (128, line, 128)
+    assert run.provenance.config["max_len"] == max_len  # what was asked stays in the run's settings
+    assert sorted(set(run.frames["positions"]["bucket"])) == [0, 1, 2, 4, 8, 16, 32, 64]  # [b, 2b) below 128
+    n_short = len(tiny_models["gpt2"].token_ids([SHORT])[0])
+    assert (model.n_truncated, model.n_tokens) == (1, 128 + n_short)  # the long line cut at 128 tokens
+
