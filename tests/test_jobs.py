@@ -223,3 +223,72 @@ def test_merge_refuses_missing_repeated_and_foreign_shards(shards, tmp_path, tin
           bootstrap=20, window=11, bootstrap_unit="document", limit=60, seed=1)
     with pytest.raises(TablesError, match=r"other: not a shard of the same sweep as .*part-0: settings.seed: 0 != 1"):
         merge([parts[0], other, parts[2]])
+
+
+# --- every fingerprint field refuses a resume and a merge ---------------------------------------------------------
+
+# Settings that change no number a state holds, each with why (the test's own list, not FINGERPRINT_FIELDS: a
+# field dropped from the fingerprint must fail here).
+NOT_FINGERPRINTED = {
+    "batch_size": "scores do not depend on it (a test of test_sweep.py)",
+    "device": "where the model runs",
+    "device_map": "where the model's layers run",
+    "interval": "applied when the tables are finished, from the states' replicates",
+    "attention_budget": "only chooses eager or chunked; the choice itself is the fingerprinted 'attention'",
+}
+# One other valid value for every setting that does change the sums.
+CHANGED = {"max_len": 64, "long": "split", "limit": 5, "dtype": "bfloat16", "specials": "exclude", "max_offset": 3,
+           "bootstrap": 20, "seed": 1, "prepend_bos": False, "bootstrap_unit": "document", "window": 7,
+           "pack": "sentences", "attention": "chunked", "query_chunk": 64, "values": False}
+# The model, corpus and version facts of a fingerprint, changed in place.
+FACTS = [("headscan", None, "0.0.1"), ("model", "name", "other"), ("model", "id", "other==1"),
+         ("model", "revision", "0" * 40), ("corpus", "source", "other.txt"), ("corpus", "kind", "jsonl"),
+         ("corpus", "sha256", "f" * 64)]
+
+
+def test_every_setting_that_changes_the_sums_is_listed_here():
+    import dataclasses
+
+    from headscan.config import SweepConfig
+
+    assert set(CHANGED) | set(NOT_FINGERPRINTED) == {f.name for f in dataclasses.fields(SweepConfig)}
+    assert not set(CHANGED) & set(NOT_FINGERPRINTED)
+
+
+def _fingerprints(tiny_models, change) -> tuple[dict, dict, str]:
+    """The fingerprint of a base sweep, that of a sweep with one thing changed, and the key that names it."""
+    import copy
+
+    from headscan.config import SweepConfig
+    from headscan.corpus import texts_corpus
+    from headscan.scan import fingerprint
+
+    model, corpus = tiny_models["gpt2"], texts_corpus(["the cat sat", "a dog ran"], None)
+    base = SweepConfig(device="cpu")
+    if isinstance(change, str):
+        other = fingerprint(model, corpus, SweepConfig(device="cpu", **{change: CHANGED[change]}))
+        return fingerprint(model, corpus, base), other, f"settings.{change}"
+    group, key, value = change
+    other = copy.deepcopy(fingerprint(model, corpus, base))
+    if key is None:
+        other[group] = value
+    else:
+        other[group][key] = value
+    return fingerprint(model, corpus, base), other, f"{group}.{key}" if key else group
+
+
+@pytest.mark.parametrize("change", list(CHANGED) + FACTS, ids=str)
+def test_each_fingerprint_field_changed_alone_is_refused_by_resume_and_merge(tiny_models, change):
+    from headscan.scan.resume import check_resumable
+    from headscan.scan.state import Shard, merge_states
+
+    base, other, key = _fingerprints(tiny_models, change)
+    saved = PartialState.empty(base, Shard(0, 2), (2, 4, 3), 20)
+    saved.finished = True
+    with pytest.raises(TablesError, match=rf"with other inputs \(.*{key}: "):
+        check_resumable(saved, other, Shard(0, 2), "out.partial/x.npz", "gpt2")
+    check_resumable(saved, base, Shard(0, 2), "out.partial/x.npz", "gpt2")  # the same fingerprint resumes
+    second = PartialState.empty(other, Shard(1, 2), (2, 4, 3), 20)
+    second.finished = True
+    with pytest.raises(TablesError, match=rf"b: not a shard of the same sweep as a: .*{key}: "):
+        merge_states([saved, second], ["a", "b"])
