@@ -250,3 +250,24 @@ def test_a_max_len_past_the_context_is_clamped_with_one_line(tiny_gpt2, tiny_mod
     n_short = len(tiny_models["gpt2"].token_ids([SHORT])[0])
     assert (model.n_truncated, model.n_tokens) == (1, 128 + n_short)  # the long line cut at 128 tokens
 
+
+
+def test_kv_group_is_the_key_value_head_each_query_head_reads_under_gqa(tmp_path):
+    """A tiny Llama with 4 query heads over 2 key/value heads: Llama's repeat_kv gives query head h the key/value
+    head h // (4 // 2), so kv_group runs 0, 0, 1, 1 in every table with the column (issue 18: no test read it)."""
+    from transformers import AutoConfig
+
+    from headscan.testing.architectures import build_architecture_checkpoint
+
+    path = build_architecture_checkpoint(tmp_path / "llama", "llama")
+    config = AutoConfig.from_pretrained(path)
+    n_heads, n_kv = config.num_attention_heads, config.num_key_value_heads
+    assert (n_heads, n_kv) == (4, 2)
+    run = headscan.sweep(str(path), ["the cat sat on the mat", "a dog ran"], bootstrap=0, max_len=16)
+    checked = 0
+    for name, frame in run.frames.items():
+        if "kv_group" in frame:
+            assert (frame["kv_group"] == frame["head"] // (n_heads // n_kv)).all(), name
+            assert sorted(set(zip(frame["head"], frame["kv_group"]))) == [(0, 0), (1, 0), (2, 1), (3, 1)], name
+            checked += 1
+    assert checked == len(run.frames)

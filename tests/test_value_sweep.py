@@ -111,6 +111,16 @@ def test_a_previous_token_head_that_moves_nothing_scores_zero_value_weighted(sil
     assert by_head(attention, "prev_token")[target] > 0.999
     assert by_head(value, "prev_token")[target] == 0.0
     assert by_head(value, "moved")[target] == 0.0
+    # Every row of its value-weighted attention is 0: no key is its largest, so every share, the entropy and the
+    # distance are exactly 0 wherever defined (issue 18: positional_prev scored 0.036, taking key 0 as the top)
+    rows = value[(value["layer"] == target[0]) & (value["head"] == target[1])].set_index("metric")
+    defined = rows[rows["count"] > 0]
+    assert set(defined.index) >= {"prev_token", "self", "first_token", "positional_prev", "duplicate_token",
+                                  "induction", "entropy", "entropy_norm", "distance", "moved"}
+    assert (defined["value"] == 0.0).all(), defined.loc[defined["value"] != 0, "value"].to_dict()
+    same = attention[(attention["layer"] == target[0]) & (attention["head"] == target[1])].set_index("metric")
+    shared = defined.index.drop("moved")
+    np.testing.assert_array_equal(defined.loc[shared, "count"], same.loc[shared, "count"])  # the same queries count
     sink = heads["first_token"]  # a planted head with live weights keeps its picture
     assert by_head(value, "first_token")[sink] > 0.99 and by_head(value, "moved")[sink] > 0
     assert set(value["metric"]) == {m.name for m in METRICS.values() if m.table == "heads" and not m.needs} | {"moved"}
