@@ -313,12 +313,12 @@ def test_each_fingerprint_field_changed_alone_is_refused_by_resume_and_merge(tin
 
 @pytest.mark.parametrize("kind", ["conllu", "repeat-random"])
 def test_shards_of_a_treebank_and_of_repeat_random_merge_to_the_unsharded_sweep(kind, tmp_path, tiny_gpt2, tiny_bert):
-    """Windows of 4 over 12 segments, 3 shards: the syntax table and its baseline (CoNLL-U), and repeat-random's
-    tokens drawn per segment whatever window or shard holds it (issue 18: a merge that dropped the shards'
-    baseline, or tokens seeded by the position in the window, passed every test)."""
-    corpus = str(treebank_corpus(tmp_path, 12)) if kind == "conllu" else "repeat-random:n=6,count=12,seed=3"
-    models = [str(tiny_gpt2), str(tiny_bert)]
-    config = dict(device="cpu", bootstrap=20, window=4, batch_size=1, max_len=48)
+    """Windows of 2 over 9 segments, 3 shards: the syntax table and its baseline (a treebank, the tiny BERT), and
+    repeat-random's tokens drawn per segment whatever window or shard holds it (the tiny GPT-2) (issue 18: a
+    merge that dropped the shards' baseline, or tokens seeded by the position in the window, passed every test)."""
+    corpus = str(treebank_corpus(tmp_path, 9)) if kind == "conllu" else "repeat-random:n=6,count=9,seed=3"
+    models = str(tiny_bert) if kind == "conllu" else str(tiny_gpt2)
+    config = dict(device="cpu", bootstrap=20, window=2, batch_size=1, max_len=48)
     whole = sweep(models, corpus, tmp_path / "whole", **config)
     parts = [tmp_path / f"part-{k}" for k in range(3)]
     for k, part in enumerate(parts):

@@ -59,11 +59,19 @@ def test_sweep_is_deterministic(tiny_models):
 def test_sweeps_of_disjoint_halves_combine_exactly(tiny_models):
     corpus = read_corpus("builtin", limit=10)
     halves = [Corpus("h", "text", "", corpus.segments[:5]), Corpus("h", "text", "", corpus.segments[5:])]
-    whole = sweep_model(tiny_models["gpt2"], corpus, CONFIG).heads
-    parts = [sweep_model(tiny_models["gpt2"], half, CONFIG) for half in halves]
-    combined = combine(parts).heads
+    model = tiny_models["gpt2"]
+    swept = sweep_model(model, corpus, CONFIG)
+    whole = swept.heads
+    parts = [sweep_model(model, half, CONFIG) for half in halves]
+    both = combine(parts)
+    combined = both.heads
     np.testing.assert_allclose(combined["sum"], whole["sum"], atol=1e-9)
     np.testing.assert_allclose(combined["value"], whole["value"], atol=1e-9)
+    assert {name: len(frame) for name, frame in both.frames.items()} == \
+        {name: len(frame) for name, frame in swept.frames.items()}  # one row per key, as in the whole sweep
+    # read off the weights, not summed: one copying score per head (issue 18: combine kept each part's rows)
+    assert len(both["weights"]) == model.n_layers * model.n_heads
+    np.testing.assert_array_equal(both["weights"]["value"], swept["weights"]["value"])
 
 
 def test_causal_next_token_is_zero_and_undefined_sep_is_nan(tiny_models):
