@@ -232,17 +232,23 @@ def test_the_sweeps_syntax_table_equals_the_plain_loop(wordpiece, ewt_dev):
     syntax = tables["syntax"].set_index(["layer", "head", "relation", "direction"])
     model = AutoModel.from_pretrained(ALIASES["minilm"].locate(), attn_implementation="eager").eval()
     relations = ["all", "det", "nsubj", "punct"]
+    want = corpus_loop_accuracy(model, wordpiece, read_corpus(ewt_dev, limit=8).segments, relations)
+    assert len(want) == 6 * 12 * len(relations) * 2
+    for key, (correct, total) in want.items():
+        assert (syntax.loc[key, "sum"], syntax.loc[key, "count"]) == (correct, total), key
+
+
+def corpus_loop_accuracy(model, tokenizer, segments, relations) -> dict:
+    """`loop_accuracy` added up over `segments`, each run alone through the Hugging Face `model`."""
     want = {}
-    for segment in read_corpus(ewt_dev, limit=8).segments:
-        ((ids, word_ids),) = encode_words(wordpiece, [segment.words])
+    for segment in segments:
+        ((ids, word_ids),) = encode_words(tokenizer, [segment.words])
         with torch.no_grad():
             attentions = model(torch.tensor([ids]), output_attentions=True).attentions
         for key, (correct, total) in loop_accuracy(attentions, word_ids, segment.heads, segment.deprels, relations).items():
             c, t = want.get(key, (0, 0))
             want[key] = (c + correct, t + total)
-    assert len(want) == 6 * 12 * len(relations) * 2
-    for key, (correct, total) in want.items():
-        assert (syntax.loc[key, "sum"], syntax.loc[key, "count"]) == (correct, total), key
+    return want
 
 
 # --- word alignment ------------------------------------------------------------------------------------------
@@ -379,14 +385,7 @@ def test_tiny_bert_syntax_table_equals_the_plain_loop_with_specials(tiny_bert, t
     model = AutoModel.from_pretrained(tiny_bert, attn_implementation="eager").eval()
     tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
     relations = ["all", "nsubj", "det", "obj", "amod"]
-    want = {}
-    for segment in read_corpus(path).segments:
-        ((ids, word_ids),) = encode_words(tokenizer, [segment.words])
-        with torch.no_grad():
-            attentions = model(torch.tensor([ids]), output_attentions=True).attentions
-        for key, (correct, total) in loop_accuracy(attentions, word_ids, segment.heads, segment.deprels, relations).items():
-            c, t = want.get(key, (0, 0))
-            want[key] = (c + correct, t + total)
+    want = corpus_loop_accuracy(model, tokenizer, read_corpus(path).segments, relations)
     assert len(want) == 2 * 4 * len(relations) * 2
     for key, (correct, total) in want.items():
         assert (syntax.loc[key, "sum"], syntax.loc[key, "count"]) == (correct, total), key
