@@ -289,7 +289,15 @@ def test_show_ranks_smollm2_heads_by_dla(swept, tmp_path):
     write(swept("smollm2"), tmp_path / "run")
     result = CliRunner().invoke(cli, ["show", str(tmp_path / "run"), "--metric", "dla", "--top", "3"])
     assert result.exit_code == 0, result.output
-    assert "smollm2" in result.output and "L" in result.output
+    # the three highest dla of heads.parquet, by a plain sort, in that order, each with its value
+    rows = [(value, layer, head) for metric, layer, head, value in swept("smollm2").heads[["metric", "layer", "head", "value"]]
+            .itertuples(index=False) if metric == "dla"]
+    best = sorted(rows, key=lambda row: (-row[0], row[1], row[2]))[:3]
+    lines = result.output.strip().splitlines()
+    assert lines[0].split()[:5] == ["model", "label", "layer", "head", "value"] and len(lines) == 4
+    printed = [line.split() for line in lines[1:]]
+    assert [(p[0], p[1], int(p[2]), int(p[3])) for p in printed] == [("smollm2", f"L{l}H{h}", l, h) for _, l, h in best]
+    np.testing.assert_allclose([float(p[4]) for p in printed], [v for v, _, _ in best], rtol=1e-5)
 
 
 # --- direct logit attribution on a LayerNorm model, recomputed from Hugging Face hooks -----------------------------
