@@ -4,6 +4,8 @@ Random arrays stand in for a sweep's sums, so these run in a blink and check the
 `headscan.scan.state` on its own: what `tests/test_jobs.py` checks end to end on tiny checkpoints.
 """
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -123,3 +125,91 @@ def test_shards_hold_their_documents():
     for text in ("3/3", "-1/3", "a/3", "1", "1/0"):
         with pytest.raises(ConfigError, match="shard must be K/N"):
             Shard.parse(text)
+
+
+# --- saving atomically, and refusing damaged files with the reason ------------------------------------------------
+
+
+def test_saving_writes_beside_the_file_and_replaces_it(tmp_path, monkeypatch):
+    import os
+
+    path = tmp_path / "a" / "b" / "x.npz"  # folders that do not exist yet
+    replaced = []
+    real_replace = os.replace
+    monkeypatch.setattr(os, "replace", lambda src, dst: (replaced.append(Path(src)), real_replace(src, dst)))
+    shard_state(0).save(path)
+    shard_state(1).save(path)  # again, over it
+    assert PartialState.load(path).shard == Shard(1, 3)
+    # a hidden temporary file in the same folder, renamed onto the file: a reader never sees half of one
+    assert [p.parent for p in replaced] == [path.parent] * 2
+    assert all(p.name.startswith(".x.npz.") and p.name.endswith(".tmp") for p in replaced)
+    assert sorted(p.name for p in path.parent.iterdir()) == ["x.npz"]
+
+
+def test_a_save_that_fails_leaves_nothing_behind(tmp_path, monkeypatch):
+    monkeypatch.setattr(np, "savez", lambda *a, **k: (_ for _ in ()).throw(OSError("disk full")))
+    with pytest.raises(OSError, match="disk full"):
+        shard_state(0).save(tmp_path / "x.npz")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_unsharded_state_and_one_without_baseline_or_weights_load(tmp_path):
+    state = shard_state(0)
+    state.shard = None
+    state.save(tmp_path / "whole.npz")
+    assert PartialState.load(tmp_path / "whole.npz").shard is None
+    arrays = dict(np.load(tmp_path / "whole.npz"))
+    del arrays["baseline"], arrays["weights"]  # a state saved before the syntax and weights tables
+    np.savez(tmp_path / "old.npz", **arrays)
+    old = PartialState.load(tmp_path / "old.npz")
+    assert old.baseline.shape == (2, 0, 0) and old.weights.shape == (0, 0, 0)
+
+
+def _resaved(tmp_path, header=None, **arrays) -> Path:
+    """A saved state with its header or some arrays replaced."""
+    import json
+
+    state = shard_state(0)
+    state.save(tmp_path / "x.npz")
+    data = dict(np.load(tmp_path / "x.npz"))
+    if header is not None:
+        data["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
+    data.update(arrays)
+    path = tmp_path / "damaged.npz"
+    np.savez(path, **data)
+    return path
+
+
+@pytest.mark.parametrize("shard, ok", [(None, True), ([1, 3], True), ([1, True], False), ("1/3", False),
+                                       ([1, 2, 3], False), ([1.0, 3], False)])
+def test_the_header_shard_must_be_two_whole_numbers(tmp_path, shard, ok):
+    path = _resaved(tmp_path, header=shard_state(0).header() | {"shard": shard})
+    if ok:
+        assert PartialState.load(path).shard == (Shard(*shard) if shard else None)
+    else:
+        with pytest.raises(TablesError, match=r"not a readable headscan partial state \(bad or missing shard in its "
+                                              r"header\); delete it to start that part again$"):
+            PartialState.load(path)
+
+
+@pytest.mark.parametrize("field", ["windows_done", "n_tokens", "fingerprint"])
+def test_a_header_field_of_the_wrong_type_is_named(tmp_path, field):
+    path = _resaved(tmp_path, header=shard_state(0).header() | {field: "x", "finished": "yes"})
+    with pytest.raises(TablesError, match=rf"\(bad or missing finished, {field} in its header\)|"
+                                          rf"\(bad or missing {field}, finished in its header\)"):
+        PartialState.load(path)
+
+
+def test_damaged_states_say_why(tmp_path):
+    def refused(path, why):
+        with pytest.raises(TablesError, match=rf"^{path}: not a readable headscan partial state \({why}\); delete it"):
+            PartialState.load(path)
+
+    refused(_resaved(tmp_path, header=[1, 2]), "its header is not a JSON object")
+    refused(_resaved(tmp_path, counts=np.zeros((1, 1, 1))), "its arrays do not fit together")
+    refused(_resaved(tmp_path, replicate_counts=np.zeros((1, 1, 1, 1))), "its arrays do not fit together")
+    refused(_resaved(tmp_path, baseline=np.zeros((2, 3))), "its arrays do not fit together")
+    refused(_resaved(tmp_path, baseline=np.zeros((3, 6, 5))), "its arrays do not fit together")
+    refused(_resaved(tmp_path, sums=np.array([{"a": 1}], dtype=object)), "ValueError")  # never unpickled
+    (tmp_path / "cut.npz").write_bytes((tmp_path / "x.npz").read_bytes()[:100])
+    refused(tmp_path / "cut.npz", "BadZipFile")
