@@ -213,3 +213,25 @@ def test_damaged_states_say_why(tmp_path):
     refused(_resaved(tmp_path, sums=np.array([{"a": 1}], dtype=object)), "ValueError")  # never unpickled
     (tmp_path / "cut.npz").write_bytes((tmp_path / "x.npz").read_bytes()[:100])
     refused(tmp_path / "cut.npz", "BadZipFile")
+
+
+def test_headers_of_older_states_fill_what_they_lack(tmp_path):
+    """A header without n_tokens_lost or embedding (states saved before those were recorded): 0 tokens lost, and
+    the embedding read from the weights note of the model's provenance, else None."""
+    header = {k: v for k, v in shard_state(0).header().items() if k not in ("n_tokens_lost", "embedding")}
+    noted = header | {"model": {"weights": "embedding untied; folded: final norm gain into W_U"}}
+    state = PartialState.load(_resaved(tmp_path, header=noted))
+    assert state.n_tokens_lost == 0 and state.embedding == "untied"
+    assert PartialState.load(_resaved(tmp_path, header=header | {"model": {}})).embedding is None
+    assert PartialState.load(_resaved(tmp_path, header=header | {"model": {"weights": "not read: x"}})).embedding is None
+
+
+def test_an_empty_state_is_zeros_of_its_shape_for_its_shard():
+    state = PartialState.empty(FINGERPRINT, Shard(1, 2), SHAPE, 7)
+    assert state.shard == Shard(1, 2) and state.fingerprint == FINGERPRINT and not state.finished
+    assert state.sums.shape == state.counts.shape == SHAPE and state.replicate_sums.shape == (7, *SHAPE)
+    assert state.replicate_counts.shape == (7, *SHAPE) and state.moments.shape == (len(MOMENT_TERMS), *SHAPE)
+    assert not (state.sums.any() or state.counts.any() or state.replicate_sums.any() or state.moments.any())
+    state.sums += 1  # its arrays are its own
+    assert not state.counts.any()
+    assert Shard.parse("0/2") == Shard(0, 2)  # K counts from 0
