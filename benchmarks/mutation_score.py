@@ -60,14 +60,18 @@ def main(argv: list[str] | None = None) -> int:
     equivalent = equivalent_mutants()
     total = Counter()
     survivors = []
-    print(f"{'module':42} {'mutants':>8} {'killed':>7} {'survived':>9} {'equivalent':>11} {'untested':>9} {'score':>7}")
+    print(f"{'module':42} {'mutants':>8} {'killed':>7} {'timeout':>8} {'survived':>9} {'equivalent':>11} {'untested':>9} "
+          f"{'score':>7}")
     for module, codes in by_module.items():
         count = Counter()
         for name, code in codes.items():
             if name in equivalent:
                 count["equivalent"] += 1
-            elif code in KILLED or code in TIMEOUT:
-                count["killed"] += 1  # a mutant that hangs the tests is caught too
+            elif code in KILLED:
+                count["killed"] += 1
+            elif code in TIMEOUT:
+                count["killed"] += 1  # a mutant that makes the tests run on past their time is caught too ...
+                count["timeout"] += 1  # ... but shown apart: a deadlocked worker looks the same
             elif code in SURVIVED:
                 count["survived"] += 1
                 survivors.append(name)
@@ -78,10 +82,10 @@ def main(argv: list[str] | None = None) -> int:
                 count["other"] += 1  # not checked yet, skipped, suspicious
         count["mutants"] = len(codes)
         total.update(count)
-        print(f"{module:42} {count['mutants']:8} {count['killed']:7} {count['survived']:9} {count['equivalent']:11} "
-              f"{count['untested']:9} {_score(count):>7}")
-    print(f"{'all':42} {total['mutants']:8} {total['killed']:7} {total['survived']:9} {total['equivalent']:11} "
-          f"{total['untested']:9} {_score(total):>7}")
+        print(f"{module:42} {count['mutants']:8} {count['killed']:7} {count['timeout']:8} {count['survived']:9} "
+              f"{count['equivalent']:11} {count['untested']:9} {_score(count):>7}")
+    print(f"{'all':42} {total['mutants']:8} {total['killed']:7} {total['timeout']:8} {total['survived']:9} "
+          f"{total['equivalent']:11} {total['untested']:9} {_score(total):>7}")
     if total["other"]:
         print(f"{total['other']} mutants not checked (run interrupted, skipped or suspicious): not in the score")
     stale = sorted(set(equivalent) - {name for codes in by_module.values() for name in codes})
