@@ -70,8 +70,9 @@ def main(argv: list[str] | None = None) -> int:
             elif code in KILLED:
                 count["killed"] += 1
             elif code in TIMEOUT:
-                count["killed"] += 1  # a mutant that makes the tests run on past their time is caught too ...
-                count["timeout"] += 1  # ... but shown apart: a deadlocked worker looks the same
+                # not scored: mutmut's limit is wall-clock time, so on a busy machine a slow worker times out
+                # like a mutant that loops forever; rerun them (mutmut run NAME) where the machine is quiet
+                count["timeout"] += 1
             elif code in SURVIVED:
                 count["survived"] += 1
                 survivors.append(name)
@@ -86,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{count['equivalent']:11} {count['untested']:9} {_score(count):>7}")
     print(f"{'all':42} {total['mutants']:8} {total['killed']:7} {total['timeout']:8} {total['survived']:9} "
           f"{total['equivalent']:11} {total['untested']:9} {_score(total):>7}")
+    if total["timeout"]:
+        print(f"{total['timeout']} mutants timed out: not in the score (rerun them on a quiet machine)")
     if total["other"]:
         print(f"{total['other']} mutants not checked (run interrupted, skipped or suspicious): not in the score")
     stale = sorted(set(equivalent) - {name for codes in by_module.values() for name in codes})
