@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 EWT ?= ../shared/data/ud-english-ewt/en_ewt-ud-dev.conllu
 
-.PHONY: demo test setup reports benchmark clean
+.PHONY: demo test setup reports benchmark mutation clean
 
 $(BIN)/headscan: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,5 +45,12 @@ reports: setup
 benchmark: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/sweep_vs_hf.py --corpus $(EWT)
 
+# The mutation score of the core modules ([tool.mutmut] in pyproject.toml): mutmut mutates them and runs, for each
+# mutant, the fast tests that call the mutated function; then the share killed. CPU-heavy: see the README.
+mutation: setup
+	$(BIN)/pip install --quiet -e ".[test,mutation]"
+	HF_HUB_OFFLINE=1 nice -n 10 $(BIN)/mutmut run $(if $(MAX_CHILDREN),--max-children $(MAX_CHILDREN))
+	$(BIN)/python benchmarks/mutation_score.py
+
 clean:
-	rm -rf $(VENV) out
+	rm -rf $(VENV) out mutants

@@ -206,6 +206,8 @@ def sweep(models, corpus, out, max_len, long, batch_size, limit, device, dtype, 
                        restart=restart, progress=not quiet, command=command, save_every=save_every, ray=ray)
     click.echo(unit_note(result.provenance), err=True)
     for model in result.provenance.models:
+        if model.max_len_note:
+            click.echo(model.max_len_note, err=True)
         if model.n_truncated and config.long == "split":
             click.echo(f"{model.name}: {model.n_truncated:,} of {model.n_segments:,} segments were longer than "
                        f"--max-len {model.max_len} and were split into windows", err=True)

@@ -1,7 +1,8 @@
 """Shared fixtures: tiny random checkpoints built offline, the EWT treebank, and the real embedded models.
 
-The UD English EWT treebank is found in one way: the folder named by ``HEADSCAN_EWT`` (or a file in it),
-else ``../shared/data/ud-english-ewt`` beside the repository. Where something a test needs is missing (the
+The UD English EWT treebank is found in one way (`ewt_folder`, the `ewt_dev` fixture): the folder named by
+``HEADSCAN_EWT`` (or a file in it), else ``shared/data/ud-english-ewt`` beside the repository or beside any folder
+above it (or above its git main checkout). Where something a test needs is missing (the
 treebank, the smollm2 weights, a browser), the test skips with the reason, except under ``CI=true``, where
 it fails: CI must not go green by skipping.
 """
@@ -16,20 +17,54 @@ matplotlib.use("Agg")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach for the network
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-EWT = Path(__file__).resolve().parents[2] / "shared" / "data" / "ud-english-ewt"
+ROOT = Path(__file__).resolve().parents[1]  # the repository (or a copy of it, such as mutmut's mutants/)
+EWT_BESIDE = Path("shared") / "data" / "ud-english-ewt"  # where the treebank lies beside a checkout
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
 
 def missing(reason: str):
     """Skip the test for a missing resource; under CI=true, fail it instead."""
-    if os.environ.get("CI", "").lower() in {"1", "true", "yes"}:
+    if in_ci():
         pytest.fail(f"{reason} (CI=true: a missing resource fails the run instead of skipping)")
     pytest.skip(reason)
 
 
+def _git_roots(start: Path) -> list[Path]:
+    """The work tree holding `start` and, for a git worktree, the main checkout it belongs to."""
+    import subprocess
+
+    found = []
+    for flag in ("--show-toplevel", "--git-common-dir"):
+        try:
+            out = subprocess.run(["git", "-C", str(start), "rev-parse", "--path-format=absolute", flag],
+                                 capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if out:
+            path = Path(out)
+            found.append(path.parent if flag == "--git-common-dir" else path)
+    return found
+
+
 def ewt_folder() -> Path:
-    """The EWT folder: HEADSCAN_EWT (a folder, or a file in it), else ../shared/data/ud-english-ewt."""
-    path = Path(os.environ.get("HEADSCAN_EWT", EWT)).expanduser()
-    return path.parent if path.is_file() else path
+    """The EWT folder, found in one way for every test: HEADSCAN_EWT (a folder, or a file in it); else
+    ``shared/data/ud-english-ewt`` beside the repository, looked for beside every folder above it and above
+    its git work tree and main checkout, so a worktree or a clone elsewhere finds it too."""
+    if os.environ.get("HEADSCAN_EWT"):
+        path = Path(os.environ["HEADSCAN_EWT"]).expanduser()
+        return path.parent if path.is_file() else path
+    starts = [ROOT, *_git_roots(ROOT)]
+    for start in starts:
+        for folder in (start, *start.parents):
+            if (folder / EWT_BESIDE).is_dir():
+                return folder / EWT_BESIDE
+    return ROOT.parent / EWT_BESIDE  # named in the message when nothing is found
+
+
+EWT = ewt_folder()
 
 
 @pytest.fixture(scope="session")
@@ -89,6 +124,25 @@ def paragraph_corpus(folder: Path, n_lines: int) -> Path:
             lines.append("")
     path = folder / "lines.txt"
     path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def treebank_corpus(folder: Path, n_sentences: int, per_document: int = 3) -> Path:
+    """A small CoNLL-U file: `n_sentences` builtin sentences, the first word the root, every third word's head the
+    root and every other word's the word before it, relations cycling through four of UD's, in documents
+    (``# newdoc``) of `per_document` sentences."""
+    from headscan.corpus import read_corpus
+
+    relations = ("nsubj", "det", "obj", "amod")
+    blocks = []
+    for i, segment in enumerate(read_corpus("builtin").segments[:n_sentences]):
+        words = segment.text.replace(".", " .").replace(",", " ,").split()
+        lines = ["# newdoc id = d%d" % (i // per_document)] if i % per_document == 0 else []
+        lines += [f"{k}\t{word}\t_\tX\t_\t_\t{1 if k % 3 == 0 else k - 1}\t{'root' if k == 1 else relations[k % 4]}\t_\t_"
+                  for k, word in enumerate(words, start=1)]
+        blocks.append("\n".join(lines))
+    path = folder / "small.conllu"
+    path.write_text("\n\n".join(blocks) + "\n\n")
     return path
 
 

@@ -185,3 +185,20 @@ def test_errors_are_one_line(models, corpus_file, tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"^ray: Ray is not installed; pip install 'headscan\[ray\]'$"):
         sweep(models[0], corpus_file, None, ray="auto", **SETTINGS)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("kind", ["conllu", "repeat-random"])
+def test_a_ray_sweep_of_a_treebank_and_of_repeat_random_equals_a_local_sweep(kind, cluster, models, tmp_path):
+    """Windows of 3 over 8 segments, a task per window: the syntax table with its baseline (the tiny BERT), and
+    repeat-random's tokens drawn per segment whatever task holds it (the tiny GPT-2), are the local sweep's
+    (issue 18)."""
+    from conftest import treebank_corpus
+    from test_jobs import assert_merged_equals_whole
+
+    model = models[1] if kind == "conllu" else models[0]
+    corpus = str(treebank_corpus(tmp_path, 8)) if kind == "conllu" else "repeat-random:n=6,count=8,seed=3"
+    settings = dict(device="cpu", bootstrap=20, window=3, batch_size=1, max_len=48)
+    local = sweep(model, corpus, None, **settings)
+    result = sweep(model, corpus, tmp_path / "out", ray=True, save_every=0, **settings)
+    assert_merged_equals_whole(local, result)
+    assert ("syntax" in result.frames) == (kind == "conllu")

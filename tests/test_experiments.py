@@ -1,7 +1,6 @@
-"""Each experiment script runs end to end on tiny random checkpoints and writes its outputs.
-
-The weights are random, so the PASS/FAIL checks mean nothing here: only that every script reads its
-arguments, sweeps through the public API and writes its tables, figure and README.
+"""Each experiment script runs end to end on tiny checkpoints, writes its outputs, and says PASS or FAIL as its claim
+holds or not: on planted checkpoints (heads that look where they look by construction) the answer is known, and on
+random ones where the claim's threshold is out of reach, FAIL is.
 """
 
 import importlib.util
@@ -11,6 +10,20 @@ import pandas as pd
 import pytest
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    """{arch: (folder, planted heads)}: GPT-2 and BERT checkpoints whose layer-0 heads are previous-token,
+    next-token (BERT), first-token and offset -2 heads on any text."""
+    from headscan.testing import build_planted_checkpoint
+
+    return {arch: build_planted_checkpoint(tmp_path_factory.mktemp(f"planted-{arch}"), arch, n_layers=1)
+            for arch in ("gpt2", "bert")}
+
+
+def label(layer_head) -> str:
+    return f"L{layer_head[0]}H{layer_head[1]}"
 
 
 @pytest.fixture
@@ -111,3 +124,49 @@ def test_read_as_written(experiment, tiny_gpt2, ewt_dev, tmp_path):
     assert rc == 0 and list(frame.table) == ["heads", "offsets", "value"] and (frame.result == "PASS").all()
     assert (frame.max_count_difference == 0).all() and "multiword tokens" in (tmp_path / "README.md").read_text()
     assert not (tmp_path / "sentences.txt").exists()
+
+
+def test_looking_both_ways_passes_on_planted_heads_and_fails_below_the_threshold(experiment, planted, tiny_gpt2,
+                                                                                 tmp_path, capsys):
+    (gpt2, gpt2_heads), (bert, bert_heads) = planted["gpt2"], planted["bert"]
+    script = experiment("looking_both_ways")
+    common = ["--no-literature", "--corpus", "builtin", "--limit", "6", "--max-len", "32"]
+    rc = script.main(["--model", str(gpt2), "--model", str(bert), *common, "--out", str(tmp_path / "planted")])
+    heads = pd.read_csv(tmp_path / "planted" / "heads.csv").set_index("metric")
+    assert rc == 0 and list(heads.check) == ["PASS", "PASS"]
+    assert heads.loc["prev_token", "label"] == label(gpt2_heads["prev_token"])  # the planted heads, found
+    assert heads.loc["next_token", "label"] == label(bert_heads["next_token"])
+    assert (heads.value > 0.99).all()
+    # a random GPT-2's best previous-token head is far below 0.5: the claim fails, and the script says so
+    rc = script.main(["--model", str(tiny_gpt2), *common, "--out", str(tmp_path / "random")])
+    (row,) = pd.read_csv(tmp_path / "random" / "heads.csv").itertuples()
+    assert row.value < 0.5 and row.check == "FAIL" and rc == 1
+    assert f"FAIL {tiny_gpt2} {row.label} prev_token = {row.value:.3f}" in capsys.readouterr().out
+
+
+def test_positional_vs_content_passes_on_planted_positional_heads(experiment, planted, tmp_path, capsys):
+    (gpt2, gpt2_heads), (bert, bert_heads) = planted["gpt2"], planted["bert"]
+    rc = experiment("positional_vs_content").main(["--model", str(gpt2), "--model", str(bert), "--corpus", "builtin",
+                                                   "--limit", "6", "--max-len", "48", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0 and out.count("PASS") == 3 and "FAIL" not in out  # GPT-2's prev, BERT's prev and next
+    heads = pd.read_csv(tmp_path / "heads.csv")
+    planted_rows = [(str(gpt2), "prev_token", gpt2_heads["prev_token"]), (str(bert), "prev_token", bert_heads["prev_token"]),
+                    (str(bert), "next_token", bert_heads["next_token"])]
+    for model, metric, (layer, head) in planted_rows:
+        (row,) = heads[(heads.model == model) & (heads.metric == metric) & (heads.layer == layer)
+                       & (heads["head"] == head)].itertuples()
+        assert row.kind == "positional" and min(row.natural, row.shuffled, row.random) > 0.99
+
+
+def test_mask_is_the_difference_passes_where_the_mask_decides(experiment, tiny_gpt2, tiny_bert, tmp_path, capsys):
+    """A causal model puts nothing ahead whatever its weights; a random encoder's near-uniform attention puts about
+    half ahead in every layer: both checks PASS, and the script exits 0."""
+    rc = experiment("mask_is_the_difference").main(["--model", str(tiny_gpt2), "--model", str(tiny_bert),
+                                                    "--no-literature", "--corpus", "builtin", "--limit", "4",
+                                                    "--max-len", "24", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    layers = pd.read_csv(tmp_path / "layers.csv")
+    encoder = layers[layers.family == "bidirectional"]
+    assert (encoder.ahead > 0.1).all() and (layers[layers.family == "causal"].ahead.abs() <= 1e-6).all()
+    assert rc == 0 and out.count("PASS") == 2 and "FAIL" not in out

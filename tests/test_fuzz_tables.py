@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -22,7 +23,7 @@ from hypothesis import strategies as st
 
 from headscan.errors import HeadscanError, TablesError
 from headscan.scan import PartialState
-from headscan.tables import HEAD_COLUMNS, VALUE_COLUMNS, load
+from headscan.tables import HEAD_COLUMNS, TABLES, VALUE_COLUMNS, load
 
 FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                          HealthCheck.function_scoped_fixture])
@@ -52,9 +53,23 @@ def state_file(real_run) -> Path:
     return path
 
 
+def sound(tables, run: Path) -> None:
+    """What any run that loads holds: the tables the folder has, each with exactly the registry's columns, in order
+    and with their dtypes, one row per key, and each head's label (issue 18: one flipped byte could load a table
+    whose rows repeat a key)."""
+    assert set(tables.frames) == {p.name.removesuffix(".parquet") for p in run.glob("*.parquet")}
+    for name, frame in tables.frames.items():
+        table = TABLES[name]
+        assert list(frame.columns) == list(table.columns), name
+        assert {c: str(t) for c, t in frame.dtypes.items()} == {c: str(pd.Series(dtype=t).dtype)
+                                                                for c, t in table.columns.items()}, name
+        assert not frame.duplicated(table.row_key).any(), name
+        assert (frame["label"] == "L" + frame["layer"].astype(str) + "H" + frame["head"].astype(str)).all(), name
+
+
 def read_with(run: Path, name: str, data: bytes, *, drop_run_json: bool = False):
-    """Write `data` as the file `name` of `run` (a scratch copy), load it, and put the real file back: the tables,
-    or None for a HeadscanError."""
+    """Write `data` as the file `name` of `run` (a scratch copy), load it, and put the real file back: the tables
+    (checked to be `sound`), or None for a HeadscanError."""
     path = run / name
     original = path.read_bytes()
     path.write_bytes(data)
@@ -66,6 +81,8 @@ def read_with(run: Path, name: str, data: bytes, *, drop_run_json: bool = False)
         assert "\n" not in str(error), str(error)
         event(f"{type(error).__name__}: {str(error).split(': ', 2)[-1][:40]}")
         return None
+    else:
+        sound(tables, run)
     finally:
         path.write_bytes(original)
         if drop_run_json:
@@ -160,7 +177,13 @@ def test_parquet_tables_with_a_column_of_other_values(run, name, column, values)
     table = table.set_column(table.column_names.index(column), column, replaced)
     buffer = io.BytesIO()
     pq.write_table(table, buffer)
-    read_with(run, name, buffer.getvalue())
+    loaded = read_with(run, name, buffer.getvalue())
+    if loaded is not None:  # the one value written, in every row, and the other columns untouched
+        frame, before = loaded[name.removesuffix(".parquet")], load(run)[name.removesuffix(".parquet")]
+        assert frame[column].nunique(dropna=False) == 1 and len(frame) == len(before)
+        if column in VALUE_COLUMNS and isinstance(values, (int, float)) and not isinstance(values, bool):
+            np.testing.assert_array_equal(frame[column], np.full(len(frame), float(values)))
+        pd.testing.assert_frame_equal(frame.drop(columns=column), before.drop(columns=column))
 
 
 def _with_metadata(path: Path, stamp: bytes) -> bytes:
@@ -225,7 +248,10 @@ def test_run_json_with_any_field_replaced(run, data):
     the test above, which are known to fail."""
     recorded = json.loads((run / "run.json").read_text())
     known_bad = ("run_id", "corpus", "models", "config", "extra", "versions")
-    read_with(run, "run.json", json.dumps(data.draw(mutated_json(recorded, keep=known_bad))).encode())
+    written = data.draw(mutated_json(recorded, keep=known_bad))
+    loaded = read_with(run, "run.json", json.dumps(written).encode())
+    if loaded is not None:  # the provenance holds what the file holds, the field that was replaced included
+        assert json.dumps(loaded.provenance.to_json(), sort_keys=True) == json.dumps(written, sort_keys=True)
 
 
 # --- partial state ------------------------------------------------------------------------------------------------

@@ -339,3 +339,33 @@ def test_unknown_method_and_bad_level_say_what_to_use():
         interval(value, None, None, moments, method="percentile")
     with pytest.raises(ConfigError, match="whole number >= 0, got -1"):
         bootstrap_weights([0], -1, seed=0)
+
+
+def test_bca_with_ties_equals_a_hand_computation():
+    """20 units and 30 replicates, 6 of which tie the value exactly: BCa by hand, Efron's formulas in a plain loop
+    with ties counted half in z0 (issue 18: counting them fully moved the low end and no test saw it)."""
+    from statistics import NormalDist
+
+    rng = np.random.default_rng(18)
+    s = rng.uniform(0, 5, 20)
+    c = rng.uniform(5, 10, 20)
+    S, C = s.sum(), c.sum()
+    R = S / C
+    steps = np.concatenate([np.zeros(6), rng.exponential(1.0, 16), -rng.exponential(0.6, 8)])  # skewed, 6 ties
+    replicate_sums, replicate_counts = (S + steps)[:, None], np.full((30, 1), C)
+    low, high = interval(np.array([R]), replicate_sums, replicate_counts, unit_moments(s[:, None], c[:, None]),
+                         method="bca")
+
+    normal = NormalDist()
+    ratios = [float(x) for x in (S + steps) / C]
+    assert sum(r == R for r in ratios) == 6  # the ties really are ties
+    below = sum(1 for r in ratios if r < R) + 0.5 * sum(1 for r in ratios if r == R)
+    z0 = normal.inv_cdf(below / len(ratios))
+    influence = [s_u - R * c_u for s_u, c_u in zip(s, c)]
+    a = sum(u**3 for u in influence) / (6 * sum(u**2 for u in influence) ** 1.5)
+    ends = []
+    for tail in (0.025, 0.975):
+        z = normal.inv_cdf(tail)
+        level = normal.cdf(z0 + (z0 + z) / (1 - a * (z0 + z)))
+        ends.append(np.percentile(ratios, 100 * level))
+    np.testing.assert_allclose([low[0], high[0]], ends, rtol=0, atol=1e-12)

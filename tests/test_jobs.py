@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 import headscan
-from conftest import paragraph_corpus
+from conftest import paragraph_corpus, treebank_corpus
 from headscan import tables
 from headscan.errors import ConfigError, ModelNotFoundError, TablesError
 from headscan.scan import merge, partial_folder, sweep
@@ -126,6 +126,7 @@ def _stop_midway(process, state_file: Path, sig) -> None:
     process.send_signal(sig)
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
 def test_a_stopped_sweep_resumes_to_the_same_tables_bit_for_bit(sig, tmp_path, tiny_bert, corpus_file):
     whole = tmp_path / "whole"
@@ -150,6 +151,7 @@ def test_a_stopped_sweep_resumes_to_the_same_tables_bit_for_bit(sig, tmp_path, t
     assert_same_tables(tables.load(out), tables.load(whole), exact=True)
 
 
+@pytest.mark.subprocess
 def test_a_saved_state_with_other_settings_is_refused(tmp_path, tiny_bert, corpus_file):
     out = tmp_path / "out"
     state_file = partial_folder(out) / f"{spec_stem(str(tiny_bert))}.npz"
@@ -182,18 +184,33 @@ def shards(tmp_path_factory, tiny_gpt2, tiny_bert, corpus_file):
     return whole, parts, root
 
 
+SUMMED = ["value", "sum", "count", "ci_low", "ci_high", "top_unit_share", "chance"]
+
+
+def assert_merged_equals_whole(whole: tables.SweepTables, merged: tables.SweepTables) -> None:
+    """Every table of a merge equals the unsharded sweep's: keys and support exactly, sums to 1e-12 (float64 sums
+    added in another order), interval ends to 1e-9 (BCa's acceleration, a ratio of power sums)."""
+    assert list(whole.frames) == list(merged.frames)
+    for name in whole.frames:
+        a, b = whole[name], merged[name]
+        extra = [c for c in TABLE_EXTRAS.get(name, ()) if c in a]  # the syntax table's baseline columns
+        pd.testing.assert_frame_equal(a.drop(columns=SUMMED + extra), b.drop(columns=SUMMED + extra))
+        for column in SUMMED + extra:
+            if a[column].dtype != "float64":
+                pd.testing.assert_series_equal(a[column], b[column], obj=f"{name}.{column}")
+                continue
+            tolerance = 1e-9 if column.startswith("ci_") else 1e-12
+            np.testing.assert_allclose(b[column], a[column], rtol=0, err_msg=f"{name}.{column}",
+                                       atol=tolerance * max(1.0, a[column].abs().max()))
+
+
+TABLE_EXTRAS = {name: tuple(table.extra) for name, table in tables.TABLES.items()}
+
+
 def test_merged_shards_equal_the_unsharded_sweep(shards):
     whole, parts, root = shards
     merged = merge(parts, root / "merged")
-    for name in whole.frames:
-        a, b = whole[name], merged[name]
-        summed = ["value", "sum", "count", "ci_low", "ci_high", "top_unit_share", "chance"]
-        pd.testing.assert_frame_equal(a.drop(columns=summed), b.drop(columns=summed))
-        for column in summed:
-            # interval ends go through BCa's acceleration, a ratio of power sums added in another order: 1e-9
-            tolerance = 1e-9 if column.startswith("ci_") else 1e-12
-            np.testing.assert_allclose(b[column], a[column], rtol=0, err_msg=f"{name}.{column}",
-                                       atol=tolerance * max(1.0, np.nanmax(np.abs(a[column]))))
+    assert_merged_equals_whole(whole, merged)
     assert merged.provenance.models[0].n_segments == whole.provenance.models[0].n_segments == 60
     assert tables.load(root / "merged").provenance.extra["merged_from"] == [str(p) for p in parts]
 
@@ -223,3 +240,91 @@ def test_merge_refuses_missing_repeated_and_foreign_shards(shards, tmp_path, tin
           bootstrap=20, window=11, bootstrap_unit="document", limit=60, seed=1)
     with pytest.raises(TablesError, match=r"other: not a shard of the same sweep as .*part-0: settings.seed: 0 != 1"):
         merge([parts[0], other, parts[2]])
+
+
+# --- every fingerprint field refuses a resume and a merge ---------------------------------------------------------
+
+# Settings that change no number a state holds, each with why (the test's own list, not FINGERPRINT_FIELDS: a
+# field dropped from the fingerprint must fail here).
+NOT_FINGERPRINTED = {
+    "batch_size": "scores do not depend on it (a test of test_sweep.py)",
+    "device": "where the model runs",
+    "device_map": "where the model's layers run",
+    "interval": "applied when the tables are finished, from the states' replicates",
+    "attention_budget": "only chooses eager or chunked; the choice itself is the fingerprinted 'attention'",
+}
+# One other valid value for every setting that does change the sums.
+CHANGED = {"max_len": 64, "long": "split", "limit": 5, "dtype": "bfloat16", "specials": "exclude", "max_offset": 3,
+           "bootstrap": 20, "seed": 1, "prepend_bos": False, "bootstrap_unit": "document", "window": 7,
+           "pack": "sentences", "attention": "chunked", "query_chunk": 64, "values": False}
+# The model, corpus and version facts of a fingerprint, changed in place.
+FACTS = [("headscan", None, "0.0.1"), ("model", "name", "other"), ("model", "id", "other==1"),
+         ("model", "revision", "0" * 40), ("corpus", "source", "other.txt"), ("corpus", "kind", "jsonl"),
+         ("corpus", "sha256", "f" * 64)]
+
+
+def test_every_setting_that_changes_the_sums_is_listed_here():
+    import dataclasses
+
+    from headscan.config import SweepConfig
+
+    assert set(CHANGED) | set(NOT_FINGERPRINTED) == {f.name for f in dataclasses.fields(SweepConfig)}
+    assert not set(CHANGED) & set(NOT_FINGERPRINTED)
+
+
+def _fingerprints(tiny_models, change) -> tuple[dict, dict, str]:
+    """The fingerprint of a base sweep, that of a sweep with one thing changed, and the key that names it."""
+    import copy
+
+    from headscan.config import SweepConfig
+    from headscan.corpus import texts_corpus
+    from headscan.scan import fingerprint
+
+    model, corpus = tiny_models["gpt2"], texts_corpus(["the cat sat", "a dog ran"], None)
+    base = SweepConfig(device="cpu")
+    if isinstance(change, str):
+        other = fingerprint(model, corpus, SweepConfig(device="cpu", **{change: CHANGED[change]}))
+        return fingerprint(model, corpus, base), other, f"settings.{change}"
+    group, key, value = change
+    other = copy.deepcopy(fingerprint(model, corpus, base))
+    if key is None:
+        other[group] = value
+    else:
+        other[group][key] = value
+    return fingerprint(model, corpus, base), other, f"{group}.{key}" if key else group
+
+
+@pytest.mark.parametrize("change", list(CHANGED) + FACTS, ids=str)
+def test_each_fingerprint_field_changed_alone_is_refused_by_resume_and_merge(tiny_models, change):
+    from headscan.scan.resume import check_resumable
+    from headscan.scan.state import Shard, merge_states
+
+    base, other, key = _fingerprints(tiny_models, change)
+    saved = PartialState.empty(base, Shard(0, 2), (2, 4, 3), 20)
+    saved.finished = True
+    with pytest.raises(TablesError, match=rf"with other inputs \(.*{key}: "):
+        check_resumable(saved, other, Shard(0, 2), "out.partial/x.npz", "gpt2")
+    check_resumable(saved, base, Shard(0, 2), "out.partial/x.npz", "gpt2")  # the same fingerprint resumes
+    second = PartialState.empty(other, Shard(1, 2), (2, 4, 3), 20)
+    second.finished = True
+    with pytest.raises(TablesError, match=rf"b: not a shard of the same sweep as a: .*{key}: "):
+        merge_states([saved, second], ["a", "b"])
+
+
+@pytest.mark.parametrize("kind", ["conllu", "repeat-random"])
+def test_shards_of_a_treebank_and_of_repeat_random_merge_to_the_unsharded_sweep(kind, tmp_path, tiny_gpt2, tiny_bert):
+    """Windows of 2 over 9 segments, 3 shards: the syntax table and its baseline (a treebank, the tiny BERT), and
+    repeat-random's tokens drawn per segment whatever window or shard holds it (the tiny GPT-2) (issue 18: a
+    merge that dropped the shards' baseline, or tokens seeded by the position in the window, passed every test)."""
+    corpus = str(treebank_corpus(tmp_path, 9)) if kind == "conllu" else "repeat-random:n=6,count=9,seed=3"
+    models = str(tiny_bert) if kind == "conllu" else str(tiny_gpt2)
+    config = dict(device="cpu", bootstrap=20, window=2, batch_size=1, max_len=48)
+    whole = sweep(models, corpus, tmp_path / "whole", **config)
+    parts = [tmp_path / f"part-{k}" for k in range(3)]
+    for k, part in enumerate(parts):
+        sweep(models, corpus, part, shard=f"{k}/3", **config)
+    merged = merge(parts, tmp_path / "merged")
+    assert_merged_equals_whole(whole, merged)
+    assert ("syntax" in merged.frames) == (kind == "conllu")
+    if kind == "conllu":
+        assert merged["syntax"]["baseline"].notna().any()

@@ -295,3 +295,11 @@ def test_scores_ignore_values_in_padded_positions(lengths, causal, seed, garbage
         got, got_counts = metric.function(dirty)
         torch.testing.assert_close(got, want, msg=metric.name)
         torch.testing.assert_close(got_counts, want_counts)
+
+
+def test_the_position_tables_axis_is_the_buckets_below_the_sweeps_max_len():
+    from headscan.config import SweepConfig
+
+    for name in ("first_token_by_position", "distance_by_position"):
+        assert METRICS[name].axis.values(SweepConfig(max_len=8)) == [(0,), (1,), (2,), (4,)]
+        assert METRICS[name].axis.values(SweepConfig(max_len=9)) == [(0,), (1,), (2,), (4,), (8,)]

@@ -75,3 +75,25 @@ def test_leaving_specials_out_removes_the_sink_and_raises_prev_next(minilm, ewt_
               f"min {change.min():+.3f}, correlation with the prediction {change.corr(predicted):.2f}")
         assert change.mean() > 0, metric
         assert change.corr(predicted) > 0.8, metric
+
+
+def test_both_embedded_models_sweep_at_max_len_1024(tmp_path):
+    """`headscan sweep --max-len 1024` over builtin (issue 18: minilm's 512-token context made it crash):
+    minilm is clamped to 512 with one line saying so, smollm2 (8,192 tokens) sweeps at 1024, and each model's
+    position buckets stop at its own max_len."""
+    from click.testing import CliRunner
+
+    from headscan.cli import cli
+    from headscan.tables import load
+
+    out = tmp_path / "out"
+    result = CliRunner().invoke(cli, ["sweep", "-m", "minilm", "-m", "smollm2", "-c", "builtin", "--limit", "8",
+                                      "--max-len", "1024", "--bootstrap", "0", "-q", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    run = load(out)
+    minilm, smollm2 = run.provenance.model("minilm"), run.provenance.model("smollm2")
+    line = "minilm: --max-len 1024 is past its context of 512 tokens; swept with --max-len 512"
+    assert line in result.output.splitlines() and minilm.max_len_note == line
+    assert (minilm.max_len, smollm2.max_len, smollm2.max_len_note) == (512, 1024, None)
+    buckets = run.frames["positions"].groupby("model")["bucket"].max().to_dict()
+    assert buckets == {"minilm": 256, "smollm2": 512}

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner
+from conftest import missing
 from matplotlib.collections import PathCollection
 from matplotlib.container import BarContainer, ErrorbarContainer
 from matplotlib.figure import Figure
@@ -242,7 +243,7 @@ def test_figure_draws_the_other_direction_and_the_relations_asked_for():
 @pytest.fixture(scope="module")
 def ewt():
     if not (EWT_RUN / "heads.parquet").is_file():
-        pytest.skip(f"no committed run at {EWT_RUN}")
+        missing(f"no committed run at {EWT_RUN}: make reports writes it")
     return load(EWT_RUN)
 
 

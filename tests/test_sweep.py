@@ -59,11 +59,19 @@ def test_sweep_is_deterministic(tiny_models):
 def test_sweeps_of_disjoint_halves_combine_exactly(tiny_models):
     corpus = read_corpus("builtin", limit=10)
     halves = [Corpus("h", "text", "", corpus.segments[:5]), Corpus("h", "text", "", corpus.segments[5:])]
-    whole = sweep_model(tiny_models["gpt2"], corpus, CONFIG).heads
-    parts = [sweep_model(tiny_models["gpt2"], half, CONFIG) for half in halves]
-    combined = combine(parts).heads
+    model = tiny_models["gpt2"]
+    swept = sweep_model(model, corpus, CONFIG)
+    whole = swept.heads
+    parts = [sweep_model(model, half, CONFIG) for half in halves]
+    both = combine(parts)
+    combined = both.heads
     np.testing.assert_allclose(combined["sum"], whole["sum"], atol=1e-9)
     np.testing.assert_allclose(combined["value"], whole["value"], atol=1e-9)
+    assert {name: len(frame) for name, frame in both.frames.items()} == \
+        {name: len(frame) for name, frame in swept.frames.items()}  # one row per key, as in the whole sweep
+    # read off the weights, not summed: one copying score per head (issue 18: combine kept each part's rows)
+    assert len(both["weights"]) == model.n_layers * model.n_heads
+    np.testing.assert_array_equal(both["weights"]["value"], swept["weights"]["value"])
 
 
 def test_causal_next_token_is_zero_and_undefined_sep_is_nan(tiny_models):
@@ -225,3 +233,50 @@ def test_a_chunked_sweep_writes_the_eager_tables(tmp_path, arch, ewt_dev):
         np.testing.assert_allclose(other["value"], frame["value"], rtol=0, atol=1e-5, err_msg=name)
     assert chunked.provenance.models[0].extra["attention"] == "chunked"
     assert eager.provenance.models[0].extra["attention"] == "eager"
+
+
+@pytest.mark.parametrize("max_len", [129, 512])
+def test_a_max_len_past_the_context_is_clamped_with_one_line(tiny_gpt2, tiny_models, tmp_path, max_len):
+    """The tiny GPT-2 has a context of 128 tokens: --max-len 129 or 512 sweeps at 128, says so on the terminal and
+    in the model's provenance, and the position buckets stop at the clamped length (issue 18: a crash before)."""
+    from click.testing import CliRunner
+
+    from headscan.cli import cli
+
+    text = tmp_path / "long.txt"
+    text.write_text(" ".join([LONG] * 8) + "\n" + SHORT + "\n")  # the first line runs past 128 tokens
+    out = tmp_path / "out"
+    result = CliRunner().invoke(cli, ["sweep", "-m", str(tiny_gpt2), "-c", str(text), "--max-len", str(max_len),
+                                      "--bootstrap", "0", "-q", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    line = f"{tiny_gpt2}: --max-len {max_len} is past its context of 128 tokens; swept with --max-len 128"
+    assert line in result.output.splitlines()
+    run = load(out)
+    model = run.provenance.models[0]
+    assert (model.max_len, model.max_len_note, model.max_context) == (128, line, 128)
+    assert run.provenance.config["max_len"] == max_len  # what was asked stays in the run's settings
+    assert sorted(set(run.frames["positions"]["bucket"])) == [0, 1, 2, 4, 8, 16, 32, 64]  # [b, 2b) below 128
+    n_short = len(tiny_models["gpt2"].token_ids([SHORT])[0])
+    assert (model.n_truncated, model.n_tokens) == (1, 128 + n_short)  # the long line cut at 128 tokens
+
+
+
+def test_kv_group_is_the_key_value_head_each_query_head_reads_under_gqa(tmp_path):
+    """A tiny Llama with 4 query heads over 2 key/value heads: Llama's repeat_kv gives query head h the key/value
+    head h // (4 // 2), so kv_group runs 0, 0, 1, 1 in every table with the column (issue 18: no test read it)."""
+    from transformers import AutoConfig
+
+    from headscan.testing.architectures import build_architecture_checkpoint
+
+    path = build_architecture_checkpoint(tmp_path / "llama", "llama")
+    config = AutoConfig.from_pretrained(path)
+    n_heads, n_kv = config.num_attention_heads, config.num_key_value_heads
+    assert (n_heads, n_kv) == (4, 2)
+    run = headscan.sweep(str(path), ["the cat sat on the mat", "a dog ran"], bootstrap=0, max_len=16)
+    checked = 0
+    for name, frame in run.frames.items():
+        if "kv_group" in frame:
+            assert (frame["kv_group"] == frame["head"] // (n_heads // n_kv)).all(), name
+            assert sorted(set(zip(frame["head"], frame["kv_group"]))) == [(0, 0), (1, 0), (2, 1), (3, 1)], name
+            checked += 1
+    assert checked == len(run.frames)

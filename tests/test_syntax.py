@@ -267,17 +267,23 @@ def test_the_sweeps_syntax_table_equals_the_plain_loop(wordpiece, ewt_dev):
     syntax = tables["syntax"].set_index(["layer", "head", "relation", "direction"])
     model = AutoModel.from_pretrained(ALIASES["minilm"].locate(), attn_implementation="eager").eval()
     relations = ["all", "all_nonroot", "det", "nsubj", "punct"]
+    want = corpus_loop_accuracy(model, wordpiece, read_corpus(ewt_dev, limit=8).segments, relations)
+    assert len(want) == 6 * 12 * len(relations) * 2
+    for key, (correct, total) in want.items():
+        assert (syntax.loc[key, "sum"], syntax.loc[key, "count"]) == (correct, total), key
+
+
+def corpus_loop_accuracy(model, tokenizer, segments, relations) -> dict:
+    """`loop_accuracy` added up over `segments`, each run alone through the Hugging Face `model`."""
     want = {}
-    for segment in read_corpus(ewt_dev, limit=8).segments:
-        ids, word_ids = text_word_ids(wordpiece, segment, specials=True)
+    for segment in segments:
+        ids, word_ids = text_word_ids(tokenizer, segment, specials=True)
         with torch.no_grad():
             attentions = model(torch.tensor([ids]), output_attentions=True).attentions
         for key, (correct, total) in loop_accuracy(attentions, word_ids, segment.heads, segment.deprels, relations).items():
             c, t = want.get(key, (0, 0))
             want[key] = (c + correct, t + total)
-    assert len(want) == 6 * 12 * len(relations) * 2
-    for key, (correct, total) in want.items():
-        assert (syntax.loc[key, "sum"], syntax.loc[key, "count"]) == (correct, total), key
+    return want
 
 
 # --- word alignment ------------------------------------------------------------------------------------------
@@ -396,3 +402,44 @@ def test_attach_baseline_adds_the_best_offset_per_relation_and_direction():
     sums[BASELINE_OFFSETS.index(-1), COLUMNS.index(("det", "head_to_dependent"))] = 6
     out = attach_baseline(frame, sums, counts)
     assert out["baseline"].tolist() == [0.6, 0.6] and out["baseline_offset"].tolist() == [1, -1]
+
+
+# --- special tokens left out: the syntax table reads the attention as the model gave it -------------------------
+
+
+@pytest.mark.parametrize("specials", ["keep", "exclude"])
+def test_tiny_bert_syntax_table_equals_the_plain_loop_with_specials(tiny_bert, tmp_path, specials):
+    """The syntax table of a tiny BERT over a small treebank against `loop_accuracy` on Hugging Face's own
+    attentions: with ``--specials exclude`` too, which renormalises the other metrics' pattern but must leave word
+    attention as the model gave it (issue 18: the eager path scored syntax on the renormalised pattern)."""
+    from transformers import AutoModel, AutoTokenizer
+
+    import headscan
+    from conftest import treebank_corpus
+
+    path = treebank_corpus(tmp_path, 6)
+    tables = headscan.sweep(str(tiny_bert), path, device="cpu", bootstrap=0, specials=specials, attention="eager")
+    syntax = tables["syntax"].set_index(["layer", "head", "relation", "direction"])
+    model = AutoModel.from_pretrained(tiny_bert, attn_implementation="eager").eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
+    relations = ["all", "nsubj", "det", "obj", "amod"]
+    want = corpus_loop_accuracy(model, tokenizer, read_corpus(path).segments, relations)
+    assert len(want) == 2 * 4 * len(relations) * 2
+    for key, (correct, total) in want.items():
+        assert (syntax.loc[key, "sum"], syntax.loc[key, "count"]) == (correct, total), key
+
+
+def test_eager_and_chunked_syntax_agree_with_specials_excluded(tiny_gpt2, tiny_bert, tmp_path):
+    """Every table of an eager and a chunked sweep over a treebank with ``--specials exclude``, blocks of 3 queries."""
+    import headscan
+    from conftest import treebank_corpus
+
+    path = treebank_corpus(tmp_path, 6)
+    for model in (tiny_gpt2, tiny_bert):
+        settings = dict(device="cpu", bootstrap=0, specials="exclude", max_len=48, batch_size=2)
+        eager = headscan.sweep(str(model), path, attention="eager", **settings)
+        chunked = headscan.sweep(str(model), path, attention="chunked", query_chunk=3, **settings)
+        assert "syntax" in eager.frames
+        for name, frame in eager.frames.items():
+            np.testing.assert_array_equal(chunked[name]["count"], frame["count"], err_msg=name)
+            np.testing.assert_allclose(chunked[name]["value"], frame["value"], rtol=1e-6, atol=1e-6, err_msg=name)

@@ -111,6 +111,16 @@ def test_a_previous_token_head_that_moves_nothing_scores_zero_value_weighted(sil
     assert by_head(attention, "prev_token")[target] > 0.999
     assert by_head(value, "prev_token")[target] == 0.0
     assert by_head(value, "moved")[target] == 0.0
+    # Every row of its value-weighted attention is 0: no key is its largest, so every share, the entropy and the
+    # distance are exactly 0 wherever defined (issue 18: positional_prev scored 0.036, taking key 0 as the top)
+    rows = value[(value["layer"] == target[0]) & (value["head"] == target[1])].set_index("metric")
+    defined = rows[rows["count"] > 0]
+    assert set(defined.index) >= {"prev_token", "self", "first_token", "positional_prev", "duplicate_token",
+                                  "induction", "entropy", "entropy_norm", "distance", "moved"}
+    assert (defined["value"] == 0.0).all(), defined.loc[defined["value"] != 0, "value"].to_dict()
+    same = attention[(attention["layer"] == target[0]) & (attention["head"] == target[1])].set_index("metric")
+    shared = defined.index.drop("moved")
+    np.testing.assert_array_equal(defined.loc[shared, "count"], same.loc[shared, "count"])  # the same queries count
     sink = heads["first_token"]  # a planted head with live weights keeps its picture
     assert by_head(value, "first_token")[sink] > 0.99 and by_head(value, "moved")[sink] > 0
     assert set(value["metric"]) == {m.name for m in METRICS.values() if m.table == "heads" and not m.needs} | {"moved"}
@@ -279,4 +289,86 @@ def test_show_ranks_smollm2_heads_by_dla(swept, tmp_path):
     write(swept("smollm2"), tmp_path / "run")
     result = CliRunner().invoke(cli, ["show", str(tmp_path / "run"), "--metric", "dla", "--top", "3"])
     assert result.exit_code == 0, result.output
-    assert "smollm2" in result.output and "L" in result.output
+    # the three highest dla of heads.parquet, by a plain sort, in that order, each with its value
+    rows = [(value, layer, head) for metric, layer, head, value in swept("smollm2").heads[["metric", "layer", "head", "value"]]
+            .itertuples(index=False) if metric == "dla"]
+    best = sorted(rows, key=lambda row: (-row[0], row[1], row[2]))[:3]
+    lines = result.output.strip().splitlines()
+    assert lines[0].split()[:5] == ["model", "label", "layer", "head", "value"] and len(lines) == 4
+    printed = [line.split() for line in lines[1:]]
+    assert [(p[0], p[1], int(p[2]), int(p[3])) for p in printed] == [("smollm2", f"L{l}H{h}", l, h) for _, l, h in best]
+    np.testing.assert_allclose([float(p[4]) for p in printed], [v for v, _, _ in best], rtol=1e-5)
+
+
+# --- direct logit attribution on a LayerNorm model, recomputed from Hugging Face hooks -----------------------------
+
+
+def gpt2_by_hand(path, token_ids):
+    """Each head's direct logit attribution at each query, (head layer, head, q) per segment, from Hugging Face's
+    own GPT-2 through forward hooks, and the check that every component adds up to the centred logit.
+
+    The final LayerNorm is read off the module itself: its scale s_q = (x_q - mean x_q) / layer_norm(x_q) without
+    gain or bias; a component o (a head's z_h W_O^h, an MLP, an embedding, a bias) enters the centred logit of
+    token t as ((o - mean_d o) * g) . (W_U[:, t] - mean_v W_U[:, v]) / s_q, and the final norm's bias b as
+    b . (W_U[:, t] - mean_v W_U[:, v]).
+    """
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval().double()
+    body, n_heads = hf.transformer, hf.config.n_head
+    gain, bias, W_U = body.ln_f.weight, body.ln_f.bias, hf.lm_head.weight.T  # (d), (d), (d, vocab)
+    centred_U = W_U - W_U.mean(1, keepdim=True)  # each token's logit relative to the mean logit
+
+    def through_final(o, scale):  # (q, d) -> (q, vocab): its share of the centred logits
+        return ((o - o.mean(-1, keepdim=True)) * gain) @ centred_U / scale[:, None]
+
+    found = []
+    for ids in token_ids:
+        seen = {"z": [], "attn": [], "mlp": []}
+        handles = [body.ln_f.register_forward_pre_hook(lambda m, args: seen.setdefault("final", args[0][0]))]
+        for block in body.h:
+            handles.append(block.attn.c_proj.register_forward_pre_hook(lambda m, args: seen["z"].append(args[0][0])))
+            handles.append(block.attn.c_proj.register_forward_hook(lambda m, a, out: seen["attn"].append(out[0])))
+            handles.append(block.mlp.register_forward_hook(lambda m, a, out: seen["mlp"].append(out[0])))
+        try:
+            with torch.no_grad():
+                out = hf(input_ids=torch.tensor([ids]), output_hidden_states=True)
+        finally:
+            for handle in handles:
+                handle.remove()
+        with torch.no_grad():
+            x = seen["final"]  # (q, d) the residual stream the final norm reads
+            plain = torch.nn.functional.layer_norm(x, x.shape[-1:], eps=body.ln_f.eps)
+            scale = ((x - x.mean(-1, keepdim=True)) / plain).mean(-1)  # (q,): the norm's own divisor
+            targets = torch.tensor(ids[1:])
+            logits = out.logits[0]
+            centred = (logits - logits.mean(-1, keepdim=True))[torch.arange(len(ids) - 1), targets]  # (q - 1,)
+            total = through_final(out.hidden_states[0][0], scale) + bias @ centred_U  # embeddings, final norm bias
+            per_head = []
+            for layer, block in enumerate(body.h):
+                z = seen["z"][layer].reshape(len(ids), n_heads, -1)  # (q, head, d_head)
+                W_O = block.attn.c_proj.weight.reshape(n_heads, -1, x.shape[-1])  # Conv1D: z @ W, rows by head
+                heads = [through_final(z[:, h] @ W_O[h], scale) for h in range(n_heads)]
+                per_head.append([head[torch.arange(len(ids) - 1), targets] for head in heads])  # (q - 1,) each
+                total = total + sum(heads) + through_final(block.attn.c_proj.bias.expand_as(x), scale)
+                total = total + through_final(seen["mlp"][layer], scale)
+            total = total[torch.arange(len(ids) - 1), targets]
+            torch.testing.assert_close(total, centred, rtol=0, atol=1e-9)  # the components add up to the logit
+        found.append(per_head)
+    return found
+
+
+def test_dla_on_layernorm_gpt2_equals_a_recomputation_from_hugging_face_hooks(tiny_gpt2, tiny_models):
+    """heads.parquet's dla and dla_positive of the tiny GPT-2 (LayerNorm, learned biases) against `gpt2_by_hand`
+    (issue 18: every DLA test used smollm2's RMSNorm; an unbiased variance in the final scale, or directions not
+    centred over d_model, went unseen)."""
+    model = tiny_models["gpt2"]
+    token_ids = model.token_ids(SHORT)
+    by_hand = gpt2_by_hand(tiny_gpt2, token_ids)
+    tables = headscan.sweep(str(tiny_gpt2), list(SHORT), bootstrap=0, max_len=32, batch_size=2)
+    dla, positive = by_head(tables.heads, "dla"), by_head(tables.heads, "dla_positive")
+    for layer in range(model.n_layers):
+        for head in range(model.n_heads):
+            values = torch.cat([segment[layer][head] for segment in by_hand])  # every query with a next token
+            assert dla[layer, head] == pytest.approx(values.mean().item(), rel=1e-5, abs=1e-7), (layer, head)
+            assert positive[layer, head] == pytest.approx((values > 0).double().mean().item(), abs=1e-12)

@@ -30,7 +30,8 @@ from ..tables import (TABLES, CorpusProvenance, ModelProvenance, RunProvenance, 
 from .plan import columns_of, has_words, resolve_unit
 from .state import PartialState, Shard
 
-__all__ = ["WEIGHT_METRICS", "WEIGHT_CHANCE", "finish", "weights_frame", "model_provenance", "run_provenance", "publish"]
+__all__ = ["WEIGHT_METRICS", "WEIGHT_CHANCE", "finish", "weights_frame", "swept_config", "model_provenance",
+           "run_provenance", "publish"]
 
 WEIGHT_METRICS = ("copying",)  # the rows of the weights table, in the order of PartialState.weights
 # Their chance (no corpus, so no null head): copying's is 0, the expected score of OV weights drawn with either
@@ -41,6 +42,7 @@ WEIGHT_CHANCE = {"copying": 0.0}
 def finish(state: PartialState, config: SweepConfig) -> dict[str, pd.DataFrame]:
     """The tables of a finished state: each score column's rows go to its metric's table."""
     model = ModelProvenance.from_json(state.model)
+    config = swept_config(state, config)
     columns = columns_of(config, has_words(state.fingerprint["corpus"]["kind"]))
     values = state.values(config.interval)  # name -> (layer, head, column)
     n_layers, n_heads, _ = state.sums.shape
@@ -88,13 +90,20 @@ def _registry_order(column: pd.Series) -> pd.Series:
     return column
 
 
+def swept_config(state: PartialState, config: SweepConfig) -> SweepConfig:
+    """The sweep's `config` as `state`'s model was swept with it: max_len as its fingerprint holds it (clamped to
+    the model's context; `headscan.scan.plan.for_model`)."""
+    max_len = state.fingerprint.get("settings", {}).get("max_len", config.max_len)
+    return dataclasses.replace(config, max_len=max_len)
+
+
 def model_provenance(state: PartialState, config: SweepConfig) -> ModelProvenance:
     return ModelProvenance.from_json(state.model | {
         "n_segments": state.n_segments,
         "n_tokens": state.n_tokens,
         "n_truncated": state.n_truncated,
         "n_tokens_lost": state.n_tokens_lost,
-        "max_len": config.max_len,
+        "max_len": swept_config(state, config).max_len,
         "seconds": round(state.seconds, 3),
         **state.tallies,
     })

@@ -21,7 +21,8 @@ from .state import FINGERPRINT_FIELDS, Shard
 if TYPE_CHECKING:
     from ..models import HookedModel
 
-__all__ = ["Column", "has_words", "columns_of", "fingerprint", "plan_windows", "resolve_unit", "unit_of"]
+__all__ = ["Column", "has_words", "for_model", "columns_of", "fingerprint", "plan_windows", "resolve_unit",
+           "unit_of"]
 
 # A metric, one position of its axis (() for a metric without one), and the table its rows go to: the metric's
 # own, or "value" for a heads metric computed on value-weighted attention.
@@ -31,6 +32,19 @@ Column = tuple[Metric, tuple, str]
 def has_words(corpus_kind: str) -> bool:
     """Whether a corpus of this kind carries gold words and trees (for the syntax table): CoNLL-U."""
     return corpus_kind == "conllu"
+
+
+def for_model(config: SweepConfig, model: HookedModel) -> tuple[SweepConfig, str | None]:
+    """The settings `model` is swept with, and the line that says what changed (None: nothing did).
+
+    ``max_len`` is clamped to the model's context: a longer segment could not go through the model, and
+    everything that follows from ``max_len`` (the position buckets, eager or chunked) must follow the clamp.
+    """
+    if config.max_len <= model.max_context:
+        return config, None
+    note = (f"{model.name}: --max-len {config.max_len} is past its context of {model.max_context} tokens; "
+            f"swept with --max-len {model.max_context}")
+    return dataclasses.replace(config, max_len=model.max_context), note
 
 
 def columns_of(config: SweepConfig, words: bool = False) -> list[Column]:
@@ -53,7 +67,9 @@ def _column_name(column: Column) -> list:
 
 
 def fingerprint(model: HookedModel, corpus: Corpus, config: SweepConfig) -> dict:
-    """Everything two partial states must share to be added up, or a saved state to be resumed."""
+    """Everything two partial states must share to be added up, or a saved state to be resumed (the settings
+    as `model` is swept with them: `for_model`)."""
+    config, _ = for_model(config, model)
     return {
         "headscan": __version__,
         "model": {"name": model.name, "id": model.id, "revision": model.revision,

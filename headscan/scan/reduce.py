@@ -33,7 +33,7 @@ from ..models import weights as head_weights
 from . import budget
 from .finish import WEIGHT_METRICS, publish, run_provenance
 from .layers import LayerHooks, capture_for
-from .plan import columns_of, fingerprint, has_words, plan_windows, resolve_unit, unit_of
+from .plan import columns_of, fingerprint, for_model, has_words, plan_windows, resolve_unit, unit_of
 from .state import PartialState, Shard, add_tallies
 
 __all__ = ["accumulate", "sweep_model"]
@@ -77,6 +77,7 @@ def accumulate(
     in progress is dropped, the state as of the last finished window is saved, and `SweepInterrupted` is
     raised; that state resumes exactly.
     """
+    config, clamped = for_model(config, model)  # max_len within the model's context, for everything below
     config = resolve_unit(corpus, config)[0]
     words = has_words(corpus.kind)
     columns = columns_of(config, words)
@@ -86,7 +87,7 @@ def accumulate(
         if words:
             state.baseline = np.zeros((2, len(syntax.BASELINE_OFFSETS), len(syntax.COLUMNS)))
     weights_note = state.model.get("weights")  # a resumed state read the weights when it started
-    state.model = model.provenance()
+    state.model = model.provenance() | ({"max_len_note": clamped} if clamped else {})
     weights, unread = _read_weights(model)  # once, for the weights table and for value weighting
     if not state.weights.size:
         state.weights, state.embedding, weights_note = _weight_scores(model, weights, unread)
@@ -94,7 +95,7 @@ def accumulate(
     capture, notes = capture_for(model, config, weights, unread)
     state.model.update(notes)  # whether values and dla were captured, and how W_U was taken
     layers = LayerHooks(model, config, columns, capture, words)
-    attention = budget.choose(model, batch_size=config.batch_size, max_len=min(config.max_len, model.max_context),
+    attention = budget.choose(model, batch_size=config.batch_size, max_len=config.max_len,
                               budget_mib=config.attention_budget, attention=config.attention)
     state.model["attention"] = attention  # recorded: eager, or chunked with its query_chunk
     if attention == "chunked":

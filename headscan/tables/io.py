@@ -189,6 +189,9 @@ def load(out: str | os.PathLike) -> SweepTables:
                 frames[name] = table.conform(frame)
             except (TablesError, ValueError, TypeError, OverflowError) as error:
                 raise TablesError(f"{path}: not a headscan {name} table ({error})") from None
+            problem = _unsound(frames[name], table)
+            if problem is not None:
+                raise TablesError(f"{path}: not a headscan {name} table ({problem}); the file is damaged, sweep again")
     run_json = out / "run.json"
     if run_json.is_file():
         try:
@@ -209,6 +212,20 @@ def load(out: str | os.PathLike) -> SweepTables:
         raise TablesError(f"{run_json}: not a headscan run description ({type(error).__name__}: {error}); "
                           f"sweep again") from None
     return SweepTables(frames, typed, out)
+
+
+def _unsound(frame: pd.DataFrame, table) -> str | None:
+    """Why rows that read with the right columns and dtypes cannot be a sweep's (a damaged file that still
+    parses): a row key given twice, a negative layer or head, a label that is not its head's."""
+    repeated = int(frame.duplicated(table.row_key).sum())
+    if repeated:
+        return f"{repeated} rows repeat another row's {', '.join(table.row_key)}"
+    if bool((frame["layer"] < 0).any() or (frame["head"] < 0).any()):
+        return "a negative layer or head"
+    labels = "L" + frame["layer"].astype(str) + "H" + frame["head"].astype(str)
+    if not bool((labels == frame["label"]).fillna(False).all()):
+        return "a label that is not L{layer}H{head} of its row"
+    return None
 
 
 def _read_parquet(path: Path) -> tuple[pd.DataFrame, dict | None]:

@@ -69,7 +69,8 @@ class ModelProvenance:
     n_tokens: int | None = None
     n_truncated: int | None = None
     n_tokens_lost: int | None = None  # tokens cut off the truncated segments
-    max_len: int | None = None
+    max_len: int | None = None  # tokens per segment as swept: the sweep's max_len, clamped to max_context
+    max_len_note: str | None = None  # the line saying max_len was clamped to the model's context (None: it was not)
     seconds: float | None = None
     # Controls (issue 19): "random-init" (the same architecture, weights drawn from the config's own initialiser)
     # or "shuffled-words" (the trained model on each segment's words permuted); None for a trained model as given.

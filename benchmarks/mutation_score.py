@@ -1,0 +1,110 @@
+"""The mutation score of the core modules: the share of mutants that the fast tests kill.
+
+Reads what ``mutmut run`` left in ``mutants/`` (each mutated module's ``.meta`` file: an exit code per mutant)
+and ``benchmarks/mutation_equivalent.txt`` (mutants that no test can kill because they compute the same thing,
+one a line with its reason), and prints, per module and in all, the mutants killed over the mutants that are not
+equivalent. `make mutation` runs both; ``--survivors`` lists what survived, for writing tests or the list.
+
+    python benchmarks/mutation_score.py [--survivors] [--mutants mutants]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EQUIVALENT = ROOT / "benchmarks" / "mutation_equivalent.txt"
+# mutmut's exit codes (mutmut.stats.status_by_exit_code): 1 and 3 a test failed, 0 every test passed,
+# 33 and 5 no selected test calls the function, 34 skipped, 36 and the SIGXCPU codes a timeout.
+KILLED, SURVIVED, NO_TESTS = {1, 3}, {0}, {5, 33}
+TIMEOUT = {36, 24, -24, 152, 255}
+
+
+def equivalent_mutants(path: Path = EQUIVALENT) -> dict[str, str]:
+    """{mutant name: reason} from the committed list; '#' starts a comment line, each entry is
+    ``NAME  reason``."""
+    found = {}
+    for number, line in enumerate(path.read_text().splitlines(), start=1) if path.is_file() else ():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, _, reason = line.partition(" ")
+        if not reason.strip():
+            raise SystemExit(f"{path}:{number}: {name} has no reason; write why no test can kill it")
+        found[name] = reason.strip()
+    return found
+
+
+def statuses(mutants: Path) -> dict[str, dict[str, int | None]]:
+    """{module file: {mutant name: exit code}} from mutmut's .meta files."""
+    found = {}
+    for meta in sorted(mutants.rglob("*.py.meta")):
+        module = str(meta.relative_to(mutants)).removesuffix(".meta")
+        found[module] = json.loads(meta.read_text())["exit_code_by_key"]
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mutants", type=Path, default=ROOT / "mutants", help="mutmut's folder (default: mutants)")
+    parser.add_argument("--survivors", action="store_true", help="list the mutants that survived")
+    args = parser.parse_args(argv)
+    by_module = statuses(args.mutants)
+    if not by_module:
+        print(f"no mutmut results in {args.mutants}: run `make mutation` (or `mutmut run`) first", file=sys.stderr)
+        return 2
+    equivalent = equivalent_mutants()
+    total = Counter()
+    survivors = []
+    print(f"{'module':42} {'mutants':>8} {'killed':>7} {'timeout':>8} {'survived':>9} {'equivalent':>11} {'untested':>9} "
+          f"{'score':>7}")
+    for module, codes in by_module.items():
+        count = Counter()
+        for name, code in codes.items():
+            if name in equivalent:
+                count["equivalent"] += 1
+            elif code in KILLED:
+                count["killed"] += 1
+            elif code in TIMEOUT:
+                # not scored: mutmut's limit is wall-clock time, so on a busy machine a slow worker times out
+                # like a mutant that loops forever; rerun them (mutmut run NAME) where the machine is quiet
+                count["timeout"] += 1
+            elif code in SURVIVED:
+                count["survived"] += 1
+                survivors.append(name)
+            elif code in NO_TESTS:
+                count["untested"] += 1
+                survivors.append(name)
+            else:
+                count["other"] += 1  # not checked yet, skipped, suspicious
+        count["mutants"] = len(codes)
+        total.update(count)
+        print(f"{module:42} {count['mutants']:8} {count['killed']:7} {count['timeout']:8} {count['survived']:9} "
+              f"{count['equivalent']:11} {count['untested']:9} {_score(count):>7}")
+    print(f"{'all':42} {total['mutants']:8} {total['killed']:7} {total['timeout']:8} {total['survived']:9} "
+          f"{total['equivalent']:11} {total['untested']:9} {_score(total):>7}")
+    if total["timeout"]:
+        print(f"{total['timeout']} mutants timed out: not in the score (rerun them on a quiet machine)")
+    if total["other"]:
+        print(f"{total['other']} mutants not checked (run interrupted, skipped or suspicious): not in the score")
+    stale = sorted(set(equivalent) - {name for codes in by_module.values() for name in codes})
+    if stale:
+        print(f"{len(stale)} listed equivalent mutants no longer exist (the code moved): {', '.join(stale[:5])}")
+    print(f"mutation score: {_score(total)} of the non-equivalent mutants killed "
+          f"({total['killed']} of {total['killed'] + total['survived'] + total['untested']})")
+    if args.survivors:
+        print("\n".join(survivors))
+    return 0
+
+
+def _score(count: Counter) -> str:
+    scored = count["killed"] + count["survived"] + count["untested"]
+    return f"{count['killed'] / scored:.1%}" if scored else "-"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,237 @@
+"""Partial states without a model: merging shards against numpy sums by hand, saving and loading, and finishing.
+
+Random arrays stand in for a sweep's sums, so these run in a blink and check the arithmetic of
+`headscan.scan.state` on its own: what `tests/test_jobs.py` checks end to end on tiny checkpoints.
+"""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from headscan.errors import ConfigError, TablesError
+from headscan.intervals import MOMENT_TERMS, unit_moments
+from headscan.scan.state import FINGERPRINT_FIELDS, PartialState, Shard, fingerprint_differences, merge_states
+
+SHAPE = (2, 3, 4)  # (layer, head, column)
+FINGERPRINT = {"headscan": "0.1.0", "model": {"name": "m", "id": "m", "revision": "r"},
+               "corpus": {"source": "c.txt", "kind": "text", "sha256": "0" * 64},
+               "settings": {name: None for name in FINGERPRINT_FIELDS}, "columns": [["prev_token", []]]}
+
+
+def shard_state(index: int, count: int = 3, seed: int = 0, replicates: int = 5) -> PartialState:
+    """A finished state of shard `index` with random sums over 4 units of its own."""
+    rng = np.random.default_rng([seed, index])
+    sums = rng.uniform(0, 3, (4, *SHAPE))  # (unit, layer, head, column)
+    counts = rng.integers(0, 5, (4, *SHAPE)).astype(float)
+    weights = rng.poisson(1.0, (replicates, 4)).astype(float)  # (replicate, unit)
+    state = PartialState(dict(FINGERPRINT), Shard(index, count), sums.sum(0), counts.sum(0),
+                         np.einsum("ru,u...->r...", weights, sums), np.einsum("ru,u...->r...", weights, counts),
+                         unit_moments(sums, counts), windows_done=index + 1, finished=True, model={"name": "m"},
+                         n_segments=4 + index, n_tokens=40 + index, n_truncated=index, n_tokens_lost=2 * index,
+                         seconds=1.5 + index, baseline=rng.uniform(0, 2, (2, 6, 5)),
+                         weights=np.full((1, 2, 3), 0.25), embedding="tied")
+    state.units = (sums, counts)  # kept for the hand computation below
+    return state
+
+
+def test_merged_shards_are_the_sums_by_hand():
+    states = [shard_state(k) for k in (2, 0, 1)]  # in any order
+    merged = merge_states(states, ["c", "a", "b"])
+    sums = np.concatenate([s.units[0] for s in states])  # every unit of every shard: (unit, layer, head, column)
+    counts = np.concatenate([s.units[1] for s in states])
+    np.testing.assert_allclose(merged.sums, sums.sum(0), rtol=1e-12)
+    np.testing.assert_allclose(merged.counts, counts.sum(0), rtol=1e-12)
+    np.testing.assert_allclose(merged.replicate_sums, sum(s.replicate_sums for s in states), rtol=1e-12)
+    np.testing.assert_allclose(merged.replicate_counts, sum(s.replicate_counts for s in states), rtol=1e-12)
+    np.testing.assert_allclose(merged.moments, unit_moments(sums, counts), rtol=1e-12)  # max |s| by max
+    np.testing.assert_allclose(merged.baseline, sum(s.baseline for s in states), rtol=1e-12)
+    np.testing.assert_array_equal(merged.weights, states[0].weights)  # read off the weights: once, not summed
+    assert (merged.n_segments, merged.n_tokens, merged.n_truncated, merged.n_tokens_lost) == (15, 123, 3, 6)
+    assert merged.seconds == pytest.approx(1.5 * 3 + 3)
+    assert merged.shard is None and merged.fingerprint["shard"] is None and merged.finished
+    assert merged.embedding == "tied" and merged.model == {"name": "m"}
+    for state in states:  # the shards themselves are left as they were
+        np.testing.assert_array_equal(state.sums, state.units[0].sum(0))
+
+
+def test_a_merge_refuses_what_is_not_every_shard_of_one_sweep():
+    a, b, c = (shard_state(k) for k in range(3))
+    with pytest.raises(TablesError, match=r"^merge needs at least one shard$"):
+        merge_states([], [])
+    with pytest.raises(TablesError, match=r"^shards 2/3 are missing; merge needs all 3$"):
+        merge_states([a, b], ["a", "b"])
+    with pytest.raises(TablesError, match=r"^shard 1/3 is given twice \(b and b2\); each shard must be merged once$"):
+        merge_states([a, b, shard_state(1), c], ["a", "b", "b2", "c"])
+    other = shard_state(2, count=4)
+    with pytest.raises(TablesError, match=r"^c: shard 2/4 is one of 4, but a is one of 3$"):
+        merge_states([a, b, other], ["a", "b", "c"])
+    whole = shard_state(0)
+    whole.shard = None
+    with pytest.raises(TablesError, match=r"^w: was not swept with --shard"):
+        merge_states([whole], ["w"])
+    c.finished = False
+    with pytest.raises(TablesError, match=r"^c: shard 2/3 did not finish \(3 windows done\); rerun its command"):
+        merge_states([a, b, c], ["a", "b", "c"])
+    c.finished = True
+    c.fingerprint = dict(FINGERPRINT, settings=dict(FINGERPRINT["settings"], seed=1))
+    with pytest.raises(TablesError, match=r"^c: not a shard of the same sweep as a: settings.seed: None != 1$"):
+        merge_states([a, b, c], ["a", "b", "c"])
+
+
+def test_fingerprint_differences_name_each_key_and_the_columns_last():
+    other = dict(FINGERPRINT, model=dict(FINGERPRINT["model"], id="x"), columns=[["a", []], ["b", []]])
+    assert fingerprint_differences(FINGERPRINT, other) == [
+        "model.id: 'm' != 'x'", "columns: 1 != 2 score columns (metrics or their axes differ)"]
+    assert fingerprint_differences(FINGERPRINT, dict(FINGERPRINT)) == []
+
+
+def test_a_saved_state_loads_back_field_by_field(tmp_path):
+    state = shard_state(1)
+    path = tmp_path / "s" / "x.npz"
+    state.save(path)
+    back = PartialState.load(path)
+    for name in ("sums", "counts", "replicate_sums", "replicate_counts", "moments", "baseline", "weights"):
+        np.testing.assert_array_equal(getattr(back, name), getattr(state, name), err_msg=name)
+    for name in ("fingerprint", "shard", "windows_done", "finished", "model", "n_segments", "n_tokens", "n_truncated",
+                 "n_tokens_lost", "seconds", "embedding"):
+        assert getattr(back, name) == getattr(state, name), name
+    assert [p.name for p in path.parent.iterdir()] == ["x.npz"]  # no temporary file left beside it
+
+
+def test_values_are_ratios_with_nan_where_nothing_counts():
+    state = shard_state(0)
+    state.counts[0, 0, 0] = 0.0
+    found = state.values("percentile")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        want = state.sums / state.counts
+    want[0, 0, 0] = np.nan
+    np.testing.assert_array_equal(found["value"], want)
+    assert np.isnan(found["ci_low"][0, 0, 0]) and np.isnan(found["ci_high"][0, 0, 0])
+    np.testing.assert_array_equal(found["sum"], state.sums)
+    np.testing.assert_array_equal(found["count"], state.counts)
+    contributing = (state.units[1] > 0).sum(0)
+    np.testing.assert_array_equal(found["units"], contributing)
+    defined = state.counts > 0
+    assert np.all(found["ci_low"][defined & np.isfinite(found["ci_low"])] <= found["ci_high"][defined & np.isfinite(found["ci_low"])])
+    empty = PartialState.empty(FINGERPRINT, None, SHAPE, 0)  # no replicates: no interval
+    assert np.isnan(empty.values("bca")["ci_low"]).all()
+    assert empty.moments.shape == (len(MOMENT_TERMS), *SHAPE) and not empty.moments.any()
+
+
+def test_shards_hold_their_documents():
+    assert [d for d in range(10) if Shard(1, 3).holds(d)] == [1, 4, 7]
+    assert str(Shard.parse(" 2/5")) == "2/5"
+    for text in ("3/3", "-1/3", "a/3", "1", "1/0"):
+        with pytest.raises(ConfigError, match="shard must be K/N"):
+            Shard.parse(text)
+
+
+# --- saving atomically, and refusing damaged files with the reason ------------------------------------------------
+
+
+def test_saving_writes_beside_the_file_and_replaces_it(tmp_path, monkeypatch):
+    import os
+
+    path = tmp_path / "a" / "b" / "x.npz"  # folders that do not exist yet
+    replaced = []
+    real_replace = os.replace
+    monkeypatch.setattr(os, "replace", lambda src, dst: (replaced.append(Path(src)), real_replace(src, dst)))
+    shard_state(0).save(path)
+    shard_state(1).save(path)  # again, over it
+    assert PartialState.load(path).shard == Shard(1, 3)
+    # a hidden temporary file in the same folder, renamed onto the file: a reader never sees half of one
+    assert [p.parent for p in replaced] == [path.parent] * 2
+    assert all(p.name.startswith(".x.npz.") and p.name.endswith(".tmp") for p in replaced)
+    assert sorted(p.name for p in path.parent.iterdir()) == ["x.npz"]
+
+
+def test_a_save_that_fails_leaves_nothing_behind(tmp_path, monkeypatch):
+    monkeypatch.setattr(np, "savez", lambda *a, **k: (_ for _ in ()).throw(OSError("disk full")))
+    with pytest.raises(OSError, match="disk full"):
+        shard_state(0).save(tmp_path / "x.npz")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_unsharded_state_and_one_without_baseline_or_weights_load(tmp_path):
+    state = shard_state(0)
+    state.shard = None
+    state.save(tmp_path / "whole.npz")
+    assert PartialState.load(tmp_path / "whole.npz").shard is None
+    arrays = dict(np.load(tmp_path / "whole.npz"))
+    del arrays["baseline"], arrays["weights"]  # a state saved before the syntax and weights tables
+    np.savez(tmp_path / "old.npz", **arrays)
+    old = PartialState.load(tmp_path / "old.npz")
+    assert old.baseline.shape == (2, 0, 0) and old.weights.shape == (0, 0, 0)
+
+
+def _resaved(tmp_path, header=None, **arrays) -> Path:
+    """A saved state with its header or some arrays replaced."""
+    import json
+
+    state = shard_state(0)
+    state.save(tmp_path / "x.npz")
+    data = dict(np.load(tmp_path / "x.npz"))
+    if header is not None:
+        data["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
+    data.update(arrays)
+    path = tmp_path / "damaged.npz"
+    np.savez(path, **data)
+    return path
+
+
+@pytest.mark.parametrize("shard, ok", [(None, True), ([1, 3], True), ([1, True], False), ("1/3", False),
+                                       ([1, 2, 3], False), ([1.0, 3], False)])
+def test_the_header_shard_must_be_two_whole_numbers(tmp_path, shard, ok):
+    path = _resaved(tmp_path, header=shard_state(0).header() | {"shard": shard})
+    if ok:
+        assert PartialState.load(path).shard == (Shard(*shard) if shard else None)
+    else:
+        with pytest.raises(TablesError, match=r"not a readable headscan partial state \(bad or missing shard in its "
+                                              r"header\); delete it to start that part again$"):
+            PartialState.load(path)
+
+
+@pytest.mark.parametrize("field", ["windows_done", "n_tokens", "fingerprint"])
+def test_a_header_field_of_the_wrong_type_is_named(tmp_path, field):
+    path = _resaved(tmp_path, header=shard_state(0).header() | {field: "x", "finished": "yes"})
+    with pytest.raises(TablesError, match=rf"\(bad or missing finished, {field} in its header\)|"
+                                          rf"\(bad or missing {field}, finished in its header\)"):
+        PartialState.load(path)
+
+
+def test_damaged_states_say_why(tmp_path):
+    def refused(path, why):
+        with pytest.raises(TablesError, match=rf"^{path}: not a readable headscan partial state \({why}\); delete it"):
+            PartialState.load(path)
+
+    refused(_resaved(tmp_path, header=[1, 2]), "its header is not a JSON object")
+    refused(_resaved(tmp_path, counts=np.zeros((1, 1, 1))), "its arrays do not fit together")
+    refused(_resaved(tmp_path, replicate_counts=np.zeros((1, 1, 1, 1))), "its arrays do not fit together")
+    refused(_resaved(tmp_path, baseline=np.zeros((2, 3))), "its arrays do not fit together")
+    refused(_resaved(tmp_path, baseline=np.zeros((3, 6, 5))), "its arrays do not fit together")
+    refused(_resaved(tmp_path, sums=np.array([{"a": 1}], dtype=object)), "ValueError")  # never unpickled
+    (tmp_path / "cut.npz").write_bytes((tmp_path / "x.npz").read_bytes()[:100])
+    refused(tmp_path / "cut.npz", "BadZipFile")
+
+
+def test_headers_of_older_states_fill_what_they_lack(tmp_path):
+    """A header without n_tokens_lost or embedding (states saved before those were recorded): 0 tokens lost, and
+    the embedding read from the weights note of the model's provenance, else None."""
+    header = {k: v for k, v in shard_state(0).header().items() if k not in ("n_tokens_lost", "embedding")}
+    noted = header | {"model": {"weights": "embedding untied; folded: final norm gain into W_U"}}
+    state = PartialState.load(_resaved(tmp_path, header=noted))
+    assert state.n_tokens_lost == 0 and state.embedding == "untied"
+    assert PartialState.load(_resaved(tmp_path, header=header | {"model": {}})).embedding is None
+    assert PartialState.load(_resaved(tmp_path, header=header | {"model": {"weights": "not read: x"}})).embedding is None
+
+
+def test_an_empty_state_is_zeros_of_its_shape_for_its_shard():
+    state = PartialState.empty(FINGERPRINT, Shard(1, 2), SHAPE, 7)
+    assert state.shard == Shard(1, 2) and state.fingerprint == FINGERPRINT and not state.finished
+    assert state.sums.shape == state.counts.shape == SHAPE and state.replicate_sums.shape == (7, *SHAPE)
+    assert state.replicate_counts.shape == (7, *SHAPE) and state.moments.shape == (len(MOMENT_TERMS), *SHAPE)
+    assert not (state.sums.any() or state.counts.any() or state.replicate_sums.any() or state.moments.any())
+    state.sums += 1  # its arrays are its own
+    assert not state.counts.any()
+    assert Shard.parse("0/2") == Shard(0, 2)  # K counts from 0
