@@ -252,14 +252,18 @@ NOT_FINGERPRINTED = {
     "device_map": "where the model's layers run",
     "interval": "applied when the tables are finished, from the states' replicates",
     "attention_budget": "only chooses eager or chunked; the choice itself is the fingerprinted 'attention'",
+    "control": "adds models: each control is swept as a model of its own, fingerprinted as model.control",
+    "control_seed": "the controls' seed, fingerprinted per control model as model.control_seed",
 }
 # One other valid value for every setting that does change the sums.
 CHANGED = {"max_len": 64, "long": "split", "limit": 5, "dtype": "bfloat16", "specials": "exclude", "max_offset": 3,
            "bootstrap": 20, "seed": 1, "prepend_bos": False, "bootstrap_unit": "document", "window": 7,
-           "pack": "sentences", "attention": "chunked", "query_chunk": 64, "values": False}
+           "pack": "sentences", "attention": "chunked", "query_chunk": 64, "values": False,
+           "document_field": "doc"}
 # The model, corpus and version facts of a fingerprint, changed in place.
 FACTS = [("headscan", None, "0.0.1"), ("model", "name", "other"), ("model", "id", "other==1"),
-         ("model", "revision", "0" * 40), ("corpus", "source", "other.txt"), ("corpus", "kind", "jsonl"),
+         ("model", "revision", "0" * 40), ("model", "control", "random-init"), ("model", "control_seed", 1),
+         ("corpus", "source", "other.txt"), ("corpus", "kind", "jsonl"),
          ("corpus", "sha256", "f" * 64)]
 
 
