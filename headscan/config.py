@@ -22,7 +22,8 @@ from typing import Literal, get_args, get_type_hints
 
 from .errors import ConfigError
 
-__all__ = ["SweepConfig", "DEVICES", "DTYPES", "SPECIALS", "MIN_BOOTSTRAP", "choices"]
+__all__ = ["SweepConfig", "DEVICES", "DTYPES", "SPECIALS", "MIN_BOOTSTRAP", "IMPORTANCE_METHODS", "IMPORTANCE_TARGETS",
+           "choices"]
 
 Device = Literal["auto", "cpu", "cuda", "mps"]
 DType = Literal["float32", "float16", "bfloat16"]
@@ -32,11 +33,17 @@ Long = Literal["truncate", "split"]
 IntervalMethod = Literal["bca", "percentile", "delta"]  # headscan.intervals.METHODS
 Attention = Literal["auto", "eager", "chunked"]
 Pack = Literal["none", "sentences", "documents"]
+Importance = Literal["off", "atp", "ablate"]
 DEVICES: tuple[str, ...] = get_args(Device)
 DTYPES: tuple[str, ...] = get_args(DType)
 SPECIALS: tuple[str, ...] = get_args(Specials)
 BOOTSTRAP_UNITS: tuple[str, ...] = get_args(BootstrapUnit)
 INTERVAL_METHODS: tuple[str, ...] = get_args(IntervalMethod)
+
+# Head importance (headscan.metrics.importance): how a head's removal is measured, and on what. "atp" estimates
+# both ablations to first order from one backward pass; "ablate" also runs them exactly.
+IMPORTANCE_METHODS = ("atp_mean", "atp_zero", "mean_ablation", "zero_ablation")
+IMPORTANCE_TARGETS = ("next_token_loss", "masked_loss", "hidden_change")  # causal LM, trained MLM head, other encoders
 
 # Fewer replicates than this cannot place a 2.5% point: with 19 the lowest replicate is already the 5% point.
 MIN_BOOTSTRAP = 20
@@ -66,18 +73,31 @@ class SweepConfig:
     attention_budget: int | None = None  # MiB an eager batch's patterns may take before auto goes chunked (None: by device)
     pack: Pack = "none"  # long inputs: consecutive sentences (or whole documents) packed into max_len-token segments
     values: bool = True  # also value-weighted attention (value.parquet) and direct logit attribution (dla), same pass
+    importance: Importance = "off"  # does each head matter (importance.parquet): off, atp (attribution), ablate (exact)
+    ablate_top: int | None = None  # ablate: only the N heads of largest |AtP| on the mean sample (None: every head)
+    importance_sample: int = 512  # segments (seeded draw from the whole corpus) whose head outputs give each mean
+    mask_rate: float = 0.15  # masked-LM target: share of real non-special tokens masked (80% [MASK], 10% random, 10% kept)
 
     def __post_init__(self):
         for name, values in choices().items():
             if getattr(self, name) not in values:
                 raise ConfigError(f"{name} must be one of {', '.join(values)}; got {getattr(self, name)!r}", setting=name)
         for name, low in (("max_len", 4), ("batch_size", 1), ("max_offset", 1), ("seed", 0), ("window", 1),
-                          ("query_chunk", 1)):
+                          ("query_chunk", 1), ("importance_sample", 1)):
             _whole(name, getattr(self, name), low)
         if self.limit is not None:
             _whole("limit", self.limit, 1)
         if self.attention_budget is not None:
             _whole("attention_budget", self.attention_budget, 1)
+        if self.ablate_top is not None:
+            _whole("ablate_top", self.ablate_top, 1)
+            if self.importance != "ablate":
+                raise ConfigError(f"ablate_top={self.ablate_top} needs importance='ablate' (it picks the heads to ablate "
+                                  f"exactly); got importance={self.importance!r}", setting="ablate_top")
+        if isinstance(self.mask_rate, bool) or not isinstance(self.mask_rate, (int, float)) \
+                or not 0 < self.mask_rate < 1:
+            raise ConfigError(f"mask_rate must be a share between 0 and 1 (BERT's is 0.15), got {self.mask_rate!r}",
+                              setting="mask_rate")
         _whole("bootstrap", self.bootstrap, 0)
         if 0 < self.bootstrap < MIN_BOOTSTRAP:
             raise ConfigError(f"bootstrap must be 0 (no intervals) or at least {MIN_BOOTSTRAP}, got {self.bootstrap}: "
