@@ -141,6 +141,19 @@ def _listing_tables(command):
 @click.option("--values/--no-values", default=default("values"), show_default=True,
               help="Also score every head on value-weighted attention (value.parquet) and, for causal models, its "
                    "direct logit attribution (dla), in the same pass; --no-values leaves both out.")
+@click.option("--importance", default=default("importance"), show_default=True,
+              type=click.Choice(choices()["importance"]),
+              help="Does each head matter (importance.parquet): 'atp' estimates, for every head, the change of the "
+                   "model's loss when its output is replaced by its mean or by 0, from one backward pass per batch; "
+                   "'ablate' also replaces each head's output exactly, one head at a time (slow: two passes per head).")
+@click.option("--ablate-top", type=int, default=default("ablate_top"), metavar="N",
+              help="With --importance ablate: only the N heads of largest |AtP| (on the importance sample).")
+@click.option("--importance-sample", type=int, default=default("importance_sample"), metavar="N",
+              help="Measure importance on a seeded sample of N segments (default: all); each head's mean output "
+                   "comes from the same sample. The other tables still cover the whole corpus.")
+@click.option("--mask-rate", default=default("mask_rate"), show_default=True,
+              help="Encoders with a trained masked-LM head: share of tokens masked for the importance target "
+                   "(80% [MASK], 10% random, 10% kept, seeded per segment).")
 @click.option("--save-every", default=120.0, show_default=True, metavar="SECONDS",
               help="Save the partial state at the first window end after this many seconds.")
 @click.option("--shard", default=None, metavar="K/N",
@@ -155,8 +168,8 @@ def _listing_tables(command):
 @_listing_tables
 @_one_line_errors
 def sweep(models, corpus, out, max_len, long, batch_size, limit, device, dtype, device_map, specials, bos, max_offset, bootstrap, seed,
-          bootstrap_unit, interval, window, pack, attention, query_chunk, attention_budget, values, save_every, shard,
-          overwrite, restart, ray, quiet):
+          bootstrap_unit, interval, window, pack, attention, query_chunk, attention_budget, values, importance,
+          ablate_top, importance_sample, mask_rate, save_every, shard, overwrite, restart, ray, quiet):
     """Score every head of every layer of each MODEL over a corpus.
 
     Writes OUT/run.json (provenance) and a parquet file per table the sweep
@@ -173,6 +186,7 @@ def sweep(models, corpus, out, max_len, long, batch_size, limit, device, dtype, 
         headscan sweep --model minilm --corpus en_ewt-ud-dev.conllu --out out/ewt
         headscan sweep --model gpt2 --corpus big.jsonl --out out/big --ray auto
         headscan sweep -m smollm2 -c en_ewt-ud-dev.conllu --pack sentences --max-len 2048 --attention chunked
+        headscan sweep -m smollm2 -c en_ewt-ud-dev.conllu --importance ablate --ablate-top 10 --importance-sample 256
     """
     from .analysis.ranking import top_heads_text
     from .scan import sweep as run_sweep
@@ -183,7 +197,8 @@ def sweep(models, corpus, out, max_len, long, batch_size, limit, device, dtype, 
         device_map=device_map, specials=specials,
         max_offset=max_offset, bootstrap=bootstrap, seed=seed, prepend_bos=_BOS[bos], bootstrap_unit=bootstrap_unit,
         interval=interval, window=window, pack=pack, attention=attention, query_chunk=query_chunk,
-        attention_budget=attention_budget, values=values,
+        attention_budget=attention_budget, values=values, importance=importance, ablate_top=ablate_top,
+        importance_sample=importance_sample, mask_rate=mask_rate,
     )
     command = _effective_command(click.get_current_context())
     result = run_sweep(list(models) or DEFAULT_MODELS, corpus, out, config, shard=shard, overwrite=overwrite,

@@ -75,7 +75,7 @@ class SweepConfig:
     values: bool = True  # also value-weighted attention (value.parquet) and direct logit attribution (dla), same pass
     importance: Importance = "off"  # does each head matter (importance.parquet): off, atp (attribution), ablate (exact)
     ablate_top: int | None = None  # ablate: only the N heads of largest |AtP| on the mean sample (None: every head)
-    importance_sample: int = 512  # segments (seeded draw from the whole corpus) whose head outputs give each mean
+    importance_sample: int | None = None  # importance on a seeded sample of this many segments (None: all); means from it
     mask_rate: float = 0.15  # masked-LM target: share of real non-special tokens masked (80% [MASK], 10% random, 10% kept)
 
     def __post_init__(self):
@@ -83,17 +83,20 @@ class SweepConfig:
             if getattr(self, name) not in values:
                 raise ConfigError(f"{name} must be one of {', '.join(values)}; got {getattr(self, name)!r}", setting=name)
         for name, low in (("max_len", 4), ("batch_size", 1), ("max_offset", 1), ("seed", 0), ("window", 1),
-                          ("query_chunk", 1), ("importance_sample", 1)):
+                          ("query_chunk", 1)):
             _whole(name, getattr(self, name), low)
         if self.limit is not None:
             _whole("limit", self.limit, 1)
         if self.attention_budget is not None:
             _whole("attention_budget", self.attention_budget, 1)
+        if self.importance_sample is not None:
+            _whole("importance_sample", self.importance_sample, 1)
         if self.ablate_top is not None:
             _whole("ablate_top", self.ablate_top, 1)
             if self.importance != "ablate":
-                raise ConfigError(f"ablate_top={self.ablate_top} needs importance='ablate' (it picks the heads to ablate "
-                                  f"exactly); got importance={self.importance!r}", setting="ablate_top")
+                raise ConfigError(f"ablate_top {self.ablate_top} picks the heads to ablate exactly, so it needs "
+                                  f"importance 'ablate' (--importance ablate); got {self.importance!r}",
+                                  setting="ablate_top")
         if isinstance(self.mask_rate, bool) or not isinstance(self.mask_rate, (int, float)) \
                 or not 0 < self.mask_rate < 1:
             raise ConfigError(f"mask_rate must be a share between 0 and 1 (BERT's is 0.15), got {self.mask_rate!r}",

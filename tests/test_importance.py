@@ -208,7 +208,7 @@ def test_every_ablation_equals_a_plain_hook_loop(arch, target, tmp_path):
     found = plain_importance(plain, sequences, heads)
     assert assert_matches(table, found, 1e-5) == 4 * len(heads)
     notes = run.provenance.models[0].extra["importance"]
-    assert notes["target"] == target and notes["sample_segments"] == len(TEXTS)
+    assert notes["target"] == target and notes["sample_segments"] == len(TEXTS) and notes["sample"] == "all 7 segments"
     assert ("from its layer on" in notes["ablation_passes"]) == (arch != "albert")  # one module for every layer
 
 
@@ -327,7 +327,8 @@ def test_masking_is_keyed_by_the_sequence_alone():
 
 
 def test_settings_are_checked():
-    with pytest.raises(ConfigError, match="ablate_top=3 needs importance='ablate'"):
+    with pytest.raises(ConfigError, match=r"ablate_top 3 picks the heads to ablate exactly, so it needs importance "
+                                          r"'ablate' \(--importance ablate\); got 'atp'"):
         SweepConfig(importance="atp", ablate_top=3)
     with pytest.raises(ConfigError, match="importance must be one of off, atp, ablate; got 'all'"):
         SweepConfig(importance="all")
@@ -397,3 +398,19 @@ def test_a_stopped_sweep_resumes_its_importance_exactly(tiny_gpt2, lines, tmp_pa
     resumed = accumulate(load_model(str(tiny_gpt2)), corpus, config, state=saved)
     for name in ("sums", "counts", "replicate_sums", "moments", "head_means"):
         np.testing.assert_array_equal(getattr(resumed, name), getattr(whole, name), err_msg=name)
+
+
+def test_a_sample_limits_importance_to_its_segments_and_gives_the_means(tiny_gpt2, lines):
+    from headscan.corpus import read_corpus
+    from headscan.scan.importance import SAMPLE_SALT
+
+    run = sweep(str(tiny_gpt2), lines, None, **(IMPORTANCE | {"importance_sample": 7, "window": 4}))
+    table, heads = run["importance"], run.heads
+    drawn = sorted(np.random.default_rng([0, SAMPLE_SALT]).choice(24, size=7, replace=False).tolist())
+    assert (table["units"].dropna() <= 7).all() and heads["units"].max() == 8  # documents of 3 lines: 8 of them
+    # the same importance as a sweep of those 7 segments alone, whose sample is all of them
+    corpus = read_corpus(lines)
+    alone = headscan.sweep(str(tiny_gpt2), [corpus.segments[i].text for i in drawn],
+                           **(IMPORTANCE | {"bootstrap": 0, "bootstrap_unit": "segment"}))["importance"]
+    np.testing.assert_allclose(table["sum"], alone["sum"], rtol=0, atol=1e-9)
+    assert run.provenance.models[0].extra["importance"]["sample"] == "7 of 24 segments, drawn with seed 0 (salt 2101)"

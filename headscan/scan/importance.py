@@ -1,16 +1,18 @@
 """Head importance in the sweep: each window's segments through the whole model, clean and with heads removed,
 scored into per-segment sums of the target's change (`headscan.metrics.importance` defines targets and methods).
 
-Before the first window a *mean pass* runs a seeded sample of the whole corpus (``importance_sample``
-segments, the same for every shard, so shards merge exactly) and keeps each head's mean output over the sample's
-real tokens, for mean ablation and AtP. With ``ablate_top`` the same pass also takes one backward pass per
-batch and ranks the heads by |AtP| of mean ablation over the sample: the top N are ablated exactly. The means,
-the sample and the choice are kept in the partial state (saved as soon as the pass ends), so a resumed sweep
-uses the same ones.
+Importance is measured on the *sample*: every segment, or with ``importance_sample`` a seeded draw of that many
+from the whole corpus (the same draw in every shard, so shards merge exactly; the pattern tables still cover
+the whole corpus). Before the first window a *mean pass* over the sample keeps each head's mean output over its
+real tokens, for mean ablation and AtP; with ``ablate_top`` the same pass also takes one backward pass per
+batch and ranks the heads by |AtP| of mean ablation over the sample: the top N are ablated exactly. The means
+and the choice are kept in the partial state (saved as soon as the pass ends), so a resumed sweep uses the same
+ones; a sweep stopped during the pass does it again.
 
-Then, per batch of each window: one clean pass (with a backward pass for AtP: the gradient of the batch's
-target sum at every head's output, all heads at once), then one pass per exactly ablated head and kind, each
-run from the ablated layer on where that was checked exact (`headscan.models.ablation.Surgery.check`).
+Then, per batch of each window's segments in the sample: one clean pass (with a backward pass for AtP: the
+gradient of the batch's target sum at every head's output, all heads at once), then one pass per exactly
+ablated head and kind, each run from the ablated layer on where that was checked exact
+(`headscan.models.ablation.Surgery.check`).
 
 This module does not keep running totals or write tables (see `headscan.scan.reduce` and `headscan.scan.finish`).
 """
@@ -52,6 +54,8 @@ class ImportanceRun:
         self.index = {method: block.index((method, self.target)) for method in self.methods}
         self.atp = self.target != "hidden_change"  # the first-order change of hidden_change is 0
         self.surgery = Surgery(model, self.cut, self.target)
+        self.sample = self._sample()  # corpus indices of the segments importance is measured on
+        self.sampled = set(self.sample)
         self.means: torch.Tensor | None = None  # (layer, head, d_head)
         self.chosen: list[tuple[int, int]] = []
 
@@ -81,14 +85,16 @@ class ImportanceRun:
 
     def _sample(self) -> list[int]:
         n = len(self.corpus.segments)
+        if self.config.importance_sample is None or self.config.importance_sample >= n:
+            return list(range(n))
         rng = np.random.default_rng([self.config.seed, SAMPLE_SALT])
-        return sorted(rng.choice(n, size=min(self.config.importance_sample, n), replace=False).tolist())
+        return sorted(rng.choice(n, size=self.config.importance_sample, replace=False).tolist())
 
     def _mean_pass(self, ranking: bool, should_stop):
         """Each head's mean output over the real tokens of the sample, (layer, head, d_head) float64, the
         number of tokens, and with `ranking` the sample's AtP of mean ablation per head, (layer, head)."""
         model, cut = self.model, self.cut
-        sample = self._sample()
+        sample = self.sample
         encoded = encode(self.corpus, model, self.config.max_len, indices=sample, long=self.config.long)
         width = model.n_heads * cut.d_head
         sums = torch.zeros((model.n_layers, width), dtype=torch.float64)
@@ -132,12 +138,14 @@ class ImportanceRun:
         else:
             order = np.argsort(-np.abs(scores.numpy()).ravel(), kind="stable")[: config.ablate_top]
             ablated = sorted(heads[i] for i in order.tolist())
-            rule = f"the {len(ablated)} heads of largest |atp_mean| over the mean sample"
+            rule = f"the {len(ablated)} heads of largest |atp_mean| over the sample (mean pass)"
         notes = {
             "target": self.target, "why": self.why, "methods": self.methods,
             "cut": self.cut.where,
-            "means": f"each head's mean output over the {n_tokens:,} real tokens of {len(sample):,} segments drawn "
-                     f"with seed {config.seed} (salt {SAMPLE_SALT}) from all {len(self.corpus.segments):,}",
+            "sample": (f"all {len(sample):,} segments" if len(sample) == len(self.corpus.segments) else
+                       f"{len(sample):,} of {len(self.corpus.segments):,} segments, drawn with seed {config.seed} "
+                       f"(salt {SAMPLE_SALT})"),
+            "means": f"each head's mean output over the {n_tokens:,} real tokens of the sample",
             "sample_segments": len(sample), "sample_tokens": n_tokens,
             "ablated_heads": rule, "ablated": [list(pair) for pair in ablated],
             "positions": "the head's output is replaced at every position; the target counts real tokens",
@@ -180,22 +188,25 @@ class ImportanceRun:
                 labels = labels.to(model.device)
             yield batch, ids.to(model.device), labels, mask.to(model.device)
 
-    def window(self, encoded: EncodedCorpus, segments: list[int], rows: Callable[[torch.Tensor], torch.Tensor],
-               n_units: int, device, should_stop: Callable[[], bool],
-               advance: Callable[[int], object] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """One window's importance sums and counts, (layer, unit, head, importance column) float64 on `device`.
-
-        `segments`: the corpus index of each encoded segment; `rows(batch.index)`: each sequence's unit row;
+    def window(self, window: list[int], row_of: Callable[[int], int], n_units: int, device,
+               should_stop: Callable[[], bool], advance: Callable[[int], object] | None = None):
+        """The importance sums and counts of a window's segments in the sample, (layer, unit, head, importance
+        column) float64 on `device`: `window` holds their corpus indices, `row_of(index)` each one's unit row.
         `advance(n)` after each batch of n sequences (a progress bar)."""
         model = self.model
         shape = (model.n_layers, n_units, model.n_heads, self.n_columns)
         sums = torch.zeros(shape, dtype=torch.float64, device=device)
         counts = torch.zeros_like(sums)
+        segments = [index for index in window if index in self.sampled]
+        if not segments:
+            return sums, counts
+        encoded = encode(self.corpus, model, self.config.max_len, indices=segments, long=self.config.long)
         for batch, inputs, labels, mask in self._batches(encoded, segments):
             if should_stop():
                 raise SweepInterrupted(f"{model.name}: stopped")
             batch_sums, batch_counts = self._batch(inputs, labels, mask)  # (layer, batch, head, column)
-            where = rows(batch.index)
+            where = torch.tensor([row_of(segments[encoded.segment_of(int(i))]) for i in batch.index],
+                                 dtype=torch.long, device=device)
             sums.index_add_(1, where, batch_sums.to(device))
             counts.index_add_(1, where, batch_counts.to(device))
             if advance is not None:

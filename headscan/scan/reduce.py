@@ -123,7 +123,7 @@ def accumulate(
                     swept = _sweep_window(forward, layers, encoded, units, totals, device, should_stop,
                                           bar if importance is None else None)
                 if importance is not None:  # the slow part: it moves the progress bar
-                    _importance_window(importance, encoded, window, units, swept, device, should_stop, bar)
+                    _importance_window(importance, window, units, swept, device, should_stop, bar)
                 _add_window(totals, swept, config)
                 state.windows_done += 1
                 state.n_segments += len(window)
@@ -151,15 +151,14 @@ def accumulate(
     return state
 
 
-def _importance_window(importance: ImportanceRun, encoded: EncodedCorpus, window: list[int], units: list[int],
-                       swept: Window, device, should_stop: Callable[[], bool], bar) -> None:
-    """Add the window's importance sums into the last columns of `swept`."""
-    def rows(index: torch.Tensor) -> torch.Tensor:
-        return torch.tensor([swept.units[units[encoded.segment_of(int(i))]] for i in index], dtype=torch.long,
-                            device=device)
-
-    sums, counts = importance.window(encoded, window, rows, len(swept.units), device, should_stop,
-                                     advance=bar.update if bar is not None else None)
+def _importance_window(importance: ImportanceRun, window: list[int], units: list[int], swept: Window, device,
+                       should_stop: Callable[[], bool], bar) -> None:
+    """Add the importance sums of the window's segments into the last columns of `swept`."""
+    unit = dict(zip(window, units))
+    sums, counts = importance.window(window, lambda index: swept.units[unit[index]], len(swept.units), device,
+                                     should_stop, advance=bar.update if bar is not None else None)
+    if bar is not None:  # the segments outside the sample, all at once
+        bar.update(sum(index not in importance.sampled for index in window))
     width = sums.shape[-1]
     with torch.inference_mode():  # the window's sums were made under the pattern pass's inference mode
         swept.sums[..., -width:] += sums
