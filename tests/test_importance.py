@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer, GPT2LMHeadModel
+from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer, GPT2LMHeadModel
 
 import headscan
 from headscan.config import SweepConfig
@@ -41,6 +41,8 @@ REFERENCE = {
     "bert": (AutoModelForMaskedLM, "bert.encoder.layer.{}.attention.output.dense"),
     "distilbert": (AutoModelForMaskedLM, "distilbert.transformer.layer.{}.attention.out_lin"),
     "albert": (AutoModelForMaskedLM, "albert.encoder.albert_layer_groups.0.albert_layers.0.attention.dense"),
+    "smollm2": (AutoModelForCausalLM, "model.layers.{}.self_attn.o_proj"),
+    "minilm": (AutoModel, "encoder.layer.{}.attention.output.dense"),  # a sentence encoder: no head
 }
 
 
@@ -64,9 +66,9 @@ class Plain:
     """A Hugging Face model run one sequence at a time, with pre-hooks on its output projections that read or
     replace one head's slice (a module shared by every layer is told apart by call order)."""
 
-    def __init__(self, folder, arch: str, n_layers: int, n_heads: int, target: str):
+    def __init__(self, folder, arch: str, n_layers: int, n_heads: int, target: str, **load):
         auto, path = REFERENCE[arch]
-        self.model = auto.from_pretrained(folder, attn_implementation="eager").eval()
+        self.model = auto.from_pretrained(folder, attn_implementation="eager", **load).eval()
         self.modules = [self.model.get_submodule(path.format(layer)) for layer in range(n_layers)]
         self.n_heads, self.target = n_heads, target
         self.seen, self.patch, self.calls = [], None, {}
@@ -176,14 +178,17 @@ def plain_importance(plain: Plain, sequences, heads):
     return found
 
 
-def assert_matches(table: pd.DataFrame, found: dict, tolerance: float):
+def assert_matches(table: pd.DataFrame, found: dict, tolerance: float, atp_rtol: float = 1e-5):
+    """Every (method, layer, head) of `found` has its row, its count, and its value to `tolerance`; AtP's, a sum
+    of float32 gradient products, to `atp_rtol` of its size as well."""
     checked = 0
     for (method, layer, head), (total, count) in found.items():
         row = table[(table["method"] == method) & (table["layer"] == layer) & (table["head"] == head)]
         assert len(row) == 1, (method, layer, head)
         assert row["count"].iloc[0] == count, (method, layer, head)
-        assert abs(row["value"].iloc[0] - total / count) <= tolerance, (method, layer, head, row["value"].iloc[0],
-                                                                          total / count)
+        value, expected = row["value"].iloc[0], total / count
+        allowed = tolerance + (atp_rtol * abs(expected) if method.startswith("atp") else 0.0)
+        assert abs(value - expected) <= allowed, (method, layer, head, value, expected)
         checked += 1
     return checked
 
@@ -218,6 +223,34 @@ def test_grouped_query_heads_are_ablated_one_query_head_at_a_time(tmp_path):
     zero = table[table["method"] == "zero_ablation"].set_index(["layer", "head"])["value"]
     assert (table["kv_group"] == table["head"] // 2).all()  # 4 query heads read 2 key/value heads
     assert zero.loc[0, 0] != zero.loc[0, 1]  # two query heads of one group: two different effects
+
+
+@pytest.mark.real
+def test_smollm2_and_minilm_ablations_equal_a_plain_hook_loop(smollm2, minilm):
+    """Real models against plain Hugging Face models loaded apart (smollm2 dequantised from its GGUF file), on
+    four sentences: smollm2's three heads of largest |AtP| and its AtP of all 270 heads; every minilm head."""
+    from headscan.corpus import texts_corpus
+    from headscan.models import ALIASES
+    from headscan.scan import sweep_model
+
+    texts = TEXTS[:4]
+    gguf = ALIASES["smollm2"].locate()
+    for model, arch, folder, load, top in ((smollm2, "smollm2", gguf.parent, {"gguf_file": gguf.name}, 3),
+                                          (minilm, "minilm", ALIASES["minilm"].locate(), {}, None)):
+        config = SweepConfig(device="cpu", bootstrap=0, batch_size=4, importance="ablate", ablate_top=top,
+                             values=False)
+        table = sweep_model(model, texts_corpus(texts, None), config)["importance"]
+        target = set(table["target"]).pop()
+        ablated = table[table["method"] == "mean_ablation"].dropna(subset=["value"])
+        heads = list(zip(ablated["layer"], ablated["head"]))
+        assert len(heads) == (top or model.n_layers * model.n_heads)
+        plain = Plain(folder, arch, model.n_layers, model.n_heads, target, **load)
+        ids = model.token_ids(texts)  # as the sweep fed them (smollm2: BOS first)
+        found = plain_importance(plain, [(row, row, None) for row in ids], heads)
+        expected = 2 * len(heads) + (2 * model.n_layers * model.n_heads if target != "hidden_change" else 0)
+        # exact ablations to 1e-5; AtP through 30 float32 layers, batched with padding here and one sentence at a
+        # time there, to 1e-3 of its size
+        assert assert_matches(table, found, 1e-5, atp_rtol=1e-3) == expected, arch
 
 
 # --- the planted check -------------------------------------------------------------------------------------------

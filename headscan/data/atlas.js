@@ -331,6 +331,7 @@
     s += "</tbody></table>";
     s += '<p class="muted atlas-small">Rank 1 is the most striking head of the model: the highest value, or the lowest ' +
       "where low is striking (entropy: the most focused head). \u2021: thin support.</p>";
+    if (model.importance) s += '<p class="muted atlas-small">' + esc(model.importance) + "</p>";
     var widest = 0;
     if (model.offsets) {
       model.offsets.low[index].forEach(function (lo, k) {
