@@ -214,7 +214,7 @@ def sweep(models, corpus, out, max_len, long, batch_size, limit, device, dtype, 
                        f"--long split keeps them)", err=True)
     files = ", ".join(f"{out}/{TABLES[name].file}" for name in result.frames)
     click.echo(f"wrote {files} and {out}/run.json")
-    for metric in ("prev_token", "next_token"):
+    for metric in ("prev_token", "next_token") + (("importance",) if "importance" in result.frames else ()):
         click.echo(f"\ntop heads by {metric}:")
         click.echo(top_heads_text(result, metric, 3))
 
@@ -295,6 +295,9 @@ def models(specs):
 @_one_line_errors
 def show(run, metric, top):
     """Print the top heads of a sweep output for one metric, per model.
+
+    --metric importance prints the heads whose removal changes the model's
+    loss most (a sweep with --importance).
 
     Example:
 
