@@ -13,7 +13,7 @@ Importing headscan imports neither torch nor transformers; the first sweep does.
 >>> list(headscan.METRICS)[:3]
 ['prev_token', 'next_token', 'self']
 >>> list(headscan.TABLES)
-['heads', 'offsets', 'positions', 'syntax', 'value', 'weights']
+['heads', 'offsets', 'positions', 'syntax', 'value', 'weights', 'importance']
 """
 
 import importlib

@@ -154,6 +154,19 @@ def _listing_tables(command):
                    "'MODEL [shuffled words]'). Repeat for both; each doubles the sweep's time.")
 @click.option("--control-seed", type=int, default=default("control_seed"), metavar="SEED",
               help="Seed of the controls' weights and word orders (default: --seed).")
+@click.option("--importance", default=default("importance"), show_default=True,
+              type=click.Choice(choices()["importance"]),
+              help="Does each head matter (importance.parquet): 'atp' estimates, for every head, the change of the "
+                   "model's loss when its output is replaced by its mean or by 0, from one backward pass per batch; "
+                   "'ablate' also replaces each head's output exactly, one head at a time (slow: two passes per head).")
+@click.option("--ablate-top", type=int, default=default("ablate_top"), metavar="N",
+              help="With --importance ablate: only the N heads of largest |AtP| (on the importance sample).")
+@click.option("--importance-sample", type=int, default=default("importance_sample"), metavar="N",
+              help="Measure importance on a seeded sample of N segments (default: all); each head's mean output "
+                   "comes from the same sample. The other tables still cover the whole corpus.")
+@click.option("--mask-rate", default=default("mask_rate"), show_default=True,
+              help="Encoders with a trained masked-LM head: share of tokens masked for the importance target "
+                   "(80% [MASK], 10% random, 10% kept, seeded per segment).")
 @click.option("--save-every", default=120.0, show_default=True, metavar="SECONDS",
               help="Save the partial state at the first window end after this many seconds.")
 @click.option("--shard", default=None, metavar="K/N",
@@ -168,8 +181,8 @@ def _listing_tables(command):
 @_listing_tables
 @_one_line_errors
 def sweep(models, corpus, out, max_len, long, batch_size, limit, device, dtype, device_map, specials, bos, max_offset, bootstrap, seed,
-          bootstrap_unit, document_field, interval, window, pack, attention, query_chunk, attention_budget, values, control,
-          control_seed, save_every, shard,
+          bootstrap_unit, document_field, interval, window, pack, attention, query_chunk, attention_budget, values,
+          control, control_seed, importance, ablate_top, importance_sample, mask_rate, save_every, shard,
           overwrite, restart, ray, quiet):
     """Score every head of every layer of each MODEL over a corpus.
 
@@ -188,6 +201,7 @@ def sweep(models, corpus, out, max_len, long, batch_size, limit, device, dtype, 
         headscan sweep --model gpt2 --corpus big.jsonl --out out/big --ray auto
         headscan sweep -m smollm2 -c en_ewt-ud-dev.conllu --pack sentences --max-len 2048 --attention chunked
         headscan sweep -m minilm -c en_ewt-ud-dev.conllu --control random-init --control shuffled-words
+        headscan sweep -m smollm2 -c en_ewt-ud-dev.conllu --importance ablate --ablate-top 10 --importance-sample 256
     """
     from .analysis.ranking import top_heads_text, unit_note
     from .scan import sweep as run_sweep
@@ -199,7 +213,8 @@ def sweep(models, corpus, out, max_len, long, batch_size, limit, device, dtype, 
         max_offset=max_offset, bootstrap=bootstrap, seed=seed, prepend_bos=_BOS[bos], bootstrap_unit=bootstrap_unit,
         interval=interval, window=window, pack=pack, attention=attention, query_chunk=query_chunk,
         attention_budget=attention_budget, values=values, document_field=document_field, control=control,
-        control_seed=control_seed,
+        control_seed=control_seed, importance=importance, ablate_top=ablate_top,
+        importance_sample=importance_sample, mask_rate=mask_rate,
     )
     command = _effective_command(click.get_current_context())
     result = run_sweep(list(models) or DEFAULT_MODELS, corpus, out, config, shard=shard, overwrite=overwrite,
@@ -217,7 +232,7 @@ def sweep(models, corpus, out, max_len, long, batch_size, limit, device, dtype, 
                        f"--long split keeps them)", err=True)
     files = ", ".join(f"{out}/{TABLES[name].file}" for name in result.frames)
     click.echo(f"wrote {files} and {out}/run.json")
-    for metric in ("prev_token", "next_token"):
+    for metric in ("prev_token", "next_token") + (("importance",) if "importance" in result.frames else ()):
         click.echo(f"\ntop heads by {metric}:")
         click.echo(top_heads_text(result, metric, 3))
 
@@ -292,6 +307,9 @@ def show(run, metric, top):
     (uniform attention's value on the same queries) and why it carries no claim ("at chance", "thin support");
     control models, such as 'minilm [random init]', after theirs and named as such; and which unit the 95%
     intervals resampled.
+
+    --metric importance prints the heads whose removal changes the model's
+    loss most (a sweep with --importance).
 
     Example:
 

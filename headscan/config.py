@@ -24,8 +24,8 @@ from typing import Literal, get_args, get_type_hints
 
 from .errors import ConfigError
 
-__all__ = ["SweepConfig", "DEVICES", "DTYPES", "SPECIALS", "CONTROLS", "MIN_BOOTSTRAP", "choices", "control_name",
-           "split_control"]
+__all__ = ["SweepConfig", "DEVICES", "DTYPES", "SPECIALS", "CONTROLS", "MIN_BOOTSTRAP", "IMPORTANCE_METHODS",
+           "IMPORTANCE_TARGETS", "choices", "control_name", "split_control"]
 
 Device = Literal["auto", "cpu", "cuda", "mps"]
 DType = Literal["float32", "float16", "bfloat16"]
@@ -35,6 +35,7 @@ Long = Literal["truncate", "split"]
 IntervalMethod = Literal["bca", "percentile", "delta"]  # headscan.intervals.METHODS
 Attention = Literal["auto", "eager", "chunked"]
 Pack = Literal["none", "sentences", "documents"]
+Importance = Literal["off", "atp", "ablate"]
 DEVICES: tuple[str, ...] = get_args(Device)
 DTYPES: tuple[str, ...] = get_args(DType)
 SPECIALS: tuple[str, ...] = get_args(Specials)
@@ -44,6 +45,11 @@ INTERVAL_METHODS: tuple[str, ...] = get_args(IntervalMethod)
 # own initialiser, and the trained model over the corpus with each segment's words permuted.
 Control = Literal["random-init", "shuffled-words"]
 CONTROLS: tuple[str, ...] = get_args(Control)
+
+# Head importance (headscan.metrics.importance): how a head's removal is measured, and on what. "atp" estimates
+# both ablations to first order from one backward pass; "ablate" also runs them exactly.
+IMPORTANCE_METHODS = ("atp_mean", "atp_zero", "mean_ablation", "zero_ablation")
+IMPORTANCE_TARGETS = ("next_token_loss", "masked_loss", "hidden_change")  # causal LM, trained MLM head, other encoders
 
 # Fewer replicates than this cannot place a 2.5% point: with 19 the lowest replicate is already the 5% point.
 MIN_BOOTSTRAP = 20
@@ -78,6 +84,10 @@ class SweepConfig:
     document_field: str | None = None  # JSONL corpora: the field whose value marks each line's document
     control: tuple[Control, ...] = ()  # controls swept beside each model, under its name + " [random init]" etc.
     control_seed: int | None = None  # seed of the controls' weights and permutations (None: `seed`)
+    importance: Importance = "off"  # does each head matter (importance.parquet): off, atp (attribution), ablate (exact)
+    ablate_top: int | None = None  # ablate: only the N heads of largest |AtP| on the mean sample (None: every head)
+    importance_sample: int | None = None  # importance on a seeded sample of this many segments (None: all); means from it
+    mask_rate: float = 0.15  # masked-LM target: share of real non-special tokens masked (80% [MASK], 10% random, 10% kept)
 
     def __post_init__(self):
         for name, values in choices().items():
@@ -90,6 +100,18 @@ class SweepConfig:
             _whole("limit", self.limit, 1)
         if self.attention_budget is not None:
             _whole("attention_budget", self.attention_budget, 1)
+        if self.importance_sample is not None:
+            _whole("importance_sample", self.importance_sample, 1)
+        if self.ablate_top is not None:
+            _whole("ablate_top", self.ablate_top, 1)
+            if self.importance != "ablate":
+                raise ConfigError(f"ablate_top {self.ablate_top} picks the heads to ablate exactly, so it needs "
+                                  f"importance 'ablate' (--importance ablate); got {self.importance!r}",
+                                  setting="ablate_top")
+        if isinstance(self.mask_rate, bool) or not isinstance(self.mask_rate, (int, float)) \
+                or not 0 < self.mask_rate < 1:
+            raise ConfigError(f"mask_rate must be a share between 0 and 1 (BERT's is 0.15), got {self.mask_rate!r}",
+                              setting="mask_rate")
         _whole("bootstrap", self.bootstrap, 0)
         if 0 < self.bootstrap < MIN_BOOTSTRAP:
             raise ConfigError(f"bootstrap must be 0 (no intervals) or at least {MIN_BOOTSTRAP}, got {self.bootstrap}: "

@@ -93,6 +93,24 @@ def test_a_ray_sweep_equals_a_local_sweep(cluster, models, corpus_file, local, t
     assert len(handed) > 2 * 8 and any(windows for _, _, windows, _ in handed)  # shards went out again
 
 
+def test_a_ray_sweep_carries_head_importance(cluster, models, corpus_file, tmp_path):
+    import torch
+
+    # every shard's mean pass runs the whole sample: a small one keeps this quick
+    importance = SETTINGS | {"importance": "ablate", "ablate_top": 2, "importance_sample": 12}
+    # Ray's workers run one thread (OMP_NUM_THREADS=1); so does the local sweep here, for the backward pass of
+    # AtP sums its float32 gradients in an order that depends on the number of threads
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        local = sweep(models[0], corpus_file, None, **importance)
+    finally:
+        torch.set_num_threads(threads)
+    result = sweep(models[0], corpus_file, tmp_path / "out", ray=True, save_every=0, **importance)
+    assert_same_tables(local, result)
+    assert result["importance"]["value"].notna().sum() == 2 * 8 + 2 * 2  # AtP of all 8 heads, 2 heads ablated
+
+
 def test_a_lost_worker_is_retried_from_the_shards_last_state(cluster, models, corpus_file, local, tmp_path,
                                                               monkeypatch, capsys):
     submit, killed = distributed._Slot.submit, []

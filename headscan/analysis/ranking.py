@@ -24,6 +24,7 @@ from ..metrics import METRICS, describe, get_metric
 from ..tables import ModelProvenance, RunProvenance, SweepTables, thin_support
 from .claims import why_not
 from .formats import fmt_bucket, pct  # noqa: F401  (re-exported)
+from .importance import effects
 from .syntax import best_heads, offset_text, relation_order
 
 __all__ = ["WIDE_CI", "bounded", "striking_order", "striking_of", "ci_is_wide", "top_heads", "thin", "top_rows",
@@ -253,11 +254,14 @@ def top_heads_text(run: SweepTables, metric: str, n: int = 10) -> str:
     gpt: next_token: a causal model's queries cannot see later tokens, so it is 0 for every head
 
     ``copying`` (weights.parquet) and ``dla`` / ``dla_positive`` (heads.parquet), which the metric registry does
-    not hold, print their highest heads. ``syntax``, for a run with a syntax table, prints each model's best head per relation and direction against
+    not hold, print their highest heads; ``importance`` (importance.parquet) the heads whose removal changes the
+    target most, either way (`headscan.analysis.importance.effects`). ``syntax``, for a run with a syntax table, prints each model's best head per relation and direction against
     the fixed-offset baseline (`headscan.analysis.syntax.best_heads`), for the `n` relations with most dependents.
     """
     if metric == "syntax" and "syntax" in run.frames:
         return _syntax_text(run["syntax"], n)
+    if metric == "importance" and "importance" in run.frames:
+        return _importance_text(run["importance"], n)
     if metric not in METRICS and metric in _UNREGISTERED and _has(run, *_UNREGISTERED[metric]):
         return _unregistered_text(run, metric, n)
     heads = run.heads
@@ -328,6 +332,24 @@ def _unregistered_text(run: SweepTables, metric: str, n: int) -> str:
     columns = ["model", "label", "layer", "head", "value"] + (["embedding"] if table == "weights" else
                                                                ["ci_low", "ci_high", "count"])
     return rows[columns].to_string(index=False)
+
+
+def _importance_text(importance: pd.DataFrame, n: int) -> str:
+    """`top_heads_text` for ``importance``: each model's `n` heads of largest |effect| (exact mean ablation where
+    the sweep ran it, else AtP's estimate)."""
+    if n < 1:
+        raise TablesError(f"top must be at least 1, got {n}")
+    rows = effects(importance)
+    if rows.empty:
+        return "importance: no head has a value (hidden_change has no AtP rows; sweep with --importance ablate)"
+    models = {name: i for i, name in enumerate(dict.fromkeys(importance["model"]))}
+    rows = rows.reindex(rows["value"].abs().sort_values(ascending=False, kind="stable").index)
+    rows = rows.groupby("model", sort=False).head(n).sort_values("model", key=lambda c: c.map(models), kind="stable")
+    rows = rows.assign(units=rows["units"].astype("Int64"))
+    columns = ["model", "label", "layer", "head", "target", "method", "value", "ci_low", "ci_high", "units", "thin"]
+    return (rows[columns].to_string(index=False, float_format=lambda v: f"{v:+.4g}")
+            + "\nvalue: the target's change when the head's output is replaced by its mean (ablated minus clean); "
+              "0 is no effect")
 
 
 def _syntax_text(syntax: pd.DataFrame, n: int) -> str:

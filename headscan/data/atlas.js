@@ -373,6 +373,7 @@
       "where low is striking (entropy: the most focused head). Chance: the value of uniform attention over the keys " +
       "each query sees, on the same queries. No claim: why the value cannot carry one (its interval is thin, or does " +
       "not lie beyond chance on the striking side). \u2021: thin support.</p>";
+    if (model.importance) s += '<p class="muted atlas-small">' + esc(model.importance) + "</p>";
     var controls = (D.controls || {})[model.name] || [];
     controls.forEach(function (name) {
       var other = D.models.filter(function (x) { return x.name === name; })[0];

@@ -1,11 +1,12 @@
 """Head metrics: pure, vectorised functions of one layer's attention, each registered once with its definition.
 
-Importing this package imports every built-in metric module (`attention`, `values`, `syntax`, in that order:
-the registry's order), so the registry is complete however it is reached. `batch` is the metrics' view of a
+Importing this package imports every built-in metric module (`attention`, `values`, `syntax`, `importance`, in
+that order: the registry's order), so the registry is complete however it is reached. `importance` scores a
+model's output with a head removed rather than an attention pattern. `batch` is the metrics' view of a
 layer's attention, `registry` the registry itself.
 """
 
-from . import attention, values, syntax  # noqa: F401  (each registers its metrics, in this order)
+from . import attention, values, syntax, importance  # noqa: F401  (each registers its metrics, in this order)
 from .batch import AttentionBatch, mean_over_queries, offset_range
 from .attention import buckets
 from .registry import (CAPTURED, CONDITIONS, METRICS, Axis, Metric, definitions_markdown, describe, get_metric,

@@ -7,7 +7,8 @@ A sweep reads every layer's attention pattern, (batch, head, q, k), as the forwa
   ``blocks.{L}.attn.hook_pattern`` exists for causal and encoder models alike. Taken wherever TransformerLens
   has an adapter for the architecture.
 - ``hf_hooks``: PyTorch forward hooks on the Hugging Face model's own attention modules, run with eager
-  attention, reading the weights each module returns. Taken for architectures TransformerLens cannot bridge
+  attention, reading the weights each module returns (the model is loaded with the language-model head its
+  checkpoint was saved with, for head importance; patterns are read from its backbone). Taken for architectures TransformerLens cannot bridge
   (DistilBERT, DeBERTa-v2, ELECTRA, ALBERT, ...), and when the bridge fails on a model it claims.
 
 Either way the model is checked on a probe sentence as it loads: every layer must hand over one pattern of
@@ -121,16 +122,13 @@ def _via_bridge(target: str, *, device: str, dtype: torch.dtype, hf_model=None, 
 
 def _via_hooks(target: str, *, device: str, dtype: torch.dtype, hf_model=None, tokenizer=None,
                device_map: str | None = None) -> dict:
-    """The fields of a HookedModel on the hf_hooks path: the model without its head, with eager attention."""
+    """The fields of a HookedModel on the hf_hooks path: the model with its saved head, with eager attention."""
     if hf_model is None:
-        from transformers import AutoModel, AutoTokenizer
+        from transformers import AutoTokenizer
 
         with _quiet():
-            try:
-                placement = {"device_map": device_map} if device_map else {}
-                hf_model = AutoModel.from_pretrained(target, attn_implementation="eager", dtype=dtype, **placement)
-            except ValueError as error:
-                raise hooking.Unhookable(f"transformers has no model class for it ({_one_line(error, 120)})") from None
+            placement = {"device_map": device_map} if device_map else {}
+            hf_model = _with_head(target, attn_implementation="eager", dtype=dtype, **placement)
             tokenizer = AutoTokenizer.from_pretrained(target)
     else:
         hf_model.set_attn_implementation("eager")
@@ -155,6 +153,26 @@ def _via_hooks(target: str, *, device: str, dtype: torch.dtype, hf_model=None, t
         "default_bos": True,  # TransformerLens' default for a Hugging Face model its adapters do not override
         "max_context": _max_context(hf_model, default=2048),
     }
+
+
+def _with_head(target: str, **kwargs):
+    """The checkpoint's model with the language-model head it was saved with (a ``...ForMaskedLM`` or
+    ``...ForCausalLM``, whose head importance's loss targets read), else its bare model; patterns are read from
+    its backbone either way."""
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
+
+    saved = list(getattr(AutoConfig.from_pretrained(target), "architectures", None) or [])
+    classes = [AutoModelForMaskedLM] if any(name.endswith("ForMaskedLM") for name in saved) else \
+        [AutoModelForCausalLM] if any(name.endswith(("ForCausalLM", "LMHeadModel")) for name in saved) else []
+    for auto in classes:
+        try:
+            return auto.from_pretrained(target, **kwargs)
+        except ValueError:  # transformers maps the config to no such class: the bare model will do
+            pass
+    try:
+        return AutoModel.from_pretrained(target, **kwargs)
+    except ValueError as error:
+        raise hooking.Unhookable(f"transformers has no model class for it ({_one_line(error, 120)})") from None
 
 
 def _kv_heads(config, n_heads: int) -> int:

@@ -30,6 +30,7 @@ import seaborn as sns
 
 from .. import tables
 from ..analysis.claims import why_not
+from ..analysis.importance import effects
 from ..analysis.ranking import fmt_bucket, striking_of, striking_order, why_structural
 from ..analysis.roles import ROLES, Role, head_roles, role_rules  # noqa: F401  (Role, role_rules: re-exported)
 from ..analysis.syntax import direction_text, offset_text, relation_order
@@ -94,10 +95,41 @@ def _grid(part: pd.DataFrame, column: str, n_layers: int, n_heads: int) -> list:
     return [_num(v) for v in grid]
 
 
+IMPORTANCE = "importance"  # the atlas's name for each head's effect (`headscan.analysis.importance.effects`)
+
+
+def _with_importance(comparison: Comparison) -> tuple[pd.DataFrame, list[str]]:
+    """The heads rows plus, where a run has importance.parquet, each head's effect as one more metric
+    (`IMPORTANCE`): exact mean ablation where the sweep ran it, else AtP's estimate; and the metrics to offer."""
+    heads, metrics = comparison.heads, list(comparison.metrics)
+    if "importance" not in comparison.frames:
+        return heads, metrics
+    rows = effects(comparison["importance"])
+    if rows.empty:
+        return heads, metrics
+    rows = rows.drop(columns=["target", "method", "exact", "thin"]).assign(metric=IMPORTANCE)
+    return pd.concat([heads, rows], ignore_index=True), metrics + [IMPORTANCE]
+
+
+def _importance_note(comparison: Comparison, name: str) -> str | None:
+    """What the atlas's importance row of model `name` is, in words."""
+    if "importance" not in comparison.frames:
+        return None
+    rows = effects(comparison["importance"])
+    rows = rows[rows["model"] == name]
+    if rows.empty:
+        return None
+    exact = int(rows["exact"].sum())
+    how = ("exact mean ablation" if exact == len(rows) else "AtP's first-order estimate of mean ablation"
+           + (f" (exact for the {exact} heads ablated)" if exact else ""))
+    return (f"importance: the change of {rows['target'].iloc[0]} when the head's output is replaced by its mean, "
+            f"ablated minus clean, by {how}; 0 is a head that changes nothing.")
+
+
 def _model_metrics(comparison: Comparison, m, rows: pd.DataFrame, ranks: pd.DataFrame, n_layers: int,
-                   n_heads: int) -> dict:
+                   n_heads: int, metrics: list[str]) -> dict:
     out = {}
-    for metric in comparison.metrics:
+    for metric in metrics:
         part = rows[rows["metric"] == metric]
         if part.empty:
             continue
@@ -198,11 +230,11 @@ def atlas_data(comparison: Comparison, examples: Examples | None = None) -> dict
 
     Per-head lists run layer by layer, head by head (index ``layer * heads + head``); NaN is None.
     """
-    heads = comparison.heads
-    roles = head_roles(heads, comparison.frames.get("weights"))
+    roles = head_roles(comparison.heads, comparison.frames.get("weights"))
+    heads, shown = _with_importance(comparison)
     ranks = head_ranks(heads)
     metrics = []
-    for metric in comparison.metrics:
+    for metric in shown:
         entry = METRICS.get(metric)
         rows = heads[(heads["metric"] == metric) & heads["value"].notna()]
         values = rows["value"]
@@ -227,7 +259,8 @@ def atlas_data(comparison: Comparison, examples: Examples | None = None) -> dict
             role_grid[r.layer * n_heads + r.head] = r.roles
         models.append({
             "name": m.name, "family": m.family, "layers": n_layers, "heads": n_heads,
-            "metrics": _model_metrics(comparison, m, rows, ranks[ranks["model"] == m.name], n_layers, n_heads),
+            "metrics": _model_metrics(comparison, m, rows, ranks[ranks["model"] == m.name], n_layers, n_heads, shown),
+            "importance": _importance_note(comparison, m.name),
             "roles": role_grid,
             "offsets": _offsets(comparison, m.name, n_layers, n_heads),
             "examples": _patterns(examples, m.name),
@@ -254,7 +287,8 @@ def atlas_html(comparison: Comparison, examples: Examples | None = None) -> str:
     style and the script, all inline. It works from ``file://`` and loads nothing."""
     data = json.dumps(atlas_data(comparison, examples), separators=(",", ":"), allow_nan=False, ensure_ascii=True)
     data = data.replace("</", "<\\/")  # nothing in the data can close the script element
-    options = "".join(f'<option value="{html.escape(m)}">{html.escape(m)}</option>' for m in comparison.metrics)
+    _, shown = _with_importance(comparison)
+    options = "".join(f'<option value="{html.escape(m)}">{html.escape(m)}</option>' for m in shown)
     return (
         f'<section id="{ATLAS_ID}" class="atlas" aria-label="head atlas">'
         '<div class="atlas-controls">'

@@ -9,9 +9,9 @@ come from `headscan.analysis`, the drawings from `headscan.plots`, and the examp
 
 Every finding is generated from the numbers, and every unit, striking end, structural zero and metric
 definition is read from the metric registry (`headscan.metrics.METRICS`), so none can drift from the code.
-Every table of the registry (`headscan.tables.TABLES`) that a run holds appears: heads, offsets and syntax in
-their own sections (positions, value and weights too, where they hold enough to draw), any other as its top
-rows per model. A report holds no time of its own making: regenerating it from the same runs gives the same
+Every table of the registry (`headscan.tables.TABLES`) that a run holds appears: heads, offsets, syntax and
+importance in their own sections (positions, value and weights too, where they hold enough to draw), any other
+as its top rows per model. A report holds no time of its own making: regenerating it from the same runs gives the same
 bytes.
 """
 
@@ -37,7 +37,7 @@ from ..intervals import THIN_MAX_SHARE, THIN_MIN_UNITS
 from ..metrics import METRICS, describe
 from ..plots.style import model_palette
 from ..tables import TABLES, SweepTables, load
-from . import atlas, sections, table_sections
+from . import atlas, importance, sections, table_sections
 from .document import (FOLDER_FILES, Bullets, Contents, Definition, Document, Heading, Note, Panels, Raw, Table, Text,
                        write_folder)
 from .sections import DISPLAY, Pngs, name_part, structural
@@ -47,7 +47,7 @@ if TYPE_CHECKING:  # the report only reads what headscan.report.examples compute
 
 __all__ = ["write_report", "build_report", "check_report_options", "check_runs"]
 
-SECTIONED = ("heads", "offsets", "syntax")  # tables with sections of their own; any other gets its top rows
+SECTIONED = ("heads", "offsets", "syntax", "importance")  # tables with sections of their own; others: their top rows
 # positions, value and weights rows get sections of their own where there is enough to draw
 # (`headscan.report.table_sections.shown_elsewhere`); the rest of them are listed with the other tables.
 
@@ -372,6 +372,8 @@ def build_report(comparison: Comparison, *, top: int = 10, examples: Examples | 
         steps.insert(-1, ("attention along the context", lambda: table_sections.context_section(comparison, pngs)))
     if {"value", "weights"} & set(comparison.frames) or "dla" in comparison.metrics:
         steps.insert(-1, ("what heads move", lambda: table_sections.movement_section(comparison, palette, pngs)))
+    if "importance" in comparison.frames:
+        steps.insert(-1, ("does the head matter", lambda: importance.importance_section(comparison, pngs)))
     blocks = []
     with matplotlib.rc_context(_RC):
         for what, make in steps:

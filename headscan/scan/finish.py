@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from .. import __version__
-from ..config import SweepConfig
+from ..config import IMPORTANCE_METHODS, SweepConfig
 from ..corpus import Corpus
 from ..metrics import METRICS, syntax
 from ..models import resolve_device
@@ -57,12 +57,17 @@ def finish(state: PartialState, config: SweepConfig) -> dict[str, pd.DataFrame]:
             keys["metric"] = metric.name
         part = pd.DataFrame(per_head | keys | {name: array[..., index].ravel() for name, array in values.items()})
         parts.setdefault(table.name, []).append(part)
-    # Rows of a table: by metric (registry order), then layer, head and the metric's axis.
+    # Rows of a table: by metric (registry order), then layer, head and the metric's axis; importance's by method
+    # and target first. A model fills one importance target: the others' columns are all empty and go.
     frames = {}
     for name, pieces in parts.items():
         frame = pd.concat(pieces, ignore_index=True)
         keys = list(TABLES[name].keys)
-        order = ["metric"] * ("metric" in keys) + ["layer", "head"] + [k for k in keys if k != "metric"]
+        if name == "importance":
+            frame = frame[frame["target"] == state.importance.get("target")]
+            order = ["method", "target", "layer", "head"]
+        else:
+            order = ["metric"] * ("metric" in keys) + ["layer", "head"] + [k for k in keys if k != "metric"]
         frame = frame.sort_values(order, key=_registry_order, kind="stable")
         if name == "syntax":  # the baseline among the offsets the model's queries can see
             frame = syntax.attach_baseline(frame, state.baseline[0], state.baseline[1], causal=model.family == "causal")
@@ -87,6 +92,8 @@ def _registry_order(column: pd.Series) -> pd.Series:
     if column.name == "metric":
         order = {name: i for i, name in enumerate(METRICS)}
         return column.map(order)
+    if column.name == "method":
+        return column.map({name: i for i, name in enumerate(IMPORTANCE_METHODS)})
     return column
 
 

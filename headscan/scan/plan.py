@@ -21,8 +21,8 @@ from .state import FINGERPRINT_FIELDS, Shard
 if TYPE_CHECKING:
     from ..models import HookedModel
 
-__all__ = ["Column", "has_words", "for_model", "columns_of", "fingerprint", "plan_windows", "resolve_unit",
-           "unit_of"]
+__all__ = ["Column", "has_words", "for_model", "columns_of", "pattern_columns", "fingerprint", "plan_windows",
+           "resolve_unit", "unit_of"]
 
 # A metric, one position of its axis (() for a metric without one), and the table its rows go to: the metric's
 # own, or "value" for a heads metric computed on value-weighted attention.
@@ -49,7 +49,9 @@ def for_model(config: SweepConfig, model: HookedModel) -> tuple[SweepConfig, str
 
 def columns_of(config: SweepConfig, words: bool = False) -> list[Column]:
     """The score columns of one head: each metric once per position of its axis, in registry order; then, with
-    ``config.values``, every pattern metric of heads.parquet again on value-weighted attention (table "value").
+    ``config.values``, every pattern metric of heads.parquet again on value-weighted attention (table "value");
+    last, with ``config.importance``, the importance columns (one per method and target), which no attention
+    pattern fills (`headscan.scan.importance` does).
 
     The syntax metric only where the corpus has `words` (CoNLL-U): elsewhere it would be an all-NaN table.
     Metrics that need captured internals (`Metric.needs`: moved, dla) only with ``config.values``.
@@ -58,7 +60,13 @@ def columns_of(config: SweepConfig, words: bool = False) -> list[Column]:
            if (words or metric.table != "syntax") and (config.values or not metric.needs)
            for key in (metric.axis.values(config) if metric.axis else [()])]
     weighted = [(metric, (), "value") for metric in METRICS.values() if metric.table == "heads" and not metric.needs]
-    return own + (weighted if config.values else [])
+    pattern = [column for column in own if column[2] != "importance"]
+    return pattern + (weighted if config.values else []) + [column for column in own if column[2] == "importance"]
+
+
+def pattern_columns(columns: list[Column]) -> list[Column]:
+    """The columns an attention pattern fills: all but importance's, which come last."""
+    return [column for column in columns if column[2] != "importance"]
 
 
 def _column_name(column: Column) -> list:

@@ -15,6 +15,7 @@ This module does not draw anything, parse command lines or write tables (see `he
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from collections.abc import Callable
@@ -28,12 +29,14 @@ from ..config import SweepConfig
 from ..corpus import Corpus, EncodedCorpus, batches, encode
 from ..errors import HeadscanError, SweepInterrupted
 from ..metrics import syntax
+from ..metrics.importance import methods as importance_methods
 from ..models import HookedModel
 from ..models import weights as head_weights
 from . import budget
 from .finish import WEIGHT_METRICS, publish, run_provenance
+from .importance import ImportanceRun
 from .layers import LayerHooks, capture_for
-from .plan import columns_of, fingerprint, for_model, has_words, plan_windows, resolve_unit, unit_of
+from .plan import columns_of, fingerprint, for_model, has_words, pattern_columns, plan_windows, resolve_unit, unit_of
 from .state import PartialState, Shard, add_tallies
 
 __all__ = ["accumulate", "sweep_model"]
@@ -94,12 +97,16 @@ def accumulate(
     state.model["weights"] = weights_note
     capture, notes = capture_for(model, config, weights, unread)
     state.model.update(notes)  # whether values and dla were captured, and how W_U was taken
-    layers = LayerHooks(model, config, columns, capture, words)
+    layers = LayerHooks(model, config, pattern_columns(columns), capture, words)
     attention = budget.choose(model, batch_size=config.batch_size, max_len=config.max_len,
                               budget_mib=config.attention_budget, attention=config.attention)
     state.model["attention"] = attention  # recorded: eager, or chunked with its query_chunk
     if attention == "chunked":
         state.model["query_chunk"] = config.query_chunk
+
+    # Importance runs whole forward passes of its own after each window's pattern pass, outside the pattern hooks
+    # (which stop the pass after the last layer); a model whose heads cannot be cut is refused here.
+    importance = ImportanceRun(model, corpus, config, columns) if importance_methods(config) else None
 
     windows = plan_windows(corpus, config, shard)
     device = _accumulator_device(model)
@@ -107,12 +114,19 @@ def accumulate(
     bar = _progress_bar(sum(map(len, windows)), sum(map(len, windows[: state.windows_done])), model.name, progress)
     started = last_save = time.perf_counter()
     try:
-        with model.pattern_forward(layers.patterns(), attention=attention, query_chunk=config.query_chunk,
-                                   internals=layers.internals()) as forward:
+        with importance if importance is not None else contextlib.nullcontext():
+            if importance is not None:
+                importance.prepare(state, should_stop, save)
+                started = time.perf_counter()
             for window in windows[state.windows_done:]:
                 encoded = encode(corpus, model, config.max_len, indices=window, long=config.long)
                 units = [unit_of(i, int(corpus.segment_documents[i]), config) for i in window]
-                swept = _sweep_window(forward, layers, encoded, units, totals, device, should_stop, bar)
+                with model.pattern_forward(layers.patterns(), attention=attention, query_chunk=config.query_chunk,
+                                           internals=layers.internals()) as forward:
+                    swept = _sweep_window(forward, layers, encoded, units, totals, device, should_stop,
+                                          bar if importance is None else None)
+                if importance is not None:  # the slow part: it moves the progress bar
+                    _importance_window(importance, window, units, swept, device, should_stop, bar)
                 _add_window(totals, swept, config)
                 state.windows_done += 1
                 state.n_segments += len(window)
@@ -143,6 +157,20 @@ def accumulate(
     return state
 
 
+def _importance_window(importance: ImportanceRun, window: list[int], units: list[int], swept: Window, device,
+                       should_stop: Callable[[], bool], bar) -> None:
+    """Add the importance sums of the window's segments into the last columns of `swept`."""
+    unit = dict(zip(window, units))
+    sums, counts = importance.window(window, lambda index: swept.units[unit[index]], len(swept.units), device,
+                                     should_stop, advance=bar.update if bar is not None else None)
+    if bar is not None:  # the segments outside the sample, all at once
+        bar.update(sum(index not in importance.sampled for index in window))
+    width = sums.shape[-1]
+    with torch.inference_mode():  # the window's sums were made under the pattern pass's inference mode
+        swept.sums[..., -width:] += sums
+        swept.counts[..., -width:] += counts
+
+
 def _sweep_window(forward, layers: LayerHooks, encoded: EncodedCorpus, units: list[int], totals: dict, device,
                   should_stop: Callable[[], bool], bar) -> Window:
     """One window's batches through the model: their sums per bootstrap unit (`units`: each segment's)."""
@@ -163,10 +191,11 @@ def _sweep_window(forward, layers: LayerHooks, encoded: EncodedCorpus, units: li
         # every layer's sums at once into their units: one index_add per batch, not one per layer
         rows = torch.tensor([local[units[encoded.segment_of(int(i))]] for i in batch.index], dtype=torch.long,
                             device=device)
-        sums, counts, chance = layers.finish(len(batch.index), device)  # (layer, batch, head, column) each
+        sums, counts, chance = layers.finish(len(batch.index), device)  # (layer, batch, head, pattern column) each
+        # importance's columns come last, filled apart (headscan.scan.importance)
         for into, stacked in zip((window.sums, window.counts), (sums, counts)):
-            into.index_add_(1, rows, stacked)
-        window.chance += chance.sum(1)
+            into[..., : stacked.shape[-1]].index_add_(1, rows, stacked)
+        window.chance[..., : chance.shape[-1]] += chance.sum(1)
         if batch.words is not None:  # the fixed-offset baseline on the same words: one rule for the batch
             sums, counts = syntax.offset_baseline(batch.words.to(device))  # (batch, offset, column)
             window.baseline += torch.stack([sums.sum(0), counts.sum(0)])

@@ -41,7 +41,8 @@ STATE_VERSION = 2  # 2: states carry the null head's sums (chance); a version 1 
 
 # Settings whose change changes the numbers: two states must agree on each to be added, or to resume.
 FINGERPRINT_FIELDS = ("max_len", "long", "limit", "dtype", "specials", "max_offset", "bootstrap", "seed", "prepend_bos",
-                      "bootstrap_unit", "window", "pack", "attention", "query_chunk", "values", "document_field")
+                      "bootstrap_unit", "window", "pack", "attention", "query_chunk", "values", "document_field",
+                      "importance", "ablate_top", "importance_sample", "mask_rate")
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,10 @@ class PartialState:
     # Counts of how the corpus was read for this model, added up like n_tokens (CoNLL-U: tokens straddling two
     # words, words without a token); they go into the model's provenance.
     tallies: dict = field(default_factory=dict)
+    # Head importance (headscan.scan.importance): each head's mean output over the mean pass's sample, (layer, head,
+    # d_head), (0, 0, 0) before that pass; and what the pass decided (target, sample, heads ablated exactly).
+    head_means: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0)))
+    importance: dict = field(default_factory=dict)
 
     @classmethod
     def empty(cls, fingerprint: dict, shard: Shard | None, shape: tuple[int, int, int], n_replicates: int) -> PartialState:
@@ -122,6 +127,7 @@ class PartialState:
             "n_segments": self.n_segments, "n_tokens": self.n_tokens, "n_truncated": self.n_truncated,
             "n_tokens_lost": self.n_tokens_lost,
             "seconds": self.seconds, "embedding": self.embedding, "tallies": self.tallies,
+            "importance": self.importance,
         }
 
     def save(self, path: Path) -> None:
@@ -133,7 +139,7 @@ class PartialState:
                 np.savez(handle, header=np.frombuffer(json.dumps(self.header()).encode(), dtype=np.uint8),
                          sums=self.sums, counts=self.counts, replicate_sums=self.replicate_sums,
                          replicate_counts=self.replicate_counts, moments=self.moments, chance=self.chance,
-                         baseline=self.baseline, weights=self.weights)
+                         baseline=self.baseline, weights=self.weights, head_means=self.head_means)
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -153,6 +159,7 @@ class PartialState:
                 arrays = {name: data[name] for name in names if name in data.files}
                 baseline = data["baseline"] if "baseline" in data.files else np.zeros((2, 0, 0))
                 weights = data["weights"] if "weights" in data.files else np.zeros((0, 0, 0))
+                head_means = data["head_means"] if "head_means" in data.files else np.zeros((0, 0, 0))
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as error:
             raise damaged(type(error).__name__) from None
         if not isinstance(header, dict):
@@ -164,7 +171,7 @@ class PartialState:
         if len(arrays) < 6:
             raise damaged("an array is missing")
         types = {"fingerprint": dict, "model": dict, "finished": bool, "windows_done": int, "n_segments": int,
-                 "n_tokens": int, "n_truncated": int, "seconds": (int, float)}
+                 "n_tokens": int, "n_truncated": int, "seconds": (int, float), "importance": (dict, type(None))}
         wrong = [key for key, kind in types.items() if not isinstance(header.get(key), kind)]
         shard = header.get("shard")
         if shard is not None and not (isinstance(shard, list) and len(shard) == 2
@@ -182,7 +189,8 @@ class PartialState:
                    n_segments=header["n_segments"], n_tokens=header["n_tokens"], n_truncated=header["n_truncated"],
                    n_tokens_lost=int(header.get("n_tokens_lost") or 0), seconds=header["seconds"], baseline=baseline,
                    weights=weights, embedding=header.get("embedding", _embedding_of(header["model"])),
-                   tallies=dict(header.get("tallies") or {}))
+                   tallies=dict(header.get("tallies") or {}), head_means=head_means,
+                   importance=header.get("importance") or {})
 
     # --- finishing -------------------------------------------------------------------------------------
 
@@ -269,6 +277,8 @@ def merge_states(states: list[PartialState], names: list[str]) -> PartialState:
             raise TablesError(f"shard {state.shard} is given twice ({seen[state.shard.index]} and {name}); "
                               f"each shard must be merged once")
         seen[state.shard.index] = name
+    for state, name in zip(states[1:], names[1:]):
+        _same_importance(first, state, names[0], name)
     missing = sorted(set(range(first.shard.count)) - set(seen))
     if missing:
         raise TablesError(f"shards {', '.join(f'{k}/{first.shard.count}' for k in missing)} are missing; "
@@ -276,7 +286,8 @@ def merge_states(states: list[PartialState], names: list[str]) -> PartialState:
     total = PartialState(dict(first.fingerprint), None, first.sums.copy(), first.counts.copy(),
                          first.replicate_sums.copy(), first.replicate_counts.copy(), first.moments.copy(),
                          first.chance.copy(), finished=True, model=dict(first.model), baseline=first.baseline.copy(),
-                         weights=first.weights.copy(), embedding=first.embedding)  # the same weights in every shard
+                         weights=first.weights.copy(), embedding=first.embedding,  # the same weights in every shard
+                         head_means=first.head_means.copy(), importance=dict(first.importance))
     for state in states[1:]:
         total.baseline = total.baseline + state.baseline  # same fingerprint, so the same shape
         total.sums += state.sums
@@ -294,3 +305,19 @@ def merge_states(states: list[PartialState], names: list[str]) -> PartialState:
         total.tallies = add_tallies(total.tallies, state.tallies)
     total.fingerprint["shard"] = None
     return total
+
+
+def _same_importance(first: PartialState, state: PartialState, first_name: str, name: str) -> None:
+    """Shards add up only if they ablated with the same means and the same heads: every shard draws the same
+    sample of the whole corpus, so they agree up to the float rounding of the machines that computed them."""
+    if first.importance.get("ablated") != state.importance.get("ablated"):
+        raise TablesError(f"{name}: ablated other heads than {first_name} (their mean passes ranked the heads "
+                          f"differently); sweep the shards again on one kind of machine")
+    if first.head_means.shape != state.head_means.shape:
+        raise TablesError(f"{name}: its head means have shape {state.head_means.shape}, {first_name}'s "
+                          f"{first.head_means.shape}; merge shards of one sweep")
+    scale = float(np.abs(first.head_means).max()) if first.head_means.size else 0.0
+    gap = float(np.abs(first.head_means - state.head_means).max()) if first.head_means.size else 0.0
+    if gap > 1e-5 * max(scale, 1e-12):
+        raise TablesError(f"{name}: its head means differ from {first_name}'s by {gap:.1e}, so their mean "
+                          f"ablations removed different things; sweep the shards again on one kind of machine")

@@ -117,6 +117,9 @@ register_table("weights", {"metric": "string"},
                "one row per (model, layer, head, metric): scores read off the weights alone, no corpus "
                "(sum and count are NaN; chance of copying is 0: negating W_V negates every eigenvalue, so OV "
                "weights drawn with either sign equally likely score 0 on average)", extra={"embedding": "string"})
+register_table("importance", {"method": "string", "target": "string"},
+               "one row per (model, layer, head, method, target): the change of the target (a loss) when the head's "
+               "output is removed, ablated minus clean; 0 is a head that changes nothing")
 
 def tables_markdown() -> str:
     """The registered tables and their columns as Markdown, from the registry (the README uses it)."""

@@ -1,0 +1,330 @@
+"""Cutting one head out of a model: where each head's output enters the output projection, and whole forward
+passes with a head's output replaced.
+
+A head's output z_h (the attention-weighted values, before W_O) is cut where it enters the attention output
+projection (``o_proj``, ``c_proj``, ``attention.output.dense``, ``out_lin``, ``Wo``, ...): that module's input
+is every query head's output side by side, ``(batch, seq, head * d_head)``, head h in columns
+``h * d_head .. (h + 1) * d_head - 1`` (grouped-query models too: one slice per *query* head). A forward
+pre-hook on that module replaces the head's slice; the output bias belongs to no head and stays. On the
+``transformer_lens`` path the module is the one the bridge's ``blocks.{L}.attn.o`` wraps (its ``hook_z``),
+on the ``hf_hooks`` path the one beside the attention module the sweep reads.
+
+`Surgery` runs the whole model, to the output its importance target reads (`target_of`): the logits of a
+causal or masked language model, or the final hidden states of an encoder without a trained head. Its clean
+pass keeps every layer's head outputs (in the autograd graph, for attribution patching) and each block's
+output; an ablated pass can then run from the ablated layer on, the blocks before it handing back the clean
+pass's residual stream instead of recomputing it (`HeadCut.blocks`; `Surgery.check` verifies on a probe that
+this gives the full pass's output).
+
+Everything specific to an architecture here is *where* the cut is; the targets themselves are
+`headscan.metrics.importance`. This module does not read corpora or keep sums.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..errors import ModelLoadError
+from .hooks import PROBE, backbone
+
+if TYPE_CHECKING:
+    from .hooked import HookedModel
+
+__all__ = ["TARGETS", "HeadCut", "Pass", "Surgery", "head_cut", "target_of"]
+
+# What a head's removal is measured on, per kind of model (headscan.metrics.importance defines each).
+TARGETS = ("next_token_loss", "masked_loss", "hidden_change")
+
+# Names of the output projection inside a self-attention module (Llama and kin, OPT and GPT-Neo, GPT-2,
+# DistilBERT, MPNet, ModernBERT, ALBERT / Phi / BLOOM / Falcon / GPT-NeoX); BERT-style models keep it in a
+# sibling, ``attention.output.dense``.
+_OWN = ("o_proj", "out_proj", "c_proj", "out_lin", "o", "Wo", "dense")
+_SIBLING = ("output.dense",)
+
+
+@dataclass(frozen=True)
+class HeadCut:
+    """Where every layer's heads are cut, and which modules are its blocks."""
+
+    modules: tuple  # per layer, the module whose input is the heads' outputs side by side (may repeat: ALBERT)
+    name: str  # layer 0's module, as the Hugging Face model names it (provenance)
+    d_head: int
+    blocks: tuple | None  # per layer, the block whose output is the residual stream after it; None: not known
+    blocks_note: str  # why blocks is None, or where they were found
+
+    @property
+    def where(self) -> str:
+        """The first layer's cut, for provenance."""
+        return f"input of {self.name} (a forward pre-hook; head h = columns h*{self.d_head}..(h+1)*{self.d_head}-1)"
+
+
+def _sub(module, path: str):
+    for part in path.split("."):
+        module = getattr(module, part, None)
+        if not isinstance(module, torch.nn.Module):
+            return None
+    return module
+
+
+def _in_features(module) -> int | None:
+    if hasattr(module, "in_features"):
+        return int(module.in_features)
+    weight = getattr(module, "weight", None)  # GPT-2's Conv1D: weight (in, out)
+    if type(module).__name__ == "Conv1D" and isinstance(weight, torch.Tensor):
+        return int(weight.shape[0])
+    return None
+
+
+def _real(module):
+    """The Hugging Face module a TransformerLens bridge component wraps (itself when it wraps none)."""
+    inner = getattr(module, "original_component", None)
+    return inner if isinstance(inner, torch.nn.Module) else module
+
+
+def _name_of(hf_model, target) -> str:
+    """`target`'s name in the Hugging Face model. A TransformerLens bridge lists its modules under several names
+    and keeps the model's own as ``..._original_component...``: that path, without those parts, is the model's."""
+    names = [name for name, module in hf_model.named_modules(remove_duplicate=False) if module is target]
+    if not names:
+        return type(target).__name__
+    name = max(names, key=lambda n: (n.count("_original_component"), -len(n)))  # through every wrapped module
+    return name.replace("._original_component", "")
+
+
+def _bridge_cuts(model: HookedModel) -> list:
+    return [_real(block.attn.o) for block in model.bridge.blocks]
+
+
+def _site_cuts(model: HookedModel) -> list:
+    """hf_hooks: the output projection beside each attention module the sweep reads, in layer order (a site
+    shared by every layer, as in ALBERT, gives one module for all of them)."""
+    by_name = dict(model.hf_model.named_modules())
+    found = []
+    for site in model.sites:
+        parent = by_name.get(site.name.rsplit(".", 1)[0]) if "." in site.name else None
+        candidates = [_sub(site.module, name) for name in _OWN] + \
+                     ([_sub(parent, name) for name in _SIBLING] if parent is not None else [])
+        found.append(next((c for c in candidates if c is not None and _in_features(c) is not None), None))
+    if len(found) == 1 and model.n_layers > 1:
+        found = found * model.n_layers
+    return found
+
+
+def _blocks(model: HookedModel, cuts: list) -> tuple[tuple | None, str]:
+    """Each layer's block: on the bridge its ``blocks``; else the model's one list of n_layers modules whose
+    L-th holds layer L's cut."""
+    if model.bridge is not None:
+        return tuple(model.bridge.blocks), "the bridge's blocks"
+    if len({id(m) for m in cuts}) < len(cuts):
+        return None, "one attention module serves every layer, so no block can be skipped"
+    for name, module in backbone(model.hf_model).named_modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == model.n_layers and all(
+                any(sub is cut for sub in block.modules()) for block, cut in zip(module, cuts)):
+            return tuple(module), f"the modules of {name}"
+    return None, "no list of blocks holding one layer each was found"
+
+
+def head_cut(model: HookedModel) -> HeadCut:
+    """Where `model`'s heads are cut; a model whose output projection headscan cannot find is refused in one line
+    naming its architecture."""
+    architecture = type(model.hf_model).__name__
+    cuts = _bridge_cuts(model) if model.bridge is not None else _site_cuts(model)
+    width = [_in_features(c) if c is not None else None for c in cuts]
+    if len(cuts) != model.n_layers or any(w is None or w % model.n_heads for w in width) or len(set(width)) != 1:
+        raise ModelLoadError(
+            f"model {model.name!r} ({architecture}): headscan cannot find where each head's output enters the "
+            f"attention output projection (looked for {', '.join(_OWN)} in the attention module and "
+            f"{', '.join(_SIBLING)} beside it), so it cannot ablate its heads; sweep it with --importance off")
+    blocks, note = _blocks(model, cuts)
+    return HeadCut(tuple(cuts), _name_of(model.hf_model, cuts[0]), width[0] // model.n_heads, blocks, note)
+
+
+def target_of(model: HookedModel) -> tuple[str, str]:
+    """What removing a head is measured on for `model`, and why: ``next_token_loss`` for a causal language model,
+    ``masked_loss`` for an encoder whose checkpoint holds a trained masked-LM head (its config names a
+    ``...ForMaskedLM`` class), ``hidden_change`` for any other encoder (a sentence encoder such as minilm,
+    whose checkpoint has no head: the one a loader puts on top is random)."""
+    hf_model = model.hf_model
+    head = hf_model.get_output_embeddings() if hasattr(hf_model, "get_output_embeddings") else None
+    saved = list(getattr(hf_model.config, "architectures", None) or [])
+    if model.causal:
+        if head is None:
+            raise ModelLoadError(f"model {model.name!r} ({type(hf_model).__name__}) was loaded without its language-"
+                                 f"model head, so its next-token loss cannot be computed; sweep it with --importance off")
+        return "next_token_loss", "causal language model: its next-token loss"
+    masks = getattr(model.tokenizer, "mask_token_id", None) is not None
+    if head is not None and masks and any(name.endswith("ForMaskedLM") for name in saved):
+        return "masked_loss", f"its checkpoint is a {saved[0]}: the masked-token loss of its trained head"
+    why = f"its checkpoint is a {saved[0]}" if saved else "its checkpoint names no class"
+    return "hidden_change", f"{why}, with no trained masked-LM head: the change of its final hidden states"
+
+
+@functools.cache
+def _takes(cls, name: str) -> bool:
+    return name in inspect.signature(cls.forward).parameters
+
+
+@dataclass
+class Pass:
+    """What one forward pass gives: the output its target reads, and (a clean pass) what an ablation reuses."""
+
+    output: torch.Tensor  # (batch, seq, vocab) logits, or (batch, seq, d_model) final hidden states
+    heads: list = field(default_factory=list)  # per layer, (batch, seq, head * d_head): the cut modules' inputs
+    residuals: list = field(default_factory=list)  # per layer, what its block returned (detached)
+
+
+@dataclass
+class _Plan:
+    """What the hooks do during the pass in progress."""
+
+    capture: bool = False  # keep the heads' outputs and the blocks' outputs
+    replace: tuple | None = None  # (layer, head, value (d_head,) or None for zeros)
+    calls: dict = field(default_factory=dict)  # id(module) -> calls so far in this pass (shared modules)
+    heads: list = field(default_factory=list)
+    residuals: list = field(default_factory=list)
+
+
+class Surgery:
+    """Forward passes of a whole model with its heads' outputs read or replaced (use as a context manager: the
+    hooks are attached on entry and removed on exit, and do nothing outside `run`)."""
+
+    def __init__(self, model: HookedModel, cut: HeadCut, target: str):
+        self.model, self.cut, self.target = model, cut, target
+        self.plan: _Plan | None = None
+        # layers served by each distinct module, in call order (ALBERT: one module, every layer)
+        self._layers: dict[int, list[int]] = {}
+        for layer, module in enumerate(cut.modules):
+            self._layers.setdefault(id(module), []).append(layer)
+        self._handles: list = []
+        self.reuse = cut.blocks is not None  # run ablations from the ablated layer on; `check` may turn it off
+        self.reuse_note = cut.blocks_note
+
+    def __enter__(self) -> Surgery:
+        seen = set()
+        for module in self.cut.modules:
+            if id(module) not in seen:
+                seen.add(id(module))
+                self._handles.append(module.register_forward_pre_hook(self._pre))
+        for layer, block in enumerate(self.cut.blocks or ()):
+            self._handles.append(block.register_forward_hook(functools.partial(self._after_block, layer)))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    # --- hooks -----------------------------------------------------------------------------------------
+
+    def _pre(self, module, args):
+        plan = self.plan
+        if plan is None:
+            return None
+        n = plan.calls.get(id(module), 0)
+        plan.calls[id(module)] = n + 1
+        layer = self._layers[id(module)][n]
+        x = args[0]  # (batch, seq, head * d_head)
+        if plan.capture:
+            plan.heads.append(x)
+        if plan.replace is None or plan.replace[0] != layer:
+            return None
+        _, head, value = plan.replace
+        d = self.cut.d_head
+        columns = torch.zeros(x.shape[-1], dtype=torch.bool, device=x.device)
+        columns[head * d: (head + 1) * d] = True
+        filler = torch.zeros(x.shape[-1], dtype=x.dtype, device=x.device)
+        if value is not None:
+            filler[head * d: (head + 1) * d] = value.to(x.device, x.dtype)
+        return (torch.where(columns, filler, x), *args[1:])  # a new tensor: `x` is never written into
+
+    def _after_block(self, layer: int, module, args, output):
+        if self.plan is not None and self.plan.capture:
+            self.plan.residuals.append(_detached(output))
+        return None
+
+    # --- passes ----------------------------------------------------------------------------------------
+
+    def _output(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hf_model = self.model.hf_model
+        if self.target == "hidden_change":
+            body = backbone(hf_model)
+            return body(input_ids=input_ids, attention_mask=attention_mask)[0]  # (batch, seq, d_model)
+        kwargs = {"use_cache": False} if _takes(type(hf_model), "use_cache") else {}
+        return hf_model(input_ids=input_ids, attention_mask=attention_mask, **kwargs).logits  # (batch, seq, vocab)
+
+    def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, capture: bool = False, grad: bool = False,
+            replace: tuple | None = None, residuals: list | None = None) -> Pass:
+        """One whole forward pass.
+
+        `capture`: keep every layer's head outputs and block outputs (a clean pass); with `grad` the head outputs
+        stay in the autograd graph, for `torch.autograd.grad`. `replace`: ``(layer, head, value)`` puts `value`
+        ((d_head,), or None for zeros) in place of that head's output at every position. `residuals`: a clean
+        pass's block outputs; with `replace` the blocks before the ablated layer hand them back unrun.
+        """
+        self.plan = _Plan(capture=capture, replace=replace)
+        start = replace[0] if (replace is not None and residuals and self.reuse) else 0
+        try:
+            with torch.set_grad_enabled(grad), self._skipping(start, residuals):
+                output = self._output(input_ids, attention_mask)
+            return Pass(output, self.plan.heads, self.plan.residuals)
+        finally:
+            self.plan = None
+
+    @contextlib.contextmanager
+    def _skipping(self, start: int, residuals: list | None):
+        """Blocks 0 .. start-1 return the clean pass's residual after block start-1 without running: exact, since
+        block `start` then reads what it read in the clean pass."""
+        if start == 0:
+            yield
+            return
+        blocks = self.cut.blocks[:start]
+        kept = residuals[start - 1]
+        try:
+            for block in blocks:
+                # in the instance's own dict: TransformerLens' components pass attribute writes on to the module
+                # they wrap, and nn.Module's __call__ finds an instance's `forward` before its class's
+                vars(block)["forward"] = lambda *args, **kwargs: kept
+            yield
+        finally:
+            for block in blocks:
+                vars(block).pop("forward", None)
+
+    def check(self) -> None:
+        """Verify, on the probe sentence, that running from a layer on reproduces the full ablated pass (else
+        ablations run whole passes, and `reuse_note` says why), and that each cut module ran once per layer."""
+        model = self.model
+        ids = torch.tensor([model.token_ids([PROBE])[0]], dtype=torch.long, device=model.device)
+        mask = torch.ones_like(ids)
+        with torch.no_grad():
+            clean = self.run(ids, mask, capture=True)
+            if len(clean.heads) != model.n_layers:
+                raise ModelLoadError(f"model {model.name!r}: its output projections ran {len(clean.heads)} times in a "
+                                     f"forward pass, expected {model.n_layers}; headscan cannot ablate its heads")
+            if not self.reuse:
+                return
+            layer = model.n_layers // 2
+            value = clean.heads[layer][0, 0, :self.cut.d_head]
+            full = self.run(ids, mask, replace=(layer, 0, value))
+            reused = self.run(ids, mask, replace=(layer, 0, value), residuals=clean.residuals)
+        scale = float(full.output.abs().max()) or 1.0
+        gap = float((full.output - reused.output).abs().max())
+        if not gap <= 1e-5 * scale:
+            self.reuse = False
+            self.reuse_note = (f"running from the ablated layer on differs from the whole pass by {gap:.1e} on a "
+                               f"probe, so each ablation runs the whole model")
+        else:
+            self.reuse_note = f"each ablation runs from its layer on ({self.cut.blocks_note} before it are not rerun)"
+
+
+def _detached(output: Any):
+    if isinstance(output, torch.Tensor):
+        return output.detach()
+    if isinstance(output, tuple):
+        return tuple(_detached(item) for item in output)
+    return output

@@ -1,0 +1,150 @@
+"""The report's "Does the head matter?" section (importance.parquet): each head's effect against its strongest
+pattern, the heads whose pattern and effect disagree, and AtP against exact ablation.
+
+It takes the runs side by side, draws its PNGs (sized as in `headscan.report.sections`) and returns document
+blocks, or nothing when no run has an importance table. The numbers come from `headscan.analysis.importance`.
+This module loads no model.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from ..analysis import importance as matter
+from ..analysis.runs import Comparison
+from ..plots import importance as plots
+from .document import Bullets, Figures, Heading, Note, Table, Text
+from .sections import MAX_WIDTH, Pngs
+
+__all__ = ["importance_section", "TARGET_UNITS"]
+
+TARGET_UNITS = {  # what a change of each target is measured in
+    "next_token_loss": "change of the next-token loss (nats per token)",
+    "masked_loss": "change of the masked-token loss (nats per token)",
+    "hidden_change": "1 - cosine of the final hidden states",
+}
+NAMED = 3  # heads named per model in the section's sentences
+PANEL = 3.6  # inches per model's panel
+
+
+def _signed(value: float) -> str:
+    return "–" if pd.isna(value) else f"{value:+.3g}"
+
+
+def _with_interval(value: float, low: float, high: float) -> str:
+    if pd.isna(value):
+        return "–"
+    return _signed(value) + ("" if pd.isna(low) or pd.isna(high) else f" [{_signed(low)}, {_signed(high)}]")
+
+
+def _notes(comparison: Comparison, model: str) -> dict:
+    return comparison.model(model).provenance.extra.get("importance") or {}
+
+
+def _model_lines(comparison: Comparison, table: pd.DataFrame) -> list[str]:
+    lines = []
+    for model in [m.name for m in comparison.models if (table["model"] == m.name).any()]:
+        part = table[table["model"] == model]
+        notes = _notes(comparison, model)
+        target = part["target"].iloc[0]
+        exact = int(part["exact"].sum())
+        ranked = part.reindex(part["value"].abs().sort_values(ascending=False).index).head(NAMED)
+        named = "; ".join(f"{r.label} {_with_interval(r.value, r.ci_low, r.ci_high)}" for r in ranked.itertuples())
+        how = ("exact mean ablation" if exact == len(part) else
+               f"exact mean ablation for {exact} of {len(part)} heads, AtP's estimate for the rest" if exact else
+               "AtP's first-order estimate of mean ablation")
+        lines.append(
+            f"{model} (`{target}`; {how}): the largest effects are {named}. {int(part['matters'].sum())} of "
+            f"{len(part)} heads matter (interval clear of 0, at least {matter.MATTERS:.0%} of the largest effect), "
+            f"{int(part['nil'].sum())} have none (interval within {matter.NEGLIGIBLE:.0%} of the largest around 0)."
+            + (f" Sample: {notes['sample']}." if notes.get("sample") else ""))
+    return lines
+
+
+def _flag_table(table: pd.DataFrame, single: bool) -> Table | Note:
+    flagged = table[table["flag"] != ""]
+    if flagged.empty:
+        return Note("No head is flagged: none has a striking pattern with no effect, nor an effect without a "
+                    "striking pattern, on values whose support is not thin.")
+    frame = pd.DataFrame({
+        "model": flagged["model"], "head": flagged["label"], "flag": flagged["flag"],
+        "pattern": flagged["pattern"],
+        "share [95%]": [_with_interval(v, lo, hi).replace("+", "") for v, lo, hi in
+                        zip(flagged["pattern_value"], flagged["pattern_low"], flagged["pattern_high"])],
+        "effect [95%]": [_with_interval(v, lo, hi) for v, lo, hi in
+                         zip(flagged["value"], flagged["ci_low"], flagged["ci_high"])],
+        "method": flagged["method"],
+    })
+    if single:
+        frame = frame.drop(columns="model")
+    return Table(frame, sortable=True,
+                 note=f"A striking pattern: the lower end of its interval at least {matter.STRIKING:g} of the head's "
+                      f"attention; no effect: the effect's whole interval within {matter.NEGLIGIBLE:.0%} of the "
+                      f"model's largest effect around 0; an effect: its interval clear of 0 and at least "
+                      f"{matter.MATTERS:.0%} of the largest, with no pattern whose interval reaches "
+                      f"{matter.STRIKING:g}. Values resting on thin support flag nothing. Click a heading to sort.")
+
+
+def _agreement_part(comparison: Comparison, pngs: Pngs) -> list:
+    importance = comparison["importance"]
+    agreement = matter.agreement(importance)
+    agreement = agreement[agreement["heads"] > 0]
+    blocks: list = [Heading(3, "AtP against exact ablation"),
+                    Text("Attribution patching (AtP) estimates every head's effect from one backward pass: the "
+                         "gradient of the target at the head's output times the change the ablation makes, summed "
+                         "over positions (Nanda 2023; Kramár et al. 2024). Where the sweep also ablated heads "
+                         "exactly, the two are compared head by head.")]
+    if agreement.empty:
+        return blocks + [Note("No head was ablated exactly in these runs (sweep with --importance ablate), or the "
+                              "target has no first-order estimate (hidden_change), so there is nothing to compare.")]
+    models = [m.name for m in comparison.models if (agreement["model"] == m.name).any()]
+    fig = Figure(figsize=(min(MAX_WIDTH, PANEL * len(models) + 0.4), PANEL), layout="constrained")
+    axes = fig.subplots(1, len(models), squeeze=False)[0]
+    for ax, model in zip(axes, models):
+        plots.atp_against_exact(importance, model=model, ax=ax)
+    name = pngs.add("atp_against_exact.png", fig)
+    frame = pd.DataFrame({"model": agreement["model"], "AtP": agreement["estimate"], "exact": agreement["exact"],
+                          "heads": agreement["heads"].astype(str),
+                          "Spearman": agreement["spearman"].map(lambda v: "–" if pd.isna(v) else f"{v:.2f}"),
+                          "top 10 shared": [f"{s} of {k}" for s, k in zip(agreement["top_shared"], agreement["top"])]})
+    return blocks + [Figures([name], "Each head that has both: AtP's estimate of mean ablation (x) against the exact "
+                                     "mean ablation (y); the dashed line is agreement."),
+                     Table(frame, numeric=("heads", "Spearman"),
+                           note="Spearman's rank correlation over the heads with both; top 10 shared: how many of the "
+                                "10 largest exact effects (by size) are also among AtP's 10 largest. Only heads AtP "
+                                "ranked high are ablated under --ablate-top, so a high correlation there says AtP "
+                                "orders its own top heads well, not that it missed none.")]
+
+
+def importance_section(comparison: Comparison, pngs: Pngs) -> list:
+    """Does the head matter: each model's heads by effect and strongest pattern, the flagged heads, and AtP
+    against exact ablation; nothing when no run has an importance table."""
+    if "importance" not in comparison.frames or comparison["importance"]["value"].notna().sum() == 0:
+        return []
+    table = matter.matter_table(comparison.heads, comparison["importance"])
+    blocks: list = [
+        Heading(2, "Does the head matter?"),
+        Text("Where a head looks is not whether the model needs it. importance.parquet holds, per head, the change "
+             "of the model's target when the head's output is removed (ablated minus clean; positive: the loss "
+             "rises without it): replaced by its mean over the corpus (mean ablation) or by 0, exactly or as "
+             "AtP's first-order estimate. Chance is 0: a head whose removal changes nothing scores 0. Targets: a "
+             "causal model's next-token loss, an encoder's masked-token loss where its checkpoint has a trained "
+             "head, else the change of its final hidden states (1 - cosine)."),
+        Bullets(_model_lines(comparison, table)),
+    ]
+    models = [m.name for m in comparison.models if (table["model"] == m.name).any()]
+    fig = Figure(figsize=(min(MAX_WIDTH, PANEL * len(models) + 0.4), PANEL), layout="constrained")
+    axes = fig.subplots(1, len(models), squeeze=False)[0]
+    for ax, model in zip(axes, models):
+        target = table.loc[table["model"] == model, "target"].iloc[0]
+        plots.effect_against_pattern(table, model=model, ax=ax, unit=TARGET_UNITS.get(target, target),
+                                     legend=ax is axes[-1])
+    name = pngs.add("importance_against_pattern.png", fig)
+    blocks += [Figures([name], "Each head's strongest pattern (its largest share of attention on one kind of key, "
+                               "coloured by which) against the effect of removing it, with the effect's 95% "
+                               "interval; dots are exact mean ablations, crosses AtP estimates. Flagged heads are "
+                               "labelled."),
+               Heading(3, "Heads whose pattern and effect disagree"),
+               _flag_table(table, single=len(comparison.models) == 1)]
+    return blocks + _agreement_part(comparison, pngs)

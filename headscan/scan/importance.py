@@ -1,0 +1,248 @@
+"""Head importance in the sweep: each window's segments through the whole model, clean and with heads removed,
+scored into per-segment sums of the target's change (`headscan.metrics.importance` defines targets and methods).
+
+Importance is measured on the *sample*: every segment, or with ``importance_sample`` a seeded draw of that many
+from the whole corpus (the same draw in every shard, so shards merge exactly; the pattern tables still cover
+the whole corpus). Before the first window a *mean pass* over the sample keeps each head's mean output over its
+real tokens, for mean ablation and AtP; with ``ablate_top`` the same pass also takes one backward pass per
+batch and ranks the heads by |AtP| of mean ablation over the sample: the top N are ablated exactly. The means
+and the choice are kept in the partial state (saved as soon as the pass ends), so a resumed sweep uses the same
+ones; a sweep stopped during the pass does it again.
+
+Then, per batch of each window's segments in the sample: one clean pass (with a backward pass for AtP: the
+gradient of the batch's target sum at every head's output, all heads at once), then one pass per exactly
+ablated head and kind, each run from the ablated layer on where that was checked exact
+(`headscan.models.ablation.Surgery.check`).
+
+This module does not keep running totals or write tables (see `headscan.scan.reduce` and `headscan.scan.finish`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from ..config import SweepConfig
+from ..corpus import Corpus, EncodedCorpus, batches, encode
+from ..errors import SweepInterrupted
+from ..metrics.importance import MASK_SPLIT, attribution, mask_tokens, methods, target_sums
+from ..models import HookedModel
+from ..models.ablation import Surgery, head_cut, target_of
+from .plan import Column
+from .state import PartialState
+
+__all__ = ["ImportanceRun", "SAMPLE_SALT", "MASK_SALT"]
+
+# Mixed into the seeds of the mean pass's sample and of the masking, so their draws never coincide with the
+# bootstrap weights' (seeded by [seed, unit]).
+SAMPLE_SALT, MASK_SALT = 2101, 2102
+
+
+class ImportanceRun:
+    """One model's importance columns: the mean pass, and each window's sums (use as a context manager)."""
+
+    def __init__(self, model: HookedModel, corpus: Corpus, config: SweepConfig, columns: list[Column]):
+        self.model, self.corpus, self.config = model, corpus, config
+        self.cut = head_cut(model)  # refuses an architecture whose output projection is not found
+        self.target, self.why = target_of(model)
+        self.methods = methods(config)
+        # this model's importance columns, among the importance block at the end of `columns`
+        block = [key for _, key, table in columns if table == "importance"]
+        self.n_columns = len(block)
+        self.index = {method: block.index((method, self.target)) for method in self.methods}
+        self.atp = self.target != "hidden_change"  # the first-order change of hidden_change is 0
+        self.surgery = Surgery(model, self.cut, self.target)
+        self.sample = self._sample()  # corpus indices of the segments importance is measured on
+        self.sampled = set(self.sample)
+        self.means: torch.Tensor | None = None  # (layer, head, d_head)
+        self.chosen: list[tuple[int, int]] = []
+
+    def __enter__(self) -> ImportanceRun:
+        self.surgery.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.surgery.__exit__(*exc)
+
+    # --- before the first window ---------------------------------------------------------------------------
+
+    def prepare(self, state: PartialState, should_stop: Callable[[], bool], save: Callable | None) -> None:
+        """The means and the heads to ablate: read from `state`, or from a mean pass saved into it."""
+        with torch.no_grad():
+            self.surgery.check()
+        if not state.head_means.size:
+            ranking = self.config.ablate_top is not None and self.atp
+            means, n_tokens, scores, sample = self._mean_pass(ranking, should_stop)
+            state.head_means = means
+            state.importance = self._notes(sample, n_tokens, scores)
+            if save is not None:
+                save(state)
+        self.means = torch.from_numpy(state.head_means).to(self.model.device, torch.float32)
+        self.chosen = [tuple(pair) for pair in state.importance["ablated"]]
+        state.model["importance"] = state.importance | {"ablation_passes": self.surgery.reuse_note}
+
+    def _sample(self) -> list[int]:
+        n = len(self.corpus.segments)
+        if self.config.importance_sample is None or self.config.importance_sample >= n:
+            return list(range(n))
+        rng = np.random.default_rng([self.config.seed, SAMPLE_SALT])
+        return sorted(rng.choice(n, size=self.config.importance_sample, replace=False).tolist())
+
+    def _mean_pass(self, ranking: bool, should_stop):
+        """Each head's mean output over the real tokens of the sample, (layer, head, d_head) float64, the
+        number of tokens, and with `ranking` the sample's AtP of mean ablation per head, (layer, head)."""
+        model, cut = self.model, self.cut
+        sample = self.sample
+        encoded = encode(self.corpus, model, self.config.max_len, indices=sample, long=self.config.long)
+        width = model.n_heads * cut.d_head
+        sums = torch.zeros((model.n_layers, width), dtype=torch.float64)
+        grads = torch.zeros_like(sums)  # sum of dT/dz over real positions
+        products = torch.zeros((model.n_layers, model.n_heads), dtype=torch.float64)  # sum of z . dT/dz
+        n_tokens = 0
+        for batch, inputs, labels, mask in self._batches(encoded, sample):
+            if should_stop():
+                raise SweepInterrupted(f"{model.name}: stopped during the importance mean pass")
+            real = mask.bool()
+            run = self.surgery.run(inputs, mask, capture=True, grad=ranking)
+            heads = [h.detach() for h in run.heads]
+            for layer, z in enumerate(heads):
+                sums[layer] += z[real].double().sum(0).cpu()
+            n_tokens += int(real.sum())
+            if ranking:
+                total, _ = target_sums(self.target, run.output, tokens=inputs, real=real, labels=labels)
+                gradients = torch.autograd.grad(total.sum(), run.heads, allow_unused=True)
+                for layer, (z, g) in enumerate(zip(heads, gradients)):
+                    g = torch.zeros_like(z) if g is None else g.detach()
+                    grads[layer] += g[real].double().sum(0).cpu()
+                    products[layer] += (z * g)[real].double().view(-1, model.n_heads, cut.d_head).sum((0, 2)).cpu()
+            del run
+        means = (sums / max(n_tokens, 1)).view(model.n_layers, model.n_heads, cut.d_head)
+        scores = None
+        if ranking:  # sum over the sample of (mean - z) . g = mean . sum(g) - sum(z . g)
+            scores = (means * grads.view_as(means)).sum(-1) - products
+        return means.numpy(), n_tokens, scores, sample
+
+    def _notes(self, sample: list[int], n_tokens: int, scores: torch.Tensor | None) -> dict:
+        """What the state keeps and the provenance records: target, means, masking, which heads are ablated."""
+        model, config = self.model, self.config
+        heads = [(layer, head) for layer in range(model.n_layers) for head in range(model.n_heads)]
+        if config.importance != "ablate":
+            ablated, rule = [], "none (importance='atp')"
+        elif config.ablate_top is None:
+            ablated, rule = heads, "every head"
+        elif scores is None:
+            ablated, rule = heads, (f"every head: ablate_top={config.ablate_top} ranks heads by |AtP|, which "
+                                    f"{self.target} does not have")
+        else:
+            order = np.argsort(-np.abs(scores.numpy()).ravel(), kind="stable")[: config.ablate_top]
+            ablated = sorted(heads[i] for i in order.tolist())
+            rule = f"the {len(ablated)} heads of largest |atp_mean| over the sample (mean pass)"
+        notes = {
+            "target": self.target, "why": self.why, "methods": self.methods,
+            "cut": self.cut.where,
+            "sample": (f"all {len(sample):,} segments" if len(sample) == len(self.corpus.segments) else
+                       f"{len(sample):,} of {len(self.corpus.segments):,} segments, drawn with seed {config.seed} "
+                       f"(salt {SAMPLE_SALT})"),
+            "means": f"each head's mean output over the {n_tokens:,} real tokens of the sample",
+            "sample_segments": len(sample), "sample_tokens": n_tokens,
+            "ablated_heads": rule, "ablated": [list(pair) for pair in ablated],
+            "positions": "the head's output is replaced at every position; the target counts real tokens",
+        }
+        if self.target == "masked_loss":
+            notes["masking"] = {"rate": config.mask_rate, "mask_random_keep": list(MASK_SPLIT), "seed": config.seed,
+                                "salt": MASK_SALT, "keyed_by": "segment index and window within it",
+                                "maskable": "real tokens that are not special tokens"}
+        if not self.atp:
+            notes["atp"] = "none: the first-order change of hidden_change is 0 (the clean pass is its minimum)"
+        return notes
+
+    # --- batches ---------------------------------------------------------------------------------------------
+
+    def _batches(self, encoded: EncodedCorpus, segments: list[int]):
+        """(batch, input ids, labels or None, attention mask) on the model's device; masked-LM inputs are masked
+        per sequence, keyed by its segment's index in the corpus (`segments[position]`) and its window in it."""
+        model = self.model
+        pad = model.special_token_ids["pad"]
+        pad = pad if pad is not None else 0
+        first: dict[int, int] = {}
+        for sequence in range(len(encoded.token_ids)):
+            first.setdefault(encoded.segment_of(sequence), sequence)
+        special = {i for i in model.special_token_ids.values() if i is not None}
+        special |= set(getattr(model.tokenizer, "all_special_ids", []) or [])
+        mask_id = getattr(model.tokenizer, "mask_token_id", None)
+        for batch in batches(encoded, self.config.batch_size, pad):
+            ids, mask, labels = batch.input_ids, batch.attention_mask, None
+            if self.target == "masked_loss":  # drawn on each sequence's own tokens: padding changes nothing
+                ids, labels = ids.clone(), torch.full_like(ids, -100)
+                for row, sequence in enumerate(batch.index.tolist()):
+                    tokens = list(encoded.token_ids[sequence])
+                    owner = encoded.segment_of(sequence)
+                    key = (self.config.seed, MASK_SALT, segments[owner], sequence - first[owner])
+                    inputs, labelled = mask_tokens(tokens, [t not in special for t in tokens], key=key,
+                                                   rate=self.config.mask_rate, mask_id=mask_id,
+                                                   vocab_size=model.vocab_size)
+                    ids[row, :len(tokens)] = torch.tensor(inputs)
+                    labels[row, :len(tokens)] = torch.tensor(labelled)
+                labels = labels.to(model.device)
+            yield batch, ids.to(model.device), labels, mask.to(model.device)
+
+    def window(self, window: list[int], row_of: Callable[[int], int], n_units: int, device,
+               should_stop: Callable[[], bool], advance: Callable[[int], object] | None = None):
+        """The importance sums and counts of a window's segments in the sample, (layer, unit, head, importance
+        column) float64 on `device`: `window` holds their corpus indices, `row_of(index)` each one's unit row.
+        `advance(n)` after each batch of n sequences (a progress bar)."""
+        model = self.model
+        shape = (model.n_layers, n_units, model.n_heads, self.n_columns)
+        sums = torch.zeros(shape, dtype=torch.float64, device=device)
+        counts = torch.zeros_like(sums)
+        segments = [index for index in window if index in self.sampled]
+        if not segments:
+            return sums, counts
+        encoded = encode(self.corpus, model, self.config.max_len, indices=segments, long=self.config.long)
+        for batch, inputs, labels, mask in self._batches(encoded, segments):
+            if should_stop():
+                raise SweepInterrupted(f"{model.name}: stopped")
+            batch_sums, batch_counts = self._batch(inputs, labels, mask)  # (layer, batch, head, column)
+            where = torch.tensor([row_of(segments[encoded.segment_of(int(i))]) for i in batch.index],
+                                 dtype=torch.long, device=device)
+            sums.index_add_(1, where, batch_sums.to(device))
+            counts.index_add_(1, where, batch_counts.to(device))
+            if advance is not None:
+                advance(len(batch.index))
+        return sums, counts
+
+    def _batch(self, inputs: torch.Tensor, labels: torch.Tensor | None, mask: torch.Tensor):
+        """One batch's importance sums and counts, (layer, batch, head, column) float64."""
+        model, means = self.model, self.means
+        real = mask.bool()
+        b = inputs.shape[0]
+        sums = torch.zeros((model.n_layers, b, model.n_heads, self.n_columns), dtype=torch.float64)
+        counts = torch.zeros_like(sums)
+        clean = self.surgery.run(inputs, mask, capture=True, grad=self.atp)
+        base, count = target_sums(self.target, clean.output, tokens=inputs, real=real, labels=labels)  # (batch,) each
+        if self.atp:
+            gradients = torch.autograd.grad(base.sum(), clean.heads, allow_unused=True)
+            zeros = torch.zeros_like(means[0])
+            for layer, (z, g) in enumerate(zip(clean.heads, gradients)):
+                z = z.detach()
+                g = torch.zeros_like(z) if g is None else g.detach()
+                for method, replacement in (("atp_mean", means[layer]), ("atp_zero", zeros)):
+                    column = self.index[method]
+                    sums[layer, :, :, column] = attribution(z, g, replacement, real).double().cpu()
+                    counts[layer, :, :, column] = count.detach().double().cpu()[:, None]
+        output, residuals = clean.output.detach(), clean.residuals
+        del clean  # the autograd graph goes; the residuals stay for the ablations
+        with torch.no_grad():
+            # the clean pass's own value, computed as an ablated one is: 0 for hidden_change, up to rounding
+            base = target_sums(self.target, output, tokens=inputs, real=real, labels=labels, clean=output)[0]
+            for layer, head in self.chosen:
+                for method, value in (("mean_ablation", means[layer, head]), ("zero_ablation", None)):
+                    run = self.surgery.run(inputs, mask, replace=(layer, head, value), residuals=residuals)
+                    ablated, _ = target_sums(self.target, run.output, tokens=inputs, real=real, labels=labels,
+                                             clean=output)
+                    column = self.index[method]
+                    sums[layer, :, head, column] = (ablated - base).double().cpu()
+                    counts[layer, :, head, column] = count.double().cpu()
+        return sums, counts

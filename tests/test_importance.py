@@ -1,0 +1,449 @@
+"""Does the head matter: importance.parquet against answers computed without headscan's ablation code.
+
+- A tiny GPT-2 built here whose layer-0 head 0 is the only path to the logits has the largest exact ablation
+  effect; a head with zeroed output weights scores exactly 0 under every method.
+- Every exact ablation equals a plain loop over the Hugging Face model, one sequence at a time, with a forward
+  pre-hook on its own output projection (named here, per architecture): bridge and hf_hooks paths,
+  grouped-query attention, an attention module shared by every layer, and the three targets.
+- AtP equals (mean - z) . dT/dz summed by hand from the plain model's own backward pass.
+- Intervals, masking draws, settings, an architecture whose heads cannot be cut; shards merge and a stopped
+  sweep resumes to the same table.
+"""
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer, GPT2LMHeadModel
+
+import headscan
+from headscan.config import SweepConfig
+from headscan.errors import ConfigError, ModelLoadError
+from headscan.metrics.importance import mask_tokens
+from headscan.models import load_model
+from headscan.models.ablation import head_cut
+from headscan.scan import PartialState, merge, sweep
+from headscan.scan.importance import MASK_SALT
+from headscan.scan.reduce import accumulate
+from headscan.testing import build_architecture_checkpoint, build_tiny_checkpoint
+
+TEXTS = ["The cat sat on the mat because it was tired.", "Where is the station?", "I like green tea.",
+         "She said no.", "Dogs bark at night and sleep all day long, they say.", "A small model reads.",
+         "Numbers like 1, 2 and 42 appear too."]
+SETTINGS = dict(device="cpu", bootstrap=0, batch_size=3, importance="ablate")
+
+# Each architecture's output projection as its own Hugging Face modules name it ("{}": the layer), and its head
+# class: written here, not read from headscan, so that the reference shares nothing with the code under test.
+REFERENCE = {
+    "gpt2": (AutoModelForCausalLM, "transformer.h.{}.attn.c_proj"),
+    "llama": (AutoModelForCausalLM, "model.layers.{}.self_attn.o_proj"),
+    "bert": (AutoModelForMaskedLM, "bert.encoder.layer.{}.attention.output.dense"),
+    "distilbert": (AutoModelForMaskedLM, "distilbert.transformer.layer.{}.attention.out_lin"),
+    "albert": (AutoModelForMaskedLM, "albert.encoder.albert_layer_groups.0.albert_layers.0.attention.dense"),
+    "smollm2": (AutoModelForCausalLM, "model.layers.{}.self_attn.o_proj"),
+    "minilm": (AutoModel, "encoder.layer.{}.attention.output.dense"),  # a sentence encoder: no head
+}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(request):
+    """Tiny models run one thread: on a busy machine a second thread's synchronisation costs a tiny matrix
+    product 10 to 100 times its work. Real models keep torch's default."""
+    if request.node.get_closest_marker("real"):
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# --- the plain reference ------------------------------------------------------------------------------------
+
+
+class Plain:
+    """A Hugging Face model run one sequence at a time, with pre-hooks on its output projections that read or
+    replace one head's slice (a module shared by every layer is told apart by call order)."""
+
+    def __init__(self, folder, arch: str, n_layers: int, n_heads: int, target: str, **load):
+        auto, path = REFERENCE[arch]
+        self.model = auto.from_pretrained(folder, attn_implementation="eager", **load).eval()
+        self.modules = [self.model.get_submodule(path.format(layer)) for layer in range(n_layers)]
+        self.n_heads, self.target = n_heads, target
+        self.seen, self.patch, self.calls = [], None, {}
+
+    def _hook(self, module, args):
+        layer = [i for i, m in enumerate(self.modules) if m is module][self.calls.get(id(module), 0)]
+        self.calls[id(module)] = self.calls.get(id(module), 0) + 1
+        x = args[0]
+        self.seen.append(x)
+        if self.patch is None or self.patch[0] != layer:
+            return None
+        _, head, value = self.patch
+        d = x.shape[-1] // self.n_heads
+        x = x.clone()
+        x[..., head * d:(head + 1) * d] = value
+        return (x,)
+
+    def output(self, ids, patch=None):
+        self.seen, self.patch, self.calls = [], patch, {}
+        handles = [m.register_forward_pre_hook(self._hook) for m in {id(m): m for m in self.modules}.values()]
+        try:
+            ids = torch.tensor([ids])
+            if self.target == "hidden_change":
+                return self.model.base_model(input_ids=ids)[0][0]
+            return self.model(input_ids=ids).logits[0]
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def score(self, output, ids, labels, clean):
+        if self.target == "next_token_loss":
+            return F.cross_entropy(output[:-1], torch.tensor(ids[1:]), reduction="sum"), len(ids) - 1
+        if self.target == "masked_loss":
+            labels = torch.tensor(labels)
+            chosen = labels >= 0
+            return F.cross_entropy(output[chosen], labels[chosen], reduction="sum"), int(chosen.sum())
+        return (1 - F.cosine_similarity(output, clean, dim=-1)).sum(), len(ids)
+
+
+def plain_inputs(folder, causal: bool, texts, seed=0, rate=0.15, masked=False, vocab_size=None):
+    """Each text's token ids as a sweep feeds them (BOS first for these decoders, [CLS] ... [SEP] for encoders),
+    and under BERT's masking the masked ids and labels, drawn by the rule the README states."""
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    sequences = []
+    for index, text in enumerate(texts):
+        ids = tokenizer(text, add_special_tokens=not causal)["input_ids"]
+        ids = [tokenizer.bos_token_id] + ids if causal else ids
+        if not masked:
+            sequences.append((ids, ids, None))
+            continue
+        rng = np.random.default_rng([seed, MASK_SALT, index, 0])
+        n = len(ids)
+        chosen = (rng.random(n) < rate) & ~np.isin(ids, tokenizer.all_special_ids)
+        how, random_ids = rng.random(n), rng.integers(0, vocab_size, n)
+        inputs = np.where(chosen & (how < 0.8), tokenizer.mask_token_id, ids)
+        inputs = np.where(chosen & (how >= 0.8) & (how < 0.9), random_ids, inputs)
+        sequences.append((ids, inputs.tolist(), np.where(chosen, ids, -100).tolist()))
+    return sequences
+
+
+def plain_importance(plain: Plain, sequences, heads):
+    """{(method, layer, head): (sum of the change over the sequences, count)} for exact mean and zero ablation
+    and AtP of both, the mean over every real token of every sequence."""
+    outputs = []
+    with torch.no_grad():
+        for _, inputs, _ in sequences:
+            outputs.append(plain.output(inputs))
+            plain.seen = [x[0] for x in plain.seen]
+    totals = {}
+    for index, (ids, inputs, labels) in enumerate(sequences):  # the means: a first pass over every sequence
+        with torch.no_grad():
+            plain.output(inputs)
+        for layer, x in enumerate(plain.seen):
+            totals[layer] = totals.get(layer, 0) + x[0].double().sum(0)
+    n_tokens = sum(len(ids) for ids, _, _ in sequences)
+    means = {layer: (total / n_tokens).float() for layer, total in totals.items()}
+    found = {}
+    for (ids, inputs, labels), clean in zip(sequences, outputs):
+        # AtP: the plain model's own backward pass, each head's (mean - z) . g summed over positions
+        seen = []
+        handles = [m.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+                   for m in {id(m): m for m in plain.modules}.values()]
+        try:
+            output = plain.model(input_ids=torch.tensor([inputs])).logits[0] if plain.target != "hidden_change" else None
+        finally:
+            for handle in handles:
+                handle.remove()
+        if output is not None:
+            loss, count = plain.score(output, ids, labels, None)
+            grads = torch.autograd.grad(loss, seen)
+            for layer, (z, g) in enumerate(zip(seen, grads)):
+                z, g = z[0].detach().view(len(inputs), plain.n_heads, -1), g[0].view(len(inputs), plain.n_heads, -1)
+                mean = means[layer].view(plain.n_heads, -1)
+                for method, r in (("atp_mean", mean), ("atp_zero", torch.zeros_like(mean))):
+                    per_head = ((r - z) * g).sum((0, 2))
+                    for head in range(plain.n_heads):
+                        s, c = found.get((method, layer, head), (0.0, 0))
+                        found[method, layer, head] = (s + float(per_head[head]), c + count)
+        with torch.no_grad():
+            base, count = plain.score(clean, ids, labels, clean)
+            for layer, head in heads:
+                d = means[layer].shape[0] // plain.n_heads
+                for method, value in (("mean_ablation", means[layer][head * d:(head + 1) * d]), ("zero_ablation", 0.0)):
+                    ablated, _ = plain.score(plain.output(inputs, (layer, head, value)), ids, labels, clean)
+                    s, c = found.get((method, layer, head), (0.0, 0))
+                    found[method, layer, head] = (s + float(ablated - base), c + count)
+    return found
+
+
+def assert_matches(table: pd.DataFrame, found: dict, tolerance: float, atp_rtol: float = 1e-5):
+    """Every (method, layer, head) of `found` has its row, its count, and its value to `tolerance`; AtP's, a sum
+    of float32 gradient products, to `atp_rtol` of its size as well."""
+    checked = 0
+    for (method, layer, head), (total, count) in found.items():
+        row = table[(table["method"] == method) & (table["layer"] == layer) & (table["head"] == head)]
+        assert len(row) == 1, (method, layer, head)
+        assert row["count"].iloc[0] == count, (method, layer, head)
+        value, expected = row["value"].iloc[0], total / count
+        allowed = tolerance + (atp_rtol * abs(expected) if method.startswith("atp") else 0.0)
+        assert abs(value - expected) <= allowed, (method, layer, head, value, expected)
+        checked += 1
+    return checked
+
+
+# --- every exact ablation equals the plain loop ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch, target", [("gpt2", "next_token_loss"), ("llama", "next_token_loss"),
+                                          ("bert", "masked_loss"), ("distilbert", "masked_loss"),
+                                          ("albert", "masked_loss")])
+def test_every_ablation_equals_a_plain_hook_loop(arch, target, tmp_path):
+    folder = build_architecture_checkpoint(tmp_path / arch, arch, seed=4)
+    model = load_model(str(folder))
+    run = headscan.sweep(str(folder), TEXTS, mask_rate=0.4, **SETTINGS)
+    table = run["importance"]
+    assert set(table["target"]) == {target}
+    assert len(table) == 4 * model.n_layers * model.n_heads  # every method, layer and head
+    plain = Plain(folder, arch, model.n_layers, model.n_heads, target)
+    sequences = plain_inputs(folder, model.causal, TEXTS, rate=0.4, masked=target == "masked_loss",
+                             vocab_size=model.vocab_size)
+    heads = [(layer, head) for layer in range(model.n_layers) for head in range(model.n_heads)]
+    found = plain_importance(plain, sequences, heads)
+    assert assert_matches(table, found, 1e-5) == 4 * len(heads)
+    notes = run.provenance.models[0].extra["importance"]
+    assert notes["target"] == target and notes["sample_segments"] == len(TEXTS) and notes["sample"] == "all 7 segments"
+    assert ("from its layer on" in notes["ablation_passes"]) == (arch != "albert")  # one module for every layer
+
+
+def test_grouped_query_heads_are_ablated_one_query_head_at_a_time(tmp_path):
+    folder = build_architecture_checkpoint(tmp_path / "llama", "llama", seed=5)
+    table = headscan.sweep(str(folder), TEXTS[:3], **SETTINGS)["importance"]
+    zero = table[table["method"] == "zero_ablation"].set_index(["layer", "head"])["value"]
+    assert (table["kv_group"] == table["head"] // 2).all()  # 4 query heads read 2 key/value heads
+    assert zero.loc[0, 0] != zero.loc[0, 1]  # two query heads of one group: two different effects
+
+
+@pytest.mark.real
+def test_smollm2_and_minilm_ablations_equal_a_plain_hook_loop(smollm2, minilm):
+    """Real models against plain Hugging Face models loaded apart (smollm2 dequantised from its GGUF file), on
+    four sentences: smollm2's three heads of largest |AtP| and its AtP of all 270 heads; every minilm head."""
+    from headscan.corpus import texts_corpus
+    from headscan.models import ALIASES
+    from headscan.scan import sweep_model
+
+    texts = TEXTS[:4]
+    gguf = ALIASES["smollm2"].locate()
+    for model, arch, folder, load, top in ((smollm2, "smollm2", gguf.parent, {"gguf_file": gguf.name}, 3),
+                                          (minilm, "minilm", ALIASES["minilm"].locate(), {}, None)):
+        config = SweepConfig(device="cpu", bootstrap=0, batch_size=4, importance="ablate", ablate_top=top,
+                             values=False)
+        table = sweep_model(model, texts_corpus(texts, None), config)["importance"]
+        target = set(table["target"]).pop()
+        ablated = table[table["method"] == "mean_ablation"].dropna(subset=["value"])
+        heads = list(zip(ablated["layer"], ablated["head"]))
+        assert len(heads) == (top or model.n_layers * model.n_heads)
+        plain = Plain(folder, arch, model.n_layers, model.n_heads, target, **load)
+        ids = model.token_ids(texts)  # as the sweep fed them (smollm2: BOS first)
+        found = plain_importance(plain, [(row, row, None) for row in ids], heads)
+        expected = 2 * len(heads) + (2 * model.n_layers * model.n_heads if target != "hidden_change" else 0)
+        # exact ablations to 1e-5; AtP through 30 float32 layers, batched with padding here and one sentence at a
+        # time there, to 1e-3 of its size
+        assert assert_matches(table, found, 1e-5, atp_rtol=1e-3) == expected, arch
+
+
+# --- the planted check -------------------------------------------------------------------------------------------
+
+
+def build_one_path_gpt2(folder):
+    """A tiny GPT-2 (2 layers, 4 heads of 8 dimensions, 32 wide) in which layer 0's head 0 is the only head that
+    writes where the unembedding reads, and layer 1's head 3 writes nothing.
+
+    The residual stream is split in two halves: embeddings and every other head write only the first; head
+    L0H0 writes only the second, which alone the (untied) unembedding reads, its rows centred so that the final
+    norm's mean subtraction adds nothing to a logit. MLPs write nothing. Other heads then reach the logits only
+    through the final norm's scale, which L0H0's large output dominates."""
+    build_tiny_checkpoint(folder, "gpt2", n_layers=2, n_heads=4, d_model=32, seed=6)
+    model = GPT2LMHeadModel.from_pretrained(folder)
+    generator = torch.Generator().manual_seed(7)
+    first, second = slice(0, 16), slice(16, 32)
+    with torch.no_grad():
+        model.transformer.wte.weight[:, second] = 0
+        model.transformer.wpe.weight[:, second] = 0
+        for layer, block in enumerate(model.transformer.h):
+            W = block.attn.c_proj.weight  # (in = head * d_head, out = d_model): y = x W + b
+            W[:, second] = 0
+            block.attn.c_proj.bias[second] = 0
+            block.mlp.c_proj.weight.zero_()
+            block.mlp.c_proj.bias.zero_()
+        planted = model.transformer.h[0].attn.c_proj.weight
+        planted[0:8, :] = 0
+        planted[0:8, second] = 4 * torch.randn(8, 16, generator=generator)
+        model.transformer.h[1].attn.c_proj.weight[24:32, :] = 0  # L1H3 writes nothing
+        model.transformer.ln_f.bias.zero_()
+        unembedding = torch.zeros(model.config.vocab_size, 32)
+        rows = torch.randn(model.config.vocab_size, 16, generator=generator)
+        unembedding[:, second] = rows - rows.mean(-1, keepdim=True)
+        model.config.tie_word_embeddings = False
+        model.lm_head.weight = torch.nn.Parameter(unembedding)
+    model.save_pretrained(folder)
+    return folder
+
+
+def test_the_only_path_to_the_logits_matters_most_and_a_silent_head_not_at_all(tmp_path):
+    folder = build_one_path_gpt2(tmp_path / "planted")
+    run = headscan.sweep(str(folder), TEXTS, **(SETTINGS | {"bootstrap": 20}))
+    table = run["importance"].set_index(["method", "layer", "head"])
+    for method in ("mean_ablation", "zero_ablation", "atp_mean", "atp_zero"):
+        effect = table.loc[method]["value"].abs()
+        if method.endswith("ablation"):
+            assert effect.idxmax() == (0, 0), (method, effect.sort_values())
+            assert effect.loc[0, 0] > 10 * effect.drop([(0, 0)]).max()
+        assert effect.loc[1, 3] <= 1e-9, method  # a head that writes nothing changes nothing
+        assert table.loc[(method, 1, 3), "sum"] == 0.0
+    # zero ablation of the only path leaves every logit 0: the loss becomes log(vocabulary) exactly
+    zero = table.loc[("zero_ablation", 0, 0)]
+    assert zero["ci_low"] < zero["value"] < zero["ci_high"] and zero["units"] == len(TEXTS)
+
+
+# --- the table ---------------------------------------------------------------------------------------------------
+
+
+def test_importance_rows_have_intervals_and_the_top_heads_by_atp_are_ablated(tiny_gpt2):
+    run = headscan.sweep(str(tiny_gpt2), TEXTS, **(SETTINGS | {"bootstrap": 50, "ablate_top": 3}))
+    table = run["importance"]
+    assert list(table.columns) == list(headscan.TABLES["importance"].columns)
+    exact = table[table["method"] == "mean_ablation"]
+    ablated = exact.dropna(subset=["value"])
+    assert len(ablated) == 3 and exact["value"].isna().sum() == len(exact) - 3  # NaN: not ablated, not -1
+    assert ((ablated["ci_low"] <= ablated["value"]) & (ablated["value"] <= ablated["ci_high"])).all()
+    assert (ablated["units"] == len(TEXTS)).all() and ablated["top_unit_share"].between(0, 1).all()
+    notes = run.provenance.models[0].extra["importance"]
+    assert sorted(map(tuple, notes["ablated"])) == sorted(zip(ablated["layer"], ablated["head"]))
+    assert "largest |atp_mean|" in notes["ablated_heads"]
+
+
+def test_atp_alone_fills_only_the_atp_rows_and_off_writes_no_table(tiny_gpt2):
+    run = headscan.sweep(str(tiny_gpt2), TEXTS[:2], device="cpu", bootstrap=0, importance="atp")
+    assert set(run["importance"]["method"]) == {"atp_mean", "atp_zero"}
+    assert "importance" not in headscan.sweep(str(tiny_gpt2), TEXTS[:2], device="cpu", bootstrap=0).frames
+
+
+def test_an_encoder_without_a_trained_head_is_scored_on_its_hidden_states(tiny_bert, tmp_path):
+    folder = build_tiny_checkpoint(tmp_path / "encoder", "bert", seed=8)
+    config = (folder / "config.json")
+    config.write_text(config.read_text().replace('"BertForMaskedLM"', '"BertModel"'))  # as minilm's checkpoint
+    model = load_model(str(folder))
+    run = headscan.sweep(str(folder), TEXTS, **SETTINGS)
+    table = run["importance"]
+    assert set(table["target"]) == {"hidden_change"}
+    assert table[table["method"].str.startswith("atp")]["value"].isna().all()  # no first-order term
+    plain = Plain(folder, "bert", model.n_layers, model.n_heads, "hidden_change")
+    heads = [(layer, head) for layer in range(model.n_layers) for head in range(model.n_heads)]
+    found = plain_importance(plain, plain_inputs(folder, False, TEXTS), heads)
+    assert assert_matches(table, found, 1e-5) == 2 * len(heads)
+    assert "none: the first-order change" in run.provenance.models[0].extra["importance"]["atp"]
+
+
+def test_masking_is_keyed_by_the_sequence_alone():
+    ids, maskable = list(range(100, 400)), [True] * 300
+    first = mask_tokens(ids, maskable, key=(0, MASK_SALT, 5, 0), rate=0.15, mask_id=1, vocab_size=1000)
+    again = mask_tokens(ids, maskable, key=(0, MASK_SALT, 5, 0), rate=0.15, mask_id=1, vocab_size=1000)
+    other = mask_tokens(ids, maskable, key=(0, MASK_SALT, 6, 0), rate=0.15, mask_id=1, vocab_size=1000)
+    assert first == again and first != other
+    inputs, labels = first
+    chosen = np.array(labels) >= 0
+    assert 0.08 < chosen.mean() < 0.22
+    masked = (np.array(inputs) == 1)[chosen].mean()
+    assert 0.6 < masked < 0.95  # about 80% of the chosen become [MASK]
+
+
+def test_settings_are_checked():
+    with pytest.raises(ConfigError, match=r"ablate_top 3 picks the heads to ablate exactly, so it needs importance "
+                                          r"'ablate' \(--importance ablate\); got 'atp'"):
+        SweepConfig(importance="atp", ablate_top=3)
+    with pytest.raises(ConfigError, match="importance must be one of off, atp, ablate; got 'all'"):
+        SweepConfig(importance="all")
+    with pytest.raises(ConfigError, match="mask_rate must be a share between 0 and 1"):
+        SweepConfig(mask_rate=1.5)
+
+
+def test_an_architecture_whose_heads_cannot_be_cut_is_refused_in_one_line(tmp_path):
+    folder = build_architecture_checkpoint(tmp_path / "distilbert", "distilbert")
+    model = load_model(str(folder))
+    for layer in model.hf_model.distilbert.transformer.layer:
+        layer.attention.projection = layer.attention.out_lin
+        del layer.attention.out_lin
+    with pytest.raises(ModelLoadError, match=r"^model '.*' \(DistilBertForMaskedLM\): headscan cannot find where each "
+                                             r"head's output enters the attention output projection .* sweep it with "
+                                             r"--importance off$"):
+        head_cut(model)
+
+
+# --- shards, merge and resume -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lines(tmp_path_factory):
+    from conftest import paragraph_corpus
+
+    return paragraph_corpus(tmp_path_factory.mktemp("lines"), 24)
+
+
+IMPORTANCE = dict(device="cpu", bootstrap=20, window=5, batch_size=1, importance="ablate", ablate_top=3,
+                  bootstrap_unit="document")
+
+
+def test_shards_merge_into_the_unsharded_importance_table(tiny_gpt2, lines, tmp_path):
+    whole = sweep(str(tiny_gpt2), lines, tmp_path / "whole", **IMPORTANCE)
+    parts = [tmp_path / f"part-{k}" for k in range(3)]
+    for k, part in enumerate(parts):
+        sweep(str(tiny_gpt2), lines, part, shard=f"{k}/3", **IMPORTANCE)
+    merged = merge(parts, tmp_path / "merged")
+    a, b = whole["importance"], merged["importance"]
+    numbers = ["value", "sum", "count", "ci_low", "ci_high", "top_unit_share"]
+    pd.testing.assert_frame_equal(a.drop(columns=numbers), b.drop(columns=numbers))
+    for column in numbers:
+        tolerance = 1e-9 if column.startswith("ci_") else 1e-12  # power sums added in another order
+        np.testing.assert_allclose(b[column], a[column], rtol=0, err_msg=column,
+                                   atol=tolerance * max(1.0, np.nanmax(np.abs(a[column]))))
+    assert a["value"].notna().sum() == 2 * 8 + 2 * 3  # both AtP rows of all 8 heads, both ablations of 3
+
+
+def test_a_stopped_sweep_resumes_its_importance_exactly(tiny_gpt2, lines, tmp_path):
+    from headscan.corpus import read_corpus
+
+    config = SweepConfig(**IMPORTANCE)
+    corpus = read_corpus(lines)
+    whole = accumulate(load_model(str(tiny_gpt2)), corpus, config)
+    path = tmp_path / "state.npz"
+    with pytest.raises(headscan.errors.SweepInterrupted):  # stopped in the mean pass: nothing of it is kept
+        accumulate(load_model(str(tiny_gpt2)), corpus, config, save=lambda s: s.save(path), should_stop=lambda: True)
+    state = PartialState.load(path)
+    assert not state.head_means.size and state.windows_done == 0
+    with pytest.raises(headscan.errors.SweepInterrupted):  # then after the first window
+        accumulate(load_model(str(tiny_gpt2)), corpus, config, state=state, save=lambda s: s.save(path),
+                   should_stop=lambda: state.windows_done >= 1)
+    saved = PartialState.load(path)
+    assert saved.windows_done == 1
+    assert saved.head_means.size and saved.importance["ablated"]
+    resumed = accumulate(load_model(str(tiny_gpt2)), corpus, config, state=saved)
+    for name in ("sums", "counts", "replicate_sums", "moments", "head_means"):
+        np.testing.assert_array_equal(getattr(resumed, name), getattr(whole, name), err_msg=name)
+
+
+def test_a_sample_limits_importance_to_its_segments_and_gives_the_means(tiny_gpt2, lines):
+    from headscan.corpus import read_corpus
+    from headscan.scan.importance import SAMPLE_SALT
+
+    run = sweep(str(tiny_gpt2), lines, None, **(IMPORTANCE | {"importance_sample": 7, "window": 4}))
+    table, heads = run["importance"], run.heads
+    drawn = sorted(np.random.default_rng([0, SAMPLE_SALT]).choice(24, size=7, replace=False).tolist())
+    assert (table["units"].dropna() <= 7).all() and heads["units"].max() == 8  # documents of 3 lines: 8 of them
+    # the same importance as a sweep of those 7 segments alone, whose sample is all of them
+    corpus = read_corpus(lines)
+    alone = headscan.sweep(str(tiny_gpt2), [corpus.segments[i].text for i in drawn],
+                           **(IMPORTANCE | {"bootstrap": 0, "bootstrap_unit": "segment"}))["importance"]
+    np.testing.assert_allclose(table["sum"], alone["sum"], rtol=0, atol=1e-9)
+    assert run.provenance.models[0].extra["importance"]["sample"] == "7 of 24 segments, drawn with seed 0 (salt 2101)"
