@@ -144,8 +144,15 @@ def mask_tokens(ids: list[int], maskable: list[bool], *, key: tuple[int, ...], r
     return inputs.tolist(), labels.tolist()
 
 
+def _no_change(batch) -> None:
+    """0: the change made by a head that changes nothing. No attention pattern enters importance, so there is no
+    null head to run; a head matters where its interval lies beyond 0 (`headscan.scan.importance` fills these
+    columns apart from the pattern pass, and their chance sums stay 0)."""
+    return None
+
+
 @register("importance", table="importance", unit="change of the target", bounded=False,
-          axis=Axis(("method", "target"), importance_keys))
+          axis=Axis(("method", "target"), importance_keys), chance=_no_change)
 def importance(ablated: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:
     """Does the head matter: the change of a target when the head's output is removed, ablated minus clean (a
     mean over tokens: per-segment sums of the change over the target's token count). Positive: the loss rises
