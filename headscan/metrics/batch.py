@@ -43,6 +43,12 @@ class AttentionBatch:
     value_norms: torch.Tensor | None = None  # (batch, head, k) ||f(x_k)|| = ||v_k W_O^h||, b_V in, b_O out
     logit_contributions: torch.Tensor | None = None  # (batch, head, q) z_q^h W_O^h . d[:, t_{q+1}], before the scale
     final_scale: torch.Tensor | None = None  # (batch, q) the final norm's divisor, frozen from the forward pass
+    # What a decoding step of `headscan retrieval` adds (None in a sweep):
+    needle: torch.Tensor | None = None  # (batch, k) bool: the keys holding the answer's tokens inside the needle
+    generated: torch.Tensor | None = None  # (batch,) the token the last query row's forward pass generated
+    # Streaming (DuoAttention's sink and recent window): the keys a streaming head keeps.
+    sink: int = 64  # the first `sink` positions
+    recent: int = 256  # the last `recent` positions up to the query, the query's own included
 
     def __post_init__(self):
         if self.max_offset < 1:

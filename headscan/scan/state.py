@@ -39,7 +39,7 @@ STATE_VERSION = 1
 
 # Settings whose change changes the numbers: two states must agree on each to be added, or to resume.
 FINGERPRINT_FIELDS = ("max_len", "long", "limit", "dtype", "specials", "max_offset", "bootstrap", "seed", "prepend_bos",
-                      "bootstrap_unit", "window", "pack", "attention", "query_chunk", "values")
+                      "bootstrap_unit", "window", "pack", "attention", "query_chunk", "values", "sink", "recent")
 
 
 @dataclass(frozen=True)
