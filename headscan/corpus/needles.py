@@ -5,7 +5,7 @@ needle's question after it, and expects the needle's *answer* (Wu et al.'s ``rea
 reference code does differently, and why (see the retrieval-heads note in the README):
 
 - The needle goes between two sentences of the haystack, found in the text (`sentences`: a segment's end, or
-  ``.``, ``!`` or ``?`` and any closing quotes or brackets before white space), never by a tokenizer's id for a
+  ``.``, ``!`` or ``?`` and one closing quote or bracket before white space), never by a tokenizer's id for a
   period (the reference code's ids are Llama's, so on other tokenizers every depth fell back to 0).
 - Each trial's haystack starts at a segment of the corpus drawn with a seed (`plan_trials`), the same draws
   for every model; the haystack holds as many whole sentences as fit the trial's length in the model's tokens.
@@ -44,11 +44,11 @@ TEMPLATES = {
     "raw": "{haystack}\nBased on the content of the book, Question: {question}\nAnswer:",
     "chat": "<book>{haystack}</book>\nBased on the content of the book, Question: {question}\nAnswer:",
 }
-SENTENCE_RULE = ("a segment's end, or '.', '!' or '?' (and any closing quotes or brackets) before white space; "
+SENTENCE_RULE = ("a segment's end, or '.', '!' or '?' (and one closing quote or bracket) before white space; "
                  "sentences joined by one space")
 SPAN_RULE = ("the prompt tokens whose character offsets overlap the answer inside the needle; |answer| is their "
              "count")
-_SENTENCE_END = re.compile(r"(?<=[.!?])[\"'”’)\]]*\s+")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|(?<=[.!?][\"'”’)\]])\s+")  # the end mark (and one closing mark) stays
 
 
 @dataclass(frozen=True)

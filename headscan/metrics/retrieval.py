@@ -9,7 +9,7 @@ number of copying steps over the answer's token count; Wu et al. call a head a r
 over the trials that pass their answer gate exceeds 0.1.
 
 The metric functions score one decoding step (`AttentionBatch.needle` and ``generated`` filled); the
-trials, the gate and the mean over trials are `headscan.scan.retrieval`'s, which decodes with chunked
+trials, the gate and the mean over trials are `headscan.scan.trials`'s, which decodes with chunked
 attention (`headscan.models.decode`). Sweeps never score these metrics (`headscan.metrics.registry.DECODED`).
 
 This module does not run models.

@@ -1,6 +1,7 @@
 """The head atlas: every head of every model on one interactive map, the first thing in a report's index.html.
 
-Per model a layer x head grid, coloured by any metric of heads.parquet or by role, models of different depth
+Per model a layer x head grid, coloured by any metric of heads.parquet (or retrieval.parquet, where a retrieval run
+joins the report) or by role, models of different depth
 side by side at the same height (so rows line up by relative depth). Hovering a head shows its value and 95%
 interval; clicking it opens a panel with all its scores, intervals and ranks, its offset profile, its roles,
 its rows in any other table, and its attention on the example sentences. A search box finds a head by label.
@@ -174,7 +175,7 @@ def _grid(part: pd.DataFrame, column: str, n_layers: int, n_heads: int) -> list:
 def _model_metrics(comparison: Comparison, m, rows: pd.DataFrame, ranks: pd.DataFrame, n_layers: int,
                    n_heads: int) -> dict:
     out = {}
-    for metric in comparison.metrics:
+    for metric in comparison.score_metrics:
         part = rows[rows["metric"] == metric]
         if part.empty:
             continue
@@ -236,7 +237,7 @@ def _other_rows(comparison: Comparison, name: str, n_heads: int) -> list[dict]:
     """Rows of tables other than heads and offsets (syntax accuracies, say), per head, for the panel."""
     out = []
     for table, frame in comparison.frames.items():
-        if table in ("heads", "offsets"):
+        if table in ("heads", "offsets", "retrieval", "retrieval_trials"):  # colours of the grid; one row per trial
             continue
         part = frame[(frame["model"] == name) & frame["value"].notna()]
         keys, cells, part = _other_keys(table, frame, part)
@@ -268,11 +269,11 @@ def atlas_data(comparison: Comparison, examples: Examples | None = None) -> dict
 
     Per-head lists run layer by layer, head by head (index ``layer * heads + head``); NaN is None.
     """
-    heads = comparison.heads
-    roles = head_roles(heads)
+    heads = comparison.scores  # heads.parquet's rows, and retrieval.parquet's
+    roles = head_roles(comparison.heads)
     ranks = head_ranks(heads)
     metrics = []
-    for metric in comparison.metrics:
+    for metric in comparison.score_metrics:
         entry = METRICS.get(metric)
         values = heads.loc[heads["metric"] == metric, "value"].dropna()
         # a metric this headscan does not register (dla, in logits) is drawn as a share only when it looks like one
@@ -315,7 +316,7 @@ def atlas_html(comparison: Comparison, examples: Examples | None = None) -> str:
     style and the script, all inline. It works from ``file://`` and loads nothing."""
     data = json.dumps(atlas_data(comparison, examples), separators=(",", ":"), allow_nan=False, ensure_ascii=True)
     data = data.replace("</", "<\\/")  # nothing in the data can close the script element
-    options = "".join(f'<option value="{html.escape(m)}">{html.escape(m)}</option>' for m in comparison.metrics)
+    options = "".join(f'<option value="{html.escape(m)}">{html.escape(m)}</option>' for m in comparison.score_metrics)
     return (
         f'<section id="{ATLAS_ID}" class="atlas" aria-label="head atlas">'
         '<div class="atlas-controls">'
