@@ -11,6 +11,7 @@
 import inspect
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -310,3 +311,38 @@ def test_a_sliding_window_model_loses_nothing_beyond_its_window(tmp_path):
         assert rows["count"].min() > 50 and rows["value"].abs().max() <= 1e-9
     narrower = headscan.sweep(str(folder), texts, max_len=100, sink=0, recent=3, bootstrap=0, values=False)
     assert narrower.heads.loc[narrower.heads["metric"] == "streaming", "value"].min() > 1e-3
+
+
+# --- the report -----------------------------------------------------------------------------------------------------
+
+
+def test_the_report_joins_a_retrieval_run_to_the_sweep_of_its_model(planted, tmp_path):
+    from headscan.analysis.runs import merge_runs
+    from headscan.report import write_report
+    from headscan.report.atlas import atlas_data
+
+    text = " ".join(HAYSTACK.split() * 4)
+    sweep = headscan.sweep(planted["folder"], [text] * 16, tmp_path / "sweep", max_len=64, sink=4, recent=8,
+                           bootstrap=20)
+    retrieval = headscan.retrieval(planted["folder"], planted["haystack"], tmp_path / "retrieval",
+                                   needles=planted["needles"], lengths=(160,), depths=(0.0, 1.0), bootstrap=20)
+    runs = [headscan.load(tmp_path / "sweep"), headscan.load(tmp_path / "retrieval")]
+    comparison = merge_runs(runs)
+    assert [m.name for m in comparison.models] == [planted["folder"].rsplit("/", 1)[-1]] or len(comparison.models) == 1
+    assert "retrieval" in comparison.score_metrics and "streaming" in comparison.metrics
+    data = atlas_data(comparison)
+    grid = data["models"][0]["metrics"]["retrieval"]["value"]
+    assert grid[0] == 1.0 and grid[1:] == [0.0] * 3  # L0H0 copies, the others do not
+    folder = write_report(runs, tmp_path / "report")
+    report = (folder / "report.md").read_text()
+    section = report[report.index("## Which heads need the whole context"):]
+    assert "2 of 2 trials passed the answer gate" in section
+    Path(tmp_path / "section.md").write_text(section)
+    # two trials are thin support (fewer than 15 units): the copying head is shown, but not named a retrieval head
+    assert "| L0H0 | retrieval | 1.000 | 1.000 | 1.000 | 2 |" in section
+    assert "no head's 95% interval clears 0.1 and chance" in section
+    assert "Llama-2-7B-80K (Wu et al.)" in section and "### Key/value budget" in section
+    assert "### Streaming heads" in section and "sink 4, window 8" in section
+    with pytest.raises(TablesError, match="none of the sweeps given swept"):
+        merge_runs([retrieval, sweep.__class__(sweep.frames, sweep.provenance)] if False else [retrieval])
+    del sweep

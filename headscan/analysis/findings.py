@@ -139,9 +139,9 @@ def _model_findings(model: str, rows: pd.DataFrame, threshold: float, provenance
         out.append(f"{wide} of {len(shares)} 0-1 scores of {model} have a 95% interval wider than {WIDE_CI:g}; "
                    "a larger corpus would narrow them.")
     defined = rows[rows["value"].notna()]
-    thin = int(thin(defined).sum())
-    if thin:
-        out.append(f"{thin} of {len(defined)} scores of {model} rest on thin support (too few segments or "
+    n_thin = int(thin(defined).sum())  # not `thin`: that name is the function, in the whole of this one
+    if n_thin:
+        out.append(f"{n_thin} of {len(defined)} scores of {model} rest on thin support (too few segments or "
                    "documents, or one holding much of the sum); no finding here rests on them.")
     return out
 

@@ -20,7 +20,7 @@ from ..analysis.whole_context import RETRIEVAL_THRESHOLD, WU_SHARES, kv_budget, 
 from ..plots import heatmaps as figures
 from ..plots import whole_context as charts
 from .document import Bullets, Figures, Heading, Note, Table, Text
-from .sections import ANNOTATE_TOP, MAX_WIDTH, Pngs, heatmap_rows
+from .sections import ANNOTATE_TOP, MAX_WIDTH, Pngs, heatmap_rows, name_part
 
 __all__ = ["whole_context_section", "shown"]
 
@@ -45,11 +45,11 @@ def _settings(comparison: Comparison, model: str) -> tuple[int, int, int]:
 def whole_context_section(comparison: Comparison, palette: dict, pngs: Pngs) -> list:
     blocks: list = [
         Heading(2, "Which heads need the whole context"),
-        Text("Two views of the heads a long context needs. **Retrieval heads** (Wu et al. 2024): in needle-in-a-"
+        Text("Two views of the heads a long context needs. Retrieval heads (Wu et al. 2024): in needle-in-a-"
              "haystack trials, at each step of the greedy answer, a head copies when its most-attended key is the "
              "needle token just generated; its score is the share of the answer's tokens it copies, averaged over "
              f"the trials whose answer passes the ROUGE-1 gate. Wu et al. call a head above {RETRIEVAL_THRESHOLD:g} a "
-             "retrieval head and find 3-6% of them. **Streaming heads** (DuoAttention, Xiao et al. 2024): "
+             "retrieval head and find 3-6% of them. Streaming heads (DuoAttention, Xiao et al. 2024): "
              "`streaming` is the share of a head's attention outside the first S tokens and the last W, what a "
              "sink-and-window cache would take from it; a head near 0 can live with such a cache."),
     ]
@@ -83,7 +83,7 @@ def _retrieval_part(comparison: Comparison, pngs: Pngs) -> list:
         findings.append(f"{model}: {gated['trials_passed']} of {gated['trials_total']} trials passed the answer gate "
                         f"({failed} failed it or had no answer span; all are kept in retrieval_trials.parquet)."
                         + ("" if metric == "retrieval" else " No trial passed, so the scores below are the "
-                           "**ungated** ones (every trial), not Wu et al.'s."))
+                           "ungated ones (every trial), not Wu et al.'s."))
         rows.append({"model": model, "score": metric, "trials": str(share["trials"]), "heads": str(share["heads"]),
                      "= 0": _pct(share["zero"], share["heads"]), f"(0, {RETRIEVAL_THRESHOLD:g}]":
                      _pct(share["low"], share["heads"]), f"> {RETRIEVAL_THRESHOLD:g}": _pct(share["above"], share["heads"]),
@@ -187,7 +187,7 @@ def _relations_part(comparison: Comparison, pngs: Pngs) -> list:
         fig = Figure(figsize=(min(3.2 * len(drawn), MAX_WIDTH), 3.2), layout="constrained")
         for ax, (x, y) in zip(fig.subplots(1, len(drawn), squeeze=False)[0], drawn):
             charts.score_scatter(wide, x=x, y=y, model=model, ax=ax, title=f"{model}")
-        files.append(pngs.add(f"whole_context_scatter_{model}.png", fig))
+        files.append(pngs.add(f"whole_context_scatter_{name_part(model)}.png", fig))
     table = rho.assign(spearman=rho["spearman"].map(lambda v: f"{v:+.2f}"), heads=rho["heads"].astype(str))
     return blocks + [Figures(files, "Each head's scores against each other (the retrieval score is the gated one "
                                     "where any trial passed, else the ungated one)."),
