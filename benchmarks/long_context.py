@@ -102,14 +102,23 @@ def retrieval_child(length: int, mode: str, query_chunk: int, device: str, steps
 
     from headscan.corpus import read_corpus
     from headscan.models import load_model
-    from headscan.models.decode import greedy_decode, language_model
+    from headscan.models.decode import greedy_decode
 
     model = load_model("smollm2", device=device)
     text = " ".join(segment.text for segment in read_corpus("builtin").segments)
     ids = model.token_ids([text])[0]
     ids = (ids * (length // len(ids) + 1))[:length]
-    lm = language_model(model)
     tops = []
+    lm = None
+    if mode == "eager":  # Wu et al.'s setting: the plain Hugging Face model, eager attention
+        from transformers import AutoModelForCausalLM
+
+        from headscan.models import ALIASES
+
+        path = ALIASES["smollm2"].locate()
+        lm = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, attn_implementation="eager")
+        lm = lm.to(device).eval()
+        del model
 
     def keep(step):
         tops.append([int(step.rows[layer][0, :, 0].argmax(-1).sum()) for layer in range(model.n_layers)])
@@ -117,11 +126,10 @@ def retrieval_child(length: int, mode: str, query_chunk: int, device: str, steps
     def eager():
         from transformers import DynamicCache
 
-        lm.set_attn_implementation("eager")
         with torch.inference_mode():
             cache = DynamicCache(config=lm.config)
-            lm(input_ids=torch.tensor([ids[:-1]], device=model.device), cache=cache, use_cache=True, logits_to_keep=1)
-            fed = torch.tensor([ids[-1:]], device=model.device)
+            lm(input_ids=torch.tensor([ids[:-1]], device=device), cache=cache, use_cache=True, logits_to_keep=1)
+            fed = torch.tensor([ids[-1:]], device=device)
             for _ in range(steps):
                 out = lm(input_ids=fed, cache=cache, use_cache=True, output_attentions=True, logits_to_keep=1)
                 tops.append([int(a[0, :, -1].argmax(-1).sum()) for a in out.attentions])
