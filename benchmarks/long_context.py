@@ -8,9 +8,14 @@ held before the pass; on a GPU ``torch.cuda.max_memory_allocated``. Eager runs w
 memory (`headscan.scan.budget.eager_bytes`) would push the machine past ``--memory-limit`` GiB are skipped with
 the reason printed, rather than run into the out-of-memory killer.
 
+``--task retrieval`` runs one retrieval trial instead (`headscan retrieval`): a prefill of the prompt and 10 greedy
+steps reading each step's attention rows, headscan's chunked decoding against Wu et al.'s loop (Hugging Face's
+eager attention, ``output_attentions`` at each step); the checksum (the steps' top keys) must agree.
+
 Run it (about 15 minutes on 2 CPU cores for the default lengths; smollm2 must be installed)::
 
     .venv/bin/python benchmarks/long_context.py                       # 1k, 2k, 4k, 8k
+    .venv/bin/python benchmarks/long_context.py --task retrieval      # the same lengths, one retrieval trial
     .venv/bin/python benchmarks/long_context.py --lengths 1024 16384 32768 --query-chunk 256
     .venv/bin/python benchmarks/long_context.py --device cuda          # where a GPU is present
 
@@ -89,9 +94,65 @@ def child(length: int, mode: str, query_chunk: int, device: str) -> dict:
     return result
 
 
-def run(length: int, mode: str, query_chunk: int, device: str, timeout: float) -> dict:
+def retrieval_child(length: int, mode: str, query_chunk: int, device: str, steps: int = 10) -> dict:
+    """One retrieval trial's decoding, as ``headscan retrieval`` runs it (chunked: `greedy_decode`, the prefill in
+    blocks of queries and one row per step) or as Wu et al.'s code does (eager: Hugging Face's eager attention for
+    the prefill, ``output_attentions`` at each step), `steps` greedy steps after a prompt of `length` tokens."""
+    import torch
+
+    from headscan.corpus import read_corpus
+    from headscan.models import load_model
+    from headscan.models.decode import greedy_decode
+
+    model = load_model("smollm2", device=device)
+    text = " ".join(segment.text for segment in read_corpus("builtin").segments)
+    ids = model.token_ids([text])[0]
+    ids = (ids * (length // len(ids) + 1))[:length]
+    tops = []
+    lm = None
+    if mode == "eager":  # Wu et al.'s setting: the plain Hugging Face model, eager attention
+        from transformers import AutoModelForCausalLM
+
+        from headscan.models import ALIASES
+
+        path = ALIASES["smollm2"].locate()
+        lm = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, attn_implementation="eager")
+        lm = lm.to(device).eval()
+        del model
+
+    def keep(step):
+        tops.append([int(step.rows[layer][0, :, 0].argmax(-1).sum()) for layer in range(model.n_layers)])
+
+    def eager():
+        from transformers import DynamicCache
+
+        with torch.inference_mode():
+            cache = DynamicCache(config=lm.config)
+            lm(input_ids=torch.tensor([ids[:-1]], device=device), cache=cache, use_cache=True, logits_to_keep=1)
+            fed = torch.tensor([ids[-1:]], device=device)
+            for _ in range(steps):
+                out = lm(input_ids=fed, cache=cache, use_cache=True, output_attentions=True, logits_to_keep=1)
+                tops.append([int(a[0, :, -1].argmax(-1).sum()) for a in out.attentions])
+                fed = out.logits[:, -1:].argmax(-1)
+
+    warm = ids[:64]
+    if mode == "chunked":
+        greedy_decode(model, warm, lambda step: None, max_new_tokens=1, stop=lambda t: False, query_chunk=query_chunk)
+    before_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    started = time.perf_counter()
+    if mode == "chunked":
+        greedy_decode(model, ids, keep, max_new_tokens=steps, stop=lambda t: False, query_chunk=query_chunk)
+    else:
+        eager()
+    seconds = time.perf_counter() - started
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"length": length, "mode": mode, "seconds": seconds, "peak_mib": peak_rss,
+            "extra_mib": peak_rss - before_rss, "checksum": float(sum(map(sum, tops)))}
+
+
+def run(length: int, mode: str, query_chunk: int, device: str, timeout: float, task: str = "sweep") -> dict:
     command = [sys.executable, __file__, "--child", mode, str(length), "--query-chunk", str(query_chunk),
-               "--device", device]
+               "--device", device, "--task", task]
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env,
@@ -111,19 +172,24 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--memory-limit", type=float, default=20.0, help="GiB an eager run may be expected to take")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
+    parser.add_argument("--task", choices=("sweep", "retrieval"), default="sweep",
+                        help="sweep: one forward pass with every metric; retrieval: one retrieval trial's prefill and "
+                             "10 greedy steps, headscan's chunked decoding against Wu et al.'s eager loop")
     parser.add_argument("--child", nargs=2, metavar=("MODE", "LENGTH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         mode, length = args.child
-        print(json.dumps(child(int(length), mode, args.query_chunk, args.device)))
+        work = retrieval_child if args.task == "retrieval" else child
+        print(json.dumps(work(int(length), mode, args.query_chunk, args.device)))
         return
 
     from headscan.scan.budget import eager_bytes
 
     n_heads, model_gib = 9, 1.0  # smollm2: 9 query heads a layer; about 1 GiB resident once loaded
     rows = []
-    print(f"smollm2 on {args.device}, one segment per forward pass, every layer and metric, query_chunk "
-          f"{args.query_chunk}", flush=True)
+    print(f"smollm2 on {args.device}, " + ("one segment per forward pass, every layer and metric" if args.task ==
+          "sweep" else "one retrieval trial: prefill and 10 greedy steps") + f", query_chunk {args.query_chunk}",
+          flush=True)
     for length in args.lengths:
         results = {}
         for mode in ("eager", "chunked"):
@@ -132,7 +198,7 @@ def main() -> None:
                 results[mode] = {"length": length, "mode": mode,
                                  "skipped": f"needs about {needed:.0f} GiB > --memory-limit {args.memory_limit:g}"}
             else:
-                results[mode] = run(length, mode, args.query_chunk, args.device, args.timeout)
+                results[mode] = run(length, mode, args.query_chunk, args.device, args.timeout, args.task)
             print(f"  {length} {mode}: {results[mode]}", file=sys.stderr, flush=True)
         rows.append(results)
     print()

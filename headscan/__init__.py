@@ -3,6 +3,8 @@
 The public API is small:
 
 - ``headscan.sweep(models, corpus, out=None, **settings)`` scores every head (the `headscan sweep` command);
+- ``headscan.retrieval(models, haystack, out=None, **settings)`` finds retrieval heads by needle-in-a-haystack
+  decoding (the `headscan retrieval` command);
 - ``headscan.load(out)`` reads a sweep's tables back (``pd.read_parquet`` works too);
 - ``headscan.METRICS`` and ``headscan.TABLES`` are the metric and table registries;
 - ``headscan.SweepConfig`` holds the settings, ``headscan.load_model`` loads one hooked model.
@@ -13,22 +15,22 @@ Importing headscan imports neither torch nor transformers; the first sweep does.
 >>> list(headscan.METRICS)[:3]
 ['prev_token', 'next_token', 'self']
 >>> list(headscan.TABLES)
-['heads', 'offsets', 'positions', 'syntax', 'value', 'weights', 'importance']
+['heads', 'offsets', 'positions', 'syntax', 'value', 'weights', 'importance', 'retrieval', 'retrieval_trials']
 """
 
 import importlib
 
 __version__ = "0.1.0"
 
-from .config import SweepConfig
+from .config import RetrievalConfig, SweepConfig
 from .errors import HeadscanError
 from .tables import TABLES, SweepTables, load
 
-__all__ = ["__version__", "HeadscanError", "METRICS", "TABLES", "SweepTables", "SweepConfig", "load", "load_model", "merge",
-           "sweep"]
+__all__ = ["__version__", "HeadscanError", "METRICS", "TABLES", "SweepTables", "SweepConfig", "RetrievalConfig", "load",
+           "load_model", "merge", "retrieval", "sweep"]
 
 # Loaded on first use: these import torch and transformers.
-_LAZY = {"sweep": "headscan.scan", "merge": "headscan.scan", "load_model": "headscan.models", "METRICS": "headscan.metrics"}
+_LAZY = {"sweep": "headscan.scan", "merge": "headscan.scan", "retrieval": "headscan.scan", "load_model": "headscan.models", "METRICS": "headscan.metrics"}
 
 
 def __getattr__(name):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from .config import CONTROLS, SweepConfig, choices, default
+from .config import CONTROLS, RetrievalConfig, SweepConfig, choices, default
 from .errors import ConfigError, HeadscanError, SweepInterrupted
 from .tables import TABLES
 
@@ -167,6 +167,10 @@ def _listing_tables(command):
 @click.option("--mask-rate", default=default("mask_rate"), show_default=True,
               help="Encoders with a trained masked-LM head: share of tokens masked for the importance target "
                    "(80% [MASK], 10% random, 10% kept, seeded per segment).")
+@click.option("--sink", default=default("sink"), show_default=True,
+              help="streaming: the first tokens a sink-and-window cache keeps (DuoAttention's deployment value).")
+@click.option("--recent", default=default("recent"), show_default=True,
+              help="streaming: the last tokens it keeps, the query's own included (DuoAttention's recent window).")
 @click.option("--save-every", default=120.0, show_default=True, metavar="SECONDS",
               help="Save the partial state at the first window end after this many seconds.")
 @click.option("--shard", default=None, metavar="K/N",
@@ -182,7 +186,7 @@ def _listing_tables(command):
 @_one_line_errors
 def sweep(models, corpus, out, max_len, long, batch_size, limit, device, dtype, device_map, specials, bos, max_offset, bootstrap, seed,
           bootstrap_unit, document_field, interval, window, pack, attention, query_chunk, attention_budget, values,
-          control, control_seed, importance, ablate_top, importance_sample, mask_rate, save_every, shard,
+          control, control_seed, importance, ablate_top, importance_sample, mask_rate, sink, recent, save_every, shard,
           overwrite, restart, ray, quiet):
     """Score every head of every layer of each MODEL over a corpus.
 
@@ -215,6 +219,7 @@ def sweep(models, corpus, out, max_len, long, batch_size, limit, device, dtype, 
         attention_budget=attention_budget, values=values, document_field=document_field, control=control,
         control_seed=control_seed, importance=importance, ablate_top=ablate_top,
         importance_sample=importance_sample, mask_rate=mask_rate,
+        sink=sink, recent=recent,
     )
     command = _effective_command(click.get_current_context())
     result = run_sweep(list(models) or DEFAULT_MODELS, corpus, out, config, shard=shard, overwrite=overwrite,
@@ -235,6 +240,85 @@ def sweep(models, corpus, out, max_len, long, batch_size, limit, device, dtype, 
     for metric in ("prev_token", "next_token") + (("importance",) if "importance" in result.frames else ()):
         click.echo(f"\ntop heads by {metric}:")
         click.echo(top_heads_text(result, metric, 3))
+
+
+def _numbers(kind, setting: str):
+    """A click callback: "1024,2048" to a tuple of `kind`, or a ConfigError naming the setting."""
+    def parse(context, parameter, value):
+        try:
+            return tuple(kind(part) for part in str(value).split(",") if part.strip())
+        except ValueError:
+            raise click.BadParameter(f"{setting} must be numbers separated by commas, got {value!r}") from None
+    return parse
+
+
+_RETRIEVAL = RetrievalConfig()
+
+
+@cli.command()
+@click.option("models", "--model", "-m", multiple=True, required=True, metavar="SPEC",
+              help="A causal model: alias (smollm2), local checkpoint folder, .gguf file or Hugging Face id; repeat "
+                   "for several.")
+@click.option("--haystack", "-c", required=True, metavar="PATH|builtin",
+              help="The corpus the haystacks are cut from: any corpus headscan sweeps (.txt, .jsonl, .conllu).")
+@click.option("--needles", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help='JSONL of {"needle", "question", "answer"} (default: headscan\'s own, invented facts).')
+@click.option("--out", "-o", default="out/retrieval", show_default=True,
+              type=click.Path(file_okay=False, path_type=Path), help="Folder for the tables and run.json.")
+@click.option("--lengths", default=",".join(map(str, _RETRIEVAL.lengths)), show_default=True, metavar="N,N",
+              callback=_numbers(int, "lengths"), help="Prompt lengths in tokens (template and question included).")
+@click.option("--depths", default=",".join(f"{d:g}" for d in _RETRIEVAL.depths), show_default=True, metavar="D,D",
+              callback=_numbers(float, "depths"), help="Needle depths: 0 opens the haystack, 1 closes it.")
+@click.option("--template", default=_RETRIEVAL.template, show_default=True,
+              type=click.Choice(choices(RetrievalConfig)["template"]),
+              help="'raw': haystack then question (Wu et al. on base models); 'chat': the tokenizer's chat template.")
+@click.option("--max-new-tokens", default=_RETRIEVAL.max_new_tokens, show_default=True, help="Greedy steps at most.")
+@click.option("--gate", default=_RETRIEVAL.gate, show_default=True,
+              help="A trial counts when the answer's ROUGE-1 recall is above this.")
+@click.option("--seed", default=_RETRIEVAL.seed, show_default=True, help="Seed of the haystacks' starts and the bootstrap.")
+@click.option("--bootstrap", default=_RETRIEVAL.bootstrap, show_default=True,
+              help="Bootstrap replicates over trials for the 95% intervals (0: none; else at least 20).")
+@click.option("--interval", default=_RETRIEVAL.interval, show_default=True, type=click.Choice(choices()["interval"]))
+@click.option("--device", default=_RETRIEVAL.device, show_default=True, type=click.Choice(choices()["device"]))
+@click.option("--dtype", default=_RETRIEVAL.dtype, show_default=True, type=click.Choice(choices()["dtype"]))
+@click.option("--bos", type=click.Choice(list(_BOS)), default="auto", show_default=True,
+              help="Raw template: put BOS before the prompt ('auto' follows the model's sweep default).")
+@click.option("--query-chunk", default=_RETRIEVAL.query_chunk, show_default=True,
+              help="Queries per block of the chunked prefill (scores do not depend on it).")
+@click.option("--overwrite", is_flag=True, help="Replace OUT if it already holds files.")
+@click.option("--restart", is_flag=True, help="Discard the trials a stopped run kept in OUT.partial/.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@_one_line_errors
+def retrieval(models, haystack, needles, out, lengths, depths, template, max_new_tokens, gate, seed, bootstrap, interval,
+              device, dtype, bos, query_chunk, overwrite, restart, quiet):
+    """Find retrieval heads (Wu et al. 2024) by needle-in-a-haystack decoding.
+
+    One trial per length, depth and needle: a needle sentence planted in a
+    haystack cut from the corpus, a question, and a greedy answer decoded
+    with chunked attention. A head copies at a step when its most-attended
+    key is the needle token just generated; a trial scores copying steps
+    over the answer's tokens. Writes OUT/retrieval.parquet (per head: the
+    mean over trials whose answer passes the ROUGE-1 gate, and over all
+    trials, with 95% intervals over trials), OUT/retrieval_trials.parquet
+    (every trial, failed ones included) and OUT/run.json. Stopped, it keeps
+    finished trials in OUT.partial/; the same command resumes.
+
+    Example:
+
+    \b
+        headscan retrieval -m smollm2 --haystack en_ewt-ud-dev.conllu --lengths 1024,2048 --out out/retrieval
+    """
+    from .analysis.whole_context import retrieval_summary
+    from .scan import retrieval as run_retrieval
+
+    config = RetrievalConfig(lengths=lengths, depths=depths, template=template, max_new_tokens=max_new_tokens, gate=gate,
+                             seed=seed, bootstrap=bootstrap, interval=interval, device=device, dtype=dtype,
+                             prepend_bos=_BOS[bos], query_chunk=query_chunk)
+    command = _effective_command(click.get_current_context())
+    result = run_retrieval(list(models), haystack, out, config, needles=needles, overwrite=overwrite, restart=restart,
+                           progress=not quiet, command=command)
+    click.echo(f"wrote {out}/retrieval.parquet, {out}/retrieval_trials.parquet and {out}/run.json")
+    click.echo(retrieval_summary(result))
 
 
 @cli.command()
@@ -299,14 +383,15 @@ def models(specs):
 
 @cli.command()
 @click.argument("run", type=click.Path(path_type=Path))
-@click.option("--metric", default="prev_token", show_default=True, help="Metric to rank heads by.")
+@click.option("--metric", default=None, help="Metric to rank heads by (default: prev_token for a sweep, retrieval for "
+                                             "a retrieval run).")
 @click.option("--top", default=10, show_default=True, help="How many heads per model.")
 @_one_line_errors
 def show(run, metric, top):
-    """Print the top heads of a sweep output for one metric, per model, with each head's interval, chance
-    (uniform attention's value on the same queries) and why it carries no claim ("at chance", "thin support");
-    control models, such as 'minilm [random init]', after theirs and named as such; and which unit the 95%
-    intervals resampled.
+    """Print the top heads of a sweep (or retrieval) output for one metric, per model, with each head's
+    interval, chance (uniform attention's value on the same queries) and why it carries no claim ("at chance",
+    "thin support"); control models, such as 'minilm [random init]', after theirs and named as such; and which
+    unit the 95% intervals resampled.
 
     --metric importance prints the heads whose removal changes the model's
     loss most (a sweep with --importance).

@@ -1,8 +1,9 @@
-"""Sweep settings: one frozen dataclass that checks every setting once, so nothing downstream checks again.
+"""Settings: frozen dataclasses that check every setting once, so nothing downstream checks again.
 
-The command line builds its options, choices and defaults from `SweepConfig` and the constants here, and
-turns a `ConfigError` naming a setting (``max_len``) into one naming the flag (``--max-len``). Inner functions
-trust a `SweepConfig` they are handed.
+`SweepConfig` holds a sweep's settings, `RetrievalConfig` those of the needle-in-a-haystack trials of
+``headscan retrieval``. The command line builds its options, choices and defaults from them and the constants
+here, and turns a `ConfigError` naming a setting (``max_len``) into one naming the flag (``--max-len``). Inner
+functions trust a config they are handed.
 
 This module imports no torch: ``headscan --help`` stays fast.
 
@@ -24,8 +25,8 @@ from typing import Literal, get_args, get_type_hints
 
 from .errors import ConfigError
 
-__all__ = ["SweepConfig", "DEVICES", "DTYPES", "SPECIALS", "CONTROLS", "MIN_BOOTSTRAP", "IMPORTANCE_METHODS",
-           "IMPORTANCE_TARGETS", "choices", "control_name", "split_control"]
+__all__ = ["SweepConfig", "RetrievalConfig", "DEVICES", "DTYPES", "SPECIALS", "TEMPLATES", "CONTROLS", "MIN_BOOTSTRAP",
+           "IMPORTANCE_METHODS", "IMPORTANCE_TARGETS", "choices", "control_name", "split_control"]
 
 Device = Literal["auto", "cpu", "cuda", "mps"]
 DType = Literal["float32", "float16", "bfloat16"]
@@ -36,6 +37,7 @@ IntervalMethod = Literal["bca", "percentile", "delta"]  # headscan.intervals.MET
 Attention = Literal["auto", "eager", "chunked"]
 Pack = Literal["none", "sentences", "documents"]
 Importance = Literal["off", "atp", "ablate"]
+Template = Literal["raw", "chat"]
 DEVICES: tuple[str, ...] = get_args(Device)
 DTYPES: tuple[str, ...] = get_args(DType)
 SPECIALS: tuple[str, ...] = get_args(Specials)
@@ -50,6 +52,7 @@ CONTROLS: tuple[str, ...] = get_args(Control)
 # both ablations to first order from one backward pass; "ablate" also runs them exactly.
 IMPORTANCE_METHODS = ("atp_mean", "atp_zero", "mean_ablation", "zero_ablation")
 IMPORTANCE_TARGETS = ("next_token_loss", "masked_loss", "hidden_change")  # causal LM, trained MLM head, other encoders
+TEMPLATES: tuple[str, ...] = get_args(Template)
 
 # Fewer replicates than this cannot place a 2.5% point: with 19 the lowest replicate is already the 5% point.
 MIN_BOOTSTRAP = 20
@@ -88,13 +91,15 @@ class SweepConfig:
     ablate_top: int | None = None  # ablate: only the N heads of largest |AtP| on the mean sample (None: every head)
     importance_sample: int | None = None  # importance on a seeded sample of this many segments (None: all); means from it
     mask_rate: float = 0.15  # masked-LM target: share of real non-special tokens masked (80% [MASK], 10% random, 10% kept)
+    sink: int = 64  # streaming: the first tokens a streaming head keeps (DuoAttention's deployment sink)
+    recent: int = 256  # streaming: the last tokens it keeps, the query's own included (DuoAttention's recent window)
 
     def __post_init__(self):
         for name, values in choices().items():
             if getattr(self, name) not in values:
                 raise ConfigError(f"{name} must be one of {', '.join(values)}; got {getattr(self, name)!r}", setting=name)
         for name, low in (("max_len", 4), ("batch_size", 1), ("max_offset", 1), ("seed", 0), ("window", 1),
-                          ("query_chunk", 1)):
+                          ("query_chunk", 1), ("sink", 0), ("recent", 1)):
             _whole(name, getattr(self, name), low)
         if self.limit is not None:
             _whole("limit", self.limit, 1)
@@ -165,21 +170,82 @@ def split_control(name: str) -> tuple[str, str | None]:
     return name, None
 
 
+@dataclass(frozen=True)
+class RetrievalConfig:
+    """How ``headscan retrieval`` builds needle-in-a-haystack trials and decodes them (Wu et al. 2024).
+
+    One trial per (length, depth, needle). Every field is checked when the config is made.
+
+    >>> RetrievalConfig(lengths=(1024,), depths=(0.0, 0.5, 1.0)).lengths
+    (1024,)
+    >>> RetrievalConfig(depths=(1.5,))
+    Traceback (most recent call last):
+    ...
+    headscan.errors.ConfigError: depths must lie between 0 and 1 (0: the needle opens the haystack, 1: it closes it); got 1.5
+    """
+
+    lengths: tuple[int, ...] = (1024, 2048)  # prompt lengths in tokens, template and question included (at most)
+    depths: tuple[float, ...] = tuple(i / 10 for i in range(11))  # where the needle goes: 0 first, 1 last
+    template: Template = "raw"  # "raw": haystack, then the question (Wu et al. on base models); "chat": chat template
+    max_new_tokens: int = 50  # greedy decoding steps at most (Wu et al.: 50)
+    gate: float = 0.5  # a trial counts when the answer's ROUGE-1 recall is above this (Wu et al.: 0.5)
+    seed: int = 0  # where each trial's haystack starts in the corpus, and the bootstrap over trials
+    bootstrap: int = 200  # resampling weights per trial for the 95% intervals; 0 turns intervals off
+    interval: IntervalMethod = "bca"  # how replicates become a 95% interval
+    device: Device = "auto"
+    dtype: DType = "float32"
+    prepend_bos: bool | None = None  # raw template: BOS before the prompt (None: the model's default, as a sweep)
+    query_chunk: int = 512  # queries per block of the chunked prefill; scores do not depend on it
+
+    def __post_init__(self):
+        for name, values in choices(RetrievalConfig).items():
+            if getattr(self, name) not in values:
+                raise ConfigError(f"{name} must be one of {', '.join(values)}; got {getattr(self, name)!r}", setting=name)
+        for name in ("lengths", "depths"):
+            if not isinstance(getattr(self, name), tuple) or not getattr(self, name):
+                raise ConfigError(f"{name} must be a non-empty tuple, got {getattr(self, name)!r}", setting=name)
+        for length in self.lengths:
+            _whole("lengths", length, 64)
+        if len(set(self.lengths)) != len(self.lengths) or len(set(self.depths)) != len(self.depths):
+            raise ConfigError("lengths and depths must not repeat a value: each trial would be run twice",
+                              setting="lengths")
+        for depth in self.depths:
+            if isinstance(depth, bool) or not isinstance(depth, (int, float)) or not 0 <= depth <= 1:
+                raise ConfigError(f"depths must lie between 0 and 1 (0: the needle opens the haystack, 1: it closes "
+                                  f"it); got {depth!r}", setting="depths")
+        for name, low in (("max_new_tokens", 1), ("seed", 0), ("query_chunk", 1)):
+            _whole(name, getattr(self, name), low)
+        if isinstance(self.gate, bool) or not isinstance(self.gate, (int, float)) or not 0 <= self.gate < 1:
+            raise ConfigError(f"gate must be a recall in [0, 1), got {self.gate!r}", setting="gate")
+        _whole("bootstrap", self.bootstrap, 0)
+        if 0 < self.bootstrap < MIN_BOOTSTRAP:
+            raise ConfigError(f"bootstrap must be 0 (no intervals) or at least {MIN_BOOTSTRAP}, got {self.bootstrap}",
+                              setting="bootstrap")
+        if self.prepend_bos not in (None, True, False):
+            raise ConfigError(f"prepend_bos must be None, True or False, got {self.prepend_bos!r}", setting="prepend_bos")
+
+    def to_json(self) -> dict:
+        return {name: list(value) if isinstance(value, tuple) else value
+                for name, value in dataclasses.asdict(self).items()}
+
+
 def _whole(name: str, value, low: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ConfigError(f"{name} must be a whole number >= {low}, got {value!r}", setting=name)
 
 
-def choices() -> dict[str, tuple[str, ...]]:
-    """The settings of `SweepConfig` with a closed set of values, read from their `Literal` types.
+def choices(config: type = SweepConfig) -> dict[str, tuple[str, ...]]:
+    """The settings of `config` (`SweepConfig` or `RetrievalConfig`) with a closed set of values, read from their
+    `Literal` types.
 
     >>> choices()["specials"]
     ('keep', 'exclude')
     """
-    hints = get_type_hints(SweepConfig)
+    hints = get_type_hints(config)
     return {name: get_args(hint) for name, hint in hints.items() if getattr(hint, "__origin__", None) is Literal}
 
 
-def default(name: str):
-    """The default of setting `name`, for the command line's options."""
-    return next(f.default for f in dataclasses.fields(SweepConfig) if f.name == name)
+def default(name: str, config: type = SweepConfig):
+    """The default of setting `name` of `config`, for the command line's options."""
+    field = next(f for f in dataclasses.fields(config) if f.name == name)
+    return field.default

@@ -35,7 +35,9 @@ def make_batch(lengths, n_heads=2, causal=False, seed=0, tokens=None, sep_id=Non
     tokens = torch.as_tensor(tokens)
     sep_mask = tokens == sep_id if sep_id is not None else torch.zeros(tokens.shape, dtype=torch.bool)
     mask = torch.as_tensor(real)
-    return AttentionBatch(torch.tensor(pattern, dtype=torch.float64), mask, mask, tokens, sep_mask, causal, max_offset)
+    # a sink of 1 and a window of 2, so that 7 tokens leave the streaming score something to score
+    return AttentionBatch(torch.tensor(pattern, dtype=torch.float64), mask, mask, tokens, sep_mask, causal, max_offset,
+                          sink=1, recent=2)
 
 
 def reference(name, batch):
@@ -87,6 +89,8 @@ def reference(name, batch):
                         j + 1 for j in others if j + 1 in row and j + 1 not in (q - 1, q)]
                     if targets:
                         add(sum(row[k] for k in targets))
+                elif name == "streaming" and batch.causal and q >= batch.sink + batch.recent:
+                    add(sum(p for k, p in row.items() if batch.sink <= k <= q - batch.recent))
                 elif name == "offsets":
                     for i, d in enumerate(offsets):
                         if q + d in row:

@@ -21,7 +21,7 @@ import pandas as pd
 
 from ..errors import TablesError
 from ..metrics import METRICS, describe, get_metric
-from ..tables import ModelProvenance, RunProvenance, SweepTables, thin_support
+from ..tables import TABLES, ModelProvenance, RunProvenance, SweepTables, thin_support
 from .claims import why_not
 from .formats import fmt_bucket, pct  # noqa: F401  (re-exported)
 from .importance import effects
@@ -89,6 +89,8 @@ def top_heads(heads: pd.DataFrame, metric: str, n: int = 10, *, model: str | Non
               keep_flat: bool = False) -> pd.DataFrame:
     """The `n` most striking heads of each model on `metric`, ranked, with their 95% intervals and support.
 
+    `heads` holds the rows of the metric's table (heads.parquet, or retrieval.parquet for ``retrieval``).
+
     The highest values come first, or the lowest where the registry marks low as striking (entropy: the
     most focused heads). Undefined (NaN) heads are left out; ties go to the lower layer, then head. A model
     whose heads all score the same has no top heads and is left out too, unless `keep_flat` (``headscan
@@ -113,7 +115,7 @@ def top_heads(heads: pd.DataFrame, metric: str, n: int = 10, *, model: str | Non
         `metric` is not a head score, or `n` is below 1.
     """
     entry = get_metric(metric)  # an unknown name gets "did you mean"
-    if entry.table != "heads":
+    if list(TABLES[entry.table].keys) != ["metric"]:
         raise TablesError(f"{metric!r} is a profile in {entry.table}.parquet, not a head score; "
                           f"pick a metric of heads.parquet")
     if n < 1:
@@ -243,7 +245,7 @@ def why_structural(rows: pd.DataFrame, metric: str, *, family: str,
 # --- what headscan show prints ----------------------------------------------------------------------------
 
 
-def top_heads_text(run: SweepTables, metric: str, n: int = 10) -> str:
+def top_heads_text(run: SweepTables, metric: str | None = None, n: int = 10) -> str:
     """What ``headscan show`` prints: the `n` most striking heads of each model on `metric`, as a table, with a
     model whose `metric` is 0 or undefined by construction said in one line instead of n rows of zeros.
 
@@ -258,13 +260,15 @@ def top_heads_text(run: SweepTables, metric: str, n: int = 10) -> str:
     target most, either way (`headscan.analysis.importance.effects`). ``syntax``, for a run with a syntax table, prints each model's best head per relation and direction against
     the fixed-offset baseline (`headscan.analysis.syntax.best_heads`), for the `n` relations with most dependents.
     """
+    if metric is None:  # a sweep's previous-token heads, a retrieval run's retrieval heads
+        metric = "prev_token" if "heads" in run.frames else "retrieval"
     if metric == "syntax" and "syntax" in run.frames:
         return _syntax_text(run["syntax"], n)
     if metric == "importance" and "importance" in run.frames:
         return _importance_text(run["importance"], n)
     if metric not in METRICS and metric in _UNREGISTERED and _has(run, *_UNREGISTERED[metric]):
         return _unregistered_text(run, metric, n)
-    heads = run.heads
+    heads = run[METRICS[metric].table if metric in METRICS and METRICS[metric].table in run.frames else "heads"]
     said, shown = [], []
     for model in dict.fromkeys(heads["model"]):
         rows = heads[(heads["model"] == model) & (heads["metric"] == metric)]

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from ..metrics import METRICS
+from ..errors import TablesError
 from ..tables import TABLES, ModelProvenance, RunProvenance, SweepTables
 
 __all__ = ["ReportModel", "Comparison", "run_names", "merge_runs", "model_shapes", "run_summary", "model_sources"]
@@ -60,6 +61,19 @@ class Comparison:
     @property
     def offsets(self) -> pd.DataFrame:
         return self["offsets"]
+
+    @property
+    def scores(self) -> pd.DataFrame:
+        """Every per-head score with an interval: heads.parquet's rows, and retrieval.parquet's where a retrieval
+        run joined (what the atlas colours by)."""
+        return pd.concat([self.heads, self["retrieval"].drop(columns=list(TABLES["retrieval"].extra))],
+                         ignore_index=True) if "retrieval" in self.frames else self.heads
+
+    @property
+    def score_metrics(self) -> list[str]:
+        """The metrics of `scores`: the heads table's, then the retrieval table's."""
+        extra = list(dict.fromkeys(self.frames["retrieval"]["metric"])) if "retrieval" in self.frames else []
+        return self.metrics + extra
 
     @property
     def metrics(self) -> list[str]:
@@ -111,13 +125,17 @@ def merge_runs(runs: Sequence[SweepTables], names: Sequence[str] | None = None) 
     """
     if names is None:
         names = run_names([run.path or f"run{i + 1}" for i, run in enumerate(runs)])
-    seen = Counter(model for run in runs for model in run.models)
-    models, parts = [], {}
+    swept = [(name, run) for name, run in zip(names, runs) if "heads" in run.frames]
+    seen = Counter(model for _, run in swept for model in run.models)
+    models, parts, joined = [], {}, set()
     for name, run in zip(names, runs):
-        rename = {model: f"{name}:{model}" if seen[model] > 1 else model for model in run.models}
-        for model, shown in rename.items():
-            family = str(run.heads.loc[run.heads["model"] == model, "family"].iloc[0])
-            models.append(ReportModel(shown, name, model, family, run.provenance.model(model)))
+        if "heads" not in run.frames:  # a retrieval run's tables join the sweep of the same model
+            rename = {model: _joined_name(model, name, swept, seen, joined) for model in run.models}
+        else:
+            rename = {model: f"{name}:{model}" if seen[model] > 1 else model for model in run.models}
+            for model, shown in rename.items():
+                family = str(run.heads.loc[run.heads["model"] == model, "family"].iloc[0])
+                models.append(ReportModel(shown, name, model, family, run.provenance.model(model)))
         for table, frame in run.frames.items():
             frame = frame.copy()
             frame["model"] = frame["model"].map(lambda m: rename.get(m, m)).astype("string")
@@ -135,6 +153,19 @@ def _controls_beside(models: list[ReportModel]) -> list[ReportModel]:
         out.append(m)
         out += [c for c in models if c is not m and c.run == m.run and c.provenance.control_of == m.model]
     return out + [m for m in models if m not in out]
+
+
+def _joined_name(model: str, run: str, swept: list, seen: Counter, joined: set) -> str:
+    """The report name of the swept model that a retrieval run's `model` joins; refused when none is, or when
+    it is ambiguous, or already joined by another retrieval run."""
+    if seen[model] != 1:
+        where = "none of the sweeps given" if not seen[model] else f"{seen[model]} of the sweeps given"
+        raise TablesError(f"{run}: holds retrieval tables of {model}, which {where} swept; report it beside exactly "
+                          f"one sweep of {model} (headscan report SWEEP_OUT {run})")
+    if model in joined:
+        raise TablesError(f"{run}: a second retrieval run of {model}; report one retrieval run per model")
+    joined.add(model)
+    return model
 
 
 # --- provenance as display tables -------------------------------------------------------------------------

@@ -1,16 +1,16 @@
 """Head metrics: pure, vectorised functions of one layer's attention, each registered once with its definition.
 
-Importing this package imports every built-in metric module (`attention`, `values`, `syntax`, `importance`, in
-that order: the registry's order), so the registry is complete however it is reached. `importance` scores a
-model's output with a head removed rather than an attention pattern. `batch` is the metrics' view of a
-layer's attention, `registry` the registry itself.
+Importing this package imports every built-in metric module (`attention`, `streaming`, `values`, `syntax`,
+`retrieval`, `importance`, in that order: the registry's order), so the registry is complete however it is
+reached. `importance` scores a model's output with a head removed rather than an attention pattern. `batch` is
+the metrics' view of a layer's attention, `registry` the registry itself.
 """
 
-from . import attention, values, syntax, importance  # noqa: F401  (each registers its metrics, in this order)
+from . import attention, streaming, values, syntax, retrieval, importance  # noqa: F401  (each registers its metrics, in order)
 from .batch import AttentionBatch, mean_over_queries, offset_range
 from .attention import buckets
-from .registry import (CAPTURED, CONDITIONS, METRICS, Axis, Metric, definitions_markdown, describe, get_metric,
-                       metric_names, register)
+from .registry import (CAPTURED, CONDITIONS, DECODED, METRICS, Axis, Metric, definitions_markdown, describe,
+                       get_metric, metric_names, register)
 
-__all__ = ["AttentionBatch", "Axis", "Metric", "METRICS", "CONDITIONS", "CAPTURED", "register", "get_metric",
+__all__ = ["AttentionBatch", "Axis", "Metric", "METRICS", "CONDITIONS", "CAPTURED", "DECODED", "register", "get_metric",
            "metric_names", "describe", "offset_range", "mean_over_queries", "buckets", "definitions_markdown"]

@@ -49,6 +49,12 @@ class AttentionBatch:
     # The null head's weight on each key (`headscan.metrics.chance`): None is uniform attention; value-weighted
     # attention sets the value norms, (batch, head, k).
     key_weights: torch.Tensor | None = None
+    # What a decoding step of `headscan retrieval` adds (None in a sweep):
+    needle: torch.Tensor | None = None  # (batch, k) bool: the keys holding the answer's tokens inside the needle
+    generated: torch.Tensor | None = None  # (batch,) the token the last query row's forward pass generated
+    # Streaming (DuoAttention's sink and recent window): the keys a streaming head keeps.
+    sink: int = 64  # the first `sink` positions
+    recent: int = 256  # the last `recent` positions up to the query, the query's own included
 
     def __post_init__(self):
         if self.max_offset < 1:

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from .batch import AttentionBatch
 
-__all__ = ["Axis", "Metric", "METRICS", "CONDITIONS", "CAPTURED", "DEFAULT_CHANCE", "register", "get_metric", "metric_names", "describe",
+__all__ = ["Axis", "Metric", "METRICS", "CONDITIONS", "CAPTURED", "DECODED", "DEFAULT_CHANCE", "register", "get_metric", "metric_names", "describe",
            "definitions_markdown"]
 
 
@@ -72,7 +72,9 @@ class Metric:
 
 
 METRICS: dict[str, Metric] = {}
-CAPTURED = ("value_norms", "logit_contributions", "final_scale")  # optional AttentionBatch fields a metric may need
+# Optional AttentionBatch fields a metric may need: what a sweep captures, then what only decoding fills.
+CAPTURED = ("value_norms", "logit_contributions", "final_scale", "needle", "generated")
+DECODED = ("needle", "generated")  # filled by `headscan retrieval`'s decoding steps: such metrics are never swept
 DEFAULT_CHANCE = ("The metric itself on the null head (uniform attention over the keys each query sees, "
                   "value-weighted for value.parquet).")
 
@@ -100,7 +102,9 @@ def register(
     `table` names a table of `headscan.tables.TABLES`: the metric's rows go there, keyed by the metric's
     name where the table has a ``metric`` column and by `axis` for the rest of its keys. `needs` names the
     optional `AttentionBatch` fields the metric reads (``value_norms``, ``logit_contributions``,
-    ``final_scale``); the sweep scores it only where it captured them, and leaves it NaN elsewhere.
+    ``final_scale``); the sweep scores it only where it captured them, and leaves it NaN elsewhere. A metric
+    that needs a field of `DECODED` (``needle``, ``generated``) is scored by ``headscan retrieval``'s decoding
+    steps and never by a sweep.
     """
 
     def decorate(function):

@@ -33,6 +33,7 @@ This module does not score heads: it hands blocks of rows to the hooks that do.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import types
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
     from .hooked import HookedModel
 
 __all__ = ["NAME", "INTERNALS", "EAGER_INSTEAD", "QueryBlock", "Unsupported", "attention_blocks", "chunked_forward",
-           "static_refusal"]
+           "cached_forward", "static_refusal"]
 
 NAME = "headscan_chunked"  # the attention implementation headscan registers with transformers
 EAGER_INSTEAD = "; use --attention eager"  # how every refusal of chunked mode ends
@@ -75,8 +76,9 @@ def attention_blocks(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor 
 
     `query` is (batch, head, q, d), `key` (batch, kv_head, k, d) with head a multiple of kv_head (query head h
     reads key head h // (head // kv_head), as transformers' ``repeat_kv``), `mask` None or (batch, 1 or head,
-    q or 1, k): boolean (True: attend) or additive. With no mask, `causal` says whether query i sees only keys
-    <= i. `weights` (batch, head, stop - start, k) are softmax(q K^T * scaling [soft-capped] + mask) in float32
+    q or 1, k): boolean (True: attend) or additive. The queries are the last q of the k positions (all of them
+    without a key/value cache). With no mask, `causal` says whether query i sees only keys up to its own
+    position. `weights` (batch, head, stop - start, k) are softmax(q K^T * scaling [soft-capped] + mask) in float32
     (the model's dtype when that is wider), the rows eager attention gives; a new tensor per block, which the
     caller may keep or drop.
 
@@ -108,7 +110,7 @@ def attention_blocks(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor 
             else:
                 scores.add_(rows)
         elif causal:
-            query_positions = torch.arange(start, stop, device=query.device)
+            query_positions = torch.arange(start, stop, device=query.device) + (n_k - n_q)  # absolute positions
             scores.masked_fill_(key_positions[None, :] > query_positions[:, None], lowest)  # (block, k)
         # softmax in place: the same values as torch.softmax to float rounding, without a second block
         scores.sub_(scores.amax(-1, keepdim=True)).exp_()
@@ -126,7 +128,8 @@ class _Session:
     hooks: dict[int, Callable]
     internals: dict[str, dict[int, Callable]]
     query_chunk: int
-    last: int
+    last: int | None  # the pass stops after this layer's attention; None: it runs to the end (decoding)
+    cache: bool = False  # queries may be the last few positions of longer keys (a key/value cache: decoding)
     layer: int = 0
     seen: list = field(default_factory=list)  # (layer, module class) of every call, for messages
 
@@ -147,11 +150,12 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
             raise Unsupported(f"{type(module).__name__} adds {what}, which chunked attention does not reproduce")
     if dropout and module.training:
         raise Unsupported("attention dropout is on (the model is in training mode)")
-    if query.shape[2] != key.shape[2]:
+    if query.shape[2] != key.shape[2] and not (session.cache and query.shape[2] < key.shape[2]):
         raise Unsupported(f"queries and keys differ in length ({query.shape[2]} and {key.shape[2]}): a cache or "
                           f"cross-attention")
     batch, n_heads, n_q, _ = query.shape
-    kv_heads = key.shape[1]
+    kv_heads, n_k = key.shape[1], key.shape[2]
+    offset = n_k - n_q  # with a cache, the queries are the last n_q positions
     if n_heads % kv_heads:
         raise Unsupported(f"{n_heads} query heads do not share {kv_heads} key heads evenly")
     group = n_heads // kv_heads
@@ -168,14 +172,14 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     for start, stop, weights in attention_blocks(query, key, attention_mask, scaling=scaling, causal=causal,
                                                  chunk=session.query_chunk, softcap=kwargs.get("softcap")):
         if hook is not None:
-            hook(weights, QueryBlock(layer, start, stop, n_q))
+            hook(weights, QueryBlock(layer, offset + start, offset + stop, n_k))
         size = stop - start
         mixed = torch.matmul(weights.to(value.dtype).view(batch, kv_heads, group * size, -1), values)
         output[:, start:stop] = mixed.view(batch, n_heads, size, -1).transpose(1, 2)  # our own tensor
         del weights, mixed
     if internals.get("z") is not None:
         internals["z"](output, layer)  # (batch, q, head, d_head)
-    if layer >= session.last:
+    if session.last is not None and layer >= session.last:
         raise hooking.Stop
     return output, None
 
@@ -287,6 +291,41 @@ def chunked_forward(model: HookedModel, hooks: dict[int, Callable], last: int, *
                              f"attention (expected {last + 1}){EAGER_INSTEAD}")
 
     with _implementation(model.hf_model, NAME), _native_attention(model):
+        yield forward
+
+
+@contextlib.contextmanager
+def cached_forward(model: HookedModel, language_model, hooks: dict[int, Callable], *, query_chunk: int):
+    """Yield ``forward(input_ids, cache)``: a whole forward pass of `language_model` (`model`'s causal LM, its
+    head included) with a key/value cache (None to start one), returning the logits of the last position and
+    the cache to pass on.
+
+    Every layer's attention goes through chunked attention: the queries may be the last positions of the keys
+    (a cache), and ``hooks[layer](rows, QueryBlock)`` gets each block's rows with absolute query positions
+    (one row per decoding step). Nothing stops the pass early: the next token needs the logits.
+    """
+    _register()
+    session = _Session(dict(hooks), {}, query_chunk, None, cache=True)
+    # transformers 5 renamed the cache argument (past_key_values -> cache) along the way
+    name = "cache" if "cache" in inspect.signature(type(language_model).forward).parameters else "past_key_values"
+
+    def forward(input_ids, cache):
+        session.layer = 0
+        session.seen.clear()
+        _SESSIONS.append(session)
+        try:
+            output = language_model(input_ids=input_ids, use_cache=True, logits_to_keep=1, **{name: cache})
+        except Unsupported as error:
+            raise ModelLoadError(f"{model.name}: {error}{EAGER_INSTEAD}") from None
+        finally:
+            _SESSIONS.pop()
+        if session.layer != model.n_layers:
+            raise ModelLoadError(f"{model.name}: {session.layer} of its {model.n_layers} attention layers went "
+                                 f"through chunked attention{EAGER_INSTEAD}")
+        cache = getattr(output, "cache", None)
+        return output.logits, cache if cache is not None else output.past_key_values
+
+    with torch.inference_mode(), _implementation(language_model, NAME), _native_attention(model):
         yield forward
 
 

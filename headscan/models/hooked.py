@@ -47,6 +47,7 @@ class HookedModel:
     sites: tuple = field(default=(), repr=False)  # hf_hooks: the attention modules read (hooks.Site), in call order
     extra: dict = field(default_factory=dict)
     _chunked_refusal: list = field(default_factory=list, repr=False, compare=False)  # the cached chunked_refusal()
+    loaded: dict = field(default_factory=dict, repr=False, compare=False)  # loaded on demand (decoding's LM head)
 
     @property
     def causal(self) -> bool:

@@ -1,6 +1,7 @@
 """The head atlas: every head of every model on one interactive map, the first thing in a report's index.html.
 
-Per model a layer x head grid, coloured by any metric of heads.parquet or by role, models of different depth
+Per model a layer x head grid, coloured by any metric of heads.parquet (or retrieval.parquet, where a retrieval run
+joins the report) or by role, models of different depth
 side by side at the same height (so rows line up by relative depth). Hovering a head shows its value and 95%
 interval; clicking it opens a panel with all its scores, intervals and ranks, its offset profile, its roles,
 its rows in any other table, and its attention on the example sentences. A search box finds a head by label.
@@ -99,9 +100,10 @@ IMPORTANCE = "importance"  # the atlas's name for each head's effect (`headscan.
 
 
 def _with_importance(comparison: Comparison) -> tuple[pd.DataFrame, list[str]]:
-    """The heads rows plus, where a run has importance.parquet, each head's effect as one more metric
-    (`IMPORTANCE`): exact mean ablation where the sweep ran it, else AtP's estimate; and the metrics to offer."""
-    heads, metrics = comparison.heads, list(comparison.metrics)
+    """Every per-head score (the heads rows, and retrieval's where a retrieval run joined) plus, where a run has
+    importance.parquet, each head's effect as one more metric (`IMPORTANCE`): exact mean ablation where the
+    sweep ran it, else AtP's estimate; and the metrics to offer."""
+    heads, metrics = comparison.scores, list(comparison.score_metrics)
     if "importance" not in comparison.frames:
         return heads, metrics
     rows = effects(comparison["importance"])
@@ -198,7 +200,7 @@ def _other_rows(comparison: Comparison, name: str, n_heads: int) -> list[dict]:
     """Rows of tables other than heads and offsets (syntax accuracies, say), per head, for the panel."""
     out = []
     for table, frame in comparison.frames.items():
-        if table in ("heads", "offsets"):
+        if table in ("heads", "offsets", "retrieval", "retrieval_trials"):  # colours of the grid; one row per trial
             continue
         part = frame[(frame["model"] == name) & frame["value"].notna()]
         keys, cells, part = _other_keys(table, frame, part)

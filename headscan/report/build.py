@@ -37,7 +37,7 @@ from ..intervals import THIN_MAX_SHARE, THIN_MIN_UNITS
 from ..metrics import METRICS, describe
 from ..plots.style import model_palette
 from ..tables import TABLES, SweepTables, load
-from . import atlas, importance, sections, table_sections
+from . import atlas, importance, sections, table_sections, whole_context
 from .document import (FOLDER_FILES, Bullets, Contents, Definition, Document, Heading, Note, Panels, Raw, Table, Text,
                        write_folder)
 from .sections import DISPLAY, Pngs, name_part, structural
@@ -47,7 +47,8 @@ if TYPE_CHECKING:  # the report only reads what headscan.report.examples compute
 
 __all__ = ["write_report", "build_report", "check_report_options", "check_runs"]
 
-SECTIONED = ("heads", "offsets", "syntax", "importance")  # tables with sections of their own; others: their top rows
+SECTIONED = ("heads", "offsets", "syntax", "importance", "retrieval", "retrieval_trials")  # with sections of their own;
+# any other table gets its top rows
 # positions, value and weights rows get sections of their own where there is enough to draw
 # (`headscan.report.table_sections.shown_elsewhere`); the rest of them are listed with the other tables.
 
@@ -370,6 +371,9 @@ def build_report(comparison: Comparison, *, top: int = 10, examples: Examples | 
         steps.insert(-1, ("syntactic heads", lambda: table_sections.syntax_section(comparison, palette, pngs)))
     if "positions" in comparison.frames:
         steps.insert(-1, ("attention along the context", lambda: table_sections.context_section(comparison, pngs)))
+    if whole_context.shown(comparison):
+        steps.insert(-1, ("which heads need the whole context",
+                          lambda: whole_context.whole_context_section(comparison, palette, pngs)))
     if {"value", "weights"} & set(comparison.frames) or "dla" in comparison.metrics:
         steps.insert(-1, ("what heads move", lambda: table_sections.movement_section(comparison, palette, pngs)))
     if "importance" in comparison.frames:

@@ -98,7 +98,8 @@ def _attention_batch(pattern: torch.Tensor, masks: BatchMasks, model: HookedMode
     queries = counts[:, query_start: query_start + pattern.shape[-2]]  # (batch, q)
     return AttentionBatch(pattern, queries, counts, masks.ids, masks.sep, model.causal, config.max_offset,
                           words=masks.words, raw_pattern=raw if raw is not pattern else None,
-                          query_start=query_start, max_len=config.max_len, value_norms=norms)
+                          query_start=query_start, max_len=config.max_len, value_norms=norms,
+                          sink=config.sink, recent=config.recent)
 
 
 def _value_batch(batch: AttentionBatch) -> AttentionBatch:

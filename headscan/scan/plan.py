@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from .. import __version__
 from ..config import SweepConfig
 from ..corpus import Corpus, Segment  # noqa: F401  (Segment: the doctest's)
-from ..metrics import METRICS, Metric
+from ..metrics import DECODED, METRICS, Metric
 from .state import FINGERPRINT_FIELDS, Shard
 
 if TYPE_CHECKING:
@@ -54,10 +54,12 @@ def columns_of(config: SweepConfig, words: bool = False) -> list[Column]:
     pattern fills (`headscan.scan.importance` does).
 
     The syntax metric only where the corpus has `words` (CoNLL-U): elsewhere it would be an all-NaN table.
-    Metrics that need captured internals (`Metric.needs`: moved, dla) only with ``config.values``.
+    Metrics that need captured internals (`Metric.needs`: moved, dla) only with ``config.values``; metrics
+    read while decoding (retrieval) never.
     """
     own = [(metric, key, metric.table) for metric in METRICS.values()
            if (words or metric.table != "syntax") and (config.values or not metric.needs)
+           and not set(metric.needs) & set(DECODED)  # scored while decoding (headscan retrieval), never swept
            for key in (metric.axis.values(config) if metric.axis else [()])]
     weighted = [(metric, (), "value") for metric in METRICS.values() if metric.table == "heads" and not metric.needs]
     pattern = [column for column in own if column[2] != "importance"]

@@ -42,7 +42,7 @@ STATE_VERSION = 2  # 2: states carry the null head's sums (chance); a version 1 
 # Settings whose change changes the numbers: two states must agree on each to be added, or to resume.
 FINGERPRINT_FIELDS = ("max_len", "long", "limit", "dtype", "specials", "max_offset", "bootstrap", "seed", "prepend_bos",
                       "bootstrap_unit", "window", "pack", "attention", "query_chunk", "values", "document_field",
-                      "importance", "ablate_top", "importance_sample", "mask_rate")
+                      "importance", "ablate_top", "importance_sample", "mask_rate", "sink", "recent")
 
 
 @dataclass(frozen=True)

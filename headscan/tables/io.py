@@ -33,6 +33,7 @@ from .schema import HEAD_COLUMNS, TABLES
 __all__ = ["SweepTables", "load", "write", "check_out", "combine", "concat", "thin_support"]
 
 PROVENANCE_KEY = b"headscan"
+RUN_TABLES = ("heads", "retrieval")  # a run holds one of these: a sweep's, or headscan retrieval's
 
 
 @dataclass
@@ -61,7 +62,9 @@ class SweepTables:
 
     @property
     def models(self) -> list[str]:
-        return list(dict.fromkeys(self.heads["model"]))
+        """The models of the run, in order: those of heads.parquet, or of its first table (a retrieval run)."""
+        frame = self.frames["heads"] if "heads" in self.frames else next(iter(self.frames.values()))
+        return list(dict.fromkeys(frame["model"]))
 
     def wide(self, values: str = "value") -> pd.DataFrame:
         """heads as one row per (model, layer, head) and one column per metric (the `values` column).
@@ -172,14 +175,17 @@ def load(out: str | os.PathLike) -> SweepTables:
     """Read a sweep output folder back as DataFrames plus its provenance.
 
     ``pd.read_parquet(out / "heads.parquet")`` works just as well; this adds the checks, the dtypes and
-    the provenance. Every registered table found in the folder is read; heads.parquet must be there, and
-    every file must come from the same run (their provenance carries the run's id).
+    the provenance. Every registered table found in the folder is read; heads.parquet (a sweep) or
+    retrieval.parquet (``headscan retrieval``) must be there, and every file must come from the same run
+    (their provenance carries the run's id).
     """
     out = Path(out)
     if not out.is_dir():
         raise TablesError(f"{out}: no such folder; pass the --out folder of a `headscan sweep` run")
-    if not (out / TABLES["heads"].file).is_file():
-        raise TablesError(f"{out}: has no heads.parquet; is it the --out folder of a `headscan sweep` run?")
+    main = next((name for name in RUN_TABLES if (out / TABLES[name].file).is_file()), None)
+    if main is None:
+        raise TablesError(f"{out}: has no heads.parquet or retrieval.parquet; is it the --out folder of a "
+                          f"`headscan sweep` or `headscan retrieval` run?")
     frames, stamps = {}, {}
     for name, table in TABLES.items():
         path = out / table.file
@@ -202,7 +208,7 @@ def load(out: str | os.PathLike) -> SweepTables:
         if not isinstance(provenance, dict):
             raise TablesError(f"{run_json}: expected a JSON object; sweep again")
     else:
-        provenance = stamps[TABLES["heads"].file] or {}
+        provenance = stamps[TABLES[main].file] or {}
     for file, stamp in stamps.items():
         if stamp is not None and stamp.get("run_id") != provenance.get("run_id"):
             raise TablesError(f"{out}: {file} and run.json come from different runs; sweep again into a new folder")

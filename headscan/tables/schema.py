@@ -121,6 +121,17 @@ register_table("importance", {"method": "string", "target": "string"},
                "one row per (model, layer, head, method, target): the change of the target (a loss) when the head's "
                "output is removed, ablated minus clean; 0 is a head that changes nothing")
 
+register_table("retrieval", {"metric": "string"},
+               "one row per (model, layer, head, metric): the retrieval score of needle-in-a-haystack trials (Wu et "
+               "al. 2024), a mean over trials (the bootstrap unit), gated and ungated; written by headscan retrieval")
+register_table("retrieval_trials", {"trial": "int64"},
+               "one row per (model, layer, head, trial): a trial's copying steps (sum) over the answer's tokens "
+               "(count), with the trial's prompt, answer and gate; written by headscan retrieval",
+               extra={"length": "int64", "depth": "float64", "needle": "int64", "tokens": "int64",
+                      "needle_position": "Int64", "steps": "int64", "response": "string", "recall": "float64",
+                      "passed": "boolean", "span_found": "boolean"})
+
+
 def tables_markdown() -> str:
     """The registered tables and their columns as Markdown, from the registry (the README uses it)."""
     lines = ["| file | one row per | columns |", "|---|---|---|"]

@@ -251,3 +251,78 @@ def build_ov_checkpoint(path, *, tied: bool = True, n_layers: int = 1, seed: int
     model.config.tie_word_embeddings = tied
     model.save_pretrained(path)
     return path, {name: (0, head) for name, head in OV_HEADS.items()}
+
+
+# --- a head that copies from the needle -----------------------------------------------------------------------
+
+RETRIEVAL_HEAD = (0, 0)  # the copying head of `build_retrieval_checkpoint`
+
+
+def build_retrieval_checkpoint(path, chain, *, max_positions: int = 512, seed: int = 0):
+    """Write a one-layer GPT-2 (64 wide, 4 heads of 16) that decodes along `chain` and whose head 0 copies it.
+
+    `chain` is a list of distinct token ids (at most 16 links). Greedy decoding after a prompt that ends with
+    ``chain[0]`` generates ``chain[1]``, then ``chain[2]``, ... up to ``chain[-1]``: the LM head reads each
+    chain token's embedding as a logit for the next one, and nothing else reaches the logits (every head's
+    output projection and the MLP's are 0). Head 0 of layer 0 attends from each chain token to the keys
+    holding the next one, by content alone (no position embeddings): on a prompt that holds ``chain[1:-1]``
+    once, in a needle, its most-attended key at each step is the needle token just generated, so its
+    retrieval score is 1 (the step that generates ``chain[-1]``, a newline say, finds it outside the needle).
+    The other heads keep random queries and keys.
+
+    Chain tokens get orthonormal embedding directions, and every other token's embedding is made orthogonal
+    to them, with mean 0 and the norm of the rest, so the LayerNorms are an exact constant scaling.
+
+    Returns
+    -------
+    path : pathlib.Path
+    head : (int, int)
+        ``RETRIEVAL_HEAD``, the copying head.
+    """
+    chain = [int(token) for token in chain]
+    if len(set(chain)) != len(chain) or not 2 <= len(chain) <= _D_HEAD + 1:
+        raise ValueError(f"chain must hold 2 to {_D_HEAD + 1} distinct token ids, got {chain}")
+    path = build_tiny_checkpoint(path, "gpt2", n_layers=1, n_heads=_N_HEADS, d_model=_D_MODEL,
+                                 max_positions=max_positions, seed=seed)
+    model = AutoModelForCausalLM.from_pretrained(path, tie_word_embeddings=False)
+    generator = torch.Generator().manual_seed(seed + 2)
+    body = model.transformer
+    with torch.no_grad():
+        # orthonormal directions for the chain tokens, orthogonal to the all-ones vector (LayerNorm's mean)
+        basis, _ = torch.linalg.qr(torch.cat([torch.ones(_D_MODEL, 1), torch.randn(_D_MODEL, len(chain),
+                                                                                     generator=generator)], 1))
+        directions = basis[:, 1:].T  # (chain, d_model)
+        norm = _D_MODEL ** 0.5
+        others = torch.randn(body.wte.weight.shape, generator=generator)
+        others -= others.mean(1, keepdim=True)
+        others -= (others @ directions.T) @ directions  # nothing of the chain's directions
+        others *= norm / others.norm(dim=1, keepdim=True)
+        others[chain] = directions * norm
+        body.wte.weight.copy_(others)
+        body.wpe.weight.zero_()
+        for norm_layer in (body.h[0].ln_1, body.ln_f):
+            norm_layer.weight.fill_(1.0)
+            norm_layer.bias.zero_()
+        attn = body.h[0].attn
+        attn.c_attn.weight[:, 2 * _D_MODEL:] = 0.0  # values: nothing moves through attention
+        attn.c_attn.bias.zero_()
+        attn.c_proj.weight.zero_()
+        attn.c_proj.bias.zero_()
+        body.h[0].mlp.c_proj.weight.zero_()
+        body.h[0].mlp.c_proj.bias.zero_()
+        # head 0: the query of chain[i] meets the key of chain[i + 1], with a margin of 32 logits
+        w_q, w_k = torch.zeros(_D_MODEL, _D_HEAD), torch.zeros(_D_MODEL, _D_HEAD)
+        for i in range(len(chain) - 1):
+            w_q[:, i], w_k[:, i] = directions[i], directions[i + 1]
+        # LayerNorm leaves a chain token's row as its direction times sqrt(d_model): scores come out at 32
+        scale = (32.0 * _D_HEAD ** 0.5 / _D_MODEL) ** 0.5
+        cols = slice(RETRIEVAL_HEAD[1] * _D_HEAD, (RETRIEVAL_HEAD[1] + 1) * _D_HEAD)
+        attn.c_attn.weight[:, cols] = w_q * scale
+        attn.c_attn.weight[:, _D_MODEL + cols.start: _D_MODEL + cols.stop] = w_k * scale
+        # the LM head: chain[i]'s direction is a logit of 32 for chain[i + 1]; every other logit is 0
+        model.lm_head.weight.zero_()
+        for i in range(len(chain) - 1):
+            model.lm_head.weight[chain[i + 1]] = directions[i] * 32.0 / _D_MODEL ** 0.5
+    model.config.tie_word_embeddings = False
+    model.save_pretrained(path)
+    return path, RETRIEVAL_HEAD

@@ -1,0 +1,49 @@
+"""Streaming heads (DuoAttention, Xiao et al. 2024): how much of a head's attention a sink-and-window cache loses.
+
+DuoAttention serves *streaming* heads from a key/value cache that keeps only the first S tokens (the attention
+sink) and the last W (the recent window), and *retrieval* heads from the whole cache. Its streaming attention
+lets query q see the keys ``k < S`` and ``q - W + 1 <= k <= q`` (``duo_attn/patch/streaming_attn.py``);
+`streaming` is the attention mass a head puts elsewhere: what a streaming cache would take from it. A head
+scoring near 0 loses nothing to a short cache; a head with much mass there needs the whole context.
+
+S and W are the sweep's ``sink`` and ``recent`` settings, 64 and 256 by default: DuoAttention's deployment
+values (its evaluation scripts and README; its training used a sink of 128). The mass is read straight off the
+pattern block with absolute positions, so chunked attention's blocks add up to the whole pattern's score.
+
+This module does not run models; the KV budget that follows from these scores is
+`headscan.analysis.context`'s.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .batch import AttentionBatch, mean_over_queries
+from .registry import register
+
+__all__ = ["streaming", "outside_cache"]
+
+
+def outside_cache(batch: AttentionBatch) -> torch.Tensor:
+    """(q, k) bool: the keys a sink-and-window cache drops for each query row, ``sink <= k <= q - recent``."""
+    queries, keys = batch.query_positions, batch.key_positions
+    return (keys[None, :] >= batch.sink) & (keys[None, :] <= queries[:, None] - batch.recent)
+
+
+@register("streaming", structural={"bidirectional": "a sink-and-window cache serves decoding, where a query sees only "
+                                                     "the past, so it is left undefined for encoders"})
+def streaming(batch: AttentionBatch):
+    """Mean over real queries q >= S + W of the attention on the keys k with S <= k <= q - W: the share of the
+    head's attention that a key/value cache holding only the first S tokens and the last W (the query's own
+    included) would drop (DuoAttention's streaming attention).
+
+    S and W are the sweep's sink and recent settings (DuoAttention's deployment values 64 and 256 by default).
+    Queries before position S + W lose nothing by construction and do not count. Causal models only.
+    """
+    if not batch.causal:  # undefined for a bidirectional model: no query counts
+        zeros = batch.pattern.new_zeros(batch.pattern.shape[:2])
+        return zeros, zeros
+    dropped = outside_cache(batch).to(batch.pattern.dtype)  # (q, k)
+    mass = (batch.masked * dropped).sum(-1)  # (batch, head, q)
+    valid = batch.query_mask & (batch.query_positions >= batch.sink + batch.recent)[None, :]
+    return mean_over_queries(mass, valid)

@@ -1,0 +1,105 @@
+"""Greedy decoding that hands over each step's attention rows: what the retrieval score reads.
+
+`greedy_decode` runs a prompt as Wu et al.'s (2024) reference code does: one prefill of every prompt token but
+the last, then greedy steps with the key/value cache, the first of which feeds the last prompt token. Every
+forward pass goes through headscan's chunked attention (`headscan.models.chunked.cached_forward`), so the
+prefill never builds a (head, n, n) pattern, and a decoding step computes one query row per head: memory grows
+linearly with the prompt (the cache, one block of rows, the activations), where eager attention needs heads
+x n^2 per layer (benchmarks/long_context.py measures both).
+
+Each step hands `each` a `Step`: the token it chose (the argmax of the last position's logits; ties to the
+lowest id) and every layer's attention row of the query that chose it, (1, head, 1, k) float32, the rows
+eager attention gives.
+
+This module does not score heads (see `headscan.metrics.retrieval`) or build prompts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..errors import ModelLoadError
+from . import chunked
+from .forward import refused
+
+if TYPE_CHECKING:
+    from .hooked import HookedModel
+
+__all__ = ["Step", "greedy_decode", "language_model"]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One greedy decoding step."""
+
+    token: int  # the token this step generated
+    position: int  # position of the query whose rows these are: the token fed to this step (0-based)
+    rows: dict[int, torch.Tensor]  # layer -> (1, head, 1, position + 1): that query's attention over every key
+
+
+def greedy_decode(model: HookedModel, prompt: Sequence[int], each: Callable[[Step], None], *, max_new_tokens: int,
+                  stop: Callable[[int], bool], query_chunk: int = 512) -> list[int]:
+    """Decode greedily after `prompt` (token ids, BOS included if wanted): call ``each(step)`` for every step
+    and return the generated ids. Stops after `max_new_tokens` steps, or after a step whose token `stop` says
+    ends the answer (that step is handed over and returned too).
+
+    Raises `ModelLoadError` for a bidirectional model, or one whose attention chunked mode cannot reproduce.
+    """
+    if not model.causal:
+        raise ModelLoadError(f"model {model.name!r} is bidirectional: it generates no answer to decode; use a causal "
+                             f"(decoder) model")
+    if len(prompt) < 1:
+        raise ValueError("an empty prompt has no last token to decode from")
+    reason = model.chunked_refusal()
+    if reason is not None:
+        raise refused(model, reason)
+    rows: dict[int, torch.Tensor] = {}
+    decoding = [False]  # the prefill's blocks are not kept
+
+    def keep(layer: int):
+        def hook(weights, block):
+            if decoding[0]:
+                rows[layer] = weights  # a fresh tensor per block: keeping it is safe
+        return hook
+
+    ids = torch.tensor([list(prompt)], dtype=torch.long, device=model.device)  # (1, n)
+    generated: list[int] = []
+    with chunked.cached_forward(model, language_model(model), {layer: keep(layer) for layer in range(model.n_layers)},
+                                query_chunk=query_chunk) as forward:
+        cache = forward(ids[:, :-1], None)[1] if ids.shape[1] > 1 else None
+        decoding[0] = True
+        fed, position = ids[:, -1:], ids.shape[1] - 1
+        for _ in range(max_new_tokens):
+            rows.clear()
+            logits, cache = forward(fed, cache)  # (1, 1, vocab)
+            token = int(logits[0, -1].argmax())
+            generated.append(token)
+            each(Step(token, position, dict(rows)))
+            if stop(token):
+                break
+            fed, position = torch.tensor([[token]], dtype=torch.long, device=model.device), position + 1
+    return generated
+
+
+def language_model(model: HookedModel):
+    """`model`'s causal language model, head included: its own Hugging Face model, or, on the ``hf_hooks`` path
+    (which loads the body without its head), the same checkpoint loaded once more with its head, kept on the
+    model for later calls."""
+    hf_model = model.hf_model
+    if hasattr(hf_model, "get_output_embeddings") and hf_model.get_output_embeddings() is not None:
+        return hf_model
+    if "language_model" not in model.loaded:
+        from transformers import AutoModelForCausalLM
+
+        dtype = next(hf_model.parameters()).dtype
+        try:
+            lm = AutoModelForCausalLM.from_pretrained(model.id, attn_implementation="eager", dtype=dtype)
+        except (OSError, ValueError) as error:
+            raise ModelLoadError(f"model {model.name!r}: decoding needs its language-model head, which could not be "
+                                 f"loaded from {model.id} ({str(error).splitlines()[0][:120]})") from None
+        model.loaded["language_model"] = lm.to(model.device).eval()
+    return model.loaded["language_model"]

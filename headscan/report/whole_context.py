@@ -1,0 +1,235 @@
+"""The report's section "Which heads need the whole context": retrieval heads (a retrieval run joined to a sweep),
+streaming heads, how both relate to induction and copying, and the key/value budget curve.
+
+Claims are gated as everywhere in the report: a head is named a retrieval head only when the low end of its 95%
+interval (over trials) clears both Wu et al.'s 0.1 and the score a head attending uniformly would get, and its
+support is not thin; a head is named one that needs the whole context only when its streaming interval clears
+the uniform head's share (`headscan.analysis.whole_context`).
+
+This module chooses no numbers itself and loads no model.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from ..analysis.ranking import fmt_score, thin
+from ..analysis.runs import Comparison
+from ..analysis.whole_context import RETRIEVAL_THRESHOLD, WU_SHARES, kv_budget, relations, retrieval_shares
+from ..plots import heatmaps as figures
+from ..plots import whole_context as charts
+from .document import Bullets, Figures, Heading, Note, Table, Text
+from .sections import ANNOTATE_TOP, MAX_WIDTH, Pngs, heatmap_rows, name_part
+
+__all__ = ["whole_context_section", "shown"]
+
+TOP = 5  # heads per model in the retrieval and streaming tables
+DEFAULT_SINK, DEFAULT_RECENT = 64, 256  # SweepConfig's defaults, for a run that did not record them
+
+
+def shown(comparison: Comparison) -> bool:
+    """Whether the report has this section: a run scored streaming, or a retrieval run joined."""
+    heads = comparison.heads
+    return "retrieval" in comparison.frames or bool(heads.loc[heads["metric"] == "streaming", "value"].notna().any())
+
+
+def _settings(comparison: Comparison, model: str) -> tuple[int, int, int]:
+    """(sink, recent, length) of the sweep that scored `model`'s streaming."""
+    run = dict(comparison.runs)[comparison.model(model).run]
+    config = run.provenance.config
+    return (int(config.get("sink", DEFAULT_SINK)), int(config.get("recent", DEFAULT_RECENT)),
+            int(min(config.get("max_len") or 0, comparison.model(model).provenance.max_context or 10**9)) or 1)
+
+
+def whole_context_section(comparison: Comparison, palette: dict, pngs: Pngs) -> list:
+    blocks: list = [
+        Heading(2, "Which heads need the whole context"),
+        Text("Two views of the heads a long context needs. Retrieval heads (Wu et al. 2024): in needle-in-a-"
+             "haystack trials, at each step of the greedy answer, a head copies when its most-attended key is the "
+             "needle token just generated; its score is the share of the answer's tokens it copies, averaged over "
+             f"the trials whose answer passes the ROUGE-1 gate. Wu et al. call a head above {RETRIEVAL_THRESHOLD:g} a "
+             "retrieval head and find 3-6% of them. Streaming heads (DuoAttention, Xiao et al. 2024): "
+             "`streaming` is the share of a head's attention outside the first S tokens and the last W, what a "
+             "sink-and-window cache would take from it; a head near 0 can live with such a cache."),
+    ]
+    if "retrieval" in comparison.frames:
+        blocks += _retrieval_part(comparison, pngs)
+    blocks += _streaming_part(comparison, pngs)
+    blocks += _relations_part(comparison, pngs)
+    blocks += _budget_part(comparison, palette, pngs)
+    return blocks
+
+
+# --- retrieval ----------------------------------------------------------------------------------------------
+
+
+def _chosen(retrieval: pd.DataFrame, model: str) -> str:
+    """The gated score where any trial passed the gate, else the ungated one."""
+    gated = retrieval[(retrieval["model"] == model) & (retrieval["metric"] == "retrieval")]
+    return "retrieval" if gated["value"].notna().any() else "retrieval_ungated"
+
+
+def _retrieval_part(comparison: Comparison, pngs: Pngs) -> list:
+    retrieval, trials = comparison["retrieval"], comparison["retrieval_trials"]
+    shares = retrieval_shares(retrieval, trials)
+    blocks: list = [Heading(3, "Retrieval heads")]
+    rows, findings, drawable, tops = [], [], [], []
+    for model in dict.fromkeys(retrieval["model"]):
+        metric = _chosen(retrieval, model)
+        share = shares[(shares["model"] == model) & (shares["metric"] == metric)].iloc[0]
+        gated = shares[(shares["model"] == model) & (shares["metric"] == "retrieval")].iloc[0]
+        failed = gated["trials_total"] - gated["trials_passed"]
+        findings.append(f"{model}: {gated['trials_passed']} of {gated['trials_total']} trials passed the answer gate "
+                        f"({failed} failed it or had no answer span; all are kept in retrieval_trials.parquet)."
+                        + ("" if metric == "retrieval" else " No trial passed, so the scores below are the "
+                           "ungated ones (every trial), not Wu et al.'s."))
+        rows.append({"model": model, "score": metric, "trials": str(share["trials"]), "heads": str(share["heads"]),
+                     "= 0": _pct(share["zero"], share["heads"]), f"(0, {RETRIEVAL_THRESHOLD:g}]":
+                     _pct(share["low"], share["heads"]), f"> {RETRIEVAL_THRESHOLD:g}": _pct(share["above"], share["heads"]),
+                     "> 0.5": _pct(share["above_half"], share["heads"]),
+                     f"interval > {RETRIEVAL_THRESHOLD:g}": _pct(share["above_interval"], share["heads"])})
+        part = retrieval[(retrieval["model"] == model) & (retrieval["metric"] == metric)]
+        drawable.append((model, part))
+        top = part.assign(thin=thin(part)).sort_values(["value", "layer", "head"], ascending=[False, True, True])
+        for row in top.head(TOP).itertuples():
+            tops.append({"model": model, "head": row.label, "score": metric, "value": fmt_score(metric, row.value),
+                         "95% low": fmt_score(metric, row.ci_low, row.value),
+                         "95% high": fmt_score(metric, row.ci_high, row.value), "trials": str(int(row.count)),
+                         "chance": f"{row.chance:.4f}", "mark": "‡" if row.thin else ""})
+        strong = top[(top["ci_low"] > RETRIEVAL_THRESHOLD) & (top["ci_low"] > top["chance"]) & ~top["thin"]]
+        if len(strong):
+            named = ", ".join(f"{r.label} {r.value:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}]" for r in strong.head(TOP).itertuples())
+            findings.append(f"{model}: {len(strong)} heads are retrieval heads with their whole 95% interval above "
+                            f"{RETRIEVAL_THRESHOLD:g} and above chance ({strong['chance'].iloc[0]:.4f}): {named}.")
+        else:
+            findings.append(f"{model}: no head's 95% interval clears {RETRIEVAL_THRESHOLD:g} and chance, so none is "
+                            "named a retrieval head here.")
+    for name, value in WU_SHARES.items():
+        rows.append({"model": f"{name} (Wu et al.)", "score": "retrieval", "trials": "", "heads": "",
+                     f"> {RETRIEVAL_THRESHOLD:g}": f"{value:.1%}"})
+    blocks += [Bullets(findings),
+               Table(pd.DataFrame(rows).fillna(""), numeric=("trials", "heads")),
+               Note("Shares of heads by score, Wu et al.'s Figure 3 bins; the last column counts heads whose whole "
+                    "95% interval over trials lies above the threshold. Wu et al.'s own models below, from their "
+                    "Figure 3 (their Section 3.1: 3% to 6% of heads above 0.1).")]
+
+    def draw(part, name, ax, cbar):
+        metric = str(part["metric"].iloc[0])
+        figures.head_heatmap(part, model=name, metric=metric, ax=ax, vmin=0.0, vmax=1.0, annotate_top=ANNOTATE_TOP,
+                             cbar=cbar, title=f"{name}: {metric}")
+
+    files = heatmap_rows(drawable, pngs, "retrieval", draw)
+    blocks.append(Figures(files, "Retrieval score by layer and head (0 to 1); annotated: each model's "
+                                 f"{ANNOTATE_TOP} highest heads."))
+    frame = pd.DataFrame(tops)
+    if len(frame) and not frame["mark"].astype(bool).any():
+        frame = frame.drop(columns="mark")
+    blocks.append(Table(frame, numeric=("value", "95% low", "95% high", "trials", "chance"), sortable=True))
+    return blocks
+
+
+def _pct(count, total) -> str:
+    return "" if not total else f"{count / total:.1%} ({count})"
+
+
+# --- streaming ----------------------------------------------------------------------------------------------
+
+
+def _streaming_part(comparison: Comparison, pngs: Pngs) -> list:
+    heads = comparison.heads
+    rows = heads[(heads["metric"] == "streaming") & heads["value"].notna()]
+    if rows.empty:
+        return []
+    blocks: list = [Heading(3, "Streaming heads")]
+    sentences, drawable = [], []
+    for model in dict.fromkeys(rows["model"]):
+        part = rows[rows["model"] == model]
+        sink, recent, length = _settings(comparison, model)
+        drawable.append((model, part))
+        ok = part[~thin(part)]
+        small = int((ok["ci_high"] < 0.01).sum())
+        needs = ok.sort_values("value", ascending=False)
+        chance = needs["chance"] if "chance" in needs else pd.Series(0.0, index=needs.index)
+        needs = needs[needs["ci_low"] > chance.fillna(0.0)]
+        named = ", ".join(f"{r.label} {r.value:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]" for r in needs.head(TOP).itertuples())
+        sentences.append(f"{model} (sink {sink}, window {recent}, segments of {length} tokens): {small} of {len(part)} "
+                         f"heads lose less than 1% of their attention to such a cache (whole interval below 0.01)"
+                         + (f"; the heads that lose most: {named}." if named else "."))
+
+    def draw(part, name, ax, cbar):
+        figures.head_heatmap(part, model=name, metric="streaming", ax=ax, vmin=0.0, vmax=1.0,
+                             annotate_top=ANNOTATE_TOP, cbar=cbar, title=f"{name}: streaming")
+
+    files = heatmap_rows(drawable, pngs, "streaming", draw)
+    return blocks + [Bullets(sentences), Figures(files, "Attention outside the sink and the window, by layer and head "
+                                                        f"(0 to 1); annotated: each model's {ANNOTATE_TOP} highest heads.")]
+
+
+# --- relations ------------------------------------------------------------------------------------------------
+
+
+def _relations_part(comparison: Comparison, pngs: Pngs) -> list:
+    retrieval = comparison["retrieval"] if "retrieval" in comparison.frames else None
+    weights = comparison["weights"] if "weights" in comparison.frames else None
+    wide, rho = relations(comparison.heads, retrieval, weights)
+    if rho.empty:
+        return []
+    blocks: list = [Heading(3, "Retrieval and streaming against induction and copying")]
+    pairs = [(other, score) for score, other in (("retrieval", "streaming"), ("retrieval", "induction"),
+                                                 ("retrieval", "copying"), ("streaming", "induction"))]
+    files = []
+    for model in dict.fromkeys(rho["model"]):
+        drawn = [(x, y) for x, y in pairs if {x, y} <= set(wide.columns) and wide.loc[wide["model"] == model, [x, y]]
+                 .dropna().shape[0]]
+        if not drawn:
+            continue
+        fig = Figure(figsize=(min(3.2 * len(drawn), MAX_WIDTH), 3.2), layout="constrained")
+        for ax, (x, y) in zip(fig.subplots(1, len(drawn), squeeze=False)[0], drawn):
+            charts.score_scatter(wide, x=x, y=y, model=model, ax=ax, title=f"{model}")
+        files.append(pngs.add(f"whole_context_scatter_{name_part(model)}.png", fig))
+    table = rho.assign(spearman=rho["spearman"].map(lambda v: f"{v:+.2f}"), heads=rho["heads"].astype(str))
+    return blocks + [Figures(files, "Each head's scores against each other (the retrieval score is the gated one "
+                                    "where any trial passed, else the ungated one)."),
+                     Table(table, numeric=("spearman", "heads")),
+                     Note("Spearman rank correlations over the heads with both scores; no interval: read them as a "
+                          "description of these heads, not as an estimate.")]
+
+
+# --- the key/value budget -------------------------------------------------------------------------------------
+
+
+def _budget_part(comparison: Comparison, palette: dict, pngs: Pngs) -> list:
+    parts = []
+    for model in dict.fromkeys(comparison.heads["model"]):
+        sink, recent, length = _settings(comparison, model)
+        parts.append(kv_budget(comparison.heads[comparison.heads["model"] == model], sink=sink, recent=recent,
+                               length=length))
+    budget = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+    if budget.empty:
+        return []
+    fig = Figure(figsize=(6.0, 4.0), layout="constrained")
+    charts.kv_budget_curve(budget, palette=palette, ax=fig.subplots())
+    rows = []
+    for model, part in budget.groupby("model", sort=False):
+        sink, recent, length = _settings(comparison, model)
+        for goal in (0.9, 0.95, 0.99):
+            reached = part[part["kept_low"] >= goal]
+            if reached.empty:
+                continue
+            first = reached.iloc[0]
+            rows.append({"model": model, "attention kept": f"{goal:.0%} (band's low end)",
+                         "key/value heads whole": f"{int(first['k'])} of {len(part) - 1} ({first['full_share']:.0%})",
+                         f"cache memory at {length} tokens": f"{first['memory']:.0%}",
+                         "kept (band)": f"{first['kept']:.3f} [{first['kept_low']:.3f}, {first['kept_high']:.3f}]"})
+    return [Heading(3, "Key/value budget"),
+            Text("Key/value heads sorted by the attention mass a sink-and-window cache would take from their query "
+                 "heads (under grouped-query attention a key/value head keeps the whole context if any query head "
+                 "reading it needs it, so a group's loss is the sum of its query heads' streaming scores); keeping "
+                 "the first k whole keeps the share of attention mass shown, averaged over query heads. The band "
+                 "puts every streamed head at its interval's ends (conservative: the ends of separate intervals). "
+                 "Dashed: the cache's memory against a full cache at the segment length, the streamed heads keeping "
+                 "S + W tokens."),
+            Figures([pngs.add("kv_budget.png", fig)], "Share of attention mass kept against the share of key/value "
+                                                      "heads keeping the whole context."),
+            Table(pd.DataFrame(rows)) if rows else Note("No budget keeps 90% of the attention mass by its band.")]

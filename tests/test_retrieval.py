@@ -1,0 +1,348 @@
+"""Retrieval heads (Wu et al. 2024) and streaming heads (DuoAttention), against independent answers.
+
+- the answer gate against the ``rouge_score`` package itself (Porter stems of every EWT word, recalls);
+- the decoding rows against Hugging Face's own eager attention with a key/value cache (``output_attentions``),
+  on both hooking paths, and the copying steps against Wu et al.'s ``retrieval_calculate`` as a plain loop;
+- a planted checkpoint whose head copies from the needle scores exactly 1, the others 0;
+- streaming against a plain loop over Hugging Face's eager attention on a 1k-token segment, eager and chunked,
+  and a sliding-window model whose heads see nothing beyond their window scores exactly 0.
+"""
+
+import inspect
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from click.testing import CliRunner
+
+import headscan
+from headscan.cli import cli
+from headscan.corpus.needles import TEMPLATES, read_needles, sentences
+from headscan.corpus.rouge import porter_stem, rouge1_recall
+from headscan.errors import ModelLoadError, SweepInterrupted, TablesError
+from headscan.testing import build_architecture_checkpoint, build_retrieval_checkpoint, build_tiny_checkpoint
+
+ANSWER = "river mountain machine"
+QUESTION = "What are the three words?"
+HAYSTACK = "The cat sat on the mat. A dog ran in the park. We like to read a good book in the morning.\n"
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    """A copying checkpoint, its needles file and a haystack file (none of the answer's words in it)."""
+    from transformers import AutoTokenizer
+
+    tmp = tmp_path_factory.mktemp("retrieval")
+    tokenizer = AutoTokenizer.from_pretrained(build_tiny_checkpoint(tmp / "tokenizer", "gpt2"))
+
+    def ids(text):
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    last = ids(TEMPLATES["raw"].format(haystack="x", question=QUESTION))[-1]  # the prompt's last token: ":"
+    chain = [last, *ids(" " + ANSWER), *ids("\n")]
+    folder, head = build_retrieval_checkpoint(tmp / "model", chain)
+    needles = tmp / "needles.jsonl"
+    needles.write_text(json.dumps({"needle": f"The three words are {ANSWER}.", "question": QUESTION,
+                                   "answer": ANSWER}) + "\n")
+    haystack = tmp / "haystack.txt"
+    haystack.write_text(HAYSTACK * 40)
+    return {"folder": str(folder), "head": head, "needles": str(needles), "haystack": str(haystack)}
+
+
+SMALL = {"lengths": (160, 320), "depths": (0.0, 0.5, 1.0), "bootstrap": 20}
+
+
+# --- the gate --------------------------------------------------------------------------------------------------
+
+
+def test_stems_and_recall_equal_rouge_score(ewt_dev):
+    """Every word of EWT dev stems as NLTK's Porter stemmer (rouge_score's) does; recalls equal rouge_score's."""
+    rouge_scorer = pytest.importorskip("rouge_score.rouge_scorer")
+    from nltk.stem import porter
+
+    words = set()
+    for line in ewt_dev.read_text(encoding="utf-8").splitlines():
+        if line[:1].isdigit():
+            words.update(re.sub(r"[^a-z0-9]+", " ", line.split("\t")[1].lower()).split())
+    stemmer = porter.PorterStemmer()
+    assert len(words) > 4000
+    assert [w for w in sorted(words) if porter_stem(w) != stemmer.stem(w)] == []
+    scorer = rouge_scorer.RougeScorer(["rouge1"], use_stemmer=True)
+    needles, _ = read_needles()
+    pairs = [(n.answer, response) for n in needles for response in
+             (n.answer, n.needle, n.answer.upper() + "!!", " ".join(n.answer.split()[::2]), "", "I do not know.",
+              n.answer.replace(" ", "-"), "watched lanterns; boating at dusks")]
+    for reference, response in pairs:
+        assert rouge1_recall(reference, response) == pytest.approx(scorer.score(reference, response)["rouge1"].recall,
+                                                                   abs=1e-12), (reference, response)
+
+
+def test_sentences_are_found_in_the_text_not_by_token_ids():
+    assert sentences("Dr Smith left. Then? Yes! 'Fine.' done") == ["Dr Smith left.", "Then?", "Yes!", "'Fine.'", "done"]
+
+
+def test_needles_that_are_not_usable_are_refused_in_one_line(tmp_path):
+    bad = tmp_path / "needles.jsonl"
+    bad.write_text(json.dumps({"needle": "The key is red.", "question": "What?", "answer": "blue"}) + "\n")
+    with pytest.raises(headscan.HeadscanError, match=r"line 1: the answer 'blue' is not a verbatim part of the needle"):
+        read_needles(bad)
+
+
+# --- decoding rows and the copying rule against Hugging Face eager attention ----------------------------------
+
+
+def wu_reference(folder, prompt, span, steps):
+    """Wu et al.'s loop: prefill all but the last token, then greedy steps with the cache, each scored by
+    ``retrieval_calculate`` (topk(1) of the last row of every head of Hugging Face's eager attention)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    cache_name = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+    config = model.config
+    n_layers, n_heads = config.num_hidden_layers, config.num_attention_heads
+    score = np.zeros((n_layers, n_heads))
+    ids = torch.tensor([prompt])
+    generated, rows = [], []
+    with torch.no_grad():
+        cache = model(ids[:, :-1], use_cache=True).past_key_values
+        inp = ids[:, -1:]
+        for _ in range(steps):
+            out = model(inp, use_cache=True, output_attentions=True, **{cache_name: cache})
+            cache = out.past_key_values
+            token = int(out.logits[0, -1].argmax())
+            generated.append(token)
+            rows.append([a[0, :, -1] for a in out.attentions])
+            keys = prompt + generated[:-1]
+            for layer in range(n_layers):
+                for head in range(n_heads):
+                    i = int(out.attentions[layer][0][head][-1].topk(1).indices[0])
+                    if span[0] <= i < span[1] and keys[i] == token:
+                        score[layer][head] += 1 / (span[1] - span[0])
+            inp = torch.tensor([[token]])
+    return generated, rows, score
+
+
+@pytest.mark.parametrize("path", ["transformer_lens", "hf_hooks"])
+def test_decoding_rows_and_copying_equal_wu_et_al_on_hugging_face_eager(planted, path, monkeypatch):
+    from headscan.corpus import read_corpus
+    from headscan.corpus.needles import build_prompt, plan_trials
+    from headscan.metrics import METRICS, AttentionBatch
+    from headscan.models import load_model
+    from headscan.models.decode import greedy_decode
+
+    if path == "hf_hooks":
+        monkeypatch.setattr("headscan.models.load._has_adapter", lambda config: False)
+    model = load_model(planted["folder"])
+    assert model.path == path
+    corpus = read_corpus(planted["haystack"])
+    needles, _ = read_needles(planted["needles"])
+    plan = plan_trials(corpus, 1, [200], [0.5], 3)[0]
+    prompt = build_prompt(corpus, needles[0], plan, model.tokenizer, template="raw", bos=model.special_token_ids["bos"])
+    steps = []
+    generated = greedy_decode(model, prompt.ids, steps.append, max_new_tokens=6, stop=lambda t: False)
+    want_tokens, want_rows, want_score = wu_reference(planted["folder"], prompt.ids, prompt.answer, 6)
+    assert generated == want_tokens
+    hits = np.zeros_like(want_score)
+    sequence = list(prompt.ids) + generated
+    for step, rows in zip(steps, want_rows):
+        n = step.position + 1
+        for layer, row in enumerate(rows):  # the very rows Hugging Face's eager attention gives
+            torch.testing.assert_close(step.rows[layer][0, :, 0], row, atol=1e-6, rtol=0)
+        pattern = torch.cat([step.rows[layer] for layer in range(model.n_layers)])  # (layer, head, 1, k)
+        every = torch.ones((model.n_layers, n), dtype=torch.bool)
+        needle = torch.zeros(n, dtype=torch.bool)
+        needle[prompt.answer[0]:prompt.answer[1]] = True
+        batch = AttentionBatch(pattern, every[:, -1:], every, torch.tensor(sequence[:n]).expand(model.n_layers, -1),
+                               ~every, True, query_start=step.position, needle=needle.expand(model.n_layers, -1),
+                               generated=torch.tensor([step.token]).expand(model.n_layers))
+        hits += METRICS["retrieval"].function(batch)[0].numpy()
+    np.testing.assert_allclose(hits / (prompt.answer[1] - prompt.answer[0]), want_score, atol=1e-12)
+    assert want_score[planted["head"]] == pytest.approx(1.0)
+
+
+# --- the planted check ------------------------------------------------------------------------------------------
+
+
+def test_a_head_that_copies_from_the_needle_scores_one(planted, tmp_path):
+    run = headscan.retrieval(planted["folder"], planted["haystack"], tmp_path / "out", needles=planted["needles"],
+                             **SMALL)
+    rows = run["retrieval"]
+    layer, head = planted["head"]
+    for metric in ("retrieval", "retrieval_ungated"):
+        part = rows[rows["metric"] == metric]
+        copying = part[(part["layer"] == layer) & (part["head"] == head)].iloc[0]
+        assert copying["value"] == 1.0 and copying["ci_low"] == 1.0 and copying["count"] == 6
+        assert (part.drop(copying.name)["value"] == 0).all()
+        assert 0 < copying["chance"] < 0.05  # a uniform head: the answer's tokens over the keys it sees
+    trials = run["retrieval_trials"].drop_duplicates("trial")
+    assert trials["passed"].all() and (trials["response"] == ANSWER).all() and (trials["recall"] == 1.0).all()
+    assert sorted(trials["depth"]) == [0.0, 0.0, 0.5, 0.5, 1.0, 1.0] and (trials["tokens"] <= trials["length"]).all()
+    assert trials["needle_position"].is_monotonic_increasing is False  # depth moves the needle
+    loaded = headscan.load(tmp_path / "out")
+    assert set(loaded.frames) == {"retrieval", "retrieval_trials"} and loaded.models == run.models
+    extra = loaded.provenance.models[0].extra
+    assert (extra["trials"], extra["passed"], extra["failed_gate"], extra["template"]) == (6, 6, 0, "raw")
+    rules = loaded.provenance.extra["retrieval"]
+    assert "ROUGE-1 recall" in rules["gate"] and "0.5" in rules["gate"] and "newline" in rules["decoding"]
+    assert "default_rng(0)" in rules["placement"] and loaded.provenance.versions["transformers"]
+
+
+def test_failed_trials_are_kept_and_counted_and_no_pass_still_writes_tables(planted, tmp_path):
+    needles = tmp_path / "needles.jsonl"  # an answer the planted model never gives
+    needles.write_text(json.dumps({"needle": "The three words are violet anchor seventeen.", "question": QUESTION,
+                                   "answer": "violet anchor seventeen"}) + "\n")
+    run = headscan.retrieval(planted["folder"], planted["haystack"], tmp_path / "out", needles=needles,
+                             lengths=(160,), depths=(0.0, 1.0), bootstrap=20)
+    rows = run["retrieval"]
+    assert rows.loc[rows["metric"] == "retrieval", "value"].isna().all()  # no trial passed: undefined, not 0
+    assert (rows.loc[rows["metric"] == "retrieval_ungated", "count"] == 2).all()
+    trials = run["retrieval_trials"].drop_duplicates("trial")
+    assert len(trials) == 2 and not trials["passed"].any()
+    assert run.provenance.models[0].extra["failed_gate"] == 2
+
+
+def test_a_stopped_run_resumes_to_the_same_tables(planted, tmp_path, monkeypatch):
+    small = {"lengths": (160,), "depths": (0.0, 0.5, 1.0), "bootstrap": 20}
+    whole = headscan.retrieval(planted["folder"], planted["haystack"], tmp_path / "whole", needles=planted["needles"],
+                               **small)
+    calls = {"n": 0}
+
+    class StopAfterTwo:
+        def __enter__(self):
+            def should_stop():
+                calls["n"] += 1
+                return calls["n"] > 2
+            return should_stop
+
+        def __exit__(self, *args):
+            return False
+
+    monkeypatch.setattr("headscan.scan.trials.stop_requests", StopAfterTwo)
+    with pytest.raises(SweepInterrupted, match="2 trials kept"):
+        headscan.retrieval(planted["folder"], planted["haystack"], tmp_path / "part", needles=planted["needles"], **small)
+    assert not (tmp_path / "part").exists()
+    monkeypatch.undo()
+    with pytest.raises(TablesError, match="--restart"):  # other settings: refused, naming what differs
+        headscan.retrieval(planted["folder"], planted["haystack"], tmp_path / "part", needles=planted["needles"],
+                           **(small | {"depths": (0.0,)}))
+    resumed = headscan.retrieval(planted["folder"], planted["haystack"], tmp_path / "part", needles=planted["needles"],
+                                 **small)
+    for name in ("retrieval", "retrieval_trials"):
+        pd.testing.assert_frame_equal(resumed[name], whole[name])
+    assert not (tmp_path / "part.partial").exists()
+
+
+def test_encoders_and_alibi_models_are_refused_with_the_reason(tiny_bert, tmp_path, planted):
+    with pytest.raises(ModelLoadError, match="is bidirectional: retrieval heads are read while a model decodes"):
+        headscan.retrieval(str(tiny_bert), planted["haystack"], needles=planted["needles"], lengths=(160,),
+                           depths=(0.0,), bootstrap=0)
+    bloom = build_architecture_checkpoint(tmp_path / "bloom", "bloom")
+    with pytest.raises(ModelLoadError, match="cannot run chunked attention: bloom adds ALiBi"):
+        headscan.retrieval(str(bloom), planted["haystack"], needles=planted["needles"], lengths=(100,),
+                           depths=(0.0,), bootstrap=0)
+
+
+def test_the_command_line_runs_trials_and_says_what_passed(planted, tmp_path):
+    result = CliRunner().invoke(cli, ["retrieval", "-m", planted["folder"], "--haystack", planted["haystack"],
+                                      "--needles", planted["needles"], "--lengths", "160", "--depths", "0,1",
+                                      "--bootstrap", "20", "--out", str(tmp_path / "out"), "-q"])
+    assert result.exit_code == 0, result.output
+    assert "2 of 2 trials passed the answer gate" in result.output
+    assert "retrieval above 0.1: 1 of 4 heads (25.0%)" in result.output
+    shown = CliRunner().invoke(cli, ["show", str(tmp_path / "out")])
+    assert shown.exit_code == 0 and "L0H0" in shown.output.splitlines()[1]
+    bad = CliRunner().invoke(cli, ["retrieval", "-m", planted["folder"], "--haystack", planted["haystack"],
+                                   "--lengths", "1k"])
+    assert bad.exit_code == 2 and "lengths must be numbers separated by commas" in bad.output
+
+
+# --- streaming ----------------------------------------------------------------------------------------------------
+
+
+def eager_streaming(folder, ids, sink, recent):
+    """Per layer and head, the mean over queries q >= sink + recent of the attention on keys in [sink, q - recent],
+    from Hugging Face's own eager attention, by plain loops."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    with torch.no_grad():
+        attentions = model(torch.tensor([ids]), output_attentions=True).attentions
+    out = np.zeros((len(attentions), attentions[0].shape[1]))
+    for layer, pattern in enumerate(attentions):
+        A = pattern[0].double().numpy()
+        for head in range(A.shape[0]):
+            queries = range(sink + recent, len(ids))
+            out[layer, head] = np.mean([A[head, q, sink: q - recent + 1].sum() for q in queries])
+    return out
+
+
+def test_streaming_equals_a_plain_eager_computation_on_a_1k_segment(tmp_path):
+    folder = build_tiny_checkpoint(tmp_path / "gpt2", "gpt2", max_positions=1024, seed=3)
+    text = " ".join(HAYSTACK.split() * 200)
+    run = {}
+    for attention in ("eager", "chunked"):
+        run[attention] = headscan.sweep(str(folder), [text], max_len=1024, attention=attention, query_chunk=200,
+                                        bootstrap=0, values=False)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    ids = ([tokenizer.bos_token_id] + tokenizer(text, add_special_tokens=False)["input_ids"])[:1024]  # as the sweep
+    assert len(ids) == 1024
+    want = eager_streaming(str(folder), ids, 64, 256)
+    for attention, tables in run.items():
+        rows = tables.heads[tables.heads["metric"] == "streaming"].sort_values(["layer", "head"])
+        assert (rows["count"] == 1024 - 64 - 256).all()
+        np.testing.assert_allclose(rows["value"].to_numpy().reshape(want.shape), want, atol=1e-6, rtol=0)
+
+
+def test_a_sliding_window_model_loses_nothing_beyond_its_window(tmp_path):
+    """Mistral's heads see only the last 6 keys (its sliding window): with no sink and a window of 6, the
+    streaming score is exactly 0 for every head, eager or chunked; with a window of 3 it is not."""
+    folder = build_architecture_checkpoint(tmp_path / "mistral", "mistral")
+    texts = [" ".join(HAYSTACK.split() * 3)]
+    for attention in ("eager", "chunked"):
+        tables = headscan.sweep(str(folder), texts, max_len=100, attention=attention, query_chunk=16, sink=0, recent=6,
+                                bootstrap=0, values=False)
+        rows = tables.heads[tables.heads["metric"] == "streaming"]
+        assert rows["count"].min() > 50 and rows["value"].abs().max() <= 1e-9
+    narrower = headscan.sweep(str(folder), texts, max_len=100, sink=0, recent=3, bootstrap=0, values=False)
+    assert narrower.heads.loc[narrower.heads["metric"] == "streaming", "value"].min() > 1e-3
+
+
+# --- the report -----------------------------------------------------------------------------------------------------
+
+
+def test_the_report_joins_a_retrieval_run_to_the_sweep_of_its_model(planted, tmp_path):
+    from headscan.analysis.runs import merge_runs
+    from headscan.report import write_report
+    from headscan.report.atlas import atlas_data
+
+    text = " ".join(HAYSTACK.split() * 4)
+    sweep = headscan.sweep(planted["folder"], [text] * 16, tmp_path / "sweep", max_len=64, sink=4, recent=8,
+                           bootstrap=20)
+    retrieval = headscan.retrieval(planted["folder"], planted["haystack"], tmp_path / "retrieval",
+                                   needles=planted["needles"], lengths=(160,), depths=(0.0, 1.0), bootstrap=20)
+    runs = [headscan.load(tmp_path / "sweep"), headscan.load(tmp_path / "retrieval")]
+    comparison = merge_runs(runs)
+    assert [m.name for m in comparison.models] == [planted["folder"].rsplit("/", 1)[-1]] or len(comparison.models) == 1
+    assert "retrieval" in comparison.score_metrics and "streaming" in comparison.metrics
+    data = atlas_data(comparison)
+    grid = data["models"][0]["metrics"]["retrieval"]["value"]
+    assert grid[0] == 1.0 and grid[1:] == [0.0] * 3  # L0H0 copies, the others do not
+    folder = write_report(runs, tmp_path / "report")
+    report = (folder / "report.md").read_text()
+    section = report[report.index("## Which heads need the whole context"):]
+    assert "2 of 2 trials passed the answer gate" in section
+    Path(tmp_path / "section.md").write_text(section)
+    # two trials are thin support (fewer than 15 units): the copying head is shown, but not named a retrieval head
+    assert "| L0H0 | retrieval | 1.000 | 1.000 | 1.000 | 2 |" in section
+    assert "no head's 95% interval clears 0.1 and chance" in section
+    assert "Llama-2-7B-80K (Wu et al.)" in section and "### Key/value budget" in section
+    assert "### Streaming heads" in section and "sink 4, window 8" in section
+    with pytest.raises(TablesError, match="none of the sweeps given swept"):
+        merge_runs([retrieval, sweep.__class__(sweep.frames, sweep.provenance)] if False else [retrieval])
+    del sweep
