@@ -271,8 +271,9 @@ def _over_trials(scores: np.ndarray, trial_ids: np.ndarray, config: RetrievalCon
     counts = np.ones_like(scores)
     weights = intervals.bootstrap_weights(trial_ids.tolist(), config.bootstrap, config.seed)  # (replicate, trial)
     state = PartialState({}, None, scores.sum(0), counts.sum(0), np.einsum("rt,tlh->rlh", weights, scores),
-                         np.einsum("rt,tlh->rlh", weights, counts), intervals.unit_moments(scores, counts))
-    return state.values(config.interval)
+                         np.einsum("rt,tlh->rlh", weights, counts), intervals.unit_moments(scores, counts),
+                         np.zeros_like(scores.sum(0)), intervals.replicate_moments(weights, scores, counts))
+    return state.values(config.interval, bounds=(0.0, 1.0))  # a share of answer tokens
 
 
 # --- resuming ---------------------------------------------------------------------------------------------
