@@ -212,7 +212,7 @@ def report(table: pd.DataFrame, datasets: list[str], args, seconds: float) -> st
         f"{seconds / 60:.0f} min).",
         "",
         "Each cell: the share of 95% intervals that hold the whole split's value, among the rows the rule trusts, "
-        "and the share of rows it flags. `studentized` + `thin` is the new default; `bca` + `thin_support` the "
+        "and the share of rows it flags. `studentized_symmetric` + `thin` is the new default; `bca` + `thin_support` the "
         "previous one. Rows: heads.parquet and offsets.parquet, count > 0, structural zeros left out; `all` pools "
         "them. Parts of N documents are drawn without replacement from about 318, so an exact method covers "
         "about 0.952 (N = 10), 0.955 (30) and 0.981 (100) of the time. Monte Carlo error of a pooled cell "
@@ -228,7 +228,7 @@ def report(table: pd.DataFrame, datasets: list[str], args, seconds: float) -> st
         lines += [f"## {dataset}", ""]
         columns = [(f"N={n} {design}: {label}", dict(N=n, design=design, method=method, rule=rule))
                    for n in sizes for design in ("random", "disjoint") if n == 30 or design == "random"
-                   for label, method, rule in (("new", "studentized", "thin"), ("old", "bca", "thin_support"))]
+                   for label, method, rule in (("new", "studentized_symmetric", "thin"), ("old", "bca", "thin_support"))]
         lines += metric_table(sub, columns, metrics, covered_cell) + [""]
         for n in sizes:
             lines += [f"### {dataset}, random parts of {n}: every method, every rule", ""]
