@@ -11,7 +11,11 @@ import os
 from pathlib import Path
 
 import matplotlib
+import numpy as np
+import pandas as pd
 import pytest
+
+from headscan.tables import TABLES, SweepTables
 
 matplotlib.use("Agg")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach for the network
@@ -152,3 +156,32 @@ def _close_figures():
     import matplotlib.pyplot as plt
 
     plt.close("all")
+
+
+# --- merged shards against the whole sweep (test_jobs, test_controls) -----------------------------------------
+
+SUMMED = ["value", "sum", "count", "ci_low", "ci_high", "top_unit_share", "chance", "n_eff", "variance_df"]
+
+
+def assert_merged_equals_whole(whole: SweepTables, merged: SweepTables) -> None:
+    """Every table of a merge equals the unsharded sweep's: keys and support exactly, sums to 1e-12 (float64 sums
+    added in another order), interval ends to 1e-9 (BCa's acceleration, a ratio of power sums)."""
+    assert list(whole.frames) == list(merged.frames)
+    for name in whole.frames:
+        a, b = whole[name], merged[name]
+        extra = [c for c in TABLE_EXTRAS.get(name, ()) if c in a]  # the syntax table's baseline columns
+        pd.testing.assert_frame_equal(a.drop(columns=SUMMED + extra), b.drop(columns=SUMMED + extra))
+        for column in SUMMED + extra:
+            if a[column].dtype != "float64":
+                pd.testing.assert_series_equal(a[column], b[column], obj=f"{name}.{column}")
+                continue
+            tolerance = 1e-9 if column.startswith("ci_") else 1e-12
+            if column == "variance_df":  # a ratio of second moments of differences of power sums: it amplifies
+                tolerance = 1e-3         # their rounding (2e-5 relative seen); a diagnostic, not an interval end
+                np.testing.assert_allclose(b[column], a[column], rtol=tolerance, err_msg=f"{name}.{column}")
+                continue
+            np.testing.assert_allclose(b[column], a[column], rtol=0, err_msg=f"{name}.{column}",
+                                       atol=tolerance * max(1.0, a[column].abs().max()))
+
+
+TABLE_EXTRAS = {name: tuple(table.extra) for name, table in TABLES.items()}

@@ -16,7 +16,7 @@ import torch
 from click.testing import CliRunner
 
 import headscan
-from conftest import paragraph_corpus
+from conftest import assert_merged_equals_whole, paragraph_corpus
 from headscan.cli import cli
 from headscan.config import SweepConfig
 from headscan.corpus import pack_corpus, read_corpus, shuffle_words
@@ -26,7 +26,6 @@ from headscan.scan import merge, sweep
 from headscan.scan.plan import resolve_unit
 from headscan.tables import load
 
-VALUES = ["value", "sum", "count", "ci_low", "ci_high", "top_unit_share"]
 
 
 def matrices(model) -> dict[str, torch.Tensor]:
@@ -154,12 +153,7 @@ def test_merged_shards_with_a_control_equal_the_unsharded_sweep(tmp_path, tiny_b
         sweep([str(tiny_bert)], corpus, part, shard=f"{k}/2", **settings)
     merged = merge(parts, tmp_path / "merged")
     assert len(set(whole.heads["model"])) == 2
-    for name in whole.frames:
-        a, b = whole[name], merged[name]
-        pd.testing.assert_frame_equal(a.drop(columns=VALUES), b.drop(columns=VALUES))
-        for column in VALUES:
-            tolerance = 1e-9 if column.startswith("ci_") else 1e-12
-            np.testing.assert_allclose(b[column], a[column], rtol=0, atol=tolerance, err_msg=f"{name}.{column}")
+    assert_merged_equals_whole(whole, merged)
     assert [m.control for m in load(tmp_path / "merged").provenance.models] == [None, "shuffled-words"]
     assert any(p.name.endswith(".shuffled-words.npz") for p in (parts[0] / "state").iterdir())
 

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 import headscan
-from conftest import paragraph_corpus, treebank_corpus
+from conftest import assert_merged_equals_whole, paragraph_corpus, treebank_corpus
 from headscan import tables
 from headscan.errors import ConfigError, ModelNotFoundError, TablesError
 from headscan.scan import merge, partial_folder, sweep
@@ -184,31 +184,6 @@ def shards(tmp_path_factory, tiny_gpt2, tiny_bert, corpus_file):
     return whole, parts, root
 
 
-SUMMED = ["value", "sum", "count", "ci_low", "ci_high", "top_unit_share", "chance", "n_eff", "variance_df"]
-
-
-def assert_merged_equals_whole(whole: tables.SweepTables, merged: tables.SweepTables) -> None:
-    """Every table of a merge equals the unsharded sweep's: keys and support exactly, sums to 1e-12 (float64 sums
-    added in another order), interval ends to 1e-9 (BCa's acceleration, a ratio of power sums)."""
-    assert list(whole.frames) == list(merged.frames)
-    for name in whole.frames:
-        a, b = whole[name], merged[name]
-        extra = [c for c in TABLE_EXTRAS.get(name, ()) if c in a]  # the syntax table's baseline columns
-        pd.testing.assert_frame_equal(a.drop(columns=SUMMED + extra), b.drop(columns=SUMMED + extra))
-        for column in SUMMED + extra:
-            if a[column].dtype != "float64":
-                pd.testing.assert_series_equal(a[column], b[column], obj=f"{name}.{column}")
-                continue
-            tolerance = 1e-9 if column.startswith("ci_") else 1e-12
-            if column == "variance_df":  # a ratio of second moments of differences of power sums: it amplifies
-                tolerance = 1e-3         # their rounding (2e-5 relative seen); a diagnostic, not an interval end
-                np.testing.assert_allclose(b[column], a[column], rtol=tolerance, err_msg=f"{name}.{column}")
-                continue
-            np.testing.assert_allclose(b[column], a[column], rtol=0, err_msg=f"{name}.{column}",
-                                       atol=tolerance * max(1.0, a[column].abs().max()))
-
-
-TABLE_EXTRAS = {name: tuple(table.extra) for name, table in tables.TABLES.items()}
 
 
 def test_merged_shards_equal_the_unsharded_sweep(shards):

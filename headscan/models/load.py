@@ -159,20 +159,37 @@ def _with_head(target: str, **kwargs):
     """The checkpoint's model with the language-model head it was saved with (a ``...ForMaskedLM`` or
     ``...ForCausalLM``, whose head importance's loss targets read), else its bare model; patterns are read from
     its backbone either way."""
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
-
-    saved = list(getattr(AutoConfig.from_pretrained(target), "architectures", None) or [])
-    classes = [AutoModelForMaskedLM] if any(name.endswith("ForMaskedLM") for name in saved) else \
-        [AutoModelForCausalLM] if any(name.endswith(("ForCausalLM", "LMHeadModel")) for name in saved) else []
-    for auto in classes:
+    *heads, bare = _head_classes(target)
+    for auto in heads:
         try:
             return auto.from_pretrained(target, **kwargs)
         except ValueError:  # transformers maps the config to no such class: the bare model will do
             pass
     try:
-        return AutoModel.from_pretrained(target, **kwargs)
+        return bare.from_pretrained(target, **kwargs)
     except ValueError as error:
         raise hooking.Unhookable(f"transformers has no model class for it ({_one_line(error, 120)})") from None
+
+
+def _head_classes(target: str) -> list:
+    """The Auto classes to try for a checkpoint, in order: the language-model head it was saved with, if any,
+    then AutoModel (the bare model)."""
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
+
+    saved = list(getattr(AutoConfig.from_pretrained(target), "architectures", None) or [])
+    heads = [AutoModelForMaskedLM] if any(name.endswith("ForMaskedLM") for name in saved) else \
+        [AutoModelForCausalLM] if any(name.endswith(("ForCausalLM", "LMHeadModel")) for name in saved) else []
+    return heads + [AutoModel]
+
+
+def _random_init_any(classes: list, config, seed: int, dtype):
+    """`random_init` with the first of `classes` that transformers maps `config` to."""
+    for model_class in classes[:-1]:
+        try:
+            return random_init(model_class, config, seed=seed, dtype=dtype)
+        except ValueError:  # no such head for this config: fall through to the bare model
+            pass
+    return random_init(classes[-1], config, seed=seed, dtype=dtype)
 
 
 def _kv_heads(config, n_heads: int) -> int:
@@ -386,12 +403,13 @@ def load_model(
                               setting="device_map")
         # Built here, so that both paths hook it: the bridge's own class where TransformerLens has an adapter
         # (the tokenizer then comes as the trained model's does), else AutoModel's; a GGUF's own class.
+        # Without an adapter, the same class the trained model loads with (its language-model head included).
         if hf_model is not None:
-            model_class, config = type(hf_model), hf_model.config
+            classes, config = [type(hf_model)], hf_model.config
         else:
-            model_class = _bridge_class(config) if _has_adapter(config) else _auto_model()
+            classes = [_bridge_class(config)] if _has_adapter(config) else _head_classes(target)
         with _quiet():
-            hf_model = random_init(model_class, config, seed=control_seed, dtype=torch_dtype).to(device)
+            hf_model = _random_init_any(classes, config, control_seed, torch_dtype).to(device)
         note = initializer_note(hf_model, control_seed)
     model = _hook(control_name(spec, control), target, config, device=device, dtype=torch_dtype,
                   prepend_bos=prepend_bos, hf_model=hf_model, tokenizer=tokenizer, device_map=device_map, source=source,
@@ -410,10 +428,4 @@ def _bridge_class(config):
     from transformer_lens.model_bridge.sources.transformers import determine_architecture_from_hf_config
 
     return get_hf_model_class_for_architecture(determine_architecture_from_hf_config(config))
-
-
-def _auto_model():
-    from transformers import AutoModel
-
-    return AutoModel
 
