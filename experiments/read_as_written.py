@@ -31,10 +31,11 @@ import pandas as pd
 
 import headscan
 from headscan.corpus import read_corpus
+from headscan.tables import VALUE_COLUMNS
 from _common import EMBEDDED, corpus_name, ewt_dev, markdown_table, out_folder, verdict, weights_present
 
 TABLES = ("heads", "offsets", "value")
-VALUES = {"value", "sum", "count", "ci_low", "ci_high", "units", "top_unit_share"}
+VALUES = set(VALUE_COLUMNS)  # compared (value, count) or resampled (intervals, support): not row keys
 
 
 def parse(argv):
