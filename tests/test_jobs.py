@@ -265,9 +265,10 @@ def _fingerprints(tiny_models, change) -> tuple[dict, dict, str]:
     from headscan.scan import fingerprint
 
     model, corpus = tiny_models["gpt2"], texts_corpus(["the cat sat", "a dog ran"], None)
-    base = SweepConfig(device="cpu")
+    needs = {"ablate_top": {"importance": "ablate"}}.get(change, {}) if isinstance(change, str) else {}
+    base = SweepConfig(device="cpu", **needs)  # a setting that needs another gets it in both
     if isinstance(change, str):
-        other = fingerprint(model, corpus, SweepConfig(device="cpu", **{change: CHANGED[change]}))
+        other = fingerprint(model, corpus, SweepConfig(device="cpu", **needs, **{change: CHANGED[change]}))
         return fingerprint(model, corpus, base), other, f"settings.{change}"
     group, key, value = change
     other = copy.deepcopy(fingerprint(model, corpus, base))
