@@ -15,7 +15,7 @@ from headscan.metrics import METRICS, AttentionBatch, buckets
 from test_metrics import make_batch
 
 CHUNKS = [1, 5, 7, 1000]  # 5 and 7 divide none of the lengths below; 1000 is one block
-SCORED = [m for m in METRICS.values() if m.table != "syntax" and not m.needs]  # syntax needs CoNLL-U words; moved and dla
+SCORED = [m for m in METRICS.values() if m.table not in ("syntax", "importance") and not m.needs]  # syntax needs CoNLL-U words; moved and dla
 # need captured internals (their chunked == eager tests are in test_value_sweep.py)
 TEXTS = ["The quick brown fox jumps over the lazy dog, and the dog sleeps on.",
          "A short one.",

@@ -12,7 +12,7 @@ from headscan.errors import MetricError
 from headscan.metrics import METRICS, AttentionBatch, get_metric, register
 
 # Metrics of the pattern alone; those that need captured internals (moved, dla) are tested in test_value_sweep.py.
-PATTERN_METRICS = [metric for metric in METRICS.values() if not metric.needs]
+PATTERN_METRICS = [metric for metric in METRICS.values() if not metric.needs and metric.table != "importance"]  # importance scores a model with a head removed
 
 
 def make_batch(lengths, n_heads=2, causal=False, seed=0, tokens=None, sep_id=None, max_offset=3, garbage=0.0):
