@@ -55,9 +55,13 @@ def parse(argv):
 
 def per_head(table: pd.DataFrame) -> pd.DataFrame:
     """One row per head: each method's value and interval."""
-    wide = table.pivot_table(index=["model", "layer", "head", "label"], columns="method",
+    # label out of the index: dropna=False (a method NaN for every head stays a column) would cross every label
+    # with every (layer, head)
+    wide = table.pivot_table(index=["model", "layer", "head"], columns="method",
                              values=["value", "ci_low", "ci_high"], dropna=False)
     wide.columns = [f"{method}" if stat == "value" else f"{method}_{stat}" for stat, method in wide.columns]
+    labels = table.drop_duplicates(["model", "layer", "head"]).set_index(["model", "layer", "head"])["label"]
+    wide.insert(0, "label", labels.reindex(wide.index))
     return wide.reset_index()
 
 
