@@ -32,13 +32,16 @@ This script does not run models; it only imports headscan.intervals.
 from __future__ import annotations
 
 import argparse
+import functools
+import math
 import time
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
 import numpy as np
 
-from headscan.intervals import METHODS, MOMENT_TERMS, bootstrap_weights, interval, support, thin_support, unit_moments
+from headscan.intervals import (METHODS, MOMENT_TERMS, bootstrap_weights, effective_units, interval, replicate_moments,
+                                support, thin, thin_support, unit_moments, variance_df)
 
 SIZES = (100, 400, 2000)
 BATCH = 50  # simulated corpora per weight draw, like the heads of one sweep
@@ -54,6 +57,8 @@ class Scenario:
     truth: float  # E[s] / E[c] of the population
     by_document: bool = False  # resample documents (their segments summed) instead of segments
     visible: bool = True  # whether a failure shows in the sample itself (False: thin_support cannot see it)
+    sizes: tuple = (100, 400, 2000)  # corpus sizes it is run at (rows drawn: segments, or documents for heavy)
+    sparse: bool = False  # modelled on a metric `thin` treats as sparse (duplicate_token, induction)
 
 
 def _negative_binomial(rng, r: float, mean: float, size):
@@ -98,7 +103,7 @@ def _mixture(name: str, p_positive: float, p_high: float, high_count: tuple, hig
     low_c, high_c = 6.9, base + mean
     low_p, high_p = low_share[0] / sum(low_share), high_share[0] / sum(high_share)
     truth = ((1 - q) * low_c * low_p + q * high_c * high_p) / ((1 - q) * low_c + q * high_c)
-    return Scenario(name, draw, truth=truth, visible=visible)
+    return Scenario(name, draw, truth=truth, visible=visible, sparse=True)
 
 
 def sparse() -> Scenario:
@@ -124,8 +129,54 @@ def clustered(by_document: bool) -> Scenario:
     return Scenario(f"clustered/{unit}", draw, truth=0.4, by_document=by_document, visible=by_document)
 
 
+def _heavy_sizes(rng, shape, sigma: float):
+    return 1 + np.floor(rng.lognormal(np.log(3.5), sigma, size=shape)).astype(int)
+
+
+def heavy(slope: float = 0.0, sigma: float = 1.0) -> Scenario:
+    """Whole documents of heavy-tailed length: 1 + floor(LogNormal(log 3.5, sigma)) sentences (sigma = 1: median 4,
+    90th percentile 13, 99th 37 sentences; EWT dev: 4, 12 and 51), 10-30 queries each. A document's level m is
+    logistic(logit 0.4 + slope (log sentences - log 3.5) + N(0, 0.7^2)), and its sentences' shares are
+    Beta(20 m, 20 (1 - m)). With slope > 0 the long documents have higher shares, so a sample that misses them
+    is low. Each row drawn is one document (the unit); sizes are numbers of documents.
+
+    The truth, E[sentences m] / E[sentences], is computed exactly: the distribution of the sentences is summed
+    term by term and m's normal part integrated by Gauss-Hermite quadrature.
+    """
+    def draw(rng, n, k):
+        sizes = _heavy_sizes(rng, (n, k), sigma)
+        logit = np.log(0.4 / 0.6) + slope * (np.log(sizes) - np.log(3.5)) + rng.normal(0, 0.7, size=(n, k))
+        level = 1 / (1 + np.exp(-logit))
+        owner = np.repeat(np.arange(n * k), sizes.ravel())  # the document (flattened) of each sentence
+        queries = rng.integers(10, 31, size=owner.size).astype(float)
+        level_of = level.ravel()[owner]
+        shares = rng.beta(20 * level_of, 20 * (1 - level_of))
+        counts = np.bincount(owner, weights=queries, minlength=n * k).reshape(n, k)
+        sums = np.bincount(owner, weights=queries * shares, minlength=n * k).reshape(n, k)
+        return sums, counts, None
+
+    name = "heavy" if slope == 0 else f"heavy/slope={slope:g}"
+    return Scenario(name, draw, truth=_heavy_truth(slope, sigma), sizes=(10, 30, 100))
+
+
+@functools.lru_cache(maxsize=None)
+def _heavy_truth(slope: float, sigma: float) -> float:
+    k = np.arange(0, 20_000)  # floor(L) = k with probability P(k <= L < k + 1); beyond 20,000: below 1e-17
+    z = (np.log(np.maximum(np.arange(0, 20_001), 1e-300)) - np.log(3.5)) / sigma
+    edges = 0.5 * (1 + np.vectorize(math.erf)(z / math.sqrt(2)))
+    edges[0] = 0.0
+    p = np.diff(edges)
+    sizes = 1.0 + k
+    nodes, weights = np.polynomial.hermite_e.hermegauss(60)  # E over Z ~ N(0, 1)
+    weights = weights / weights.sum()
+    logits = np.log(0.4 / 0.6) + slope * (np.log(sizes) - np.log(3.5))
+    mean_level = (weights / (1 + np.exp(-(logits[:, None] + 0.7 * nodes)))).sum(1)
+    return float((p * sizes * mean_level).sum() / (p * sizes).sum())
+
+
 def scenarios() -> list[Scenario]:
-    return [light(), few(), sparse(), rare(), clustered(by_document=False), clustered(by_document=True)]
+    return [light(), few(), sparse(), rare(), clustered(by_document=False), clustered(by_document=True), heavy(),
+            heavy(slope=0.5)]
 
 
 class Simulation(NamedTuple):
@@ -133,10 +184,13 @@ class Simulation(NamedTuple):
 
     covered: dict  # method -> bool (dataset,)
     above: dict  # method -> bool (dataset,): the truth lay above the interval
-    flagged: np.ndarray  # bool (dataset,): thin_support
+    flagged: np.ndarray  # bool (dataset,): thin (the support rule of the studentized interval)
+    flagged_old: np.ndarray  # bool (dataset,): thin_support (the previous rule, made for BCa)
     contributing: np.ndarray  # (dataset,)
     share: np.ndarray  # (dataset,)
     units: np.ndarray  # (dataset,): resampled units (documents when by_document)
+    n_eff: np.ndarray  # (dataset,): effective_units
+    df: np.ndarray  # (dataset,): variance_df
 
 
 def simulate(scenario: Scenario, n_segments: int, n_datasets: int, *, replicates: int = 200, seed: int = 0,
@@ -144,7 +198,7 @@ def simulate(scenario: Scenario, n_segments: int, n_datasets: int, *, replicates
     """Draw `n_datasets` corpora of `n_segments` and check each method's interval against the truth."""
     covered = {m: [] for m in methods}
     above = {m: [] for m in methods}
-    flagged, contributing, share, units = [], [], [], []
+    flagged, flagged_old, contributing, share, units, n_eff, df = [], [], [], [], [], [], []
     for batch in range(-(-n_datasets // BATCH)):
         k = min(BATCH, n_datasets - batch * BATCH)
         rng = np.random.default_rng([seed, n_segments, batch, 7])
@@ -158,18 +212,25 @@ def simulate(scenario: Scenario, n_segments: int, n_datasets: int, *, replicates
         with np.errstate(invalid="ignore", divide="ignore"):
             value = moments[_S] / moments[_C]
         replicate_sums, replicate_counts = weights @ sums, weights @ counts
+        power = replicate_moments(weights, sums, counts)
         for method in methods:
-            low, high = interval(value, replicate_sums, replicate_counts, moments, method=method, level=level)
+            low, high = interval(value, replicate_sums, replicate_counts, moments, method=method, level=level,
+                                 replicate_power=power)
             covered[method].append((low <= scenario.truth) & (scenario.truth <= high))
             above[method].append(~(scenario.truth <= high))
         n_contributing, largest = support(moments)
-        flagged.append(thin_support(moments))
+        effective, degrees = effective_units(moments), variance_df(replicate_sums, replicate_counts, power)
+        flagged.append(thin(effective, degrees, n_contributing, sparse=scenario.sparse))
+        flagged_old.append(thin_support(moments))
         contributing.append(n_contributing)
         share.append(largest)
         units.append(np.full(k, len(sums)))
+        n_eff.append(effective)
+        df.append(degrees)
     join = np.concatenate
     return Simulation({m: join(v) for m, v in covered.items()}, {m: join(v) for m, v in above.items()},
-                      join(flagged), join(contributing), join(share), join(units))
+                      join(flagged), join(flagged_old), join(contributing), join(share), join(units), join(n_eff),
+                      join(df))
 
 
 class CoverageCheck(NamedTuple):
@@ -212,31 +273,40 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--datasets", type=int, default=2000, help="simulated corpora per scenario and size")
     parser.add_argument("--replicates", type=int, default=200, help="bootstrap replicates (the sweep's default)")
-    parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), help="segments per corpus")
+    parser.add_argument("--sizes", type=int, nargs="+", default=None,
+                        help="rows per corpus (default: each scenario's own, documents for heavy)")
+    parser.add_argument("--scenarios", nargs="+", default=None, help="names of the scenarios to run (default: all)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     started = time.perf_counter()
     results = []
-    by_method = " | ".join(f"{m} all | {m} unflagged" for m in METHODS)
-    header = f"| scenario | segments | units | truth | flagged | {by_method} | bca: truth above |"
-    print(f"Coverage of 95% intervals, {args.datasets} corpora per row, {args.replicates} replicates; "
-          "'unflagged': not flagged by thin_support.\n")
+    header = ("| scenario | size | units | truth | thin | thin_support | studentized all | studentized trusted | "
+              "symmetric all | symmetric trusted | bca all | bca trusted (thin_support) | percentile all | delta all | "
+              "studentized: truth above |")
+    print(f"Coverage of 95% intervals, {args.datasets} corpora per row, {args.replicates} replicates. 'thin' and "
+          "'thin_support': the share each rule flags; 'trusted': coverage among the intervals not flagged by thin "
+          "(bca: by thin_support, the rule it came with).\n")
     print(header)
     print("|" + "---|" * (header.count("|") - 1))
-    for scenario in scenarios():
-        for n in args.sizes:
+    chosen = [s for s in scenarios() if args.scenarios is None or s.name in args.scenarios]
+    for scenario in chosen:
+        for n in args.sizes or scenario.sizes:
             sim = simulate(scenario, n, args.datasets, replicates=args.replicates, seed=args.seed)
             results.append((scenario, n, sim))
-            ok = ~sim.flagged
-            cells = " | ".join(f"{_cell(sim.covered[m])} | {_cell(sim.covered[m][ok])}" for m in METHODS)
+            ok, ok_old = ~sim.flagged, ~sim.flagged_old
+            c = sim.covered
             print(f"| {scenario.name} | {n} | {np.median(sim.units):.0f} | {scenario.truth:.4f} | "
-                  f"{sim.flagged.mean():.2f} | {cells} | {sim.above['bca'].mean():.3f} |")
-    hidden = ", ".join(s.name for s in scenarios() if not s.visible)
-    print(f"\nThe evidence for thin_support, pooled over every scenario but {hidden} (whose failure the sample "
-          "cannot show):\n")
-    print("\n".join(_binned(results, "contributing", [0, 5, 10, 15, 30, 100, np.inf], "bca")))
+                  f"{sim.flagged.mean():.2f} | {sim.flagged_old.mean():.2f} | "
+                  f"{_cell(c['studentized'])} | {_cell(c['studentized'][ok])} | "
+                  f"{_cell(c['studentized_symmetric'])} | {_cell(c['studentized_symmetric'][ok])} | "
+                  f"{_cell(c['bca'])} | {_cell(c['bca'][ok_old])} | {_cell(c['percentile'])} | {_cell(c['delta'])} | "
+                  f"{sim.above['studentized'].mean():.3f} |")
+    hidden = ", ".join(s.name for s in chosen if not s.visible)
+    print(f"\nThe evidence for thin, pooled over every scenario but {hidden} (whose failure the sample cannot show), "
+          "studentized:\n")
+    print("\n".join(_binned(results, "n_eff", [0, 3, 5, 8, 15, 30, np.inf], "studentized")))
     print()
-    print("\n".join(_binned(results, "share", [0, 0.1, 0.2, 0.25, 0.5, 1.01], "bca")))
+    print("\n".join(_binned(results, "df", [0, 2, 3, 4, 6, 10, np.inf], "studentized")))
     print(f"\n{time.perf_counter() - started:.0f} s")
 
 

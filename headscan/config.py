@@ -33,7 +33,7 @@ DType = Literal["float32", "float16", "bfloat16"]
 Specials = Literal["keep", "exclude"]
 BootstrapUnit = Literal["auto", "segment", "document"]
 Long = Literal["truncate", "split"]
-IntervalMethod = Literal["bca", "percentile", "delta"]  # headscan.intervals.METHODS
+IntervalMethod = Literal["studentized", "studentized_symmetric", "bca", "percentile", "delta"]  # intervals.METHODS
 Attention = Literal["auto", "eager", "chunked"]
 Pack = Literal["none", "sentences", "documents"]
 Importance = Literal["off", "atp", "ablate"]
@@ -77,7 +77,7 @@ class SweepConfig:
     # what the bootstrap resamples: segments, or whole documents; "auto": documents where the corpus has documents
     # of several segments, else segments (the sweep resolves it and records why: headscan.scan.plan.resolve_unit)
     bootstrap_unit: BootstrapUnit = "auto"
-    interval: IntervalMethod = "bca"  # how replicates become a 95% interval (see headscan.intervals and README)
+    interval: IntervalMethod = "studentized_symmetric"  # how replicates become a 95% interval (headscan.intervals)
     window: int = 256  # segments added up per window; state is saved, and units closed, at window ends
     attention: Attention = "auto"  # eager: the model's own pattern; chunked: recomputed in blocks of queries
     query_chunk: int = 512  # queries per block in chunked mode; scores do not depend on it
@@ -191,7 +191,7 @@ class RetrievalConfig:
     gate: float = 0.5  # a trial counts when the answer's ROUGE-1 recall is above this (Wu et al.: 0.5)
     seed: int = 0  # where each trial's haystack starts in the corpus, and the bootstrap over trials
     bootstrap: int = 200  # resampling weights per trial for the 95% intervals; 0 turns intervals off
-    interval: IntervalMethod = "bca"  # how replicates become a 95% interval
+    interval: IntervalMethod = "studentized_symmetric"  # how replicates become a 95% interval
     device: Device = "auto"
     dtype: DType = "float32"
     prepend_bos: bool | None = None  # raw template: BOS before the prompt (None: the model's default, as a sweep)

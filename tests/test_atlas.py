@@ -133,7 +133,8 @@ def test_atlas_html_is_self_contained_and_cannot_be_closed_early(ewt):
     data = re.search(r'<script type="application/json" id="atlas-data">(.*?)</script>', page, re.S).group(1)
     assert "</" not in data
     assert json.loads(data)["initial"] == "prev_token"
-    assert page.count("<option") == len(ewt.metrics) + 1  # every metric, and role
+    # every metric and role to colour by; then the scale: value, lift over chance, value / chance
+    assert page.count("<option") == len(ewt.metrics) + 1 + 3
 
 
 # --- in a real browser --------------------------------------------------------------------------------------

@@ -34,6 +34,8 @@ PARAGRAPHS = [
 LINES = [line for paragraph in PARAGRAPHS for line in paragraph]
 DOCUMENT_OF = [d for d, paragraph in enumerate(PARAGRAPHS) for _ in paragraph]  # (segment,)
 VALUES = ["value", "sum", "count", "ci_low", "ci_high", "units", "top_unit_share"]
+# columns that differ from one segment's sweep to another's but are not resampled: the row's chance and support
+NOT_KEYS = VALUES + ["chance", "n_eff", "variance_df", "thin"]
 
 
 def settings(unit: str) -> SweepConfig:
@@ -67,7 +69,7 @@ def own_sums(tiny_models, corpus_file):
     for name in alone[0].frames:
         if name == "weights":
             continue  # read off the weights: nothing to sum or resample
-        keys = [c for c in alone[0][name].columns if c not in VALUES]
+        keys = [c for c in alone[0][name].columns if c not in NOT_KEYS]
         for part in alone[1:]:
             pd.testing.assert_frame_equal(part[name][keys], alone[0][name][keys])
         out[name] = (alone[0][name][keys], np.stack([part[name]["sum"].to_numpy() for part in alone]),
@@ -162,7 +164,8 @@ def test_intervals_hold_the_value_where_it_is_defined_and_are_nan_where_it_is_no
 def test_a_fifty_percent_interval_fails_the_check(tiny_gpt2, corpus_file, own_sums, monkeypatch):
     """The check above can fail: with the 25% and 75% points in place of 2.5% and 97.5% it does."""
     values = PartialState.values
-    monkeypatch.setattr(PartialState, "values", lambda self, method, level=0.95: values(self, method, level=0.5))
+    monkeypatch.setattr(PartialState, "values", lambda self, method, level=0.95, **options: values(self, method, level=0.5,
+                                                                                                 **options))
     narrow = sweep(str(tiny_gpt2), corpus_file, config=settings("segment"))
     check_tables(narrow, own_sums, list(range(len(LINES))), columns=["value", "sum", "count", "units"])  # unchanged
     with pytest.raises(AssertionError, match="heads.ci_low"):

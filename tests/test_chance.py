@@ -17,7 +17,8 @@ from headscan.corpus.words import ROOT, WordAlignment
 from headscan.metrics import METRICS, AttentionBatch, buckets
 from headscan.metrics.syntax import COLUMNS, syntax_chance
 
-PER_TOKEN = sorted(name for name, m in METRICS.items() if m.table != "syntax" and not m.needs)
+# metrics of one attention pattern (importance scores a model with a head removed; syntax reads words)
+PER_TOKEN = sorted(name for name, m in METRICS.items() if m.table not in ("syntax", "importance") and not m.needs)
 
 
 def random_batch(lengths, *, causal, specials, n_heads=3, seed=0, weighted=False, max_offset=3, max_len=16):

@@ -184,7 +184,7 @@ def shards(tmp_path_factory, tiny_gpt2, tiny_bert, corpus_file):
     return whole, parts, root
 
 
-SUMMED = ["value", "sum", "count", "ci_low", "ci_high", "top_unit_share", "chance"]
+SUMMED = ["value", "sum", "count", "ci_low", "ci_high", "top_unit_share", "chance", "n_eff", "variance_df"]
 
 
 def assert_merged_equals_whole(whole: tables.SweepTables, merged: tables.SweepTables) -> None:
@@ -200,6 +200,10 @@ def assert_merged_equals_whole(whole: tables.SweepTables, merged: tables.SweepTa
                 pd.testing.assert_series_equal(a[column], b[column], obj=f"{name}.{column}")
                 continue
             tolerance = 1e-9 if column.startswith("ci_") else 1e-12
+            if column == "variance_df":  # a ratio of second moments of differences of power sums: it amplifies
+                tolerance = 1e-3         # their rounding (2e-5 relative seen); a diagnostic, not an interval end
+                np.testing.assert_allclose(b[column], a[column], rtol=tolerance, err_msg=f"{name}.{column}")
+                continue
             np.testing.assert_allclose(b[column], a[column], rtol=0, err_msg=f"{name}.{column}",
                                        atol=tolerance * max(1.0, a[column].abs().max()))
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from headscan.errors import ConfigError, TablesError
-from headscan.intervals import MOMENT_TERMS, unit_moments
+from headscan.intervals import MOMENT_TERMS, replicate_moments, unit_moments
 from headscan.scan.state import FINGERPRINT_FIELDS, PartialState, Shard, fingerprint_differences, merge_states
 
 SHAPE = (2, 3, 4)  # (layer, head, column)
@@ -27,11 +27,12 @@ def shard_state(index: int, count: int = 3, seed: int = 0, replicates: int = 5) 
     weights = rng.poisson(1.0, (replicates, 4)).astype(float)  # (replicate, unit)
     state = PartialState(dict(FINGERPRINT), Shard(index, count), sums.sum(0), counts.sum(0),
                          np.einsum("ru,u...->r...", weights, sums), np.einsum("ru,u...->r...", weights, counts),
-                         unit_moments(sums, counts), windows_done=index + 1, finished=True, model={"name": "m"},
+                         unit_moments(sums, counts), 0.5 * counts.sum(0), replicate_moments(weights, sums, counts),
+                         windows_done=index + 1, finished=True, model={"name": "m"},
                          n_segments=4 + index, n_tokens=40 + index, n_truncated=index, n_tokens_lost=2 * index,
                          seconds=1.5 + index, baseline=rng.uniform(0, 2, (2, 6, 5)),
                          weights=np.full((1, 2, 3), 0.25), embedding="tied")
-    state.units = (sums, counts)  # kept for the hand computation below
+    state.units, state.draws = (sums, counts), weights  # kept for the hand computation below
     return state
 
 
@@ -45,6 +46,10 @@ def test_merged_shards_are_the_sums_by_hand():
     np.testing.assert_allclose(merged.replicate_sums, sum(s.replicate_sums for s in states), rtol=1e-12)
     np.testing.assert_allclose(merged.replicate_counts, sum(s.replicate_counts for s in states), rtol=1e-12)
     np.testing.assert_allclose(merged.moments, unit_moments(sums, counts), rtol=1e-12)  # max |s| by max
+    power = sum(np.einsum("ru,u...->r...", s.draws, np.stack([u[0] ** 2, u[0] * u[1], u[1] ** 2]).swapaxes(0, 1))
+                for s, u in ((s, s.units) for s in states))  # sum_u w_bu (s^2, sc, c^2) by hand, shard by shard
+    np.testing.assert_allclose(merged.replicate_power, power.swapaxes(0, 1), rtol=1e-12)
+    np.testing.assert_allclose(merged.chance, 0.5 * counts.sum(0), rtol=1e-12)
     np.testing.assert_allclose(merged.baseline, sum(s.baseline for s in states), rtol=1e-12)
     np.testing.assert_array_equal(merged.weights, states[0].weights)  # read off the weights: once, not summed
     assert (merged.n_segments, merged.n_tokens, merged.n_truncated, merged.n_tokens_lost) == (15, 123, 3, 6)
@@ -235,3 +240,19 @@ def test_an_empty_state_is_zeros_of_its_shape_for_its_shard():
     state.sums += 1  # its arrays are its own
     assert not state.counts.any()
     assert Shard.parse("0/2") == Shard(0, 2)  # K counts from 0
+
+
+def test_a_state_of_an_older_version_is_refused_with_what_it_lacks(tmp_path):
+    import json
+
+    path = tmp_path / "old.npz"
+    shard_state(0).save(path)
+    with np.load(path) as data:
+        arrays = {name: data[name] for name in data.files}
+    header = json.loads(arrays["header"].tobytes()) | {"state_version": 2}
+    arrays["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
+    del arrays["replicate_power"]
+    np.savez(path, **arrays)
+    with pytest.raises(TablesError, match=r"version 2, this headscan reads 3 \(version 3 added the replicates' power "
+                                          r"sums.*\); delete it, or pass --restart"):
+        PartialState.load(path)

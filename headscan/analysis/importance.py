@@ -49,7 +49,7 @@ def effects(importance: pd.DataFrame) -> pd.DataFrame:
     """One row per head: its exact mean ablation where defined, else its AtP estimate of it (``exact`` says
     which), with the interval, support and ``thin``. Heads with neither are left out."""
     columns = ["model", "layer", "head", "label", "target", "method", "value", "ci_low", "ci_high", "units",
-               "top_unit_share"]
+               "top_unit_share", "thin"]
     rows = importance[importance["method"].isin(["mean_ablation", "atp_mean"]) & importance["value"].notna()]
     rows = rows.assign(_exact=rows["method"] == "mean_ablation")
     rows = rows.sort_values("_exact", ascending=False, kind="stable").drop_duplicates(["model", "layer", "head"])

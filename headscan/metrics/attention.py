@@ -268,7 +268,7 @@ def _induction_chance(batch: AttentionBatch):
     return mean_over_queries(batch.null.on(targets), batch.query_mask & targets.any(-1))[0]
 
 
-@register("duplicate_token", chance=_duplicate_chance)
+@register("duplicate_token", sparse=True, chance=_duplicate_chance)
 def duplicate_token(batch: AttentionBatch):
     """Mean total attention on the other occurrences of the query's own token.
 
@@ -278,7 +278,7 @@ def duplicate_token(batch: AttentionBatch):
     return _attention_on(batch, batch.other_occurrences)
 
 
-@register("induction", chance=_induction_chance)
+@register("induction", sparse=True, chance=_induction_chance)
 def induction(batch: AttentionBatch):
     """Mean total attention on the tokens right after other occurrences of the query's token, q-1 and q excluded.
 

@@ -151,7 +151,7 @@ def _no_change(batch) -> None:
     return None
 
 
-@register("importance", table="importance", unit="change of the target", bounded=False,
+@register("importance", table="importance", unit="change of the target", bounded=False, signed=True,
           axis=Axis(("method", "target"), importance_keys), chance=_no_change)
 def importance(ablated: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:
     """Does the head matter: the change of a target when the head's output is removed, ablated minus clean (a

@@ -16,6 +16,8 @@ import inspect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
+import numpy as np
+
 from ..errors import MetricError
 from ..tables import TABLES
 
@@ -59,6 +61,14 @@ class Metric:
     needs: tuple[str, ...] = ()  # AttentionBatch fields besides the pattern it reads (captured internals)
     chance: Callable[[AttentionBatch], torch.Tensor | None] | None = None  # sums of the null head's score; None: default
     chance_definition: str = ""  # how its chance is defined: the chance function's docstring
+    # Its queries are picked by the text's content (a repeated token), so a few rare units can hold most of the
+    # population's sum: `headscan.intervals.thin` trusts its interval only where the sum is spread evenly.
+    sparse: bool = False
+    signed: bool = False  # values may be negative (a logit, a change); else >= 0, and intervals are clipped there
+
+    def bounds(self) -> tuple[float, float]:
+        """The range its values lie in, into which its intervals are clipped: (0, 1), (0, inf) or (-inf, inf)."""
+        return (-np.inf if self.signed else 0.0, 1.0 if self.bounded else np.inf)
 
     def ranks_high(self) -> bool:
         return self.striking == "high"
@@ -90,6 +100,8 @@ def register(
     axis: Axis | None = None,
     needs: tuple[str, ...] = (),
     chance: Callable | None = None,
+    sparse: bool = False,
+    signed: bool = False,
 ):
     """Register a metric function under `name`; its docstring becomes its definition.
 
@@ -98,6 +110,10 @@ def register(
     defined for the metric. Without one, chance is the metric applied to the null head's attention
     (`AttentionBatch.null_batch`), which is right for metrics that are averages of the attention weights and
     wrong for argmax metrics, whose chance is the probability that the null head's draw hits the target.
+
+    `sparse` marks a metric whose queries the text's content picks (a repeated token), so that a few rare units
+    can hold most of its sum (`headscan.intervals.thin`); `signed` one whose values can be negative (else its
+    intervals are clipped at 0, and at 1 where `bounded`).
 
     `table` names a table of `headscan.tables.TABLES`: the metric's rows go there, keyed by the metric's
     name where the table has a ``metric`` column and by `axis` for the rest of its keys. `needs` names the
@@ -129,7 +145,7 @@ def register(
         if not chance_definition:
             raise MetricError(f"metric {name!r}: its chance function has no docstring; say how chance is defined")
         METRICS[name] = Metric(name, function, definition, table, unit, bounded, striking, dict(structural or {}), axis,
-                               tuple(needs), chance, chance_definition)
+                               tuple(needs), chance, chance_definition, bool(sparse), bool(signed))
         return function
 
     return decorate

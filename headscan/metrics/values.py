@@ -333,7 +333,7 @@ def _dla_positive_chance(batch: AttentionBatch):
     return _dla(batch, dla_positive, batch.null_logit_contributions)[1][0]
 
 
-@register("dla", unit="logit", bounded=False, structural={"bidirectional": _NO_LOGIT},
+@register("dla", unit="logit", bounded=False, signed=True, structural={"bidirectional": _NO_LOGIT},
           needs=("logit_contributions", "final_scale"), chance=_dla_chance)
 def dla(batch: AttentionBatch):
     """Direct logit attribution: the mean over real queries q whose next token t is real of the head's output

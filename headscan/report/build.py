@@ -33,7 +33,7 @@ from ..analysis.roles import role_for
 from ..analysis.ranking import WIDE_CI, fmt_bucket, fmt_score, striking_order, top_heads, top_rows
 from ..analysis.runs import Comparison, merge_runs, model_shapes, model_sources, run_names, run_summary
 from ..errors import ConfigError
-from ..intervals import THIN_MAX_SHARE, THIN_MIN_UNITS
+from ..intervals import MIN_EFFECTIVE_UNITS, MIN_SPARSE_EVENNESS, MIN_VARIANCE_DF, THIN_MAX_SHARE, THIN_MIN_UNITS
 from ..metrics import METRICS, describe
 from ..plots.style import model_palette
 from ..tables import TABLES, SweepTables, load
@@ -266,9 +266,12 @@ def _top_section(comparison: Comparison, top: int) -> list:
         Panels(panels),
         Note(f"† marks a 95% interval wider than {WIDE_CI:g} (0-1 metrics) or than {WIDE_CI:.0%} of the value "
              "(unbounded metrics; of 1 for values below 1): read that value with care."
-             + (f" ‡ marks a value resting on thin support: fewer than {THIN_MIN_UNITS} segments or documents "
-                f"count for it, or one of them holds more than {THIN_MAX_SHARE:.0%} of its sum; its interval "
-                "cannot be trusted, and no finding rests on it." if thin else "")),
+             + (f" ‡ marks a value resting on thin support: its sum rests on fewer than {MIN_EFFECTIVE_UNITS:g} "
+                f"effective segments or documents, its interval's SE on fewer than {MIN_VARIANCE_DF:g} degrees of "
+                f"freedom, or (induction, duplicate_token) its sum is spread less evenly than "
+                f"{MIN_SPARSE_EVENNESS:.0%} of its units; in tables written before headscan recorded that, fewer "
+                f"than {THIN_MIN_UNITS} units count for it or one holds more than {THIN_MAX_SHARE:.0%} of its sum. "
+                "Its interval cannot be trusted, and no finding rests on it." if thin else "")),
     ]
 
 

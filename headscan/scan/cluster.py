@@ -64,7 +64,8 @@ __all__ = ["sweep_on_ray", "connect", "choose_shards", "ClusterError", "RETRIES"
 RETRIES = 3  # times a task whose worker was lost goes to a new actor before the sweep gives up
 SHARDS_PER_WORKER = 4  # fast workers take more shards, and a lost worker costs one small shard
 CONNECT_TIMEOUT = 10.0  # seconds to wait for a cluster's port to answer
-_ARRAYS = ("sums", "counts", "replicate_sums", "replicate_counts", "moments", "chance", "head_means")
+_ARRAYS = ("sums", "counts", "replicate_sums", "replicate_counts", "replicate_power", "moments", "chance",
+           "head_means")
 _SHARD_FILE = re.compile(r"\.shard-(\d+)-of-(\d+)\.npz$")
 
 

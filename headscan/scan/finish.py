@@ -44,7 +44,9 @@ def finish(state: PartialState, config: SweepConfig) -> dict[str, pd.DataFrame]:
     model = ModelProvenance.from_json(state.model)
     config = swept_config(state, config)
     columns = columns_of(config, has_words(state.fingerprint["corpus"]["kind"]))
-    values = state.values(config.interval)  # name -> (layer, head, column)
+    bounds = np.array([metric.bounds() for metric, _, _ in columns]).reshape(-1, 2).T  # (2, column)
+    sparse = np.array([metric.sparse for metric, _, _ in columns], dtype=bool)
+    values = state.values(config.interval, bounds=(bounds[0], bounds[1]), sparse=sparse)  # (layer, head, column)
     n_layers, n_heads, _ = state.sums.shape
     layer, head = np.meshgrid(np.arange(n_layers), np.arange(n_heads), indexing="ij")  # (layer, head)
     group = n_heads // (model.n_kv_heads or n_heads)

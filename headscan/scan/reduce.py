@@ -6,8 +6,8 @@ counts; the pattern is then dropped. No activation cache is kept, so peak memory
 
 The corpus is cut into *windows* of whole bootstrap units (segments, or documents; `headscan.scan.plan`): a
 window's per-unit sums are added into a `headscan.scan.state.PartialState` when the window ends, with the
-units' Poisson bootstrap weights and power sums, so 95% intervals come from the same single pass. A state
-saved at a window end resumes bit for bit, and the states of disjoint shards add up to the unsharded one
+units' Poisson bootstrap weights, power sums and the replicates' power sums, so 95% intervals come from the
+same single pass. A state saved at a window end resumes bit for bit, and the states of disjoint shards add up to the unsharded one
 (`headscan.scan.state.merge_states`).
 
 This module does not draw anything, parse command lines or write tables (see `headscan.scan.finish`).
@@ -41,7 +41,8 @@ from .state import PartialState, Shard, add_tallies
 
 __all__ = ["accumulate", "sweep_model"]
 
-_TOTALS = ("sums", "counts", "replicate_sums", "replicate_counts", "moments", "chance", "baseline")  # PartialState's
+_TOTALS = ("sums", "counts", "replicate_sums", "replicate_counts", "replicate_power", "moments", "chance",
+           "baseline")  # PartialState's
 
 
 @dataclass
@@ -242,6 +243,9 @@ def _add_window(totals: dict, window: Window, config: SweepConfig) -> None:
         # (replicate, unit) @ (unit, layer * head * column): one matrix product per window
         totals["replicate_sums"] += (weights @ sums.flatten(1)).view_as(totals["replicate_sums"])
         totals["replicate_counts"] += (weights @ counts.flatten(1)).view_as(totals["replicate_counts"])
+        # each replicate's sum_u w_bu s_u^2, s_u c_u, c_u^2: its own variance, for the studentized interval
+        power = intervals.replicate_moments(weights, sums.flatten(1), counts.flatten(1))  # (3, replicate, l*h*c)
+        totals["replicate_power"] += power.view_as(totals["replicate_power"])
     totals["moments"] = intervals.combine_moments(totals["moments"], intervals.unit_moments(sums, counts))
     totals["chance"] += window.chance
     totals["baseline"] += window.baseline

@@ -6,8 +6,11 @@ A sweep reduces each layer's attention to per-segment sums and counts; `PartialS
 - ``sums`` and ``counts``, (layer, head, column): the scores themselves;
 - ``replicate_sums`` and ``replicate_counts``, (replicate, layer, head, column): Poisson-bootstrap replicates,
   each unit weighted by draws keyed on (seed, unit index), so they do not depend on batching or sharding;
-- ``moments``, (term, layer, head, column): per-unit power sums for the accelerated interval and the support
-  columns (`headscan.intervals`);
+- ``replicate_power``, (term, replicate, layer, head, column): each replicate's weighted power sums of the units
+  (`headscan.intervals.replicate_moments`), which give every replicate its own variance: the studentized
+  interval's;
+- ``moments``, (term, layer, head, column): per-unit power sums for the intervals and the support columns
+  (`headscan.intervals`);
 - ``chance``, (layer, head, column): the null head's sums over the same queries (`headscan.metrics.chance`),
   divided by ``counts`` at the end. Not bootstrapped: chance is the reference an interval is read against.
 
@@ -37,7 +40,10 @@ from ..errors import TablesError
 
 __all__ = ["PartialState", "FINGERPRINT_FIELDS", "merge_states", "add_tallies", "Shard"]
 
-STATE_VERSION = 2  # 2: states carry the null head's sums (chance); a version 1 state is refused, to be swept again
+# 2: states carry the null head's sums (chance); 3: the replicates' power sums (replicate_power). An older state is
+# refused, to be swept again: neither can be rebuilt from what it holds.
+STATE_VERSION = 3
+_ADDED_IN = {2: "the chance sums", 3: "the replicates' power sums, which the studentized interval needs"}
 
 # Settings whose change changes the numbers: two states must agree on each to be added, or to resume.
 FINGERPRINT_FIELDS = ("max_len", "long", "limit", "dtype", "specials", "max_offset", "bootstrap", "seed", "prepend_bos",
@@ -88,6 +94,8 @@ class PartialState:
     replicate_counts: np.ndarray  # (replicate, layer, head, column)
     moments: np.ndarray  # (term, layer, head, column); see headscan.intervals.MOMENT_TERMS
     chance: np.ndarray  # (layer, head, column): the null head's sums over the same queries (NaN: not computable)
+    # (3, replicate, layer, head, column): sum_u w_bu s_u^2, w_bu s_u c_u, w_bu c_u^2 (headscan.intervals.REPLICATE_TERMS)
+    replicate_power: np.ndarray = field(default_factory=lambda: np.zeros((3, 0, 0, 0, 0)))
     windows_done: int = 0  # windows of the sweep's plan already added
     finished: bool = False  # every window added
     model: dict = field(default_factory=dict)  # the model's provenance (ModelProvenance.to_json())
@@ -115,7 +123,8 @@ class PartialState:
     def empty(cls, fingerprint: dict, shard: Shard | None, shape: tuple[int, int, int], n_replicates: int) -> PartialState:
         zeros = np.zeros(shape)
         return cls(fingerprint, shard, zeros, zeros.copy(), np.zeros((n_replicates, *shape)),
-                   np.zeros((n_replicates, *shape)), intervals.unit_moments(zeros[None], zeros[None]) * 0, zeros.copy())
+                   np.zeros((n_replicates, *shape)), intervals.unit_moments(zeros[None], zeros[None]) * 0, zeros.copy(),
+                   np.zeros((len(intervals.REPLICATE_TERMS), n_replicates, *shape)))
 
     # --- saving and loading ----------------------------------------------------------------------------
 
@@ -139,7 +148,7 @@ class PartialState:
                 np.savez(handle, header=np.frombuffer(json.dumps(self.header()).encode(), dtype=np.uint8),
                          sums=self.sums, counts=self.counts, replicate_sums=self.replicate_sums,
                          replicate_counts=self.replicate_counts, moments=self.moments, chance=self.chance,
-                         baseline=self.baseline, weights=self.weights, head_means=self.head_means)
+                         replicate_power=self.replicate_power, baseline=self.baseline, weights=self.weights, head_means=self.head_means)
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -155,7 +164,7 @@ class PartialState:
         try:
             with np.load(path, allow_pickle=False) as data:
                 header = json.loads(data["header"].tobytes())
-                names = ("sums", "counts", "replicate_sums", "replicate_counts", "moments", "chance")
+                names = ("sums", "counts", "replicate_sums", "replicate_counts", "moments", "chance", "replicate_power")
                 arrays = {name: data[name] for name in names if name in data.files}
                 baseline = data["baseline"] if "baseline" in data.files else np.zeros((2, 0, 0))
                 weights = data["weights"] if "weights" in data.files else np.zeros((0, 0, 0))
@@ -164,11 +173,14 @@ class PartialState:
             raise damaged(type(error).__name__) from None
         if not isinstance(header, dict):
             raise damaged("its header is not a JSON object")
-        if header.get("state_version") != STATE_VERSION:
-            raise TablesError(f"{path}: partial state version {header.get('state_version')!r}, this headscan "
-                              f"reads {STATE_VERSION} (version 2 added the chance sums, which an older state cannot "
-                              f"supply); delete it, or pass --restart, to start that part again")
-        if len(arrays) < 6:
+        version = header.get("state_version")
+        if version != STATE_VERSION:
+            added = "; ".join(f"version {v} added {what}" for v, what in _ADDED_IN.items()
+                              if not isinstance(version, int) or version < v)
+            raise TablesError(f"{path}: partial state version {version!r}, this headscan reads {STATE_VERSION} "
+                              f"({added}, which an older state cannot supply); delete it, or pass --restart, to "
+                              f"start that part again")
+        if len(arrays) < 7:
             raise damaged("an array is missing")
         types = {"fingerprint": dict, "model": dict, "finished": bool, "windows_done": int, "n_segments": int,
                  "n_tokens": int, "n_truncated": int, "seconds": (int, float), "importance": (dict, type(None))}
@@ -182,6 +194,7 @@ class PartialState:
         shapes = {name: array.shape for name, array in arrays.items()}
         if (len({shapes["sums"], shapes["counts"], shapes["chance"]}) != 1
                 or shapes["replicate_sums"] != shapes["replicate_counts"]
+                or shapes["replicate_power"] != (len(intervals.REPLICATE_TERMS), *shapes["replicate_sums"])
                 or baseline.ndim != 3 or baseline.shape[0] != 2):
             raise damaged("its arrays do not fit together")
         return cls(header["fingerprint"], Shard(*shard) if shard else None, **arrays,
@@ -194,24 +207,38 @@ class PartialState:
 
     # --- finishing -------------------------------------------------------------------------------------
 
-    def values(self, method: str, level: float = 0.95) -> dict[str, np.ndarray]:
+    def values(self, method: str, level: float = 0.95, *, bounds=None, sparse=False) -> dict[str, np.ndarray]:
         """The table's value columns, each (layer, head, column): value, sum, count, ci_low, ci_high, units,
-        top_unit_share. NaN where a score is undefined (count 0)."""
+        top_unit_share, n_eff, variance_df, thin, chance. NaN where a score is undefined (count 0).
+
+        `bounds` (low, high), each broadcastable to (layer, head, column), is each column's own range, into which
+        the interval is clipped; `sparse` marks the columns `headscan.intervals.thin` holds to an even spread.
+        """
         defined = self.counts > 0
         with np.errstate(invalid="ignore", divide="ignore"):
             value = np.where(defined, self.sums / self.counts, np.nan)
             chance = np.where(defined, self.chance / self.counts, np.nan)
-        if self.replicate_sums.shape[0]:
+        replicated = self.replicate_sums.shape[0] > 0
+        power = self.replicate_power if self.replicate_power.shape[1:] == self.replicate_sums.shape else None
+        if replicated:
             low, high = intervals.interval(value, self.replicate_sums, self.replicate_counts, self.moments,
-                                           method=method, level=level)
+                                           method=method, level=level, replicate_power=power, bounds=bounds)
+            df = (intervals.variance_df(self.replicate_sums, self.replicate_counts, power) if power is not None
+                  else np.full_like(value, np.nan))
         else:
-            low = high = np.full_like(value, np.nan)
+            low = high = df = np.full_like(value, np.nan)
         units, top_share = intervals.support(self.moments)
+        n_eff = intervals.effective_units(self.moments)
+        # without the replicates' power sums (no replicates, or a state built by hand) the previous rule
+        thin = (intervals.thin(n_eff, df, units, sparse=sparse) if replicated and power is not None
+                else intervals.thin_support(self.moments))
         nan = np.nan
         return {
             "value": value, "sum": self.sums, "count": self.counts,
             "ci_low": np.where(defined, low, nan), "ci_high": np.where(defined, high, nan),
-            "units": units, "top_unit_share": np.where(defined, top_share, nan), "chance": chance,
+            "units": units, "top_unit_share": np.where(defined, top_share, nan),
+            "n_eff": np.where(defined, n_eff, nan), "variance_df": np.where(defined, df, nan),
+            "thin": thin | ~defined, "chance": chance,
         }
 
 
@@ -285,7 +312,8 @@ def merge_states(states: list[PartialState], names: list[str]) -> PartialState:
                           f"merge needs all {first.shard.count}")
     total = PartialState(dict(first.fingerprint), None, first.sums.copy(), first.counts.copy(),
                          first.replicate_sums.copy(), first.replicate_counts.copy(), first.moments.copy(),
-                         first.chance.copy(), finished=True, model=dict(first.model), baseline=first.baseline.copy(),
+                         first.chance.copy(), first.replicate_power.copy(), finished=True, model=dict(first.model),
+                         baseline=first.baseline.copy(),
                          weights=first.weights.copy(), embedding=first.embedding,  # the same weights in every shard
                          head_means=first.head_means.copy(), importance=dict(first.importance))
     for state in states[1:]:
@@ -294,6 +322,7 @@ def merge_states(states: list[PartialState], names: list[str]) -> PartialState:
         total.counts += state.counts
         total.replicate_sums += state.replicate_sums
         total.replicate_counts += state.replicate_counts
+        total.replicate_power = total.replicate_power + state.replicate_power  # same fingerprint: same shape
         total.chance += state.chance
         total.moments = intervals.combine_moments(total.moments, state.moments)
     for state in states:

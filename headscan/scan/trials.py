@@ -276,8 +276,8 @@ def _over_trials(scores: np.ndarray, chance: np.ndarray, trial_ids: np.ndarray,
     weights = intervals.bootstrap_weights(trial_ids.tolist(), config.bootstrap, config.seed)  # (replicate, trial)
     state = PartialState({}, None, scores.sum(0), counts.sum(0), np.einsum("rt,tlh->rlh", weights, scores),
                          np.einsum("rt,tlh->rlh", weights, counts), intervals.unit_moments(scores, counts),
-                         chance_sums)
-    return state.values(config.interval)
+                         chance_sums, intervals.replicate_moments(weights, scores, counts))
+    return state.values(config.interval, bounds=(0.0, 1.0))  # a share of answer tokens
 
 
 # --- resuming ---------------------------------------------------------------------------------------------

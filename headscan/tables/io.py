@@ -295,6 +295,7 @@ def combine(parts: list[SweepTables]) -> SweepTables:
         total["chance"] = (total["chance_sum"] / total["count"]).where((total["count"] > 0)
                                                                         & (total["chance_missing"] == 0))
         total["ci_low"] = total["ci_high"] = total["units"] = total["top_unit_share"] = float("nan")
+        total["n_eff"] = total["variance_df"] = total["thin"] = float("nan")  # support unknown: <NA> thin
         total = total.assign(**{column: float("nan") for column in table.extra})  # not sums: cannot be added up
         frames[name] = table.conform(total)
     return SweepTables(frames, RunProvenance(extra={"combined_from": [p.provenance.to_json() for p in parts]}))
@@ -332,15 +333,23 @@ def _check_disjoint(parts: list[SweepTables]) -> None:
 
 
 def thin_support(rows: pd.DataFrame) -> pd.Series:
-    """True for rows whose interval rests on too few units to be trusted (`headscan.intervals.thin_support`'s
-    rule, read from the ``units`` and ``top_unit_share`` columns); False where those were not recorded.
+    """True for rows whose interval should not be trusted: the ``thin`` column (`headscan.intervals.thin`, from the
+    data's own heaviness) where it was recorded; else the previous rule, `headscan.intervals.thin_support`, read
+    from ``units`` and ``top_unit_share``; False where neither was recorded.
 
-    >>> rows = pd.DataFrame({"units": [400.0, 9.0, 400.0, float("nan")], "top_unit_share": [0.01, 0.1, 0.6, float("nan")]})
+    >>> rows = pd.DataFrame({"units": [400.0, 9.0, 400.0, float("nan"), 400.0],
+    ...                      "top_unit_share": [0.01, 0.1, 0.6, float("nan"), 0.01],
+    ...                      "thin": pd.array([False, False, pd.NA, pd.NA, True], dtype="boolean")})
     >>> thin_support(rows).tolist()
-    [False, True, True, False]
+    [False, False, True, False, True]
     """
     from ..intervals import THIN_MAX_SHARE, THIN_MIN_UNITS
 
-    if not {"units", "top_unit_share"} <= set(rows.columns):  # not recorded (headscan 0.1, or built by hand)
-        return pd.Series(False, index=rows.index)
-    return ((rows["units"] < THIN_MIN_UNITS) | (rows["top_unit_share"] > THIN_MAX_SHARE)).fillna(False).astype(bool)
+    if {"units", "top_unit_share"} <= set(rows.columns):
+        previous = ((rows["units"] < THIN_MIN_UNITS) | (rows["top_unit_share"] > THIN_MAX_SHARE)).fillna(False)
+    else:  # not recorded (headscan 0.1, or built by hand)
+        previous = pd.Series(False, index=rows.index)
+    if "thin" not in rows.columns:
+        return previous.astype(bool)
+    recorded = rows["thin"].astype("boolean")
+    return recorded.fillna(previous.astype(bool)).astype(bool)

@@ -43,11 +43,14 @@ VALUE_COLUMNS: dict[str, str] = {
     "ci_high": "float64",  # upper end
     "units": "float64",  # bootstrap units (segments or documents) with count > 0: how many the value rests on
     "top_unit_share": "float64",  # the largest single unit's share of the sum: near 1, one unit decides the value
+    "n_eff": "float64",  # effective units of the sum, (sum |s_u|)^2 / sum s_u^2 (headscan.intervals.effective_units)
+    "variance_df": "float64",  # the bootstrap's degrees of freedom of the interval's SE (intervals.variance_df)
+    "thin": "boolean",  # do not trust the interval (headscan.intervals.thin); <NA> where not recorded
     "chance": "float64",  # the value under uniform attention over what each query sees, on the same queries
 }
 
-# Columns a table written by an older headscan may lack; they read back as NaN ("not recorded").
-ADDED_LATER = ("units", "top_unit_share", "chance")
+# Columns a table written by an older headscan may lack; they read back as NaN or <NA> ("not recorded").
+ADDED_LATER = ("units", "top_unit_share", "chance", "n_eff", "variance_df", "thin")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,330 @@
+"""Interval methods: (low, high) for each ratio from the replicate totals, their power sums and the units' moments.
+
+See the package docstring (`headscan.intervals`) for which method to use and why.
+"""
+
+from __future__ import annotations
+
+import difflib
+import numbers
+import warnings
+from statistics import NormalDist
+
+import numpy as np
+
+from ..errors import ConfigError
+from .moments import _TERM, MOMENT_TERMS, REPLICATE_TERMS, bootstrap_weights, replicate_moments, unit_moments  # noqa: F401 (doctests)
+
+__all__ = ["METHODS", "DEFAULT_METHOD", "interval", "nan_percentile", "standard_error", "replicate_variances",
+           "order_quantile"]
+
+METHODS = ("studentized", "studentized_symmetric", "bca", "percentile", "delta")
+DEFAULT_METHOD = "studentized_symmetric"
+
+_NORMAL = NormalDist()
+
+
+def nan_percentile(values, q):
+    """Percentiles over the leading axis skipping NaN, vectorised: np.nanpercentile's linear interpolation.
+
+    Unlike np.nanpercentile, `q` may differ per column (BCa needs that). Non-finite values are skipped too
+    (a replicate ratio is non-finite only when its count is 0).
+
+    Parameters
+    ----------
+    values : array of shape (n, *shape)
+    q : float or array broadcastable to `shape`
+        Percent, 0 to 100.
+
+    Returns
+    -------
+    numpy.ndarray of shape `shape`; NaN where a column has no finite value.
+
+    Examples
+    --------
+    >>> nan_percentile(np.array([[1.0, np.nan], [2.0, np.nan], [np.nan, 5.0], [4.0, np.nan]]), 50)
+    array([2., 5.])
+    """
+    values = np.asarray(values, dtype=np.float64)
+    finite = np.isfinite(values)
+    ordered = np.sort(np.where(finite, values, np.nan), axis=0)  # NaN sorts last: a column's finite values lead
+    n = finite.sum(0)
+    fraction = np.broadcast_to(np.asarray(q, dtype=np.float64) / 100.0, n.shape)
+    # numpy's virtual index for the linear method, written as numpy writes it (results agree to rounding)
+    virtual = n * fraction + (1 - fraction) - 1
+    last = np.maximum(n - 1, 0)
+    below = np.clip(np.floor(virtual), 0, last).astype(np.intp)
+    above = np.minimum(below + 1, last)
+    gamma = np.where(virtual >= last, 0.0, np.clip(virtual - below, 0.0, 1.0))
+    a = np.take_along_axis(ordered, below[None], 0)[0]
+    b = np.take_along_axis(ordered, above[None], 0)[0]
+    with np.errstate(invalid="ignore"):
+        # numpy's lerp: from the nearer end, so that t = 1 gives b exactly
+        point = np.where(gamma >= 0.5, b - (b - a) * (1 - gamma), a + (b - a) * gamma)
+    return np.where(n > 0, point, np.nan)
+
+
+_normal_cdf = np.vectorize(_NORMAL.cdf, otypes=[np.float64])
+
+
+def _normal_quantile(p: np.ndarray) -> np.ndarray:
+    p = np.asarray(p, dtype=np.float64)
+    inside = (p > 0) & (p < 1)
+    out = np.where(p >= 1, np.inf, np.where(p <= 0, -np.inf, np.nan))
+    out[inside] = np.vectorize(_NORMAL.inv_cdf, otypes=[np.float64])(p[inside])
+    return out
+
+
+def _influence_sums(value: np.ndarray, moments: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """sum U^2, sum U^3 with U_u = s_u - R c_u, and the size they are rounded against.
+
+    U_u is proportional to unit u's empirical influence on R = S/C (the derivative of the ratio in the
+    unit's weight is (s_u - R c_u) / C), so these expand into the power sums.
+    """
+    m, r = moments, value
+    u2 = m[_TERM["ss"]] - 2 * r * m[_TERM["sc"]] + r * r * m[_TERM["cc"]]
+    u3 = m[_TERM["sss"]] - 3 * r * m[_TERM["ssc"]] + 3 * r * r * m[_TERM["scc"]] - r**3 * m[_TERM["ccc"]]
+    size = m[_TERM["ss"]] + r * r * m[_TERM["cc"]]
+    return u2, u3, size
+
+
+def _acceleration(value: np.ndarray, moments: np.ndarray) -> np.ndarray:
+    """BCa's a = sum U^3 / (6 (sum U^2)^(3/2)) from the influence values U (Efron & Tibshirani 1993, 14.15)."""
+    u2, u3, size = _influence_sums(value, moments)
+    # Raw power sums cancel when every unit has nearly the same ratio; below this, sum U^3 is mostly rounding
+    # noise (a off by up to ~1e-5), and a = 0 is the honest answer.
+    spread = u2 > 1e-8 * size
+    with np.errstate(invalid="ignore", divide="ignore"):
+        a = u3 / (6 * np.where(spread, u2, 1.0) ** 1.5)
+    return np.where(spread, a, 0.0)
+
+
+def interval(value, replicate_sums, replicate_counts, moments, *, method: str, level: float = 0.95,
+             replicate_power=None, bounds=None):
+    """A confidence interval for each ratio R = S/C, vectorised over any trailing shape.
+
+    Takes numpy arrays (or CPU tensors); only the accumulation helpers run on torch devices.
+
+    Parameters
+    ----------
+    value : array of shape `shape`
+        R = S / C (NaN where C is 0).
+    replicate_sums, replicate_counts : arrays of shape (replicate, *shape), or None for ``"delta"``
+        S*_b and C*_b, the weighted totals of each bootstrap replicate (``bootstrap_weights @ sums``).
+    moments : array of shape (len(MOMENT_TERMS), *shape)
+        From `unit_moments` / `combine_moments`, over the same units.
+    method : {"studentized", "studentized_symmetric", "bca", "percentile", "delta"}
+        ``"studentized"`` (the bootstrap-t; Efron & Tibshirani 1993, ch. 12.5): each replicate's
+        T*_b = (R*_b - R) / SE*_b with its own linearised SE*_b^2 = sum_u w_bu (s_u - R*_b c_u)^2 / C*_b^2
+        (from `replicate_power`), and the interval [R - t_hi SE, R - t_lo SE] with SE^2 = sum_u U_u^2 / C^2
+        and t_lo, t_hi the (1-level)/2 and (1+level)/2 quantiles of the T*_b at position (B + 1) q among the
+        B finite replicates (exact for a statistic exchangeable with its replicates; numpy's default position,
+        (B - 1) q + 1, lies a whole replicate inside and costs about a point of coverage at B = 200).
+        ``"studentized_symmetric"``: R +- t SE with t the level quantile of |T*_b| (Hall 1988), the same way.
+        A replicate whose units all have one ratio has SE*_b = 0 and T*_b = +-inf (0 when R*_b = R); an end
+        that comes out infinite is the extreme replicate ratio on its side. SE = 0 gives [R, R].
+        ``"percentile"``: the (1-level)/2 and (1+level)/2 percentiles of the finite replicate ratios
+        R*_b = S*_b / C*_b. ``"bca"``: the percentiles at Phi(z0 + (z0 + z) / (1 - a (z0 + z))) for
+        z = Phi^-1 of those levels (Efron 1987), where z0 = Phi^-1 of the share of replicates below R (ties
+        count half; clipped to [1/(2B), 1 - 1/(2B)] so that it stays finite) and the acceleration
+        a = sum U^3 / (6 (sum U^2)^(3/2)) with the influence U_u = s_u - R c_u (Efron & Tibshirani 1993,
+        ch. 14); when 1 - a (z0 + z) <= 0 the end goes to the extreme replicate. ``"delta"``: R +- z SE with
+        SE^2 = n / (n - 1) * sum U^2 / C^2 over the n units (the infinitesimal jackknife; no replicates).
+        See the module docstring for which to use.
+    level : float
+        Coverage aimed at, between 0 and 1.
+    replicate_power : array of shape (3, replicate, *shape), or None
+        `replicate_moments` over the same units and weights; needed by the studentized methods only.
+    bounds : (low, high) of arrays broadcastable to `shape`, or None
+        The metric's own range (0 and 1 for a share of attention, 0 and inf for entropy): the ends are clipped
+        into it. A studentized or delta interval can otherwise leave it; the percentile ends never do.
+
+    Returns
+    -------
+    (low, high) : numpy arrays of shape `shape`
+        NaN where undefined: count 0, no finite replicate, or (``"delta"``) fewer than two units.
+
+    Examples
+    --------
+    >>> s = np.array([[3.0], [1.0], [4.0], [1.0], [5.0], [9.0], [2.0], [6.0]])
+    >>> c = np.array([[5.0], [3.0], [5.0], [2.0], [8.0], [9.0], [7.0], [9.0]])
+    >>> w = bootstrap_weights(range(8), 200, seed=0)
+    >>> m = unit_moments(s, c)
+    >>> value = m[MOMENT_TERMS.index("s")] / m[MOMENT_TERMS.index("c")]
+    >>> low, high = interval(value, w @ s, w @ c, m, method="bca")
+    >>> bool(low[0] < value[0] < high[0])
+    True
+    >>> low, high = interval(value, w @ s, w @ c, m, method="studentized", replicate_power=replicate_moments(w, s, c))
+    >>> bool(low[0] < value[0] < high[0])
+    True
+    >>> interval(value, w @ s, w @ c, m, method="BCa")
+    Traceback (most recent call last):
+    ...
+    headscan.errors.ConfigError: unknown interval method 'BCa'. Did you mean 'bca'? Available: studentized, studentized_symmetric, bca, percentile, delta
+    """
+    if method not in METHODS:
+        close = difflib.get_close_matches(str(method).lower(), METHODS, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"unknown interval method {method!r}.{hint} Available: {', '.join(METHODS)}")
+    if not isinstance(level, numbers.Real) or not 0 < level < 1:
+        raise ConfigError(f"the interval level must be between 0 and 1 (0.95 for 95%), got {level!r}")
+    value = np.asarray(value, dtype=np.float64)
+    moments = np.asarray(moments, dtype=np.float64)
+    if moments.shape != (len(MOMENT_TERMS), *value.shape):
+        expected = (len(MOMENT_TERMS), *value.shape)
+        raise ValueError(f"moments must have shape {expected} (term, *value.shape), got {moments.shape}")
+    lower_tail = (1 - level) / 2
+    z_low, z_high = _NORMAL.inv_cdf(lower_tail), _NORMAL.inv_cdf(1 - lower_tail)
+    if method == "delta":
+        u2, _, _ = _influence_sums(value, moments)
+        units = moments[_TERM["units"]]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            se = np.sqrt(np.maximum(u2, 0) * units / (units - 1)) / moments[_TERM["c"]]
+        low, high = value + z_low * se, value + z_high * se
+        low, high = np.where(units > 1, low, np.nan), np.where(units > 1, high, np.nan)
+    else:
+        if replicate_sums is None or replicate_counts is None:
+            raise ValueError(f"method {method!r} needs the replicate sums and counts; only 'delta' works without them")
+        with np.errstate(invalid="ignore", divide="ignore"):
+            replicates = np.asarray(replicate_sums, dtype=np.float64) / np.asarray(replicate_counts, dtype=np.float64)
+        if replicates.shape[1:] != value.shape:
+            raise ValueError(f"replicates must have shape (replicate, *{value.shape}), got {replicates.shape}")
+        if method == "percentile":
+            low = nan_percentile(replicates, 100 * lower_tail)
+            high = nan_percentile(replicates, 100 * (1 - lower_tail))
+        elif method == "bca":
+            low, high = _bca(value, replicates, moments, (z_low, z_high))
+        else:
+            if replicate_power is None:
+                raise ValueError(f"method {method!r} needs replicate_power (replicate_moments of the same units)")
+            replicate_power = np.asarray(replicate_power, dtype=np.float64)
+            if replicate_power.shape != (len(REPLICATE_TERMS), *replicates.shape):
+                raise ValueError(f"replicate_power must have shape {(len(REPLICATE_TERMS), *replicates.shape)} "
+                                 f"(term, replicate, *value.shape), got {replicate_power.shape}")
+            low, high = _studentized(value, replicates, np.asarray(replicate_counts, dtype=np.float64),
+                                     replicate_power, moments, level, symmetric=method == "studentized_symmetric")
+    if bounds is not None:
+        low, high = np.clip(low, bounds[0], bounds[1]), np.clip(high, bounds[0], bounds[1])
+    undefined = ~(moments[_TERM["c"]] > 0) | ~np.isfinite(value)
+    return np.where(undefined, np.nan, low), np.where(undefined, np.nan, high)
+
+
+# Power sums cancel when every unit has nearly the same ratio: a linearised sum of squares below this share of
+# its terms is rounding noise, and 0 (no spread) is the honest answer.
+_CANCELLATION = 1e-12
+
+
+def _sum_of_squares(ratio, ss, sc, cc):
+    """sum_u (s_u - ratio c_u)^2 from power sums (weighted or not); 0 where it is within rounding of 0."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        squares = ss - 2 * ratio * sc + ratio * ratio * cc
+        size = ss + ratio * ratio * cc
+    return np.where(squares > _CANCELLATION * size, squares, 0.0)
+
+
+def standard_error(value, moments) -> np.ndarray:
+    """The linearised (infinitesimal jackknife) SE of R = S/C: sqrt(sum_u (s_u - R c_u)^2) / C, no n/(n-1).
+
+    Examples
+    --------
+    >>> s, c = np.array([[1.0], [2.0], [6.0]]), np.array([[2.0], [2.0], [6.0]])
+    >>> m = unit_moments(s, c)
+    >>> se = standard_error(m[MOMENT_TERMS.index("s")] / m[MOMENT_TERMS.index("c")], m)  # R = 0.9, U = (-0.8, 0.2, 0.6)
+    >>> bool(np.isclose(se[0], np.sqrt(0.64 + 0.04 + 0.36) / 10))
+    True
+    """
+    m = np.asarray(moments, dtype=np.float64)
+    squares = _sum_of_squares(np.where(np.isfinite(value), value, 0.0), m[_TERM["ss"]], m[_TERM["sc"]], m[_TERM["cc"]])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.sqrt(squares) / m[_TERM["c"]]
+
+
+def replicate_variances(replicate_sums, replicate_counts, replicate_power) -> np.ndarray:
+    """Each replicate's own linearised variance of R*_b, (replicate, *shape): sum_u w_bu (s_u - R*_b c_u)^2 / C*_b^2.
+
+    NaN where the replicate's count is 0. See `replicate_moments`.
+    """
+    counts = np.asarray(replicate_counts, dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratios = np.asarray(replicate_sums, dtype=np.float64) / counts
+    finite = np.isfinite(ratios)
+    power = np.asarray(replicate_power, dtype=np.float64)
+    squares = _sum_of_squares(np.where(finite, ratios, 0.0), power[0], power[1], power[2])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(finite, squares / (counts * counts), np.nan)
+
+
+def order_quantile(values, q) -> np.ndarray:
+    """Quantiles over the leading axis at position (n + 1) q among each column's n non-NaN values (1-based,
+    linear between neighbours, held to the first and last); +-inf values sort at the ends and are kept.
+
+    The position at which a statistic exchangeable with n replicates falls below the point with probability q
+    (Hyndman & Fan 1996, type 6). Where interpolation touches an infinite neighbour the end is infinite.
+
+    Examples
+    --------
+    >>> order_quantile(np.arange(1.0, 200.0)[:, None], 0.025)  # position 5
+    array([5.])
+    >>> order_quantile(np.array([[1.0], [2.0], [np.inf]]), 0.9).tolist()
+    [inf]
+    """
+    values = np.asarray(values, dtype=np.float64)
+    present = ~np.isnan(values)
+    ordered = np.sort(values, axis=0)  # NaN sorts last, after +inf
+    n = present.sum(0)
+    position = np.clip((n + 1) * np.broadcast_to(np.asarray(q, dtype=np.float64), n.shape), 1, np.maximum(n, 1))
+    below = np.floor(position).astype(np.intp)
+    gamma = position - below
+    above = np.minimum(below + 1, np.maximum(n, 1))
+    a = np.take_along_axis(ordered, (below - 1)[None], 0)[0]
+    b = np.take_along_axis(ordered, (above - 1)[None], 0)[0]
+    with np.errstate(invalid="ignore"):
+        point = np.where(gamma > 0, a + (b - a) * gamma, a)
+    point = np.where(np.isinf(b) & (gamma > 0), b, point)
+    point = np.where(np.isinf(a), a, point)
+    return np.where(n > 0, point, np.nan)
+
+
+def _studentized(value, replicates, replicate_counts, replicate_power, moments, level, *, symmetric):
+    """The bootstrap-t ends (see `interval`)."""
+    se = standard_error(value, moments)
+    variances = replicate_variances(replicates * replicate_counts, replicate_counts, replicate_power)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        difference = replicates - value
+        t = difference / np.sqrt(variances)
+        t = np.where(variances > 0, t, np.where(difference == 0, 0.0, np.sign(difference) * np.inf))
+    t = np.where(np.isfinite(replicates), t, np.nan)
+    if symmetric:
+        q = order_quantile(np.abs(t), level)
+        t_low, t_high = -q, q
+    else:
+        t_low, t_high = order_quantile(t, (1 - level) / 2), order_quantile(t, (1 + level) / 2)
+    with np.errstate(invalid="ignore"):
+        low, high = value - t_high * se, value - t_low * se
+    finite = np.where(np.isfinite(replicates), replicates, np.nan)
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns: undefined anyway
+        low = np.where(np.isneginf(low), np.nanmin(finite, 0), low)
+        high = np.where(np.isposinf(high), np.nanmax(finite, 0), high)
+    no_spread = se == 0
+    return np.where(no_spread, value, low), np.where(no_spread, value, high)
+
+
+def _bca(value, replicates, moments, z_ends):
+    """BCa's ends: the replicate percentiles at the levels that z0 and a move `z_ends` to."""
+    finite = np.isfinite(replicates)
+    n = np.maximum(finite.sum(0), 1)
+    below = (finite & (replicates < value)).sum(0) + 0.5 * (finite & (replicates == value)).sum(0)
+    z0 = _normal_quantile(np.clip(below / n, 0.5 / n, 1 - 0.5 / n))
+    a = _acceleration(value, moments)
+    ends = []
+    for z in z_ends:
+        shifted = z0 + z
+        denominator = 1 - a * shifted
+        with np.errstate(invalid="ignore", divide="ignore"):
+            moved = z0 + shifted / np.where(denominator > 0, denominator, 1.0)
+            # past the pole of the correction the end goes to the extreme replicate on its side
+            adjusted = np.where(denominator > 0, moved, np.sign(shifted) * np.inf)
+        ends.append(nan_percentile(replicates, 100 * _normal_cdf(adjusted)))
+    return ends[0], ends[1]
+
