@@ -55,6 +55,8 @@ __all__ = ["retrieval", "STOP_RULE", "METRICS_BY_TRIALS"]
 
 STOP_RULE = ("greedy (argmax, ties to the lowest id), at most max_new_tokens steps; stops after a step whose token is "
              "a special token (end of text or turn) or decodes to text holding a newline; that step is scored")
+# What the bootstrap resamples, said in the run's provenance where a sweep says which unit it resolved.
+TRIAL_UNIT = "trial: each needle-in-a-haystack trial is one unit (its own prompt and decoding)"
 # Which trials each row of retrieval.parquet averages over.
 METRICS_BY_TRIALS = {"retrieval": "passed the gate, answer span found", "retrieval_ungated": "answer span found"}
 
@@ -106,7 +108,7 @@ def retrieval(models: str | list[str], haystack: str | Path, out: str | Path | N
     if not described:
         raise ModelLoadError(f"no model could be scored: {'; '.join(skipped.values())}")
     provenance = run_provenance(corpus, config, described, command=command or _python_call(models, haystack, config),
-                                started=started)
+                                started=started, unit_why=TRIAL_UNIT)
     extra = {"retrieval": _rules(config), "needles": about} | ({"skipped": skipped} if skipped else {})
     provenance = dataclasses.replace(provenance, extra=provenance.extra | extra)
     result = SweepTables({name: pd.concat(parts, ignore_index=True) for name, parts in frames.items()}, provenance)
@@ -258,21 +260,23 @@ def _tables(model, records: list[dict], config: RetrievalConfig) -> dict[str, pd
     ids = np.array([r["trial"] for r in records])
     rows = []
     for metric, chosen in (("retrieval", passed), ("retrieval_ungated", found)):
-        values = _over_trials(score[chosen], ids[chosen], config)
-        rows.append(pd.DataFrame(per_head | {"metric": metric} | {k: v.ravel() for k, v in values.items()}
-                                 | {"chance": float(np.mean(chance[chosen])) if chosen.any() else nan}))
+        values = _over_trials(score[chosen], chance[chosen], ids[chosen], config)
+        rows.append(pd.DataFrame(per_head | {"metric": metric} | {k: v.ravel() for k, v in values.items()}))
     return {"retrieval": TABLES["retrieval"].conform(pd.concat(rows, ignore_index=True)),
             "retrieval_trials": TABLES["retrieval_trials"].conform(pd.concat(trials, ignore_index=True))}
 
 
-def _over_trials(scores: np.ndarray, trial_ids: np.ndarray, config: RetrievalConfig) -> dict[str, np.ndarray]:
+def _over_trials(scores: np.ndarray, chance: np.ndarray, trial_ids: np.ndarray,
+                 config: RetrievalConfig) -> dict[str, np.ndarray]:
     """The value columns of the mean over trials of `scores` (trial, layer, head), each trial one bootstrap unit
-    weighted by draws keyed on its index (`headscan.intervals`)."""
+    weighted by draws keyed on its index (`headscan.intervals`); `chance` (trial,) is each trial's chance level,
+    the same for every head, averaged over the same trials."""
     counts = np.ones_like(scores)
+    chance_sums = np.broadcast_to(chance.sum(), scores.shape[1:]).copy()  # (layer, head)
     weights = intervals.bootstrap_weights(trial_ids.tolist(), config.bootstrap, config.seed)  # (replicate, trial)
     state = PartialState({}, None, scores.sum(0), counts.sum(0), np.einsum("rt,tlh->rlh", weights, scores),
                          np.einsum("rt,tlh->rlh", weights, counts), intervals.unit_moments(scores, counts),
-                         np.zeros_like(scores.sum(0)), intervals.replicate_moments(weights, scores, counts))
+                         chance_sums, intervals.replicate_moments(weights, scores, counts))
     return state.values(config.interval, bounds=(0.0, 1.0))  # a share of answer tokens
 
 
