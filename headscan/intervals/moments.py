@@ -6,6 +6,8 @@ torch (any device): the sweep accumulates them where the model runs.
 
 from __future__ import annotations
 
+import math
+
 import sys
 
 import numpy as np
@@ -168,7 +170,8 @@ def replicate_moments(weights, sums, counts):
     if weights.shape[1] != sums.shape[0]:
         raise ValueError(f"weights are (replicate, unit) for {weights.shape[1]} units, sums have {sums.shape[0]}")
     n_units, shape = sums.shape[0], tuple(sums.shape[1:])
-    flat_s, flat_c = sums.reshape(n_units, -1), counts.reshape(n_units, -1)
+    size = math.prod(shape)  # not -1: with no units at all, -1 cannot be inferred
+    flat_s, flat_c = sums.reshape(n_units, size), counts.reshape(n_units, size)
     terms = [weights @ (flat_s * flat_s), weights @ (flat_s * flat_c), weights @ (flat_c * flat_c)]
     return _namespace(sums).stack([term.reshape(weights.shape[0], *shape) for term in terms])
 
