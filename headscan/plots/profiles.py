@@ -301,7 +301,7 @@ def position_profiles(
         line = line.sort_values("bucket")
         ax.plot(line["bucket"], line["value"], color=colours(norm(layer)), linewidth=1.1, marker="o", markersize=2.2,
                 label=f"layer {layer}")
-    if chance is not None:
+    if chance is not None and (chance["model"] == model).any():  # tables written before chance have none
         line = select(chance, model=model)
         line = line[line["bucket"] >= 1].sort_values("bucket")
         if len(line):
