@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from conftest import missing, paragraph_corpus
+from conftest import assert_merged_equals_whole, missing, paragraph_corpus
 from headscan import tables
 from headscan.scan import cluster as distributed
 from headscan.cli import cli
@@ -22,7 +22,6 @@ from headscan.scan import PartialState, Shard
 # One segment per forward pass: each segment's attention is then computed exactly as in the local sweep, so
 # what is left to compare is the merge's float64 sums in another order (see tests/test_jobs.py).
 SETTINGS = dict(device="cpu", bootstrap=20, window=2, batch_size=1, bootstrap_unit="document")
-VALUES = ["value", "sum", "count", "ci_low", "ci_high", "top_unit_share"]
 
 
 @pytest.fixture(scope="module")
@@ -56,14 +55,8 @@ def local(models, corpus_file):
 
 
 def assert_same_tables(a: tables.SweepTables, b: tables.SweepTables) -> None:
-    assert list(a.frames) == list(b.frames)
-    for name in a.frames:
-        pd.testing.assert_frame_equal(a[name].drop(columns=VALUES), b[name].drop(columns=VALUES))
-        for column in VALUES:
-            # interval ends go through BCa's acceleration, a ratio of power sums added in another order: 1e-9
-            tolerance = 1e-9 if column.startswith("ci_") else 1e-12
-            np.testing.assert_allclose(b[name][column], a[name][column], rtol=0, err_msg=f"{name}.{column}",
-                                       atol=tolerance * max(1.0, np.nanmax(np.abs(a[name][column]))))
+    """A Ray sweep adds up shards: the same checks as merged shards against the whole sweep."""
+    assert_merged_equals_whole(a, b)
 
 
 def spy_on_tasks(monkeypatch) -> list[tuple]:
