@@ -344,8 +344,7 @@ def test_markdown_tables_and_headings(one_report):
     assert f"*gpt: undefined for every head; {NO_SEP}.*" in md
     # a value resting on thin support is marked, and the mark explained
     assert "| bert | 1 | L1H2 | 0.999 | 0.989 | 1.009 | 0.050 | thin support | ‡ |" in md
-    assert ("‡ marks a value resting on thin support: fewer than 15 segments or documents count for it, or one of "
-            "them holds more than 25% of its sum") in md
+    assert "‡ marks a value resting on thin support: its sum rests on fewer than 5 effective segments" in md
 
 
 def test_structural_metrics_are_said_not_drawn(one_report):
