@@ -40,7 +40,7 @@ def retrieval_shares(retrieval: pd.DataFrame, trials: pd.DataFrame | None = None
     >>> rows = pd.DataFrame({"model": "m", "metric": "retrieval", "value": [0.0, 0.05, 0.3, 0.9],
     ...                      "ci_low": [0.0, 0.0, 0.05, 0.7], "count": 20.0})
     >>> retrieval_shares(rows)[["heads", "zero", "above", "above_half", "above_interval", "share_above"]].iloc[0].tolist()
-    [4, 1, 2, 1, 1, 0.5]
+    [4.0, 1.0, 2.0, 1.0, 1.0, 0.5]
     """
     out = []
     for (model, metric), part in retrieval.groupby(["model", "metric"], sort=False):
