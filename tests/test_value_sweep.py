@@ -293,7 +293,8 @@ def test_show_ranks_smollm2_heads_by_dla(swept, tmp_path):
     rows = [(value, layer, head) for metric, layer, head, value in swept("smollm2").heads[["metric", "layer", "head", "value"]]
             .itertuples(index=False) if metric == "dla"]
     best = sorted(rows, key=lambda row: (-row[0], row[1], row[2]))[:3]
-    lines = result.output.strip().splitlines()
+    # the table (header and three rows); show's notes on the intervals' unit follow it
+    lines = [line for line in result.output.strip().splitlines() if line.split()[:1] in (["model"], ["smollm2"])]
     assert lines[0].split()[:5] == ["model", "label", "layer", "head", "value"] and len(lines) == 4
     printed = [line.split() for line in lines[1:]]
     assert [(p[0], p[1], int(p[2]), int(p[3])) for p in printed] == [("smollm2", f"L{l}H{h}", l, h) for _, l, h in best]
