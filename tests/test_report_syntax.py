@@ -322,7 +322,7 @@ def test_the_rest_of_the_report_with_syntax_positions_and_weights(syntax_report)
     # first_token at position 0 is 1 for every head of the causal model: those rows rank nothing
     assert not re.search(r"\| smollm2 \| first\\_token \| L\d+H\d+ \| 0 \|", positions)
     weights = others[others.index("### weights"):]
-    assert "(sum and count are NaN)" in weights and "95% interval" not in weights and "| tied |" in weights
+    assert "(sum and count are NaN" in weights and "95% interval" not in weights and "| tied |" in weights
     assert "syntax.parquet (" in md and "weights.parquet (" in md  # the run's tables
 
 
@@ -352,7 +352,7 @@ def test_show_prints_the_best_heads_per_relation_and_heads_metrics_as_before(ewt
     lines = result.output.splitlines()
     assert lines[0].split() == ["model", "relation", "direction", "label", "accuracy", "ci_low", "ci_high", "count",
                                 "baseline", "baseline_offset", "margin", "beats"]
-    assert len(lines) == 1 + 2 * 3 * 2 + 1  # 2 models x 3 relations x 2 directions, and the note
+    assert len(lines) == 1 + 2 * 3 * 2 + 2  # 2 models x 3 relations x 2 directions, and the notes (baseline, unit)
     assert lines[5].split()[:5] == ["minilm", "det", D2H, "L2H5", "0.930"] and lines[5].split()[-1] == "True"
     with_syntax = runner.invoke(cli, ["show", str(ewt_with_syntax), "--metric", "prev_token"])
     without = runner.invoke(cli, ["show", str(EWT_RUN), "--metric", "prev_token"])
