@@ -49,7 +49,8 @@ benchmark: setup
 # mutant, the fast tests that call the mutated function; then the share killed. CPU-heavy: see the README.
 mutation: setup
 	$(BIN)/pip install --quiet -e ".[test,mutation]"
-	HF_HUB_OFFLINE=1 nice -n 10 $(BIN)/mutmut run $(if $(MAX_CHILDREN),--max-children $(MAX_CHILDREN))
+	HF_HUB_OFFLINE=1 $(BIN)/mutmut run $(if $(MAX_CHILDREN),--max-children $(MAX_CHILDREN)) \
+		$(if $(SAMPLE),$$($(BIN)/python benchmarks/mutation_score.py --pick $(SAMPLE)))
 	$(BIN)/python benchmarks/mutation_score.py
 
 clean:

@@ -5,13 +5,21 @@ and ``benchmarks/mutation_equivalent.txt`` (mutants that no test can kill becaus
 one a line with its reason), and prints, per module and in all, the mutants killed over the mutants that are not
 equivalent. `make mutation` runs both; ``--survivors`` lists what survived, for writing tests or the list.
 
+Running every mutant takes many hours on 2 cores, so ``--pick N`` prints a seeded random sample of N mutant
+names (generating the mutants first if ``mutants/`` has none), for ``mutmut run NAME ...``; the score is then
+an estimate, printed with its 95% Wilson interval over the mutants that were run (`make mutation SAMPLE=N`).
+
     python benchmarks/mutation_score.py [--survivors] [--mutants mutants]
+    python benchmarks/mutation_score.py --pick 300 [--seed 0]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
+import random
 import sys
 from collections import Counter
 from pathlib import Path
@@ -48,11 +56,47 @@ def statuses(mutants: Path) -> dict[str, dict[str, int | None]]:
     return found
 
 
+def generate(mutants: Path) -> None:
+    """Write the mutants as `mutmut run` would before running any (mutmut has no command for this alone)."""
+    from mutmut.__main__ import copy_also_copy_files, copy_src_dir, create_mutants, set_mutant_under_test
+    from mutmut.utils.file_utils import setup_source_paths
+
+    set_mutant_under_test("mutant_generation")
+    mutants.mkdir(exist_ok=True)
+    copy_src_dir()
+    copy_also_copy_files()
+    setup_source_paths()
+    create_mutants(os.cpu_count() or 2)
+
+
+def pick(mutants: Path, size: int, seed: int) -> list[str]:
+    """A seeded sample of `size` mutant names, drawn from every mutated module alike."""
+    by_module = statuses(mutants)
+    if not by_module:
+        generate(mutants)
+        by_module = statuses(mutants)
+    names = sorted(name for codes in by_module.values() for name in codes)
+    return sorted(random.Random(seed).sample(names, min(size, len(names))))
+
+
+def wilson(killed: int, scored: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95% Wilson score interval of a share killed/scored (a sample's estimate of the whole score)."""
+    share, n = killed / scored, scored
+    centre = (share + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(share * (1 - share) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return centre - half, centre + half
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mutants", type=Path, default=ROOT / "mutants", help="mutmut's folder (default: mutants)")
     parser.add_argument("--survivors", action="store_true", help="list the mutants that survived")
+    parser.add_argument("--pick", type=int, metavar="N", help="print a seeded sample of N mutant names and stop")
+    parser.add_argument("--seed", type=int, default=0, help="the sample's seed (default 0)")
     args = parser.parse_args(argv)
+    if args.pick:
+        print(" ".join(pick(args.mutants, args.pick, args.seed)))
+        return 0
     by_module = statuses(args.mutants)
     if not by_module:
         print(f"no mutmut results in {args.mutants}: run `make mutation` (or `mutmut run`) first", file=sys.stderr)
@@ -94,8 +138,12 @@ def main(argv: list[str] | None = None) -> int:
     stale = sorted(set(equivalent) - {name for codes in by_module.values() for name in codes})
     if stale:
         print(f"{len(stale)} listed equivalent mutants no longer exist (the code moved): {', '.join(stale[:5])}")
-    print(f"mutation score: {_score(total)} of the non-equivalent mutants killed "
-          f"({total['killed']} of {total['killed'] + total['survived'] + total['untested']})")
+    scored = total["killed"] + total["survived"] + total["untested"]
+    print(f"mutation score: {_score(total)} of the non-equivalent mutants killed ({total['killed']} of {scored})")
+    if scored and total["other"]:
+        low, high = wilson(total["killed"], scored)
+        print(f"  as an estimate of the score over all {total['mutants']} mutants, from the {scored} scored: "
+              f"95% interval {low:.1%} to {high:.1%} (a fair sample only if the run was one: `--pick`)")
     if args.survivors:
         print("\n".join(survivors))
     return 0
