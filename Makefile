@@ -51,7 +51,7 @@ mutation: setup
 	$(BIN)/pip install --quiet -e ".[test,mutation]"
 	HF_HUB_OFFLINE=1 $(BIN)/mutmut run $(if $(MAX_CHILDREN),--max-children $(MAX_CHILDREN)) \
 		$(if $(SAMPLE),$$($(BIN)/python benchmarks/mutation_score.py --pick $(SAMPLE)))
-	$(BIN)/python benchmarks/mutation_score.py
+	$(BIN)/python benchmarks/mutation_score.py $(if $(SAMPLE),--sample $(SAMPLE))
 
 clean:
 	rm -rf $(VENV) out mutants

@@ -92,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mutants", type=Path, default=ROOT / "mutants", help="mutmut's folder (default: mutants)")
     parser.add_argument("--survivors", action="store_true", help="list the mutants that survived")
     parser.add_argument("--pick", type=int, metavar="N", help="print a seeded sample of N mutant names and stop")
+    parser.add_argument("--sample", type=int, metavar="N", help="score only the N mutants `--pick N` draws")
     parser.add_argument("--seed", type=int, default=0, help="the sample's seed (default 0)")
     args = parser.parse_args(argv)
     if args.pick:
@@ -101,6 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     if not by_module:
         print(f"no mutmut results in {args.mutants}: run `make mutation` (or `mutmut run`) first", file=sys.stderr)
         return 2
+    every_name = {name for codes in by_module.values() for name in codes}
+    everything = len(every_name)
+    if args.sample:  # score only the sample `--pick` drew: results of earlier runs would bias it
+        sample = set(pick(args.mutants, args.sample, args.seed))
+        by_module = {module: {name: code for name, code in codes.items() if name in sample}
+                     for module, codes in by_module.items()}
     equivalent = equivalent_mutants()
     total = Counter()
     survivors = []
@@ -135,15 +142,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{total['timeout']} mutants timed out: not in the score (rerun them on a quiet machine)")
     if total["other"]:
         print(f"{total['other']} mutants not checked (run interrupted, skipped or suspicious): not in the score")
-    stale = sorted(set(equivalent) - {name for codes in by_module.values() for name in codes})
+    stale = sorted(set(equivalent) - every_name)
     if stale:
         print(f"{len(stale)} listed equivalent mutants no longer exist (the code moved): {', '.join(stale[:5])}")
     scored = total["killed"] + total["survived"] + total["untested"]
     print(f"mutation score: {_score(total)} of the non-equivalent mutants killed ({total['killed']} of {scored})")
-    if scored and total["other"]:
+    if scored and args.sample:
         low, high = wilson(total["killed"], scored)
-        print(f"  as an estimate of the score over all {total['mutants']} mutants, from the {scored} scored: "
-              f"95% interval {low:.1%} to {high:.1%} (a fair sample only if the run was one: `--pick`)")
+        print(f"  an estimate of the score over all {everything} mutants, from a seeded sample of {total['mutants']} "
+              f"({scored} scored): 95% interval {low:.1%} to {high:.1%}")
     if args.survivors:
         print("\n".join(survivors))
     return 0
