@@ -255,8 +255,8 @@ def test_smollm2_and_minilm_ablations_equal_a_plain_hook_loop(smollm2, minilm):
         found = plain_importance(plain, sequences, heads)
         expected = 2 * len(heads) + (2 * model.n_layers * model.n_heads if target != "hidden_change" else 0)
         # exact ablations to 1e-5 (smollm2: 5e-5, two float32 passes through 30 layers: L0H8's zero ablation is
-        # 1.1e-5 apart, relative 1.3e-4, even one sentence a batch on both sides); AtP to 1e-3 of its terms' summed sizes
-        # (its sum cancels: a bound relative to the sum fails)
+        # 1.1e-5 apart, relative 1.3e-4, even one sentence a batch on both sides); AtP to 1e-3 of its terms'
+        # summed sizes (its sum cancels: a bound relative to the sum fails)
         tolerance = 5e-5 if arch == "smollm2" else 1e-5
         assert assert_matches(table, found, tolerance, atp_rtol=1e-3) == expected, arch
 
