@@ -112,11 +112,12 @@ def main(argv=None) -> int:
         ok = row.value > THRESHOLD
         expected = LITERATURE[spec][3] if spec in LITERATURE else "strongest head of its family"
         rows.append({"model": spec, "source": source, "family": row.family, "label": row.label, "metric": row.metric,
-                     "value": row.value, "ci_low": row.ci_low, "ci_high": row.ci_high, "expected": expected,
+                     "value": row.value, "ci_low": row.ci_low, "ci_high": row.ci_high, "chance": row.chance,
+                     "expected": expected,
                      "check": verdict(ok)})
         profiles.append(profile)
         print(f"{verdict(ok)} {spec} {row.label} {row.metric} = {row.value:.3f} "
-              f"[{row.ci_low:.3f}, {row.ci_high:.3f}] (expected > {THRESHOLD})")
+              f"[{row.ci_low:.3f}, {row.ci_high:.3f}], chance {row.chance:.3f} (expected > {THRESHOLD})")
     table = pd.DataFrame(rows)
     table.to_csv(out / "heads.csv", index=False)
     scored = table[table.check != "SKIP"]
