@@ -455,3 +455,25 @@ def test_a_sample_limits_importance_to_its_segments_and_gives_the_means(tiny_gpt
                            **(IMPORTANCE | {"bootstrap": 0, "bootstrap_unit": "segment"}))["importance"]
     np.testing.assert_allclose(table["sum"], alone["sum"], rtol=0, atol=1e-9)
     assert run.provenance.models[0].extra["importance"]["sample"] == "7 of 24 segments, drawn with seed 0 (salt 2101)"
+
+
+def test_a_control_is_measured_on_its_trained_models_scale():
+    """An untrained copy whose every head changes the output by about 3e-5 has no head that matters beside a
+    trained model whose largest effect is 0.2; measured on its own largest, all of them would."""
+    from headscan.analysis.importance import matter_table
+
+    def rows(model, values):
+        return pd.DataFrame({"model": model, "layer": 0, "head": range(len(values)), "label": "L0H0",
+                             "target": "next_token_loss", "method": "mean_ablation", "value": values,
+                             "ci_low": [v * 0.9 for v in values], "ci_high": [v * 1.1 for v in values]})
+
+    importance = pd.concat([rows("m", [0.2, 0.01, 0.05]), rows("m [random init]", [3e-5, 3.1e-5, 2.9e-5])])
+    heads = pd.DataFrame({"model": ["m"] * 3 + ["m [random init]"] * 3, "layer": 0, "head": [0, 1, 2] * 2,
+                          "metric": "prev_token", "value": 0.3, "ci_low": 0.25, "ci_high": 0.35})
+    own = matter_table(heads, importance)
+    scaled = matter_table(heads, importance, scale_of={"m [random init]": "m"})
+    control = scaled["model"] == "m [random init]"
+    assert own.loc[own["model"] == "m [random init]", "matters"].tolist() == [True, True, True]
+    assert scaled.loc[control, "matters"].tolist() == [False, False, False]
+    assert scaled.loc[control, "nil"].tolist() == [True, True, True]  # within 2% of 0.2 around 0
+    assert scaled.loc[~control, "matters"].tolist() == own.loc[own["model"] == "m", "matters"].tolist()

@@ -5,7 +5,9 @@ A head's *effect* is its row of importance.parquet (`headscan.metrics.importance
 the sweep ran it, else its AtP estimate. Its *strongest pattern* is the largest of its attention shares on one
 kind of key (`PATTERN_METRICS`). Chance for an effect is 0, a head whose removal changes nothing; an effect
 *matters* when its 95% interval clears 0 and it is at least `MATTERS` of the model's largest, and is *nil* when
-its whole interval lies within `NEGLIGIBLE` of the model's largest around 0. Flags rest only on values whose
+its whole interval lies within `NEGLIGIBLE` of the model's largest around 0. A control model is measured on its
+trained model's scale (`scale_of`): an untrained copy's largest effect is no yardstick, since every head of it
+changes the output by about as little. Flags rest only on values whose
 support is not thin (`headscan.tables.thin_support`), for both the effect and the pattern.
 
 This module draws nothing and loads no model.
@@ -71,10 +73,12 @@ def strongest_pattern(heads: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
-def matter_table(heads: pd.DataFrame, importance: pd.DataFrame) -> pd.DataFrame:
+def matter_table(heads: pd.DataFrame, importance: pd.DataFrame, scale_of: dict[str, str] | None = None
+                 ) -> pd.DataFrame:
     """Each head's effect beside its strongest pattern, with ``matters``, ``nil``, ``striking`` and ``flag``
     (one of `FLAGS`, or ""): a striking pattern with a nil effect, or an effect that matters without any
     pattern reaching `STRIKING` (the upper end of every pattern's interval below it). Thin values flag nothing.
+    `scale_of` maps a model (a control) to the model whose largest effect sets its scale (its trained model).
 
     >>> heads = pd.DataFrame({"model": "m", "layer": 0, "head": [0, 1, 2], "metric": "prev_token",
     ...                       "value": [0.9, 0.1, 0.2], "ci_low": [0.88, 0.05, 0.15], "ci_high": [0.92, 0.15, 0.25]})
@@ -85,7 +89,9 @@ def matter_table(heads: pd.DataFrame, importance: pd.DataFrame) -> pd.DataFrame:
     [{'label': 'L0H0', 'flag': 'striking pattern, no effect'}, {'label': 'L0H1', 'flag': 'effect, no striking pattern'}, {'label': 'L0H2', 'flag': ''}]
     """
     table = effects(importance).merge(strongest_pattern(heads), how="left", on=["model", "layer", "head"])
-    largest = table.groupby("model")["value"].transform(lambda v: v.abs().max())
+    largest_of = table.groupby("model")["value"].agg(lambda v: v.abs().max())
+    scale = {model: (scale_of or {}).get(model, model) for model in largest_of.index}
+    largest = table["model"].map({model: largest_of.get(scale[model], largest_of[model]) for model in scale})
     clear = (table["ci_low"] > 0) | (table["ci_high"] < 0)
     table["matters"] = clear & (table["value"].abs() >= MATTERS * largest) & ~table["thin"]
     table["nil"] = (table[["ci_low", "ci_high"]].abs().max(axis=1) <= NEGLIGIBLE * largest) & ~table["thin"]

@@ -42,7 +42,7 @@ def _notes(comparison: Comparison, model: str) -> dict:
     return comparison.model(model).provenance.extra.get("importance") or {}
 
 
-def _model_lines(comparison: Comparison, table: pd.DataFrame) -> list[str]:
+def _model_lines(comparison: Comparison, table: pd.DataFrame, scale_of: dict[str, str]) -> list[str]:
     lines = []
     for model in [m.name for m in comparison.models if (table["model"] == m.name).any()]:
         part = table[table["model"] == model]
@@ -54,10 +54,12 @@ def _model_lines(comparison: Comparison, table: pd.DataFrame) -> list[str]:
         how = ("exact mean ablation" if exact == len(part) else
                f"exact mean ablation for {exact} of {len(part)} heads, AtP's estimate for the rest" if exact else
                "AtP's first-order estimate of mean ablation")
+        yardstick = scale_of.get(model)
+        largest = f"{yardstick}'s largest effect" if yardstick else "the largest effect"
         lines.append(
             f"{model} (`{target}`; {how}): the largest effects are {named}. {int(part['matters'].sum())} of "
-            f"{len(part)} heads matter (interval clear of 0, at least {matter.MATTERS:.0%} of the largest effect), "
-            f"{int(part['nil'].sum())} have none (interval within {matter.NEGLIGIBLE:.0%} of the largest around 0)."
+            f"{len(part)} heads matter (interval clear of 0, at least {matter.MATTERS:.0%} of {largest}), "
+            f"{int(part['nil'].sum())} have none (interval within {matter.NEGLIGIBLE:.0%} of {largest} around 0)."
             + (f" Sample: {notes['sample']}." if notes.get("sample") else ""))
     return lines
 
@@ -122,7 +124,8 @@ def importance_section(comparison: Comparison, pngs: Pngs) -> list:
     against exact ablation; nothing when no run has an importance table."""
     if "importance" not in comparison.frames or comparison["importance"]["value"].notna().sum() == 0:
         return []
-    table = matter.matter_table(comparison.heads, comparison["importance"])
+    controls = {control: trained for trained, names in comparison.control_map().items() for control in names}
+    table = matter.matter_table(comparison.heads, comparison["importance"], scale_of=controls)
     blocks: list = [
         Heading(2, "Does the head matter?"),
         Text("Where a head looks is not whether the model needs it. importance.parquet holds, per head, the change "
@@ -131,7 +134,7 @@ def importance_section(comparison: Comparison, pngs: Pngs) -> list:
              "AtP's first-order estimate. Chance is 0: a head whose removal changes nothing scores 0. Targets: a "
              "causal model's next-token loss, an encoder's masked-token loss where its checkpoint has a trained "
              "head, else the change of its final hidden states (1 - cosine)."),
-        Bullets(_model_lines(comparison, table)),
+        Bullets(_model_lines(comparison, table, controls)),
     ]
     models = [m.name for m in comparison.models if (table["model"] == m.name).any()]
     fig = Figure(figsize=(min(MAX_WIDTH, PANEL * len(models) + 0.4), PANEL), layout="constrained")
