@@ -477,3 +477,36 @@ def test_a_control_is_measured_on_its_trained_models_scale():
     assert scaled.loc[control, "matters"].tolist() == [False, False, False]
     assert scaled.loc[control, "nil"].tolist() == [True, True, True]  # within 2% of 0.2 around 0
     assert scaled.loc[~control, "matters"].tolist() == own.loc[own["model"] == "m", "matters"].tolist()
+
+
+def test_the_effect_plot_labels_only_the_flagged_heads_of_largest_effect():
+    """A sink-heavy model flags dozens of heads: only the `label_flags` of largest effect get a label."""
+    import matplotlib
+
+    from headscan.plots.importance import effect_against_pattern
+
+    matplotlib.use("Agg")
+    n = 30
+    table = pd.DataFrame({"model": "m", "label": [f"L0H{i}" for i in range(n)], "pattern": "first_token",
+                          "pattern_value": 0.9, "value": np.linspace(0.001, 0.03, n), "ci_low": 0.0,
+                          "ci_high": 0.04, "exact": True, "flag": "striking pattern, no effect"})
+    ax = effect_against_pattern(table, model="m", label_flags=5)
+    texts = [t.get_text() for t in ax.texts if t.get_gid() == "flag"]
+    assert texts == [f"L0H{i}" for i in range(n - 1, n - 6, -1)]  # the five of largest effect
+    assert [c.get_label() for c in ax.collections if c.get_label() and not c.get_label().startswith("_")] == \
+        ["first_token"]
+
+
+def test_the_report_section_names_each_model_with_a_control_on_its_trained_scale(tiny_gpt2, tmp_path):
+    """The report's importance section from a real (tiny) sweep with a random-init control: every model has its
+    sentence, and the control's says whose largest effect it is measured against."""
+    from headscan.report import write_report
+
+    run = headscan.sweep(str(tiny_gpt2), TEXTS, **(SETTINGS | {"bootstrap": 20, "ablate_top": 2}),
+                         control=("random-init",), out=tmp_path / "run")
+    text = (write_report([tmp_path / "run"], tmp_path / "report") / "report.md").read_text()
+    section = text.split("## Does the head matter?")[1].split("\n## ")[0]
+    trained, control = run.provenance.models[0].name, run.provenance.models[1].name
+    assert f"- {trained} (`next_token_loss`" in section and f"- {control} (`next_token_loss`" in section
+    assert f"of {trained}'s largest effect)" in section and f"of {trained}'s largest effect around 0" in section
+    assert (tmp_path / "report" / "figures" / "importance_against_pattern.png").stat().st_size > 0

@@ -26,7 +26,7 @@ def pattern_colours() -> dict[str, tuple]:
 
 
 def effect_against_pattern(table: pd.DataFrame, *, model: str, ax=None, colours: Mapping[str, tuple] | None = None,
-                           unit: str = "change of the target", label_flags: bool = True, legend: bool = True):
+                           unit: str = "change of the target", label_flags: int = 8, legend: bool = True):
     """Draw one model's heads: the strongest pattern share (x) against the effect of removing the head (y), with
     the effect's 95% interval, coloured by which pattern is strongest; flagged heads are labelled.
 
@@ -43,8 +43,9 @@ def effect_against_pattern(table: pd.DataFrame, *, model: str, ax=None, colours:
         `pattern_colours` by default.
     unit : str, default "change of the target"
         The y-axis label.
-    label_flags : bool, default True
-        Write each flagged head's label beside it.
+    label_flags : int, default 8
+        Write the labels of this many flagged heads beside them, those of largest effect first (0: none); a
+        sink-heavy model flags dozens of heads, whose labels would cover each other.
     legend : bool, default True
         A legend of the patterns drawn, and of the estimate marker.
 
@@ -71,8 +72,10 @@ def effect_against_pattern(table: pd.DataFrame, *, model: str, ax=None, colours:
                 ax.scatter(chosen["pattern_value"], chosen["value"], s=16, marker=marker, color=colours[pattern],
                            label=pattern if exact or not part["exact"].any() else None, zorder=2)
     ax.axhline(0.0, color="0.4", linewidth=0.7, zorder=0)
-    if label_flags:
-        for row in rows[rows["flag"] != ""].itertuples():
+    flagged = rows[rows["flag"] != ""]
+    flagged = flagged.reindex(flagged["value"].abs().sort_values(ascending=False).index).head(int(label_flags))
+    if len(flagged):
+        for row in flagged.itertuples():
             ax.annotate(row.label, (row.pattern_value, row.value), xytext=(3, 3), textcoords="offset points",
                         fontsize=6.5, color="0.2", gid="flag")
     ax.set_xlim(0, 1.02)

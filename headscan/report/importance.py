@@ -141,13 +141,19 @@ def importance_section(comparison: Comparison, pngs: Pngs) -> list:
     axes = fig.subplots(1, len(models), squeeze=False)[0]
     for ax, model in zip(axes, models):
         target = table.loc[table["model"] == model, "target"].iloc[0]
-        plots.effect_against_pattern(table, model=model, ax=ax, unit=TARGET_UNITS.get(target, target),
-                                     legend=ax is axes[-1])
+        plots.effect_against_pattern(table, model=model, ax=ax, unit=TARGET_UNITS.get(target, target), legend=False)
+    seen = {}  # one legend for the figure: every pattern any panel drew, not only the last panel's
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(label, handle)
+    if seen:
+        fig.legend(list(seen.values()), list(seen.keys()), loc="outside right upper", fontsize="x-small",
+                   frameon=False, title="strongest pattern", title_fontsize="x-small")
     name = pngs.add("importance_against_pattern.png", fig)
     blocks += [Figures([name], "Each head's strongest pattern (its largest share of attention on one kind of key, "
                                "coloured by which) against the effect of removing it, with the effect's 95% "
-                               "interval; dots are exact mean ablations, crosses AtP estimates. Flagged heads are "
-                               "labelled."),
+                               "interval; dots are exact mean ablations, crosses AtP estimates. The flagged heads "
+                               "of largest effect are labelled (all of them are in the table below)."),
                Heading(3, "Heads whose pattern and effect disagree"),
                _flag_table(table, single=len(comparison.models) == 1)]
     return blocks + _agreement_part(comparison, pngs)
