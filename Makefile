@@ -29,18 +29,21 @@ demo: setup
 test: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
 
-# The committed reports: the embedded defaults over the EWT dev sentences (with their random-init controls and head
-# importance) and over repeated random tokens.
+# The committed reports: the embedded defaults over the EWT dev sentences (alone, and again beside their random-init
+# controls with head importance: ewt-dev-controls) and over repeated random tokens.
 # Tables go to reports/runs/NAME, the report of each to reports/NAME.
 reports: setup
 	@test -f "$(EWT)" || { echo "make reports: no EWT treebank at $(EWT); pass its dev file: make reports EWT=path/to/en_ewt-ud-dev.conllu"; exit 1; }
-	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --corpus $(EWT) --control random-init --importance ablate --ablate-top 10 --importance-sample 256 --out reports/runs/ewt-dev --device cpu -q --overwrite
+	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --corpus $(EWT) --out reports/runs/ewt-dev --device cpu -q --overwrite
+	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --corpus $(EWT) --control random-init --importance ablate --ablate-top 10 --importance-sample 256 --out reports/runs/ewt-dev-controls --device cpu -q --overwrite
 	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --corpus repeat-random --out reports/runs/repeat-random --device cpu -q --overwrite
 	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep -m smollm2 --corpus $(EWT) --limit 800 --pack sentences --max-len 2048 --attention chunked --batch-size 1 --out reports/runs/ewt-long --device cpu -q --overwrite
 	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/ewt-dev --out reports/ewt-dev
+	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/ewt-dev-controls --out reports/ewt-dev-controls
 	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/ewt-long --out reports/ewt-long
 	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/repeat-random --out reports/repeat-random
 	$(BIN)/python experiments/atlas_screenshots.py reports/ewt-dev/index.html reports/screenshots/ewt-dev minilm:L0H2 smollm2:L16H0
+	$(BIN)/python experiments/atlas_screenshots.py reports/ewt-dev-controls/index.html reports/screenshots/ewt-dev-controls minilm:L0H2 smollm2:L16H0
 	$(BIN)/python experiments/atlas_screenshots.py reports/repeat-random/index.html reports/screenshots/repeat-random smollm2:L18H6
 
 benchmark: setup
