@@ -150,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     if scored and args.sample:
         low, high = wilson(total["killed"], scored)
         print(f"  an estimate of the score over all {everything} mutants, from a seeded sample of {total['mutants']} "
-              f"({scored} scored): 95% interval {low:.1%} to {high:.1%}")
+              f"({scored} scored): 95% interval {low:.1%} to {high:.1%}"
+              + (f"; {total['other']} of the sample not run yet, and mutmut runs them module by module, so this is "
+                 "not yet a fair estimate" if total["other"] else ""))
     if args.survivors:
         print("\n".join(survivors))
     return 0
