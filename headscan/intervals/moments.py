@@ -7,7 +7,6 @@ torch (any device): the sweep accumulates them where the model runs.
 from __future__ import annotations
 
 import math
-
 import sys
 
 import numpy as np

@@ -159,14 +159,8 @@ def _with_head(target: str, **kwargs):
     """The checkpoint's model with the language-model head it was saved with (a ``...ForMaskedLM`` or
     ``...ForCausalLM``, whose head importance's loss targets read), else its bare model; patterns are read from
     its backbone either way."""
-    *heads, bare = _head_classes(target)
-    for auto in heads:
-        try:
-            return auto.from_pretrained(target, **kwargs)
-        except ValueError:  # transformers maps the config to no such class: the bare model will do
-            pass
     try:
-        return bare.from_pretrained(target, **kwargs)
+        return _first_that_fits(_head_classes(target), lambda auto: auto.from_pretrained(target, **kwargs))
     except ValueError as error:
         raise hooking.Unhookable(f"transformers has no model class for it ({_one_line(error, 120)})") from None
 
@@ -182,14 +176,15 @@ def _head_classes(target: str) -> list:
     return heads + [AutoModel]
 
 
-def _random_init_any(classes: list, config, seed: int, dtype):
-    """`random_init` with the first of `classes` that transformers maps `config` to."""
+def _first_that_fits(classes: list, build):
+    """`build(model_class)` for the first of `classes` that transformers maps the config to (a ValueError says it
+    does not: fall through to the next, the bare model last); the last one's ValueError is raised."""
     for model_class in classes[:-1]:
         try:
-            return random_init(model_class, config, seed=seed, dtype=dtype)
-        except ValueError:  # no such head for this config: fall through to the bare model
+            return build(model_class)
+        except ValueError:
             pass
-    return random_init(classes[-1], config, seed=seed, dtype=dtype)
+    return build(classes[-1])
 
 
 def _kv_heads(config, n_heads: int) -> int:
@@ -409,7 +404,9 @@ def load_model(
         else:
             classes = [_bridge_class(config)] if _has_adapter(config) else _head_classes(target)
         with _quiet():
-            hf_model = _random_init_any(classes, config, control_seed, torch_dtype).to(device)
+            hf_model = _first_that_fits(
+                classes, lambda model_class: random_init(model_class, config, seed=control_seed, dtype=torch_dtype)
+            ).to(device)
         note = initializer_note(hf_model, control_seed)
     model = _hook(control_name(spec, control), target, config, device=device, dtype=torch_dtype,
                   prepend_bos=prepend_bos, hf_model=hf_model, tokenizer=tokenizer, device_map=device_map, source=source,

@@ -74,10 +74,9 @@ def effect_against_pattern(table: pd.DataFrame, *, model: str, ax=None, colours:
     ax.axhline(0.0, color="0.4", linewidth=0.7, zorder=0)
     flagged = rows[rows["flag"] != ""]
     flagged = flagged.reindex(flagged["value"].abs().sort_values(ascending=False).index).head(int(label_flags))
-    if len(flagged):
-        for row in flagged.itertuples():
-            ax.annotate(row.label, (row.pattern_value, row.value), xytext=(3, 3), textcoords="offset points",
-                        fontsize=6.5, color="0.2", gid="flag")
+    for row in flagged.itertuples():
+        ax.annotate(row.label, (row.pattern_value, row.value), xytext=(3, 3), textcoords="offset points",
+                    fontsize=6.5, color="0.2", gid="flag")
     ax.set_xlim(0, 1.02)
     ax.set_xlabel("strongest pattern (share of attention)")
     ax.set_ylabel(unit)
