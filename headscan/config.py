@@ -29,7 +29,7 @@ __all__ = ["SweepConfig", "RetrievalConfig", "DEVICES", "DTYPES", "SPECIALS", "T
            "IMPORTANCE_METHODS", "IMPORTANCE_TARGETS", "choices", "control_name", "split_control"]
 
 Device = Literal["auto", "cpu", "cuda", "mps"]
-DType = Literal["float32", "float16", "bfloat16"]
+DType = Literal["float32", "float16", "bfloat16", "float64"]
 Specials = Literal["keep", "exclude"]
 BootstrapUnit = Literal["auto", "segment", "document"]
 Long = Literal["truncate", "split"]

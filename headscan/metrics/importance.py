@@ -56,6 +56,11 @@ def importance_keys(config) -> list[tuple[str, str]]:
     return [(method, target) for method in methods(config) for target in IMPORTANCE_TARGETS]
 
 
+def _at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    """`x` in float32 when it is narrower (float16, bfloat16), else as it is: a float64 model is scored in float64."""
+    return x.float() if x.dtype.itemsize < 4 else x
+
+
 def next_token_loss(logits: torch.Tensor, tokens: torch.Tensor, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(batch,) sums of the next-token cross-entropy and (batch,) counts, over the positions q whose token and
     next token are real; logits (batch, seq, vocab), tokens and real (batch, seq).
@@ -66,7 +71,7 @@ def next_token_loss(logits: torch.Tensor, tokens: torch.Tensor, real: torch.Tens
     (1.3863, 1)
     """
     counted = real[:, :-1] & real[:, 1:]  # (batch, seq - 1)
-    losses = F.cross_entropy(logits[:, :-1].float().transpose(1, 2), tokens[:, 1:], reduction="none")  # (batch, seq - 1)
+    losses = F.cross_entropy(_at_least_float32(logits[:, :-1]).transpose(1, 2), tokens[:, 1:], reduction="none")  # (batch, seq - 1)
     # summed in float64: a change is the difference of two such sums, and float32 would round it to ~1e-5
     return torch.where(counted, losses.double(), 0).sum(-1), counted.sum(-1).double()
 
@@ -75,7 +80,7 @@ def masked_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tenso
     """(batch,) sums of the cross-entropy at the masked positions (labels >= 0) and (batch,) their counts; logits
     (batch, seq, vocab), labels (batch, seq) holding the original token where masked and -100 elsewhere."""
     counted = labels >= 0
-    losses = F.cross_entropy(logits.float().transpose(1, 2), labels.clamp_min(0), reduction="none")  # (batch, seq)
+    losses = F.cross_entropy(_at_least_float32(logits).transpose(1, 2), labels.clamp_min(0), reduction="none")  # (batch, seq)
     return torch.where(counted, losses.double(), 0).sum(-1), counted.sum(-1).double()
 
 
@@ -87,7 +92,7 @@ def hidden_change(hidden: torch.Tensor, clean: torch.Tensor, real: torch.Tensor)
     >>> hidden_change(h, torch.tensor([[[1.0, 0.0], [1.0, 0.0]]]), torch.tensor([[True, True]]))
     (tensor([1.], dtype=torch.float64), tensor([2.], dtype=torch.float64))
     """
-    change = 1 - F.cosine_similarity(hidden.float(), clean.float(), dim=-1)  # (batch, seq)
+    change = 1 - F.cosine_similarity(_at_least_float32(hidden), _at_least_float32(clean), dim=-1)  # (batch, seq)
     return torch.where(real, change.double(), 0).sum(-1), real.sum(-1).double()
 
 
@@ -114,8 +119,8 @@ def attribution(heads: torch.Tensor, grads: torch.Tensor, replacement: torch.Ten
     tensor([[3.]])
     """
     b, n, _ = heads.shape
-    z = heads.float().view(b, n, *replacement.shape)  # (batch, seq, head, d_head)
-    g = grads.float().view_as(z)
+    z = _at_least_float32(heads).view(b, n, *replacement.shape)  # (batch, seq, head, d_head)
+    g = grads.to(z.dtype).view_as(z)
     per_position = ((replacement.to(z.device, z.dtype) - z) * g).sum(-1)  # (batch, seq, head)
     return torch.where(real[..., None], per_position, 0).sum(1)
 

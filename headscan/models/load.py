@@ -327,7 +327,7 @@ def load_model(
     device
         ``auto``, ``cpu``, ``cuda`` or ``mps``.
     dtype
-        ``float32`` (default), ``float16`` or ``bfloat16``.
+        ``float32`` (default), ``float16``, ``bfloat16`` or ``float64`` (to check a computation without float32 rounding).
     prepend_bos
         For causal models: put the BOS token before each segment, whether or not the tokenizer adds one by
         itself (`HookedModel.token_ids`). None follows TransformerLens' default for the architecture: yes for

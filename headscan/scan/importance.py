@@ -79,7 +79,8 @@ class ImportanceRun:
             state.importance = self._notes(sample, n_tokens, scores)
             if save is not None:
                 save(state)
-        self.means = torch.from_numpy(state.head_means).to(self.model.device, torch.float32)
+        # float64 as stored: each use casts to the head outputs' own precision
+        self.means = torch.from_numpy(state.head_means).to(self.model.device)
         self.chosen = [tuple(pair) for pair in state.importance["ablated"]]
         state.model["importance"] = state.importance | {"ablation_passes": self.surgery.reuse_note}
 
