@@ -252,3 +252,55 @@ def test_auto_goes_chunked_past_the_budget(tiny_models):
     assert budget.choose(model, batch_size=2, max_len=4096, budget_mib=1) == "chunked"
     assert budget.choose(model, batch_size=2, max_len=4096, attention="eager") == "eager"
     assert budget.default_budget_mib("cpu") >= 1
+
+
+# --- the attention function itself, against a direct softmax ---------------------------------------------------
+
+
+class _Attention(torch.nn.Module):
+    is_causal = True  # as a decoder's attention module says
+
+
+def _direct(query, key, value, causal_offset=None):
+    """softmax(q k^T / sqrt(d)) v with an optional causal mask where query i sits at position offset + i."""
+    scores = query @ key.transpose(-1, -2) / query.shape[-1] ** 0.5  # (batch, head, q, k)
+    if causal_offset is not None:
+        q_pos = torch.arange(query.shape[2])[:, None] + causal_offset
+        scores = scores.masked_fill(torch.arange(key.shape[2])[None, :] > q_pos, float("-inf"))
+    return (scores.softmax(-1) @ value).transpose(1, 2)  # (batch, q, head, d_head)
+
+
+def _session(cache=False):
+    return chunked._Session(hooks={}, internals={}, query_chunk=2, last=None, cache=cache)
+
+
+def test_the_attention_function_follows_is_causal_and_a_cache():
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, n, 4, generator=generator) for n in (5, 5, 5))
+    module = _Attention()
+    chunked._SESSIONS.append(_session())
+    try:
+        causal, _ = chunked._attention(module, q, k, v, None)
+        full, _ = chunked._attention(module, q, k, v, None, is_causal=False)  # the call overrides the module
+        with pytest.raises(chunked.Unsupported, match="differ in length"):  # cross-attention, no cache
+            chunked._attention(module, q[:, :, :2], k, v, None)
+    finally:
+        chunked._SESSIONS.pop()
+    torch.testing.assert_close(causal, _direct(q, k, v, causal_offset=0))
+    torch.testing.assert_close(full, _direct(q, k, v))
+    chunked._SESSIONS.append(_session(cache=True))
+    try:  # decoding: the last two positions' queries against every cached key
+        last, _ = chunked._attention(module, q[:, :, 3:], k, v, None)
+    finally:
+        chunked._SESSIONS.pop()
+    torch.testing.assert_close(last, _direct(q[:, :, 3:], k, v, causal_offset=3))
+
+
+def test_models_whose_attention_skips_transformers_functions_are_refused_on_the_hooks_path():
+    from types import SimpleNamespace
+
+    from transformers import GPT2Config
+
+    hf_model = SimpleNamespace(config=GPT2Config(), _supports_attention_backend=False)
+    assert "attention functions" in chunked.static_refusal(SimpleNamespace(hf_model=hf_model, path="hf_hooks"))
+    assert chunked.static_refusal(SimpleNamespace(hf_model=hf_model, path="transformer_lens")) is None

@@ -436,3 +436,13 @@ def test_a_packed_sweep_fills_max_len_and_scores_syntax(tiny_gpt2, ewt_dev):
     assert tables.provenance.corpus.extra["pack"] == "sentences"
     syntax = tables["syntax"]
     assert syntax.query("relation == 'all'")["count"].min() > 0
+
+
+def test_words_without_spans_are_found_in_the_text_in_order():
+    """A segment made by hand with words but no spans (not from a CoNLL-U file) has each word's characters found
+    left to right, so a repeated word maps to its own occurrence."""
+    from headscan.corpus.segment import Segment
+    from headscan.corpus.tokens import _word_spans
+
+    segment = Segment("the cat saw the  dog.", 0, words=("the", "cat", "saw", "the", "dog", "."))
+    assert _word_spans(segment) == ((0, 3), (4, 7), (8, 11), (12, 15), (17, 20), (20, 21))

@@ -40,7 +40,7 @@ from headscan.intervals import (
     unit_moments,
     variance_df,
 )
-from headscan.intervals.methods import _acceleration
+from headscan.intervals.methods import _acceleration, _normal_quantile, _sum_of_squares
 
 SIMULATION = Path(__file__).resolve().parents[1] / "experiments" / "interval_simulation.py"
 S, C = MOMENT_TERMS.index("s"), MOMENT_TERMS.index("c")
@@ -189,6 +189,49 @@ def test_count_zero_and_no_finite_replicate_give_nan():
         assert np.isfinite(low[[0, 2]]).all() and (low[[0, 2]] <= high[[0, 2]]).all()
 
 
+def test_degenerate_columns_warn_nothing():
+    """A column with no count (NaN) and one whose units all have one ratio (no spread) are ordinary in a sweep
+    (a metric defined nowhere in a corpus; a head that always attends the same way): every method handles them
+    without a RuntimeWarning, which a user would otherwise see once per table."""
+    sums, counts = ratio_data(seed=4, n=12, shape=(3,))
+    sums[:, 1] = counts[:, 1] = 0
+    sums[:, 2] = 0.25 * counts[:, 2]
+    for method in METHODS:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            _, _, _, _, (low, high) = everything(sums, counts, method=method)
+        assert np.isnan([low[1], high[1]]).all(), method
+        assert low[2] == high[2] == 0.25, method
+
+
+def test_replicate_variances_of_a_replicate_with_no_count_are_nan_without_a_warning():
+    power = np.zeros((3, 2, 1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = replicate_variances(np.zeros((2, 1)), np.zeros((2, 1)), power)
+    assert np.isnan(got).all()
+
+
+def test_thin_takes_sparse_as_any_array_of_truth_values():
+    n_eff, df, contributing = np.array([12.0, 12.0]), np.array([20.0, 20.0]), np.array([30.0, 30.0])
+    flags = thin(n_eff, df, contributing, sparse=[1, 0])
+    assert flags.dtype == bool and flags.tolist() == [True, False]  # a mask, usable to index a table
+
+
+def test_normal_quantile_is_infinite_at_the_ends():
+    assert _normal_quantile(np.array([0.0, 0.5, 1.0])).tolist() == [-np.inf, 0.0, np.inf]
+
+
+def test_sum_of_squares_is_zero_only_below_rounding_of_its_terms():
+    """sum (s - r c)^2 = ss - 2 r sc + r^2 cc is 0 when under 1e-12 of ss + r^2 cc, the size of the terms that
+    cancel: with r = 10, cc = 1, sc = 10, that size is about 200, so 1.5e-10 is rounding and 3e-10 is not."""
+    ratio, sc, cc = np.array([10.0, 10.0]), np.array([10.0, 10.0]), np.array([1.0, 1.0])
+    ss = 100.0 + np.array([1.5e-10, 3e-10])
+    squares = _sum_of_squares(ratio, ss, sc, cc)
+    assert squares[0] == 0.0
+    assert squares[1] == pytest.approx(3e-10, rel=1e-3)
+
+
 # --- the studentized interval against plain loops ----------------------------------------------------------------
 
 
@@ -212,28 +255,41 @@ def test_replicate_moments_are_weighted_power_sums_of_a_plain_loop():
 
 
 def _bootstrap_t_loop(s, c, weights, level=0.95):
-    """The studentized interval of one column the slow way: every replicate's ratio and SE from its units."""
+    """The studentized interval of one column the slow way: every replicate's ratio and SE from its units.
+
+    A replicate whose units all have one ratio has SE* = 0: its T* is +-inf, or 0 where its ratio is R; an
+    infinite end becomes the extreme replicate ratio on its side."""
     R = s.sum() / c.sum()
     se = np.sqrt(((s - R * c) ** 2).sum()) / c.sum()
-    ts = []
+    ts, ratios = [], []
     for w in weights:
         C = (w * c).sum()
         if C == 0:
             continue
         r = (w * s).sum() / C
         v = (w * (s - r * c) ** 2).sum() / C**2
-        ts.append((r - R) / np.sqrt(v))
+        ratios.append(r)
+        if v > 1e-12 * (w * (s**2 + (r * c) ** 2)).sum() / C**2:
+            ts.append((r - R) / np.sqrt(v))
+        else:
+            ts.append(0.0 if r == R else np.sign(r - R) * np.inf)
     ts = np.sort(ts)
 
-    def at(q, values):  # 1-based position (B + 1) q, linear between neighbours
+    def at(q, values):  # 1-based position (B + 1) q, linear between neighbours, an infinite neighbour kept
         position = min(max((len(values) + 1) * q, 1), len(values))
         k = int(np.floor(position))
-        return values[k - 1] + (position - k) * (values[min(k, len(values) - 1)] - values[k - 1])
+        a, b, gamma = values[k - 1], values[min(k, len(values) - 1)], position - k
+        if np.isinf(a) or gamma == 0:
+            return a
+        return b if np.isinf(b) else a + gamma * (b - a)
+
+    def ends(low, high):
+        return (min(ratios) if low == -np.inf else low), (max(ratios) if high == np.inf else high)
 
     lower, upper = (1 - level) / 2, (1 + level) / 2
-    equal_tailed = (R - at(upper, ts) * se, R - at(lower, ts) * se)
+    equal_tailed = ends(R - at(upper, ts) * se, R - at(lower, ts) * se)
     t = at(level, np.sort(np.abs(ts)))
-    return equal_tailed, (R - t * se, R + t * se)
+    return equal_tailed, ends(R - t * se, R + t * se)
 
 
 def test_studentized_intervals_equal_a_plain_loop_bootstrap_t():
@@ -249,13 +305,14 @@ def test_studentized_intervals_equal_a_plain_loop_bootstrap_t():
     value = moments[S] / moments[C]
     got = {m: interval(value, weights @ sums, weights @ counts, moments, method=m, replicate_power=power)
            for m in ("studentized", "studentized_symmetric")}
-    for column in (0, 1):  # many units: every replicate has a finite T*
+    for column in (0, 1, 2):  # 0, 1: many units, every T* finite; 2: infinite T*, and ends replaced
         equal_tailed, symmetric = _bootstrap_t_loop(sums[:, column], counts[:, column], weights)
-        np.testing.assert_allclose([got["studentized"][0][column], got["studentized"][1][column]], equal_tailed, rtol=1e-9)
+        np.testing.assert_allclose([got["studentized"][0][column], got["studentized"][1][column]], equal_tailed,
+                                   rtol=1e-9, err_msg=f"column {column}")
         np.testing.assert_allclose([got["studentized_symmetric"][0][column], got["studentized_symmetric"][1][column]],
-                                   symmetric, rtol=1e-9)
+                                   symmetric, rtol=1e-9, err_msg=f"column {column}")
     low, high = got["studentized"]
-    assert np.isfinite([low[2], high[2]]).all() and low[2] <= value[2] <= high[2]  # infinite T* ends are replaced
+    assert np.isfinite([low[2], high[2]]).all() and low[2] <= value[2] <= high[2]
 
 
 def test_standard_error_and_replicate_variances_from_power_sums():
@@ -386,6 +443,13 @@ def test_nan_percentile_matches_numpy(q):
     with np.errstate(all="ignore"), pytest.warns(RuntimeWarning):  # numpy warns about the all-NaN column
         expected = np.nanpercentile(values, q, axis=0)
     np.testing.assert_allclose(nan_percentile(values, q), expected, rtol=1e-12, atol=1e-15)
+
+
+def test_nan_percentile_computes_in_float64_whatever_it_is_given():
+    values = np.random.default_rng(3).random((41, 2)).astype(np.float32)
+    got = nan_percentile(values, np.array([2.5, 97.5]))
+    assert got.dtype == np.float64
+    np.testing.assert_array_equal(got, nan_percentile(values.astype(np.float64), np.array([2.5, 97.5])))
 
 
 def test_nan_percentile_takes_a_percent_per_column():

@@ -93,10 +93,14 @@ def test_fingerprint_differences_name_each_key_and_the_columns_last():
 
 def test_a_saved_state_loads_back_field_by_field(tmp_path):
     state = shard_state(1)
+    state.head_means = np.random.default_rng(2).normal(size=(2, 3, 4))  # (layer, head, d_head)
+    state.importance = {"target": "next_token_loss", "ablated": [[0, 1], [1, 2]], "sample": 7}
     path = tmp_path / "s" / "x.npz"
     state.save(path)
     back = PartialState.load(path)
-    for name in ("sums", "counts", "replicate_sums", "replicate_counts", "moments", "baseline", "weights"):
+    assert back.importance == state.importance
+    for name in ("sums", "counts", "replicate_sums", "replicate_counts", "moments", "baseline", "weights",
+                 "head_means"):
         np.testing.assert_array_equal(getattr(back, name), getattr(state, name), err_msg=name)
     for name in ("fingerprint", "shard", "windows_done", "finished", "model", "n_segments", "n_tokens", "n_truncated",
                  "n_tokens_lost", "seconds", "embedding"):
