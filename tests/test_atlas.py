@@ -116,6 +116,22 @@ def test_atlas_data_holds_every_head_as_in_heads_parquet(ewt):
     assert len(smollm2["offsets"]["value"]) == 270 and smollm2["offsets"]["d"] == list(range(-8, 9))
 
 
+def test_atlas_data_holds_the_other_tables_rows_column_by_column(ewt):
+    """Each row of positions (and the other tables) is there once: its head, its key cells, its value."""
+    minilm = next(m for m in atlas.atlas_data(ewt)["models"] if m["name"] == "minilm")
+    positions = next(t for t in minilm["other"] if t["table"] == "positions")
+    table = load(EWT_RUN)["positions"]
+    table = table[(table.model == "minilm") & table.value.notna()]
+    assert len(positions["at"]) == len(positions["key"]) == len(positions["value"]) == len(table)
+    assert len(positions["cells"]) == len({tuple(c) for c in positions["cells"]})  # each combination once
+    got = sorted((at, positions["cells"][k][0], v) for at, k, v in zip(positions["at"], positions["key"],
+                                                                      positions["value"]))
+    want = sorted((int(layer * 12 + head), metric, value) for layer, head, metric, value in
+                  zip(table.layer, table["head"], table.metric, table.value))
+    assert [g[:2] for g in got] == [w[:2] for w in want]
+    np.testing.assert_allclose([g[2] for g in got], [w[2] for w in want], rtol=1e-4)
+
+
 def test_example_patterns_are_embedded_as_bytes(ewt):
     patterns = np.zeros((6, 12, 3, 3), dtype=np.float32)
     patterns[0, 2] = np.eye(3)[[0, 0, 1]]  # each query on the token before it (the first on itself)
@@ -203,6 +219,11 @@ def test_atlas_works_in_headless_chromium(atlas_page, tmp_path):
             chance = heads[(heads.model == "minilm") & (heads.label == "L0H2") & (heads.metric == "prev_token")]
             shown = panel.locator('tr[data-metric="prev_token"] td.chance').inner_text()
             assert float(shown) == pytest.approx(chance["chance"].iloc[0], abs=5e-4)
+            assert "positions" in panel.locator("h4").all_inner_texts()  # the other tables' rows of this head
+            positions = load(EWT_RUN)["positions"]
+            first = positions[(positions.model == "minilm") & (positions.layer == 0) & (positions["head"] == 2) &
+                              (positions.metric == "first_token_by_position") & positions.value.notna()].iloc[0]
+            assert f"{first.value:.3f}" in panel.inner_text()
 
             page.fill("#atlas-search", "L18H6")
             assert "L18H6 in smollm2" in page.inner_text("#atlas-found")

@@ -708,3 +708,28 @@ def test_index_html_renders_in_a_headless_browser(two_reports, tmp_path):
     assert colours is not None and len(colours) > 50  # text, tables, figures: not a blank page
     white = max(colours)[0] / (1280 * 2000)
     assert white < 0.95
+
+
+def test_figures_are_palette_pngs_that_look_like_the_full_colour_ones():
+    """Each figure is stored with at most 256 colours: far fewer bytes, the same pixels to within what the eye
+    sees (a colormap has 256 colours; only anti-aliased edges move to a neighbouring shade)."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    from headscan.report.sections import DPI, palette_png
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    sns.heatmap(np.random.default_rng(0).random((12, 12)), cmap="rocket_r", ax=ax)
+    ax.set_title("a heatmap with a title")
+    small = palette_png(fig)
+    full = io.BytesIO()
+    fig.savefig(full, format="png", dpi=DPI, metadata={"Software": None})
+    plt.close(fig)
+    assert palette_png.__doc__ and small == palette_png(fig)  # the same figure, the same bytes
+    with Image.open(io.BytesIO(small)) as a, Image.open(io.BytesIO(full.getvalue())) as b:
+        assert a.mode == "P" and a.size == b.size
+        pixels = np.asarray(a.convert("RGB"), dtype=float)
+        reference = np.asarray(b.convert("RGB"), dtype=float)
+    assert len(small) < 0.6 * len(full.getvalue())
+    assert np.abs(pixels - reference).mean() < 1.0  # of 255, per channel
+    assert np.percentile(np.abs(pixels - reference).max(-1), 99) < 24

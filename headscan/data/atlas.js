@@ -323,14 +323,15 @@
   function otherRows(model, index) {
     var out = "";
     (model.other || []).forEach(function (t) {
-      var rows = t.rows.filter(function (r) { return r.at === index; });
+      var rows = [];
+      t.at.forEach(function (at, i) { if (at === index) rows.push(i); });
       if (!rows.length) return;
       out += "<h4>" + esc(t.table) + "</h4><table class=\"atlas-scores\"><thead><tr>" +
         t.keys.map(function (k) { return "<th>" + esc(k) + "</th>"; }).join("") +
         '<th class="num">value</th><th class="num">95% interval</th></tr></thead><tbody>' +
-        rows.map(function (r) {
-          return "<tr>" + r.keys.map(function (k) { return "<td>" + esc(k) + "</td>"; }).join("") +
-            '<td class="num">' + fmt(r.value) + '</td><td class="num">' + interval(r.low, r.high) + "</td></tr>";
+        rows.map(function (i) {
+          return "<tr>" + t.cells[t.key[i]].map(function (k) { return "<td>" + esc(k) + "</td>"; }).join("") +
+            '<td class="num">' + fmt(t.value[i]) + '</td><td class="num">' + interval(t.low[i], t.high[i]) + "</td></tr>";
         }).join("") + "</tbody></table>";
     });
     return out;

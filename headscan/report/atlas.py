@@ -197,19 +197,25 @@ def _other_keys(table: str, frame: pd.DataFrame, part: pd.DataFrame) -> tuple[li
 
 
 def _other_rows(comparison: Comparison, name: str, n_heads: int) -> list[dict]:
-    """Rows of tables other than heads and offsets (syntax accuracies, say), per head, for the panel."""
+    """Rows of tables other than heads and offsets (syntax accuracies, say), per head, for the panel.
+
+    Column by column, as the tables are: row i is head ``at[i]``, its key cells ``cells[key[i]]`` (each distinct
+    combination written once) and ``value[i]`` [``low[i]``, ``high[i]``]. Rows of dicts repeated every name and
+    key cell, most of the atlas's size."""
     out = []
     for table, frame in comparison.frames.items():
         if table in ("heads", "offsets", "retrieval", "retrieval_trials"):  # colours of the grid; one row per trial
             continue
         part = frame[(frame["model"] == name) & frame["value"].notna()]
         keys, cells, part = _other_keys(table, frame, part)
-        at = (part["layer"].to_numpy(int) * n_heads + part["head"].to_numpy(int)).tolist()
+        distinct: dict[tuple, int] = {}
+        key = [distinct.setdefault(tuple(c), len(distinct)) for c in cells]
         low = part["ci_low"] if "ci_low" in part else pd.Series(np.nan, index=part.index)
         high = part["ci_high"] if "ci_high" in part else pd.Series(np.nan, index=part.index)
-        out.append({"table": table, "keys": keys, "rows": [
-            {"at": i, "keys": k, "value": _num(v), "low": _num(lo), "high": _num(hi)}
-            for i, k, v, lo, hi in zip(at, cells, part["value"], low, high)]})
+        out.append({"table": table, "keys": keys, "cells": [list(c) for c in distinct],
+                    "at": (part["layer"].to_numpy(int) * n_heads + part["head"].to_numpy(int)).tolist(), "key": key,
+                    "value": [_num(v) for v in part["value"]], "low": [_num(v) for v in low],
+                    "high": [_num(v) for v in high]})
     return out
 
 
