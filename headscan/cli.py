@@ -93,9 +93,11 @@ def _listing_tables(command):
 @click.option("models", "--model", "-m", multiple=True, metavar="SPEC",
               help="Alias (minilm, smollm2), local checkpoint folder, .gguf file or Hugging Face id; repeat for "
                    "several models. Default: minilm and smollm2.")
-@click.option("--corpus", "-c", default="builtin", show_default=True, metavar="PATH|builtin|repeat-random",
-              help="A .txt (one segment per line), .jsonl (a 'text' field) or .conllu file, 'builtin', or "
-                   "'repeat-random[:n=50,count=64,seed=0]'.")
+@click.option("--corpus", "-c", default="builtin", show_default=True, metavar="PATH|builtin|repeat-random|hf:NAME",
+              help="A .txt (one segment per line), .jsonl (a 'text' field) or .conllu file, 'builtin', "
+                   "'repeat-random[:n=50,count=64,seed=0]', or a Hugging Face dataset, one segment per row: "
+                   "'hf:NAME[:config=...,split=train,field=text,revision=...]' (a save_to_disk folder, a folder of "
+                   "data files, or a Hub id).")
 @click.option("--out", "-o", default="out", show_default=True, type=click.Path(file_okay=False, path_type=Path),
               help="Folder for the tables (a parquet file each) and run.json.")
 @click.option("--max-len", default=default("max_len"), show_default=True, help="Tokens per segment; longer ones are truncated.")
@@ -125,8 +127,8 @@ def _listing_tables(command):
                    "--document-field, blank-line paragraphs), whose sentences are not independent; 'auto': "
                    "documents where the corpus has documents of several segments, else segments.")
 @click.option("--document-field", default=default("document_field"), metavar="FIELD",
-              help="A .jsonl corpus: the field whose value marks each line's document (consecutive lines with "
-                   "equal values are one document).")
+              help="A .jsonl or hf: corpus: the field whose value marks each line's document (consecutive lines with "
+                   "equal values are one document; rows of an hf: corpus alike).")
 @click.option("--interval", default=default("interval"), show_default=True, type=click.Choice(choices()["interval"]),
               help="How bootstrap replicates become a 95% interval.")
 @click.option("--window", default=default("window"), show_default=True,

@@ -9,7 +9,9 @@ Sources (`read_corpus`):
 - a ``.jsonl`` file: one JSON object per line, the segment in its ``text`` field;
 - any other file: plain text, one segment per non-blank line;
 - ``repeat-random``: a random token sequence of length ``n`` repeated twice (Olsson et al. 2022), drawn
-  per model from its own vocabulary; options as ``repeat-random:n=50,count=64,seed=0``.
+  per model from its own vocabulary; options as ``repeat-random:n=50,count=64,seed=0``;
+- ``hf:NAME``: a Hugging Face dataset (a ``save_to_disk`` folder, a folder of data files, or a Hub id), one
+  segment per row, streamed where it can be (`headscan.corpus.hub`).
 
 Files are read as a stream, never whole: `read_corpus` makes one pass over the file, line by line, that
 computes its sha256, checks every segment, numbers the documents and keeps only an index of 40 bytes per
@@ -55,6 +57,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ConfigError, CorpusError
+from . import hub
 from .files import EACH_SEGMENT, CorpusFile, FileSegments, Segment, file_error, open_corpus, scan, segment, unreadable
 from .segment import NO_SPAN
 
@@ -72,10 +75,10 @@ class Corpus:
     """
 
     source: str  # the path as given, "builtin", or the repeat-random spec
-    kind: str  # "builtin", "conllu", "jsonl", "text" or "repeat-random"
+    kind: str  # "builtin", "conllu", "jsonl", "text", "repeat-random" or "hf"
     sha256: str  # of the file's bytes (of the spec for repeat-random)
     segments: Sequence[Segment]  # a tuple, or a `FileSegments` that reads each segment from its file when asked
-    options: dict = field(default_factory=dict)  # repeat-random: n, count, seed
+    options: dict = field(default_factory=dict)  # repeat-random: n, count, seed; hf: dataset, split, config, ...
     documents: str = "as given by each segment's document field"  # how the documents were found
 
     @cached_property
@@ -145,6 +148,10 @@ def read_corpus(
         spec = f"repeat-random:n={options['n']},count={count},seed={options['seed']}"
         segments = tuple(Segment("", 0, document=i) for i in range(count))  # tokens are drawn per model in `encode`
         return Corpus(spec, "repeat-random", hashlib.sha256(spec.encode()).hexdigest(), segments, options, EACH_SEGMENT)
+    if source.startswith(hub.PREFIX):
+        segments, sha256, options, documents = hub.read_hub_corpus(source, limit=limit, text_field=text_field,
+                                                                   document_field=document_field)
+        return Corpus(source, "hf", sha256, segments, options, documents)
     if source == "builtin":
         path = Path("builtin")
         if document_field is not None:
