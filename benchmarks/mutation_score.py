@@ -16,6 +16,7 @@ an estimate, printed with its 95% Wilson interval over the mutants that were run
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -63,10 +64,12 @@ def generate(mutants: Path) -> None:
 
     set_mutant_under_test("mutant_generation")
     mutants.mkdir(exist_ok=True)
-    copy_src_dir()
-    copy_also_copy_files()
-    setup_source_paths()
-    create_mutants(os.cpu_count() or 2)
+    # mutmut prints what it copies to stdout, where `--pick` writes the names that `mutmut run` is given
+    with contextlib.redirect_stdout(sys.stderr):
+        copy_src_dir()
+        copy_also_copy_files()
+        setup_source_paths()
+        create_mutants(os.cpu_count() or 2)
 
 
 def pick(mutants: Path, size: int, seed: int) -> list[str]:
