@@ -446,10 +446,11 @@ def test_nan_percentile_matches_numpy(q):
 
 
 def test_nan_percentile_computes_in_float64_whatever_it_is_given():
-    values = np.random.default_rng(3).random((41, 2)).astype(np.float32)
-    got = nan_percentile(values, np.array([2.5, 97.5]))
+    # halfway between float32 values of different sizes: b - a in float32 would round (1 - 0.001 does)
+    values = np.array([[0.001, 0.3], [1.0, 0.7]], dtype=np.float32)
+    got = nan_percentile(values, np.array([50.0, 37.0]))
     assert got.dtype == np.float64
-    np.testing.assert_array_equal(got, nan_percentile(values.astype(np.float64), np.array([2.5, 97.5])))
+    np.testing.assert_array_equal(got, nan_percentile(values.astype(np.float64), np.array([50.0, 37.0])))
 
 
 def test_nan_percentile_takes_a_percent_per_column():
