@@ -296,3 +296,16 @@ def test_sweep_hooks_give_the_same_attribution_as_module_hooks(smollm2):
     assert counts[0, 0].item() == ids.shape[1] - 1 and torch.all((positive >= 0) & (positive <= counts))
     contributions = values.logit_contributions(seen[last], weights.W_O[last], directions, targets)  # (batch, head, q)
     assert torch.allclose(sums, (contributions / scale[:, None, :])[..., :-1].sum(-1), atol=1e-5)
+
+
+def test_uniform_values_of_an_encoder_are_each_sequences_own_mean():
+    """Bidirectional: every query's null-head output is the mean value over its own sequence's keys that count,
+    a plain loop per sequence (two sequences of different lengths in one batch)."""
+    v = torch.randn(2, 4, 1, 3, generator=torch.Generator().manual_seed(0))  # (batch, k, kv_head, d_head)
+    mask = torch.tensor([[True, True, True, True], [True, True, False, False]])
+    got = values.uniform_values(v, mask, causal=False, n_heads=2)  # (batch, q, head, d_head)
+    for b in range(2):
+        mean = v[b, mask[b], 0].mean(0)  # (d_head,)
+        for q in range(4):
+            for h in range(2):
+                torch.testing.assert_close(got[b, q, h], mean)
