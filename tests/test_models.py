@@ -38,7 +38,7 @@ def test_a_folder_without_config_is_explained(tmp_path):
 def test_bad_device_and_dtype_name_the_choices():
     with pytest.raises(ConfigError, match="^device must be one of auto, cpu, cuda, mps; got 'tpu'$"):
         load_model("minilm", device="tpu")
-    with pytest.raises(ConfigError, match="^dtype must be one of float32, float16, bfloat16; got 'int8'$"):
+    with pytest.raises(ConfigError, match="^dtype must be one of float32, float16, bfloat16, float64; got 'int8'$"):
         load_model("minilm", device="cpu", dtype="int8")
 
 
@@ -229,7 +229,7 @@ def test_device_and_dtype_choices_are_exposed():
     from headscan.models import DEVICES, DTYPES
 
     assert DEVICES == ("auto", "cpu", "cuda", "mps")
-    assert list(DTYPES) == ["float32", "float16", "bfloat16"]
+    assert list(DTYPES) == ["float32", "float16", "bfloat16", "float64"]
 
 
 def test_models_command_says_how_each_spec_is_hooked(tmp_path):

@@ -326,10 +326,16 @@ def test_the_rest_of_the_report_with_syntax_positions_and_weights(syntax_report)
     assert "syntax.parquet (" in md and "weights.parquet (" in md  # the run's tables
 
 
+def _rows(table: dict) -> list[dict]:
+    """The atlas's column-by-column table as one dict a row."""
+    return [{"at": at, "keys": table["cells"][key], "value": value, "low": low, "high": high}
+            for at, key, value, low, high in zip(table["at"], table["key"], table["value"], table["low"], table["high"])]
+
+
 def test_the_atlas_lists_a_head_s_syntax_rows_with_the_baseline(ewt_with_syntax):
     data = atlas.atlas_data(merge_runs([load(ewt_with_syntax)]))
     minilm = next(m for m in data["models"] if m["name"] == "minilm")
-    other = {t["table"]: t for t in minilm["other"]}
+    other = {t["table"]: t | {"rows": _rows(t)} for t in minilm["other"]}
     assert {"syntax", "positions", "weights"} <= set(other)
     syntax = other["syntax"]
     assert syntax["keys"] == ["relation", "direction", "baseline (d)"]

@@ -142,7 +142,7 @@ def test_intervals_shrink_as_the_corpus_grows(tiny_models):
     [
         ({"specials": "drop"}, "specials must be one of keep, exclude; got 'drop'"),
         ({"device": "tpu"}, "device must be one of auto, cpu, cuda, mps; got 'tpu'"),
-        ({"dtype": "int8"}, "dtype must be one of float32, float16, bfloat16; got 'int8'"),
+        ({"dtype": "int8"}, "dtype must be one of float32, float16, bfloat16, float64; got 'int8'"),
         ({"batch_size": 0}, "batch_size must be a whole number >= 1, got 0"),
         ({"max_len": 2}, "max_len must be a whole number >= 4, got 2"),
         ({"max_offset": 0}, "max_offset must be a whole number >= 1, got 0"),
