@@ -305,8 +305,10 @@ def test_show_ranks_smollm2_heads_by_dla(swept, tmp_path):
 
 
 def gpt2_by_hand(path, token_ids):
-    """Each head's direct logit attribution at each query, (head layer, head, q) per segment, from Hugging Face's
-    own GPT-2 through forward hooks, and the check that every component adds up to the centred logit.
+    """Each head's direct logit attribution at each query, and its null head's (uniform attention over the keys
+    the query sees: the chance column), [layer][head] = (head's (q - 1,), null's (q - 1,)) per segment, from
+    Hugging Face's own GPT-2 through forward hooks, and the check that every component adds up to the centred
+    logit.
 
     The final LayerNorm is read off the module itself: its scale s_q = (x_q - mean x_q) / layer_norm(x_q) without
     gain or bias; a component o (a head's z_h W_O^h, an MLP, an embedding, a bias) enters the centred logit of
@@ -325,10 +327,11 @@ def gpt2_by_hand(path, token_ids):
 
     found = []
     for ids in token_ids:
-        seen = {"z": [], "attn": [], "mlp": []}
+        seen = {"z": [], "attn": [], "mlp": [], "qkv": []}
         handles = [body.ln_f.register_forward_pre_hook(lambda m, args: seen.setdefault("final", args[0][0]))]
         for block in body.h:
             handles.append(block.attn.c_proj.register_forward_pre_hook(lambda m, args: seen["z"].append(args[0][0])))
+            handles.append(block.attn.c_attn.register_forward_hook(lambda m, a, out: seen["qkv"].append(out[0])))
             handles.append(block.attn.c_proj.register_forward_hook(lambda m, a, out: seen["attn"].append(out[0])))
             handles.append(block.mlp.register_forward_hook(lambda m, a, out: seen["mlp"].append(out[0])))
         try:
@@ -350,7 +353,12 @@ def gpt2_by_hand(path, token_ids):
                 z = seen["z"][layer].reshape(len(ids), n_heads, -1)  # (q, head, d_head)
                 W_O = block.attn.c_proj.weight.reshape(n_heads, -1, x.shape[-1])  # Conv1D: z @ W, rows by head
                 heads = [through_final(z[:, h] @ W_O[h], scale) for h in range(n_heads)]
-                per_head.append([head[torch.arange(len(ids) - 1), targets] for head in heads])  # (q - 1,) each
+                # the null head: uniform attention over the keys each query sees, so the running mean of v
+                v = seen["qkv"][layer].split(x.shape[-1], dim=-1)[2].reshape(len(ids), n_heads, -1)  # (k, head, d_head)
+                null_z = v.cumsum(0) / torch.arange(1, len(ids) + 1, dtype=v.dtype)[:, None, None]  # (q, head, d_head)
+                nulls = [through_final(null_z[:, h] @ W_O[h], scale) for h in range(n_heads)]
+                per_head.append([(head[torch.arange(len(ids) - 1), targets], null[torch.arange(len(ids) - 1), targets])
+                                 for head, null in zip(heads, nulls)])  # (q - 1,) each, the head's and the null's
                 total = total + sum(heads) + through_final(block.attn.c_proj.bias.expand_as(x), scale)
                 total = total + through_final(seen["mlp"][layer], scale)
             total = total[torch.arange(len(ids) - 1), targets]
@@ -368,8 +376,13 @@ def test_dla_on_layernorm_gpt2_equals_a_recomputation_from_hugging_face_hooks(ti
     by_hand = gpt2_by_hand(tiny_gpt2, token_ids)
     tables = headscan.sweep(str(tiny_gpt2), list(SHORT), bootstrap=0, max_len=32, batch_size=2)
     dla, positive = by_head(tables.heads, "dla"), by_head(tables.heads, "dla_positive")
+    chance = {metric: dict(zip(zip(rows["layer"], rows["head"]), rows["chance"]))
+              for metric, rows in tables.heads.groupby("metric")}
     for layer in range(model.n_layers):
         for head in range(model.n_heads):
-            values = torch.cat([segment[layer][head] for segment in by_hand])  # every query with a next token
+            values = torch.cat([segment[layer][head][0] for segment in by_hand])  # every query with a next token
+            null = torch.cat([segment[layer][head][1] for segment in by_hand])
             assert dla[layer, head] == pytest.approx(values.mean().item(), rel=1e-5, abs=1e-7), (layer, head)
             assert positive[layer, head] == pytest.approx((values > 0).double().mean().item(), abs=1e-12)
+            assert chance["dla"][layer, head] == pytest.approx(null.mean().item(), rel=1e-5, abs=1e-7), (layer, head)
+            assert chance["dla_positive"][layer, head] == pytest.approx((null > 0).double().mean().item(), abs=1e-12)
