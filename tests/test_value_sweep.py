@@ -367,14 +367,20 @@ def gpt2_by_hand(path, token_ids):
     return found
 
 
-def test_dla_on_layernorm_gpt2_equals_a_recomputation_from_hugging_face_hooks(tiny_gpt2, tiny_models):
-    """heads.parquet's dla and dla_positive of the tiny GPT-2 (LayerNorm, learned biases) against `gpt2_by_hand`
-    (issue 18: every DLA test used smollm2's RMSNorm; an unbiased variance in the final scale, or directions not
-    centred over d_model, went unseen)."""
-    model = tiny_models["gpt2"]
+@pytest.mark.parametrize("which", ["random", "planted"])
+def test_dla_on_layernorm_gpt2_equals_a_recomputation_from_hugging_face_hooks(which, tiny_gpt2, tmp_path):
+    """heads.parquet's dla and dla_positive, and their chance columns, of a tiny GPT-2 (LayerNorm, learned
+    biases) against `gpt2_by_hand` (issue 18: every DLA test used smollm2's RMSNorm; an unbiased variance in the
+    final scale, or directions not centred over d_model, went unseen). Random weights attend nearly uniformly,
+    so a head's dla and its null head's nearly agree; the planted heads' sharp patterns tell them apart."""
+    from headscan.models import load_model
+    from headscan.testing import build_planted_checkpoint
+
+    path = tiny_gpt2 if which == "random" else build_planted_checkpoint(tmp_path / "planted")[0]
+    model = load_model(str(path), device="cpu")
     token_ids = model.token_ids(SHORT)
-    by_hand = gpt2_by_hand(tiny_gpt2, token_ids)
-    tables = headscan.sweep(str(tiny_gpt2), list(SHORT), bootstrap=0, max_len=32, batch_size=2)
+    by_hand = gpt2_by_hand(path, token_ids)
+    tables = headscan.sweep(str(path), list(SHORT), bootstrap=0, max_len=32, batch_size=2)
     dla, positive = by_head(tables.heads, "dla"), by_head(tables.heads, "dla_positive")
     chance = {metric: dict(zip(zip(rows["layer"], rows["head"]), rows["chance"]))
               for metric, rows in tables.heads.groupby("metric")}
