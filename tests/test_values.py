@@ -309,3 +309,19 @@ def test_uniform_values_of_an_encoder_are_each_sequences_own_mean():
         for q in range(4):
             for h in range(2):
                 torch.testing.assert_close(got[b, q, h], mean)
+
+
+def test_value_norms_and_uniform_values_of_float64_inputs_stay_float64():
+    """The docstrings' promise: float64 in, float64 out, to float64 precision against a plain loop."""
+    generator = torch.Generator().manual_seed(1)
+    v = torch.randn(1, 5, 2, 3, generator=generator, dtype=torch.float64)  # (batch, k, kv_head, d_head)
+    W_O = torch.randn(4, 3, 6, generator=generator, dtype=torch.float64)  # (head, d_head, d_model)
+    got = values.value_norms(v, W_O)  # (batch, head, k)
+    assert got.dtype == torch.float64
+    for head in range(4):
+        for k in range(5):
+            plain = torch.linalg.vector_norm(v[0, k, head // 2] @ W_O[head])
+            assert abs(got[0, head, k].item() - plain.item()) < 1e-12
+    mean = values.uniform_values(v, torch.ones(1, 5, dtype=torch.bool), causal=True, n_heads=4)  # (batch, q, head, d)
+    assert mean.dtype == torch.float64
+    torch.testing.assert_close(mean[0, 2, 3], v[0, :3, 1].mean(0), rtol=0, atol=1e-15)  # head 3 reads kv head 1
