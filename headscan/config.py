@@ -20,13 +20,14 @@ headscan.errors.ConfigError: specials must be one of keep, exclude; got 'drop'
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Literal, get_args, get_type_hints
 
 from .errors import ConfigError
 
 __all__ = ["SweepConfig", "RetrievalConfig", "DEVICES", "DTYPES", "SPECIALS", "TEMPLATES", "CONTROLS", "MIN_BOOTSTRAP",
-           "IMPORTANCE_METHODS", "IMPORTANCE_TARGETS", "choices", "control_name", "split_control"]
+           "IMPORTANCE_METHODS", "IMPORTANCE_TARGETS", "choices", "control_name", "split_control", "hf_offline"]
 
 Device = Literal["auto", "cpu", "cuda", "mps"]
 DType = Literal["float32", "float16", "bfloat16", "float64"]
@@ -249,3 +250,8 @@ def default(name: str, config: type = SweepConfig):
     """The default of setting `name` of `config`, for the command line's options."""
     field = next(f for f in dataclasses.fields(config) if f.name == name)
     return field.default
+
+
+def hf_offline() -> bool:
+    """Whether ``HF_HUB_OFFLINE`` tells Hugging Face libraries not to reach the Hub (models and datasets alike)."""
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes"}

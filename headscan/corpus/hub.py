@@ -3,13 +3,14 @@
 NAME is a folder written by ``Dataset.save_to_disk`` (or ``DatasetDict.save_to_disk``), a folder of data files
 that `datasets` reads (parquet, JSON lines, CSV, text), or a dataset on the Hugging Face Hub (``wikitext``,
 ``allenai/c4``): from the local cache under ``HF_HUB_OFFLINE=1``, downloaded otherwise. Options:
-``config`` (the Hub dataset's configuration, e.g. ``wikitext-2-raw-v1``), ``split`` (default ``train``) and
-``revision`` (a Hub revision) and ``field`` (the column holding the text, default ``text``). A Hub dataset or a data folder is read as a stream, so ``--limit 1000`` reads
-1,000 rows of C4, not C4; the rows read are held in memory.
+``config`` (the Hub dataset's configuration, e.g. ``wikitext-2-raw-v1``), ``split`` (default ``train``),
+``revision`` (a Hub revision) and ``field`` (the column holding the text, default ``text``). A Hub dataset or
+a data folder is read as a stream, so ``--limit 1000`` reads 1,000 rows of C4, not C4; the rows read are held
+in memory.
 
 The text is the row's ``text`` field (or ``field=...``); rows whose text is empty or blank are skipped, as blank
-lines are. With `document_field` (``--document-field``), consecutive rows with the same value form one document (as in JSONL);
-without it each row is its own document. The corpus's sha256 is of the texts and documents read, so two
+lines are. With `document_field` (``--document-field``), consecutive rows with the same value form one
+document (as in JSONL); without it each row is its own document. The corpus's sha256 is of the texts and documents read, so two
 sweeps of the same spec that read different rows (a dataset changed on the Hub) do not merge.
 
 `datasets` comes with TransformerLens, so it is always installed; it is imported only for an ``hf:`` corpus.
@@ -18,9 +19,9 @@ sweeps of the same spec that read different rows (a dataset changed on the Hub) 
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 
+from ..config import hf_offline
 from ..errors import CorpusError
 from .files import EACH_SEGMENT
 from .segment import Segment
@@ -59,6 +60,7 @@ def _rows(spec: str, name: str, options: dict[str, str]):
 
     split = options.get("split", "train")
     folder = Path(name).expanduser()
+    offline = hf_offline()
     try:
         if (folder / "dataset_info.json").is_file() or (folder / "dataset_dict.json").is_file():
             loaded = datasets.load_from_disk(str(folder))
@@ -73,14 +75,13 @@ def _rows(spec: str, name: str, options: dict[str, str]):
             if "split" in options and loaded.split is None:
                 raise CorpusError(f"corpus {spec!r}: {folder} holds one dataset without splits; leave split= out")
             return loaded
-        offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes") and not folder.is_dir()
+        local = folder.is_dir()
         # offline, a Hub dataset can only come from its prepared copy in the cache, which streaming does not read
-        return datasets.load_dataset(name if not folder.is_dir() else str(folder), options.get("config"),
-                                     split=split, revision=options.get("revision"), streaming=not offline)
+        return datasets.load_dataset(str(folder) if local else name, options.get("config"), split=split,
+                                     revision=options.get("revision"), streaming=local or not offline)
     except CorpusError:
         raise
     except (FileNotFoundError, ConnectionError, OSError) as error:
-        offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
         where = (f"{folder} cannot be read" if folder.exists() else
                  "not in the local Hugging Face cache and HF_HUB_OFFLINE=1 (download it once with a network, or "
                  "pass a folder written by save_to_disk)" if offline else "not found on the Hugging Face Hub")

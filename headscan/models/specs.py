@@ -11,11 +11,10 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-import os
 import warnings
 from pathlib import Path
 
-from ..config import split_control
+from ..config import hf_offline as _offline, split_control
 from .aliases import ALIASES, alias_status
 from ..errors import ModelNotFoundError
 
@@ -57,10 +56,6 @@ def _not_found(spec: str, tried: list[str]) -> ModelNotFoundError:
         f"(python -c \"from huggingface_hub import snapshot_download; snapshot_download('{spec}')\"), "
         f"then set HF_HUB_OFFLINE=1; or pass a local folder holding config.json and the weights."
     )
-
-
-def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes"}
 
 
 def _one_line(error: BaseException, limit: int = 200) -> str:
