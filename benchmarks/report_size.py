@@ -22,8 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+HERE = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(HERE / "experiments"))
+from atlas_screenshots import FLAGS  # noqa: E402  the same headless Chromium the screenshots use
 
 
 def parts(page: Path) -> dict[str, int]:
