@@ -184,12 +184,16 @@ def _listing_tables(command):
               help="Run on a Ray cluster, a worker per GPU (or CPU): --ray alone starts or uses a local instance; "
                    "--ray auto, --ray HOST:6379 or --ray ray://HOST:10001 connect to one (pip install 'headscan[ray]').")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.option("--checkpoints", default=None, type=click.Path(path_type=Path), metavar="FOLDER",
+              help="Also sweep every checkpoint folder inside FOLDER (save_pretrained folders named step1000, "
+                   "step-1000, step_1000 or checkpoint-1000), in order of step; each model's provenance records "
+                   "its step.")
 @_listing_tables
 @_one_line_errors
 def sweep(models, corpus, out, max_len, long, batch_size, limit, device, dtype, device_map, specials, bos, max_offset, bootstrap, seed,
           bootstrap_unit, document_field, interval, window, pack, attention, query_chunk, attention_budget, values,
           control, control_seed, importance, ablate_top, importance_sample, mask_rate, sink, recent, save_every, shard,
-          overwrite, restart, ray, quiet):
+          overwrite, restart, ray, quiet, checkpoints):
     """Score every head of every layer of each MODEL over a corpus.
 
     Writes OUT/run.json (provenance) and a parquet file per table the sweep
@@ -208,6 +212,8 @@ def sweep(models, corpus, out, max_len, long, batch_size, limit, device, dtype, 
         headscan sweep -m smollm2 -c en_ewt-ud-dev.conllu --pack sentences --max-len 2048 --attention chunked
         headscan sweep -m minilm -c en_ewt-ud-dev.conllu --control random-init --control shuffled-words
         headscan sweep -m smollm2 -c en_ewt-ud-dev.conllu --importance ablate --ablate-top 10 --importance-sample 256
+        headscan sweep --checkpoints runs/tiny -c repeat-random:n=25,count=32 --out out/tiny-series
+        headscan sweep -m EleutherAI/pythia-70m@step3000 -m EleutherAI/pythia-70m@step143000 -c repeat-random
     """
     from .analysis.ranking import top_heads_text, unit_note
     from .scan import sweep as run_sweep
@@ -224,6 +230,10 @@ def sweep(models, corpus, out, max_len, long, batch_size, limit, device, dtype, 
         sink=sink, recent=recent,
     )
     command = _effective_command(click.get_current_context())
+    if checkpoints is not None:
+        from .models.series import checkpoint_series
+
+        models = (*models, *checkpoint_series(checkpoints))
     result = run_sweep(list(models) or DEFAULT_MODELS, corpus, out, config, shard=shard, overwrite=overwrite,
                        restart=restart, progress=not quiet, command=command, save_every=save_every, ray=ray)
     click.echo(unit_note(result.provenance), err=True)

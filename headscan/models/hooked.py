@@ -41,7 +41,7 @@ class HookedModel:
     prepend_bos: bool  # whether the sweep puts BOS before each segment of a causal model
     source: str  # "alias", "local", "gguf" or "huggingface"
     id: str  # Hugging Face id or path the weights were read from
-    revision: str  # Hugging Face commit hash, or sha256 of the weights file(s)
+    revision: str  # the revision named (ID@step3000), else the Hugging Face commit hash, or sha256 of the weights
     path: str = "transformer_lens"  # how patterns are read: "transformer_lens" or "hf_hooks" (see PATHS)
     bridge: Any = field(default=None, repr=False)  # the TransformerBridge on the transformer_lens path, else None
     sites: tuple = field(default=(), repr=False)  # hf_hooks: the attention modules read (hooks.Site), in call order

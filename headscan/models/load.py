@@ -39,6 +39,7 @@ from .aliases import ALIASES, DEFAULT_MODELS, alias_status  # noqa: F401  (re-ex
 from .hooked import PATHS, HookedModel  # noqa: F401  (re-exported)
 from .hooks import PatternSite
 from .random_init import initializer_note, random_init
+from .series import checkpoint_step, revision_folder, split_revision
 from .specs import (_architecture, _has_adapter, _hf_cache_revision, _not_found, _offline, _one_line, _quiet,  # noqa: F401
                     check_spec, describe_spec)
 
@@ -367,9 +368,15 @@ def load_model(
         else:
             path = None
             source = "huggingface"
+        hub_id, named = split_revision(spec) if path is None else (spec, None)
+        if named is not None:  # ID@REVISION: its snapshot, loaded as a local folder by either path
+            path = revision_folder(hub_id, named, offline=_offline())
         if path is not None and path.suffix == ".gguf":
             hf_model, tokenizer = _read_gguf(path, dtype=torch_dtype)
             config, target, model_id, revision = hf_model.config, str(path.parent), str(path), _sha256([path])
+        elif named is not None:
+            target, model_id, revision = str(path), hub_id, named
+            config = _read_config(spec, target, source, tried)
         elif path is not None:
             target, model_id, revision = str(path), str(path), _sha256(_weight_files(path))
             config = _read_config(spec, target, source, tried)
@@ -413,6 +420,10 @@ def load_model(
                   id=model_id, revision=revision or "unknown")
     if source == "huggingface" and model.revision == "unknown":
         model.revision = _hf_cache_revision(spec) or "unknown"  # cached by the download just made
+    # A checkpoint of a series: the step its revision's or folder's name holds, and a named revision's commit.
+    step = checkpoint_step(named if named is not None else path.name if path is not None else None)
+    model.extra.update(({"step": step} if step is not None else {})
+                       | ({"commit": path.name} if named is not None else {}))
     if control is not None:
         model.extra.update({"control": control, "control_of": spec, "control_seed": control_seed}
                            | ({"initializer": note} if note else {}))

@@ -1,8 +1,8 @@
 """What a model spec names, found without loading the model: checks that run before a sweep starts, and
 `describe_spec` for ``headscan models SPEC``.
 
-A spec is an embedded alias, a local checkpoint folder, a ``.gguf`` file, or a Hugging Face id (read from the
-local cache when ``HF_HUB_OFFLINE=1``). This module also holds the small helpers `headscan.models` shares for
+A spec is an embedded alias, a local checkpoint folder, a ``.gguf`` file, or a Hugging Face id, with a revision
+as ``ID@REVISION`` (read from the local cache when ``HF_HUB_OFFLINE=1``; `headscan.models.series`). This module also holds the small helpers `headscan.models` shares for
 messages and for quiet loading.
 """
 
@@ -21,13 +21,14 @@ from ..errors import ModelNotFoundError
 __all__ = ["check_spec", "describe_spec"]
 
 
-def _hf_cache_revision(model_id: str) -> str | None:
-    """The commit hash of `model_id` in the local Hugging Face cache, or None if it is not cached."""
+def _hf_cache_revision(model_id: str, revision: str | None = None) -> str | None:
+    """The commit hash of `model_id` (at `revision`, else its default branch) in the local Hugging Face cache, or
+    None if it is not cached."""
     try:
         from huggingface_hub import try_to_load_from_cache
     except ImportError:
         return None
-    found = try_to_load_from_cache(model_id, "config.json")
+    found = try_to_load_from_cache(model_id, "config.json", revision=revision)
     if not isinstance(found, str):
         return None
     parts = Path(found).parts  # .../models--org--name/snapshots/<commit>/config.json
@@ -92,9 +93,13 @@ def describe_spec(spec: str) -> dict:
     """
     from transformers import AutoConfig
 
+    from .series import revision_folder, split_revision
+
     spec, control = split_control(spec)
     check_spec(spec)
-    target = ALIASES[spec].locate() if spec in ALIASES else Path(spec).expanduser()
+    hub_id, revision = split_revision(spec)
+    target = ALIASES[spec].locate() if spec in ALIASES else Path(spec).expanduser() if revision is None else \
+        revision_folder(hub_id, revision, offline=_offline())
     try:
         with _quiet():
             if target.suffix == ".gguf":
@@ -129,6 +134,14 @@ def check_spec(spec: str) -> None:
     if spec.startswith(("/", ".", "~")) or spec.count("/") > 1 or "\\" in spec:
         raise ModelNotFoundError(f"{spec}: no such file or folder; pass a checkpoint folder, a .gguf file, an "
                                  f"embedded alias ({', '.join(ALIASES)}) or a Hugging Face id (org/name)")
+    from .series import split_revision
+
+    hub_id, revision = split_revision(spec)
+    if revision is not None:  # ID@REVISION: offline, that revision must be in the cache
+        if _offline() and _hf_cache_revision(hub_id, revision) is None:
+            raise ModelNotFoundError(f"model {spec!r}: revision {revision!r} of {hub_id!r} is not in the local Hugging "
+                                     f"Face cache (HF_HUB_OFFLINE is set); download it once where there is a network")
+        return
     close = difflib.get_close_matches(spec, ALIASES, n=1, cutoff=0.7)
     if _offline() and _hf_cache_revision(spec) is None:
         hint = f" Did you mean {close[0]!r}?" if close else ""

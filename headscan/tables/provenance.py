@@ -50,7 +50,7 @@ class ModelProvenance:
     name: str  # as given to the sweep: alias, Hugging Face id or folder
     source: str | None = None  # "alias", "local", "gguf" or "huggingface"
     id: str | None = None  # package==version, Hugging Face id or path the weights were read from
-    revision: str | None = None  # Hugging Face commit, or sha256 of the weight files
+    revision: str | None = None  # the revision named (ID@step3000), else the Hugging Face commit or sha256 of the weights
     family: str | None = None  # "causal" or "bidirectional"
     architecture: str | None = None  # the Hugging Face class
     model_type: str | None = None  # the Hugging Face config's model_type ("bert", "llama", ...)
@@ -76,6 +76,8 @@ class ModelProvenance:
     # or "shuffled-words" (the trained model on each segment's words permuted); None for a trained model as given.
     control: str | None = None
     control_of: str | None = None  # a control's trained model, by its name in this run
+    # Checkpoint series (issue 24): the training step the revision's or checkpoint folder's name holds, else None.
+    step: int | None = None
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
