@@ -38,6 +38,7 @@ from ..metrics import METRICS, describe
 from ..plots.style import model_palette
 from ..tables import TABLES, SweepTables, load
 from . import atlas, importance, sections, table_sections, whole_context
+from . import series as training
 from .document import (FOLDER_FILES, Bullets, Contents, Definition, Document, Heading, Note, Panels, Raw, Table, Text,
                        write_folder)
 from .sections import DISPLAY, Pngs, name_part, structural
@@ -381,6 +382,8 @@ def build_report(comparison: Comparison, *, top: int = 10, examples: Examples | 
         steps.insert(-1, ("what heads move", lambda: table_sections.movement_section(comparison, palette, pngs)))
     if "importance" in comparison.frames:
         steps.insert(-1, ("does the head matter", lambda: importance.importance_section(comparison, pngs)))
+    if training.shown(comparison):
+        steps.insert(-1, ("heads over training", lambda: training.series_section(comparison, pngs)))
     blocks = []
     with matplotlib.rc_context(_RC):
         for what, make in steps:
