@@ -1,0 +1,153 @@
+"""Checkpoint series (issue 24): a folder of checkpoints named by step, swept and reported; ID@REVISION from the
+Hugging Face cache; the step at which a head forms.
+
+The series is built in tmp: two checkpoints of `headscan.testing.training.train_series` (a few optimiser steps:
+their heads hold no role) and two of `build_planted_checkpoint` (layer-0 head 0 attends to the previous token
+by construction). So the previous-token head L0H0 forms at step 10 and no head forms before: a planted answer.
+The formation step is also checked against the rule worked out in a plain loop over the table's rows, and
+each checkpoint's revision against a sha256 of its weight file computed here.
+"""
+
+import hashlib
+import shutil
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from headscan.analysis.series import HOLD, checkpoint_steps, formation, with_steps
+from headscan.cli import cli
+from headscan.errors import ConfigError
+from headscan.models.series import checkpoint_series
+from headscan.plots.series import trajectories
+from headscan.report import sections, table_sections
+from headscan.tables import load, thin_support
+from headscan.testing import build_planted_checkpoint
+from headscan.testing.training import TrainConfig, train_series
+
+TINY = TrainConfig(d_model=64, n_heads=4, seq_len=24, run_min=3, run_max=8, batch_size=4, steps=3, save_at=(0, 3),
+                   eval_size=4)
+
+
+SLOW_SECTIONS = [(sections, "heatmaps_section"), (sections, "offsets_section"), (sections, "prev_next_section"),
+                 (sections, "entropy_section"), (table_sections, "context_section"),
+                 (table_sections, "movement_section")]
+
+
+@pytest.fixture(scope="module")
+def series(tmp_path_factory):
+    root = tmp_path_factory.mktemp("series")
+    log = train_series(root / "run", TINY)
+    for step in (10, 20):
+        build_planted_checkpoint(root / "run" / f"step-{step}")
+    out, report = root / "out", root / "report"
+    runner = CliRunner()
+    swept = runner.invoke(cli, ["sweep", "--checkpoints", str(root / "run"), "-c", "repeat-random:n=8,count=16",
+                                "--max-len", "32", "--bootstrap", "50", "--out", str(out), "-q"])
+    assert swept.exit_code == 0, swept.output
+    with pytest.MonkeyPatch.context() as patch:  # the sections this file does not test take 40 of the report's 50 s
+        for module, name in SLOW_SECTIONS:
+            patch.setattr(module, name, lambda *args, **kwargs: [])
+        reported = runner.invoke(cli, ["report", str(out), "--no-models", "--out", str(report), "-q"])
+    assert reported.exit_code == 0, reported.output
+    return {"root": root, "log": log, "tables": load(out), "report": report}
+
+
+def test_a_series_of_checkpoints_sweeps_with_step_and_revision_in_each_models_provenance(series):
+    models = series["tables"].provenance.models
+    assert [m.step for m in models] == [0, 3, 10, 20]
+    for model in models:
+        weights = (series["root"] / "run" / f"step-{model.step}" / "model.safetensors").read_bytes()
+        assert model.revision == "sha256:" + hashlib.sha256(weights).hexdigest()
+        assert model.name.endswith(f"step-{model.step}")
+    assert [r["step"] for r in series["log"]] == [0, 3]
+    assert (series["root"] / "run" / "training.jsonl").is_file()
+    steps = checkpoint_steps(models)
+    assert steps["series"].unique().tolist() == ["run"] and steps["step"].tolist() == [0, 3, 10, 20]
+
+
+def _formed_by_loop(heads: pd.DataFrame, steps: dict, metric: str, threshold: float, hold: int) -> dict:
+    """The rule in plain Python: the first step whose interval's low end is >= threshold and > chance on support
+    that is not thin (the table's own rule, `thin_support`), at it and at the next `hold` checkpoints."""
+    formed = {}
+    rows = heads[heads["metric"] == metric]
+    rows = rows.assign(thin=thin_support(rows))
+    for (layer, head), part in rows.groupby(["layer", "head"]):
+        by_step = sorted((steps[row.model], row.ci_low, row.chance, row.thin) for row in part.itertuples())
+        ok = [low >= threshold and low > chance and not thin for _, low, chance, thin in by_step]
+        for i, (step, *_) in enumerate(by_step):
+            if all(ok[i:i + hold + 1]):
+                formed[(layer, head)] = step
+                break
+    return formed
+
+
+def test_the_planted_previous_token_head_forms_at_the_first_planted_step(series):
+    tables = series["tables"]
+    steps = checkpoint_steps(tables.provenance.models)
+    formed = formation(with_steps(tables.heads, steps))
+    prev = formed[(formed["metric"] == "prev_token") & formed["step"].notna()]
+    assert prev[["label", "step"]].to_dict("records")[0] == {"label": "L0H0", "step": 10.0}
+    assert (prev["step"] >= 10).all()  # nothing forms in the barely trained checkpoints
+    by_loop = _formed_by_loop(tables.heads, dict(zip(steps["model"], steps["step"])), "prev_token", 0.5, HOLD)
+    assert {(r.layer, r.head): r.step for r in prev.itertuples()} == by_loop
+
+
+def test_the_report_draws_each_heads_trajectory_and_lists_where_it_forms(series):
+    text = (series["report"] / "report.md").read_text()
+    part = text[text.index("## Heads over training"):]
+    assert "4 checkpoints, steps 0, 3, 10, 20." in part
+    assert "series_run_prev_token.png" in part and "series_run_induction.png" in part
+    assert (series["report"] / "figures" / "series_run_prev_token.png").is_file()
+    chance = sum(1 / (q + 1) for q in range(1, 17)) / 16  # uniform attention on BOS + 16 tokens, queries 1 .. 16
+    assert f"| L0H0 | prev\\_token | previous-token | 10 | 1.000 | [1.000, 1.000] | {chance:.3f} |" in part
+    assert "| L0H1 | first\\_token | sink | 10 |" in part  # the planted first-token head too
+
+
+def test_trajectories_draws_one_line_per_head_and_a_marker_where_it_forms():
+    rows = pd.DataFrame({"series": "s", "layer": [0, 0, 0, 1, 1, 1], "head": 0, "metric": "induction",
+                         "label": ["L0H0"] * 3 + ["L1H0"] * 3, "step": [0, 5, 9] * 2,
+                         "value": [0.0, 0.1, 0.1, 0.0, 0.6, 0.9], "ci_low": [0.0, 0.05, 0.05, 0.0, 0.5, 0.8],
+                         "ci_high": [0.1, 0.2, 0.2, 0.1, 0.7, 1.0], "chance": 0.02})
+    formed = formation(rows)
+    fig, ax = plt.subplots()
+    trajectories(rows, metric="induction", formed=formed, threshold=0.4, ax=ax)
+    assert [line.get_label() for line in ax.lines] == ["L0H0", "L1H0", "chance", "threshold 0.4"]
+    assert ax.collections[-1].get_offsets().tolist() == [[5.0, 0.6]]
+    plt.close(fig)
+
+
+def test_a_checkpoint_folder_not_named_by_step_is_refused_in_one_line(tmp_path):
+    (tmp_path / "final").mkdir()
+    (tmp_path / "final" / "config.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"final holds a checkpoint but its name says no step; name each"):
+        checkpoint_series(tmp_path)
+    result = CliRunner().invoke(cli, ["sweep", "--checkpoints", str(tmp_path / "nothing"), "-q"])
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == [f"Error: --checkpoints: {tmp_path / 'nothing'} is not a folder; "
+                                                  "pass the folder that holds the checkpoint folders (step1000, "
+                                                  "step-1000, step_1000, checkpoint-1000 or checkpoint_1000)"]
+
+
+def test_a_hugging_face_revision_loads_from_the_cache_offline_with_its_step(series, tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    from headscan.models import load_model
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "models--org--tiny"
+    shutil.copytree(series["root"] / "run" / "step-10", repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "step10").write_text(commit)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model = load_model("org/tiny@step10").provenance()
+    assert (model["name"], model["id"], model["revision"], model["step"], model["commit"]) == \
+        ("org/tiny@step10", "org/tiny", "step10", 10, commit)
+    with pytest.raises(Exception, match="revision 'step99' of 'org/tiny' is not in the local Hugging Face cache"):
+        from headscan.models import check_spec
+
+        check_spec("org/tiny@step99")
+    assert np.isfinite(model["n_params"])
