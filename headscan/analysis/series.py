@@ -60,11 +60,12 @@ def series_name(model: ModelProvenance) -> str:
 
 def checkpoint_steps(models: Iterable[ModelProvenance], names: Iterable[str] | None = None) -> pd.DataFrame:
     """One row per model whose provenance records a step: ``model`` (its name in the tables, or in `names`,
-    e.g. a report's ``run:model``), ``series`` (`series_name`) and ``step``; in the order given."""
+    e.g. a report's ``run:model``), ``series`` (`series_name`) and ``step``; in the order given. Controls of a
+    checkpoint (``--control``) are left out: they are not points of its training."""
     models = list(models)
     names = [m.name for m in models] if names is None else list(names)
     rows = [{"model": name, "series": series_name(m), "step": int(m.step)}
-            for m, name in zip(models, names) if m.step is not None]
+            for m, name in zip(models, names) if m.step is not None and m.control is None]
     return pd.DataFrame(rows, columns=["model", "series", "step"]).astype({"step": np.int64})
 
 

@@ -2,8 +2,8 @@
 `describe_spec` for ``headscan models SPEC``.
 
 A spec is an embedded alias, a local checkpoint folder, a ``.gguf`` file, or a Hugging Face id, with a revision
-as ``ID@REVISION`` (read from the local cache when ``HF_HUB_OFFLINE=1``; `headscan.models.series`). This module also holds the small helpers `headscan.models` shares for
-messages and for quiet loading.
+as ``ID@REVISION`` (read from the local cache when ``HF_HUB_OFFLINE=1``; `headscan.models.series`). This module
+also holds the small helpers `headscan.models` shares for messages and for quiet loading.
 """
 
 from __future__ import annotations
@@ -139,8 +139,10 @@ def check_spec(spec: str) -> None:
     hub_id, revision = split_revision(spec)
     if revision is not None:  # ID@REVISION: offline, that revision must be in the cache
         if _offline() and _hf_cache_revision(hub_id, revision) is None:
-            raise ModelNotFoundError(f"model {spec!r}: revision {revision!r} of {hub_id!r} is not in the local Hugging "
-                                     f"Face cache (HF_HUB_OFFLINE is set); download it once where there is a network")
+            raise ModelNotFoundError(
+                f"model {spec!r}: revision {revision!r} of {hub_id!r} is not in the local Hugging Face cache "
+                f"(HF_HUB_OFFLINE is set); download it once where there is a network (python -c \"from "
+                f"huggingface_hub import snapshot_download; snapshot_download('{hub_id}', revision='{revision}')\")")
         return
     close = difflib.get_close_matches(spec, ALIASES, n=1, cutoff=0.7)
     if _offline() and _hf_cache_revision(spec) is None:
