@@ -7,9 +7,12 @@ keyword-only options with ``ax=None``; draws on that Axes and returns it.
 >>> rows = pd.DataFrame({"series": "s", "layer": [0, 0, 1, 1], "head": 0, "label": ["L0H0", "L0H0", "L1H0", "L1H0"],
 ...                      "metric": "prev_token", "step": [0, 10, 0, 10], "value": [0.1, 0.9, 0.1, 0.2],
 ...                      "ci_low": [0.05, 0.85, 0.05, 0.1], "ci_high": [0.2, 0.95, 0.2, 0.3], "chance": 0.1})
->>> ax = trajectories(rows, metric="prev_token")
+>>> import matplotlib.pyplot as plt
+>>> fig, ax = plt.subplots()
+>>> ax = trajectories(rows, metric="prev_token", ax=ax)
 >>> [line.get_label() for line in ax.lines[:2]], ax.lines[0].get_ydata().tolist()
 (['L0H0', 'L1H0'], [0.1, 0.9])
+>>> plt.close(fig)
 """
 
 from __future__ import annotations
