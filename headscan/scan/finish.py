@@ -30,7 +30,7 @@ from ..tables import (TABLES, CorpusProvenance, ModelProvenance, RunProvenance, 
 from .plan import columns_of, has_words, resolve_unit
 from .state import PartialState, Shard
 
-__all__ = ["WEIGHT_METRICS", "WEIGHT_CHANCE", "finish", "weights_frame", "swept_config", "model_provenance",
+__all__ = ["WEIGHT_METRICS", "WEIGHT_CHANCE", "finish", "weights_frame", "similarity_frame", "swept_config", "model_provenance",
            "run_provenance", "publish"]
 
 WEIGHT_METRICS = ("copying",)  # the rows of the weights table, in the order of PartialState.weights
@@ -76,7 +76,29 @@ def finish(state: PartialState, config: SweepConfig) -> dict[str, pd.DataFrame]:
         frames[name] = TABLES[name].conform(frame)
     if state.weights.size:
         frames["weights"] = weights_frame(per_head, state.weights, state.embedding)
+    if state.similarity.size:
+        frames["similarity"] = similarity_frame(per_head, state.similarity, len(state.model["similarity"]["segments"]))
     return frames
+
+
+def similarity_frame(per_head: dict, similarity: np.ndarray, n_sampled: int) -> pd.DataFrame:
+    """The similarity table of one model from its sums (2, layer * head, layer * head): every ordered pair of heads,
+    the diagonal included, head i's columns first, head j's as ``other_*``; value = summed divergence / queries."""
+    size = similarity.shape[-1]
+    i, j = np.meshgrid(np.arange(size), np.arange(size), indexing="ij")  # (head i, head j), flat over layer * head
+    i, j = i.ravel(), j.ravel()
+    head = {name: column if column is None or isinstance(column, str) else np.asarray(column)[i]
+            for name, column in per_head.items()}
+    sums, counts = similarity[0].ravel(), similarity[1].ravel()
+    nan = float("nan")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        value = np.where(counts > 0, sums / counts, nan)
+    frame = pd.DataFrame(head | {
+        "other_layer": np.asarray(per_head["layer"])[j], "other_head": np.asarray(per_head["head"])[j],
+        "other_label": np.asarray(per_head["label"])[j], "value": value, "sum": sums, "count": counts,
+        "ci_low": nan, "ci_high": nan, "units": float(n_sampled), "top_unit_share": nan, "n_eff": nan,
+        "variance_df": nan, "thin": pd.NA, "chance": nan})
+    return TABLES["similarity"].conform(frame)
 
 
 def weights_frame(per_head: dict, scores: np.ndarray, embedding: str | None) -> pd.DataFrame:

@@ -1,0 +1,96 @@
+"""How alike two heads attend: the Jensen-Shannon divergence between their attention, query by query (Clark et al.
+2019, section 6, as their code computes it).
+
+For one query ``q`` and two heads ``i``, ``j`` with attention rows ``P = A_i[q, .]`` and ``Q = A_j[q, .]`` over
+the keys ``q`` sees:
+
+    JS(P, Q) = 1/2 KL(P || M) + 1/2 KL(Q || M),   M = (P + Q) / 2,   natural log (nats; at most ln 2)
+
+after Clark's smoothing of each row, ``p' = 0.999 p + 0.001 / n`` with ``n`` the number of keys the query sees
+(``head_distances.py``; it removes log 0). Clark's maps are square and bidirectional, so his ``n`` is the
+sequence length; here it is the keys *visible* to the query: for a causal model the keys up to and including
+it, for an encoder every key; padding never, and with ``specials="exclude"`` no special token (the row is then
+renormalised over the keys left, as every metric reads it). A sliding window's dropped keys count as seen, with
+attention 0. Clark sums over every query and document; headscan keeps the sum *and* the number of queries, so
+a table can hold the mean (`headscan.scan.similarity`).
+
+The sum over a segment's queries needs no per-query loop: with ``S_i = sum p' log p'`` over every (query,
+visible key) entry of head ``i`` and ``C_ij = sum m log m`` over the same entries (``m = (p'_i + p'_j) / 2``),
+
+    sum_q JS_q(i, j) = (S_i + S_j) / 2 - C_ij.
+
+This module does not run models, choose segments or keep running totals (see `headscan.scan.similarity`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["SMOOTHING", "BLOCK_BYTES", "visible_keys", "smoothed_entries", "js_sums"]
+
+SMOOTHING = 0.001  # Clark et al.'s: p' = (1 - SMOOTHING) p + SMOOTHING / n
+BLOCK_BYTES = 64 * 2**20  # the float64 working memory of js_sums per block of head pairs
+
+
+def visible_keys(query_mask: torch.Tensor, key_mask: torch.Tensor, causal: bool, query_start: int = 0) -> torch.Tensor:
+    """(batch, q, k) bool: the keys each query that counts may see (none for a query that does not count).
+
+    >>> visible_keys(torch.tensor([[True, True, False]]), torch.tensor([[True, True, False]]), causal=True)[0].int()
+    tensor([[1, 0, 0],
+            [1, 1, 0],
+            [0, 0, 0]], dtype=torch.int32)
+    """
+    seen = query_mask[:, :, None] & key_mask[:, None, :]  # (batch, q, k)
+    if causal:
+        q = torch.arange(query_start, query_start + query_mask.shape[1], device=query_mask.device)
+        k = torch.arange(key_mask.shape[1], device=key_mask.device)
+        seen = seen & (k[None, :] <= q[:, None])[None]
+    return seen
+
+
+def smoothed_entries(pattern: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
+    """One sequence's smoothed attention on its visible (query, key) entries, (head, entry), in row-major order.
+
+    `pattern` (head, q, k) is the sequence's attention, `seen` (q, k) its `visible_keys`. A new tensor.
+
+    >>> smoothed_entries(torch.tensor([[[1.0, 0.0], [0.5, 0.5]]]), torch.tensor([[True, False], [True, True]]))
+    tensor([[1.0000, 0.5000, 0.5000]])
+    """
+    n = seen.sum(-1, keepdim=True).clamp_min(1).to(pattern.dtype)  # (q, 1): keys each query sees
+    smoothed = pattern * (1 - SMOOTHING) + SMOOTHING / n  # (head, q, k), new
+    return smoothed[:, seen]  # (head, entry)
+
+
+def _xlogx(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.log(x)  # smoothed entries are > 0
+
+
+def js_sums(entries: torch.Tensor, block_bytes: int = BLOCK_BYTES) -> torch.Tensor:
+    """(head, head) float64: for every pair of heads, the sum over the queries of `entries` of their
+    Jensen-Shannon divergence, in nats; exactly 0 on the diagonal and symmetric (the pairs i < j are computed
+    and mirrored). `entries` (head, entry) are `smoothed_entries`, possibly of several layers stacked.
+
+    Pairs go in blocks of heads so that the working memory stays under `block_bytes`; a sum that rounds below 0
+    (two nearly equal heads) is 0, as the divergence cannot be negative.
+
+    >>> p = torch.tensor([[0.5, 0.5], [0.9, 0.1], [0.5, 0.5]], dtype=torch.float64)
+    >>> js_sums(p).numpy().round(4)
+    array([[0.    , 0.1017, 0.    ],
+           [0.1017, 0.    , 0.1017],
+           [0.    , 0.1017, 0.    ]])
+    """
+    x = entries.to(torch.float64)  # (head, entry)
+    n_heads, n_entries = x.shape
+    own = _xlogx(x).sum(-1)  # (head,): S_i
+    out = torch.zeros((n_heads, n_heads), dtype=torch.float64, device=x.device)
+    width = max(1, min(n_entries, block_bytes // (8 * n_heads)))  # entries per block: the sums add over entries
+    rows = max(1, block_bytes // (8 * n_heads * width))  # heads i per block, against every j >= the block's first
+    for first in range(0, n_entries, width):
+        part = x[:, first: first + width]  # (head, entry)
+        for start in range(0, n_heads, rows):
+            stop = min(n_heads, start + rows)
+            m = (part[start:stop, None, :] + part[None, start:, :]) / 2  # (block, head j >= start, entry)
+            out[start:stop, start:] -= _xlogx(m).sum(-1)  # C_ij
+    out += (own[:, None] + own[None, :]) / 2
+    upper = torch.triu(out, diagonal=1).clamp_min(0)
+    return upper + upper.T
