@@ -17,7 +17,10 @@ from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokeniz
 import headscan
 from headscan.analysis import families
 from headscan.errors import ConfigError, TablesError
-from headscan.report import write_report
+from headscan.analysis.runs import merge_runs
+from headscan.report.document import Heading, Table
+from headscan.report.families import families_section
+from headscan.report.sections import Pngs
 from headscan.metrics.similarity import js_sums
 from headscan.plots.families import head_map as draw_head_map
 from headscan.scan import merge
@@ -192,6 +195,31 @@ def test_head_map_figure_and_report_section(tiny_gpt2, tmp_path):
     assert sorted(numbers) == sorted(str(c) for c in set(mapped.loc[mapped["cluster_size"] > 1, "cluster"]))
     ax = draw_head_map(mapped, model=model, hue="pattern_type", ax=plt.figure().add_subplot())
     assert {c.get_label() for c in ax.collections} == set(mapped["pattern_type"])
-    write_report([tmp_path / "run"], tmp_path / "report")
-    text = (tmp_path / "report" / "report.md").read_text()
-    assert "## Head families" in text and "head_families.png" in text and "Pattern types" in text
+    pngs = Pngs()
+    blocks = families_section(merge_runs([headscan.load(tmp_path / "run")]), pngs)
+    assert [b.text for b in blocks if isinstance(b, Heading)] == ["Head families", "Pattern types"]
+    assert "head_families.png" in dict(pngs)
+    tables = [b for b in blocks if isinstance(b, Table)]
+    assert tables[-1].frame["model"].tolist() == [model]  # heads per pattern type
+    assert tables[-1].frame.drop(columns="model").astype(int).sum(axis=1).tolist() == [len(mapped)]
+
+
+def test_a_stopped_sweep_resumes_to_the_same_similarity_sums(tiny_gpt2, tmp_path):
+    from headscan.corpus import texts_corpus
+    from headscan.errors import SweepInterrupted
+    from headscan.models import load_model
+    from headscan.scan.reduce import accumulate
+    from headscan.scan.state import PartialState
+
+    model = load_model(str(tiny_gpt2), device="cpu")
+    corpus = texts_corpus(TEXTS, None)
+    config = headscan.SweepConfig(similarity_sample=4, window=2, batch_size=1, bootstrap=0, device="cpu")
+    whole = accumulate(model, corpus, config)
+    path, checks = tmp_path / "state.npz", iter(range(100))
+    with pytest.raises(SweepInterrupted):  # stopped in the third window, after two were saved
+        accumulate(model, corpus, config, save=lambda s: s.save(path), save_every=0,
+                   should_stop=lambda: next(checks) >= 5)
+    saved = PartialState.load(path)
+    assert saved.windows_done == 2 and saved.similarity[1].max() > 0
+    resumed = accumulate(model, corpus, config, state=saved)
+    assert np.array_equal(resumed.similarity, whole.similarity)

@@ -29,7 +29,7 @@ import torch
 __all__ = ["SMOOTHING", "BLOCK_BYTES", "visible_keys", "smoothed_entries", "js_sums"]
 
 SMOOTHING = 0.001  # Clark et al.'s: p' = (1 - SMOOTHING) p + SMOOTHING / n
-BLOCK_BYTES = 64 * 2**20  # the float64 working memory of js_sums per block of head pairs
+BLOCK_BYTES = 16 * 2**20  # js_sums' float64 block of mean rows M; its peak working memory is about three times this
 
 
 def visible_keys(query_mask: torch.Tensor, key_mask: torch.Tensor, causal: bool, query_start: int = 0) -> torch.Tensor:
@@ -70,7 +70,8 @@ def js_sums(entries: torch.Tensor, block_bytes: int = BLOCK_BYTES) -> torch.Tens
     Jensen-Shannon divergence, in nats; exactly 0 on the diagonal and symmetric (the pairs i < j are computed
     and mirrored). `entries` (head, entry) are `smoothed_entries`, possibly of several layers stacked.
 
-    Pairs go in blocks of heads so that the working memory stays under `block_bytes`; a sum that rounds below 0
+    Pairs go in blocks of heads and entries whose mean M takes at most `block_bytes` (with log M and M log M, three
+    times that at the peak); a sum that rounds below 0
     (two nearly equal heads) is 0, as the divergence cannot be negative.
 
     >>> p = torch.tensor([[0.5, 0.5], [0.9, 0.1], [0.5, 0.5]], dtype=torch.float64)
@@ -84,7 +85,9 @@ def js_sums(entries: torch.Tensor, block_bytes: int = BLOCK_BYTES) -> torch.Tens
     own = _xlogx(x).sum(-1)  # (head,): S_i
     out = torch.zeros((n_heads, n_heads), dtype=torch.float64, device=x.device)
     width = max(1, min(n_entries, block_bytes // (8 * n_heads)))  # entries per block: the sums add over entries
-    rows = max(1, block_bytes // (8 * n_heads * width))  # heads i per block, against every j >= the block's first
+    # heads i per block, against every j >= the block's first: at most an eighth of the heads, so that the pairs
+    # j < i computed in vain stay a sixteenth of the work
+    rows = max(1, min(block_bytes // (8 * n_heads * width), -(-n_heads // 8)))
     for first in range(0, n_entries, width):
         part = x[:, first: first + width]  # (head, entry)
         for start in range(0, n_heads, rows):

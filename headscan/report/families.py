@@ -20,6 +20,7 @@ __all__ = ["shown", "families_section"]
 
 PANEL = 3.4  # inches per panel
 LISTED = 12  # clusters listed per model
+MEMBERS = 16  # member heads named per cluster; the rest are counted
 
 
 def shown(comparison: Comparison) -> bool:
@@ -35,6 +36,11 @@ def _sample_line(comparison: Comparison, model: str, mapped: pd.DataFrame) -> st
     return (f"{model}: {notes.get('sample_n', '?')} sampled segments (seed {notes.get('sample_seed', '?')}), "
             f"{int(queries.max()) if len(queries) else 0:,} queries; {clustered['cluster'].nunique()} clusters of two "
             f"or more heads hold {len(clustered)} of its {len(mapped)} heads.")
+
+
+def _few(members: str) -> str:
+    names = members.split(", ")
+    return ", ".join(names[:MEMBERS]) + (f" and {len(names) - MEMBERS} more" if len(names) > MEMBERS else "")
 
 
 def families_section(comparison: Comparison, pngs: Pngs) -> list:
@@ -78,7 +84,7 @@ def families_section(comparison: Comparison, pngs: Pngs) -> list:
     if listed.empty:
         blocks.append(Note(f"No two heads are within {families.CLUSTER_CUT:g} nats of each other on average."))
     else:
-        frame = listed.assign(mean_js=listed["mean_js"].map(lambda v: f"{v:.3f}"))
+        frame = listed.assign(mean_js=listed["mean_js"].map(lambda v: f"{v:.3f}"), members=listed["members"].map(_few))
         frame = frame.rename(columns={"mean_js": "mean JS (nats)"}).astype(str)
         if len(models) == 1:
             frame = frame.drop(columns="model")
