@@ -229,11 +229,13 @@ def loop_syntax_chance(token_word, head, relation_columns, causal):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_syntax_chance_matches_a_plain_loop(causal):
-    # BOS, then words 0..4 of 2, 1, 1, 3 and 1 tokens, then padding; word 2 is the root, word 4 has no relation.
+@pytest.mark.parametrize("head, relation", [
+    ([1, 2, ROOT, 2, 3], [27, 16, -1, 4, -1]),  # word 2 the root; nsubj, det, (root), amod, not a UD relation
+    ([ROOT, 0, 0, 0, 3], [-1, 27, 16, 4, 16]),  # word 0 the root and the head of three: head index 0 counts
+])
+def test_syntax_chance_matches_a_plain_loop(causal, head, relation):
+    # BOS, then words 0..4 of 2, 1, 1, 3 and 1 tokens, then padding
     token_word = [-1, 0, 0, 1, 2, 3, 3, 3, 4, -1]
-    head = [1, 2, ROOT, 2, 3]
-    relation = [27, 16, -1, 4, -1]  # nsubj, det, (root), amod, not a UD relation
     words = WordAlignment(torch.tensor([token_word]), torch.tensor([head]), torch.tensor([relation]))
     mask = torch.tensor([[w >= -1 for w in token_word]])
     batch = AttentionBatch(torch.zeros(1, 1, 10, 10), mask, mask, torch.zeros(1, 10, dtype=torch.long),
@@ -244,6 +246,13 @@ def test_syntax_chance_matches_a_plain_loop(causal):
     want = loop_syntax_chance(token_word, head, columns, causal)
     got = syntax_chance(batch)[0, 0].numpy()
     np.testing.assert_allclose(got, want, atol=1e-12)
+    assert want[COLUMNS.index(("all", "dependent_to_head"))] > 0
     counts = METRICS["syntax"].function(batch)[1][0, 0].numpy()
     assert counts[COLUMNS.index(("all", "dependent_to_head"))] == 5  # the root counts in "all" ...
     assert counts[COLUMNS.index(("all_nonroot", "dependent_to_head"))] == 4  # ... and nowhere else
+
+
+def test_syntax_chance_of_a_batch_without_trees_is_zero_per_column():
+    batch = random_batch([5, 3], causal=False, specials="keep")  # plain text: no words, no gold heads
+    found = syntax_chance(batch)
+    assert found.shape == (2, 1, len(COLUMNS)) and found.dtype == torch.float64 and not found.any()

@@ -92,6 +92,16 @@ def test_a_word_the_tokenizer_drops_is_a_miss_not_a_crash():
     assert (word_ids, straddling, missing) == ([-1, 0, 2, -1], 0, [1])
 
 
+@pytest.mark.parametrize("text, spans, want", [
+    ("It ", [(0, 2), (2, 3)], [0, 0]),  # a last token of one space: the word before it
+    ("It is  ", [(0, 2), (2, 5), (5, 6), (6, 7), (7, 7)], [0, 1, 1, 1, 1]),  # spaces, then an empty token, at the end
+    ("  It", [(0, 1), (1, 4)], [0, 0]),  # spaces at the start: the next word
+])
+def test_tokens_of_spaces_only_go_to_the_next_word_or_at_the_end_the_last(text, spans, want):
+    words = [(text.index("It"), text.index("It") + 2)] + ([(3, 5)] if "is" in text else [])
+    assert align_tokens(text, spans, words) == (want, 0, [])
+
+
 def test_a_conllu_sweep_and_a_plain_text_sweep_of_the_same_sentences_have_equal_heads_tables(tmp_path, tiny_gpt2,
                                                                                                  tiny_bert, ewt_dev):
     """The first 40 EWT dev sentences as a treebank and as one line each of their # text (value weighting off: it

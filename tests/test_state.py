@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from headscan.errors import ConfigError, TablesError
-from headscan.intervals import MOMENT_TERMS, replicate_moments, unit_moments
+from headscan.intervals import MOMENT_TERMS, replicate_moments, unit_moments, variance_df
 from headscan.scan.state import FINGERPRINT_FIELDS, PartialState, Shard, fingerprint_differences, merge_states
 
 SHAPE = (2, 3, 4)  # (layer, head, column)
@@ -160,6 +160,19 @@ def test_a_save_that_fails_leaves_nothing_behind(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         shard_state(0).save(tmp_path / "x.npz")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_variance_df_is_read_off_the_replicates_power_sums_and_nan_without_them():
+    state = shard_state(0)
+    defined = state.counts > 0
+    found = state.values("percentile")["variance_df"]
+    # the degrees of freedom themselves are checked against their definition in test_intervals.py: here, that a
+    # state with power sums reports them and one without reports none
+    want = variance_df(state.replicate_sums, state.replicate_counts, state.replicate_power)
+    np.testing.assert_array_equal(found[defined], want[defined])
+    assert np.isfinite(found[defined]).sum() > defined.sum() // 2 and np.isnan(found[~defined]).all()
+    state.replicate_power = np.zeros((0,))  # an older state: no power sums
+    assert np.isnan(state.values("percentile")["variance_df"]).all()
 
 
 def test_an_unsharded_state_and_one_without_baseline_or_weights_load(tmp_path):
