@@ -223,3 +223,72 @@ def test_a_stopped_sweep_resumes_to_the_same_similarity_sums(tiny_gpt2, tmp_path
     assert saved.windows_done == 2 and saved.similarity[1].max() > 0
     resumed = accumulate(model, corpus, config, state=saved)
     assert np.array_equal(resumed.similarity, whole.similarity)
+
+
+def _plain_word_rows(attention: np.ndarray, word_ids: list[int], n_words: int) -> list[list[float]]:
+    """Clark's word-level attention with a sink, by plain loops: row w is the mean over w's tokens of the
+    attention summed over each word's tokens, then the rest (tokens of no word) as a last key."""
+    rows = []
+    for w in range(n_words):
+        tokens = [t for t, owner in enumerate(word_ids) if owner == w]
+        row = [0.0] * (n_words + 1)
+        for t in tokens:
+            for k, owner in enumerate(word_ids):
+                if 0 <= owner < n_words:
+                    row[owner] += float(attention[t, k]) / len(tokens)
+                else:
+                    row[n_words] += float(attention[t, k]) / len(tokens)
+        rows.append(row)
+    return rows
+
+
+def test_similarity_across_models_equals_a_plain_loop_over_words(tiny_gpt2, tiny_bert, tmp_path):
+    """Two tokenizers (byte-level BPE, WordPiece) over one treebank: each head of the causal model against each
+    head of the encoder, by plain loops over Hugging Face's own attention (float64) on headscan's token -> word
+    alignment (checked in test_syntax.py): a query word sees the sink and the words up to itself, each row
+    renormalised over them and smoothed as Clark's."""
+    from conftest import treebank_corpus
+    from headscan.corpus import encode, read_corpus
+    from headscan.models import load_model
+
+    corpus_file = treebank_corpus(tmp_path, 6)
+    run = headscan.sweep([str(tiny_gpt2), str(tiny_bert)], str(corpus_file), similarity_sample=3, dtype="float64",
+                         bootstrap=0, device="cpu", batch_size=2)
+    table = run["similarity_across"]
+    segments = run.provenance.models[0].extra["similarity"]["segments"]
+    corpus = read_corpus(corpus_file)
+    rows = {}
+    for folder, causal in ((tiny_gpt2, True), (tiny_bert, False)):
+        model = load_model(str(folder), device="cpu")
+        encoded = encode(corpus, model, 128, indices=segments)
+        auto = AutoModelForCausalLM if causal else AutoModelForMaskedLM
+        hf = auto.from_pretrained(folder, attn_implementation="eager", dtype=torch.float64).eval()
+        for n, segment in enumerate(segments):
+            with torch.no_grad():
+                attentions = hf(torch.tensor([encoded.token_ids[n]]), output_attentions=True).attentions
+            word_ids = list(encoded.word_ids[n])
+            heads = torch.cat([a[0] for a in attentions]).numpy()  # (layer * head, n, n)
+            rows[folder, segment] = ([_plain_word_rows(h, word_ids, max(word_ids) + 1) for h in heads],
+                                     set(word_ids))
+    size_a, size_b = len(rows[tiny_gpt2, segments[0]][0]), len(rows[tiny_bert, segments[0]][0])
+    sums, queries = np.zeros((size_a, size_b)), 0
+    for segment in segments:
+        (a, words_a), (b, words_b) = rows[tiny_gpt2, segment], rows[tiny_bert, segment]
+        n = min(len(a[0]), len(b[0]))
+        for w in range(n):
+            if w not in words_a or w not in words_b:
+                continue
+            queries += 1
+            seen = list(range(w + 1))  # the words up to the query word (the GPT-2 is causal), then the sink
+            for i in range(size_a):
+                p = [a[i][w][k] for k in seen] + [a[i][w][-1]]
+                for j in range(size_b):
+                    q = [b[j][w][k] for k in seen] + [b[j][w][-1]]
+                    sums[i, j] += _plain_js([x / sum(p) for x in p], [x / sum(q) for x in q])
+    got = table.pivot(index=["layer", "head"], columns=["other_layer", "other_head"], values="value").to_numpy()
+    np.testing.assert_allclose(got, sums / queries, rtol=0, atol=1e-9)
+    assert (table["count"] == queries).all() and (table["model"] == str(tiny_gpt2)).all()
+    blocks = families_section(merge_runs([run]), Pngs())
+    assert "The same heads in two models" in [b.text for b in blocks if isinstance(b, Heading)]
+    closest = families.closest_across(table, top=3)
+    assert closest["value"].tolist() == sorted(table["value"])[:3]

@@ -27,7 +27,7 @@ import pandas as pd
 from ..errors import TablesError
 
 __all__ = ["CLUSTER_CUT", "PATTERN_THRESHOLDS", "REACH", "PATTERN_RULE", "divergences", "classical_mds", "average_linkage",
-           "pattern_types", "head_map", "clusters"]
+           "pattern_types", "head_map", "clusters", "closest_across"]
 
 # Where the clustering stops: two clusters whose heads differ by more than this mean JS divergence on average stay
 # apart. ln 2 = 0.693 is the most two rows can differ. On 64 EWT sentences the median pair of heads differs by 0.22
@@ -182,3 +182,17 @@ def clusters(mapped: pd.DataFrame, similarity: pd.DataFrame) -> pd.DataFrame:
     return frame.sort_values(["model", "heads", "cluster"], ascending=[True, False, True], kind="stable",
                              key=lambda c: c.map({m: i for i, m in enumerate(dict.fromkeys(mapped["model"]))})
                              if c.name == "model" else c).reset_index(drop=True)
+
+
+def closest_across(across: pd.DataFrame, top: int = 10) -> pd.DataFrame:
+    """The `top` pairs of heads of smallest divergence for each pair of models in `across` (similarity_across
+    rows): model, label, other_model, other_label, value (nats), count (word queries).
+
+    >>> across = pd.DataFrame({"model": "a", "label": ["L0H0", "L0H1"], "other_model": "b",
+    ...                        "other_label": "L3H2", "value": [0.3, 0.1], "count": 40.0})
+    >>> closest_across(across, top=1)[["label", "other_label", "value"]].to_dict("records")
+    [{'label': 'L0H1', 'other_label': 'L3H2', 'value': 0.1}]
+    """
+    columns = ["model", "label", "other_model", "other_label", "value", "count"]
+    ranked = across[across["value"].notna()].sort_values("value", kind="stable")
+    return ranked.groupby(["model", "other_model"], sort=False).head(top)[columns].reset_index(drop=True)

@@ -19,6 +19,14 @@ visible key) entry of head ``i`` and ``C_ij = sum m log m`` over the same entrie
 
     sum_q JS_q(i, j) = (S_i + S_j) / 2 - C_ij.
 
+**Across models** whose tokenizers cut the text differently, queries and keys are *words* (CoNLL-U corpora): each
+head's word-level attention as Clark et al.'s ``make_attn_word_level`` makes it (`headscan.metrics.syntax.
+word_attention`: attention *to* a word summed over its tokens, *from* a word averaged over them), plus one key
+that no tokenizer lacks, the *sink*: the attention a word's tokens give to tokens of no word (``[CLS]``,
+``[SEP]``, BOS), so every row still sums to 1 (`with_sink`). A word query sees the sink and the words the
+query word's model may see; where either model is causal, only the words up to the query word, each row
+renormalised over them (`word_entries`). Words without a token in either model are no query.
+
 This module does not run models, choose segments or keep running totals (see `headscan.scan.similarity`).
 """
 
@@ -26,7 +34,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["SMOOTHING", "BLOCK_BYTES", "visible_keys", "smoothed_entries", "js_sums"]
+__all__ = ["SMOOTHING", "BLOCK_BYTES", "visible_keys", "smoothed_entries", "js_sums", "with_sink", "word_entries",
+           "js_cross_sums"]
 
 SMOOTHING = 0.001  # Clark et al.'s: p' = (1 - SMOOTHING) p + SMOOTHING / n
 BLOCK_BYTES = 16 * 2**20  # js_sums' float64 block of mean rows M; its peak working memory is about three times this
@@ -97,3 +106,56 @@ def js_sums(entries: torch.Tensor, block_bytes: int = BLOCK_BYTES) -> torch.Tens
     out += (own[:, None] + own[None, :]) / 2
     upper = torch.triu(out, diagonal=1).clamp_min(0)
     return upper + upper.T
+
+
+def with_sink(words: torch.Tensor, has_token: torch.Tensor) -> torch.Tensor:
+    """(head, word, word + 1): word-level attention (head, word, word) with a last key, the sink: the rest of each
+    query word's attention, on tokens of no word. A word without a token (`has_token` False) keeps a row of 0.
+
+    >>> with_sink(torch.tensor([[[0.5, 0.25], [0.0, 0.0]]]), torch.tensor([True, False]))
+    tensor([[[0.5000, 0.2500, 0.2500],
+             [0.0000, 0.0000, 0.0000]]])
+    """
+    rest = has_token.to(words.dtype) - words.sum(-1)  # (head, word)
+    return torch.cat([words, rest.clamp_min(0)[..., None]], dim=-1)
+
+
+def word_entries(attention: torch.Tensor, queries: torch.Tensor, causal: bool) -> torch.Tensor:
+    """One segment's smoothed word-level attention on its visible (query word, key) entries, (head, entry).
+
+    `attention` (head, word, word + 1) is `with_sink`'s, `queries` (word,) bool the query words that count. A
+    query word sees the sink and every word, or with `causal` the words up to itself; each row is renormalised
+    over what it sees, then smoothed as Clark's (`smoothed_entries`).
+
+    >>> a = torch.tensor([[[0.5, 0.25, 0.25], [0.2, 0.6, 0.2]]])
+    >>> word_entries(a, torch.tensor([True, True]), causal=True).numpy().round(4)
+    array([[0.6665, 0.3335, 0.2001, 0.5997, 0.2001]], dtype=float32)
+    """
+    n_words = attention.shape[-2]
+    seen = queries[:, None].expand(n_words, n_words + 1).clone()  # (word, key): the words, then the sink
+    if causal:
+        seen[:, :n_words] &= torch.ones(n_words, n_words, dtype=torch.bool, device=attention.device).tril()
+    kept = torch.where(seen, attention, torch.zeros((), dtype=attention.dtype, device=attention.device))
+    kept = kept / kept.sum(-1, keepdim=True).clamp_min(torch.finfo(kept.dtype).tiny)
+    return smoothed_entries(kept, seen)
+
+
+def js_cross_sums(x: torch.Tensor, y: torch.Tensor, block_bytes: int = BLOCK_BYTES) -> torch.Tensor:
+    """(head of x, head of y) float64: `js_sums` between every head of one model, `x` (head, entry), and every head
+    of another, `y` (head, entry), over the same entries.
+
+    >>> p = torch.tensor([[0.5, 0.5], [0.9, 0.1]], dtype=torch.float64)
+    >>> js_cross_sums(p, p[:1]).numpy().round(4)
+    array([[0.    ],
+           [0.1017]])
+    """
+    x, y = x.to(torch.float64), y.to(torch.float64)
+    n_entries = x.shape[-1]
+    out = ((_xlogx(x).sum(-1)[:, None] + _xlogx(y).sum(-1)[None, :]) / 2)  # (head x, head y)
+    width = max(1, min(n_entries, block_bytes // (8 * y.shape[0])))
+    rows = max(1, block_bytes // (8 * y.shape[0] * width))
+    for first in range(0, n_entries, width):
+        for start in range(0, x.shape[0], rows):
+            m = (x[start: start + rows, None, first: first + width] + y[None, :, first: first + width]) / 2
+            out[start: start + rows] -= _xlogx(m).sum(-1)
+    return out.clamp_min(0)

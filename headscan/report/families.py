@@ -43,6 +43,35 @@ def _few(members: str) -> str:
     return ", ".join(names[:MEMBERS]) + (f" and {len(names) - MEMBERS} more" if len(names) > MEMBERS else "")
 
 
+def _across_part(comparison: Comparison) -> list:
+    """The closest heads of two models of one run, over the same words (similarity_across)."""
+    if "similarity_across" not in comparison.frames or comparison["similarity_across"]["value"].isna().all():
+        return []
+    across = comparison["similarity_across"]
+    closest = families.closest_across(across, top=LISTED)
+    frame = pd.DataFrame({"model": closest["model"], "head": closest["label"], "other model": closest["other_model"],
+                          "other head": closest["other_label"], "JS (nats)": closest["value"].map(lambda v: f"{v:.3f}"),
+                          "word queries": closest["count"].map(lambda v: f"{v:,.0f}")})
+    lines = []
+    for (model, other), part in across.groupby(["model", "other_model"], sort=False):
+        lines.append(f"{model} against {other}: median divergence {part['value'].median():.3f} nats over "
+                     f"{part['count'].iloc[0]:,.0f} word queries of {part['units'].iloc[0]:.0f} segments; the closest "
+                     f"pair {part.loc[part['value'].idxmin(), 'label']} and "
+                     f"{part.loc[part['value'].idxmin(), 'other_label']}, {part['value'].min():.3f} nats.")
+    return [Heading(3, "The same heads in two models"),
+            Text("Heads of two models whose tokenizers cut the text differently are compared word by word "
+                 "(similarity_across; CoNLL-U corpora): each head's attention from a word (the mean over its "
+                 "tokens) to each word (the sum over its tokens), as Clark et al.'s word-level attention, plus one "
+                 "key for the attention on tokens of no word ([CLS], [SEP], BOS), so that a sink head of one model "
+                 "can match a sink head of the other. A query word sees that key and the words up to itself when "
+                 "either model is causal (an encoder's look ahead has nothing to match), each row renormalised over "
+                 "them; then Clark's smoothing and the mean Jensen-Shannon divergence over the sample's words."),
+            Bullets(lines),
+            Table(frame, numeric=("JS (nats)", "word queries"),
+                  note=f"The {LISTED} pairs of smallest divergence of each pair of models; similarity_across.parquet "
+                       f"holds every pair of heads.")]
+
+
 def families_section(comparison: Comparison, pngs: Pngs) -> list:
     """Head families: the map of each model's heads by layer and by pattern type, the clusters, the pattern types."""
     if not shown(comparison):
@@ -91,6 +120,7 @@ def families_section(comparison: Comparison, pngs: Pngs) -> list:
         blocks.append(Table(frame, numeric=("cluster", "heads", "mean JS (nats)"),
                             note=f"The largest clusters of each model (at most {LISTED}), with the mean divergence "
                                  f"between their members; similarity.parquet holds every pair."))
+    blocks += _across_part(comparison)
     if "sink" in mapped:
         counts = mapped.groupby(["model", "pattern_type"], sort=False).size().unstack(fill_value=0)
         counts = counts.reindex(models).reset_index().astype(str)

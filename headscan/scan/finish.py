@@ -28,6 +28,7 @@ from ..models import resolve_device
 from ..tables import (TABLES, CorpusProvenance, ModelProvenance, RunProvenance, SweepTables, concat, head_columns,
                       write)
 from .plan import columns_of, has_words, resolve_unit
+from .similarity import across_sums
 from .state import PartialState, Shard
 
 __all__ = ["WEIGHT_METRICS", "WEIGHT_CHANCE", "finish", "weights_frame", "similarity_frame", "swept_config", "model_provenance",
@@ -99,6 +100,39 @@ def similarity_frame(per_head: dict, similarity: np.ndarray, n_sampled: int) -> 
         "ci_low": nan, "ci_high": nan, "units": float(n_sampled), "top_unit_share": nan, "n_eff": nan,
         "variance_df": nan, "thin": pd.NA, "chance": nan})
     return TABLES["similarity"].conform(frame)
+
+
+def across_frame(states: Sequence[PartialState]) -> pd.DataFrame | None:
+    """similarity_across: every head of each model against every head of each later model of the sweep, over the
+    word queries of the similarity sample both kept (`headscan.scan.similarity.across_sums`); None where fewer
+    than two models kept word-level attention."""
+    kept = [state for state in states if state.word_attention]
+    frames = []
+    for n, first in enumerate(kept):
+        for second in kept[n + 1:]:
+            a, b = ModelProvenance.from_json(first.model), ModelProvenance.from_json(second.model)
+            sums, queries, segments = across_sums(first.word_attention, second.word_attention,
+                                                  causal="causal" in (a.family, b.family))
+            frames.append(_across_rows(first, a, second, b, sums, queries, segments))
+    if not frames:
+        return None
+    return TABLES["similarity_across"].conform(pd.concat(frames, ignore_index=True))
+
+
+def _across_rows(first: PartialState, a: ModelProvenance, second: PartialState, b: ModelProvenance, sums: np.ndarray,
+                 queries: int, segments: int) -> pd.DataFrame:
+    (la, ha, _), (lb, hb, _) = first.sums.shape, second.sums.shape
+    i, j = np.meshgrid(np.arange(la * ha), np.arange(lb * hb), indexing="ij")
+    i, j = i.ravel(), j.ravel()
+    group = ha // (a.n_kv_heads or ha)
+    nan = float("nan")
+    head = head_columns(a.name, a.family, i // ha, i % ha, (i % ha) // group)
+    return pd.DataFrame(head | {
+        "other_model": b.name, "other_layer": j // hb, "other_head": j % hb,
+        "other_label": [f"L{l}H{h}" for l, h in zip(j // hb, j % hb)],
+        "value": sums.ravel() / queries if queries else nan, "sum": sums.ravel(), "count": float(queries),
+        "ci_low": nan, "ci_high": nan, "units": float(segments), "top_unit_share": nan, "n_eff": nan,
+        "variance_df": nan, "thin": pd.NA, "chance": nan})
 
 
 def weights_frame(per_head: dict, scores: np.ndarray, embedding: str | None) -> pd.DataFrame:
@@ -194,6 +228,9 @@ def publish(states: Sequence[PartialState], config: SweepConfig, provenance: Run
     parts = [SweepTables(finish(state, config)) for state in states]
     described = tuple(model_provenance(state, config) for state in states)
     tables = concat(parts, dataclasses.replace(provenance, models=described))
+    across = across_frame(states)
+    if across is not None:
+        tables.frames["similarity_across"] = across
     if out is not None:
         tables.path = write(tables, out, overwrite=overwrite, extra=extra)
         if partial is not None:

@@ -19,7 +19,7 @@ import contextlib
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -57,6 +57,7 @@ class Window:
     chance: torch.Tensor  # (layer, head, column): the null head's sums, not per unit (chance is not bootstrapped)
     baseline: torch.Tensor  # (2, offset, syntax column): the fixed-offset baseline's sums and counts (CoNLL-U)
     similarity: torch.Tensor  # (2, layer * head, layer * head): head similarity's sums and queries (0 wide: off)
+    words: dict = field(default_factory=dict)  # sampled segment -> word-level attention (similarity)
     n_tokens: int = 0
 
 
@@ -140,6 +141,7 @@ def accumulate(
                 if importance is not None:  # the slow part: it moves the progress bar
                     _importance_window(importance, window, units, swept, device, should_stop, bar)
                 _add_window(totals, swept, config)
+                state.word_attention.update(swept.words)
                 state.windows_done += 1
                 state.n_segments += len(window)
                 state.n_tokens += swept.n_tokens
@@ -202,11 +204,13 @@ def _sweep_window(forward, layers: LayerHooks, encoded: EncodedCorpus, units: li
         ids, mask = batch.input_ids.to(model.device), batch.attention_mask.to(model.device)
         layers.start(ids, mask.bool(), batch.words)
         if similarity is not None:
-            similarity.begin([row for row, i in enumerate(batch.index)
-                              if segments[encoded.segment_of(int(i))] in similarity.sampled])
+            rows = [row for row, i in enumerate(batch.index) if segments[encoded.segment_of(int(i))] in similarity.sampled]
+            similarity.begin(rows, [segments[encoded.segment_of(int(batch.index[row]))] for row in rows],
+                             layers.gathered.masks.words)
         forward(ids, mask)
         if similarity is not None and (pair := similarity.end(device)) is not None:
             window.similarity += torch.stack(pair)
+            window.words.update(similarity.words_kept)
         # every layer's sums at once into their units: one index_add per batch, not one per layer
         rows = torch.tensor([local[units[encoded.segment_of(int(i))]] for i in batch.index], dtype=torch.long,
                             device=device)
