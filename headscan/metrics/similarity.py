@@ -38,7 +38,7 @@ __all__ = ["SMOOTHING", "BLOCK_BYTES", "visible_keys", "smoothed_entries", "js_s
            "js_cross_sums"]
 
 SMOOTHING = 0.001  # Clark et al.'s: p' = (1 - SMOOTHING) p + SMOOTHING / n
-BLOCK_BYTES = 16 * 2**20  # js_sums' float64 block of mean rows M; its peak working memory is about three times this
+BLOCK_BYTES = 2 * 2**20  # js_sums' float64 block of mean rows M; its peak working memory is about three times this
 
 
 def visible_keys(query_mask: torch.Tensor, key_mask: torch.Tensor, causal: bool, query_start: int = 0) -> torch.Tensor:

@@ -105,8 +105,9 @@ def similarity_frame(per_head: dict, similarity: np.ndarray, n_sampled: int) -> 
 def across_frame(states: Sequence[PartialState]) -> pd.DataFrame | None:
     """similarity_across: every head of each model against every head of each later model of the sweep, over the
     word queries of the similarity sample both kept (`headscan.scan.similarity.across_sums`); None where fewer
-    than two models kept word-level attention."""
-    kept = [state for state in states if state.word_attention]
+    than two models kept word-level attention of the same texts (a shuffled-words control reads other texts)."""
+    kept = [state for state in states if state.word_attention
+            and state.fingerprint["model"].get("control") != "shuffled-words"]
     frames = []
     for n, first in enumerate(kept):
         for second in kept[n + 1:]:

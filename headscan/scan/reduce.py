@@ -35,10 +35,10 @@ from ..models import weights as head_weights
 from . import budget
 from .finish import WEIGHT_METRICS, publish, run_provenance
 from .importance import ImportanceRun
-from .similarity import SimilarityRun, check_memory
-from .similarity import notes as similarity_notes
 from .layers import LayerHooks, capture_for
 from .plan import columns_of, fingerprint, for_model, has_words, pattern_columns, plan_windows, resolve_unit, unit_of
+from .similarity import SimilarityRun, check_memory
+from .similarity import notes as similarity_notes
 from .state import PartialState, Shard, add_tallies
 
 __all__ = ["accumulate", "sweep_model"]
@@ -203,10 +203,10 @@ def _sweep_window(forward, layers: LayerHooks, encoded: EncodedCorpus, units: li
             raise SweepInterrupted(f"{model.name}: stopped")
         ids, mask = batch.input_ids.to(model.device), batch.attention_mask.to(model.device)
         layers.start(ids, mask.bool(), batch.words)
-        if similarity is not None:
-            rows = [row for row, i in enumerate(batch.index) if segments[encoded.segment_of(int(i))] in similarity.sampled]
-            similarity.begin(rows, [segments[encoded.segment_of(int(batch.index[row]))] for row in rows],
-                             layers.gathered.masks.words)
+        if similarity is not None:  # the batch's rows from sampled segments, and those segments
+            owners = [segments[encoded.segment_of(int(i))] for i in batch.index]
+            rows = [row for row, owner in enumerate(owners) if owner in similarity.sampled]
+            similarity.begin(rows, [owners[row] for row in rows], layers.gathered.masks.words)
         forward(ids, mask)
         if similarity is not None and (pair := similarity.end(device)) is not None:
             window.similarity += torch.stack(pair)

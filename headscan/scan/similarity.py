@@ -7,7 +7,7 @@ model, each layer hands its pattern over as usual; `SimilarityRun.take` keeps th
 attention on their visible (query, key) entries, (head, entry) per layer, in the pattern's own precision (at
 least float32). In chunked mode the blocks of query rows are kept in turn, which gives the same entries in the
 same order. When the pass ends, `SimilarityRun.end` stacks the layers, (layer * head, entry), and adds every pair's
-divergence over the segment's queries (float64, in blocks of about 48 MiB at the peak:
+divergence over the segment's queries (float64, in blocks of about 6 MiB at the peak, small enough for the cache:
 `headscan.metrics.similarity.BLOCK_BYTES`).
 
 Memory: a sampled segment of n tokens holds layers x heads x n(n+1)/2 (causal) or n^2 (encoder) entries of 4
