@@ -18,6 +18,7 @@ import headscan
 from headscan.analysis import families
 from headscan.errors import ConfigError, TablesError
 from headscan.analysis.runs import merge_runs
+from headscan.report.atlas import NEAREST, atlas_data
 from headscan.report.document import Heading, Table
 from headscan.report.families import families_section
 from headscan.report.sections import Pngs
@@ -196,7 +197,13 @@ def test_head_map_figure_and_report_section(tiny_gpt2, tmp_path):
     ax = draw_head_map(mapped, model=model, hue="pattern_type", ax=plt.figure().add_subplot())
     assert {c.get_label() for c in ax.collections} == set(mapped["pattern_type"])
     pngs = Pngs()
-    blocks = families_section(merge_runs([headscan.load(tmp_path / "run")]), pngs)
+    comparison = merge_runs([headscan.load(tmp_path / "run")])
+    blocks = families_section(comparison, pngs)
+    other = next(o for o in atlas_data(comparison)["models"][0]["other"] if o["table"] == "similarity")
+    assert len(other["at"]) == NEAREST * len(mapped)  # each head's nearest heads, not heads^2 rows
+    square = _square(run["similarity"])
+    first = [v for at, v in zip(other["at"], other["value"]) if at == 0]
+    assert first == pytest.approx(sorted(square[0, 1:])[:NEAREST], abs=1e-5)
     assert [b.text for b in blocks if isinstance(b, Heading)] == ["Head families", "Pattern types"]
     assert "head_families.png" in dict(pngs)
     tables = [b for b in blocks if isinstance(b, Table)]
