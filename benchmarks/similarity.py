@@ -18,20 +18,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
-import time
 import warnings
 from pathlib import Path
 
-EWT = Path(__file__).resolve().parents[2] / "shared/data/ud-english-ewt/en_ewt-ud-dev.conllu"
-
-
-def timed(model, corpus, config) -> tuple[float, object]:
-    from headscan.scan import sweep_model
-
-    started = time.perf_counter()
-    run = sweep_model(model, corpus, config)
-    return time.perf_counter() - started, run
+from importance import ewt_corpus, fastest  # this folder's: the same corpus and timing as the importance benchmark
 
 
 def main() -> None:
@@ -55,12 +45,7 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    corpus = args.corpus
-    if corpus is None:
-        found = Path(os.environ.get("HEADSCAN_EWT", EWT)).expanduser()
-        corpus = found / "en_ewt-ud-dev.conllu" if found.is_dir() else found
-    if not corpus.is_file():
-        sys.exit(f"corpus not found: {corpus} (pass --corpus or set HEADSCAN_EWT)")
+    corpus = ewt_corpus(args.corpus)
     sentences = read_corpus(corpus, limit=args.limit)
     warm = read_corpus(corpus, limit=2)
     print(f"corpus {corpus.name}, {args.limit} sentences, sample {args.sample}, batch {args.batch_size}, CPU, "
@@ -72,15 +57,7 @@ def main() -> None:
         model = load_model(name, device="cpu")
         base = dict(batch_size=args.batch_size, bootstrap=200, values=True)
         configs = {"plain": SweepConfig(**base), "similarity": SweepConfig(**base, similarity_sample=args.sample)}
-        for config in configs.values():
-            timed(model, warm, config)  # first-call costs out of the timing
-        seconds = {setting: [] for setting in configs}
-        runs = {}
-        for _ in range(args.repeats):
-            for setting, config in configs.items():  # alternating: load on a shared machine hits each alike
-                took, runs[setting] = timed(model, sentences, config)
-                seconds[setting].append(took)
-        best = {setting: min(times) for setting, times in seconds.items()}
+        best, runs = fastest(model, sentences, warm, configs, args.repeats)
         table = runs["similarity"]["similarity"]
         sampled = runs["similarity"].provenance.models[0].extra["similarity"]["sample_n"]
         heads = model.n_layers * model.n_heads
