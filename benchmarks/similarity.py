@@ -17,6 +17,7 @@ and, with ``--out DIR``, writes the last similarity run's tables there (for `hea
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import warnings
 from pathlib import Path
@@ -67,8 +68,8 @@ def main() -> None:
         kept.append(runs["similarity"])
         del model
     if args.out is not None:
-        tables = concat(kept, kept[0].provenance.__class__(**{**kept[0].provenance.__dict__,
-                                                               "models": tuple(m for r in kept for m in r.provenance.models)}))
+        models = tuple(m for run in kept for m in run.provenance.models)
+        tables = concat(kept, dataclasses.replace(kept[0].provenance, models=models))
         write(tables, args.out, overwrite=True)
         print(f"tables written to {args.out}")
 
