@@ -34,7 +34,7 @@ test: setup
 # Tables go to reports/runs/NAME, the report of each to reports/NAME.
 reports: setup
 	@test -f "$(EWT)" || { echo "make reports: no EWT treebank at $(EWT); pass its dev file: make reports EWT=path/to/en_ewt-ud-dev.conllu"; exit 1; }
-	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --corpus $(EWT) --out reports/runs/ewt-dev --device cpu -q --overwrite
+	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --corpus $(EWT) --similarity-sample 64 --out reports/runs/ewt-dev --device cpu -q --overwrite
 	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --corpus $(EWT) --control random-init --importance ablate --ablate-top 10 --importance-sample 256 --out reports/runs/ewt-dev-controls --device cpu -q --overwrite
 	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --corpus repeat-random --out reports/runs/repeat-random --device cpu -q --overwrite
 	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep -m smollm2 --corpus $(EWT) --limit 800 --pack sentences --max-len 2048 --attention chunked --batch-size 1 --out reports/runs/ewt-long --device cpu -q --overwrite

@@ -37,6 +37,32 @@ def timed(model, corpus, config) -> tuple[float, object]:
     return time.perf_counter() - started, run
 
 
+def fastest(model, corpus, warm, configs: dict, repeats: int) -> tuple[dict, dict]:
+    """Each setting of `configs` swept over `corpus`, alternating, `repeats` times after one warm-up sweep of `warm`
+    each: the fastest seconds and the last run of each setting."""
+    for config in configs.values():
+        timed(model, warm, config)  # first-call costs (weights read, probes, allocator) out of the timing
+    seconds = {setting: [] for setting in configs}
+    runs = {}
+    for _ in range(repeats):
+        for setting, config in configs.items():  # alternating: load on a shared machine hits each alike
+            took, runs[setting] = timed(model, corpus, config)
+            seconds[setting].append(took)
+    return {setting: min(times) for setting, times in seconds.items()}, runs
+
+
+def ewt_corpus(given: Path | None) -> Path:
+    """`given`, or EWT dev found through ``HEADSCAN_EWT`` (a folder or the file) or beside the repository; exits
+    with one line when there is none."""
+    corpus = given
+    if corpus is None:
+        found = Path(os.environ.get("HEADSCAN_EWT", EWT)).expanduser()
+        corpus = found / "en_ewt-ud-dev.conllu" if found.is_dir() else found
+    if not corpus.is_file():
+        sys.exit(f"corpus not found: {corpus} (pass --corpus or set HEADSCAN_EWT)")
+    return corpus
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", action="append", help="model spec (repeatable; default minilm and smollm2)")
@@ -56,12 +82,7 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    corpus = args.corpus
-    if corpus is None:
-        found = Path(os.environ.get("HEADSCAN_EWT", EWT)).expanduser()
-        corpus = found / "en_ewt-ud-dev.conllu" if found.is_dir() else found
-    if not corpus.is_file():
-        sys.exit(f"corpus not found: {corpus} (pass --corpus or set HEADSCAN_EWT)")
+    corpus = ewt_corpus(args.corpus)
     sentences = read_corpus(corpus, limit=args.limit)
     warm = read_corpus(corpus, limit=2)
     print(f"corpus {corpus.name}, {args.limit} sentences, batch {args.batch_size}, CPU, {torch.get_num_threads()} "
@@ -73,15 +94,7 @@ def main() -> None:
         base = dict(batch_size=args.batch_size, bootstrap=200, values=True)
         configs = {"plain": SweepConfig(**base), "atp": SweepConfig(**base, importance="atp"),
                    "ablate": SweepConfig(**base, importance="ablate", ablate_top=args.ablate_top)}
-        for config in configs.values():
-            timed(model, warm, config)  # first-call costs (weights read, probes, allocator) out of the timing
-        seconds = {setting: [] for setting in configs}
-        runs = {}
-        for _ in range(args.repeats):
-            for setting, config in configs.items():  # alternating: load on a shared machine hits each alike
-                took, runs[setting] = timed(model, sentences, config)
-                seconds[setting].append(took)
-        best = {setting: min(times) for setting, times in seconds.items()}
+        best, runs = fastest(model, sentences, warm, configs, args.repeats)
         notes = runs["ablate"].provenance.models[0].extra["importance"]
         heads = len(notes["ablated"])
         one = (best["ablate"] - best["atp"]) / heads / best["plain"]

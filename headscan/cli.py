@@ -169,6 +169,9 @@ def _listing_tables(command):
 @click.option("--mask-rate", default=default("mask_rate"), show_default=True,
               help="Encoders with a trained masked-LM head: share of tokens masked for the importance target "
                    "(80% [MASK], 10% random, 10% kept, seeded per segment).")
+@click.option("--similarity-sample", type=int, default=default("similarity_sample"), metavar="N",
+              help="Head families (similarity.parquet): the mean Jensen-Shannon divergence between every pair of heads' "
+                   "attention over the queries of a seeded sample of N segments (Clark et al. 2019; default: off).")
 @click.option("--sink", default=default("sink"), show_default=True,
               help="streaming: the first tokens a sink-and-window cache keeps (DuoAttention's deployment value).")
 @click.option("--recent", default=default("recent"), show_default=True,
@@ -193,7 +196,7 @@ def _listing_tables(command):
 def sweep(models, corpus, out, max_len, long, batch_size, limit, device, dtype, device_map, specials, bos, max_offset, bootstrap, seed,
           bootstrap_unit, document_field, interval, window, pack, attention, query_chunk, attention_budget, values,
           control, control_seed, importance, ablate_top, importance_sample, mask_rate, sink, recent, save_every, shard,
-          overwrite, restart, ray, quiet, checkpoints):
+          overwrite, restart, ray, quiet, similarity_sample, checkpoints):
     """Score every head of every layer of each MODEL over a corpus.
 
     Writes OUT/run.json (provenance) and a parquet file per table the sweep
@@ -212,6 +215,7 @@ def sweep(models, corpus, out, max_len, long, batch_size, limit, device, dtype, 
         headscan sweep -m smollm2 -c en_ewt-ud-dev.conllu --pack sentences --max-len 2048 --attention chunked
         headscan sweep -m minilm -c en_ewt-ud-dev.conllu --control random-init --control shuffled-words
         headscan sweep -m smollm2 -c en_ewt-ud-dev.conllu --importance ablate --ablate-top 10 --importance-sample 256
+        headscan sweep -m minilm -m smollm2 -c en_ewt-ud-dev.conllu --similarity-sample 64
         headscan sweep --checkpoints runs/tiny -c repeat-random:n=25,count=32 --out out/tiny-series
         headscan sweep -m EleutherAI/pythia-70m@step3000 -m EleutherAI/pythia-70m@step143000 -c repeat-random
     """
@@ -227,7 +231,7 @@ def sweep(models, corpus, out, max_len, long, batch_size, limit, device, dtype, 
         attention_budget=attention_budget, values=values, document_field=document_field, control=control,
         control_seed=control_seed, importance=importance, ablate_top=ablate_top,
         importance_sample=importance_sample, mask_rate=mask_rate,
-        sink=sink, recent=recent,
+        sink=sink, recent=recent, similarity_sample=similarity_sample,
     )
     command = _effective_command(click.get_current_context())
     if checkpoints is not None:

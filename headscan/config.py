@@ -92,6 +92,7 @@ class SweepConfig:
     ablate_top: int | None = None  # ablate: only the N heads of largest |AtP| on the mean sample (None: every head)
     importance_sample: int | None = None  # importance on a seeded sample of this many segments (None: all); means from it
     mask_rate: float = 0.15  # masked-LM target: share of real non-special tokens masked (80% [MASK], 10% random, 10% kept)
+    similarity_sample: int | None = None  # head similarity (similarity.parquet) on a seeded sample of this many segments (None: off)
     sink: int = 64  # streaming: the first tokens a streaming head keeps (DuoAttention's deployment sink)
     recent: int = 256  # streaming: the last tokens it keeps, the query's own included (DuoAttention's recent window)
 
@@ -108,6 +109,8 @@ class SweepConfig:
             _whole("attention_budget", self.attention_budget, 1)
         if self.importance_sample is not None:
             _whole("importance_sample", self.importance_sample, 1)
+        if self.similarity_sample is not None:
+            _whole("similarity_sample", self.similarity_sample, 1)
         if self.ablate_top is not None:
             _whole("ablate_top", self.ablate_top, 1)
             if self.importance != "ablate":

@@ -36,6 +36,7 @@ from ..config import CONTROLS, DEVICES, control_name
 from ..config import DTYPES as DTYPE_NAMES
 from ..errors import ConfigError, ModelLoadError, ModelNotFoundError
 from .aliases import ALIASES, DEFAULT_MODELS, alias_status  # noqa: F401  (re-exported)
+from .gguf import read_gguf
 from .hooked import PATHS, HookedModel  # noqa: F401  (re-exported)
 from .hooks import PatternSite
 from .random_init import initializer_note, random_init
@@ -80,17 +81,6 @@ def _sha256(paths: list[Path]) -> str:
 
 def _weight_files(folder: Path) -> list[Path]:
     return [p for p in folder.iterdir() if p.suffix in {".safetensors", ".bin", ".gguf", ".pt"} and p.is_file()]
-
-
-def _read_gguf(path: Path, *, dtype: torch.dtype) -> tuple[Any, Any]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    with _quiet():
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        # Eager attention so that the attention weights exist to be hooked.
-        hf_model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, attn_implementation="eager",
-                                                        dtype=dtype)
-    return hf_model, tokenizer
 
 
 def _via_bridge(target: str, *, device: str, dtype: torch.dtype, hf_model=None, tokenizer=None,
@@ -372,8 +362,9 @@ def load_model(
         if named is not None:  # ID@REVISION: its snapshot, loaded as a local folder by either path
             path = revision_folder(hub_id, named, offline=_offline())
         if path is not None and path.suffix == ".gguf":
-            hf_model, tokenizer = _read_gguf(path, dtype=torch_dtype)
-            config, target, model_id, revision = hf_model.config, str(path.parent), str(path), _sha256([path])
+            revision = _sha256([path])
+            hf_model, tokenizer = read_gguf(path, dtype=torch_dtype, sha256=revision)
+            config, target, model_id = hf_model.config, str(path.parent), str(path)
         elif named is not None:
             target, model_id, revision = str(path), hub_id, named
             config = _read_config(spec, target, source, tried)

@@ -196,6 +196,16 @@ def _other_keys(table: str, frame: pd.DataFrame, part: pd.DataFrame) -> tuple[li
     return names, [list(cells) for cells in zip(*columns)] if len(part) else [], part
 
 
+NEAREST = 5  # heads listed per head from similarity.parquet and similarity_across.parquet
+
+
+def _nearest(part: pd.DataFrame) -> pd.DataFrame:
+    """Each head's `NEAREST` other heads of smallest divergence (itself left out), nearest first."""
+    other = part["other_model"] if "other_model" in part else part["model"]
+    part = part[(part["other_label"] != part["label"]) | (other != part["model"])]
+    return part.sort_values("value", kind="stable").groupby(["layer", "head"], sort=False).head(NEAREST)
+
+
 def _other_rows(comparison: Comparison, name: str, n_heads: int) -> list[dict]:
     """Rows of tables other than heads and offsets (syntax accuracies, say), per head, for the panel.
 
@@ -207,6 +217,8 @@ def _other_rows(comparison: Comparison, name: str, n_heads: int) -> list[dict]:
         if table in ("heads", "offsets", "retrieval", "retrieval_trials"):  # colours of the grid; one row per trial
             continue
         part = frame[(frame["model"] == name) & frame["value"].notna()]
+        if table in ("similarity", "similarity_across"):  # heads^2 rows: each head's nearest heads only
+            part = _nearest(part)
         keys, cells, part = _other_keys(table, frame, part)
         distinct: dict[tuple, int] = {}
         key = [distinct.setdefault(tuple(c), len(distinct)) for c in cells]

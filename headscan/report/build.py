@@ -37,7 +37,7 @@ from ..intervals import MIN_EFFECTIVE_UNITS, MIN_SPARSE_EVENNESS, MIN_VARIANCE_D
 from ..metrics import METRICS, describe
 from ..plots.style import model_palette
 from ..tables import TABLES, SweepTables, load
-from . import atlas, importance, sections, table_sections, whole_context
+from . import atlas, families, importance, sections, table_sections, whole_context
 from . import series as training
 from .document import (FOLDER_FILES, Bullets, Contents, Definition, Document, Heading, Note, Panels, Raw, Table, Text,
                        write_folder)
@@ -48,7 +48,7 @@ if TYPE_CHECKING:  # the report only reads what headscan.report.examples compute
 
 __all__ = ["write_report", "build_report", "check_report_options", "check_runs"]
 
-SECTIONED = ("heads", "offsets", "syntax", "importance", "retrieval", "retrieval_trials")  # with sections of their own;
+SECTIONED = ("heads", "offsets", "syntax", "importance", "retrieval", "retrieval_trials", "similarity")  # with sections of their own;
 # any other table gets its top rows
 # positions, value and weights rows get sections of their own where there is enough to draw
 # (`headscan.report.table_sections.shown_elsewhere`); the rest of them are listed with the other tables.
@@ -382,6 +382,8 @@ def build_report(comparison: Comparison, *, top: int = 10, examples: Examples | 
         steps.insert(-1, ("what heads move", lambda: table_sections.movement_section(comparison, palette, pngs)))
     if "importance" in comparison.frames:
         steps.insert(-1, ("does the head matter", lambda: importance.importance_section(comparison, pngs)))
+    if families.shown(comparison):
+        steps.insert(-1, ("head families", lambda: families.families_section(comparison, pngs)))
     if training.shown(comparison):
         steps.insert(-1, ("heads over training", lambda: training.series_section(comparison, pngs)))
     blocks = []

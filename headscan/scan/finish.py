@@ -28,9 +28,10 @@ from ..models import resolve_device
 from ..tables import (TABLES, CorpusProvenance, ModelProvenance, RunProvenance, SweepTables, concat, head_columns,
                       write)
 from .plan import columns_of, has_words, resolve_unit
+from .similarity import across_sums
 from .state import PartialState, Shard
 
-__all__ = ["WEIGHT_METRICS", "WEIGHT_CHANCE", "finish", "weights_frame", "swept_config", "model_provenance",
+__all__ = ["WEIGHT_METRICS", "WEIGHT_CHANCE", "finish", "weights_frame", "similarity_frame", "swept_config", "model_provenance",
            "run_provenance", "publish"]
 
 WEIGHT_METRICS = ("copying",)  # the rows of the weights table, in the order of PartialState.weights
@@ -76,7 +77,63 @@ def finish(state: PartialState, config: SweepConfig) -> dict[str, pd.DataFrame]:
         frames[name] = TABLES[name].conform(frame)
     if state.weights.size:
         frames["weights"] = weights_frame(per_head, state.weights, state.embedding)
+    if state.similarity.size:
+        frames["similarity"] = similarity_frame(per_head, state.similarity, len(state.model["similarity"]["segments"]))
     return frames
+
+
+def similarity_frame(per_head: dict, similarity: np.ndarray, n_sampled: int) -> pd.DataFrame:
+    """The similarity table of one model from its sums (2, layer * head, layer * head): every ordered pair of heads,
+    the diagonal included, head i's columns first, head j's as ``other_*``; value = summed divergence / queries."""
+    size = similarity.shape[-1]
+    i, j = np.meshgrid(np.arange(size), np.arange(size), indexing="ij")  # (head i, head j), flat over layer * head
+    i, j = i.ravel(), j.ravel()
+    head = {name: column if column is None or isinstance(column, str) else np.asarray(column)[i]
+            for name, column in per_head.items()}
+    sums, counts = similarity[0].ravel(), similarity[1].ravel()
+    nan = float("nan")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        value = np.where(counts > 0, sums / counts, nan)
+    frame = pd.DataFrame(head | {
+        "other_layer": np.asarray(per_head["layer"])[j], "other_head": np.asarray(per_head["head"])[j],
+        "other_label": np.asarray(per_head["label"])[j], "value": value, "sum": sums, "count": counts,
+        "ci_low": nan, "ci_high": nan, "units": float(n_sampled), "top_unit_share": nan, "n_eff": nan,
+        "variance_df": nan, "thin": pd.NA, "chance": nan})
+    return TABLES["similarity"].conform(frame)
+
+
+def across_frame(states: Sequence[PartialState]) -> pd.DataFrame | None:
+    """similarity_across: every head of each model against every head of each later model of the sweep, over the
+    word queries of the similarity sample both kept (`headscan.scan.similarity.across_sums`); None where fewer
+    than two models kept word-level attention of the same texts (a shuffled-words control reads other texts)."""
+    kept = [state for state in states if state.word_attention
+            and state.fingerprint["model"].get("control") != "shuffled-words"]
+    frames = []
+    for n, first in enumerate(kept):
+        for second in kept[n + 1:]:
+            a, b = ModelProvenance.from_json(first.model), ModelProvenance.from_json(second.model)
+            sums, queries, segments = across_sums(first.word_attention, second.word_attention,
+                                                  causal="causal" in (a.family, b.family))
+            frames.append(_across_rows(first, a, second, b, sums, queries, segments))
+    if not frames:
+        return None
+    return TABLES["similarity_across"].conform(pd.concat(frames, ignore_index=True))
+
+
+def _across_rows(first: PartialState, a: ModelProvenance, second: PartialState, b: ModelProvenance, sums: np.ndarray,
+                 queries: int, segments: int) -> pd.DataFrame:
+    (la, ha, _), (lb, hb, _) = first.sums.shape, second.sums.shape
+    i, j = np.meshgrid(np.arange(la * ha), np.arange(lb * hb), indexing="ij")
+    i, j = i.ravel(), j.ravel()
+    group = ha // (a.n_kv_heads or ha)
+    nan = float("nan")
+    head = head_columns(a.name, a.family, i // ha, i % ha, (i % ha) // group)
+    return pd.DataFrame(head | {
+        "other_model": b.name, "other_layer": j // hb, "other_head": j % hb,
+        "other_label": [f"L{l}H{h}" for l, h in zip(j // hb, j % hb)],
+        "value": sums.ravel() / queries if queries else nan, "sum": sums.ravel(), "count": float(queries),
+        "ci_low": nan, "ci_high": nan, "units": float(segments), "top_unit_share": nan, "n_eff": nan,
+        "variance_df": nan, "thin": pd.NA, "chance": nan})
 
 
 def weights_frame(per_head: dict, scores: np.ndarray, embedding: str | None) -> pd.DataFrame:
@@ -172,6 +229,9 @@ def publish(states: Sequence[PartialState], config: SweepConfig, provenance: Run
     parts = [SweepTables(finish(state, config)) for state in states]
     described = tuple(model_provenance(state, config) for state in states)
     tables = concat(parts, dataclasses.replace(provenance, models=described))
+    across = across_frame(states)
+    if across is not None:
+        tables.frames["similarity_across"] = across
     if out is not None:
         tables.path = write(tables, out, overwrite=overwrite, extra=extra)
         if partial is not None:

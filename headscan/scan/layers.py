@@ -201,6 +201,7 @@ class LayerHooks:
         self.weighted = any(table == "value" for _, _, table in columns)  # value-weighted columns wanted
         self.syntax = METRICS["syntax"] if words else None  # scored over blocks of word attention in chunked mode
         self.gathered: Gathered | None = None
+        self.similarity = None  # a `headscan.scan.similarity.SimilarityRun` when the sweep samples head similarity
 
     def patterns(self) -> dict:
         """The pattern hook of every layer, for `HookedModel.pattern_forward`."""
@@ -229,6 +230,10 @@ class LayerHooks:
     def pattern(self, layer: int, pattern, hook):  # `hook`: TransformerLens passes it by that name; a QueryBlock in chunked mode
         """Score every column on one layer's pattern, or on one block of its query rows (chunked mode)."""
         gathered, where = self.gathered, hook
+        start = where.start if isinstance(where, QueryBlock) else 0
+        if self.similarity is not None:  # the pattern as handed over, in its own precision
+            counts = gathered.masks.counts
+            self.similarity.take(layer, pattern, counts[:, start: start + pattern.shape[-2]], counts, start)
         if not isinstance(where, QueryBlock):  # eager: the whole pattern at once
             gathered.scored[layer] = _score(self._batches(pattern, layer), self.columns,
                                             shared=gathered.chance.setdefault(0, {}))

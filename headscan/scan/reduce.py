@@ -19,7 +19,7 @@ import contextlib
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -37,12 +37,14 @@ from .finish import WEIGHT_METRICS, publish, run_provenance
 from .importance import ImportanceRun
 from .layers import LayerHooks, capture_for
 from .plan import columns_of, fingerprint, for_model, has_words, pattern_columns, plan_windows, resolve_unit, unit_of
+from .similarity import SimilarityRun, check_memory
+from .similarity import notes as similarity_notes
 from .state import PartialState, Shard, add_tallies
 
 __all__ = ["accumulate", "sweep_model"]
 
 _TOTALS = ("sums", "counts", "replicate_sums", "replicate_counts", "replicate_power", "moments", "chance",
-           "baseline")  # PartialState's
+           "baseline", "similarity")  # PartialState's
 
 
 @dataclass
@@ -54,6 +56,8 @@ class Window:
     counts: torch.Tensor  # (layer, unit, head, column)
     chance: torch.Tensor  # (layer, head, column): the null head's sums, not per unit (chance is not bootstrapped)
     baseline: torch.Tensor  # (2, offset, syntax column): the fixed-offset baseline's sums and counts (CoNLL-U)
+    similarity: torch.Tensor  # (2, layer * head, layer * head): head similarity's sums and queries (0 wide: off)
+    words: dict = field(default_factory=dict)  # sampled segment -> word-level attention (similarity)
     n_tokens: int = 0
 
 
@@ -99,6 +103,14 @@ def accumulate(
     capture, notes = capture_for(model, config, weights, unread)
     state.model.update(notes)  # whether values and dla were captured, and how W_U was taken
     layers = LayerHooks(model, config, pattern_columns(columns), capture, words)
+    if config.similarity_sample is not None:  # every pair of heads over a seeded sample (headscan.scan.similarity)
+        check_memory(model.name, model.n_layers, model.n_heads, model.causal, config,
+                     config.attention_budget or budget.default_budget_mib(str(model.device)))
+        layers.similarity = SimilarityRun(len(corpus.segments), config, model.n_layers, model.n_heads, model.causal)
+        size = model.n_layers * model.n_heads
+        if not state.similarity.size:
+            state.similarity = np.zeros((2, size, size))
+        state.model["similarity"] = similarity_notes(config, layers.similarity.sample)
     attention = budget.choose(model, batch_size=config.batch_size, max_len=config.max_len,
                               budget_mib=config.attention_budget, attention=config.attention)
     state.model["attention"] = attention  # recorded: eager, or chunked with its query_chunk
@@ -125,10 +137,11 @@ def accumulate(
                 with model.pattern_forward(layers.patterns(), attention=attention, query_chunk=config.query_chunk,
                                            internals=layers.internals()) as forward:
                     swept = _sweep_window(forward, layers, encoded, units, totals, device, should_stop,
-                                          bar if importance is None else None)
+                                          bar if importance is None else None, window)
                 if importance is not None:  # the slow part: it moves the progress bar
                     _importance_window(importance, window, units, swept, device, should_stop, bar)
                 _add_window(totals, swept, config)
+                state.word_attention.update(swept.words)
                 state.windows_done += 1
                 state.n_segments += len(window)
                 state.n_tokens += swept.n_tokens
@@ -173,14 +186,16 @@ def _importance_window(importance: ImportanceRun, window: list[int], units: list
 
 
 def _sweep_window(forward, layers: LayerHooks, encoded: EncodedCorpus, units: list[int], totals: dict, device,
-                  should_stop: Callable[[], bool], bar) -> Window:
-    """One window's batches through the model: their sums per bootstrap unit (`units`: each segment's)."""
+                  should_stop: Callable[[], bool], bar, segments: list[int] | None = None) -> Window:
+    """One window's batches through the model: their sums per bootstrap unit (`units`: each segment's); `segments`
+    are the window's corpus indices (for the similarity sample)."""
     model = layers.model
     local = {unit: n for n, unit in enumerate(dict.fromkeys(units))}
     n_layers, n_heads, n_columns = totals["sums"].shape
     sums = torch.zeros((n_layers, len(local), n_heads, n_columns), dtype=torch.float64, device=device)
     window = Window(local, sums, torch.zeros_like(sums), torch.zeros_like(totals["chance"]),
-                    torch.zeros_like(totals["baseline"]))
+                    torch.zeros_like(totals["baseline"]), torch.zeros_like(totals["similarity"]))
+    similarity = layers.similarity
     pad = model.special_token_ids["pad"]
     pad = pad if pad is not None else 0  # masked out, so any id will do (GPT-2 has no pad token)
     for batch in batches(encoded, layers.config.batch_size, pad):
@@ -188,7 +203,14 @@ def _sweep_window(forward, layers: LayerHooks, encoded: EncodedCorpus, units: li
             raise SweepInterrupted(f"{model.name}: stopped")
         ids, mask = batch.input_ids.to(model.device), batch.attention_mask.to(model.device)
         layers.start(ids, mask.bool(), batch.words)
+        if similarity is not None:  # the batch's rows from sampled segments, and those segments
+            owners = [segments[encoded.segment_of(int(i))] for i in batch.index]
+            rows = [row for row, owner in enumerate(owners) if owner in similarity.sampled]
+            similarity.begin(rows, [owners[row] for row in rows], layers.gathered.masks.words)
         forward(ids, mask)
+        if similarity is not None and (pair := similarity.end(device)) is not None:
+            window.similarity += torch.stack(pair)
+            window.words.update(similarity.words_kept)
         # every layer's sums at once into their units: one index_add per batch, not one per layer
         rows = torch.tensor([local[units[encoded.segment_of(int(i))]] for i in batch.index], dtype=torch.long,
                             device=device)
@@ -249,6 +271,7 @@ def _add_window(totals: dict, window: Window, config: SweepConfig) -> None:
     totals["moments"] = intervals.combine_moments(totals["moments"], intervals.unit_moments(sums, counts))
     totals["chance"] += window.chance
     totals["baseline"] += window.baseline
+    totals["similarity"] += window.similarity
 
 
 def _store(state: PartialState, totals: dict) -> None:

@@ -48,7 +48,8 @@ _ADDED_IN = {2: "the chance sums", 3: "the replicates' power sums, which the stu
 # Settings whose change changes the numbers: two states must agree on each to be added, or to resume.
 FINGERPRINT_FIELDS = ("max_len", "long", "limit", "dtype", "specials", "max_offset", "bootstrap", "seed", "prepend_bos",
                       "bootstrap_unit", "window", "pack", "attention", "query_chunk", "values", "document_field",
-                      "importance", "ablate_top", "importance_sample", "mask_rate", "sink", "recent")
+                      "importance", "ablate_top", "importance_sample", "mask_rate", "sink", "recent",
+                      "similarity_sample")
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,12 @@ class PartialState:
     # d_head), (0, 0, 0) before that pass; and what the pass decided (target, sample, heads ablated exactly).
     head_means: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0)))
     importance: dict = field(default_factory=dict)
+    # Head similarity (headscan.scan.similarity), (2, layer * head, layer * head): every pair's summed Jensen-Shannon
+    # divergence over the sample's queries, and the number of those queries; (2, 0, 0) without a sample.
+    similarity: np.ndarray = field(default_factory=lambda: np.zeros((2, 0, 0)))
+    # and, on a corpus with words, each sampled segment's word-level attention with its sink, segment -> (layer *
+    # head, word, word + 1), float32 or float64: the similarity of heads across models (headscan.scan.similarity)
+    word_attention: dict = field(default_factory=dict)
 
     @classmethod
     def empty(cls, fingerprint: dict, shard: Shard | None, shape: tuple[int, int, int], n_replicates: int) -> PartialState:
@@ -148,7 +155,8 @@ class PartialState:
                 np.savez(handle, header=np.frombuffer(json.dumps(self.header()).encode(), dtype=np.uint8),
                          sums=self.sums, counts=self.counts, replicate_sums=self.replicate_sums,
                          replicate_counts=self.replicate_counts, moments=self.moments, chance=self.chance,
-                         replicate_power=self.replicate_power, baseline=self.baseline, weights=self.weights, head_means=self.head_means)
+                         replicate_power=self.replicate_power, baseline=self.baseline, weights=self.weights, head_means=self.head_means,
+                         similarity=self.similarity, **_packed(self.word_attention))
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -169,6 +177,8 @@ class PartialState:
                 baseline = data["baseline"] if "baseline" in data.files else np.zeros((2, 0, 0))
                 weights = data["weights"] if "weights" in data.files else np.zeros((0, 0, 0))
                 head_means = data["head_means"] if "head_means" in data.files else np.zeros((0, 0, 0))
+                similarity = data["similarity"] if "similarity" in data.files else np.zeros((2, 0, 0))
+                word_attention = _unpacked(data)
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as error:
             raise damaged(type(error).__name__) from None
         if not isinstance(header, dict):
@@ -195,7 +205,8 @@ class PartialState:
         if (len({shapes["sums"], shapes["counts"], shapes["chance"]}) != 1
                 or shapes["replicate_sums"] != shapes["replicate_counts"]
                 or shapes["replicate_power"] != (len(intervals.REPLICATE_TERMS), *shapes["replicate_sums"])
-                or baseline.ndim != 3 or baseline.shape[0] != 2):
+                or baseline.ndim != 3 or baseline.shape[0] != 2
+                or similarity.ndim != 3 or similarity.shape[0] != 2 or similarity.shape[1] != similarity.shape[2]):
             raise damaged("its arrays do not fit together")
         return cls(header["fingerprint"], Shard(*shard) if shard else None, **arrays,
                    windows_done=header["windows_done"], finished=header["finished"], model=header["model"],
@@ -203,7 +214,7 @@ class PartialState:
                    n_tokens_lost=int(header.get("n_tokens_lost") or 0), seconds=header["seconds"], baseline=baseline,
                    weights=weights, embedding=header.get("embedding", _embedding_of(header["model"])),
                    tallies=dict(header.get("tallies") or {}), head_means=head_means,
-                   importance=header.get("importance") or {})
+                   importance=header.get("importance") or {}, similarity=similarity, word_attention=word_attention)
 
     # --- finishing -------------------------------------------------------------------------------------
 
@@ -240,6 +251,27 @@ class PartialState:
             "n_eff": np.where(defined, n_eff, nan), "variance_df": np.where(defined, df, nan),
             "thin": thin | ~defined, "chance": chance,
         }
+
+
+def _packed(word_attention: dict) -> dict:
+    """Word-level attention per segment as two arrays for the .npz: (segment, heads, words, offset) rows and the
+    flat values; nothing when there is none."""
+    if not word_attention:
+        return {}
+    segments = sorted(word_attention)
+    offsets = np.cumsum([0] + [word_attention[s].size for s in segments])
+    index = np.array([[s, *word_attention[s].shape[:2], o] for s, o in zip(segments, offsets)], dtype=np.int64)
+    return {"word_index": index.reshape(-1, 4),
+            "word_values": np.concatenate([word_attention[s].ravel() for s in segments])}
+
+
+def _unpacked(data) -> dict:
+    """`_packed`'s arrays back as segment -> (heads, words, words + 1); {} for a state without them."""
+    if "word_index" not in data.files:
+        return {}
+    values = data["word_values"]
+    return {int(segment): values[offset: offset + heads * words * (words + 1)].reshape(heads, words, words + 1)
+            for segment, heads, words, offset in data["word_index"].tolist()}
 
 
 def add_tallies(a: dict, b: dict) -> dict:
@@ -315,8 +347,11 @@ def merge_states(states: list[PartialState], names: list[str]) -> PartialState:
                          first.chance.copy(), first.replicate_power.copy(), finished=True, model=dict(first.model),
                          baseline=first.baseline.copy(),
                          weights=first.weights.copy(), embedding=first.embedding,  # the same weights in every shard
-                         head_means=first.head_means.copy(), importance=dict(first.importance))
+                         head_means=first.head_means.copy(), importance=dict(first.importance),
+                         similarity=first.similarity.copy(), word_attention=dict(first.word_attention))
     for state in states[1:]:
+        total.similarity = total.similarity + state.similarity  # the same sample in every shard: its sums add up
+        total.word_attention = total.word_attention | state.word_attention  # disjoint segments
         total.baseline = total.baseline + state.baseline  # same fingerprint, so the same shape
         total.sums += state.sums
         total.counts += state.counts

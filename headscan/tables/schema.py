@@ -123,6 +123,17 @@ register_table("weights", {"metric": "string"},
 register_table("importance", {"method": "string", "target": "string"},
                "one row per (model, layer, head, method, target): the change of the target (a loss) when the head's "
                "output is removed, ablated minus clean; 0 is a head that changes nothing")
+register_table("similarity", {"other_layer": "int64", "other_head": "int64", "other_label": "string"},
+               "one row per (model, layer, head, other_layer, other_head), both orders and the diagonal: the mean "
+               "Jensen-Shannon divergence (nats) between the two heads' attention over the same queries of the "
+               "similarity sample, Clark et al.'s smoothing (sum: summed over queries; count: queries; units: "
+               "sampled segments; no interval and no chance: NaN); written with --similarity-sample")
+register_table("similarity_across", {"other_model": "string", "other_layer": "int64", "other_head": "int64",
+                                     "other_label": "string"},
+               "one row per (model, layer, head, other_model, other_layer, other_head), for each pair of models of a "
+               "sweep in its order (model first): the mean Jensen-Shannon divergence (nats) between the two heads' "
+               "word-level attention (Clark et al.'s, with a sink key for tokens of no word) over the word queries of "
+               "the similarity sample (CoNLL-U corpora; count: word queries; units: segments; no interval, no chance)")
 
 register_table("retrieval", {"metric": "string"},
                "one row per (model, layer, head, metric): the retrieval score of needle-in-a-haystack trials (Wu et "

@@ -1,0 +1,301 @@
+"""Head families (issue 24): similarity.parquet against a plain double loop of Clark et al.'s Jensen-Shannon divergence
+over Hugging Face's own attention, its symmetry and zero diagonal, shards and chunked attention, planted heads
+sharing a cluster, classical MDS against a hand computation, the pattern types, the figure and the report section.
+"""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer, GPT2LMHeadModel
+
+import headscan
+from headscan.analysis import families
+from headscan.errors import ConfigError, TablesError
+from headscan.analysis.runs import merge_runs
+from headscan.report.atlas import NEAREST, atlas_data
+from headscan.report.document import Heading, Table
+from headscan.report.families import families_section
+from headscan.report.sections import Pngs
+from headscan.metrics.similarity import js_sums
+from headscan.plots.families import head_map as draw_head_map
+from headscan.scan import merge
+from headscan.scan.similarity import sample_of
+from headscan.testing import build_planted_checkpoint
+
+TEXTS = ["The cat sat on the mat.", "It was tired, so it slept all day long.", "Dogs bark.",
+         "A very small model reads these sentences one after another.", "Heads attend.", "Why not?"]
+
+
+def _plain_js(p: list[float], q: list[float]) -> float:
+    """Clark et al.'s smoothed JS divergence of two attention rows over the same visible keys, in nats."""
+    n = len(p)
+    p = [0.999 * x + 0.001 / n for x in p]
+    q = [0.999 * x + 0.001 / n for x in q]
+    total = 0.0
+    for a, b in zip(p, q):
+        m = (a + b) / 2
+        total += 0.5 * a * math.log(a / m) + 0.5 * b * math.log(b / m)
+    return total
+
+
+def _plain_table(attentions: list[np.ndarray], causal: bool) -> tuple[np.ndarray, int]:
+    """The summed divergence of every pair of heads over every query of every sequence (a double loop over
+    heads, a loop over queries), and the number of queries; `attentions` are (layer * head, n, n) arrays."""
+    size = attentions[0].shape[0]
+    sums = np.zeros((size, size))
+    queries = 0
+    for a in attentions:
+        n = a.shape[-1]
+        queries += n
+        for i in range(size):
+            for j in range(size):
+                for q in range(n):
+                    keys = range(q + 1) if causal else range(n)
+                    sums[i, j] += _plain_js([float(a[i, q, k]) for k in keys], [float(a[j, q, k]) for k in keys])
+    return sums, queries
+
+
+def _hf_attentions(folder, texts, causal: bool) -> list[np.ndarray]:
+    """Each text's attention of every layer from Hugging Face's own eager model, float64, (layer * head, n, n)."""
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    auto = AutoModelForCausalLM if causal else AutoModelForMaskedLM
+    model = auto.from_pretrained(folder, attn_implementation="eager", dtype=torch.float64).eval()
+    out = []
+    for text in texts:
+        ids = tokenizer(text, add_special_tokens=not causal)["input_ids"]
+        ids = [tokenizer.bos_token_id] + ids if causal else ids
+        with torch.no_grad():
+            attentions = model(torch.tensor([ids]), output_attentions=True).attentions
+        out.append(torch.cat([a[0] for a in attentions]).numpy())
+    return out
+
+
+def _square(table: pd.DataFrame) -> np.ndarray:
+    return families.divergences(table, table["model"].iloc[0])[1]
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "bert"])
+def test_similarity_equals_a_plain_double_loop_over_hugging_face_attention(request, arch):
+    folder = request.getfixturevalue(f"tiny_{arch}")
+    run = headscan.sweep(str(folder), TEXTS, similarity_sample=3, dtype="float64", batch_size=4, bootstrap=0,
+                         device="cpu")
+    notes = run.provenance.models[0].extra["similarity"]
+    assert notes["segments"] == sample_of(len(TEXTS), 3, 0) and notes["sample_n"] == 3
+    table = run["similarity"]
+    n_heads = run.heads[["layer", "head"]].drop_duplicates().shape[0]
+    assert len(table) == n_heads ** 2  # both orders and the diagonal
+    sums, queries = _plain_table(_hf_attentions(folder, [TEXTS[i] for i in notes["segments"]], arch == "gpt2"),
+                                 causal=arch == "gpt2")
+    got = _square(table)
+    np.testing.assert_allclose(got, sums / queries, rtol=0, atol=1e-9)
+    assert (table["count"] == queries).all()
+    assert (np.diag(got) == 0).all() and (got == got.T).all()
+    assert (got[~np.eye(len(got), dtype=bool)] > 0).all()  # random heads never attend exactly alike
+
+
+def test_js_sums_against_the_plain_loop_in_small_blocks():
+    rng = np.random.default_rng(0)
+    rows = rng.dirichlet(np.ones(5), size=(7, 3))  # (head, query, key)
+    entries = torch.from_numpy(rows.reshape(7, 15) * 0.999 + 0.001 / 5)
+    want = np.array([[sum(_plain_js(list(rows[i, q]), list(rows[j, q])) for q in range(3)) for j in range(7)]
+                     for i in range(7)])
+    for block in (8, 8 * 7 * 4, 2**26):  # one entry at a time, a few rows, everything at once
+        np.testing.assert_allclose(js_sums(entries, block_bytes=block).numpy(), want, rtol=0, atol=1e-12)
+
+
+def test_shards_merge_and_chunked_attention_give_the_same_table(tiny_gpt2, tmp_path):
+    settings = dict(similarity_sample=4, batch_size=1, bootstrap=0, device="cpu", dtype="float64")
+    whole = headscan.sweep(str(tiny_gpt2), TEXTS, **settings)
+    parts = [tmp_path / f"part-{k}" for k in range(2)]
+    for k, part in enumerate(parts):
+        headscan.sweep(str(tiny_gpt2), TEXTS, out=part, shard=f"{k}/2", **settings)
+    merged = merge(parts, tmp_path / "merged")
+    np.testing.assert_allclose(_square(merged["similarity"]), _square(whole["similarity"]), rtol=0, atol=1e-12)
+    assert merged.provenance.models[0].extra["similarity"]["segments"] == sample_of(len(TEXTS), 4, 0)
+    chunked = headscan.sweep(str(tiny_gpt2), TEXTS, attention="chunked", query_chunk=3, **settings)
+    np.testing.assert_allclose(_square(chunked["similarity"]), _square(whole["similarity"]), rtol=0, atol=1e-9)
+    assert "similarity" not in headscan.sweep(str(tiny_gpt2), TEXTS[:2], bootstrap=0, device="cpu").frames
+
+
+def test_similarity_memory_past_the_budget_is_refused_in_one_line(tiny_gpt2):
+    with pytest.raises(ConfigError, match=r"--similarity-sample keeps every layer's attention .* past the attention "
+                                          r"budget of 1 MiB; lower --max-len or --batch-size"):
+        headscan.sweep(str(tiny_gpt2), TEXTS, similarity_sample=6, max_len=128, batch_size=64, attention_budget=1,
+                       bootstrap=0, device="cpu")
+    with pytest.raises(ConfigError, match="similarity_sample must be"):
+        headscan.SweepConfig(similarity_sample=0)
+
+
+def _twin_planted(folder) -> str:
+    """A planted GPT-2 whose random head L0H3 gets the previous-token head L0H0's queries and keys."""
+    path, heads = build_planted_checkpoint(folder, "gpt2", n_layers=2)
+    model = GPT2LMHeadModel.from_pretrained(path)
+    d = model.config.n_embd // model.config.n_head
+    with torch.no_grad():
+        attn = model.transformer.h[0].attn.c_attn  # (d_model, 3 d_model): q, k, v columns
+        for part in (0, 1):  # queries, keys
+            base = part * model.config.n_embd
+            attn.weight[:, base + 3 * d: base + 4 * d] = attn.weight[:, base: base + d]
+            attn.bias[base + 3 * d: base + 4 * d] = attn.bias[base: base + d]
+    model.save_pretrained(path)
+    return str(path)
+
+
+def test_planted_heads_with_the_same_pattern_share_a_cluster(tmp_path):
+    folder = _twin_planted(tmp_path / "twin")
+    run = headscan.sweep(folder, TEXTS, similarity_sample=6, bootstrap=0, device="cpu")
+    mapped = families.head_map(run["similarity"], folder).set_index("label")
+    assert mapped.loc["L0H0", "cluster"] == mapped.loc["L0H3", "cluster"]  # both previous-token
+    others = {mapped.loc["L0H1", "cluster"], mapped.loc["L0H2", "cluster"]}  # first token, two back
+    assert mapped.loc["L0H0", "cluster"] not in others and len(others) == 2
+    types = families.pattern_types(run.heads, run.offsets).set_index(["layer", "head"])["pattern_type"]
+    assert types[0, 0] == types[0, 3] == types[0, 2] == "diagonal" and types[0, 1] == "vertical"
+    listed = families.clusters(mapped.reset_index(), run["similarity"])
+    twins = listed[listed["members"].str.contains("L0H0")]
+    assert len(twins) == 1 and "L0H3" in twins["members"].iloc[0] and twins["mean_js"].iloc[0] < 1e-3
+
+
+def test_classical_mds_against_a_hand_computation():
+    # four corners of a 2 x 1 rectangle: B = -1/2 J D^2 J has eigenvalues 4 and 1 (four points at (+-1, +-1/2)),
+    # so the coordinates are the corners centred, axes by eigenvalue, signs fixed by the largest coordinate
+    corners = np.array([[0, 0], [2, 0], [2, 1], [0, 1]], dtype=float)
+    d = np.linalg.norm(corners[:, None] - corners[None], axis=-1)
+    x = families.classical_mds(d)
+    assert np.allclose(np.abs(x), [[1, 0.5]] * 4)
+    assert np.allclose(np.linalg.norm(x[:, None] - x[None], axis=-1), d)
+    assert np.allclose(x, families.classical_mds(d))  # deterministic
+    for axis in range(2):
+        assert x[np.abs(x[:, axis]).argmax(), axis] > 0
+    with pytest.raises(TablesError, match="finite square matrix"):
+        families.classical_mds(np.array([[0, np.nan], [np.nan, 0]]))
+
+
+def test_average_linkage_merges_by_mean_divergence_and_stops_at_the_cut():
+    d = np.array([[0, .1, .3, .9], [.1, 0, .2, .9], [.3, .2, 0, .9], [.9, .9, .9, 0]])
+    # {0, 1} first (0.1), then {0, 1} with 2 at the mean (0.3 + 0.2) / 2 = 0.25; 3 is 0.9 from all
+    assert families.average_linkage(d, cut=0.25).tolist() == [0, 0, 0, 1]
+    assert families.average_linkage(d, cut=0.24).tolist() == [0, 0, 1, 2]
+    assert families.average_linkage(d, cut=0.0).tolist() == [0, 1, 2, 3]
+
+
+def test_head_map_figure_and_report_section(tiny_gpt2, tmp_path):
+    run = headscan.sweep(str(tiny_gpt2), TEXTS, similarity_sample=3, bootstrap=0, device="cpu", out=tmp_path / "run")
+    model = run.models[0]
+    mapped = families.head_map(run["similarity"], model).merge(families.pattern_types(run.heads).drop(columns="model"),
+                                                                on=["layer", "head"])
+    ax = draw_head_map(mapped, model=model, hue="layer")
+    assert np.allclose(ax.collections[0].get_offsets(), mapped[["x", "y"]].to_numpy())
+    assert list(ax.collections[0].get_array()) == mapped["layer"].tolist()
+    numbers = [t.get_text() for t in ax.texts if t.get_gid() == "cluster"]
+    assert sorted(numbers) == sorted(str(c) for c in set(mapped.loc[mapped["cluster_size"] > 1, "cluster"]))
+    ax = draw_head_map(mapped, model=model, hue="pattern_type", ax=plt.figure().add_subplot())
+    assert {c.get_label() for c in ax.collections} == set(mapped["pattern_type"])
+    pngs = Pngs()
+    comparison = merge_runs([headscan.load(tmp_path / "run")])
+    blocks = families_section(comparison, pngs)
+    other = next(o for o in atlas_data(comparison)["models"][0]["other"] if o["table"] == "similarity")
+    assert len(other["at"]) == NEAREST * len(mapped)  # each head's nearest heads, not heads^2 rows
+    square = _square(run["similarity"])
+    first = [v for at, v in zip(other["at"], other["value"]) if at == 0]
+    assert first == pytest.approx(sorted(square[0, 1:])[:NEAREST], abs=1e-5)
+    assert [b.text for b in blocks if isinstance(b, Heading)] == ["Head families", "Pattern types"]
+    assert "head_families.png" in dict(pngs)
+    tables = [b for b in blocks if isinstance(b, Table)]
+    assert tables[-1].frame["model"].tolist() == [model]  # heads per pattern type
+    assert tables[-1].frame.drop(columns="model").astype(int).sum(axis=1).tolist() == [len(mapped)]
+
+
+def test_a_stopped_sweep_resumes_to_the_same_similarity_sums(tiny_gpt2, tmp_path):
+    from headscan.corpus import texts_corpus
+    from headscan.errors import SweepInterrupted
+    from headscan.models import load_model
+    from headscan.scan.reduce import accumulate
+    from headscan.scan.state import PartialState
+
+    model = load_model(str(tiny_gpt2), device="cpu")
+    corpus = texts_corpus(TEXTS, None)
+    config = headscan.SweepConfig(similarity_sample=4, window=2, batch_size=1, bootstrap=0, device="cpu")
+    whole = accumulate(model, corpus, config)
+    path, checks = tmp_path / "state.npz", iter(range(100))
+    with pytest.raises(SweepInterrupted):  # stopped in the third window, after two were saved
+        accumulate(model, corpus, config, save=lambda s: s.save(path), save_every=0,
+                   should_stop=lambda: next(checks) >= 5)
+    saved = PartialState.load(path)
+    assert saved.windows_done == 2 and saved.similarity[1].max() > 0
+    resumed = accumulate(model, corpus, config, state=saved)
+    assert np.array_equal(resumed.similarity, whole.similarity)
+
+
+def _plain_word_rows(attention: np.ndarray, word_ids: list[int], n_words: int) -> list[list[float]]:
+    """Clark's word-level attention with a sink, by plain loops: row w is the mean over w's tokens of the
+    attention summed over each word's tokens, then the rest (tokens of no word) as a last key."""
+    rows = []
+    for w in range(n_words):
+        tokens = [t for t, owner in enumerate(word_ids) if owner == w]
+        row = [0.0] * (n_words + 1)
+        for t in tokens:
+            for k, owner in enumerate(word_ids):
+                if 0 <= owner < n_words:
+                    row[owner] += float(attention[t, k]) / len(tokens)
+                else:
+                    row[n_words] += float(attention[t, k]) / len(tokens)
+        rows.append(row)
+    return rows
+
+
+def test_similarity_across_models_equals_a_plain_loop_over_words(tiny_gpt2, tiny_bert, tmp_path):
+    """Two tokenizers (byte-level BPE, WordPiece) over one treebank: each head of the causal model against each
+    head of the encoder, by plain loops over Hugging Face's own attention (float64) on headscan's token -> word
+    alignment (checked in test_syntax.py): a query word sees the sink and the words up to itself, each row
+    renormalised over them and smoothed as Clark's."""
+    from conftest import treebank_corpus
+    from headscan.corpus import encode, read_corpus
+    from headscan.models import load_model
+
+    corpus_file = treebank_corpus(tmp_path, 6)
+    run = headscan.sweep([str(tiny_gpt2), str(tiny_bert)], str(corpus_file), similarity_sample=3, dtype="float64",
+                         bootstrap=0, device="cpu", batch_size=2)
+    table = run["similarity_across"]
+    segments = run.provenance.models[0].extra["similarity"]["segments"]
+    corpus = read_corpus(corpus_file)
+    rows = {}
+    for folder, causal in ((tiny_gpt2, True), (tiny_bert, False)):
+        model = load_model(str(folder), device="cpu")
+        encoded = encode(corpus, model, 128, indices=segments)
+        auto = AutoModelForCausalLM if causal else AutoModelForMaskedLM
+        hf = auto.from_pretrained(folder, attn_implementation="eager", dtype=torch.float64).eval()
+        for n, segment in enumerate(segments):
+            with torch.no_grad():
+                attentions = hf(torch.tensor([encoded.token_ids[n]]), output_attentions=True).attentions
+            word_ids = list(encoded.word_ids[n])
+            heads = torch.cat([a[0] for a in attentions]).numpy()  # (layer * head, n, n)
+            rows[folder, segment] = ([_plain_word_rows(h, word_ids, max(word_ids) + 1) for h in heads],
+                                     set(word_ids))
+    size_a, size_b = len(rows[tiny_gpt2, segments[0]][0]), len(rows[tiny_bert, segments[0]][0])
+    sums, queries = np.zeros((size_a, size_b)), 0
+    for segment in segments:
+        (a, words_a), (b, words_b) = rows[tiny_gpt2, segment], rows[tiny_bert, segment]
+        n = min(len(a[0]), len(b[0]))
+        for w in range(n):
+            if w not in words_a or w not in words_b:
+                continue
+            queries += 1
+            seen = list(range(w + 1))  # the words up to the query word (the GPT-2 is causal), then the sink
+            for i in range(size_a):
+                p = [a[i][w][k] for k in seen] + [a[i][w][-1]]
+                for j in range(size_b):
+                    q = [b[j][w][k] for k in seen] + [b[j][w][-1]]
+                    sums[i, j] += _plain_js([x / sum(p) for x in p], [x / sum(q) for x in q])
+    got = table.pivot(index=["layer", "head"], columns=["other_layer", "other_head"], values="value").to_numpy()
+    np.testing.assert_allclose(got, sums / queries, rtol=0, atol=1e-9)
+    assert (table["count"] == queries).all() and (table["model"] == str(tiny_gpt2)).all()
+    blocks = families_section(merge_runs([run]), Pngs())
+    assert "The same heads in two models" in [b.text for b in blocks if isinstance(b, Heading)]
+    closest = families.closest_across(table, top=3)
+    assert closest["value"].tolist() == sorted(table["value"])[:3]
