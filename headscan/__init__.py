@@ -14,8 +14,9 @@ Importing headscan imports neither torch nor transformers; the first sweep does.
 >>> import headscan
 >>> list(headscan.METRICS)[:3]
 ['prev_token', 'next_token', 'self']
->>> list(headscan.TABLES)
-['heads', 'offsets', 'positions', 'syntax', 'value', 'weights', 'importance', 'retrieval', 'retrieval_trials']
+>>> list(headscan.TABLES)  # doctest: +NORMALIZE_WHITESPACE
+['heads', 'offsets', 'positions', 'syntax', 'value', 'weights', 'importance', 'similarity', 'similarity_across',
+ 'retrieval', 'retrieval_trials']
 """
 
 import importlib

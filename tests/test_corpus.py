@@ -356,6 +356,25 @@ def test_repeat_random_options_and_errors():
         read_corpus("repeat-random:m=5")
 
 
+@pytest.mark.parametrize("arch", ["gpt2", "bert"])
+def test_long_segments_split_into_windows_lose_no_token(tiny_models, arch):
+    from headscan.corpus import Corpus, Segment
+
+    text = "the old man walked down to the river and looked at the boats for a long time before going home"
+    model = tiny_models[arch]
+    corpus = Corpus("test", "text", "", (Segment(text + " " + text, 1), Segment("a dog ran", 2)))
+    whole = model.token_ids([corpus.segments[0].text])[0]
+    split = encode(corpus, model, 8, long="split")
+    cut = encode(corpus, model, 8)
+    assert all(len(ids) <= 8 for ids in split.token_ids) and split.n_tokens_lost == 0
+    assert [split.segment_of(i) for i in range(len(split.token_ids))] == [0] * (len(split.token_ids) - 1) + [1]
+    specials = (1 if arch == "gpt2" else 2)  # BOS; or [CLS] and [SEP]
+    bodies = [ids[1: len(ids) - (specials - 1)] for ids in split.token_ids[:-1]]
+    assert [t for body in bodies for t in body] == list(whole[1: len(whole) - (specials - 1)])  # nothing lost or repeated
+    assert all(ids[0] == whole[0] for ids in split.token_ids)  # every window opens like the segment
+    assert cut.n_truncated == split.n_truncated == 1 and cut.n_tokens_lost == len(whole) - 8
+
+
 def test_repeat_random_tokens_repeat_and_are_seeded(tiny_models):
     model = tiny_models["bert"]
     corpus = read_corpus("repeat-random:n=6,count=3,seed=1")
