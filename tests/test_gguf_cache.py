@@ -25,21 +25,22 @@ def test_the_cache_folder_follows_headscan_cache(monkeypatch, tmp_path, setting,
 
 
 class _Saves:
-    """Stands in for a model or tokenizer: save_pretrained writes a file, or fails like a full disk."""
+    """Stands in for a model or tokenizer: save_pretrained writes a file, or then fails (a full disk, a model that cannot be saved)."""
 
-    def __init__(self, name, fail=False):
+    def __init__(self, name, fail=None):
         self.name, self.fail = name, fail
 
     def save_pretrained(self, folder):
         (folder / self.name).write_text("x")
         if self.fail:
-            raise OSError(28, "No space left on device")
+            raise self.fail
 
 
-def test_a_cache_folder_appears_whole_or_not_at_all(tmp_path, monkeypatch):
+@pytest.mark.parametrize("failure", [OSError(28, "No space left on device"), ValueError("not serializable")])
+def test_a_cache_folder_appears_whole_or_not_at_all(tmp_path, monkeypatch, failure):
     monkeypatch.setattr(gguf_cache, "_save_model", lambda model, folder: model.save_pretrained(folder))
     folder = tmp_path / "gguf" / "abc"
-    gguf_cache._write(folder, _Saves("model.safetensors"), _Saves("tokenizer.json", fail=True))
+    gguf_cache._write(folder, _Saves("model.safetensors"), _Saves("tokenizer.json", fail=failure))
     assert not folder.exists() and list((tmp_path / "gguf").iterdir()) == []  # no partial copy left behind
     gguf_cache._write(folder, _Saves("model.safetensors"), _Saves("tokenizer.json"))
     assert sorted(p.name for p in folder.iterdir()) == ["headscan-complete", "model.safetensors", "tokenizer.json"]

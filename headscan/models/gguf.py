@@ -88,8 +88,8 @@ def _write(folder: Path, hf_model, tokenizer) -> None:
             tokenizer.save_pretrained(partial)
         (partial / _COMPLETE).write_text("written by headscan from a GGUF file\n")
         os.replace(partial, folder)
-    except OSError:  # read-only, full, or another process renamed its copy first: that one is as good
-        pass
+    except Exception:  # read-only, full, a model transformers cannot save, or another process renamed its copy
+        pass  # first (that one is as good): the cache only saves time, so it never stops a load
     finally:
         shutil.rmtree(partial, ignore_errors=True)
 
