@@ -372,6 +372,8 @@ def test_effective_units_and_variance_df_against_their_definitions():
     n_eff = effective_units(moments)
     np.testing.assert_allclose(n_eff[:2], np.abs(sums[:, :2]).sum(0) ** 2 / (sums[:, :2] ** 2).sum(0), rtol=1e-12)
     assert np.isnan(n_eff[2])  # no sum at all
+    small = sums * 1e-3  # sum_u s_u^2 below 1: n_eff does not depend on the sums' scale
+    np.testing.assert_allclose(effective_units(unit_moments(small, counts))[:2], n_eff[:2], rtol=1e-9)
     weights = bootstrap_weights(range(30), 200, seed=4)
     df = variance_df(weights @ sums, weights @ counts, replicate_moments(weights, sums, counts))
     for column in (0, 1):
