@@ -26,8 +26,10 @@ demo: setup
 	$(BIN)/headscan report out/demo --out reports/demo
 	@echo "open reports/demo/index.html; for the headscan command itself: . $(VENV)/bin/activate"
 
+# Two pytest workers, one per core, each taking whole test files (module fixtures are built once); JOBS=1 runs serially.
+JOBS ?= 2
 test: setup
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadfile)
 
 # The committed reports: the embedded defaults over the EWT dev sentences (alone, and again beside their random-init
 # controls with head importance: ewt-dev-controls) and over repeated random tokens.

@@ -21,6 +21,16 @@ matplotlib.use("Agg")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach for the network
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+
+def pytest_configure(config):
+    """Under pytest-xdist (`make test` runs two workers on the two cores), one torch thread per worker and per
+    headscan process a test starts: two threads each would oversubscribe the cores and slow both workers."""
+    if hasattr(config, "workerinput"):
+        os.environ["OMP_NUM_THREADS"] = "1"
+        import torch
+
+        torch.set_num_threads(1)
+
 ROOT = Path(__file__).resolve().parents[1]  # the repository (or a copy of it, such as mutmut's mutants/)
 EWT_BESIDE = Path("shared") / "data" / "ud-english-ewt"  # where the treebank lies beside a checkout
 

@@ -59,19 +59,27 @@ def test_bridge_and_hugging_face_modules_give_the_same_weights(ov_model, tiny_mo
 def test_gpt2_pre_attention_layernorm_is_folded_into_w_v_and_b_v(tiny_models):
     model = tiny_models["gpt2"]
     block = model.hf_model.transformer.h[1]
-    with torch.no_grad():
-        block.ln_1.weight.normal_()
-        block.ln_1.bias.normal_()
-    x = torch.randn(5, model.d_model)
-    with torch.no_grad():
-        expected = block.attn.c_attn(block.ln_1(x))[:, 2 * model.d_model:].reshape(5, model.n_heads, -1)
-    mean, var = x.mean(-1, keepdim=True), x.var(-1, unbiased=False, keepdim=True)
-    normalised = (x - mean) / torch.sqrt(var + block.ln_1.eps)
-    weights = circuits.head_weights(model)
-    folded = torch.einsum("pd,hde->phe", normalised, weights.W_V[1]) + weights.b_V[1]
-    assert torch.allclose(folded, expected, atol=1e-5)
-    raw = circuits.head_weights(model, fold_norms=False)
-    assert raw.folded == "nothing" and not torch.allclose(raw.W_V[1], weights.W_V[1])
+    # the session's shared tiny GPT-2 serves other test files (on the same pytest worker, in any order): put its
+    # layer norm back afterwards
+    saved = block.ln_1.weight.detach().clone(), block.ln_1.bias.detach().clone()
+    try:
+        with torch.no_grad():
+            block.ln_1.weight.normal_()
+            block.ln_1.bias.normal_()
+        x = torch.randn(5, model.d_model)
+        with torch.no_grad():
+            expected = block.attn.c_attn(block.ln_1(x))[:, 2 * model.d_model:].reshape(5, model.n_heads, -1)
+        mean, var = x.mean(-1, keepdim=True), x.var(-1, unbiased=False, keepdim=True)
+        normalised = (x - mean) / torch.sqrt(var + block.ln_1.eps)
+        weights = circuits.head_weights(model)
+        folded = torch.einsum("pd,hde->phe", normalised, weights.W_V[1]) + weights.b_V[1]
+        assert torch.allclose(folded, expected, atol=1e-5)
+        raw = circuits.head_weights(model, fold_norms=False)
+        assert raw.folded == "nothing" and not torch.allclose(raw.W_V[1], weights.W_V[1])
+    finally:
+        with torch.no_grad():
+            block.ln_1.weight.copy_(saved[0])
+            block.ln_1.bias.copy_(saved[1])
 
 
 def weight_frame(model):

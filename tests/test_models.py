@@ -220,7 +220,8 @@ def test_a_model_neither_path_can_hook_is_refused_in_one_line(tmp_path, kind, co
     with pytest.raises(ModelLoadError) as caught:
         load_model(folder, device="cpu")
     message = str(caught.value)
-    assert "\n" not in message and len(message) < 500, message
+    # the folder's name is pytest's (longer under pytest-xdist's workers), not the message's
+    assert "\n" not in message and len(message.replace(str(folder), "FOLDER")) < 500, message
     assert "Available architectures" not in message
     assert expected in message
 
