@@ -13,24 +13,53 @@ the softmax, so saturation does not enter, but cancellation and large effects do
 Pythia and activation patching between prompt pairs, not for mean ablation over a corpus, so the 0.8 here is
 this project's bar, not theirs.
 
-    python experiments/atp_vs_ablation.py                            # smollm2, 64 sentences: hours on 2 CPU cores
+    python experiments/atp_vs_ablation.py                            # smollm2, 64 sentences: about an hour, 2 cores
     python experiments/atp_vs_ablation.py --model minilm --limit 16   # no AtP (hidden_change): exact effects only
+    python experiments/atp_vs_ablation.py --from-heads reports/experiments/atp_vs_ablation   # README again, no sweep
 
-Writes ``reports/experiments/atp_vs_ablation/``: ``heads.csv`` (every head's four values and intervals),
-``scatter.png`` (AtP against exact, mean and zero ablation) and ``README.md`` (the correlations, the heads
-AtP misjudges most, and how long it took).
+Writes ``reports/experiments/atp_vs_ablation/`` (or ``--out``):
+
+- ``heads.csv``: one row per head, columns ``model, layer, head, label`` and, for each method (``atp_mean``,
+  ``atp_zero``, ``mean_ablation``, ``zero_ablation``), its value and ``<method>_ci_low``/``<method>_ci_high``;
+- ``run.json``: the run's settings (below);
+- ``scatter.png``: AtP against exact, mean and zero ablation;
+- ``README.md``: the check, the rank agreement, the agreement over subsets of heads (every head; layers 1 and
+  up; layers 2 and up; heads whose mean-ablation 95% interval excludes 0; the fifth with the largest
+  |mean_ablation|), the heads AtP misjudges most and their layers, and, where the bar is missed, by how much
+  and where. A hand-written section between ``<!-- notes -->`` and ``<!-- /notes -->`` survives every rewrite.
+
+The README is always written from ``heads.csv`` and ``run.json`` as they are on disk, so ``--from-heads FOLDER``
+(no sweep) writes the same README a run wrote, keeping the notes of the README already in the output folder,
+and redraws ``scatter.png`` from ``heads.csv``. With ``--out`` elsewhere it copies ``heads.csv`` and
+``run.json`` there first.
+
+``run.json`` (written by a run; write it by hand for a run made before the script wrote one):
+
+- required: ``model`` (name, as in heads.csv), ``corpus`` (the file's name or "builtin"), ``limit``
+  (sentences), ``max_len``, ``batch_size``, ``device``, ``minutes`` (the sweep's wall time), ``target``
+  (``next_token_loss``, ``masked_loss`` or ``hidden_change``);
+- optional (the README leaves out what is missing): ``bootstrap``, ``seconds``, ``command`` (the line that
+  reproduces the run), ``headscan_version``, ``git_revision``, ``importance`` (the sweep's importance notes,
+  a dict: ``ablation_passes``, ``sample``, ``ablated_heads``, ``means``, ...; ``ablated``, the list of pairs,
+  is left out).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import re
+import shlex
+import shutil
 import sys
 import time
+from pathlib import Path
 
 import pandas as pd
 
 import headscan
-from headscan.analysis.importance import agreement
+from headscan.analysis.importance import agreement, spearman
 from headscan.corpus import read_corpus
 from headscan.plots.importance import atp_against_exact
 from headscan.scan import sweep_model
@@ -38,6 +67,11 @@ from _common import corpus_name, ewt_dev, markdown_table, out_folder, verdict, w
 
 BAR = 0.8  # the Spearman correlation AtP must reach against exact mean ablation
 MISSES = 10  # heads listed where AtP and exact ablation differ most
+METHODS = ("atp_mean", "atp_zero", "mean_ablation", "zero_ablation")
+REQUIRED = ("model", "corpus", "limit", "max_len", "batch_size", "device", "minutes", "target")
+NOTES_OPEN, NOTES_CLOSE = "<!-- notes -->", "<!-- /notes -->"
+TOLD_FROM_0 = "exact effect's 95% interval excludes 0"
+EMPTY_NOTES = "<!-- Hand-written notes go here: a rewrite of this README (--from-heads) keeps them. -->"
 
 
 def parse(argv):
@@ -49,8 +83,14 @@ def parse(argv):
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--bootstrap", type=int, default=200)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--out", default=None, help="default: reports/experiments/atp_vs_ablation")
+    parser.add_argument("--out", default=None, help="default: reports/experiments/atp_vs_ablation "
+                                                    "(with --from-heads: that folder)")
+    parser.add_argument("--from-heads", default=None, metavar="FOLDER",
+                        help="no sweep: write README.md and scatter.png again from FOLDER's heads.csv and run.json")
     return parser.parse_args(argv)
+
+
+# --- tables ---------------------------------------------------------------------------------------------------
 
 
 def per_head(table: pd.DataFrame) -> pd.DataFrame:
@@ -63,6 +103,157 @@ def per_head(table: pd.DataFrame) -> pd.DataFrame:
     labels = table.drop_duplicates(["model", "layer", "head"]).set_index(["model", "layer", "head"])["label"]
     wide.insert(0, "label", labels.reindex(wide.index))
     return wide.reset_index()
+
+
+def importance_rows(heads: pd.DataFrame, target: str) -> pd.DataFrame:
+    """heads.csv back into importance.parquet's long rows (model, layer, head, label, method, value, ci_low,
+    ci_high, target), one per head and method present, for the library's `agreement` and plots."""
+    parts = []
+    for method in METHODS:
+        if method not in heads:
+            continue
+        part = heads[["model", "layer", "head", "label"]].copy()
+        part["method"] = method
+        for stat, column in (("value", method), ("ci_low", f"{method}_ci_low"), ("ci_high", f"{method}_ci_high")):
+            part[stat] = heads[column] if column in heads else float("nan")
+        parts.append(part)
+    if not parts:
+        raise ValueError(f"heads.csv has none of the methods {', '.join(METHODS)}; its columns: {list(heads.columns)}")
+    rows = pd.concat(parts, ignore_index=True)
+    rows["target"] = target
+    return rows
+
+
+def subsets(heads: pd.DataFrame) -> pd.DataFrame:
+    """Agreement of AtP with exact ablation over subsets of the heads: every head; layers 1 and up; layers 2 and
+    up; the heads whose mean-ablation 95% interval excludes 0; the fifth of heads (rounded up) with the largest
+    |mean_ablation|. ``n`` is the subset's size; the correlations leave out heads where either value is NaN."""
+    heads = heads.reindex(columns=list(dict.fromkeys([*heads.columns, *METHODS, "mean_ablation_ci_low",
+                                                      "mean_ablation_ci_high"])))
+    exact = heads["mean_ablation"]
+    measured = exact.notna()
+    fifth = exact[measured].abs().nlargest(math.ceil(measured.sum() / 5)).index
+    chosen = {
+        "every head": pd.Series(True, index=heads.index),
+        "layers 1 and up": heads["layer"] >= 1,
+        "layers 2 and up": heads["layer"] >= 2,
+        TOLD_FROM_0: (heads["mean_ablation_ci_low"] > 0)
+        | (heads["mean_ablation_ci_high"] < 0),
+        "the fifth with the largest exact effects": heads.index.isin(fifth),
+    }
+    rows = []
+    for name, mask in chosen.items():
+        part = heads[mask]
+        mean = part[["atp_mean", "mean_ablation"]].dropna()
+        rows.append({"heads": name, "n": len(part),
+                     "Spearman (mean)": spearman(part["atp_mean"], part["mean_ablation"]),
+                     "Spearman (zero)": spearman(part["atp_zero"], part["zero_ablation"]),
+                     "Pearson (mean)": float(mean["atp_mean"].corr(mean["mean_ablation"])) if len(mean) >= 3
+                     else float("nan")})
+    return pd.DataFrame(rows, columns=["heads", "n", "Spearman (mean)", "Spearman (zero)", "Pearson (mean)"])
+
+
+def worst(heads: pd.DataFrame, top: int = MISSES) -> pd.DataFrame:
+    """The `top` heads where AtP's estimate is farthest from the exact mean ablation; miss = atp_mean -
+    mean_ablation."""
+    columns = ["label", "layer", "mean_ablation", "atp_mean", "miss", "zero_ablation", "atp_zero"]
+    heads = heads.reindex(columns=list(dict.fromkeys([*heads.columns, *METHODS])))
+    both = heads.dropna(subset=["atp_mean", "mean_ablation"]).copy()
+    both["miss"] = both["atp_mean"] - both["mean_ablation"]
+    return both.reindex(both["miss"].abs().sort_values(ascending=False, kind="stable").index).head(top)[columns]
+
+
+def by_layer(misses: pd.DataFrame) -> pd.DataFrame:
+    """The misjudged heads counted by layer: how many, which, and the largest |miss| among them."""
+    groups = misses.groupby("layer", sort=True)
+    return pd.DataFrame({"layer": list(groups.groups),
+                         "misjudged": groups.size().to_list(),
+                         "which": groups["label"].agg(", ".join).to_list(),
+                         "largest abs(miss)": groups["miss"].agg(lambda m: float(m.abs().max())).to_list()})
+
+
+# --- run.json and README -----------------------------------------------------------------------------------
+
+
+def read_settings(folder: Path) -> dict:
+    path = folder / "run.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: --from-heads needs the run's settings beside heads.csv "
+                                f"(fields: {', '.join(REQUIRED)}; see this script's docstring)")
+    settings = json.loads(path.read_text())
+    missing = [key for key in REQUIRED if key not in settings]
+    if missing:
+        raise ValueError(f"{path} lacks {', '.join(missing)}; a run.json needs {', '.join(REQUIRED)} "
+                         "(see this script's docstring)")
+    return settings
+
+
+def notes_of(readme: Path) -> str:
+    """The hand-written section of an existing README (between the markers), else the empty placeholder."""
+    if readme.is_file():
+        found = re.search(re.escape(NOTES_OPEN) + r"\n?(.*?)\n?" + re.escape(NOTES_CLOSE), readme.read_text(), re.S)
+        if found:
+            return found.group(1)
+    return EMPTY_NOTES
+
+
+def readme_text(heads: pd.DataFrame, settings: dict, notes: str = EMPTY_NOTES) -> str:
+    """The README for `heads` (heads.csv's rows) and `settings` (run.json), with `notes` as its hand-written
+    section."""
+    notes_run = settings.get("importance") or {}
+    table = importance_rows(heads, settings["target"])
+    agree = agreement(table)
+    checks = agree[agree["exact"] == "mean_ablation"]
+    rho = float(checks["spearman"].iloc[0]) if len(checks) else float("nan")
+    ok = rho >= BAR
+    version = settings.get("headscan_version")
+    revision = settings.get("git_revision")
+    made_with = (f" headscan {version}" if version else "") + (f" (git {revision[:12]})" if revision else "")
+    lines = [
+        "# AtP against exact ablation\n",
+        f"Model `{settings['model']}`, corpus `{settings['corpus']}`, first {settings['limit']} sentences, max_len "
+        f"{settings['max_len']}, batch size {settings['batch_size']}"
+        + (f", {settings['bootstrap']} bootstrap resamples" if settings.get("bootstrap") is not None else "")
+        + f"; target `{settings['target']}`; every head ablated exactly, mean and zero, one at a time"
+        + (f" ({notes_run['ablation_passes']})" if notes_run.get("ablation_passes") else "")
+        + f"; means over {notes_run.get('sample', 'the corpus')}. The sweep took {float(settings['minutes']):.1f} "
+        f"minutes on this machine ({settings['device']})" + (f", with{made_with}" if made_with else "") + ".\n",
+    ]
+    if settings.get("command"):
+        lines.append(f"    {settings['command']}\n")
+    lines.append(f"Check: Spearman(atp_mean, mean_ablation) >= {BAR}: **{verdict(ok)}** ({rho:.3f})"
+                 + (f", {BAR - rho:.3f} short of the bar" if rho < BAR else "") + ".\n")
+    lines += ["## Rank agreement\n", markdown_table(agree)]
+    parts = subsets(heads)
+    lines += ["## Agreement over subsets of heads\n",
+              "Spearman (mean): atp_mean against mean_ablation; Spearman (zero): atp_zero against zero_ablation; "
+              "Pearson (mean): the linear correlation of atp_mean and mean_ablation. The interval and the fifth "
+              "are the exact mean ablation's.\n", markdown_table(parts)]
+    misses = worst(heads)
+    if len(misses):
+        layers = by_layer(misses)
+        early = int(misses["layer"].le(1).sum())
+        if rho < BAR:  # False for NaN
+            rows = parts.set_index("heads")["Spearman (mean)"]
+            lines += ["## By how much, and where\n",
+                      f"Spearman(atp_mean, mean_ablation) is {rho:.3f}, {BAR - rho:.3f} short of {BAR}. Over layers "
+                      f"1 and up it is {rows['layers 1 and up']:.3f}, over layers 2 and up "
+                      f"{rows['layers 2 and up']:.3f}, and over the heads whose exact effect's interval excludes 0 "
+                      f"{rows[TOLD_FROM_0]:.3f}. {early} of the {len(misses)} heads AtP misjudges most "
+                      "are in layers 0 and 1.\n",
+                      "What the literature expects: a first-order estimate \"works badly for big things\" (Nanda "
+                      "2023), and removing an early head changes the residual stream every later layer reads; AtP "
+                      "also misjudges heads whose direct and indirect effects cancel (Kramár et al. 2024, AtP*). "
+                      "Attention saturation, AtP*'s other cause, cannot enter: headscan patches each head's output "
+                      "after the softmax.\n"]
+        lines += [f"## The {len(misses)} heads AtP misjudges most (mean ablation)\n",
+                  "Values are changes of the loss per token (ablated minus clean); miss = atp_mean - mean_ablation.\n",
+                  markdown_table(misses, floats="{:+.4f}"),
+                  "By layer:\n", markdown_table(layers, floats="{:.4f}")]
+    else:
+        lines += ["## The heads AtP misjudges most\n", "No head has both atp_mean and mean_ablation.\n"]
+    lines += ["![AtP against exact ablation](scatter.png)\n", f"{NOTES_OPEN}\n{notes}\n{NOTES_CLOSE}\n"]
+    return "\n".join(lines)
 
 
 def draw(table: pd.DataFrame, model: str, path) -> None:
@@ -78,8 +269,50 @@ def draw(table: pd.DataFrame, model: str, path) -> None:
     plt.close(fig)
 
 
+def write_outputs(folder: Path) -> float:
+    """README.md and scatter.png from `folder`'s heads.csv and run.json (the README's notes kept); returns
+    Spearman(atp_mean, mean_ablation)."""
+    heads = pd.read_csv(folder / "heads.csv")
+    settings = read_settings(folder)
+    draw(importance_rows(heads, settings["target"]), str(heads["model"].iloc[0]), folder / "scatter.png")
+    readme = folder / "README.md"
+    readme.write_text(readme_text(heads, settings, notes_of(readme)))
+    return spearman(heads.get("atp_mean", pd.Series(dtype=float)), heads["mean_ablation"])
+
+
+def settings_of(args, run, source, seconds: float, argv) -> dict:
+    """run.json: the settings a README is written from."""
+    notes = dict(run.provenance.models[0].extra.get("importance", {}))
+    notes.pop("ablated", None)  # every (layer, head) pair; `ablated_heads` says which
+    return {"model": run.provenance.models[0].name, "corpus": corpus_name(source), "limit": args.limit,
+            "max_len": args.max_len, "batch_size": args.batch_size, "bootstrap": args.bootstrap,
+            "device": args.device, "minutes": round(seconds / 60, 2), "seconds": round(seconds, 1),
+            "target": notes.get("target"),
+            "command": shlex.join(["python", "experiments/atp_vs_ablation.py", *argv]),
+            "headscan_version": run.provenance.headscan_version, "git_revision": run.provenance.git_revision,
+            "importance": notes}
+
+
+def from_heads(folder: Path, out: Path) -> float:
+    if not (folder / "heads.csv").is_file():
+        raise FileNotFoundError(f"{folder / 'heads.csv'} not found: --from-heads takes a folder this script wrote")
+    read_settings(folder)  # its own run.json, checked before anything is copied
+    if out.resolve() != folder.resolve():
+        for name in ("heads.csv", "run.json"):
+            if (folder / name).is_file():
+                shutil.copyfile(folder / name, out / name)
+    return write_outputs(out)
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parse(argv)
+    if args.from_heads:
+        folder = Path(args.from_heads)
+        out = out_folder("atp_vs_ablation", args.out or folder)
+        rho = from_heads(folder, out)
+        print(f"{verdict(rho >= BAR)}: Spearman(atp_mean, mean_ablation) = {rho:.3f}; wrote {out / 'README.md'}")
+        return 0 if rho >= BAR else 1
     out = out_folder("atp_vs_ablation", args.out)
     source = args.corpus or ewt_dev()
     if not weights_present(args.model):
@@ -92,38 +325,14 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     run = sweep_model(model, corpus, config)
     seconds = time.perf_counter() - started
-    table = run["importance"]
-    heads = per_head(table)
-    heads.to_csv(out / "heads.csv", index=False)
-    name = model.name
-    draw(table, name, out / "scatter.png")
-    agree = agreement(table)
-    checks = agree[agree["exact"] == "mean_ablation"]
-    rho = float(checks["spearman"].iloc[0]) if len(checks) else float("nan")
+    per_head(run["importance"]).to_csv(out / "heads.csv", index=False)
+    (out / "run.json").write_text(json.dumps(settings_of(args, run, source, seconds, argv), indent=2) + "\n")
+    rho = write_outputs(out)
+    heads = pd.read_csv(out / "heads.csv")
     ok = rho >= BAR
-    print(f"{verdict(ok)} {name}: Spearman(atp_mean, mean_ablation) = {rho:.3f} over "
-          f"{int(checks['heads'].iloc[0]) if len(checks) else 0} heads (>= {BAR} expected); {seconds / 60:.1f} minutes")
-    misses = pd.DataFrame()
-    if {"atp_mean", "mean_ablation"} <= set(heads.columns):
-        heads["miss"] = heads["atp_mean"] - heads["mean_ablation"]
-        misses = heads.reindex(heads["miss"].abs().sort_values(ascending=False).index).head(MISSES)
-        misses = misses[["label", "layer", "mean_ablation", "atp_mean", "miss", "zero_ablation", "atp_zero"]]
-    notes = run.provenance.models[0].extra.get("importance", {})
-    without_layer0 = agreement(table[table["layer"] > 0])
-    (out / "README.md").write_text(
-        "# AtP against exact ablation\n\n"
-        f"Model `{name}`, corpus `{corpus_name(source)}`, first {args.limit} sentences, max_len {args.max_len}, "
-        f"batch size {args.batch_size}; target `{notes.get('target')}`; every head ablated exactly, mean and zero, "
-        f"one at a time ({notes.get('ablation_passes', '')}); means over {notes.get('sample', 'the corpus')}. "
-        f"The sweep took {seconds / 60:.1f} minutes on this machine ({args.device}).\n\n"
-        f"Check: Spearman(atp_mean, mean_ablation) >= {BAR}: **{verdict(ok)}** ({rho:.3f}).\n\n"
-        "## Rank agreement\n\n" + markdown_table(agree) +
-        "\nWithout layer 0 (whose heads change the most downstream, where a first-order estimate is weakest):\n\n"
-        + markdown_table(without_layer0) +
-        f"\n## The {MISSES} heads AtP misjudges most (mean ablation)\n\n"
-        "Values are changes of the loss per token (ablated minus clean); miss = atp_mean - mean_ablation.\n\n"
-        + (markdown_table(misses, floats="{:+.4f}") if len(misses) else "No head has both.\n") +
-        "\n![AtP against exact ablation](scatter.png)\n")
+    print(f"{verdict(ok)} {model.name}: Spearman(atp_mean, mean_ablation) = {rho:.3f} over "
+          f"{int(heads[['atp_mean', 'mean_ablation']].notna().all(axis=1).sum()) if 'atp_mean' in heads else 0} "
+          f"heads (>= {BAR} expected); {seconds / 60:.1f} minutes")
     print(f"wrote {out}")
     return 0 if ok else 1
 

@@ -170,3 +170,135 @@ def test_mask_is_the_difference_passes_where_the_mask_decides(experiment, tiny_g
     encoder = layers[layers.family == "bidirectional"]
     assert (encoder.ahead > 0.1).all() and (layers[layers.family == "causal"].ahead.abs() <= 1e-6).all()
     assert rc == 0 and out.count("PASS") == 2 and "FAIL" not in out
+
+
+def test_atp_vs_ablation_writes_run_json_and_from_heads_rewrites_the_same_readme_keeping_the_notes(
+        experiment, tiny_gpt2, tmp_path, capsys):
+    import json
+
+    script = experiment("atp_vs_ablation")
+    run = tmp_path / "run"
+    rc = script.main(["--model", str(tiny_gpt2), "--corpus", "builtin", "--limit", "4", "--max-len", "32",
+                      "--bootstrap", "20", "--out", str(run)])
+    assert rc in (0, 1)
+    heads = pd.read_csv(run / "heads.csv")
+    assert len(heads) == 2 * 4 and {"atp_mean", "mean_ablation_ci_low", "zero_ablation"} <= set(heads.columns)
+    settings = json.loads((run / "run.json").read_text())
+    assert {key: settings[key] for key in ("corpus", "limit", "max_len", "batch_size", "bootstrap", "device",
+                                           "target")} == {"corpus": "builtin", "limit": 4, "max_len": 32,
+                                                          "batch_size": 16, "bootstrap": 20, "device": "cpu",
+                                                          "target": "next_token_loss"}
+    assert settings["model"] == heads["model"].iloc[0] and settings["headscan_version"]
+    assert settings["command"].endswith("--bootstrap 20 --out " + str(run)) and "ablated" not in settings["importance"]
+    written = (run / "README.md").read_text()
+    assert "| every head | 8 |" in written and "| layers 1 and up | 4 |" in written
+    assert script.EMPTY_NOTES in written
+    # a hand-written section survives; the rest comes back byte for byte, and the scatter is drawn again
+    notes = "## What the number says\n\nWritten by hand, after the run.\n"
+    edited = written.replace(script.EMPTY_NOTES, notes)
+    (run / "README.md").write_text(edited)
+    (run / "scatter.png").unlink()
+    assert script.main(["--from-heads", str(run)]) == rc
+    assert (run / "README.md").read_text() == edited and (run / "scatter.png").stat().st_size > 0
+    # elsewhere: heads.csv and run.json copied beside the README, which has no notes there yet
+    assert script.main(["--from-heads", str(run), "--out", str(tmp_path / "copy")]) == rc
+    assert (tmp_path / "copy" / "README.md").read_text() == written
+    assert (tmp_path / "copy" / "run.json").read_text() == (run / "run.json").read_text()
+
+
+def _plain_ranks(values):
+    return [1 + sum(v < x for v in values) + (sum(v == x for v in values) - 1) / 2 for x in values]
+
+
+def _plain_pearson(x, y):
+    n = len(x)
+    mx, my = sum(x) / n, sum(y) / n
+    sxy = sum((a - mx) * (b - my) for a, b in zip(x, y))
+    sxx, syy = sum((a - mx) ** 2 for a in x), sum((b - my) ** 2 for b in y)
+    return sxy / (sxx * syy) ** 0.5
+
+
+def _heads_table(seed=0):
+    """15 heads (3 layers x 5) of heads.csv's shape, with ties, one missing atp_zero and intervals that exclude 0
+    for some heads."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for layer in range(3):
+        for head in range(5):
+            exact = round(float(rng.normal(0, 0.1)), 2)  # rounded: ties
+            rows.append({"model": "m", "layer": layer, "head": head, "label": f"L{layer}H{head}",
+                         "atp_mean": exact + float(rng.normal(0, 0.1 if layer == 0 else 0.02)),
+                         "atp_zero": float(rng.normal(0, 0.1)), "mean_ablation": exact,
+                         "zero_ablation": exact * 2 + float(rng.normal(0, 0.05)),
+                         "mean_ablation_ci_low": exact - 0.05, "mean_ablation_ci_high": exact + 0.05})
+    rows[7]["atp_zero"] = float("nan")
+    return pd.DataFrame(rows)
+
+
+def test_atp_agreement_over_subsets_equals_a_plain_computation(experiment):
+    import math
+
+    heads = _heads_table()
+    got = experiment("atp_vs_ablation").subsets(heads).set_index("heads")
+    records = heads.to_dict("records")
+    by_size = sorted(range(len(records)), key=lambda i: -abs(records[i]["mean_ablation"]))
+    members = {
+        "every head": list(range(15)),
+        "layers 1 and up": [i for i, r in enumerate(records) if r["layer"] >= 1],
+        "layers 2 and up": [i for i, r in enumerate(records) if r["layer"] >= 2],
+        "exact effect's 95% interval excludes 0": [i for i, r in enumerate(records)
+                                                   if r["mean_ablation_ci_low"] > 0 or r["mean_ablation_ci_high"] < 0],
+        "the fifth with the largest exact effects": by_size[:3],
+    }
+    assert 0 < len(members["exact effect's 95% interval excludes 0"]) < 15
+    assert list(got.index) == list(members)
+    for name, chosen in members.items():
+        rows = [records[i] for i in chosen]
+        zero = [r for r in rows if not math.isnan(r["atp_zero"])]
+        expected = {
+            "n": len(rows),
+            "Spearman (mean)": _plain_pearson(_plain_ranks([r["atp_mean"] for r in rows]),
+                                              _plain_ranks([r["mean_ablation"] for r in rows])),
+            "Spearman (zero)": _plain_pearson(_plain_ranks([r["atp_zero"] for r in zero]),
+                                              _plain_ranks([r["zero_ablation"] for r in zero])),
+            "Pearson (mean)": _plain_pearson([r["atp_mean"] for r in rows], [r["mean_ablation"] for r in rows]),
+        }
+        for column, value in expected.items():
+            assert got.loc[name, column] == pytest.approx(value, abs=1e-12), (name, column)
+
+
+def test_atp_readme_says_by_how_much_and_which_layers_where_the_bar_is_missed(experiment):
+    script = experiment("atp_vs_ablation")
+    heads = _heads_table()
+    heads.loc[heads.layer == 0, "atp_mean"] = -heads.loc[heads.layer == 0, "mean_ablation"] * 10  # early misses
+    settings = {"model": "m", "corpus": "builtin", "limit": 4, "max_len": 32, "batch_size": 16, "device": "cpu",
+                "minutes": 0.5, "target": "next_token_loss"}
+    text = script.readme_text(heads, settings, notes="kept")
+    rho = _plain_pearson(_plain_ranks(list(heads.atp_mean)), _plain_ranks(list(heads.mean_ablation)))
+    assert rho < script.BAR
+    assert f"**FAIL** ({rho:.3f}), {script.BAR - rho:.3f} short of the bar." in text
+    assert "## By how much, and where" in text
+    misses = heads.assign(miss=heads.atp_mean - heads.mean_ablation).sort_values("miss", key=abs, ascending=False)
+    early = int((misses.head(10).layer <= 1).sum())
+    assert f"{early} of the 10 heads AtP misjudges most are in layers 0 and 1." in text
+    worst_layer0 = misses[misses.layer == 0].head(10)
+    row = (f"| 0 | {len(worst_layer0)} | {', '.join(worst_layer0.label)} | "
+           f"{worst_layer0.miss.abs().max():.4f} |")
+    assert row in text
+    assert text.endswith("<!-- notes -->\nkept\n<!-- /notes -->\n")
+    # where the bar is met, no shortfall
+    assert "By how much" not in script.readme_text(heads.assign(atp_mean=heads.mean_ablation), settings)
+
+
+def test_atp_from_heads_asks_for_the_run_json_fields_it_needs(experiment, tmp_path):
+    import json
+
+    script = experiment("atp_vs_ablation")
+    _heads_table().to_csv(tmp_path / "heads.csv", index=False)
+    with pytest.raises(FileNotFoundError, match="run.json not found"):
+        script.main(["--from-heads", str(tmp_path)])
+    (tmp_path / "run.json").write_text(json.dumps({"model": "m", "corpus": "builtin"}))
+    with pytest.raises(ValueError, match="lacks limit, max_len, batch_size, device, minutes, target"):
+        script.main(["--from-heads", str(tmp_path)])
