@@ -57,6 +57,22 @@ def test_a_sweep_reads_an_hf_corpus_and_records_it(saved, tiny_gpt2):
     assert (corpus.source, corpus.kind, corpus.n_segments) == (f"hf:{saved}", "hf", 4)
 
 
+def test_a_saved_dataset_sweeps_to_the_tables_of_the_same_texts_in_a_jsonl_file(saved, tiny_gpt2, tmp_path):
+    """Issue 22: a dataset is only another way to hand headscan the same text; documents from the same field."""
+    import json
+
+    jsonl = tmp_path / "same.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": t, "doc": d}) + "\n" for t, d in zip(ROWS["text"], ROWS["doc"])),
+                     encoding="utf-8")
+    settings = dict(device="cpu", bootstrap=50, bootstrap_unit="document", document_field="doc")
+    from_dataset = headscan.sweep(str(tiny_gpt2), f"hf:{saved}", **settings)
+    from_jsonl = headscan.sweep(str(tiny_gpt2), str(jsonl), **settings)
+    assert from_dataset.provenance.corpus.n_segments == from_jsonl.provenance.corpus.n_segments == 4
+    assert list(from_dataset.frames) == list(from_jsonl.frames)
+    for name in from_dataset.frames:
+        pd.testing.assert_frame_equal(from_dataset[name], from_jsonl[name], check_exact=True, obj=name)
+
+
 @pytest.mark.parametrize("spec, message", [
     ("hf:{saved}:split=validation", "holds one dataset without splits; leave split= out"),
     ("hf:{saved}:field=body", "row 1: no field 'body' (fields: text, doc, n); name the text's column"),
