@@ -299,3 +299,22 @@ def test_similarity_across_models_equals_a_plain_loop_over_words(tiny_gpt2, tiny
     assert "The same heads in two models" in [b.text for b in blocks if isinstance(b, Heading)]
     closest = families.closest_across(table, top=3)
     assert closest["value"].tolist() == sorted(table["value"])[:3]
+
+    # the atlas's panel: each head's nearest heads of the other model, the first model's (a row of the plain
+    # matrix) and the second's too (a column: the table holds each pair once, under the first model)
+    want = sums / queries
+    models = {m["name"]: m for m in atlas_data(merge_runs([run]))["models"]}
+    for name, matrix, other in ((str(tiny_gpt2), want, str(tiny_bert)), (str(tiny_bert), want.T, str(tiny_gpt2))):
+        rows = next(o for o in models[name]["other"] if o["table"] == "similarity_across")
+        assert sorted(set(rows["at"])) == list(range(len(matrix)))
+        for i, line in enumerate(matrix):
+            mine = [k for k, at in enumerate(rows["at"]) if at == i]
+            assert [rows["value"][k] for k in mine] == pytest.approx(np.sort(line)[:NEAREST], rel=1e-4)
+            assert {rows["cells"][rows["key"][k]][0] for k in mine} == {other}
+    # two runs of the same two models: each run's other_model renamed as its model, so each panel lists its run's
+    both = merge_runs([run, run], ["a", "b"])
+    assert set(zip(both["similarity_across"]["model"], both["similarity_across"]["other_model"])) == \
+        {(f"a:{tiny_gpt2}", f"a:{tiny_bert}"), (f"b:{tiny_gpt2}", f"b:{tiny_bert}")}
+    second = next(m for m in atlas_data(both)["models"] if m["name"] == f"b:{tiny_bert}")
+    rows = next(o for o in second["other"] if o["table"] == "similarity_across")
+    assert len(rows["at"]) == NEAREST * size_b and {c[0] for c in rows["cells"]} == {f"b:{tiny_gpt2}"}

@@ -206,6 +206,13 @@ def _nearest(part: pd.DataFrame) -> pd.DataFrame:
     return part.sort_values("value", kind="stable").groupby(["layer", "head"], sort=False).head(NEAREST)
 
 
+def _mirrored(across: pd.DataFrame) -> pd.DataFrame:
+    """similarity_across rows seen from the other model: each pair's two heads swapped (the divergence is
+    symmetric), so the second model of a run lists its nearest heads of the first too."""
+    swap = {"model": "other_model", "layer": "other_layer", "head": "other_head", "label": "other_label"}
+    return across.rename(columns={**swap, **{v: k for k, v in swap.items()}})[list(across.columns)]
+
+
 def _other_rows(comparison: Comparison, name: str, n_heads: int) -> list[dict]:
     """Rows of tables other than heads and offsets (syntax accuracies, say), per head, for the panel.
 
@@ -217,6 +224,10 @@ def _other_rows(comparison: Comparison, name: str, n_heads: int) -> list[dict]:
         if table in ("heads", "offsets", "retrieval", "retrieval_trials"):  # colours of the grid; one row per trial
             continue
         part = frame[(frame["model"] == name) & frame["value"].notna()]
+        if table == "similarity_across":  # a run writes each pair of models once, under its first model
+            listed = set(part["other_model"])
+            back = frame[(frame["other_model"] == name) & ~frame["model"].isin(listed) & frame["value"].notna()]
+            part = pd.concat([part, _mirrored(back)])
         if table in ("similarity", "similarity_across"):  # heads^2 rows: each head's nearest heads only
             part = _nearest(part)
         keys, cells, part = _other_keys(table, frame, part)
