@@ -233,13 +233,13 @@
       var box = document.createElement("div");
       box.className = "atlas-model";
       box.setAttribute("data-group", g);
-      var s = '<div class="atlas-title"></div>';
-      if (group.steps) {
+      var s = '<div class="atlas-title"></div><div class="atlas-grid"></div>';
+      if (group.steps) {  // under the grid, so that every grid's rows stay level with the depth axis
         s += '<div class="atlas-steps"><input type="range" class="atlas-step"' + attrs({ min: 0,
           max: group.steps.length - 1, step: 1, value: group.at, "aria-label": group.name + ": training step" }) +
           '><span class="atlas-step-shown"></span></div>';
       }
-      box.innerHTML = s + '<div class="atlas-grid"></div><div class="atlas-why"></div><div class="atlas-map-box"></div>';
+      box.innerHTML = s + '<div class="atlas-why"></div><div class="atlas-map-box"></div>';
       grids.appendChild(box);
       cellWidth = Math.max(8, Math.min(24, Math.floor(300 / model.heads),
         Math.floor((880 - 58 - 48 * groups.length) / totalHeads)));
@@ -255,6 +255,7 @@
   function showStep(g, at) {
     var group = groups[g], before = shownModel(g);
     group.at = at;
+    tip.hidden = true;
     cellWidth = +grids.querySelector('.atlas-model[data-group="' + g + '"]').getAttribute("data-cw");
     drawGroup(g);
     recolour();
@@ -488,7 +489,7 @@
     if (group.steps) {
       var at = group.models.indexOf(m);
       s += '<p class="muted atlas-checkpoint">checkpoint ' + (at + 1) + " of " + group.steps.length + " of series " +
-        esc(group.name) + ": step " + group.steps[at] + " (the slider above its grid moves this panel along)</p>";
+        esc(group.name) + ": step " + group.steps[at] + " (the slider under its grid moves this panel along)</p>";
     }
     var f = family(model, index, 0);
     if (f) {
