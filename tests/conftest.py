@@ -7,6 +7,7 @@ treebank, the smollm2 weights, a browser), the test skips with the reason, excep
 it fails: CI must not go green by skipping.
 """
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -195,3 +196,41 @@ def assert_merged_equals_whole(whole: SweepTables, merged: SweepTables) -> None:
 
 
 TABLE_EXTRAS = {name: tuple(table.extra) for name, table in TABLES.items()}
+
+
+# --- headless Chromium (test_atlas, test_series, test_similarity) ---------------------------------------------
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@contextlib.contextmanager
+def chromium_page(page_file: Path, profile: Path):
+    """A headless Debian Chromium (through `playwright`, which never downloads a browser here) showing `page_file`
+    once its atlas is ready; yields the page and a list that collects its console errors and page errors, and
+    fails when the page asked the network for anything."""
+    import shutil
+
+    if shutil.which("chromium") is None:
+        missing("chromium is not installed (apt-get install -y chromium); the atlas is tested in it headless")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        missing("playwright is not installed: pip install playwright (it drives the system chromium; never run "
+                "`playwright install`)")
+    errors, requests = [], []
+    with sync_playwright() as p:
+        browser = p.chromium.launch_persistent_context(
+            str(profile), executable_path=shutil.which("chromium"), headless=True, args=CHROMIUM_FLAGS,
+            viewport={"width": 1280, "height": 900})
+        try:
+            page = browser.new_page()
+            page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+            page.on("pageerror", lambda error: errors.append(str(error)))
+            page.on("request", lambda request: requests.append(request.url))
+            page.goto(page_file.as_uri())
+            page.wait_for_selector("#atlas.ready", timeout=20_000)
+            yield page, errors
+        finally:
+            browser.close()
+    assert [url for url in requests if not url.startswith(("file://", "data:"))] == []

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import missing
+from conftest import CHROMIUM_FLAGS, missing
 
 from headscan import load
 from headscan.report import atlas
@@ -24,8 +24,6 @@ from headscan.analysis.runs import merge_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 EWT_RUN = ROOT / "reports" / "runs" / "ewt-dev"
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
 def heads_frame(rows):

@@ -17,12 +17,15 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
+from headscan.analysis.runs import merge_runs
 from headscan.analysis.series import HOLD, checkpoint_steps, formation, with_steps
 from headscan.cli import cli
 from headscan.errors import ConfigError
 from headscan.models.series import checkpoint_series
 from headscan.plots.series import trajectories
 from headscan.report import sections, table_sections
+from headscan.report.atlas import atlas_data
+from headscan.report.series import report_steps
 from headscan.tables import load, thin_support
 from headscan.testing import build_planted_checkpoint
 from headscan.testing.training import TrainConfig, train_series
@@ -104,6 +107,53 @@ def test_the_report_draws_each_heads_trajectory_and_lists_where_it_forms(series)
     chance = sum(1 / (q + 1) for q in range(1, 17)) / 16  # uniform attention on BOS + 16 tokens, queries 1 .. 16
     assert f"| L0H0 | prev\\_token | previous-token | 10 | 1.000 | [1.000, 1.000] | {chance:.3f} |" in part
     assert "| L0H1 | first\\_token | sink | 10 |" in part  # the planted first-token head too
+
+
+def test_the_atlas_shows_one_grid_per_series_with_a_slider_over_its_steps(series, tmp_path):
+    """One grid for the four checkpoints, the last step first; the planted L0H0 (a previous-token head from step 10)
+    coloured otherwise at step 0; an open panel follows the slider to the same head; the search finds only the
+    checkpoint shown."""
+    from conftest import chromium_page
+
+    tables = series["tables"]
+    names = [m.name for m in tables.provenance.models]
+    steps = report_steps(merge_runs([tables]))  # what the section "Heads over training" takes for a series
+    assert atlas_data(merge_runs([tables]))["series"] == [
+        {"name": "run", "steps": [0, 3, 10, 20], "models": [names.index(m) for m in steps["model"]]}]
+    heads = tables.heads
+    prev = heads[(heads["label"] == "L0H0") & (heads["metric"] == "prev_token")].set_index("model")["value"]
+    with chromium_page(series["report"] / "index.html", tmp_path / "profile") as (page, errors):
+        assert page.locator(".atlas-model[data-group]").count() == 1
+        slider = page.locator("input.atlas-step")
+        assert slider.get_attribute("max") == "3" and slider.input_value() == "3"
+        assert page.inner_text(".atlas-step-shown").startswith("step 20")
+        cell = page.locator('rect.atlas-cell[data-label="L0H0"]')
+        assert cell.get_attribute("data-model") == names[3]
+        at_20 = cell.get_attribute("fill")
+        cell.click()
+        panel = page.locator("#atlas-panel")
+        assert panel.locator("h3").inner_text() == f"{names[3]} L0H0"
+        value = panel.locator('tr[data-metric="prev_token"] td.value')
+        assert float(value.get_attribute("data-value")) == pytest.approx(prev[names[3]], rel=1e-4)
+
+        def step_to(position: int):
+            slider.evaluate("(el, v) => { el.value = v; el.dispatchEvent(new Event('input', {bubbles: true})); }",
+                            str(position))
+
+        step_to(0)
+        assert page.inner_text(".atlas-step-shown").startswith("step 0")
+        assert page.locator('rect.atlas-cell[data-label="L0H0"]').get_attribute("fill") != at_20
+        assert panel.locator("h3").inner_text() == f"{names[0]} L0H0"  # the panel followed
+        assert "step 0" in panel.inner_text()
+        assert float(value.get_attribute("data-value")) == pytest.approx(prev[names[0]], rel=1e-4)
+        assert prev[names[0]] < 0.5 < prev[names[3]]
+        page.fill("#atlas-search", "L0H0")
+        assert page.inner_text("#atlas-found") == f"L0H0 in {names[0]} (Enter opens it)"
+        assert page.locator("rect.atlas-cell.found").get_attribute("data-model") == names[0]
+        step_to(2)  # the search follows the slider too
+        assert page.inner_text("#atlas-found") == f"L0H0 in {names[2]} (Enter opens it)"
+        assert page.locator("rect.atlas-cell.found").count() == 1
+    assert errors == []
 
 
 def test_trajectories_draws_one_line_per_head_and_a_marker_where_it_forms():

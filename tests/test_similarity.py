@@ -18,8 +18,8 @@ import headscan
 from headscan.analysis import families
 from headscan.errors import ConfigError, TablesError
 from headscan.analysis.runs import merge_runs
-from headscan.report.atlas import NEAREST, atlas_data
-from headscan.report.document import Heading, Table
+from headscan.report.atlas import NEAREST, atlas_data, atlas_html
+from headscan.report.document import Document, Heading, Raw, Table, to_html
 from headscan.report.families import families_section
 from headscan.report.sections import Pngs
 from headscan.metrics.similarity import js_sums
@@ -147,9 +147,15 @@ def _twin_planted(folder) -> str:
     return str(path)
 
 
-def test_planted_heads_with_the_same_pattern_share_a_cluster(tmp_path):
-    folder = _twin_planted(tmp_path / "twin")
-    run = headscan.sweep(folder, TEXTS, similarity_sample=6, bootstrap=0, device="cpu")
+@pytest.fixture(scope="module")
+def twins(tmp_path_factory):
+    """A sweep of `_twin_planted` (its similarity over every text), and its folder."""
+    folder = _twin_planted(tmp_path_factory.mktemp("twin") / "twin")
+    return folder, headscan.sweep(folder, TEXTS, similarity_sample=6, bootstrap=0, device="cpu")
+
+
+def test_planted_heads_with_the_same_pattern_share_a_cluster(twins):
+    folder, run = twins
     mapped = families.head_map(run["similarity"], folder).set_index("label")
     assert mapped.loc["L0H0", "cluster"] == mapped.loc["L0H3", "cluster"]  # both previous-token
     others = {mapped.loc["L0H1", "cluster"], mapped.loc["L0H2", "cluster"]}  # first token, two back
@@ -159,6 +165,59 @@ def test_planted_heads_with_the_same_pattern_share_a_cluster(tmp_path):
     listed = families.clusters(mapped.reset_index(), run["similarity"])
     twins = listed[listed["members"].str.contains("L0H0")]
     assert len(twins) == 1 and "L0H3" in twins["members"].iloc[0] and twins["mean_js"].iloc[0] < 1e-3
+
+
+def test_the_atlas_colours_by_the_reports_clusters_and_maps_heads_as_head_map(twins):
+    folder, run = twins
+    comparison = merge_runs([run])
+    [model] = atlas_data(comparison)["models"]
+    mapped = families.head_map(run["similarity"], folder)
+    at = (mapped["layer"] * model["heads"] + mapped["head"]).to_numpy()
+    got = model["map"]
+    np.testing.assert_allclose(np.array(got["x"])[at], mapped["x"], rtol=5e-3, atol=1e-12)  # 3 digits
+    np.testing.assert_allclose(np.array(got["y"])[at], mapped["y"], rtol=5e-3, atol=1e-12)
+    cluster = dict(zip(mapped["label"], mapped["cluster"]))
+    assert got["cluster"][0] == got["cluster"][3] == cluster["L0H0"] == cluster["L0H3"]  # the twins, by the number
+    listed = families.clusters(mapped, run["similarity"])  # ... the section's table gives them
+    assert got["order"] == listed["cluster"].tolist()  # largest first
+    alone = mapped[mapped["cluster_size"] == 1]
+    assert [got["cluster"][i] for i in at[alone.index]] == [None] * len(alone)  # alike no other: no cluster
+    assert '<option value="@cluster">head family (cluster)</option>' in atlas_html(comparison)
+
+
+@pytest.mark.browser
+def test_the_atlas_head_map_in_headless_chromium(twins, tmp_path):
+    """Under the grid, one point per head, coloured as its cell by any colouring; a point opens its head's panel,
+    which names its cluster by the families section's number and its members."""
+    from conftest import chromium_page
+
+    folder, run = twins
+    mapped = families.head_map(run["similarity"], folder).set_index("label")
+    page_file = tmp_path / "index.html"
+    page_file.write_text(to_html(Document("atlas", [Raw(atlas_html(merge_runs([run])))])), encoding="utf-8")
+    with chromium_page(page_file, tmp_path / "profile") as (page, errors):
+        points = page.locator("circle.atlas-point")
+        assert points.count() == len(mapped)
+        for colouring in ("prev_token", "@cluster", "entropy"):
+            page.select_option("#atlas-metric", colouring)
+            for label in mapped.index:
+                cell = page.locator(f'rect.atlas-cell[data-label="{label}"]').get_attribute("fill")
+                assert page.locator(f'circle.atlas-point[data-label="{label}"]').get_attribute("fill") == cell
+        page.select_option("#atlas-metric", "@cluster")
+        fills = {label: page.locator(f'circle.atlas-point[data-label="{label}"]').get_attribute("fill")
+                 for label in mapped.index}
+        assert fills["L0H0"] == fills["L0H3"] not in (fills["L0H1"], fills["L0H2"], "#ececec")
+        alone = [label for label in mapped.index if mapped.loc[label, "cluster_size"] == 1]
+        assert {fills[label] for label in alone} == {"#ececec"}  # light grey: alike no other head
+        page.locator('circle.atlas-point[data-label="L0H3"]').hover()
+        number = int(mapped.loc["L0H0", "cluster"])
+        assert f"cluster {number} (2 heads): L0H0, L0H3" in page.inner_text("#atlas-tip")
+        page.locator('circle.atlas-point[data-label="L0H3"]').click()
+        panel = page.locator("#atlas-panel")
+        assert panel.is_visible() and panel.locator("h3").inner_text().endswith("L0H3")
+        assert f"Head family: cluster {number} of" in panel.inner_text() and "2 heads: L0H0, L0H3" in panel.inner_text()
+        assert page.locator("circle.atlas-point.open").get_attribute("data-label") == "L0H3"
+    assert errors == []
 
 
 def test_classical_mds_against_a_hand_computation():
@@ -299,3 +358,22 @@ def test_similarity_across_models_equals_a_plain_loop_over_words(tiny_gpt2, tiny
     assert "The same heads in two models" in [b.text for b in blocks if isinstance(b, Heading)]
     closest = families.closest_across(table, top=3)
     assert closest["value"].tolist() == sorted(table["value"])[:3]
+
+    # the atlas's panel: each head's nearest heads of the other model, the first model's (a row of the plain
+    # matrix) and the second's too (a column: the table holds each pair once, under the first model)
+    want = sums / queries
+    models = {m["name"]: m for m in atlas_data(merge_runs([run]))["models"]}
+    for name, matrix, other in ((str(tiny_gpt2), want, str(tiny_bert)), (str(tiny_bert), want.T, str(tiny_gpt2))):
+        rows = next(o for o in models[name]["other"] if o["table"] == "similarity_across")
+        assert sorted(set(rows["at"])) == list(range(len(matrix)))
+        for i, line in enumerate(matrix):
+            mine = [k for k, at in enumerate(rows["at"]) if at == i]
+            assert [rows["value"][k] for k in mine] == pytest.approx(np.sort(line)[:NEAREST], rel=1e-4)
+            assert {rows["cells"][rows["key"][k]][0] for k in mine} == {other}
+    # two runs of the same two models: each run's other_model renamed as its model, so each panel lists its run's
+    both = merge_runs([run, run], ["a", "b"])
+    assert set(zip(both["similarity_across"]["model"], both["similarity_across"]["other_model"])) == \
+        {(f"a:{tiny_gpt2}", f"a:{tiny_bert}"), (f"b:{tiny_gpt2}", f"b:{tiny_bert}")}
+    second = next(m for m in atlas_data(both)["models"] if m["name"] == f"b:{tiny_bert}")
+    rows = next(o for o in second["other"] if o["table"] == "similarity_across")
+    assert len(rows["at"]) == NEAREST * size_b and {c[0] for c in rows["cells"]} == {f"b:{tiny_gpt2}"}

@@ -121,7 +121,8 @@ def merge_runs(runs: Sequence[SweepTables], names: Sequence[str] | None = None) 
     Returns
     -------
     Comparison
-        Every table any run has, the ``model`` column renamed, and one `ReportModel` per model.
+        Every table any run has, the ``model`` column (and similarity_across's ``other_model``) renamed, and one
+        `ReportModel` per model.
     """
     if names is None:
         names = run_names([run.path or f"run{i + 1}" for i, run in enumerate(runs)])
@@ -138,7 +139,9 @@ def merge_runs(runs: Sequence[SweepTables], names: Sequence[str] | None = None) 
                 models.append(ReportModel(shown, name, model, family, run.provenance.model(model)))
         for table, frame in run.frames.items():
             frame = frame.copy()
-            frame["model"] = frame["model"].map(lambda m: rename.get(m, m)).astype("string")
+            for column in ("model", "other_model"):  # similarity_across names the other model of the run too
+                if column in frame:
+                    frame[column] = frame[column].map(lambda m: rename.get(m, m)).astype("string")
             parts.setdefault(table, []).append(frame)
     frames = {table: pd.concat(parts[table], ignore_index=True) for table in TABLES if table in parts}
     return Comparison(frames, list(zip(names, runs)), _controls_beside(models))

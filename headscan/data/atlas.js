@@ -19,6 +19,23 @@
   D.roles.forEach(function (r) { roleInfo[r.name] = r; });
   var state = { metric: D.initial, scale: "value", open: null };
 
+  // What the grids show: one grid per model, or per checkpoint series (D.series) one grid with a slider over its
+  // steps, the last step first. groups[g].models are indices into D.models; groups[g].at is the one shown.
+  var groups = [], groupOf = {};
+  (D.series || []).forEach(function (series) {
+    series.models.forEach(function (m) { groupOf[m] = series; });
+  });
+  D.models.forEach(function (model, m) {
+    var series = groupOf[m];
+    if (series && series.group !== undefined) { groupOf[m] = series.group; return; }
+    var group = series ? { models: series.models, steps: series.steps, name: series.name,
+      at: series.models.length - 1 } : { models: [m], steps: null, at: 0 };
+    if (series) series.group = groups.length;
+    groupOf[m] = groups.length;
+    groups.push(group);
+  });
+  function shownModel(g) { return groups[g].models[groups[g].at]; }
+
   function esc(text) {
     return String(text).replace(/[&<>"']/g, function (c) {
       return { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c];
@@ -77,7 +94,29 @@
     return info.lift ? (v - c) / info.lift : null;
   }
 
+  function familyColour(model, index) {
+    var map = model.map;
+    if (!map) return D.scales.undefined;
+    var c = map.cluster[index];
+    if (c === null || c === undefined) return D.scales.alone;
+    return D.scales.families[map.order.indexOf(c) % D.scales.families.length];
+  }
+
+  // The head's cluster as the section "Head families" numbers it, and its members.
+  function family(model, index, most) {
+    var map = model.map;
+    if (!map) return null;
+    var c = map.cluster[index];
+    if (c === null || c === undefined) return { number: null, members: [] };
+    var members = [];
+    map.cluster.forEach(function (other, i) { if (other === c) members.push(label(model, i)); });
+    var shown = most && members.length > most ? members.slice(0, most).join(", ") + " and " + (members.length - most) +
+      " more" : members.join(", ");
+    return { number: c, members: members, text: shown };
+  }
+
   function fill(model, index) {
+    if (state.metric === "@cluster") return familyColour(model, index);
     if (state.metric === "@role") {
       var roles = model.roles[index];
       return roles.length ? roleInfo[roles[0]].colour : "#f4f4f4";
@@ -120,58 +159,142 @@
     return box;
   }
 
+  function gridSvg(model, m, cw) {
+    var rh = GRID_H / model.layers;
+    var left = 34, top = 24;
+    var s = "<svg" + attrs({ width: left + cw * model.heads + 4, height: top + GRID_H + 16, role: "img",
+      "aria-label": model.name + ": layer by head grid" }) + ">";
+    var headEvery = cw >= 16 ? 1 : (cw >= 9 ? 2 : 4);
+    for (var h = 0; h < model.heads; h += headEvery) {
+      s += text({ x: left + (h + 0.5) * cw, y: top - 6, "text-anchor": "middle", "class": "atlas-tick" }, "H" + h);
+    }
+    var layerEvery = Math.max(1, Math.ceil(12 / rh));
+    for (var l = 0; l < model.layers; l += 1) {
+      if (l % layerEvery === 0 || l === model.layers - 1) {
+        s += text({ x: left - 4, y: top + (l + 0.5) * rh + 4, "text-anchor": "end", "class": "atlas-tick" }, "L" + l);
+      }
+    }
+    for (var i = 0; i < model.layers * model.heads; i += 1) {
+      var layer = Math.floor(i / model.heads), head = i % model.heads;
+      s += "<rect" + attrs({ x: left + head * cw, y: top + layer * rh, width: cw - 1, height: Math.max(rh - 1, 1),
+        "class": "atlas-cell", "data-model": model.name, "data-m": m, "data-index": i, "data-label": label(model, i),
+        tabindex: 0, fill: fill(model, i) }) + "/>";
+    }
+    return s + "</svg>";
+  }
+
+  // The head map: classical MDS of the Jensen-Shannon distance (headscan.analysis.families.head_map), equal
+  // scales on both axes and no axis drawn (only distances mean something); each point coloured as its cell.
+  function mapSvg(model, m, width) {
+    var map = model.map;
+    if (!map) return "";
+    var W = Math.max(width, 180), H = 170, pad = 8;
+    var xs = [], ys = [];
+    map.x.forEach(function (x, i) { if (x !== null) { xs.push(x); ys.push(map.y[i]); } });
+    if (!xs.length) return "";
+    var x0 = Math.min.apply(null, xs), x1 = Math.max.apply(null, xs);
+    var y0 = Math.min.apply(null, ys), y1 = Math.max.apply(null, ys);
+    var k = Math.min((W - 2 * pad) / ((x1 - x0) || 1), (H - 2 * pad) / ((y1 - y0) || 1));
+    var cx = (W - k * (x1 - x0)) / 2, cy = (H - k * (y1 - y0)) / 2;
+    var s = '<div class="atlas-map-title">head map: near points attend alike</div><svg' +
+      attrs({ "class": "atlas-map", width: W, height: H, role: "img", "aria-label": model.name + ": head map" }) + ">";
+    map.x.forEach(function (x, i) {
+      if (x === null) return;
+      s += "<circle" + attrs({ cx: (cx + k * (x - x0)).toFixed(1), cy: (H - cy - k * (map.y[i] - y0)).toFixed(1), r: 4,
+        "class": "atlas-point", "data-model": model.name, "data-m": m, "data-index": i, "data-label": label(model, i),
+        tabindex: 0, fill: fill(model, i) }) + "/>";
+    });
+    return s + "</svg>";
+  }
+
+  var cellWidth = 8;
+
+  function drawGroup(g) {
+    var box = grids.querySelector('.atlas-model[data-group="' + g + '"]');
+    var m = shownModel(g), model = D.models[m], group = groups[g];
+    box.setAttribute("data-model", model.name);
+    box.setAttribute("data-m", m);
+    var title = "<b>" + esc(group.steps ? group.name : model.name) + "</b> <span>" + esc(model.family) + ", " +
+      model.layers + " \u00d7 " + model.heads + "</span>";
+    box.querySelector(".atlas-title").innerHTML = title;
+    if (group.steps) {
+      box.querySelector(".atlas-step-shown").textContent = "step " + group.steps[group.at] + " (" + model.name + ")";
+    }
+    box.querySelector(".atlas-grid").innerHTML = gridSvg(model, m, cellWidth);
+    box.querySelector(".atlas-map-box").innerHTML = mapSvg(model, m, 34 + cellWidth * model.heads + 4);
+  }
+
   function drawGrids() {
     grids.appendChild(depthAxis());
     var totalHeads = 0;
-    D.models.forEach(function (model) { totalHeads += model.heads; });
-    D.models.forEach(function (model, m) {
+    groups.forEach(function (_, g) { totalHeads += D.models[shownModel(g)].heads; });
+    groups.forEach(function (group, g) {
+      var model = D.models[shownModel(g)];
       var box = document.createElement("div");
       box.className = "atlas-model";
-      box.setAttribute("data-model", model.name);
-      var cw = Math.max(8, Math.min(24, Math.floor(300 / model.heads), Math.floor((880 - 58 - 48 * D.models.length) / totalHeads)));
-      var rh = GRID_H / model.layers;
-      var left = 34, top = 24;
-      var s = '<div class="atlas-title"><b>' + esc(model.name) + "</b> <span>" + esc(model.family) + ", " +
-        model.layers + " \u00d7 " + model.heads + "</span></div>" +
-        "<svg" + attrs({ width: left + cw * model.heads + 4, height: top + GRID_H + 16, role: "img",
-          "aria-label": model.name + ": layer by head grid" }) + ">";
-      var headEvery = cw >= 16 ? 1 : (cw >= 9 ? 2 : 4);
-      for (var h = 0; h < model.heads; h += headEvery) {
-        s += text({ x: left + (h + 0.5) * cw, y: top - 6, "text-anchor": "middle", "class": "atlas-tick" }, "H" + h);
+      box.setAttribute("data-group", g);
+      var s = '<div class="atlas-title"></div><div class="atlas-grid"></div>';
+      if (group.steps) {  // under the grid, so that every grid's rows stay level with the depth axis
+        s += '<div class="atlas-steps"><input type="range" class="atlas-step"' + attrs({ min: 0,
+          max: group.steps.length - 1, step: 1, value: group.at, "aria-label": group.name + ": training step" }) +
+          '><span class="atlas-step-shown"></span></div>';
       }
-      var layerEvery = Math.max(1, Math.ceil(12 / rh));
-      for (var l = 0; l < model.layers; l += 1) {
-        if (l % layerEvery === 0 || l === model.layers - 1) {
-          s += text({ x: left - 4, y: top + (l + 0.5) * rh + 4, "text-anchor": "end", "class": "atlas-tick" }, "L" + l);
-        }
-      }
-      for (var i = 0; i < model.layers * model.heads; i += 1) {
-        var layer = Math.floor(i / model.heads), head = i % model.heads;
-        s += "<rect" + attrs({ x: left + head * cw, y: top + layer * rh, width: cw - 1, height: Math.max(rh - 1, 1),
-          "class": "atlas-cell", "data-model": model.name, "data-m": m, "data-index": i, "data-label": label(model, i),
-          tabindex: 0, fill: fill(model, i) }) + "/>";
-      }
-      box.innerHTML = s + '</svg><div class="atlas-why"></div>';
+      box.innerHTML = s + '<div class="atlas-why"></div><div class="atlas-map-box"></div>';
       grids.appendChild(box);
+      cellWidth = Math.max(8, Math.min(24, Math.floor(300 / model.heads),
+        Math.floor((880 - 58 - 48 * groups.length) / totalHeads)));
+      box.setAttribute("data-cw", cellWidth);
+      drawGroup(g);
+      var slider = box.querySelector("input.atlas-step");
+      if (slider) slider.addEventListener("input", function () { showStep(g, +slider.value); });
     });
   }
 
+  // The slider of a series: its grid shows the checkpoint at position `at`; an open head's panel follows to the
+  // same head of that checkpoint, and the search marks that checkpoint's heads.
+  function showStep(g, at) {
+    var group = groups[g], before = shownModel(g);
+    group.at = at;
+    tip.hidden = true;
+    cellWidth = +grids.querySelector('.atlas-model[data-group="' + g + '"]').getAttribute("data-cw");
+    drawGroup(g);
+    recolour();
+    if (search.value.trim()) find(search.value);
+    if (state.open && state.open[0] === before) {
+      var old = D.models[before], model = D.models[shownModel(g)];
+      var layer = Math.floor(state.open[1] / old.heads), head = state.open[1] % old.heads;
+      if (layer < model.layers && head < model.heads) openPanel(shownModel(g), layer * model.heads + head);
+      else closePanel();
+    }
+  }
+
   function recolour() {
-    var cells = grids.querySelectorAll("rect.atlas-cell");
+    var cells = grids.querySelectorAll("rect.atlas-cell, circle.atlas-point");
     for (var k = 0; k < cells.length; k += 1) {
       var cell = cells[k];
       cell.setAttribute("fill", fill(D.models[+cell.getAttribute("data-m")], +cell.getAttribute("data-index")));
     }
-    grids.querySelectorAll(".atlas-model[data-model]").forEach(function (box, m) {
-      var scores = D.models[m].metrics[state.metric];
+    grids.querySelectorAll(".atlas-model[data-group]").forEach(function (box) {
+      var model = D.models[+box.getAttribute("data-m")];
+      var scores = model.metrics[state.metric];
       var why = box.querySelector(".atlas-why");
-      why.textContent = scores && scores.why ? state.metric + ": " + scores.why + "." :
+      why.textContent = state.metric === "@cluster" ? (model.map ? "" : "no similarity table for this model") :
+        scores && scores.why ? state.metric + ": " + scores.why + "." :
         (state.metric !== "@role" && !scores ? "no " + state.metric + " in this run" : "");
     });
     drawLegend();
   }
 
   function drawLegend() {
+    if (state.metric === "@cluster") {
+      legend.innerHTML = D.scales.families.slice(0, 6).map(function (c, k) {
+        return '<span class="atlas-swatch"><i style="background:' + c + '"></i>' + (k === 0 ? "largest" : "") + "</span>";
+      }).join("") + '<span class="atlas-swatch">…</span><span class="atlas-swatch"><i style="background:' +
+        D.scales.alone + '"></i>alike no other head</span><span class="muted"> One colour per cluster of the model\'s ' +
+        "heads (the section Head families: average linkage, cut at " + D.cut + " nats), largest first; colours repeat " +
+        "after " + D.scales.families.length + '; <a href="#head-families">the clusters</a></span>';
+      return;
+    }
     if (state.metric === "@role") {
       legend.innerHTML = D.roles.map(function (r) {
         return '<span class="atlas-swatch"><i style="background:' + r.colour + '"></i>' + esc(r.name) + "</span>";
@@ -208,18 +331,31 @@
 
   function cellOf(event) {
     var t = event.target;
-    return t && t.classList && t.classList.contains("atlas-cell") ? t : null;
+    return t && t.classList && (t.classList.contains("atlas-cell") || t.classList.contains("atlas-point")) ? t : null;
   }
 
+  function familyLine(model, index) {
+    var f = family(model, index, 8);
+    if (!f) return "";
+    return f.number === null ? "<br>alike no other head" :
+      "<br>cluster " + f.number + " (" + f.members.length + " heads): " + esc(f.text);
+  }
+
+  // The tooltip: the head's value in what colours the grid, then its head family where the report has one.
   function describe(model, index) {
-    var text = "<b>" + esc(model.name) + " " + label(model, index) + "</b>";
+    return "<b>" + esc(model.name) + " " + label(model, index) + "</b>" + measured(model, index) +
+      (familyLine(model, index) || (state.metric === "@cluster" ? "<br>no similarity table" : ""));
+  }
+
+  function measured(model, index) {
+    if (state.metric === "@cluster") return "";
     if (state.metric === "@role") {
       var roles = model.roles[index];
-      return text + "<br>" + (roles.length ? esc(roles.join(", ")) : "no role");
+      return "<br>" + (roles.length ? esc(roles.join(", ")) : "no role");
     }
     var scores = model.metrics[state.metric];
-    if (!scores) return text + "<br>no " + esc(state.metric);
-    text += "<br>" + esc(state.metric) + " " + fmt(scores.value[index], state.metric) + " " +
+    if (!scores) return "<br>no " + esc(state.metric);
+    var text = "<br>" + esc(state.metric) + " " + fmt(scores.value[index], state.metric) + " " +
       interval(scores.low[index], scores.high[index], state.metric);
     if (scores.chance && scores.chance[index] !== null) text += "<br>chance " + fmt(scores.chance[index], state.metric);
     if (isThin(scores, index)) text += ' <span class="atlas-thin">\u2021 thin support</span>';
@@ -331,7 +467,8 @@
         '<th class="num">value</th><th class="num">95% interval</th></tr></thead><tbody>' +
         rows.map(function (i) {
           return "<tr>" + t.cells[t.key[i]].map(function (k) { return "<td>" + esc(k) + "</td>"; }).join("") +
-            '<td class="num">' + fmt(t.value[i]) + '</td><td class="num">' + interval(t.low[i], t.high[i]) + "</td></tr>";
+            '<td class="num">' + fmt(t.value[i]) + '</td><td class="num">' +
+            (t.low ? interval(t.low[i], t.high[i]) : "") + "</td></tr>";
         }).join("") + "</tbody></table>";
     });
     return out;
@@ -340,9 +477,7 @@
   function openPanel(m, index) {
     var model = D.models[m];
     state.open = [m, index];
-    grids.querySelectorAll("rect.atlas-cell.open").forEach(function (c) { c.classList.remove("open"); });
-    var cell = grids.querySelector('rect.atlas-cell[data-m="' + m + '"][data-index="' + index + '"]');
-    if (cell) cell.classList.add("open");
+    markOpen();
     var layer = Math.floor(index / model.heads), head = index % model.heads;
     var depth = model.layers > 1 ? layer / (model.layers - 1) : 0;
     var roles = model.roles[index];
@@ -350,6 +485,19 @@
       'aria-label="close">\u00d7</button></header>';
     s += '<p class="muted">' + esc(model.family) + "; layer " + layer + " of " + model.layers + " (relative depth " +
       depth.toFixed(2) + "), head " + head + " of " + model.heads + "</p>";
+    var group = groups[groupOf[m]];
+    if (group.steps) {
+      var at = group.models.indexOf(m);
+      s += '<p class="muted atlas-checkpoint">checkpoint ' + (at + 1) + " of " + group.steps.length + " of series " +
+        esc(group.name) + ": step " + group.steps[at] + " (the slider under its grid moves this panel along)</p>";
+    }
+    var f = family(model, index, 0);
+    if (f) {
+      s += '<p class="atlas-family">' + (f.number === null ? "Head family: alike no other head of " + esc(model.name) +
+        " (no cluster within " + D.cut + " nats)" : '<i style="background:' + familyColour(model, index) + '"></i>' +
+        "Head family: cluster " + f.number + " of " + esc(model.name) + ", " + f.members.length + " heads: " +
+        esc(f.text)) + "</p>";
+    }
     s += '<p class="atlas-badges">' + (roles.length ? roles.map(function (r) {
       return '<span class="atlas-badge" style="border-color:' + roleInfo[r].colour + '" title="' + esc(roleInfo[r].rule) + '">' +
         '<i style="background:' + roleInfo[r].colour + '"></i>' + esc(r) + "</span>";
@@ -416,10 +564,18 @@
     panel.querySelector(".atlas-close").addEventListener("click", closePanel);
   }
 
+  function markOpen() {
+    grids.querySelectorAll(".atlas-cell.open, .atlas-point.open").forEach(function (c) { c.classList.remove("open"); });
+    if (!state.open) return;
+    grids.querySelectorAll('[data-m="' + state.open[0] + '"][data-index="' + state.open[1] + '"]').forEach(function (c) {
+      c.classList.add("open");
+    });
+  }
+
   function closePanel() {
     panel.hidden = true;
     state.open = null;
-    grids.querySelectorAll("rect.atlas-cell.open").forEach(function (c) { c.classList.remove("open"); });
+    markOpen();
   }
 
   // --- search ---------------------------------------------------------------------------------------------
@@ -430,7 +586,8 @@
     if (!query.trim()) { found.textContent = ""; return []; }
     if (!match) { found.textContent = "type a label such as L4H11, or model L4H11"; return []; }
     var name = (match[1] || "").toLowerCase(), layer = +match[2], head = +match[3], hits = [];
-    D.models.forEach(function (model, m) {
+    groups.forEach(function (_, g) {  // of a series, only the checkpoint its slider shows
+      var m = shownModel(g), model = D.models[m];
       if (name && model.name.toLowerCase().indexOf(name) < 0) return;
       if (layer < model.layers && head < model.heads) hits.push([m, layer * model.heads + head]);
     });

@@ -6,6 +6,14 @@ side by side at the same height (so rows line up by relative depth). Hovering a 
 interval; clicking it opens a panel with all its scores, intervals and ranks, its offset profile, its roles,
 its rows in any other table, and its attention on the example sentences. A search box finds a head by label.
 
+A checkpoint series (two steps or more, as `headscan.report.series.report_steps` finds them for the section "Heads
+over training") is one grid with a slider over its steps, the last step first; an open panel follows the slider
+to the same head, and the search looks only at the checkpoint shown. Where a run has similarity.parquet, each
+model's head map (`headscan.analysis.families.head_map`, as the section "Head families" draws it) is under its
+grid, its points coloured as their cells, and the grid can be coloured by head family: the section's clusters,
+largest first, a head alike no other light grey; the panel and the tooltip name the head's cluster by the
+section's number, and its members.
+
 This module computes what the atlas shows (`head_roles`, `head_ranks`, `atlas_data`) and wraps it, with the
 page's script and style (``headscan/data/atlas.js`` and ``atlas.css``), into one HTML fragment
 (`atlas_html`): inline JavaScript and CSS, the data as embedded JSON, no network, so the page works from
@@ -30,12 +38,15 @@ import pandas as pd
 import seaborn as sns
 
 from .. import tables
+from ..analysis import families
 from ..analysis.claims import why_not
 from ..analysis.importance import effects
 from ..analysis.ranking import fmt_bucket, striking_of, striking_order, why_structural
 from ..analysis.roles import ROLES, Role, head_roles, role_rules  # noqa: F401  (Role, role_rules: re-exported)
 from ..analysis.syntax import direction_text, offset_text, relation_order
 from ..metrics import METRICS
+from .families import shown as families_shown
+from .series import report_steps
 
 if TYPE_CHECKING:
     from ..analysis.runs import Comparison
@@ -46,6 +57,10 @@ __all__ = ["Role", "ROLES", "role_rules", "head_roles", "head_ranks", "atlas_dat
 ATLAS_ID = "atlas"  # the id of the atlas's section on the page
 _STOPS = 32  # colour-map stops handed to the page, which interpolates between them
 _UNDEFINED = "#d9d9d9"  # as in the heatmaps (headscan.plots.style.UNDEFINED_COLOUR)
+_ALONE = "#ececec"  # colour by head family: a head alike no other (a cluster of one)
+# colour by head family: one colour per cluster, largest first (tab20 without its greys: dark ones, then light ones)
+_TAB20 = sns.color_palette("tab20", 20).as_hex()
+_FAMILY_COLOURS = [c for c in _TAB20[0::2] + _TAB20[1::2] if c not in ("#7f7f7f", "#c7c7c7")]
 
 
 def head_ranks(heads: pd.DataFrame) -> pd.DataFrame:
@@ -206,17 +221,28 @@ def _nearest(part: pd.DataFrame) -> pd.DataFrame:
     return part.sort_values("value", kind="stable").groupby(["layer", "head"], sort=False).head(NEAREST)
 
 
+def _mirrored(across: pd.DataFrame) -> pd.DataFrame:
+    """similarity_across rows seen from the other model: each pair's two heads swapped (the divergence is
+    symmetric), so the second model of a run lists its nearest heads of the first too."""
+    swap = {"model": "other_model", "layer": "other_layer", "head": "other_head", "label": "other_label"}
+    return across.rename(columns={**swap, **{v: k for k, v in swap.items()}})[list(across.columns)]
+
+
 def _other_rows(comparison: Comparison, name: str, n_heads: int) -> list[dict]:
     """Rows of tables other than heads and offsets (syntax accuracies, say), per head, for the panel.
 
     Column by column, as the tables are: row i is head ``at[i]``, its key cells ``cells[key[i]]`` (each distinct
-    combination written once) and ``value[i]`` [``low[i]``, ``high[i]``]. Rows of dicts repeated every name and
-    key cell, most of the atlas's size."""
+    combination written once) and ``value[i]`` [``low[i]``, ``high[i]``] (no ``low`` and ``high`` where the
+    table has no interval). Rows of dicts repeated every name and key cell, most of the atlas's size."""
     out = []
     for table, frame in comparison.frames.items():
         if table in ("heads", "offsets", "retrieval", "retrieval_trials"):  # colours of the grid; one row per trial
             continue
         part = frame[(frame["model"] == name) & frame["value"].notna()]
+        if table == "similarity_across":  # a run writes each pair of models once, under its first model
+            listed = set(part["other_model"])
+            back = frame[(frame["other_model"] == name) & ~frame["model"].isin(listed) & frame["value"].notna()]
+            part = pd.concat([part, _mirrored(back)])
         if table in ("similarity", "similarity_across"):  # heads^2 rows: each head's nearest heads only
             part = _nearest(part)
         keys, cells, part = _other_keys(table, frame, part)
@@ -224,10 +250,12 @@ def _other_rows(comparison: Comparison, name: str, n_heads: int) -> list[dict]:
         key = [distinct.setdefault(tuple(c), len(distinct)) for c in cells]
         low = part["ci_low"] if "ci_low" in part else pd.Series(np.nan, index=part.index)
         high = part["ci_high"] if "ci_high" in part else pd.Series(np.nan, index=part.index)
-        out.append({"table": table, "keys": keys, "cells": [list(c) for c in distinct],
-                    "at": (part["layer"].to_numpy(int) * n_heads + part["head"].to_numpy(int)).tolist(), "key": key,
-                    "value": [_num(v) for v in part["value"]], "low": [_num(v) for v in low],
-                    "high": [_num(v) for v in high]})
+        rows = {"table": table, "keys": keys, "cells": [list(c) for c in distinct],
+                "at": (part["layer"].to_numpy(int) * n_heads + part["head"].to_numpy(int)).tolist(), "key": key,
+                "value": [_num(v) for v in part["value"]]}
+        if low.notna().any() or high.notna().any():  # similarity's tables have no interval: no lists of nulls
+            rows.update(low=[_num(v) for v in low], high=[_num(v) for v in high])
+        out.append(rows)
     return out
 
 
@@ -242,6 +270,33 @@ def _patterns(examples: Examples | None, name: str) -> list[dict]:
         out.append({"title": title, "text": every.text, "tokens": list(every.tokens),
                     "bytes": base64.b64encode(scaled.tobytes()).decode("ascii")})
     return out
+
+
+def _series(comparison: Comparison) -> list[dict]:
+    """Each checkpoint series of the report (`headscan.report.series.report_steps`, as the section "Heads over
+    training" finds them): its name, steps and models (indices into the atlas's models), by step."""
+    steps = report_steps(comparison)
+    index = {m.name: i for i, m in enumerate(comparison.models)}
+    return [{"name": str(name), "steps": [int(s) for s in part["step"]], "models": [index[m] for m in part["model"]]}
+            for name, part in steps.sort_values("step", kind="stable").groupby("series", sort=False)]
+
+
+def _head_map(comparison: Comparison, name: str, n_heads: int) -> dict | None:
+    """Model `name`'s head map as the section "Head families" draws it (`headscan.analysis.families.head_map`):
+    each head's MDS coordinates (3 significant digits: what a small map shows), its cluster's number (None for a
+    head alike no other) and the clusters' numbers, largest first (the order of their colours)."""
+    similarity = comparison["similarity"]
+    if not (similarity["model"] == name).any():
+        return None
+    mapped = families.head_map(similarity, name)
+    at = (mapped["layer"] * n_heads + mapped["head"]).to_numpy(int)
+    size = at.max() + 1 if len(at) else 0
+    x, y, cluster = [None] * size, [None] * size, [None] * size
+    for i, a, b, c, n in zip(at, mapped["x"], mapped["y"], mapped["cluster"], mapped["cluster_size"]):
+        x[i], y[i], cluster[i] = _num(a, 3), _num(b, 3), int(c) if n > 1 else None
+    sizes = mapped[mapped["cluster_size"] > 1].drop_duplicates("cluster")
+    order = sizes.sort_values(["cluster_size", "cluster"], ascending=[False, True], kind="stable")["cluster"]
+    return {"x": x, "y": y, "cluster": cluster, "order": [int(c) for c in order]}
 
 
 def atlas_data(comparison: Comparison, examples: Examples | None = None) -> dict:
@@ -270,6 +325,7 @@ def atlas_data(comparison: Comparison, examples: Examples | None = None) -> dict
                         "lift": _num(lift if pd.notna(lift) and lift > 0 else None),
                         "ratio": _num(ratio if bounded and pd.notna(ratio) and ratio > 0 else None)})
     models = []
+    maps = families_shown(comparison)
     for m in comparison.models:
         rows = heads[heads["model"] == m.name]
         n_layers, n_heads = int(rows["layer"].max()) + 1, int(rows["head"].max()) + 1
@@ -285,11 +341,14 @@ def atlas_data(comparison: Comparison, examples: Examples | None = None) -> dict
             "offsets": _offsets(comparison, m.name, n_layers, n_heads),
             "examples": _patterns(examples, m.name),
             "other": _other_rows(comparison, m.name, n_heads),
+            "map": _head_map(comparison, m.name, n_heads) if maps else None,
         })
     return {
         "metrics": metrics,
         "scales": {"share": _stops("rocket_r"), "unbounded": _stops("mako_r"), "signed": _stops("vlag"),
-                   "undefined": _UNDEFINED},
+                   "undefined": _UNDEFINED, "families": _FAMILY_COLOURS, "alone": _ALONE},
+        "cut": families.CLUSTER_CUT,
+        "series": _series(comparison),
         "controls": comparison.control_map(),
         "roles": [{"name": r.name, "rule": r.rule().replace("`", ""), "colour": r.colour, "meaning": r.meaning}
                   for r in ROLES],
@@ -309,6 +368,8 @@ def atlas_html(comparison: Comparison, examples: Examples | None = None) -> str:
     data = data.replace("</", "<\\/")  # nothing in the data can close the script element
     _, shown = _with_importance(comparison)
     options = "".join(f'<option value="{html.escape(m)}">{html.escape(m)}</option>' for m in shown)
+    if families_shown(comparison):
+        options += '<option value="@cluster">head family (cluster)</option>'
     return (
         f'<section id="{ATLAS_ID}" class="atlas" aria-label="head atlas">'
         '<div class="atlas-controls">'

@@ -112,7 +112,10 @@ def _atlas_section(comparison: Comparison, examples: Examples | None) -> list:
         Text("Every head of every model, one grid per model: layers are rows (layer 0 at the top), heads columns, "
              "each grid as tall as the others, so models of different depth line up by relative depth (0 is the "
              "first layer, 1 the last). Choose what colours the grid; hover a head for its value and 95% interval; "
-             "click it for all its scores, ranks, offset profile and attention on the example sentence."),
+             "click it for all its scores, ranks, offset profile and attention on the example sentence. A "
+             "checkpoint series is one grid with a slider over its training steps (the last first). Where the runs "
+             "have a similarity table, a head map under each grid places the heads by how alike they attend (as in "
+             "Head families; a point opens its head), and the grid can be coloured by head family (cluster)."),
         Raw(atlas.atlas_html(comparison, examples),
             markdown="The interactive head atlas is in `index.html` beside this file; its role rules follow."),
         Text("Roles, from the numbers, by the rules findings use too: a role needs its metric at the role's "
