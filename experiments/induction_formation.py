@@ -103,6 +103,7 @@ def run(work: Path, args) -> dict:
     swept = time.perf_counter()
     steps = checkpoint_steps(tables.provenance.models)
     rows = with_steps(tables.heads, steps)
+    rows["model"] = [name.removeprefix(f"{work}/") for name in rows["model"]]  # series/step-N, not this machine's path
     formed = formation(rows, metrics=["prev_token", "induction"])
     halves = half_rise(rows, metrics=["prev_token", "induction"])
     return {"config": config, "log": pd.DataFrame(log), "rows": rows, "formed": formed, "halves": halves,

@@ -182,6 +182,7 @@ def test_induction_formation_runs_end_to_end_on_a_few_steps(experiment, tmp_path
                  "training.csv"):
         assert (tmp_path / "out" / name).stat().st_size > 0
     assert pd.read_csv(tmp_path / "out" / "training.csv")["step"].tolist() == [0, 4]
+    assert set(pd.read_csv(tmp_path / "out" / "trajectories.csv")["model"]) == {"series/step-0", "series/step-4"}
     halves = pd.read_csv(tmp_path / "out" / "half_rise.csv")
     assert len(halves) == 2 * 8 and set(halves.metric) == {"prev_token", "induction"}  # 8 heads, 2 metrics
     text = (tmp_path / "out" / "README.md").read_text()
