@@ -302,3 +302,58 @@ def test_atp_from_heads_asks_for_the_run_json_fields_it_needs(experiment, tmp_pa
     (tmp_path / "run.json").write_text(json.dumps({"model": "m", "corpus": "builtin"}))
     with pytest.raises(ValueError, match="lacks limit, max_len, batch_size, device, minutes, target"):
         script.main(["--from-heads", str(tmp_path)])
+
+
+def test_induction_formation_runs_end_to_end_on_a_few_steps(experiment, tmp_path, capsys):
+    """Four optimiser steps: nothing forms, so FAIL, and every output is written with the half-rise order."""
+    script = experiment("induction_formation")
+    rc = script.main(["--steps", "4", "--bootstrap", "20", "--out", str(tmp_path / "out"), "--work",
+                      str(tmp_path / "work")])
+    assert rc == 1 and "FAIL" in capsys.readouterr().out
+    for name in ("README.md", "induction_formation.png", "formation.csv", "half_rise.csv", "trajectories.csv",
+                 "training.csv"):
+        assert (tmp_path / "out" / name).stat().st_size > 0
+    assert pd.read_csv(tmp_path / "out" / "training.csv")["step"].tolist() == [0, 4]
+    assert set(pd.read_csv(tmp_path / "out" / "trajectories.csv")["model"]) == {"series/step-0", "series/step-4"}
+    halves = pd.read_csv(tmp_path / "out" / "half_rise.csv")
+    assert len(halves) == 2 * 8 and set(halves.metric) == {"prev_token", "induction"}  # 8 heads, 2 metrics
+    text = (tmp_path / "out" / "README.md").read_text()
+    assert "Half rise (`headscan.analysis.series.half_rise`)" in text and "in half-rise order" in text
+    assert "every 2 steps from 150 to 260" in text
+
+
+def test_induction_formation_saves_every_2_steps_in_the_dense_window_and_reads_the_fall_per_10_steps(experiment):
+    script = experiment("induction_formation")
+    points = script.schedule(500)
+    assert points == tuple(sorted({*range(0, 401, 10), *range(150, 261, 2), 500}))
+    assert len(points) == 86 and {b - a for a, b in zip(points, points[1:]) if 150 <= a < 260} == {2}
+    # the fall per checkpoint would be 0.3 at each 2-step checkpoint, below a tenth of the fall (0.6): per 10 steps it
+    # is 1.5, above; the 10-step drop from 40 to 50 is 0.3, below.
+    log = pd.DataFrame({"step": [0, 10, 20, 22, 24, 26, 28, 30, 40, 50],
+                        "repeat_loss": [6.0, 6.0, 6.0, 5.7, 5.4, 5.1, 4.8, 0.6, 0.3, 0.0]})
+    assert script.drop_window(log) == (22, 30)
+
+
+def test_induction_formation_says_which_circuit_passes_half_its_rise_first(experiment):
+    """A hand-built half-rise table: a weak layer-0 previous-token score moves first, the induction head next,
+    the strong previous-token head (the one that forms) after it, one induction head late."""
+    script = experiment("induction_formation")
+    heads = [(0, 0, "prev_token", 192.0, 0.29), (0, 2, "prev_token", 202.0, 0.80), (1, 3, "induction", 198.0, 0.93),
+             (1, 1, "induction", 232.0, 0.66), (0, 1, "prev_token", float("nan"), 0.07),
+             (1, 0, "prev_token", 150.0, 0.5)]  # layer 1's previous-token score is not the circuit's
+    halves = pd.DataFrame([{"series": "s", "layer": layer, "head": head, "metric": metric, "label": f"L{layer}H{head}",
+                            "start": 0.05, "final": final, "level": (0.05 + final) / 2, "step": step,
+                            "value": 0.5, "ci_low": 0.4, "ci_high": 0.6} for layer, head, metric, step, final in heads])
+    formed = halves[["series", "layer", "head", "metric"]].assign(step=[float("nan"), 206.0, 194.0, 246.0,
+                                                                        float("nan"), float("nan")])
+    order = script.circuit(halves, formed)
+    assert order["label"].tolist() == ["L0H0", "L1H3", "L0H2", "L1H1", "L0H1"]  # never-rising last
+    lines = script.who_moves_first(order, (180, 204))
+    assert lines[0] == ("half rise, previous-token scores of layer 0: L0H0 192 (0.05 to 0.29), "
+                        "L0H2 202 (0.05 to 0.80)")
+    assert lines[2] == ("by half rise the previous-token scores move first: L0H0 at step 192 (it ends at 0.29), "
+                        "the first induction head L1H3 6 steps later, at 198")
+    assert lines[4] == ("so among the heads that form, the first induction head passes half its rise at step 198 "
+                        "(L1H3) and the first previous-token head at 202 (L0H2), 4 steps apart")
+    assert lines[5] == ("3 of the 4 rising heads of the two circuits pass half their rise inside the phase change "
+                        "(steps 180 to 204), between steps 192 and 202; outside it: L1H1 232")

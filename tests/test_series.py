@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from headscan.analysis.runs import merge_runs
-from headscan.analysis.series import HOLD, checkpoint_steps, formation, with_steps
+from headscan.analysis.series import HOLD, checkpoint_steps, formation, half_rise, with_steps
 from headscan.cli import cli
 from headscan.errors import ConfigError
 from headscan.models.series import checkpoint_series
@@ -96,6 +96,73 @@ def test_the_planted_previous_token_head_forms_at_the_first_planted_step(series)
     assert (prev["step"] >= 10).all()  # nothing forms in the barely trained checkpoints
     by_loop = _formed_by_loop(tables.heads, dict(zip(steps["model"], steps["step"])), "prev_token", 0.5, HOLD)
     assert {(r.layer, r.head): r.step for r in prev.itertuples()} == by_loop
+
+
+def _half_rise_by_loop(rows: pd.DataFrame) -> dict:
+    """Half rise in plain Python: per head and metric, the checkpoints in step order; start and final the first
+    and last values that are not NaN; the first step whose ci_low is above half-way, if the last ci_low is above
+    the first ci_high."""
+    out = {}
+    for key in sorted({(r.series, r.layer, r.head, r.metric) for r in rows.itertuples()}):
+        part = sorted((r.step, r.value, r.ci_low, r.ci_high) for r in rows.itertuples()
+                      if (r.series, r.layer, r.head, r.metric) == key)
+        known = [p for p in part if not np.isnan(p[1])]
+        step = np.nan
+        if known and known[-1][2] > known[0][3]:
+            level = (known[0][1] + known[-1][1]) / 2
+            step = next((s for s, _, low, _ in part if low > level), np.nan)
+        out[key] = step
+    return out
+
+
+def test_half_rise_equals_a_plain_loop_on_a_hand_built_table_with_flat_falling_and_nan_heads():
+    nan = np.nan
+    heads = {  # (series, layer, head, metric): (value, ci_low, ci_high) at steps 0, 2, 4, 6, 8
+        ("a", 0, 0, "prev_token"): ([0.1, 0.2, 0.5, 0.8, 0.9], [0.05, 0.15, 0.45, 0.75, 0.85],
+                                    [0.15, 0.25, 0.55, 0.85, 0.95]),  # rises: half-way 0.5, passed at 6
+        ("a", 0, 1, "prev_token"): ([0.3, 0.3, 0.31, 0.3, 0.3], [0.2, 0.2, 0.21, 0.2, 0.2],
+                                    [0.4, 0.4, 0.41, 0.4, 0.4]),  # flat: never rises
+        ("a", 1, 0, "prev_token"): ([0.9, 0.7, 0.5, 0.3, 0.1], [0.85, 0.65, 0.45, 0.25, 0.05],
+                                    [0.95, 0.75, 0.55, 0.35, 0.15]),  # falls
+        ("a", 1, 1, "induction"): ([nan, 0.0, 0.2, 0.4, nan], [nan, 0.0, 0.15, 0.35, nan],
+                                   [nan, 0.05, 0.25, 0.45, nan]),  # NaN at both ends: 0.0 to 0.4, past 0.2 at 6
+        ("a", 1, 1, "prev_token"): ([0.1, 0.4, 0.2, 0.5, 0.5], [0.05, nan, 0.15, 0.45, 0.45],
+                                    [0.15, nan, 0.25, 0.55, 0.55]),  # a NaN interval mid-way is not past
+        ("b", 0, 0, "induction"): ([0.0, 0.6, 0.1, 0.3, 0.4], [0.0, 0.55, 0.05, 0.25, 0.35],
+                                   [0.05, 0.65, 0.15, 0.35, 0.45]),  # a flicker at 2 is the first step past 0.2
+        ("b", 0, 1, "induction"): ([nan] * 5, [nan] * 5, [nan] * 5),  # nothing measured
+    }
+    rows = pd.DataFrame([{"series": k[0], "layer": k[1], "head": k[2], "metric": k[3], "label": f"L{k[1]}H{k[2]}",
+                          "step": step, "value": v, "ci_low": lo, "ci_high": hi}
+                         for k, (values, lows, highs) in heads.items()
+                         for step, v, lo, hi in zip(range(0, 10, 2), values, lows, highs)])
+    rows = rows.sample(frac=1, random_state=0)  # any row order
+    got = half_rise(rows)
+    steps = {(r.series, r.layer, r.head, r.metric): r.step for r in got.itertuples()}
+    loop = _half_rise_by_loop(rows)
+    assert steps.keys() == loop.keys() == heads.keys()
+    assert all(steps[k] == loop[k] or (np.isnan(steps[k]) and np.isnan(loop[k])) for k in loop)
+    assert [steps[k] for k in heads] == pytest.approx([6, nan, nan, 6, 6, 2, nan], nan_ok=True)
+    nan_head = got[(got["series"] == "a") & (got["layer"] == 1) & (got["metric"] == "induction")].iloc[0]
+    assert (nan_head["start"], nan_head["final"], nan_head["level"]) == pytest.approx((0.0, 0.4, 0.2))
+    assert (nan_head["value"], nan_head["ci_low"], nan_head["ci_high"]) == pytest.approx((0.4, 0.35, 0.45))
+
+
+def test_half_rise_equals_a_plain_loop_on_random_trajectories():
+    rng = np.random.default_rng(0)
+    n_heads, steps = 12, [0, 10, 12, 14, 20, 50]
+    value = np.cumsum(rng.normal(0.02, 0.1, (n_heads, len(steps))), axis=1)
+    value[rng.random(value.shape) < 0.1] = np.nan
+    width = rng.uniform(0.01, 0.1, value.shape)
+    rows = pd.DataFrame({"series": "s", "layer": np.repeat(np.arange(n_heads) // 4, len(steps)),
+                         "head": np.repeat(np.arange(n_heads) % 4, len(steps)), "metric": "induction",
+                         "label": "L?H?", "step": steps * n_heads, "value": value.ravel(),
+                         "ci_low": (value - width).ravel(), "ci_high": (value + width).ravel()})
+    steps_found = {(r.series, r.layer, r.head, r.metric): r.step for r in half_rise(rows).itertuples()}
+    loop = _half_rise_by_loop(rows)
+    assert steps_found.keys() == loop.keys()
+    assert all(steps_found[k] == loop[k] or (np.isnan(steps_found[k]) and np.isnan(loop[k])) for k in loop)
+    assert 0 < sum(not np.isnan(s) for s in loop.values()) < n_heads  # some rise, some do not
 
 
 def test_the_report_draws_each_heads_trajectory_and_lists_where_it_forms(series):

@@ -14,6 +14,10 @@ which the low end of the metric's 95% interval is at least the role's threshold 
 next `hold` checkpoints (fewer at the end of the series). The interval's low end, not the value, must reach
 the threshold, so a head "forms" only when the whole interval says it holds the role.
 
+`half_rise` orders heads without the roles' thresholds: the first step at which the low end of a head's interval
+is past half of its own rise, from its first checkpoint's value to its final one. A weak head that ends at 0.3
+and a strong one that ends at 0.9 are then compared on the same footing: when each has done half its moving.
+
 This module draws nothing and loads no model.
 
 >>> models = [ModelProvenance("run/step-0", id="run/step-0", step=0), ModelProvenance("run/step-5", id="run/step-5",
@@ -34,7 +38,8 @@ from ..tables import ModelProvenance
 from .claims import supported
 from .roles import role_for
 
-__all__ = ["HOLD", "formation_rule", "series_name", "checkpoint_steps", "with_steps", "formation"]
+__all__ = ["HOLD", "formation_rule", "series_name", "checkpoint_steps", "with_steps", "formation", "half_rise_rule",
+           "half_rise"]
 
 HOLD = 2  # further checkpoints a head must keep its role for to count as formed at a step
 
@@ -125,3 +130,56 @@ def formation(rows: pd.DataFrame, *, metrics: Iterable[str] | None = None, hold:
                        for column in ("step", "value", "ci_low", "ci_high", "chance")}})
     columns = [*keys, "label", "role", "threshold", "step", "value", "ci_low", "ci_high", "chance"]
     return pd.DataFrame(out, columns=columns)
+
+
+def half_rise_rule() -> str:
+    """The rule `half_rise` applies, in one sentence, as reports state it."""
+    return ("A head's half rise is the first step at which its metric's 95% interval has its low end above half-way "
+            "between its value at the first checkpoint and its value at the last (checkpoints with a value), "
+            "counted only for a head that rises: its last interval's low end above its first interval's high end. "
+            "No role threshold enters.")
+
+
+def half_rise(rows: pd.DataFrame, *, metrics: Iterable[str] | None = None) -> pd.DataFrame:
+    """The step at which each head of each series has done half of its own rise, per metric (`half_rise_rule`).
+
+    Parameters
+    ----------
+    rows : DataFrame
+        Rows with ``series, layer, head, label, metric, step, value, ci_low, ci_high`` (`with_steps`).
+    metrics : iterable of str, optional
+        The metrics to read; default every metric of `rows`. A rise is read upwards: for a metric that falls as
+        a head forms, the answer is NaN.
+
+    Returns
+    -------
+    DataFrame
+        One row per (series, layer, head, metric), in that order: ``label``, ``start`` and ``final`` (the value
+        at the first and last checkpoints whose value is not NaN), ``level`` (half-way between them), ``step``
+        (the first step whose ``ci_low`` is above ``level``; NaN when the head does not rise, its final
+        ``ci_low`` not above its first ``ci_high``) and that step's ``value``, ``ci_low`` and ``ci_high``.
+
+    >>> rows = pd.DataFrame({"series": "s", "layer": 0, "head": 0, "label": "L0H0", "metric": "prev_token",
+    ...                      "step": [0, 10, 20, 30], "value": [0.1, 0.2, 0.28, 0.3],
+    ...                      "ci_low": [0.08, 0.15, 0.26, 0.28], "ci_high": [0.12, 0.25, 0.3, 0.32]})
+    >>> half_rise(rows)[["label", "start", "final", "level", "step"]].round(3).to_dict("records")  # 0.15 < 0.2
+    [{'label': 'L0H0', 'start': 0.1, 'final': 0.3, 'level': 0.2, 'step': 20.0}]
+    """
+    keys = ["series", "layer", "head", "metric"]
+    part = rows if metrics is None else rows[rows["metric"].isin(list(metrics))]
+    part = part.sort_values([*keys, "step"], kind="stable")
+    heads = part.drop_duplicates(keys)[[*keys, "label"]]
+    known = part[part["value"].notna()]
+    ends = known.drop_duplicates(keys, keep="first")[[*keys, "value", "ci_high"]].rename(
+        columns={"value": "start", "ci_high": "start_high"}).merge(
+        known.drop_duplicates(keys, keep="last")[[*keys, "value", "ci_low"]].rename(
+            columns={"value": "final", "ci_low": "final_low"}), on=keys)
+    ends = ends.assign(level=(ends["start"] + ends["final"]) / 2, rises=ends["final_low"] > ends["start_high"])
+    heads = heads.merge(ends[[*keys, "start", "final", "level", "rises"]], on=keys, how="left", sort=False)
+    marked = part.merge(heads[[*keys, "level", "rises"]], on=keys, how="left", sort=False)
+    past = marked[(marked["ci_low"] > marked["level"]) & marked["rises"].fillna(False).astype(bool)]
+    first = past.drop_duplicates(keys, keep="first")[[*keys, "step", "value", "ci_low", "ci_high"]]
+    out = heads.drop(columns="rises").merge(first, on=keys, how="left", sort=False)
+    out = out.astype({column: float for column in ("start", "final", "level", "step", "value", "ci_low", "ci_high")})
+    return out.reset_index(drop=True)[[*keys, "label", "start", "final", "level", "step", "value", "ci_low",
+                                       "ci_high"]]
