@@ -10,13 +10,19 @@ memory (`headscan.scan.budget.eager_bytes`) would push the machine past ``--memo
 the reason printed, rather than run into the out-of-memory killer.
 
 ``--task retrieval`` runs one retrieval trial instead (`headscan retrieval`): a prefill of the prompt and 10 greedy
-steps reading each step's attention rows, headscan's chunked decoding against Wu et al.'s loop (Hugging Face's
-eager attention, ``output_attentions`` at each step); the checksum (the steps' top keys) must agree.
+steps reading each step's attention rows, headscan's chunked decoding (the prompt prefilled in pieces of
+`headscan.models.decode.PREFILL_CHUNK` tokens) against Wu et al.'s loop (Hugging Face's eager attention, one
+prefill pass, ``output_attentions`` at each step). Its checksum, the sum over steps, layers and heads of the
+most-attended key's index, is printed for both and must agree, so the memory ratio compares runs that computed
+the same thing.
+
+``--query-chunk`` defaults to each task's own default (`SweepConfig.query_chunk`, `RetrievalConfig.query_chunk`).
 
 Run it (about 15 minutes on 2 CPU cores for the default lengths; smollm2 must be installed)::
 
     .venv/bin/python benchmarks/long_context.py                       # 1k, 2k, 4k, 8k
     .venv/bin/python benchmarks/long_context.py --task retrieval      # the same lengths, one retrieval trial
+    .venv/bin/python benchmarks/long_context.py --child chunked 8192 --task retrieval   # one mode, one length
     .venv/bin/python benchmarks/long_context.py --lengths 1024 16384 32768 --query-chunk 256
     .venv/bin/python benchmarks/long_context.py --device cuda          # where a GPU is present
 
@@ -136,7 +142,7 @@ def retrieval_child(length: int, mode: str, query_chunk: int, device: str, steps
 
     from headscan.corpus import read_corpus
     from headscan.models import load_model
-    from headscan.models.decode import greedy_decode
+    from headscan.models.decode import PREFILL_CHUNK, greedy_decode
 
     model = load_model("smollm2", device=device)
     text = " ".join(segment.text for segment in read_corpus("builtin").segments)
@@ -181,8 +187,11 @@ def retrieval_child(length: int, mode: str, query_chunk: int, device: str, steps
         eager()
     seconds = time.perf_counter() - started
     peak_rss = peak()
-    return {"length": length, "mode": mode, "seconds": seconds, "peak_mib": peak_rss,
-            "extra_mib": peak_rss - before_rss, "checksum": float(sum(map(sum, tops)))}
+    result = {"length": length, "mode": mode, "seconds": seconds, "peak_mib": peak_rss,
+              "extra_mib": peak_rss - before_rss, "checksum": int(sum(map(sum, tops))), "steps": len(tops)}
+    if mode == "chunked":
+        result.update(query_chunk=query_chunk, prefill_chunk=PREFILL_CHUNK)
+    return result
 
 
 def run(length: int, mode: str, query_chunk: int, device: str, timeout: float, task: str = "sweep") -> dict:
@@ -203,7 +212,8 @@ def run(length: int, mode: str, query_chunk: int, device: str, timeout: float, t
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
-    parser.add_argument("--query-chunk", type=int, default=512)
+    parser.add_argument("--query-chunk", type=int, default=None,
+                        help="queries per block in chunked mode (default: the task's own default)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--memory-limit", type=float, default=20.0, help="GiB an eager run may be expected to take")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
@@ -212,6 +222,10 @@ def main() -> None:
                              "10 greedy steps, headscan's chunked decoding against Wu et al.'s eager loop")
     parser.add_argument("--child", nargs=2, metavar=("MODE", "LENGTH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.query_chunk is None:
+        from headscan.config import RetrievalConfig, SweepConfig
+
+        args.query_chunk = (RetrievalConfig if args.task == "retrieval" else SweepConfig).query_chunk
     if args.child:
         mode, length = args.child
         work = retrieval_child if args.task == "retrieval" else child
@@ -259,7 +273,8 @@ def main() -> None:
         verdict = "within" if ratio <= GOAL else "NOT within"
         same = "the same" if math.isclose(eager["checksum"], chunked["checksum"], rel_tol=1e-6) else "DIFFERENT"
         print(f"{eager['length']} tokens: chunked {chunked['extra_mib']:.0f} MiB, eager {eager['extra_mib']:.0f} MiB "
-              f"above the loaded model: {ratio:.3f}, {verdict} a tenth of eager's; checksums {same}")
+              f"above the loaded model: {ratio:.3f}, {verdict} a tenth of eager's; checksums {same} "
+              f"(eager {eager['checksum']}, chunked {chunked['checksum']})")
 
 
 if __name__ == "__main__":

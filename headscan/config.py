@@ -199,7 +199,8 @@ class RetrievalConfig:
     device: Device = "auto"
     dtype: DType = "float32"
     prepend_bos: bool | None = None  # raw template: BOS before the prompt (None: the model's default, as a sweep)
-    query_chunk: int = 512  # queries per block of the chunked prefill; scores do not depend on it
+    query_chunk: int = 128  # queries per block of the chunked prefill; scores do not depend on it (128: less
+    # memory than 256 at 8k tokens, benchmarks/long_context.py --task retrieval)
 
     def __post_init__(self):
         for name, values in choices(RetrievalConfig).items():

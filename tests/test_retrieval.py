@@ -2,7 +2,7 @@
 
 - the answer gate against the ``rouge_score`` package itself (Porter stems of every EWT word, recalls);
 - the decoding rows against Hugging Face's own eager attention with a key/value cache (``output_attentions``),
-  on both hooking paths, and the copying steps against Wu et al.'s ``retrieval_calculate`` as a plain loop;
+  on both hooking paths, one of them prefilling the prompt in four pieces where Hugging Face takes one pass, and the copying steps against Wu et al.'s ``retrieval_calculate`` as a plain loop;
 - a planted checkpoint whose head copies from the needle scores exactly 1, the others 0;
 - streaming against a plain loop over Hugging Face's eager attention on a 1k-token segment, eager and chunked,
   and a sliding-window model whose heads see nothing beyond their window scores exactly 0.
@@ -21,9 +21,11 @@ from click.testing import CliRunner
 
 import headscan
 from headscan.cli import cli
+from headscan.config import RetrievalConfig
 from headscan.corpus.needles import TEMPLATES, read_needles, sentences
 from headscan.corpus.rouge import porter_stem, rouge1_recall
 from headscan.errors import ModelLoadError, SweepInterrupted, TablesError
+from headscan.models.decode import PREFILL_CHUNK
 from headscan.testing import build_architecture_checkpoint, build_retrieval_checkpoint, build_tiny_checkpoint
 
 ANSWER = "river mountain machine"
@@ -126,8 +128,10 @@ def wu_reference(folder, prompt, span, steps):
     return generated, rows, score
 
 
-@pytest.mark.parametrize("path", ["transformer_lens", "hf_hooks"])
-def test_decoding_rows_and_copying_equal_wu_et_al_on_hugging_face_eager(planted, path, monkeypatch):
+# one path prefills the prompt in 64-token pieces onto the cache (four pieces, the last one short), the other in
+# one pass (the default PREFILL_CHUNK is longer than the prompt): both must give Hugging Face's one-pass rows
+@pytest.mark.parametrize(("path", "prefill_chunk"), [("transformer_lens", 64), ("hf_hooks", None)])
+def test_decoding_rows_and_copying_equal_wu_et_al_on_hugging_face_eager(planted, path, prefill_chunk, monkeypatch):
     from headscan.corpus import read_corpus
     from headscan.corpus.needles import build_prompt, plan_trials
     from headscan.metrics import METRICS, AttentionBatch
@@ -143,7 +147,11 @@ def test_decoding_rows_and_copying_equal_wu_et_al_on_hugging_face_eager(planted,
     plan = plan_trials(corpus, 1, [200], [0.5], 3)[0]
     prompt = build_prompt(corpus, needles[0], plan, model.tokenizer, template="raw", bos=model.special_token_ids["bos"])
     steps = []
-    generated = greedy_decode(model, prompt.ids, steps.append, max_new_tokens=6, stop=lambda t: False)
+    pieces = prefill_chunk or PREFILL_CHUNK
+    prefilled = len(prompt.ids) - 1  # the last prompt token is fed to the first decoding step
+    assert (3 * 64 < prefilled < 4 * 64) if prefill_chunk else prefilled <= pieces  # 4 pieces, or one
+    generated = greedy_decode(model, prompt.ids, steps.append, max_new_tokens=6, stop=lambda t: False,
+                              prefill_chunk=pieces)
     want_tokens, want_rows, want_score = wu_reference(planted["folder"], prompt.ids, prompt.answer, 6)
     assert generated == want_tokens
     hits = np.zeros_like(want_score)
@@ -160,8 +168,29 @@ def test_decoding_rows_and_copying_equal_wu_et_al_on_hugging_face_eager(planted,
                                ~every, True, query_start=step.position, needle=needle.expand(model.n_layers, -1),
                                generated=torch.tensor([step.token]).expand(model.n_layers))
         hits += METRICS["retrieval"].function(batch)[0].numpy()
-    np.testing.assert_allclose(hits / (prompt.answer[1] - prompt.answer[0]), want_score, atol=1e-12)
+    n_answer = prompt.answer[1] - prompt.answer[0]
+    np.testing.assert_array_equal(hits, np.rint(want_score * n_answer))  # the copying steps, exactly
+    np.testing.assert_allclose(hits / n_answer, want_score, atol=1e-12)
     assert want_score[planted["head"]] == pytest.approx(1.0)
+
+
+def test_a_prompt_prefilled_in_pieces_gives_the_one_pass_rows_of_a_rotary_model(tmp_path):
+    """The planted model has no positions and one layer, so only a rotary, two-layer model can tell pieces
+    stitched at the wrong positions (or with a token lost or repeated) from Hugging Face's one-pass prefill."""
+    from headscan.models import load_model
+    from headscan.models.decode import greedy_decode
+
+    folder = build_architecture_checkpoint(tmp_path / "llama", "llama", seed=1)
+    model = load_model(str(folder))
+    prompt = torch.randint(10, model.tokenizer.vocab_size, (120,), generator=torch.Generator().manual_seed(0)).tolist()
+    steps = []
+    generated = greedy_decode(model, prompt, steps.append, max_new_tokens=6, stop=lambda t: False, prefill_chunk=32)
+    want_tokens, want_rows, _ = wu_reference(folder, prompt, (0, 1), 6)  # 119 prefilled tokens: 3 x 32, then 23
+    assert generated == want_tokens and len(set(generated)) > 1
+    assert [step.position for step in steps] == list(range(119, 125))
+    for step, rows in zip(steps, want_rows, strict=True):
+        for layer, row in enumerate(rows):
+            torch.testing.assert_close(step.rows[layer][0, :, 0], row, atol=1e-6, rtol=0)
 
 
 # --- the planted check ------------------------------------------------------------------------------------------
@@ -186,6 +215,7 @@ def test_a_head_that_copies_from_the_needle_scores_one(planted, tmp_path):
     assert set(loaded.frames) == {"retrieval", "retrieval_trials"} and loaded.models == run.models
     extra = loaded.provenance.models[0].extra
     assert (extra["trials"], extra["passed"], extra["failed_gate"], extra["template"]) == (6, 6, 0, "raw")
+    assert (extra["query_chunk"], extra["prefill_chunk"]) == (RetrievalConfig().query_chunk, PREFILL_CHUNK)
     rules = loaded.provenance.extra["retrieval"]
     assert "ROUGE-1 recall" in rules["gate"] and "0.5" in rules["gate"] and "newline" in rules["decoding"]
     assert "default_rng(0)" in rules["placement"] and loaded.provenance.versions["transformers"]

@@ -1,11 +1,14 @@
 """Greedy decoding that hands over each step's attention rows: what the retrieval score reads.
 
-`greedy_decode` runs a prompt as Wu et al.'s (2024) reference code does: one prefill of every prompt token but
+`greedy_decode` runs a prompt as Wu et al.'s (2024) reference code does: a prefill of every prompt token but
 the last, then greedy steps with the key/value cache, the first of which feeds the last prompt token. Every
 forward pass goes through headscan's chunked attention (`headscan.models.chunked.cached_forward`), so the
-prefill never builds a (head, n, n) pattern, and a decoding step computes one query row per head: memory grows
-linearly with the prompt (the cache, one block of rows, the activations), where eager attention needs heads
-x n^2 per layer (benchmarks/long_context.py measures both).
+prefill never builds a (head, n, n) pattern, and a decoding step computes one query row per head. The prefill
+feeds the prompt onto the cache in pieces of `PREFILL_CHUNK` tokens, so the MLP and residual activations are
+those of one piece, whatever the prompt's length: memory grows linearly with the prompt only through the cache
+(plus one block of rows and one piece's activations), where eager attention needs heads x n^2 per layer
+(benchmarks/long_context.py measures both). The pieces give the rows and tokens of a one-pass prefill (tested
+against Hugging Face's in tests/test_retrieval.py).
 
 Each step hands `each` a `Step`: the token it chose (the argmax of the last position's logits; ties to the
 lowest id) and every layer's attention row of the query that chose it, (1, head, 1, k) float32, the rows
@@ -29,7 +32,9 @@ from .forward import refused
 if TYPE_CHECKING:
     from .hooked import HookedModel
 
-__all__ = ["Step", "greedy_decode", "language_model"]
+__all__ = ["PREFILL_CHUNK", "Step", "greedy_decode", "language_model"]
+
+PREFILL_CHUNK = 1024  # prompt tokens per prefill forward pass: bounds the activations, not the cache
 
 
 @dataclass(frozen=True)
@@ -42,10 +47,11 @@ class Step:
 
 
 def greedy_decode(model: HookedModel, prompt: Sequence[int], each: Callable[[Step], None], *, max_new_tokens: int,
-                  stop: Callable[[int], bool], query_chunk: int = 512) -> list[int]:
+                  stop: Callable[[int], bool], query_chunk: int = 512, prefill_chunk: int = PREFILL_CHUNK) -> list[int]:
     """Decode greedily after `prompt` (token ids, BOS included if wanted): call ``each(step)`` for every step
     and return the generated ids. Stops after `max_new_tokens` steps, or after a step whose token `stop` says
-    ends the answer (that step is handed over and returned too).
+    ends the answer (that step is handed over and returned too). The prompt is prefilled `prefill_chunk` tokens
+    at a time; attention runs in blocks of `query_chunk` queries.
 
     Raises `ModelLoadError` for a bidirectional model, or one whose attention chunked mode cannot reproduce.
     """
@@ -54,6 +60,8 @@ def greedy_decode(model: HookedModel, prompt: Sequence[int], each: Callable[[Ste
                              f"(decoder) model")
     if len(prompt) < 1:
         raise ValueError("an empty prompt has no last token to decode from")
+    if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 1:
+        raise ValueError(f"prefill_chunk must be a whole number >= 1, got {prefill_chunk!r}")
     reason = model.chunked_refusal()
     if reason is not None:
         raise refused(model, reason)
@@ -70,7 +78,9 @@ def greedy_decode(model: HookedModel, prompt: Sequence[int], each: Callable[[Ste
     generated: list[int] = []
     with chunked.cached_forward(model, language_model(model), {layer: keep(layer) for layer in range(model.n_layers)},
                                 query_chunk=query_chunk) as forward:
-        cache = forward(ids[:, :-1], None)[1] if ids.shape[1] > 1 else None
+        cache = None
+        for start in range(0, ids.shape[1] - 1, prefill_chunk):  # every token but the last, piece by piece
+            cache = forward(ids[:, start:min(start + prefill_chunk, ids.shape[1] - 1)], cache)[1]
         decoding[0] = True
         fed, position = ids[:, -1:], ids.shape[1] - 1
         for _ in range(max_new_tokens):

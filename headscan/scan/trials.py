@@ -44,7 +44,7 @@ from ..errors import ConfigError, ModelLoadError, SweepInterrupted, TablesError
 from ..metrics import METRICS, AttentionBatch
 from ..metrics.retrieval import chance_steps
 from ..models import check_spec, load_model
-from ..models.decode import greedy_decode
+from ..models.decode import PREFILL_CHUNK, greedy_decode
 from ..models.forward import refused
 from ..tables import TABLES, ModelProvenance, SweepTables, check_out, head_columns, write
 from .finish import run_provenance
@@ -230,7 +230,7 @@ def _summary(records: list[dict], config: RetrievalConfig, bos: bool) -> dict:
             "template": config.template, "bos": bos, "prompt_tokens": [min(r["tokens"] for r in records),
                                                                         max(r["tokens"] for r in records)],
             "seconds": round(sum(r["seconds"] for r in records), 3), "attention": "chunked",
-            "query_chunk": config.query_chunk}
+            "query_chunk": config.query_chunk, "prefill_chunk": PREFILL_CHUNK}
 
 
 # --- tables -----------------------------------------------------------------------------------------------
