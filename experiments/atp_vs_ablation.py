@@ -194,17 +194,24 @@ def notes_of(readme: Path) -> str:
         found = re.search(re.escape(NOTES_OPEN) + r"\n?(.*?)\n?" + re.escape(NOTES_CLOSE), readme.read_text(), re.S)
         if found:
             return found.group(1)
+        # a README without the markers may hold hand-written text: never overwrite it silently
+        raise ValueError(f"{readme} has no {NOTES_OPEN} ... {NOTES_CLOSE} section: put its hand-written text "
+                         "between those markers (or delete the README) and run again")
     return EMPTY_NOTES
+
+
+def checked_rho(agree: pd.DataFrame) -> float:
+    """Spearman(atp_mean, mean_ablation) from `agreement`'s table; NaN where no head has both."""
+    checks = agree[agree["exact"] == "mean_ablation"]
+    return float(checks["spearman"].iloc[0]) if len(checks) else float("nan")
 
 
 def readme_text(heads: pd.DataFrame, settings: dict, notes: str = EMPTY_NOTES) -> str:
     """The README for `heads` (heads.csv's rows) and `settings` (run.json), with `notes` as its hand-written
     section."""
     notes_run = settings.get("importance") or {}
-    table = importance_rows(heads, settings["target"])
-    agree = agreement(table)
-    checks = agree[agree["exact"] == "mean_ablation"]
-    rho = float(checks["spearman"].iloc[0]) if len(checks) else float("nan")
+    agree = agreement(importance_rows(heads, settings["target"]))
+    rho = checked_rho(agree)
     ok = rho >= BAR
     version = settings.get("headscan_version")
     revision = settings.get("git_revision")
@@ -277,7 +284,7 @@ def write_outputs(folder: Path) -> float:
     draw(importance_rows(heads, settings["target"]), str(heads["model"].iloc[0]), folder / "scatter.png")
     readme = folder / "README.md"
     readme.write_text(readme_text(heads, settings, notes_of(readme)))
-    return spearman(heads.get("atp_mean", pd.Series(dtype=float)), heads["mean_ablation"])
+    return checked_rho(agreement(importance_rows(heads, settings["target"])))
 
 
 def settings_of(args, run, source, seconds: float, argv) -> dict:

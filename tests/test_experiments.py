@@ -302,6 +302,14 @@ def test_atp_from_heads_asks_for_the_run_json_fields_it_needs(experiment, tmp_pa
     (tmp_path / "run.json").write_text(json.dumps({"model": "m", "corpus": "builtin"}))
     with pytest.raises(ValueError, match="lacks limit, max_len, batch_size, device, minutes, target"):
         script.main(["--from-heads", str(tmp_path)])
+    settings = {"model": "m", "corpus": "builtin", "limit": 4, "max_len": 32, "batch_size": 4, "device": "cpu",
+                "minutes": 0.1, "target": "next_token_loss"}
+    (tmp_path / "run.json").write_text(json.dumps(settings))
+    # a README without the notes markers may hold hand-written text: refused, and left as it was
+    (tmp_path / "README.md").write_text("# by hand\n")
+    with pytest.raises(ValueError, match="has no <!-- notes --> ... <!-- /notes --> section"):
+        script.main(["--from-heads", str(tmp_path)])
+    assert (tmp_path / "README.md").read_text() == "# by hand\n"
 
 
 def test_induction_formation_runs_end_to_end_on_a_few_steps(experiment, tmp_path, capsys):

@@ -176,6 +176,7 @@ def test_the_report_draws_each_heads_trajectory_and_lists_where_it_forms(series)
     assert "| L0H1 | first\\_token | sink | 10 |" in part  # the planted first-token head too
 
 
+@pytest.mark.browser
 def test_the_atlas_shows_one_grid_per_series_with_a_slider_over_its_steps(series, tmp_path):
     """One grid for the four checkpoints, the last step first; the planted L0H0 (a previous-token head from step 10)
     coloured otherwise at step 0; an open panel follows the slider to the same head; the search finds only the
