@@ -204,11 +204,8 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
-@contextlib.contextmanager
-def chromium_page(page_file: Path, profile: Path):
-    """A headless Debian Chromium (through `playwright`, which never downloads a browser here) showing `page_file`
-    once its atlas is ready; yields the page and a list that collects its console errors and page errors, and
-    fails when the page asked the network for anything."""
+def playwright_or_skip():
+    """playwright's `sync_playwright`, with Debian's chromium on the PATH; else skip (under CI=true, fail)."""
     import shutil
 
     if shutil.which("chromium") is None:
@@ -218,6 +215,17 @@ def chromium_page(page_file: Path, profile: Path):
     except ImportError:
         missing("playwright is not installed: pip install playwright (it drives the system chromium; never run "
                 "`playwright install`)")
+    return sync_playwright
+
+
+@contextlib.contextmanager
+def chromium_page(page_file: Path, profile: Path):
+    """A headless Debian Chromium (through `playwright`, which never downloads a browser here) showing `page_file`
+    once its atlas is ready; yields the page and a list that collects its console errors and page errors, and
+    fails when the page asked the network for anything."""
+    import shutil
+
+    sync_playwright = playwright_or_skip()
     errors, requests = [], []
     with sync_playwright() as p:
         browser = p.chromium.launch_persistent_context(

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import CHROMIUM_FLAGS, missing
+from conftest import CHROMIUM_FLAGS, playwright_or_skip
 
 from headscan import load
 from headscan.report import atlas
@@ -152,17 +152,6 @@ def test_atlas_html_is_self_contained_and_cannot_be_closed_early(ewt):
 
 
 # --- in a real browser --------------------------------------------------------------------------------------
-
-
-def playwright_or_skip():
-    if shutil.which("chromium") is None:
-        missing("chromium is not installed (apt-get install -y chromium); the atlas is tested in it headless")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        missing("playwright is not installed: pip install playwright (it drives the system chromium; never run "
-                "`playwright install`)")
-    return sync_playwright
 
 
 @pytest.fixture(scope="module")
