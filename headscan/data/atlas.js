@@ -464,11 +464,12 @@
       if (!rows.length) return;
       out += "<h4>" + esc(t.table) + "</h4><table class=\"atlas-scores\"><thead><tr>" +
         t.keys.map(function (k) { return "<th>" + esc(k) + "</th>"; }).join("") +
-        '<th class="num">value</th><th class="num">95% interval</th></tr></thead><tbody>' +
-        rows.map(function (i) {
+        '<th class="num">value</th>' + (t.low ? '<th class="num">95% interval</th>' : "") +
+        "</tr></thead><tbody>" +
+        rows.map(function (i) {  // a table without intervals (similarity) has no interval column
           return "<tr>" + t.cells[t.key[i]].map(function (k) { return "<td>" + esc(k) + "</td>"; }).join("") +
-            '<td class="num">' + fmt(t.value[i]) + '</td><td class="num">' +
-            (t.low ? interval(t.low[i], t.high[i]) : "") + "</td></tr>";
+            '<td class="num">' + fmt(t.value[i]) + "</td>" +
+            (t.low ? '<td class="num">' + interval(t.low[i], t.high[i]) + "</td>" : "") + "</tr>";
         }).join("") + "</tbody></table>";
     });
     return out;
