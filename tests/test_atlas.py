@@ -97,6 +97,22 @@ def ewt():
     return merge_runs([load(EWT_RUN)])
 
 
+def test_the_committed_ewt_atlas_maps_every_head_of_both_models_as_head_map_does(ewt):
+    """The committed run was swept with --similarity-sample 64: each model's map has a point per head, at
+    `head_map`'s coordinates (rounded to 3 significant digits)."""
+    from headscan.analysis.families import head_map
+
+    data = atlas.atlas_data(ewt)
+    for model, heads in (("minilm", 72), ("smollm2", 270)):
+        shown = next(m for m in data["models"] if m["name"] == model)
+        n_heads = shown["heads"]
+        mapped = head_map(ewt["similarity"], model)
+        assert len(mapped) == heads and sum(x is not None for x in shown["map"]["x"]) == heads
+        at = (mapped["layer"] * n_heads + mapped["head"]).to_numpy(int)
+        np.testing.assert_allclose([shown["map"]["x"][i] for i in at], mapped["x"], rtol=5e-3, atol=1e-9)
+        np.testing.assert_allclose([shown["map"]["y"][i] for i in at], mapped["y"], rtol=5e-3, atol=1e-9)
+
+
 def test_atlas_data_holds_every_head_as_in_heads_parquet(ewt):
     data = atlas.atlas_data(ewt)
     minilm = next(m for m in data["models"] if m["name"] == "minilm")
@@ -147,8 +163,11 @@ def test_atlas_html_is_self_contained_and_cannot_be_closed_early(ewt):
     data = re.search(r'<script type="application/json" id="atlas-data">(.*?)</script>', page, re.S).group(1)
     assert "</" not in data
     assert json.loads(data)["initial"] == "prev_token"
-    # every metric and role to colour by; then the scale: value, lift over chance, value / chance
-    assert page.count("<option") == len(ewt.metrics) + 1 + 3
+    # every metric and role to colour by (and head family where the run has similarity.parquet); then the
+    # scale: value, lift over chance, value / chance
+    families = "similarity" in ewt.frames and len(ewt["similarity"]) > 0
+    assert page.count("<option") == len(ewt.metrics) + 1 + families + 3
+    assert ('value="@cluster"' in page) == families
 
 
 # --- in a real browser --------------------------------------------------------------------------------------
