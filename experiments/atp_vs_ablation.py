@@ -281,10 +281,12 @@ def write_outputs(folder: Path) -> float:
     Spearman(atp_mean, mean_ablation)."""
     heads = pd.read_csv(folder / "heads.csv")
     settings = read_settings(folder)
-    draw(importance_rows(heads, settings["target"]), str(heads["model"].iloc[0]), folder / "scatter.png")
     readme = folder / "README.md"
-    readme.write_text(readme_text(heads, settings, notes_of(readme)))
-    return checked_rho(agreement(importance_rows(heads, settings["target"])))
+    notes = notes_of(readme)  # first: a README it may not rewrite leaves the scatter untouched too
+    rows = importance_rows(heads, settings["target"])
+    draw(rows, str(heads["model"].iloc[0]), folder / "scatter.png")
+    readme.write_text(readme_text(heads, settings, notes))
+    return checked_rho(agreement(rows))
 
 
 def settings_of(args, run, source, seconds: float, argv) -> dict:
