@@ -6,6 +6,12 @@ layer's attention (or each block of its query rows, in chunked mode) and scores 
 need. What one batch gathers lives in a `Gathered`, begun by `LayerHooks.start` and handed over, as
 (layer, batch, head, column) sums, counts and chance sums, by `LayerHooks.finish`.
 
+Eager mode scores layers together: each layer's pattern waits in `Gathered.waiting` until the waiting patterns
+reach `STACK_BYTES` (or the last layer, or a layer on another device, comes), and the waiting layers are then
+scored as one batch, stacked along the batch axis. Every metric is a function of each segment's rows alone, so
+stacking changes no number; it runs each metric's few dozen tensor operations once per group of layers instead of
+once per layer, which is most of their cost at ordinary lengths (a minilm batch's pattern is about 1 MB).
+
 Chance (`headscan.metrics.chance`): each column's null-head sums come with its sums, from the same batch and
 queries. The null head of plain attention depends on the masks alone, not on the layer or the head, so its
 sums are computed on the first layer of a batch (or on each block of it, chunked) and reused for the others;
@@ -29,7 +35,12 @@ from ..models.hooks import QueryBlock
 from ..models.weights import logit_directions
 from .plan import Column
 
-__all__ = ["BatchMasks", "Gathered", "Capture", "LayerHooks", "batch_masks", "capture_for"]
+__all__ = ["BatchMasks", "Gathered", "Capture", "LayerHooks", "STACK_BYTES", "batch_masks", "capture_for"]
+
+# Eager mode: layers' patterns wait, and are scored together, until they take this many bytes (as float32). The
+# metrics' temporaries are a few times this, so it bounds the memory stacking adds; past a few MiB, larger
+# groups save little time (each operation's fixed cost is already spread over enough work).
+STACK_BYTES = 32 * 2**20
 
 
 @dataclass(frozen=True)
@@ -41,6 +52,17 @@ class BatchMasks:
     sep: torch.Tensor  # bool: [SEP] tokens
     words: object  # the batch's `headscan.corpus.words.WordAlignment` (CoNLL-U), else None
     next_tokens: torch.Tensor  # the token each query predicts (for direct logit attribution)
+
+    def repeated(self, times: int) -> BatchMasks:
+        """The same masks for `times` layers stacked along the batch axis: (times * batch, seq) each."""
+        if times == 1:
+            return self
+        words = self.words
+        if words is not None:
+            words = dataclasses.replace(words, **{name: getattr(words, name).repeat(times, 1)
+                                                  for name in ("token_word", "head", "relation")})
+        return BatchMasks(self.ids.repeat(times, 1), self.counts.repeat(times, 1), self.sep.repeat(times, 1), words,
+                          self.next_tokens.repeat(times, 1))
 
 
 @dataclass
@@ -55,6 +77,14 @@ class Gathered:
     contributions: dict = field(default_factory=dict)  # layer -> (2, batch, head, q) logit contributions, head's and null's
     uniform: dict = field(default_factory=dict)  # layer -> (batch, q, head, d_head) the null head's output before W_O
     scale: torch.Tensor | None = None  # (batch, q) the final norm's scale, once the last layer has run
+    waiting: list = field(default_factory=list)  # eager mode: (layer, pattern) not scored yet, scored together
+    repeats: dict = field(default_factory=dict)  # times -> the masks repeated for that many stacked layers
+
+    def masks_for(self, times: int) -> BatchMasks:
+        """The batch's masks for `times` layers stacked along the batch axis, built once per batch and size."""
+        if times not in self.repeats:
+            self.repeats[times] = self.masks.repeated(times)
+        return self.repeats[times]
 
 
 @dataclass(frozen=True)
@@ -131,14 +161,15 @@ def _group_of(metric: Metric, table: str) -> str:
 
 
 def _score(batches: dict[str, AttentionBatch | None], columns: list[Column], given: dict | None = None,
-           shared: dict | None = None) -> dict:
+           shared: dict | None = None, stacked: int = 1) -> dict:
     """The metrics of `columns` whose batch is in `batches` and carries what they need, on one layer (or one block
     of its queries): {(metric, table): (sums, counts, chance)}, each (batch, head[, axis]); chance is the null
     head's sums, (batch, 1[, axis]) where it is the same for every head, None where it cannot be computed.
 
     `given` maps a metric to sums, counts and chance computed elsewhere (the syntax metric in chunked mode);
     `shared` holds the plain null head's sums of this batch (or block), computed on the first layer that needs
-    them and read by the others.
+    them and read by the others. With `stacked` layers in the batch (eager mode), the plain null head's sums are
+    computed on the first layer's rows and repeated.
     """
     scored = {}
     for metric, table in dict.fromkeys((m, t) for m, _, t in columns):
@@ -149,14 +180,41 @@ def _score(batches: dict[str, AttentionBatch | None], columns: list[Column], giv
         elif batch is not None and all(getattr(batch, name) is not None for name in metric.needs):
             sums, counts = metric.function(batch)
             plain = shared is not None and group == "attention" and not metric.needs  # the same for every layer
-            if plain and (metric, table) in shared:
-                chance = shared[metric, table]
-            else:
+            if not plain:
                 chance = metric.chance_sums(batch)
-                if plain:
-                    shared[metric, table] = chance
+            else:
+                if (metric, table) not in shared:
+                    shared[metric, table] = metric.chance_sums(_first_layer(batch, stacked))
+                chance = shared[metric, table]
+                if chance is not None and stacked > 1:
+                    chance = chance.repeat(stacked, *[1] * (chance.dim() - 1))
             scored[metric, table] = (sums, counts, chance)
     return scored
+
+
+def _first_layer(batch: AttentionBatch, stacked: int) -> AttentionBatch:
+    """The first of `stacked` layers stacked along the batch axis: its rows of every per-segment tensor (the
+    plain null head reads the masks and tokens alone)."""
+    if stacked == 1:
+        return batch
+    rows = batch.pattern.shape[0] // stacked
+    words = batch.words
+    if words is not None:
+        words = dataclasses.replace(words, **{name: getattr(words, name)[:rows]
+                                              for name in ("token_word", "head", "relation")})
+    return dataclasses.replace(batch, pattern=batch.pattern[:rows], query_mask=batch.query_mask[:rows],
+                               key_mask=batch.key_mask[:rows], tokens=batch.tokens[:rows],
+                               sep_mask=batch.sep_mask[:rows], words=words, raw_pattern=None, value_norms=None,
+                               key_weights=None)
+
+
+def _split_layers(scored: dict, layers: list[int]) -> dict:
+    """{layer: scored} from the scores of `layers` stacked along the batch axis (views, no copies)."""
+    def part(tensor, index):
+        return None if tensor is None else tensor.unflatten(0, (len(layers), -1))[index]
+
+    return {layer: {key: tuple(part(tensor, index) for tensor in triple) for key, triple in scored.items()}
+            for index, layer in enumerate(layers)}
 
 
 def _add_scores(into: dict, scored: dict) -> dict:
@@ -221,11 +279,28 @@ class LayerHooks:
         """Begin a batch: (batch, seq) ids and real-token mask on the model's device, and its words (CoNLL-U)."""
         self.gathered = Gathered(batch_masks(input_ids, real, self.model, self.config, words))
 
-    def _batches(self, pattern, layer: int, query_start: int = 0) -> dict:
-        """The layer's AttentionBatch, with its value norms where captured, and its value-weighted twin."""
-        norms = self.gathered.norms.get(layer)  # (batch, head, k), from the layer's values: handed over before the pattern
-        batch = _attention_batch(pattern, self.gathered.masks, self.model, self.config, query_start, norms)
+    def _batches(self, pattern, layers: list[int], query_start: int = 0) -> dict:
+        """The AttentionBatch of `layers` (their patterns stacked along the batch axis), with their value norms
+        where captured, and its value-weighted twin."""
+        norms = [self.gathered.norms.get(layer) for layer in layers]  # (batch, head, k) each, from the
+        # layer's values: handed over before the pattern
+        norms = None if any(n is None for n in norms) else norms[0] if len(norms) == 1 else torch.cat(norms)
+        masks = self.gathered.masks_for(len(layers))
+        batch = _attention_batch(pattern, masks, self.model, self.config, query_start, norms)
         return {"attention": batch, "value": _value_batch(batch) if self.weighted and norms is not None else None}
+
+    def _score_waiting(self) -> None:
+        """Eager mode: score the layers whose patterns wait, together (see the module docstring)."""
+        gathered = self.gathered
+        waiting, gathered.waiting = gathered.waiting, []
+        if not waiting:
+            return
+        layers = [layer for layer, _ in waiting]
+        pattern = waiting[0][1] if len(waiting) == 1 else torch.cat([p for _, p in waiting])  # (layers * batch, ...)
+        del waiting
+        scored = _score(self._batches(pattern, layers), self.columns, shared=gathered.chance.setdefault(0, {}),
+                        stacked=len(layers))
+        gathered.scored.update(_split_layers(scored, layers))
 
     def pattern(self, layer: int, pattern, hook):  # `hook`: TransformerLens passes it by that name; a QueryBlock in chunked mode
         """Score every column on one layer's pattern, or on one block of its query rows (chunked mode)."""
@@ -234,13 +309,18 @@ class LayerHooks:
         if self.similarity is not None:  # the pattern as handed over, in its own precision
             counts = gathered.masks.counts
             self.similarity.take(layer, pattern, counts[:, start: start + pattern.shape[-2]], counts, start)
-        if not isinstance(where, QueryBlock):  # eager: the whole pattern at once
-            gathered.scored[layer] = _score(self._batches(pattern, layer), self.columns,
-                                            shared=gathered.chance.setdefault(0, {}))
-            return None  # the pattern goes on unchanged
+        if not isinstance(where, QueryBlock):  # eager: the whole pattern, scored with the layers waiting
+            waiting = gathered.waiting
+            if waiting and waiting[0][1].device != pattern.device:  # a device map: this layer sits elsewhere
+                self._score_waiting()
+            waiting = gathered.waiting
+            waiting.append((layer, pattern))
+            if layer == self.model.n_layers - 1 or sum(p.numel() for _, p in waiting) * 4 >= STACK_BYTES:
+                self._score_waiting()
+            return None  # the pattern goes on unchanged (it is only read, never written)
         # chunked: a block of query rows. Per-token metrics add up over blocks; the syntax metric needs whole
         # rows and columns of word attention, so its word attention is added up and scored at the last block.
-        scoring = self._batches(pattern, layer, where.start)
+        scoring = self._batches(pattern, [layer], where.start)
         batch = scoring["attention"]
         given = {}
         if self.syntax is not None:
@@ -285,11 +365,17 @@ class LayerHooks:
         """After the batch's pass: dla's columns scored (they need the final scale), then every layer's sums,
         counts and chance sums, (layer, batch, head, column) float64 on `device`, for the `n` sequences of the
         batch."""
+        self._score_waiting()
         gathered = self.gathered
+        by_device = {}  # dla's columns of every layer at once, stacked along the batch axis (per device)
         for layer, contributions in gathered.contributions.items():
-            batch = _logit_batch(contributions, gathered.scale.to(contributions.device), gathered.masks, self.model,
-                                 self.config)
-            gathered.scored[layer].update(_score({"logits": batch}, self.columns))
+            by_device.setdefault(contributions.device, []).append(layer)
+        for device_layers in by_device.values():
+            contributions = torch.cat([gathered.contributions[layer] for layer in device_layers], 1)  # (2, L * batch, head, q)
+            scale = gathered.scale.to(contributions.device).repeat(len(device_layers), 1)
+            batch = _logit_batch(contributions, scale, gathered.masks_for(len(device_layers)), self.model, self.config)
+            for layer, scored in _split_layers(_score({"logits": batch}, self.columns), device_layers).items():
+                gathered.scored[layer].update(scored)
         gathered.contributions = {}  # (batch, head, q) each: dropped
         # (batch, head, column) per layer; layers may sit on several devices under a device map
         per_layer = [_columns_tensor(gathered.scored[layer], self.columns, n, self.model.n_heads, device)
