@@ -116,6 +116,8 @@ def loop_chance(name, batch, heads):
                     add(p.get(0, 0.0), bucket_of(q, n_buckets))
                 elif name == "distance_by_position":
                     add(sum(x * abs(q - k) for k, x in p.items() if k >= 1), bucket_of(q, n_buckets))
+                elif name == "streaming" and batch.causal and q >= batch.sink + batch.recent:
+                    add(sum(p.get(k, 0.0) for k in keys if batch.sink <= k <= q - batch.recent))
                 elif name == "moved" and len(seen) >= 2:
                     mean = np.mean([norms[b, h, k] for k in keys])
                     uniform = sum(norms[b, h, k] for k in seen) / len(seen)  # moved's null head: plain attention
@@ -167,6 +169,25 @@ def test_chance_over_blocks_of_queries_matches_the_loop(chunk, causal):
         want_sums, want_counts = loop_chance(name, batch, heads=3)
         np.testing.assert_allclose(sums.expand(want_sums.shape).numpy(), want_sums, atol=1e-12, err_msg=name)
         np.testing.assert_allclose(counts.numpy(), want_counts, err_msg=name)
+
+
+@pytest.mark.parametrize("sink, recent", [(1, 2), (0, 3), (2, 1)])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_streaming_chance_matches_the_loop_where_queries_count(sink, recent, weighted):
+    """With a sink and window short enough that queries of 9- and 11-token segments count (the defaults, 64 and
+    256, leave none at these lengths), whole and over blocks of queries; 0 for a bidirectional model."""
+    batch = dataclasses.replace(random_batch([11, 4, 9], causal=True, specials="exclude", seed=3, weighted=weighted),
+                                sink=sink, recent=recent)
+    heads = 3 if weighted else 1
+    want_sums, want_counts = loop_chance("streaming", batch, heads=heads)
+    assert want_counts.sum() > 0
+    metric = METRICS["streaming"]
+    np.testing.assert_allclose(metric.chance_sums(batch).expand(want_sums.shape).numpy(), want_sums, atol=1e-12)
+    sums, counts = chance_over_blocks(metric, batch, 4)
+    np.testing.assert_allclose(sums.expand(want_sums.shape).numpy(), want_sums, atol=1e-12)
+    np.testing.assert_allclose(counts[:, :heads].numpy(), want_counts)
+    encoder = dataclasses.replace(batch, causal=False)
+    assert not metric.chance_sums(encoder).any() and not metric.function(encoder)[1].any()
 
 
 def test_uniform_attention_scores_its_own_chance():

@@ -30,8 +30,31 @@ def outside_cache(batch: AttentionBatch) -> torch.Tensor:
     return (keys[None, :] >= batch.sink) & (keys[None, :] <= queries[:, None] - batch.recent)
 
 
+def _counted(batch: AttentionBatch) -> bool:
+    """Whether any query row of the block can count: causal, and at position S + W or later."""
+    return batch.causal and batch.query_start + batch.pattern.shape[-2] > batch.sink + batch.recent
+
+
+def _streaming_chance(batch: AttentionBatch):
+    """The null head's share on the keys the cache drops, S <= k <= q - W, over the keys the query sees: (the keys
+    that count among them) / n for uniform attention."""
+    null = batch.null
+    if not _counted(batch):  # no query counts: nothing to add, and no pattern-sized work
+        return torch.zeros((batch.pattern.shape[0], null.weights.shape[1]), dtype=null.dtype,
+                           device=batch.pattern.device)
+    cumulative = null.weights.cumsum(-1)  # (batch, H, k): the null head's weight on keys 0..k
+    last = batch.query_positions - batch.recent  # (q,) the last dropped key of each query
+    dropped = cumulative[..., last.clamp_min(0)]  # (batch, H, q): weight on keys 0..q - W
+    if batch.sink > 0:
+        dropped = dropped - cumulative[..., batch.sink - 1: batch.sink]  # less the sink's keys 0..S - 1
+    amount = torch.where(last >= batch.sink, dropped, torch.zeros((), dtype=null.dtype))
+    valid = batch.query_mask & (batch.query_positions >= batch.sink + batch.recent)[None, :]
+    return mean_over_queries(null.share(amount), valid)[0]
+
+
 @register("streaming", structural={"bidirectional": "a sink-and-window cache serves decoding, where a query sees only "
-                                                     "the past, so it is left undefined for encoders"})
+                                                     "the past, so it is left undefined for encoders"},
+          chance=_streaming_chance)
 def streaming(batch: AttentionBatch):
     """Mean over real queries q >= S + W of the attention on the keys k with S <= k <= q - W: the share of the
     head's attention that a key/value cache holding only the first S tokens and the last W (the query's own
@@ -40,7 +63,7 @@ def streaming(batch: AttentionBatch):
     S and W are the sweep's sink and recent settings (DuoAttention's deployment values 64 and 256 by default).
     Queries before position S + W lose nothing by construction and do not count. Causal models only.
     """
-    if not batch.causal:  # undefined for a bidirectional model: no query counts
+    if not _counted(batch):  # a bidirectional model (undefined), or a block of queries before S + W: none counts
         zeros = batch.pattern.new_zeros(batch.pattern.shape[:2])
         return zeros, zeros
     dropped = outside_cache(batch).to(batch.pattern.dtype)  # (q, k)

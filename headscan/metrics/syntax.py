@@ -90,14 +90,28 @@ def word_attention(pattern: torch.Tensor, token_word: torch.Tensor, n_words: int
     True
     """
     stop = query_start + pattern.shape[-2]
+    # (batch, seq, word) one-hot: a token of no word (-1) has an all-zero row, so it drops out of both products
+    members = (token_word[..., None] == torch.arange(n_words, device=token_word.device)).to(pattern.dtype)
+    mean = members / members.sum(1, keepdim=True).clamp_min(1)  # (batch, seq, word): 1/n over the word's tokens
+    words = _to_words(pattern, members, mean[:, query_start:stop])
+    if torch.isfinite(words).all():
+        return words
+    # ... but 0 times NaN or inf is not 0: padding that holds them is set to 0 first (a rare second pass)
     is_word = token_word >= 0  # (batch, seq)
     keep = is_word[:, None, query_start:stop, None] & is_word[:, None, None, :]  # (batch, 1, block, k)
-    zero = torch.zeros((), dtype=pattern.dtype, device=pattern.device)
-    pattern = torch.where(keep, pattern, zero)  # where(), not a product: padding may hold NaN
-    members = (token_word[..., None] == torch.arange(n_words, device=token_word.device)).to(pattern.dtype)  # (batch, seq, word)
-    to_word = pattern @ members[:, None]  # (batch, head, block, word): summed over the key word's tokens
-    mean = members / members.sum(1, keepdim=True).clamp_min(1)  # (batch, seq, word): 1/n over the word's tokens
-    return mean[:, query_start:stop].transpose(1, 2)[:, None] @ to_word  # (batch, head, word, word)
+    pattern = torch.where(keep, pattern, torch.zeros((), dtype=pattern.dtype, device=pattern.device))
+    return _to_words(pattern, members, mean[:, query_start:stop])
+
+
+def _to_words(pattern: torch.Tensor, members: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+    """(batch, head, word, word): `mean` (batch, block, word) transposed @ `pattern` (batch, head, block, k) @
+    `members` (batch, k, word), as two batched products over the segments with the heads folded into the rows,
+    so that neither one-hot matrix is copied once per head."""
+    b, h, n_q, n_k = pattern.shape
+    n_words = members.shape[-1]
+    to_word = (pattern.reshape(b, h * n_q, n_k) @ members).view(b, h, n_q, n_words)  # summed over the key word's tokens
+    by_query = to_word.transpose(1, 2).reshape(b, n_q, h * n_words)  # (batch, block, head * word)
+    return (mean.transpose(1, 2) @ by_query).view(b, n_words, h, n_words).transpose(1, 2)
 
 
 def most_attended(attention: torch.Tensor) -> torch.Tensor:

@@ -52,19 +52,28 @@ def finish(state: PartialState, config: SweepConfig) -> dict[str, pd.DataFrame]:
     layer, head = np.meshgrid(np.arange(n_layers), np.arange(n_heads), indexing="ij")  # (layer, head)
     group = n_heads // (model.n_kv_heads or n_heads)
     per_head = head_columns(model.name, model.family, layer.ravel(), head.ravel(), head.ravel() // group)
-    parts: dict[str, list[pd.DataFrame]] = {}
-    for index, (metric, key, table_name) in enumerate(columns):
-        table = TABLES[table_name]
-        keys = dict(zip(metric.axis.columns, key)) if metric.axis else {}
-        if "metric" in table.keys:
-            keys["metric"] = metric.name
-        part = pd.DataFrame(per_head | keys | {name: array[..., index].ravel() for name, array in values.items()})
-        parts.setdefault(table.name, []).append(part)
+    by_table: dict[str, list[int]] = {}
+    for index, (_, _, table_name) in enumerate(columns):
+        by_table.setdefault(table_name, []).append(index)
+    n_rows = n_layers * n_heads
     # Rows of a table: by metric (registry order), then layer, head and the metric's axis; importance's by method
     # and target first. A model fills one importance target: the others' columns are all empty and go.
     frames = {}
-    for name, pieces in parts.items():
-        frame = pd.concat(pieces, ignore_index=True)
+    for name, indices in by_table.items():
+        # one frame per table, its columns' rows one after another (column, then layer and head), then sorted
+        keys: dict[str, list] = {}
+        for index in indices:
+            metric, key, _ = columns[index]
+            own = dict(zip(metric.axis.columns, key)) if metric.axis else {}
+            if "metric" in TABLES[name].keys:
+                own["metric"] = metric.name
+            for column, value in own.items():
+                keys.setdefault(column, []).append(value)
+        repeated = {column: np.repeat(np.asarray(given, dtype=object), n_rows) for column, given in keys.items()}
+        tiled = {column: given if column is None or isinstance(given, str) else np.tile(np.asarray(given), len(indices))
+                 for column, given in per_head.items()}
+        frame = pd.DataFrame(tiled | repeated | {column: np.moveaxis(array[..., indices], -1, 0).ravel()
+                                                   for column, array in values.items()})
         keys = list(TABLES[name].keys)
         if name == "importance":
             frame = frame[frame["target"] == state.importance.get("target")]

@@ -164,7 +164,8 @@ def accumulate(
     finally:
         if bar is not None:
             bar.close()
-    _store(state, totals)
+    _store(state, totals, last=True)
+    del totals
     state.finished = True
     if save is not None:
         save(state)
@@ -274,9 +275,12 @@ def _add_window(totals: dict, window: Window, config: SweepConfig) -> None:
     totals["similarity"] += window.similarity
 
 
-def _store(state: PartialState, totals: dict) -> None:
+def _store(state: PartialState, totals: dict, last: bool = False) -> None:
+    """The running totals into `state`: copies, as later windows add into the totals; the `last` time, the
+    totals themselves (nothing adds into them any more; the replicates' sums are most of a state's memory)."""
     for name, tensor in totals.items():
-        setattr(state, name, tensor.cpu().numpy().copy())
+        array = tensor.cpu().numpy()
+        setattr(state, name, array if last and tensor.device.type == "cpu" else array.copy())
 
 
 def _progress_bar(total: int, done: int, name: str, enabled: bool):
