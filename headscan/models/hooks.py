@@ -123,8 +123,48 @@ def bridge_forward(bridge, hooks: dict[int, Callable], last: int, internals: dic
             final(residual, last)
         _stop_after_block(residual, hook)
 
-    with bridge.hooks(fwd_hooks=[*fwd_hooks, (f"blocks.{last}.hook_out", stop)]):
+    with bridge.hooks(fwd_hooks=[*fwd_hooks, (f"blocks.{last}.hook_out", stop)]), _unobserved_norms(bridge):
         yield lambda input_ids, attention_mask: bridge(input_ids, attention_mask=attention_mask)
+
+
+def _norm_forward(norm):
+    """A norm's forward with nothing on its statistics' hook points: hook_in, the Hugging Face norm, hook_out."""
+    def forward(hidden_states, **kwargs):
+        hidden_states = norm.hook_in(hidden_states)
+        result = norm.original_component(hidden_states)
+        return norm.hook_out(result if result.dtype == hidden_states.dtype else result.to(hidden_states.dtype))
+
+    return forward
+
+
+@contextlib.contextmanager
+def _unobserved_norms(bridge):
+    """For the pass, the bridge's norms whose ``hook_scale`` and ``hook_normalized`` nobody hooks run as the
+    Hugging Face norm between their hook_in and hook_out.
+
+    TransformerLens' `NormalizationBridge` (native-autograd path) computes each norm's mean, variance, scale and
+    normalised input on every call, to hand them to those two hook points, and then returns the Hugging Face
+    norm's own output when no hook edits them: about a tenth of a small model's forward. The output is the same
+    tensor either way. A norm on TransformerLens' other (python) path, or with a hook on either point, keeps
+    its forward."""
+    from transformer_lens.model_bridge.generalized_components.normalization import NormalizationBridge
+
+    replaced = []
+    for module in bridge.modules():
+        if not isinstance(module, NormalizationBridge) or module.original_component is None:
+            continue
+        native = module.use_native_layernorm_autograd or getattr(module.config, "layer_norm_folding", False)
+        watched = any(point.fwd_hooks or point.bwd_hooks for point in (module.hook_scale, module.hook_normalized))
+        if native and not watched and "forward" not in vars(module):
+            # into the instance's own __dict__: a bridge component's __setattr__ hands attributes on to the
+            # module it wraps
+            vars(module)["forward"] = _norm_forward(module)
+            replaced.append(module)
+    try:
+        yield
+    finally:
+        for module in replaced:
+            del vars(module)["forward"]
 
 
 # --- the hf_hooks path -------------------------------------------------------------------------------------
