@@ -18,6 +18,9 @@ Both HF baselines run over the very batches the sweep makes (same grouping, same
 and the ratios sweep / hf_attn (issue 22's goals: 1.3 for minilm, 1.2 for smollm2, 1.1 with --no-values over
 plain text), hooks_only / hf_attn and sweep / hf_full.
 
+`--cpu-time` runs on one thread and times the process's CPU time instead of the wall clock: steadier on a
+shared machine, where other jobs take the cores (one thread can shift the ratios a little against two).
+
 `--plain` sweeps the same sentences as plain text (one per line, no syntax table); `--no-values` turns value
 weighting and direct logit attribution off.
 
@@ -65,10 +68,13 @@ def hf_models(name: str):
     return full, full.base_model
 
 
+clock = time.perf_counter  # --cpu-time: time.process_time
+
+
 def timed(function) -> float:
-    start = time.perf_counter()
+    start = clock()
     function()
-    return time.perf_counter() - start
+    return clock() - start
 
 
 def main() -> None:
@@ -81,7 +87,12 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--plain", action="store_true", help="the same sentences as plain text: no syntax table")
     parser.add_argument("--no-values", action="store_true", help="no value weighting and no dla")
+    parser.add_argument("--cpu-time", action="store_true", help="one thread, timed by the process's CPU time")
     args = parser.parse_args()
+    global clock
+    if args.cpu_time:
+        torch.set_num_threads(1)
+        clock = time.process_time
 
     config = SweepConfig(device="cpu", batch_size=args.batch_size, max_len=args.max_len, limit=args.limit,
                          values=not args.no_values)
@@ -129,7 +140,8 @@ def main() -> None:
 
     median = {name: statistics.median(values) for name, values in times.items()}
     print(f"model={args.model} segments={len(corpus.segments)} tokens={encoded.n_tokens} batches={len(fixed)}x{config.batch_size} "
-          f"corpus={corpus.kind} values={config.values} threads={torch.get_num_threads()} reps={args.reps}")
+          f"corpus={corpus.kind} values={config.values} threads={torch.get_num_threads()} reps={args.reps} "
+          f"clock={'cpu' if args.cpu_time else 'wall'}")
     for name, value in median.items():
         print(f"  {name:8} median {value:7.3f} s   (all: {', '.join(f'{t:.3f}' for t in times[name])})")
     print(f"ratio sweep / hf_attn = {median['sweep'] / median['hf_attn']:.2f}")

@@ -217,9 +217,16 @@ _CANCELLATION = 1e-12
 def _sum_of_squares(ratio, ss, sc, cc):
     """sum_u (s_u - ratio c_u)^2 from power sums (weighted or not); 0 where it is within rounding of 0."""
     with np.errstate(invalid="ignore", over="ignore"):
-        squares = ss - 2 * ratio * sc + ratio * ratio * cc
-        size = ss + ratio * ratio * cc
-    return np.where(squares > _CANCELLATION * size, squares, 0.0)
+        # ss - 2 R sc + R^2 cc and ss + R^2 cc, in place on two temporaries: these arrays are (replicate, layer,
+        # head, column), and fresh temporaries for each step were most of the intervals' time
+        size = ratio * ratio * cc  # a new array of the broadcast shape
+        squares = ratio * sc
+        squares *= -2
+        squares += ss
+        squares += size
+        size += ss
+        size *= _CANCELLATION
+    return np.where(squares > size, squares, 0.0)
 
 
 def standard_error(value, moments) -> np.ndarray:
