@@ -70,7 +70,9 @@ class Gathered:
     """What one batch's forward pass gathers, layer by layer, until `LayerHooks.finish` hands it over."""
 
     masks: BatchMasks
-    scored: dict = field(default_factory=dict)  # layer -> {(metric, table): (sums, counts, chance)}, (batch, head[, axis])
+    # (layer, ...) -> {(metric, table): (sums, counts, chance)}, each (layers * batch, head[, axis]): the layers
+    # scored together (eager mode: a group of layers; chunked mode: one layer, its blocks added up)
+    scored: dict = field(default_factory=dict)
     chance: dict = field(default_factory=dict)  # query_start -> {(metric, table): the plain null head's sums}, all layers
     word_attention: dict = field(default_factory=dict)  # layer -> word attention summed over blocks (chunked syntax)
     norms: dict = field(default_factory=dict)  # layer -> (batch, head, k) value norms, before the layer's pattern
@@ -208,15 +210,6 @@ def _first_layer(batch: AttentionBatch, stacked: int) -> AttentionBatch:
                                key_weights=None)
 
 
-def _split_layers(scored: dict, layers: list[int]) -> dict:
-    """{layer: scored} from the scores of `layers` stacked along the batch axis (views, no copies)."""
-    def part(tensor, index):
-        return None if tensor is None else tensor.unflatten(0, (len(layers), -1))[index]
-
-    return {layer: {key: tuple(part(tensor, index) for tensor in triple) for key, triple in scored.items()}
-            for index, layer in enumerate(layers)}
-
-
 def _add_scores(into: dict, scored: dict) -> dict:
     """Blocks of one layer's queries add up (chunked mode); a chance that cannot be computed stays None."""
     for key, (s, c, n) in scored.items():
@@ -230,8 +223,9 @@ def _add_scores(into: dict, scored: dict) -> dict:
 
 def _columns_tensor(scored: dict, columns: list[Column], batch: int, heads: int,
                     device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One layer's scores as (batch, head, column) sums, counts and chance sums; a column not scored (its
-    internals were not captured) gets 0 and 0, so its value is NaN, and a chance that cannot be computed NaN."""
+    """Scores as (batch, head, column) sums, counts and chance sums (`batch`: rows, layers stacked); a column not
+    scored (its internals were not captured) gets 0 and 0, so its value is NaN, and a chance that cannot be
+    computed NaN."""
     sums, counts, chances = [], [], []
     for metric, table in dict.fromkeys((m, t) for m, _, t in columns):
         width = len([1 for m, _, t in columns if m is metric and t == table])
@@ -247,7 +241,8 @@ def _columns_tensor(scored: dict, columns: list[Column], batch: int, heads: int,
             sums.append(zeros)
             counts.append(zeros)
             chances.append(torch.full(shape, torch.nan, device=device))
-    return tuple(torch.cat([part.to(device, torch.float64) for part in parts], -1) for parts in (sums, counts, chances))
+    # one concatenation (promoting float32 to float64: exact), then one move
+    return tuple(torch.cat([part.to(device) for part in parts], -1).to(torch.float64) for parts in (sums, counts, chances))
 
 
 class LayerHooks:
@@ -300,7 +295,7 @@ class LayerHooks:
         del waiting
         scored = _score(self._batches(pattern, layers), self.columns, shared=gathered.chance.setdefault(0, {}),
                         stacked=len(layers))
-        gathered.scored.update(_split_layers(scored, layers))
+        gathered.scored[tuple(layers)] = scored
 
     def pattern(self, layer: int, pattern, hook):  # `hook`: TransformerLens passes it by that name; a QueryBlock in chunked mode
         """Score every column on one layer's pattern, or on one block of its query rows (chunked mode)."""
@@ -338,7 +333,7 @@ class LayerHooks:
                 zeros = torch.zeros((*pattern.shape[:2], len(syntax.COLUMNS)), dtype=torch.float32, device=pattern.device)
                 given[self.syntax] = (zeros, zeros, zeros[:, :1])
         scored = _score(scoring, self.columns, given, shared=gathered.chance.setdefault(where.start, {}))
-        gathered.scored[layer] = _add_scores(gathered.scored[layer], scored) if where.start else scored
+        gathered.scored[layer,] = _add_scores(gathered.scored[layer,], scored) if where.start else scored
         return None
 
     def values(self, v, layer: int) -> None:
@@ -367,20 +362,20 @@ class LayerHooks:
         batch."""
         self._score_waiting()
         gathered = self.gathered
-        by_device = {}  # dla's columns of every layer at once, stacked along the batch axis (per device)
-        for layer, contributions in gathered.contributions.items():
-            by_device.setdefault(contributions.device, []).append(layer)
-        for device_layers in by_device.values():
-            contributions = torch.cat([gathered.contributions[layer] for layer in device_layers], 1)  # (2, L * batch, head, q)
-            scale = gathered.scale.to(contributions.device).repeat(len(device_layers), 1)
-            batch = _logit_batch(contributions, scale, gathered.masks_for(len(device_layers)), self.model, self.config)
-            for layer, scored in _split_layers(_score({"logits": batch}, self.columns), device_layers).items():
-                gathered.scored[layer].update(scored)
+        for layers, scored in gathered.scored.items():  # dla's columns, for each group of layers at once
+            if not all(layer in gathered.contributions for layer in layers):
+                continue
+            contributions = torch.cat([gathered.contributions.pop(layer) for layer in layers], 1)  # (2, L * batch, head, q)
+            scale = gathered.scale.to(contributions.device).repeat(len(layers), 1)
+            batch = _logit_batch(contributions, scale, gathered.masks_for(len(layers)), self.model, self.config)
+            scored.update(_score({"logits": batch}, self.columns))
         gathered.contributions = {}  # (batch, head, q) each: dropped
-        # (batch, head, column) per layer; layers may sit on several devices under a device map
-        per_layer = [_columns_tensor(gathered.scored[layer], self.columns, n, self.model.n_heads, device)
-                     for layer in range(self.model.n_layers)]
-        return tuple(torch.stack([part[index] for part in per_layer]) for index in range(3))
+        # (layers * batch, head, column) per group; groups may sit on several devices under a device map
+        groups = sorted(gathered.scored.items())
+        per_group = [_columns_tensor(scored, self.columns, n * len(layers), self.model.n_heads, device)
+                     for layers, scored in groups]
+        return tuple(torch.cat([part[index].unflatten(0, (len(layers), n)) for (layers, _), part in zip(groups, per_group)])
+                     for index in range(3))
 
 
 def capture_for(model: HookedModel, config: SweepConfig, weights, unread: str | None) -> tuple[Capture | None, dict]:
