@@ -254,11 +254,18 @@ def replicate_variances(replicate_sums, replicate_counts, replicate_power) -> np
     counts = np.asarray(replicate_counts, dtype=np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
         ratios = np.asarray(replicate_sums, dtype=np.float64) / counts
+    return _variances_of(ratios, counts, replicate_power)
+
+
+def _variances_of(ratios, counts, replicate_power) -> np.ndarray:
+    """`replicate_variances` from the replicates' ratios S*_b / C*_b themselves (NaN or inf where C*_b is 0)."""
     finite = np.isfinite(ratios)
     power = np.asarray(replicate_power, dtype=np.float64)
     squares = _sum_of_squares(np.where(finite, ratios, 0.0), power[0], power[1], power[2])
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(finite, squares / (counts * counts), np.nan)
+        squares /= counts * counts  # squares is a new array: divided in place
+    squares[~finite] = np.nan
+    return squares
 
 
 def order_quantile(values, q) -> np.ndarray:
@@ -295,7 +302,7 @@ def order_quantile(values, q) -> np.ndarray:
 def _studentized(value, replicates, replicate_counts, replicate_power, moments, level, *, symmetric):
     """The bootstrap-t ends (see `interval`)."""
     se = standard_error(value, moments)
-    variances = replicate_variances(replicates * replicate_counts, replicate_counts, replicate_power)
+    variances = _variances_of(replicates, replicate_counts, replicate_power)
     with np.errstate(invalid="ignore", divide="ignore"):
         difference = replicates - value
         t = difference / np.sqrt(variances)
