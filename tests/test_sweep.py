@@ -272,3 +272,33 @@ def test_kv_group_is_the_key_value_head_each_query_head_reads_under_gqa(tmp_path
             assert sorted(set(zip(frame["head"], frame["kv_group"]))) == [(0, 0), (1, 0), (2, 1), (3, 1)], name
             checked += 1
     assert checked == len(run.frames)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "bert"])
+def test_layers_scored_together_give_the_tables_of_layers_scored_alone(tiny_models, arch, ewt_dev, monkeypatch):
+    """Eager mode scores a batch's layers stacked along the batch axis (`STACK_BYTES`); with a limit of one byte
+    each layer is scored alone, as chunked mode does. Every table, syntax and (GPT-2) dla included."""
+    from headscan.scan import layers
+
+    groups = []
+    score_waiting = layers.LayerHooks._score_waiting
+
+    def counting(self):
+        groups.append(len(self.gathered.waiting))
+        score_waiting(self)
+
+    monkeypatch.setattr(layers.LayerHooks, "_score_waiting", counting)
+    corpus = read_corpus(ewt_dev, limit=10)
+    config = SweepConfig(device="cpu", batch_size=4, bootstrap=20)
+    together = sweep_model(tiny_models[arch], corpus, config)
+    assert max(groups) == tiny_models[arch].n_layers  # every layer of a batch in one group
+    groups.clear()
+    monkeypatch.setattr(layers, "STACK_BYTES", 1)
+    alone = sweep_model(tiny_models[arch], corpus, config)
+    assert max(groups) == 1
+    assert set(together.frames) == set(alone.frames) >= {"heads", "offsets", "positions", "syntax", "value"}
+    for name, frame in together.frames.items():
+        other = alone.frames[name]
+        np.testing.assert_array_equal(frame["count"], other["count"], err_msg=name)
+        for column in ("value", "chance", "ci_low", "ci_high"):
+            np.testing.assert_allclose(frame[column], other[column], rtol=0, atol=1e-6, err_msg=f"{name} {column}")

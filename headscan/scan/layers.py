@@ -9,8 +9,9 @@ need. What one batch gathers lives in a `Gathered`, begun by `LayerHooks.start` 
 Eager mode scores layers together: each layer's pattern waits in `Gathered.waiting` until the waiting patterns
 reach `STACK_BYTES` (or the last layer, or a layer on another device, comes), and the waiting layers are then
 scored as one batch, stacked along the batch axis. Every metric is a function of each segment's rows alone, so
-stacking changes no number; it runs each metric's few dozen tensor operations once per group of layers instead of
-once per layer, which is most of their cost at ordinary lengths (a minilm batch's pattern is about 1 MB).
+stacking changes no score beyond float32 rounding; it runs each metric's few dozen tensor operations, and their
+fixed cost, once per group of layers instead of once per layer (a minilm batch's pattern is about 1 MB, so that
+cost is a large part of each operation's).
 
 Chance (`headscan.metrics.chance`): each column's null-head sums come with its sums, from the same batch and
 queries. The null head of plain attention depends on the masks alone, not on the layer or the head, so its
@@ -306,11 +307,13 @@ class LayerHooks:
             self.similarity.take(layer, pattern, counts[:, start: start + pattern.shape[-2]], counts, start)
         if not isinstance(where, QueryBlock):  # eager: the whole pattern, scored with the layers waiting
             waiting = gathered.waiting
-            if waiting and waiting[0][1].device != pattern.device:  # a device map: this layer sits elsewhere
+            held = sum(p.numel() for _, p in waiting) * 4  # bytes, as float32
+            # a device map puts this layer elsewhere, or it would take the group past STACK_BYTES: the group
+            # waiting is scored first (a group is never larger than STACK_BYTES or one layer's pattern)
+            if waiting and (waiting[0][1].device != pattern.device or held + pattern.numel() * 4 > STACK_BYTES):
                 self._score_waiting()
-            waiting = gathered.waiting
-            waiting.append((layer, pattern))
-            if layer == self.model.n_layers - 1 or sum(p.numel() for _, p in waiting) * 4 >= STACK_BYTES:
+            gathered.waiting.append((layer, pattern))
+            if layer == self.model.n_layers - 1 or sum(p.numel() for _, p in gathered.waiting) * 4 >= STACK_BYTES:
                 self._score_waiting()
             return None  # the pattern goes on unchanged (it is only read, never written)
         # chunked: a block of query rows. Per-token metrics add up over blocks; the syntax metric needs whole
