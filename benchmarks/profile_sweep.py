@@ -64,15 +64,17 @@ def stages(stats: pstats.Stats, total: float) -> list[tuple[str, float]]:
     rows = []
     metric_time = 0.0
     if score is not None:
+        chance = 0.0
         for callee, seconds in sorted(_from(stats, score).items(), key=lambda item: -item[1]):
             label = callee[2]
             if label.startswith("<"):  # a builtin the scorer calls itself (dict.fromkeys)
                 continue
-            if label == "chance_sums":
-                rows.append(("chance (null-head sums)", seconds))
+            if label in ("chance_sums", "_first_layer"):  # _first_layer: the rows the plain null head reads
+                chance += seconds
             else:
                 rows.append((f"metric {label}", seconds))
             metric_time += seconds
+        rows.insert(0, ("chance (null-head sums)", chance))
     pattern = _cumulative(stats, hooks["pattern"])
     rows.append(("pattern hook (rest: masks, shared quantities, stacking)", max(pattern - metric_time, 0.0)))
     rows.append(("value weighting (value hook)", _cumulative(stats, hooks["values"])))
