@@ -302,3 +302,16 @@ def test_layers_scored_together_give_the_tables_of_layers_scored_alone(tiny_mode
         np.testing.assert_array_equal(frame["count"], other["count"], err_msg=name)
         for column in ("value", "chance", "ci_low", "ci_high"):
             np.testing.assert_allclose(frame[column], other[column], rtol=0, atol=1e-6, err_msg=f"{name} {column}")
+
+
+def test_a_state_without_a_family_still_makes_its_tables(tiny_models):
+    """A state from elsewhere (merged, hand-built) may carry no model family: its tables say so, as before."""
+    import sys
+
+    from headscan.scan.reduce import accumulate
+
+    finish = sys.modules["headscan.scan.finish"].finish
+    state = accumulate(tiny_models["bert"], corpus_of(SHORT, LONG), CONFIG)
+    state.model["family"] = None
+    frames = finish(state, CONFIG)
+    assert frames["heads"]["family"].isna().all() and len(frames["heads"]) > 0

@@ -70,7 +70,7 @@ def finish(state: PartialState, config: SweepConfig) -> dict[str, pd.DataFrame]:
             for column, value in own.items():
                 keys.setdefault(column, []).append(value)
         repeated = {column: np.repeat(np.asarray(given, dtype=object), n_rows) for column, given in keys.items()}
-        tiled = {column: given if column is None or isinstance(given, str) else np.tile(np.asarray(given), len(indices))
+        tiled = {column: given if given is None or isinstance(given, str) else np.tile(np.asarray(given), len(indices))
                  for column, given in per_head.items()}
         frame = pd.DataFrame(tiled | repeated | {column: np.moveaxis(array[..., indices], -1, 0).ravel()
                                                    for column, array in values.items()})
