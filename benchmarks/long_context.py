@@ -89,7 +89,8 @@ def child(length: int, mode: str, query_chunk: int, device: str) -> dict:
     ids = (ids * (length // len(ids) + 1))[:length]
     input_ids = torch.tensor([ids], device=model.device)
     mask = torch.ones_like(input_ids)
-    metrics = [m for m in METRICS.values() if m.table != "syntax"]
+    # the pattern metrics (syntax needs words; moved, dla and retrieval read what this pass does not capture)
+    metrics = [m for m in METRICS.values() if m.table not in ("syntax", "importance") and not m.needs]
     totals = {}
     now = {}  # the input of the pass under way
 
