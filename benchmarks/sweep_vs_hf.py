@@ -68,10 +68,8 @@ def hf_models(name: str):
     return full, full.base_model
 
 
-clock = time.perf_counter  # --cpu-time: time.process_time
-
-
-def timed(function) -> float:
+def timed(function, clock=time.perf_counter) -> float:
+    """Seconds `function` takes by `clock` (wall time, or time.process_time under --cpu-time)."""
     start = clock()
     function()
     return clock() - start
@@ -89,10 +87,9 @@ def main() -> None:
     parser.add_argument("--no-values", action="store_true", help="no value weighting and no dla")
     parser.add_argument("--cpu-time", action="store_true", help="one thread, timed by the process's CPU time")
     args = parser.parse_args()
-    global clock
+    clock = time.process_time if args.cpu_time else time.perf_counter
     if args.cpu_time:
         torch.set_num_threads(1)
-        clock = time.process_time
 
     config = SweepConfig(device="cpu", batch_size=args.batch_size, max_len=args.max_len, limit=args.limit,
                          values=not args.no_values)
@@ -136,7 +133,7 @@ def main() -> None:
     for rep in range(args.reps):
         order = list(runs) if rep % 2 == 0 else list(reversed(runs))
         for name in order:
-            times[name].append(timed(runs[name]))
+            times[name].append(timed(runs[name], clock))
 
     median = {name: statistics.median(values) for name, values in times.items()}
     print(f"model={args.model} segments={len(corpus.segments)} tokens={encoded.n_tokens} batches={len(fixed)}x{config.batch_size} "

@@ -57,8 +57,12 @@ class WordAlignment:
     def n_words(self) -> int:
         return self.head.shape[-1]
 
+    def map(self, function) -> WordAlignment:
+        """The same words with `function` applied to each (batch, ...) tensor: moved, sliced or repeated."""
+        return WordAlignment(function(self.token_word), function(self.head), function(self.relation))
+
     def to(self, device) -> WordAlignment:
-        return WordAlignment(self.token_word.to(device), self.head.to(device), self.relation.to(device))
+        return self.map(lambda tensor: tensor.to(device))
 
 
 def word_alignment(

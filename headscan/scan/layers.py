@@ -58,10 +58,7 @@ class BatchMasks:
         """The same masks for `times` layers stacked along the batch axis: (times * batch, seq) each."""
         if times == 1:
             return self
-        words = self.words
-        if words is not None:
-            words = dataclasses.replace(words, **{name: getattr(words, name).repeat(times, 1)
-                                                  for name in ("token_word", "head", "relation")})
+        words = None if self.words is None else self.words.map(lambda tensor: tensor.repeat(times, 1))
         return BatchMasks(self.ids.repeat(times, 1), self.counts.repeat(times, 1), self.sep.repeat(times, 1), words,
                           self.next_tokens.repeat(times, 1))
 
@@ -201,10 +198,7 @@ def _first_layer(batch: AttentionBatch, stacked: int) -> AttentionBatch:
     if stacked == 1:
         return batch
     rows = batch.pattern.shape[0] // stacked
-    words = batch.words
-    if words is not None:
-        words = dataclasses.replace(words, **{name: getattr(words, name)[:rows]
-                                              for name in ("token_word", "head", "relation")})
+    words = None if batch.words is None else batch.words.map(lambda tensor: tensor[:rows])
     return dataclasses.replace(batch, pattern=batch.pattern[:rows], query_mask=batch.query_mask[:rows],
                                key_mask=batch.key_mask[:rows], tokens=batch.tokens[:rows],
                                sep_mask=batch.sep_mask[:rows], words=words, raw_pattern=None, value_norms=None,
@@ -293,7 +287,7 @@ class LayerHooks:
             return
         layers = [layer for layer, _ in waiting]
         pattern = waiting[0][1] if len(waiting) == 1 else torch.cat([p for _, p in waiting])  # (layers * batch, ...)
-        del waiting
+        del waiting  # the layers' own patterns can go before scoring: the stacked copy holds them
         scored = _score(self._batches(pattern, layers), self.columns, shared=gathered.chance.setdefault(0, {}),
                         stacked=len(layers))
         gathered.scored[tuple(layers)] = scored
@@ -306,14 +300,15 @@ class LayerHooks:
             counts = gathered.masks.counts
             self.similarity.take(layer, pattern, counts[:, start: start + pattern.shape[-2]], counts, start)
         if not isinstance(where, QueryBlock):  # eager: the whole pattern, scored with the layers waiting
-            waiting = gathered.waiting
-            held = sum(p.numel() for _, p in waiting) * 4  # bytes, as float32
+            waiting, size = gathered.waiting, pattern.numel() * 4  # bytes, as float32
+            held = sum(p.numel() for _, p in waiting) * 4
             # a device map puts this layer elsewhere, or it would take the group past STACK_BYTES: the group
             # waiting is scored first (a group is never larger than STACK_BYTES or one layer's pattern)
-            if waiting and (waiting[0][1].device != pattern.device or held + pattern.numel() * 4 > STACK_BYTES):
+            if waiting and (waiting[0][1].device != pattern.device or held + size > STACK_BYTES):
                 self._score_waiting()
+                held = 0
             gathered.waiting.append((layer, pattern))
-            if layer == self.model.n_layers - 1 or sum(p.numel() for _, p in gathered.waiting) * 4 >= STACK_BYTES:
+            if layer == self.model.n_layers - 1 or held + size >= STACK_BYTES:
                 self._score_waiting()
             return None  # the pattern goes on unchanged (it is only read, never written)
         # chunked: a block of query rows. Per-token metrics add up over blocks; the syntax metric needs whole
