@@ -40,8 +40,11 @@ __all__ = ["BatchMasks", "Gathered", "Capture", "LayerHooks", "STACK_BYTES", "ba
 
 # Eager mode: layers' patterns wait, and are scored together, until they take this many bytes (as float32). The
 # metrics' temporaries are a few times this, so it bounds the memory stacking adds; past a few MiB, larger
-# groups save little time (each operation's fixed cost is already spread over enough work).
-STACK_BYTES = 32 * 2**20
+# groups save little time (each operation's fixed cost is already spread over enough work). It stays well
+# below 16 MiB because glibc's malloc hands out any block over 32 MiB (its largest mmap threshold) as fresh
+# pages from the kernel and returns them when freed: a float64 temporary of a 32 MiB group was faulted in anew
+# on every operation, which tripled the minor page faults and cost a minilm sweep 10-25% of its time.
+STACK_BYTES = 8 * 2**20
 
 
 @dataclass(frozen=True)
