@@ -172,8 +172,13 @@ def sep(batch: AttentionBatch):
     Defined only for segments holding a [SEP] that counts (NaN for models without one, such as GPT-2).
     """
     on_sep = _sep_on(batch)  # (batch, k)
-    # multiply-and-sum: several times faster than the equivalent einsum (a batched matmul) on CPU
-    weights = (batch.masked * on_sep[:, None, None, :].to(batch.pattern.dtype)).sum(-1)  # (batch, head, q)
+    # a segment holds a [SEP] or two: gather those keys' columns rather than multiply every key by a mask
+    n_sep = int(on_sep.sum(-1).max())
+    keys = on_sep.to(torch.uint8).argsort(dim=-1, descending=True, stable=True)[:, :n_sep]  # (batch, sep): [SEP]s first
+    is_sep = on_sep.gather(-1, keys).to(batch.pattern.dtype)  # (batch, sep): 0 where a segment has fewer
+    pattern = batch.masked
+    columns = pattern.gather(-1, keys[:, None, None, :].expand(*pattern.shape[:-1], n_sep))  # (batch, head, q, sep)
+    weights = (columns * is_sep[:, None, None, :]).sum(-1)  # (batch, head, q)
     valid = batch.query_mask & on_sep.any(-1, keepdim=True)
     return mean_over_queries(weights, valid)
 

@@ -94,7 +94,7 @@ def word_attention(pattern: torch.Tensor, token_word: torch.Tensor, n_words: int
     members = (token_word[..., None] == torch.arange(n_words, device=token_word.device)).to(pattern.dtype)
     mean = members / members.sum(1, keepdim=True).clamp_min(1)  # (batch, seq, word): 1/n over the word's tokens
     words = _to_words(pattern, members, mean[:, query_start:stop])
-    if torch.isfinite(words).all():
+    if torch.isfinite(words.sum()):  # one sum, not a bool tensor: finite weights (each at most 1) cannot overflow it
         return words
     # ... but 0 times NaN or inf is not 0: padding that holds them is set to 0 first (a rare second pass)
     is_word = token_word >= 0  # (batch, seq)
