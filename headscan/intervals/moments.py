@@ -138,7 +138,7 @@ def combine_moments(a, b):
     return out
 
 
-def replicate_moments(weights, sums, counts):
+def replicate_moments(weights, sums, counts, into=None):
     """Each replicate's weighted power sums, (term, replicate, *shape): sum_u w_bu s_u^2, w_bu s_u c_u, w_bu c_u^2.
 
     The `REPLICATE_TERMS` a studentized interval needs beside the replicate totals ``weights @ sums`` and
@@ -152,6 +152,10 @@ def replicate_moments(weights, sums, counts):
         From `bootstrap_weights`, for the units of `sums`.
     sums, counts : arrays of shape (unit, *shape)
 
+    into : array of shape (3, replicate, *shape), optional
+        Running totals to add the terms into, in place (a sweep's: no stacked copy of three replicate-sized
+        arrays per window); it is returned.
+
     Returns
     -------
     array of shape (3, replicate, *shape), the same kind as `sums`
@@ -162,6 +166,9 @@ def replicate_moments(weights, sums, counts):
     >>> s, c = np.array([[1.0], [3.0]]), np.array([[2.0], [4.0]])
     >>> replicate_moments(w, s, c)[:, :, 0].tolist()  # ss, sc, cc for replicates 0 and 1
     [[19.0, 9.0], [26.0, 12.0], [36.0, 16.0]]
+    >>> totals = replicate_moments(w, s, c)
+    >>> bool((replicate_moments(w, s, c, into=totals) == 2 * replicate_moments(w, s, c)).all())
+    True
     """
     if tuple(sums.shape) != tuple(counts.shape):
         raise ValueError(f"sums and counts must have the same shape (unit, ...), "
@@ -171,6 +178,12 @@ def replicate_moments(weights, sums, counts):
     n_units, shape = sums.shape[0], tuple(sums.shape[1:])
     size = math.prod(shape)  # not -1: with no units at all, -1 cannot be inferred
     flat_s, flat_c = sums.reshape(n_units, size), counts.reshape(n_units, size)
-    terms = [weights @ (flat_s * flat_s), weights @ (flat_s * flat_c), weights @ (flat_c * flat_c)]
-    return _namespace(sums).stack([term.reshape(weights.shape[0], *shape) for term in terms])
+    products = (flat_s * flat_s, flat_s * flat_c, flat_c * flat_c)  # (unit, size) each, in REPLICATE_TERMS order
+    if into is None:
+        return _namespace(sums).stack([(weights @ product).reshape(weights.shape[0], *shape) for product in products])
+    if tuple(into.shape) != (len(REPLICATE_TERMS), weights.shape[0], *shape):
+        raise ValueError(f"into must be (3, replicate, ...) = {(3, weights.shape[0], *shape)}, got {tuple(into.shape)}")
+    for term, product in enumerate(products):
+        into[term] += (weights @ product).reshape(weights.shape[0], *shape)  # into[term] is a view: in place
+    return into
 

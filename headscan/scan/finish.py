@@ -11,6 +11,7 @@ This module runs no model.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import shutil
 import subprocess
 from collections.abc import Callable, Sequence
@@ -195,6 +196,7 @@ def _git_revision() -> str | None:
     return result.stdout.strip() or None
 
 
+@functools.cache  # installed versions do not change while a process runs; looking them up takes ~10 ms
 def _versions() -> dict:
     import platform
     from importlib.metadata import PackageNotFoundError, version
@@ -223,7 +225,7 @@ def run_provenance(corpus: Corpus, config: SweepConfig, models: Sequence[ModelPr
         finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         corpus=CorpusProvenance.from_json(corpus.provenance()),
         config=config.to_json() | {"device": resolve_device(config.device)},
-        versions=_versions(),
+        versions=dict(_versions()),  # a copy: the cached dict stays as it was
         models=tuple(models),
         extra={"bootstrap_unit": unit_why} | ({} if shard is None else {"shard": str(shard)}),
     )

@@ -266,8 +266,8 @@ def _add_window(totals: dict, window: Window, config: SweepConfig) -> None:
         totals["replicate_sums"] += (weights @ sums.flatten(1)).view_as(totals["replicate_sums"])
         totals["replicate_counts"] += (weights @ counts.flatten(1)).view_as(totals["replicate_counts"])
         # each replicate's sum_u w_bu s_u^2, s_u c_u, c_u^2: its own variance, for the studentized interval
-        power = intervals.replicate_moments(weights, sums.flatten(1), counts.flatten(1))  # (3, replicate, l*h*c)
-        totals["replicate_power"] += power.view_as(totals["replicate_power"])
+        power = totals["replicate_power"]  # (3, replicate, layer, head, column), added into in place
+        intervals.replicate_moments(weights, sums.flatten(1), counts.flatten(1), into=power.view(*power.shape[:2], -1))
     totals["moments"] = intervals.combine_moments(totals["moments"], intervals.unit_moments(sums, counts))
     totals["chance"] += window.chance
     totals["baseline"] += window.baseline
