@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """What `torch.compile` would give the sweep's per-layer reduction on this machine: a trial, not a code path.
 
-Captures the first group of layers a default minilm sweep scores (a real stacked `AttentionBatch`: 16 EWT
-sentences, every layer), then times every attention metric the sweep runs on it, each on a fresh copy of the
+Captures the first group of layers a default minilm sweep scores (a real `AttentionBatch` of 16 EWT sentences,
+as many layers stacked as `headscan.scan.layers.STACK_BYTES` allows), then times every attention metric the sweep runs on it, each on a fresh copy of the
 batch (so the quantities metrics share are computed anew, as in a sweep):
 
   eager      the metric functions as the sweep calls them;

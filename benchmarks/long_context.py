@@ -74,7 +74,7 @@ def peak() -> float:
     return hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def child(length: int, mode: str, query_chunk: int, device: str) -> dict:
+def child(length: int, mode: str, query_chunk: int | None, device: str) -> dict:
     import torch
 
     from headscan.corpus import read_corpus
@@ -195,9 +195,10 @@ def retrieval_child(length: int, mode: str, query_chunk: int, device: str, steps
     return result
 
 
-def run(length: int, mode: str, query_chunk: int, device: str, timeout: float, task: str = "sweep") -> dict:
-    command = [sys.executable, __file__, "--child", mode, str(length), "--query-chunk", str(query_chunk),
-               "--device", device, "--task", task]
+def run(length: int, mode: str, query_chunk: int | None, device: str, timeout: float, task: str = "sweep") -> dict:
+    command = [sys.executable, __file__, "--child", mode, str(length), "--device", device, "--task", task]
+    if query_chunk is not None:  # None: the sweep's blocks sized by bytes (headscan.models.chunked.block_rows)
+        command += ["--query-chunk", str(query_chunk)]
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env,

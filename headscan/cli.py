@@ -141,8 +141,9 @@ def _listing_tables(command):
               help="'eager' reads each layer's attention pattern from the model; 'chunked' lets the model run its "
                    "fast attention and recomputes the pattern from queries and keys, --query-chunk rows at a time "
                    "(long contexts); 'auto' goes chunked when a batch's patterns would pass --attention-budget.")
-@click.option("--query-chunk", default=default("query_chunk"), show_default=True,
-              help="Queries per block in chunked mode (scores do not depend on it).")
+@click.option("--query-chunk", type=int, default=default("query_chunk"),
+              help="Queries per block in chunked mode (scores do not depend on it). Default: as many as keep a "
+                   "block within 8 MiB, at least 64.")
 @click.option("--attention-budget", type=int, default=default("attention_budget"), metavar="MIB",
               help="Memory one layer's eager patterns may take before --attention auto goes chunked "
                    "(default: by device).")

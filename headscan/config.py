@@ -81,8 +81,10 @@ class SweepConfig:
     interval: IntervalMethod = "studentized_symmetric"  # how replicates become a 95% interval (headscan.intervals)
     window: int = 256  # segments added up per window; state is saved, and units closed, at window ends
     attention: Attention = "auto"  # eager: the model's own pattern; chunked: recomputed in blocks of queries
-    query_chunk: int = 64  # queries per block in chunked mode; scores do not depend on it (64: a 4k-token sweep
-    # in a quarter of eager's memory and faster than with 512, whose blocks' temporaries outgrow the cache)
+    # queries per block in chunked mode; scores do not depend on it. None: as many as keep a block's weights within
+    # 8 MiB, at least 64 (headscan.models.chunked.block_rows): a whole layer at ordinary lengths, 64 queries of a
+    # 4k-token smollm2 segment (a quarter of eager's memory, faster than 512, whose temporaries are faulted in anew)
+    query_chunk: int | None = None
     attention_budget: int | None = None  # MiB an eager batch's patterns may take before auto goes chunked (None: by device)
     pack: Pack = "none"  # long inputs: consecutive sentences (or whole documents) packed into max_len-token segments
     values: bool = True  # also value-weighted attention (value.parquet) and direct logit attribution (dla), same pass
@@ -102,8 +104,10 @@ class SweepConfig:
             if getattr(self, name) not in values:
                 raise ConfigError(f"{name} must be one of {', '.join(values)}; got {getattr(self, name)!r}", setting=name)
         for name, low in (("max_len", 4), ("batch_size", 1), ("max_offset", 1), ("seed", 0), ("window", 1),
-                          ("query_chunk", 1), ("sink", 0), ("recent", 1)):
+                          ("sink", 0), ("recent", 1)):
             _whole(name, getattr(self, name), low)
+        if self.query_chunk is not None:
+            _whole("query_chunk", self.query_chunk, 1)
         if self.limit is not None:
             _whole("limit", self.limit, 1)
         if self.attention_budget is not None:

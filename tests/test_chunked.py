@@ -212,6 +212,25 @@ def test_blocks_tile_the_queries_in_order_and_eager_is_untouched(tiny_models):
     torch.testing.assert_close(eager[0], eager[1], atol=0, rtol=0)
 
 
+def test_blocks_without_a_query_chunk_are_sized_by_bytes(tiny_models, monkeypatch):
+    """query_chunk=None: as few blocks as keep each one's float32 weights within BLOCK_BYTES (at least MIN_BLOCK
+    rows), of about equal size, counted by hand here; a whole layer when it fits."""
+    model = tiny_models["gpt2"]
+    input_ids, mask = padded(model, TEXTS[:3])
+    n = input_ids.shape[1]
+    row = 4 * 3 * model.n_heads * n  # bytes of one query row of weights: float32, (batch, head, 1, k)
+    three = -(-n // -(-n // 3))  # at most 3 rows a block, spread evenly: n // 3 rounded up blocks
+    four = -(-n // -(-n // 4))
+    assert n > 4 and three <= 3 and four <= 4
+    for budget, minimum, rows in ((row * 3, 1, three), (row * 3, 4, four), (row * n * 2, 1, n)):
+        monkeypatch.setattr(chunked, "BLOCK_BYTES", budget)
+        monkeypatch.setattr(chunked, "MIN_BLOCK", minimum)
+        seen = []
+        with model.pattern_forward({1: lambda pattern, hook: seen.append(hook)}, attention="chunked") as forward:
+            forward(input_ids, mask)
+        assert seen == [QueryBlock(1, s, min(s + rows, n), n) for s in range(0, n, rows)], (budget, minimum)
+
+
 def test_internals_hand_over_values_and_head_outputs(smollm2):
     model = smollm2
     input_ids, mask = padded(model, TEXTS[:2])

@@ -1,5 +1,6 @@
 """Metrics against a plain-loop numpy reference, hand-made patterns with known answers, and properties."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -210,6 +211,16 @@ def test_metrics_never_write_into_the_pattern():
     for metric in PATTERN_METRICS:
         metric.function(batch)
     assert torch.equal(batch.pattern, before)
+
+
+def test_every_metric_takes_a_batch_of_no_segments():
+    """An empty batch (a caller's last slice, say) gives empty sums, not an error from a reduction over nothing."""
+    empty = make_batch([3, 3], sep_id=1)
+    empty = dataclasses.replace(empty, pattern=empty.pattern[:0], query_mask=empty.query_mask[:0],
+                                key_mask=empty.key_mask[:0], tokens=empty.tokens[:0], sep_mask=empty.sep_mask[:0])
+    for metric in PATTERN_METRICS:
+        sums, counts = metric.function(empty)
+        assert sums.shape[0] == counts.shape[0] == 0, metric.name
 
 
 def test_unknown_metric_suggests_the_closest_name():

@@ -273,3 +273,12 @@ def test_a_state_of_an_older_version_is_refused_with_what_it_lacks(tmp_path):
     with pytest.raises(TablesError, match=r"version 2, this headscan reads 3 \(version 3 added the replicates' power "
                                           r"sums.*\); delete it, or pass --restart"):
         PartialState.load(path)
+
+
+def test_a_query_chunk_from_before_its_default_changed_is_named_with_the_flag_that_matches_it():
+    old, new = {"settings": {"query_chunk": 64, "seed": 0}}, {"settings": {"query_chunk": None, "seed": 0}}
+    assert fingerprint_differences(old, new) == [
+        "settings.query_chunk: 64 != None (pass --query-chunk 64 to match the other run)"]
+    assert fingerprint_differences(new, old)[0].endswith("(pass --query-chunk 64 to match the other run)")
+    assert fingerprint_differences({"settings": {"query_chunk": 8}}, {"settings": {"query_chunk": 16}}) == [
+        "settings.query_chunk: 8 != 16"]

@@ -173,7 +173,7 @@ def sep(batch: AttentionBatch):
     """
     on_sep = _sep_on(batch)  # (batch, k)
     # a segment holds a [SEP] or two: gather those keys' columns rather than multiply every key by a mask
-    n_sep = int(on_sep.sum(-1).max())
+    n_sep = int(on_sep.sum(-1).max()) if on_sep.numel() else 0  # no segments (or no keys): nothing to gather
     keys = on_sep.to(torch.uint8).argsort(dim=-1, descending=True, stable=True)[:, :n_sep]  # (batch, sep): [SEP]s first
     is_sep = on_sep.gather(-1, keys).to(batch.pattern.dtype)  # (batch, sep): 0 where a segment has fewer
     pattern = batch.masked

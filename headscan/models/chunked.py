@@ -67,6 +67,30 @@ class Unsupported(Exception):
     """Chunked attention cannot reproduce this model's scores; the message says why, in a few words."""
 
 
+# With no query chunk given, a block holds as many queries as keep its float32 weights within BLOCK_BYTES, and at
+# least MIN_BLOCK: at ordinary lengths a whole layer is one block, so chunked mode scores as few blocks as eager
+# mode scores layers (fixed-size blocks of 64 queries made a 1,024-token sweep twice as slow as eager), while at
+# long contexts a block stays a few MiB. 8 MiB keeps the metrics' float64 temporaries under glibc's largest mmap
+# threshold (see `headscan.scan.layers.STACK_BYTES`).
+BLOCK_BYTES = 8 * 2**20
+MIN_BLOCK = 64
+
+
+def block_rows(query_chunk: int | None, batch: int, n_heads: int, n_keys: int, n_queries: int | None = None) -> int:
+    """Queries per block: `query_chunk` when given, else sized by `BLOCK_BYTES` (at least `MIN_BLOCK`) and spread
+    evenly over the `n_queries` (default: `n_keys`), so that no block is a small remainder.
+
+    >>> block_rows(None, 16, 12, 40), block_rows(None, 8, 9, 256), block_rows(None, 1, 9, 4096), block_rows(16, 1, 9, 4096)
+    (40, 86, 64, 16)
+    """
+    if query_chunk is not None:
+        return query_chunk
+    n_queries = n_keys if n_queries is None else n_queries
+    largest = max(MIN_BLOCK, BLOCK_BYTES // (4 * batch * n_heads * n_keys))
+    blocks = max(1, -(-n_queries // largest))  # ceil: as few blocks as the budget allows ...
+    return max(1, -(-n_queries // blocks))  # ... each of about the same size
+
+
 # --- the attention of one layer, block by block ------------------------------------------------------------
 
 
@@ -127,7 +151,7 @@ class _Session:
 
     hooks: dict[int, Callable]
     internals: dict[str, dict[int, Callable]]
-    query_chunk: int
+    query_chunk: int | None  # None: sized by bytes (`block_rows`)
     last: int | None  # the pass stops after this layer's attention; None: it runs to the end (decoding)
     cache: bool = False  # queries may be the last few positions of longer keys (a key/value cache: decoding)
     layer: int = 0
@@ -170,7 +194,8 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     output = value.new_empty(batch, n_q, n_heads, value.shape[-1])  # (batch, q, head, d_head), as eager returns it
     values = value  # (batch, kv_head, k, d_head)
     for start, stop, weights in attention_blocks(query, key, attention_mask, scaling=scaling, causal=causal,
-                                                 chunk=session.query_chunk, softcap=kwargs.get("softcap")):
+                                                 chunk=block_rows(session.query_chunk, batch, n_heads, n_k, n_q),
+                                                 softcap=kwargs.get("softcap")):
         if hook is not None:
             hook(weights, QueryBlock(layer, offset + start, offset + stop, n_k))
         size = stop - start
@@ -245,10 +270,11 @@ def _native_attention(model: HookedModel):
 
 
 @contextlib.contextmanager
-def chunked_forward(model: HookedModel, hooks: dict[int, Callable], last: int, *, query_chunk: int,
+def chunked_forward(model: HookedModel, hooks: dict[int, Callable], last: int, *, query_chunk: int | None,
                     internals: dict[str, dict[int, Callable]] | None = None):
     """Yield ``forward(input_ids, attention_mask)`` that calls ``hooks[layer](block, QueryBlock)`` once per block
-    of at most `query_chunk` queries of each hooked layer, in order, and stops after layer `last`.
+    of at most `query_chunk` queries (None: `block_rows`) of each hooked layer, in order, and stops after layer
+    `last`.
 
     `internals` maps a kind in `INTERNALS` to {layer: fn(tensor, layer)}: ``"v"`` gets the layer's values as
     attention reads them, (batch, k, kv_head, d_head); ``"z"`` its per-head output before the output
@@ -295,7 +321,7 @@ def chunked_forward(model: HookedModel, hooks: dict[int, Callable], last: int, *
 
 
 @contextlib.contextmanager
-def cached_forward(model: HookedModel, language_model, hooks: dict[int, Callable], *, query_chunk: int):
+def cached_forward(model: HookedModel, language_model, hooks: dict[int, Callable], *, query_chunk: int | None):
     """Yield ``forward(input_ids, cache)``: a whole forward pass of `language_model` (`model`'s causal LM, its
     head included) with a key/value cache (None to start one), returning the logits of the last position and
     the cache to pass on.

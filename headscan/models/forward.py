@@ -34,7 +34,7 @@ def refused(model: HookedModel, reason: str) -> ModelLoadError:
 
 @contextlib.contextmanager
 def pattern_forward(model: HookedModel, hooks_by_layer: dict[int, Callable], attention: str = "eager",
-                    query_chunk: int = 512, internals: dict[str, dict[int, Callable]] | None = None):
+                    query_chunk: int | None = None, internals: dict[str, dict[int, Callable]] | None = None):
     """`HookedModel.pattern_forward` (whose docstring says what the hooks get): the one dispatch between the
     bridge, forward hooks on the Hugging Face modules, and chunked attention."""
     internals = {kind: dict(by_layer) for kind, by_layer in (internals or {}).items()}
@@ -44,8 +44,9 @@ def pattern_forward(model: HookedModel, hooks_by_layer: dict[int, Callable], att
     if attention not in ("eager", "chunked"):
         raise ConfigError(f"attention must be eager or chunked here (auto is decided by the sweep); got {attention!r}",
                           setting="attention")
-    if isinstance(query_chunk, bool) or not isinstance(query_chunk, int) or query_chunk < 1:
-        raise ConfigError(f"query_chunk must be a whole number >= 1, got {query_chunk!r}", setting="query_chunk")
+    if query_chunk is not None and (isinstance(query_chunk, bool) or not isinstance(query_chunk, int) or query_chunk < 1):
+        raise ConfigError(f"query_chunk must be a whole number >= 1 (or None: sized by bytes), got {query_chunk!r}",
+                          setting="query_chunk")
     layers = set(hooks_by_layer).union(*internals.values())
     outside = sorted(layer for layer in layers if not 0 <= layer < model.n_layers)
     if outside:

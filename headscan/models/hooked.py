@@ -127,7 +127,7 @@ class HookedModel:
         return out
 
     @contextlib.contextmanager
-    def pattern_forward(self, hooks: dict[int, Callable], attention: str = "eager", query_chunk: int = 512,
+    def pattern_forward(self, hooks: dict[int, Callable], attention: str = "eager", query_chunk: int | None = None,
                         internals: dict[str, dict[int, Callable]] | None = None):
         """Attach `hooks` (layer -> ``hook(pattern, hook)``) for a loop of forward passes that only read patterns.
 
@@ -141,7 +141,8 @@ class HookedModel:
         its second argument says where it was read (a TransformerLens ``HookPoint`` or a `PatternSite`).
 
         ``attention="chunked"``: the pattern is never built. Each hook is called once per block of at most
-        `query_chunk` queries, in order, with rows ``start .. stop - 1`` of the pattern, (batch, head, block, k),
+        `query_chunk` queries (None: as many as keep a block within 8 MiB, `headscan.models.chunked.block_rows`),
+        in order, with rows ``start .. stop - 1`` of the pattern, (batch, head, block, k),
         exactly as eager attention gives them (`headscan.models.chunked`), and a `QueryBlock` saying which rows
         they are. A model whose scores chunked mode cannot reproduce is refused (`chunked_refusal`).
 

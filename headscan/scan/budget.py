@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..models.chunked import block_rows
 from ..models.forward import refused
 
 if TYPE_CHECKING:
@@ -38,9 +39,10 @@ def eager_bytes(n_heads: int, batch: int, seq: int) -> int:
     return 4 * batch * seq * seq * (TEMPORARIES * n_heads + 1)
 
 
-def chunked_bytes(n_heads: int, batch: int, seq: int, query_chunk: int) -> int:
-    """The same estimate in chunked mode: the temporaries of one block of queries, plus the boolean mask."""
-    block = min(query_chunk, seq)
+def chunked_bytes(n_heads: int, batch: int, seq: int, query_chunk: int | None) -> int:
+    """The same estimate in chunked mode: the temporaries of one block of queries (None: sized by bytes,
+    `headscan.models.chunked.block_rows`), plus the boolean mask."""
+    block = min(block_rows(query_chunk, batch, n_heads, seq), seq)
     return 4 * batch * block * seq * TEMPORARIES * n_heads + batch * seq * seq
 
 

@@ -115,7 +115,7 @@ def accumulate(
                               budget_mib=config.attention_budget, attention=config.attention)
     state.model["attention"] = attention  # recorded: eager, or chunked with its query_chunk
     if attention == "chunked":
-        state.model["query_chunk"] = config.query_chunk
+        state.model["query_chunk"] = config.query_chunk or "sized by bytes (headscan.models.chunked.block_rows)"
 
     # Importance runs whole forward passes of its own after each window's pattern pass, outside the pattern hooks
     # (which stop the pass after the last layer); a model whose heads cannot be cut is refused here.
