@@ -217,13 +217,18 @@ def test_a_chunked_sweep_writes_the_eager_tables(tmp_path, arch, ewt_dev):
     model = str(build(tmp_path / arch, arch))
     settings = dict(limit=9, max_len=48, batch_size=3, bootstrap=20)
     eager = headscan.sweep(model, ewt_dev, attention="eager", **settings)
-    chunked = headscan.sweep(model, ewt_dev, attention="chunked", query_chunk=5, **settings)
-    assert set(eager.frames) == set(chunked.frames) >= {"heads", "offsets", "positions", "syntax", "weights"}
-    for name, frame in eager.frames.items():
-        other = chunked.frames[name]
-        np.testing.assert_array_equal(frame["count"], other["count"], err_msg=name)
-        np.testing.assert_allclose(other["value"], frame["value"], rtol=0, atol=1e-5, err_msg=name)
-    assert chunked.provenance.models[0].extra["attention"] == "chunked"
+    # blocks of 5 queries; and, with no query chunk, each layer in one block (these lengths are far below 8 MiB),
+    # its layers then scored together as in eager mode
+    for chunked in (headscan.sweep(model, ewt_dev, attention="chunked", query_chunk=chunk, **settings)
+                    for chunk in (5, None)):
+        assert set(eager.frames) == set(chunked.frames) >= {"heads", "offsets", "positions", "syntax", "weights"}
+        for name, frame in eager.frames.items():
+            other = chunked.frames[name]
+            np.testing.assert_array_equal(frame["count"], other["count"], err_msg=name)
+            np.testing.assert_allclose(other["value"], frame["value"], rtol=0, atol=1e-5, err_msg=name)
+            if "chance" in frame:
+                np.testing.assert_allclose(other["chance"], frame["chance"], rtol=0, atol=1e-5, err_msg=name)
+        assert chunked.provenance.models[0].extra["attention"] == "chunked"
     assert eager.provenance.models[0].extra["attention"] == "eager"
 
 

@@ -81,7 +81,8 @@ This module does not run models or know about heads: it takes arrays whose trail
 from __future__ import annotations
 
 from .methods import DEFAULT_METHOD, METHODS, interval, nan_percentile, order_quantile, replicate_variances, standard_error
-from .moments import MOMENT_TERMS, REPLICATE_TERMS, bootstrap_weights, combine_moments, replicate_moments, unit_moments
+from .moments import (MOMENT_TERMS, REPLICATE_TERMS, add_product, bootstrap_weights, combine_moments, replicate_moments,
+                      unit_moments)
 from .support import (MIN_EFFECTIVE_UNITS, MIN_SPARSE_EVENNESS, MIN_VARIANCE_DF, THIN_MAX_SHARE, THIN_MIN_UNITS,
                       effective_units, support, thin, thin_support, variance_df)
 
@@ -99,6 +100,7 @@ __all__ = [
     "unit_moments",
     "combine_moments",
     "replicate_moments",
+    "add_product",
     "nan_percentile",
     "interval",
     "support",

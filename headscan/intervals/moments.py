@@ -14,7 +14,7 @@ import numpy as np
 from ..errors import ConfigError
 
 __all__ = ["MOMENT_TERMS", "REPLICATE_TERMS", "bootstrap_weights", "unit_moments", "combine_moments",
-           "replicate_moments"]
+           "replicate_moments", "add_product"]
 
 # The terms of `unit_moments`, in order along its leading axis. Every term is a sum over units except the
 # last, the largest |s_u|, which combines by max. All are zero for no units, so zeros start an accumulator.
@@ -184,6 +184,22 @@ def replicate_moments(weights, sums, counts, into=None):
     if tuple(into.shape) != (len(REPLICATE_TERMS), weights.shape[0], *shape):
         raise ValueError(f"into must be (3, replicate, ...) = {(3, weights.shape[0], *shape)}, got {tuple(into.shape)}")
     for term, product in enumerate(products):
-        into[term] += (weights @ product).reshape(weights.shape[0], *shape)  # into[term] is a view: in place
+        add_product(into[term], weights, product)
+    return into
+
+
+def add_product(into, weights, units):
+    """``into += weights @ units`` in place, `into` (replicate, *shape) and `units` (unit, prod(shape)), without a
+    replicate-sized temporary on torch (``addmm_``: for smollm2 such temporaries are 60 MB each, and every one is
+    page-faulted in anew). Numpy adds the product. Returns `into`.
+
+    >>> into = np.ones((2, 3))
+    >>> add_product(into, np.array([[1.0], [2.0]]), np.array([[1.0, 2.0, 3.0]])).tolist()
+    [[2.0, 3.0, 4.0], [3.0, 5.0, 7.0]]
+    """
+    if _namespace(into) is np:
+        into += (weights @ units).reshape(into.shape)
+    else:
+        into.view(weights.shape[0], -1).addmm_(weights, units)  # view: raises rather than add into a copy
     return into
 

@@ -8,7 +8,9 @@ need. What one batch gathers lives in a `Gathered`, begun by `LayerHooks.start` 
 
 Eager mode scores layers together: each layer's pattern waits in `Gathered.waiting` until the waiting patterns
 reach `STACK_BYTES` (or the last layer, or a layer on another device, comes), and the waiting layers are then
-scored as one batch, stacked along the batch axis. Every metric is a function of each segment's rows alone, so
+scored as one batch, stacked along the batch axis. So does chunked mode where a layer's queries fit in one block
+(ordinary lengths: `headscan.models.chunked.block_rows`); scored one layer at a time, minilm's chunked sweep
+took 1.3 times eager's. Every metric is a function of each segment's rows alone, so
 stacking changes no score beyond float32 rounding; it runs each metric's few dozen tensor operations, and their
 fixed cost, once per group of layers instead of once per layer (a minilm batch's pattern is about 1 MB, so that
 cost is a large part of each operation's).
@@ -302,7 +304,8 @@ class LayerHooks:
         if self.similarity is not None:  # the pattern as handed over, in its own precision
             counts = gathered.masks.counts
             self.similarity.take(layer, pattern, counts[:, start: start + pattern.shape[-2]], counts, start)
-        if not isinstance(where, QueryBlock):  # eager: the whole pattern, scored with the layers waiting
+        whole = not isinstance(where, QueryBlock) or (where.start == 0 and where.stop == where.n_queries)
+        if whole:  # eager, or chunked with the layer in one block: the whole pattern, scored with the layers waiting
             waiting, size = gathered.waiting, pattern.numel() * 4  # bytes, as float32
             held = sum(p.numel() for _, p in waiting) * 4
             # a device map puts this layer elsewhere, or it would take the group past STACK_BYTES: the group
@@ -314,7 +317,7 @@ class LayerHooks:
             if layer == self.model.n_layers - 1 or held + size >= STACK_BYTES:
                 self._score_waiting()
             return None  # the pattern goes on unchanged (it is only read, never written)
-        # chunked: a block of query rows. Per-token metrics add up over blocks; the syntax metric needs whole
+        # chunked, a layer in several blocks of query rows. Per-token metrics add up over blocks; the syntax metric needs whole
         # rows and columns of word attention, so its word attention is added up and scored at the last block.
         scoring = self._batches(pattern, [layer], where.start)
         batch = scoring["attention"]

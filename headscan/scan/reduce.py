@@ -262,9 +262,9 @@ def _add_window(totals: dict, window: Window, config: SweepConfig) -> None:
     if config.bootstrap:
         weights = torch.from_numpy(intervals.bootstrap_weights(list(window.units), config.bootstrap, config.seed))
         weights = weights.to(sums.device)
-        # (replicate, unit) @ (unit, layer * head * column): one matrix product per window
-        totals["replicate_sums"] += (weights @ sums.flatten(1)).view_as(totals["replicate_sums"])
-        totals["replicate_counts"] += (weights @ counts.flatten(1)).view_as(totals["replicate_counts"])
+        # (replicate, unit) @ (unit, layer * head * column): one matrix product per window, added in place
+        intervals.add_product(totals["replicate_sums"], weights, sums.flatten(1))
+        intervals.add_product(totals["replicate_counts"], weights, counts.flatten(1))
         # each replicate's sum_u w_bu s_u^2, s_u c_u, c_u^2: its own variance, for the studentized interval
         power = totals["replicate_power"]  # (3, replicate, layer, head, column), added into in place
         intervals.replicate_moments(weights, sums.flatten(1), counts.flatten(1), into=power.view(*power.shape[:2], -1))
