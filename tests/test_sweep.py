@@ -232,6 +232,27 @@ def test_a_chunked_sweep_writes_the_eager_tables(tmp_path, arch, ewt_dev):
     assert eager.provenance.models[0].extra["attention"] == "eager"
 
 
+def test_layers_in_one_block_and_layers_in_several_keep_their_order(tmp_path, ewt_dev, monkeypatch):
+    """Chunked mode stacks a layer that fits in one block with the next such layers; a layer in between that
+    comes in blocks must not be scored after them (found by review: layers 1 and 2 came out swapped)."""
+    import headscan
+    from headscan.models import chunked
+    from headscan.testing import build_tiny_checkpoint
+
+    model = str(build_tiny_checkpoint(tmp_path / "gpt2", "gpt2", n_layers=4))  # layers 0 and 2 whole, 1 and 3 not
+    settings = dict(limit=6, max_len=48, batch_size=3, bootstrap=0)
+    eager = headscan.sweep(model, ewt_dev, attention="eager", **settings).frames["heads"]
+    sized = chunked.block_rows
+
+    def odd_layers_in_blocks_of_seven(query_chunk, batch, n_heads, n_keys, n_queries=None):
+        layer = chunked._SESSIONS[-1].layer - 1  # the layer whose attention is being computed
+        return 7 if layer % 2 else sized(query_chunk, batch, n_heads, n_keys, n_queries)
+
+    monkeypatch.setattr(chunked, "block_rows", odd_layers_in_blocks_of_seven)
+    mixed = headscan.sweep(model, ewt_dev, attention="chunked", **settings).frames["heads"]
+    np.testing.assert_allclose(mixed["value"], eager["value"], rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("max_len", [129, 512])
 def test_a_max_len_past_the_context_is_clamped_with_one_line(tiny_gpt2, tiny_models, tmp_path, max_len):
     """The tiny GPT-2 has a context of 128 tokens: --max-len 129 or 512 sweeps at 128, says so on the terminal and

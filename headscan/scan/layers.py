@@ -317,6 +317,9 @@ class LayerHooks:
             if layer == self.model.n_layers - 1 or held + size >= STACK_BYTES:
                 self._score_waiting()
             return None  # the pattern goes on unchanged (it is only read, never written)
+        # a layer waiting is scored before one that comes in blocks, so that every group holds consecutive layers
+        # and `finish` can order the groups by their first layer
+        self._score_waiting()
         # chunked, a layer in several blocks of query rows. Per-token metrics add up over blocks; the syntax metric needs whole
         # rows and columns of word attention, so its word attention is added up and scored at the last block.
         scoring = self._batches(pattern, [layer], where.start)
