@@ -34,6 +34,7 @@ import torch
 from ..config import SweepConfig
 from ..metrics import METRICS, AttentionBatch, Metric, syntax, values
 from ..models import HookedModel
+from ..models.chunked import BLOCK_BYTES
 from ..models.hooks import QueryBlock
 from ..models.weights import logit_directions
 from .plan import Column
@@ -42,11 +43,9 @@ __all__ = ["BatchMasks", "Gathered", "Capture", "LayerHooks", "STACK_BYTES", "ba
 
 # Eager mode: layers' patterns wait, and are scored together, until they take this many bytes (as float32). The
 # metrics' temporaries are a few times this, so it bounds the memory stacking adds; past a few MiB, larger
-# groups save little time (each operation's fixed cost is already spread over enough work). It stays well
-# below 16 MiB because glibc's malloc hands out any block over 32 MiB (its largest mmap threshold) as fresh
-# pages from the kernel and returns them when freed: a float64 temporary of a 32 MiB group was faulted in anew
-# on every operation, which tripled the minor page faults and cost a minilm sweep 10-25% of its time.
-STACK_BYTES = 8 * 2**20
+# groups save little time (each operation's fixed cost is already spread over enough work). The size of a
+# chunked block, for the same reason: larger ones are page-faulted in anew on every operation (see BLOCK_BYTES).
+STACK_BYTES = BLOCK_BYTES
 
 
 @dataclass(frozen=True)
@@ -320,8 +319,9 @@ class LayerHooks:
         # a layer waiting is scored before one that comes in blocks, so that every group holds consecutive layers
         # and `finish` can order the groups by their first layer
         self._score_waiting()
-        # chunked, a layer in several blocks of query rows. Per-token metrics add up over blocks; the syntax metric needs whole
-        # rows and columns of word attention, so its word attention is added up and scored at the last block.
+        # chunked, a layer in several blocks of query rows. Per-token metrics add up over blocks; the syntax metric
+        # needs whole rows and columns of word attention, so its word attention is added up and scored at the last
+        # block.
         scoring = self._batches(pattern, [layer], where.start)
         batch = scoring["attention"]
         given = {}

@@ -301,7 +301,8 @@ def _differences(a: dict, b: dict, prefix: str = "") -> list[str]:
             out.append(f"{prefix}columns: {len(x or [])} != {len(y or [])} score columns (metrics or their axes differ)")
         elif x != y:
             out.append(f"{prefix}{key}: {x!r} != {y!r}")
-            if key == "query_chunk" and None in (x, y):  # its default became None (blocks sized by bytes) in 0.3
+            if key == "query_chunk" and None in (x, y):  # its default became None (blocks sized by bytes): an older
+                # run recorded a number, which the flag reproduces
                 out[-1] += f" (pass --query-chunk {x if y is None else y} to match the other run)"
     return out
 
