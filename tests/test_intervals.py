@@ -431,6 +431,35 @@ def test_intervals_and_support_of_shards_equal_the_whole():
     np.testing.assert_array_equal(results[0][1], results[1][1])
 
 
+
+def test_intervals_in_slabs_equal_the_whole_array_to_the_bit(monkeypatch):
+    # interval and variance_df work over slabs of the leading axis (small temporaries); a cell reads itself alone
+    import headscan.intervals.methods as methods
+
+    sums, counts = ratio_data(seed=19, n=30, shape=(5, 2, 3))
+    sums[:2] *= 6
+    counts[:, 1, 0, 2] = sums[:, 1, 0, 2] = 0  # a cell with no count: NaN
+    weights = bootstrap_weights(range(30), 50, seed=4)
+    rs, rc = np.einsum("bu,u...->b...", weights, sums), np.einsum("bu,u...->b...", weights, counts)
+    power = replicate_moments(weights, sums.reshape(30, -1), counts.reshape(30, -1)).reshape(3, 50, 5, 2, 3)
+    moments = unit_moments(sums, counts)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        value = moments[S] / moments[C]
+    bounds = (0.0, np.array([0.4, 1.0, 2.0]))  # per column, broadcast to every slab
+
+    def everything():
+        ends = [interval(value, rs, rc, moments, method=m, replicate_power=power, bounds=bounds) for m in METHODS]
+        return np.array(ends), variance_df(rs, rc, power)
+
+    whole = everything()
+    assert len(methods._slabs(value.shape, 50)) == 1
+    monkeypatch.setattr(methods, "SLAB_BYTES", 8 * 50 * 2 * 3 * 2)  # two layers a slab: slabs of 2, 2 and 1
+    assert [(rows.start, rows.stop) for rows in methods._slabs(value.shape, 50)] == [(0, 2), (2, 4), (4, 5)]
+    slabbed = everything()
+    np.testing.assert_array_equal(slabbed[0], whole[0])
+    np.testing.assert_array_equal(slabbed[1], whole[1])
+    assert np.isnan(whole[0][:, :, 1, 0, 2]).all() and np.isfinite(whole[0][:, :, 0]).all()
+
 # --- numpy's percentile ------------------------------------------------------------------------------------------
 
 

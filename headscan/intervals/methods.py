@@ -173,6 +173,21 @@ def interval(value, replicate_sums, replicate_counts, moments, *, method: str, l
     if moments.shape != (len(MOMENT_TERMS), *value.shape):
         expected = (len(MOMENT_TERMS), *value.shape)
         raise ValueError(f"moments must have shape {expected} (term, *value.shape), got {moments.shape}")
+    if method != "delta" and replicate_sums is not None and replicate_counts is not None:
+        replicate_sums, replicate_counts = np.asarray(replicate_sums), np.asarray(replicate_counts)
+        if replicate_power is not None:
+            replicate_power = np.asarray(replicate_power)
+        slabs = _slabs(value.shape, replicate_sums.shape[0])
+        fits = replicate_sums.shape[1:] == value.shape == replicate_counts.shape[1:] and (
+            replicate_power is None or replicate_power.shape == (len(REPLICATE_TERMS), *replicate_sums.shape))
+        if len(slabs) > 1 and fits:
+            ends = [interval(value[rows], replicate_sums[:, rows], replicate_counts[:, rows], moments[:, rows],
+                             method=method, level=level,
+                             replicate_power=None if replicate_power is None else replicate_power[:, :, rows],
+                             bounds=None if bounds is None else tuple(np.broadcast_to(b, value.shape)[rows]
+                                                                      for b in bounds))
+                    for rows in slabs]
+            return np.concatenate([low for low, _ in ends]), np.concatenate([high for _, high in ends])
     lower_tail = (1 - level) / 2
     z_low, z_high = _NORMAL.inv_cdf(lower_tail), _NORMAL.inv_cdf(1 - lower_tail)
     if method == "delta":
@@ -207,6 +222,29 @@ def interval(value, replicate_sums, replicate_counts, moments, *, method: str, l
         low, high = np.clip(low, bounds[0], bounds[1]), np.clip(high, bounds[0], bounds[1])
     undefined = ~(moments[_TERM["c"]] > 0) | ~np.isfinite(value)
     return np.where(undefined, np.nan, low), np.where(undefined, np.nan, high)
+
+
+# Replicate arrays are (replicate, *shape): 60 MB each for a 30-layer model, and every step of an interval makes
+# temporaries of that size. Above glibc's mmap threshold each one is fresh pages from the kernel, faulted in anew
+# (see headscan.models.chunked.BLOCK_BYTES), which was most of the intervals' time. So they are computed over
+# slabs of the leading axis of `shape`, each replicate array within SLAB_BYTES; a cell's interval reads that
+# cell alone, so the result is the same to the bit.
+SLAB_BYTES = 8 << 20
+
+
+def _slabs(shape: tuple, n_replicates: int) -> list[slice]:
+    """Slices of the leading axis of `shape` whose (replicate, ...) float64 arrays stay within `SLAB_BYTES`.
+
+    >>> [(rows.start, rows.stop) for rows in _slabs((30, 9, 140), 200)]  # 200 x 9 x 140 x 8 bytes: 2 MB a layer
+    [(0, 4), (4, 8), (8, 12), (12, 16), (16, 20), (20, 24), (24, 28), (28, 30)]
+    >>> _slabs((), 200), _slabs((6, 12), 200)
+    ([slice(None, None, None)], [slice(0, 6, None)])
+    """
+    if not shape:
+        return [slice(None)]
+    per_row = 8 * max(n_replicates, 1) * int(np.prod(shape[1:], dtype=np.int64))
+    rows = max(1, SLAB_BYTES // max(per_row, 1))
+    return [slice(start, min(start + rows, shape[0])) for start in range(0, shape[0], rows)]
 
 
 # Power sums cancel when every unit has nearly the same ratio: a linearised sum of squares below this share of

@@ -276,8 +276,7 @@ def _add_window(totals: dict, window: Window, config: SweepConfig) -> None:
 
 def _store(state: PartialState, totals: dict, last: bool = False) -> None:
     # copies, as later windows add into the totals; after the last window the state takes the totals' own memory
-    # (on the CPU it already is the state's), which saves a copy of smollm2's 350 MB of replicate sums. On the
-    # 2-core VM that saves no time: the first read of those arrays then takes what the copy took (1.3-1.9 s)
+    # (on the CPU it already is the state's), which saves a copy of smollm2's 350 MB of replicate sums
     for name, tensor in totals.items():
         array = tensor.cpu().numpy()
         setattr(state, name, array if last else array.copy())
