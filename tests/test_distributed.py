@@ -24,6 +24,23 @@ from headscan.scan import PartialState, Shard
 SETTINGS = dict(device="cpu", bootstrap=20, window=2, batch_size=1, bootstrap_unit="document")
 
 
+
+def test_states_from_ray_get_arrays_of_their_own():
+    # Ray hands arrays over read-only; a resumed sweep adds into every total, the baseline and similarity too
+    state = PartialState.empty({"model": "m"}, Shard(0, 2), (2, 3, 4), 5)
+    state.baseline, state.similarity = np.ones((2, 4, 6)), np.ones((2, 6, 6))
+    frozen = {}
+    for name, value in vars(state).items():
+        if isinstance(value, np.ndarray):
+            value.flags.writeable = False
+            frozen[name] = value
+    owned = distributed._owned(state)
+    for name, before in frozen.items():
+        after = getattr(owned, name)
+        assert after.flags.writeable and not np.shares_memory(after, before), name
+        np.testing.assert_array_equal(after, before)
+    assert {"baseline", "similarity", "replicate_power", "weights", "head_means"} <= set(frozen)
+
 @pytest.fixture(scope="module")
 def cluster():
     """A local Ray instance with two CPUs, its logs in a temporary folder (short: Ray's socket paths are)."""

@@ -64,8 +64,6 @@ __all__ = ["sweep_on_ray", "connect", "choose_shards", "ClusterError", "RETRIES"
 RETRIES = 3  # times a task whose worker was lost goes to a new actor before the sweep gives up
 SHARDS_PER_WORKER = 4  # fast workers take more shards, and a lost worker costs one small shard
 CONNECT_TIMEOUT = 10.0  # seconds to wait for a cluster's port to answer
-_ARRAYS = ("sums", "counts", "replicate_sums", "replicate_counts", "replicate_power", "moments", "chance",
-           "head_means")
 _SHARD_FILE = re.compile(r"\.shard-(\d+)-of-(\d+)\.npz$")
 
 
@@ -180,9 +178,12 @@ def choose_shards(n_documents: int, n_segments: int, workers: int, batch_size: i
 
 
 def _owned(state: PartialState) -> PartialState:
-    """`state` with arrays of its own: Ray hands numpy arrays over read-only, in its shared object store."""
-    for name in _ARRAYS:
-        setattr(state, name, np.array(getattr(state, name)))
+    """`state` with arrays of its own: Ray hands numpy arrays over read-only, in its shared object store, and a
+    resumed sweep adds into every total (the baseline and similarity sums too)."""
+    for field in dataclasses.fields(state):
+        value = getattr(state, field.name)
+        if isinstance(value, np.ndarray):
+            setattr(state, field.name, np.array(value))
     return state
 
 
