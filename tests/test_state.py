@@ -237,6 +237,28 @@ def test_damaged_states_say_why(tmp_path):
     refused(tmp_path / "cut.npz", "BadZipFile")
 
 
+
+def test_a_state_saved_by_hand_in_another_layout_loads_as_the_sweep_adds_into_it(tmp_path):
+    # float32, Fortran order or whole numbers load as C-ordered float64: a resumed sweep adds into them in place
+    import torch
+
+    from headscan import intervals
+
+    state = shard_state(0)
+    path = _resaved(tmp_path, replicate_sums=np.asfortranarray(state.replicate_sums.astype(np.float32)),
+                    counts=state.counts.astype(np.int64), baseline=np.asfortranarray(state.baseline))
+    loaded = PartialState.load(path)
+    for name in ("replicate_sums", "counts", "baseline", "sums", "replicate_power"):
+        array = getattr(loaded, name)
+        assert array.dtype == np.float64 and array.flags.c_contiguous, name
+        np.testing.assert_allclose(array, getattr(state, name), rtol=1e-6)
+    totals = torch.from_numpy(loaded.replicate_sums)
+    units = torch.ones((1, totals[0].numel()), dtype=torch.float64)
+    intervals.add_product(totals, torch.ones((totals.shape[0], 1), dtype=torch.float64), units)  # no error
+    np.testing.assert_allclose(loaded.replicate_sums, state.replicate_sums + 1, rtol=1e-6)
+    with pytest.raises(TablesError, match=r"\(sums \(<U1\) not numbers\); delete it"):
+        PartialState.load(_resaved(tmp_path, sums=np.full(state.sums.shape, "x")))
+
 def test_headers_of_older_states_fill_what_they_lack(tmp_path):
     """A header without n_tokens_lost or embedding (states saved before those were recorded): 0 tokens lost, and
     the embedding read from the weights note of the model's provenance, else None."""

@@ -192,6 +192,14 @@ class PartialState:
                               f"start that part again")
         if len(arrays) < 7:
             raise damaged("an array is missing")
+        given = {**arrays, "baseline": baseline, "weights": weights, "head_means": head_means, "similarity": similarity}
+        odd = [f"{name} ({array.dtype})" for name, array in given.items() if array.dtype.kind not in "fiub"]
+        if odd:
+            raise damaged(f"{', '.join(odd)} not numbers")
+        # the sweep adds into these in place, as C-ordered float64 (what `save` writes: then nothing is copied)
+        arrays = {name: np.ascontiguousarray(array, dtype=np.float64) for name, array in arrays.items()}
+        baseline, weights, head_means, similarity = (np.ascontiguousarray(array, dtype=np.float64)
+                                                     for array in (baseline, weights, head_means, similarity))
         types = {"fingerprint": dict, "model": dict, "finished": bool, "windows_done": int, "n_segments": int,
                  "n_tokens": int, "n_truncated": int, "seconds": (int, float), "importance": (dict, type(None))}
         wrong = [key for key, kind in types.items() if not isinstance(header.get(key), kind)]
