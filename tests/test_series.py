@@ -71,6 +71,21 @@ def test_a_series_of_checkpoints_sweeps_with_step_and_revision_in_each_models_pr
     assert steps["series"].unique().tolist() == ["run"] and steps["step"].tolist() == [0, 3, 10, 20]
 
 
+
+def test_two_runs_in_folders_of_one_name_are_two_series():
+    from headscan.tables import ModelProvenance
+
+    def checkpoint(folder, step, source="local"):
+        return ModelProvenance(f"{folder}/step-{step}", id=f"{folder}/step-{step}", source=source, step=step)
+
+    models = [checkpoint("/runs/a/tiny", 0), checkpoint("/runs/a/tiny", 5), checkpoint("/runs/b/tiny", 0),
+              checkpoint("/runs/b/tiny", 5), checkpoint("/data/small", 1),
+              ModelProvenance("org/tiny@step7", id="org/tiny", source="huggingface", step=7)]
+    steps = checkpoint_steps(models)
+    assert steps["series"].tolist() == ["a/tiny", "a/tiny", "b/tiny", "b/tiny", "small", "org/tiny"]
+    assert steps.groupby("series", sort=False)["step"].apply(list).to_dict() == {
+        "a/tiny": [0, 5], "b/tiny": [0, 5], "small": [1], "org/tiny": [7]}
+
 def _formed_by_loop(heads: pd.DataFrame, steps: dict, metric: str, threshold: float, hold: int) -> dict:
     """The rule in plain Python: the first step whose interval's low end is >= threshold and > chance on support
     that is not thin (the table's own rule, `thin_support`), at it and at the next `hold` checkpoints."""

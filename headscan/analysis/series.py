@@ -55,22 +55,51 @@ def formation_rule(hold: int = HOLD) -> str:
 
 def series_name(model: ModelProvenance) -> str:
     """The series a checkpoint belongs to: the Hugging Face id of a named revision, the folder holding a local
-    checkpoint folder (``runs/tiny`` for ``runs/tiny/step-100``), else the model's name."""
+    checkpoint folder (``runs/tiny`` for ``runs/tiny/step-100``), else the model's name.
+
+    >>> series_name(ModelProvenance("tiny/step-100", id="runs/tiny/step-100", source="local", step=100))
+    'runs/tiny'
+    """
     where = model.id or model.name
     if model.source == "huggingface":
         return where
     parent = PurePath(where).parent
-    return parent.name or where
+    return where if parent == PurePath(".") or parent == PurePath(parent.anchor) else str(parent)
+
+
+def _short(series: list[str]) -> dict[str, str]:
+    """Each series by its shortest trailing run of path parts that no other series ends with (``tiny`` alone;
+    ``a/tiny`` and ``b/tiny`` for two runs that share the leaf folder ``tiny``).
+
+    >>> _short(["/home/me/runs/a/tiny", "/home/me/runs/b/tiny", "/data/small"])
+    {'/home/me/runs/a/tiny': 'a/tiny', '/home/me/runs/b/tiny': 'b/tiny', '/data/small': 'small'}
+    """
+    parts = {name: PurePath(name).parts for name in series}
+    short = {}
+    for name, own in parts.items():
+        for n in range(1, len(own) + 1):
+            tail = own[-n:]
+            if not any(other[-n:] == tail for key, other in parts.items() if key != name):
+                short[name] = str(PurePath(*tail))
+                break
+        else:
+            short[name] = name  # one series' path ends another's whole path: keep it whole
+    return short
 
 
 def checkpoint_steps(models: Iterable[ModelProvenance], names: Iterable[str] | None = None) -> pd.DataFrame:
     """One row per model whose provenance records a step: ``model`` (its name in the tables, or in `names`,
-    e.g. a report's ``run:model``), ``series`` (`series_name`) and ``step``; in the order given. Controls of a
-    checkpoint (``--control``) are left out: they are not points of its training."""
+    e.g. a report's ``run:model``), ``series`` and ``step``; in the order given. A series is named by the end of
+    its `series_name` that tells it from the others (``tiny``, or ``a/tiny`` and ``b/tiny`` for two runs in
+    folders of one name; a Hugging Face id whole). Controls of a checkpoint (``--control``) are left out: they are not points of its
+    training."""
     models = list(models)
     names = [m.name for m in models] if names is None else list(names)
-    rows = [{"model": name, "series": series_name(m), "step": int(m.step)}
-            for m, name in zip(models, names) if m.step is not None and m.control is None]
+    kept = [(name, series_name(m), int(m.step), m.source == "huggingface") for m, name in zip(models, names)
+            if m.step is not None and m.control is None]
+    short = _short(list(dict.fromkeys(series for _, series, _, hub in kept if not hub)))  # hub ids stay whole
+    rows = [{"model": name, "series": series if hub else short[series], "step": step}
+            for name, series, step, hub in kept]
     return pd.DataFrame(rows, columns=["model", "series", "step"]).astype({"step": np.int64})
 
 
