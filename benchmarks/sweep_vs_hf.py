@@ -13,10 +13,13 @@ repetition times, one after another and in alternating order:
                bridge can go below;
   sweep        headscan.scan.sweep_model: tokenising, the bridge's hooked forward, every metric on every
                layer, bootstrap replicates, and building the tables.
+  unscored     the same sweep with no metric computed (the layer scorer returns nothing, so every column is
+               0 and its chance NaN): every hook, the value norms and head outputs, the bootstrap accumulation,
+               the weights table and the intervals. The floor that faster metrics alone cannot go below.
 
 Both HF baselines run over the very batches the sweep makes (same grouping, same padding). Prints medians
 and the ratios sweep / hf_attn (issue 22's goals: 1.3 for minilm, 1.2 for smollm2, 1.1 with --no-values over
-plain text), hooks_only / hf_attn and sweep / hf_full.
+plain text), unscored / hf_attn, hooks_only / hf_attn and sweep / hf_full.
 
 `--cpu-time` runs on one thread and times the process's CPU time instead of the wall clock: steadier on a
 shared machine, where other jobs take the cores (one thread can shift the ratios a little against two).
@@ -46,7 +49,7 @@ from headscan.corpus import batches, encode, read_corpus  # noqa: E402
 from headscan.models import ALIASES, load_model
 from headscan.models.specs import _quiet  # noqa: E402
 from headscan import SweepConfig
-from headscan.scan import sweep_model  # noqa: E402
+from headscan.scan import layers, sweep_model  # noqa: E402
 
 EWT = Path(__file__).resolve().parents[2] / "shared/data/ud-english-ewt/en_ewt-ud-dev.conllu"
 
@@ -125,7 +128,15 @@ def main() -> None:
             for batch in fixed:
                 forward(batch.input_ids, batch.attention_mask.bool())
 
-    runs = {"hf_attn": hf(headless), "hf_full": hf(full), "hooks_only": hooks_only,
+    def unscored():
+        score = layers._score
+        layers._score = lambda *args, **kwargs: {}  # no metric, no chance: columns come out 0 and NaN
+        try:
+            sweep_model(model, corpus, config)
+        finally:
+            layers._score = score
+
+    runs = {"hf_attn": hf(headless), "hf_full": hf(full), "hooks_only": hooks_only, "unscored": unscored,
             "sweep": lambda: sweep_model(model, corpus, config)}
     for run in runs.values():  # warm up every path once
         run()
@@ -140,8 +151,10 @@ def main() -> None:
           f"corpus={corpus.kind} values={config.values} threads={torch.get_num_threads()} reps={args.reps} "
           f"clock={'cpu' if args.cpu_time else 'wall'}")
     for name, value in median.items():
-        print(f"  {name:8} median {value:7.3f} s   (all: {', '.join(f'{t:.3f}' for t in times[name])})")
+        print(f"  {name:10} median {value:7.3f} s   (all: {', '.join(f'{t:.3f}' for t in times[name])})")
     print(f"ratio sweep / hf_attn = {median['sweep'] / median['hf_attn']:.2f}")
+    print(f"ratio unscored / hf_attn = {median['unscored'] / median['hf_attn']:.2f}   (every metric free: the floor "
+          f"for faster metrics)")
     print(f"ratio hooks_only / hf_attn = {median['hooks_only'] / median['hf_attn']:.2f}   (the bridge's floor)")
     print(f"ratio sweep / hf_full = {median['sweep'] / median['hf_full']:.2f}")
 
