@@ -319,7 +319,9 @@ def chunked_forward(model: HookedModel, hooks: dict[int, Callable], last: int, *
         raise ModelLoadError(f"{model.name}: only {session.layer} of its attention layers went through chunked "
                              f"attention (expected {last + 1}){EAGER_INSTEAD}")
 
-    with _implementation(model.hf_model, NAME), _native_attention(model):
+    # the bridge's norms as in eager mode: nobody reads their statistics here either
+    norms = hooking.unobserved_norms(model.bridge) if model.path == "transformer_lens" else contextlib.nullcontext()
+    with _implementation(model.hf_model, NAME), _native_attention(model), norms:
         yield forward
 
 

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from .hooked import HookedModel
 
 __all__ = ["PatternSite", "QueryBlock", "Site", "PROBE", "Stop", "Unhookable", "bridge_forward", "module_forward",
-           "attention_sites", "discover"]
+           "unobserved_norms", "attention_sites", "discover"]
 
 PROBE = "The quick brown fox jumps over the lazy dog."  # checks every model as it loads
 
@@ -123,7 +123,7 @@ def bridge_forward(bridge, hooks: dict[int, Callable], last: int, internals: dic
             final(residual, last)
         _stop_after_block(residual, hook)
 
-    with bridge.hooks(fwd_hooks=[*fwd_hooks, (f"blocks.{last}.hook_out", stop)]), _unobserved_norms(bridge):
+    with bridge.hooks(fwd_hooks=[*fwd_hooks, (f"blocks.{last}.hook_out", stop)]), unobserved_norms(bridge):
         yield lambda input_ids, attention_mask: bridge(input_ids, attention_mask=attention_mask)
 
 
@@ -138,7 +138,7 @@ def _norm_forward(norm):
 
 
 @contextlib.contextmanager
-def _unobserved_norms(bridge):
+def unobserved_norms(bridge):
     """For the pass, the bridge's norms whose ``hook_scale`` and ``hook_normalized`` nobody hooks run as the
     Hugging Face norm between their hook_in and hook_out.
 
