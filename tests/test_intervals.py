@@ -459,6 +459,14 @@ def test_intervals_in_slabs_equal_the_whole_array_to_the_bit(monkeypatch):
     np.testing.assert_array_equal(slabbed[0], whole[0])
     np.testing.assert_array_equal(slabbed[1], whole[1])
     assert np.isnan(whole[0][:, :, 1, 0, 2]).all() and np.isfinite(whole[0][:, :, 0]).all()
+    # np.clip's None for an open end, in slabs as whole
+    open_ended = interval(value, rs, rc, moments, method="bca", bounds=(0.0, None))
+    np.testing.assert_array_equal(open_ended, interval(value, rs, rc, moments, method="bca", bounds=(0.0, np.inf)))
+    # one cell after the first axis: numpy would sum a slab's replicates pairwise, so such shapes are not split
+    assert [methods._slabs(shape, 50) for shape in ((7,), (3, 1), (4, 1, 1))] == [[slice(None)]] * 3
+    # shapes that do not fit are not split: the error names the whole arrays, as before
+    with pytest.raises(ValueError, match=r"\(5,5,2,3\)"):
+        interval(value, rs, rc[:5], moments, method="percentile")
 
 # --- numpy's percentile ------------------------------------------------------------------------------------------
 

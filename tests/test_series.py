@@ -85,6 +85,9 @@ def test_two_runs_in_folders_of_one_name_are_two_series():
     assert steps["series"].tolist() == ["a/tiny", "a/tiny", "b/tiny", "b/tiny", "small", "org/tiny"]
     assert steps.groupby("series", sort=False)["step"].apply(list).to_dict() == {
         "a/tiny": [0, 5], "b/tiny": [0, 5], "small": [1], "org/tiny": [7]}
+    # a local run whose short name would be a hub id's keeps more of its path
+    mixed = checkpoint_steps([checkpoint("/d1/org/tiny", 1), checkpoint("/d2/xorg/tiny", 2), models[-1]])
+    assert mixed["series"].tolist() == ["d1/org/tiny", "xorg/tiny", "org/tiny"]
 
 def _formed_by_loop(heads: pd.DataFrame, steps: dict, metric: str, threshold: float, hold: int) -> dict:
     """The rule in plain Python: the first step whose interval's low end is >= threshold and > chance on support

@@ -67,9 +67,10 @@ def series_name(model: ModelProvenance) -> str:
     return where if parent == PurePath(".") or parent == PurePath(parent.anchor) else str(parent)
 
 
-def _short(series: list[str]) -> dict[str, str]:
+def _short(series: list[str], taken: tuple[str, ...] = ()) -> dict[str, str]:
     """Each series by its shortest trailing run of path parts that no other series ends with (``tiny`` alone;
-    ``a/tiny`` and ``b/tiny`` for two runs that share the leaf folder ``tiny``).
+    ``a/tiny`` and ``b/tiny`` for two runs that share the leaf folder ``tiny``) and that is none of the names
+    already `taken` (Hugging Face ids, kept whole).
 
     >>> _short(["/home/me/runs/a/tiny", "/home/me/runs/b/tiny", "/data/small"])
     {'/home/me/runs/a/tiny': 'a/tiny', '/home/me/runs/b/tiny': 'b/tiny', '/data/small': 'small'}
@@ -79,7 +80,8 @@ def _short(series: list[str]) -> dict[str, str]:
     for name, own in parts.items():
         for n in range(1, len(own) + 1):
             tail = own[-n:]
-            if not any(other[-n:] == tail for key, other in parts.items() if key != name):
+            if str(PurePath(*tail)) not in taken and not any(other[-n:] == tail for key, other in parts.items()
+                                                             if key != name):
                 short[name] = str(PurePath(*tail))
                 break
         else:
@@ -97,7 +99,8 @@ def checkpoint_steps(models: Iterable[ModelProvenance], names: Iterable[str] | N
     names = [m.name for m in models] if names is None else list(names)
     kept = [(name, series_name(m), int(m.step), m.source == "huggingface") for m, name in zip(models, names)
             if m.step is not None and m.control is None]
-    short = _short(list(dict.fromkeys(series for _, series, _, hub in kept if not hub)))  # hub ids stay whole
+    hub_ids = tuple(dict.fromkeys(series for _, series, _, hub in kept if hub))  # kept whole, never a local's name
+    short = _short(list(dict.fromkeys(series for _, series, _, hub in kept if not hub)), hub_ids)
     rows = [{"model": name, "series": series if hub else short[series], "step": step}
             for name, series, step, hub in kept]
     return pd.DataFrame(rows, columns=["model", "series", "step"]).astype({"step": np.int64})

@@ -174,18 +174,15 @@ def interval(value, replicate_sums, replicate_counts, moments, *, method: str, l
         expected = (len(MOMENT_TERMS), *value.shape)
         raise ValueError(f"moments must have shape {expected} (term, *value.shape), got {moments.shape}")
     if method != "delta" and replicate_sums is not None and replicate_counts is not None:
-        replicate_sums, replicate_counts = np.asarray(replicate_sums), np.asarray(replicate_counts)
-        if replicate_power is not None:
-            replicate_power = np.asarray(replicate_power)
-        slabs = _slabs(value.shape, replicate_sums.shape[0])
-        fits = replicate_sums.shape[1:] == value.shape == replicate_counts.shape[1:] and (
-            replicate_power is None or replicate_power.shape == (len(REPLICATE_TERMS), *replicate_sums.shape))
-        if len(slabs) > 1 and fits:
-            ends = [interval(value[rows], replicate_sums[:, rows], replicate_counts[:, rows], moments[:, rows],
-                             method=method, level=level,
-                             replicate_power=None if replicate_power is None else replicate_power[:, :, rows],
-                             bounds=None if bounds is None else tuple(np.broadcast_to(b, value.shape)[rows]
-                                                                      for b in bounds))
+        power = replicate_power if method.startswith("studentized") else None  # the others never read it
+        slabs = _slabs(value.shape, *_replicate_shapes(replicate_sums, replicate_counts, power, value.shape))
+        if len(slabs) > 1 and (bounds is None or all(_broadcasts(b, value.shape) for b in bounds)):
+            sums, counts = np.asarray(replicate_sums), np.asarray(replicate_counts)
+            power = None if power is None else np.asarray(power)
+            ends = [interval(value[rows], sums[:, rows], counts[:, rows], moments[:, rows], method=method,
+                             level=level, replicate_power=None if power is None else power[:, :, rows],
+                             bounds=None if bounds is None else tuple(
+                                 None if b is None else np.broadcast_to(b, value.shape)[rows] for b in bounds))
                     for rows in slabs]
             return np.concatenate([low for low, _ in ends]), np.concatenate([high for _, high in ends])
     lower_tail = (1 - level) / 2
@@ -232,19 +229,41 @@ def interval(value, replicate_sums, replicate_counts, moments, *, method: str, l
 SLAB_BYTES = 8 << 20
 
 
-def _slabs(shape: tuple, n_replicates: int) -> list[slice]:
+def _slabs(shape: tuple, n_replicates: int | None, fits: bool = True) -> list[slice]:
     """Slices of the leading axis of `shape` whose (replicate, ...) float64 arrays stay within `SLAB_BYTES`.
+
+    One slab (no split) where the replicate arrays do not fit `shape` (`fits`: the unsplit path says what is
+    wrong), or where fewer than two cells follow the first axis: numpy would then sum a slab's replicates in
+    another order than the whole array's (pairwise along a contiguous axis), and the last bits would change.
 
     >>> [(rows.start, rows.stop) for rows in _slabs((30, 9, 140), 200)]  # 200 x 9 x 140 x 8 bytes: 2 MB a layer
     [(0, 4), (4, 8), (8, 12), (12, 16), (16, 20), (20, 24), (24, 28), (28, 30)]
-    >>> _slabs((), 200), _slabs((6, 12), 200)
-    ([slice(None, None, None)], [slice(0, 6, None)])
+    >>> _slabs((), 200), _slabs((6, 12), 200), _slabs((10**6,), 200), _slabs((10**6, 1), 200)
+    ([slice(None, None, None)], [slice(0, 6, None)], [slice(None, None, None)], [slice(None, None, None)])
     """
-    if not shape:
+    cells = int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 0
+    if not fits or n_replicates is None or cells < 2:
         return [slice(None)]
-    per_row = 8 * max(n_replicates, 1) * int(np.prod(shape[1:], dtype=np.int64))
-    rows = max(1, SLAB_BYTES // max(per_row, 1))
+    rows = max(1, SLAB_BYTES // (8 * max(n_replicates, 1) * cells))
     return [slice(start, min(start + rows, shape[0])) for start in range(0, shape[0], rows)]
+
+
+def _replicate_shapes(replicate_sums, replicate_counts, replicate_power, shape: tuple) -> tuple[int | None, bool]:
+    """(number of replicates, whether sums, counts and power sums have the shapes `shape` asks for)."""
+    sums = tuple(np.shape(replicate_sums))
+    fits = (len(sums) == len(shape) + 1 and sums[1:] == tuple(shape) and tuple(np.shape(replicate_counts)) == sums
+            and (replicate_power is None or tuple(np.shape(replicate_power)) == (len(REPLICATE_TERMS), *sums)))
+    return (sums[0] if sums else None), fits
+
+
+def _broadcasts(bound, shape: tuple) -> bool:
+    """Whether a bound (None: none) broadcasts to `shape` without growing it."""
+    if bound is None:
+        return True
+    try:
+        return np.broadcast_shapes(np.shape(bound), shape) == tuple(shape)
+    except ValueError:
+        return False
 
 
 # Power sums cancel when every unit has nearly the same ratio: a linearised sum of squares below this share of

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .methods import _slabs, replicate_variances
+from .methods import _replicate_shapes, _slabs, replicate_variances
 from .moments import _TERM, bootstrap_weights, replicate_moments, unit_moments  # noqa: F401 (doctests)
 
 __all__ = ["THIN_MIN_UNITS", "THIN_MAX_SHARE", "MIN_EFFECTIVE_UNITS", "MIN_VARIANCE_DF", "MIN_SPARSE_EVENNESS",
@@ -69,12 +69,11 @@ def variance_df(replicate_sums, replicate_counts, replicate_power) -> np.ndarray
     >>> float(np.round(variance_df(w @ s, w @ np.ones_like(s), replicate_moments(w, s, np.ones_like(s)))[0]))
     31.0
     """
-    replicate_sums, replicate_counts = np.asarray(replicate_sums), np.asarray(replicate_counts)
-    replicate_power = np.asarray(replicate_power)
-    slabs = _slabs(replicate_sums.shape[1:], replicate_sums.shape[0])  # small temporaries, as `interval`
-    if len(slabs) > 1 and replicate_counts.shape == replicate_sums.shape == replicate_power.shape[1:]:
-        return np.concatenate([variance_df(replicate_sums[:, rows], replicate_counts[:, rows],
-                                           replicate_power[:, :, rows]) for rows in slabs])
+    shape = tuple(np.shape(replicate_sums))[1:]
+    slabs = _slabs(shape, *_replicate_shapes(replicate_sums, replicate_counts, replicate_power, shape))
+    if len(slabs) > 1:  # small temporaries, as `interval`
+        sums, counts, power = (np.asarray(x) for x in (replicate_sums, replicate_counts, replicate_power))
+        return np.concatenate([variance_df(sums[:, rows], counts[:, rows], power[:, :, rows]) for rows in slabs])
     variances = replicate_variances(replicate_sums, replicate_counts, replicate_power)
     finite = np.isfinite(variances)
     n = finite.sum(0)

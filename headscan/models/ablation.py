@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..errors import ModelLoadError
-from .hooks import PROBE, backbone
+from .hooks import PROBE, backbone, unobserved_norms
 
 if TYPE_CHECKING:
     from .hooked import HookedModel
@@ -202,6 +202,7 @@ class Surgery:
         for layer, module in enumerate(cut.modules):
             self._layers.setdefault(id(module), []).append(layer)
         self._handles: list = []
+        self._norms = contextlib.ExitStack()
         self.reuse = cut.blocks is not None  # run ablations from the ablated layer on; `check` may turn it off
         self.reuse_note = cut.blocks_note
 
@@ -213,12 +214,17 @@ class Surgery:
                 self._handles.append(module.register_forward_pre_hook(self._pre))
         for layer, block in enumerate(self.cut.blocks or ()):
             self._handles.append(block.register_forward_hook(functools.partial(self._after_block, layer)))
+        # the Hugging Face model holds the bridge's norms: run them as the Hugging Face norm, as the sweep does
+        self._norms = contextlib.ExitStack()
+        if self.model.path == "transformer_lens":
+            self._norms.enter_context(unobserved_norms(self.model.bridge))
         return self
 
     def __exit__(self, *exc) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        self._norms.close()
 
     # --- hooks -----------------------------------------------------------------------------------------
 

@@ -197,8 +197,8 @@ class PartialState:
         if odd:
             raise damaged(f"{', '.join(odd)} not numbers")
         # the sweep adds into these in place, as C-ordered float64 (what `save` writes: then nothing is copied)
-        arrays = {name: np.ascontiguousarray(array, dtype=np.float64) for name, array in arrays.items()}
-        baseline, weights, head_means, similarity = (np.ascontiguousarray(array, dtype=np.float64)
+        arrays = {name: np.asarray(array, dtype=np.float64, order="C") for name, array in arrays.items()}
+        baseline, weights, head_means, similarity = (np.asarray(array, dtype=np.float64, order="C")
                                                      for array in (baseline, weights, head_means, similarity))
         types = {"fingerprint": dict, "model": dict, "finished": bool, "windows_done": int, "n_segments": int,
                  "n_tokens": int, "n_truncated": int, "seconds": (int, float), "importance": (dict, type(None))}
