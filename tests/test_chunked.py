@@ -212,6 +212,32 @@ def test_blocks_tile_the_queries_in_order_and_eager_is_untouched(tiny_models):
     torch.testing.assert_close(eager[0], eager[1], atol=0, rtol=0)
 
 
+
+@pytest.mark.parametrize("arch", ["bert", "gpt2"])
+def test_chunked_passes_run_the_bridges_norms_as_eager_passes_do(tiny_models, arch):
+    # TransformerLens' norms compute statistics for hook points nobody hooks; both modes skip that (a tenth of a
+    # small model's forward), and put the norms back after the pass
+    from transformer_lens.model_bridge.generalized_components.normalization import NormalizationBridge
+
+    model = tiny_models[arch]
+    if model.path != "transformer_lens":
+        pytest.skip(f"{arch} is not hooked through the bridge")
+    norms = [m for m in model.bridge.modules() if isinstance(m, NormalizationBridge)]
+    input_ids, mask = padded(model, TEXTS[:2])
+    replaced = {}
+
+    def count(mode):
+        def hook(pattern, hook):
+            replaced.setdefault(mode, sum("forward" in vars(norm) for norm in norms))
+        return hook
+
+    for mode in ("eager", "chunked"):
+        with model.pattern_forward({1: count(mode)}, attention=mode) as forward:
+            forward(input_ids, mask)
+    assert replaced["chunked"] == replaced["eager"]
+    assert replaced["eager"] > 0 or arch == "gpt2"  # TransformerLens runs GPT-2's norms on its python path: kept
+    assert not any("forward" in vars(norm) for norm in norms)
+
 def test_blocks_without_a_query_chunk_are_sized_by_bytes(tiny_models, monkeypatch):
     """query_chunk=None: as few blocks as keep each one's float32 weights within BLOCK_BYTES (at least MIN_BLOCK
     rows), of about equal size, counted by hand here; a whole layer when it fits."""
