@@ -93,8 +93,8 @@ def checkpoint_steps(models: Iterable[ModelProvenance], names: Iterable[str] | N
     """One row per model whose provenance records a step: ``model`` (its name in the tables, or in `names`,
     e.g. a report's ``run:model``), ``series`` and ``step``; in the order given. A series is named by the end of
     its `series_name` that tells it from the others (``tiny``, or ``a/tiny`` and ``b/tiny`` for two runs in
-    folders of one name; a Hugging Face id whole). Controls of a checkpoint (``--control``) are left out: they are not points of its
-    training."""
+    folders of one name; a Hugging Face id whole). Controls of a checkpoint (``--control``) are left out: they
+    are not points of its training."""
     models = list(models)
     names = [m.name for m in models] if names is None else list(names)
     kept = [(name, series_name(m), int(m.step), m.source == "huggingface") for m, name in zip(models, names)

@@ -175,7 +175,7 @@ def interval(value, replicate_sums, replicate_counts, moments, *, method: str, l
         raise ValueError(f"moments must have shape {expected} (term, *value.shape), got {moments.shape}")
     if method != "delta" and replicate_sums is not None and replicate_counts is not None:
         power = replicate_power if method.startswith("studentized") else None  # the others never read it
-        slabs = _slabs(value.shape, *_replicate_shapes(replicate_sums, replicate_counts, power, value.shape))
+        slabs = _slabs(value.shape, _replicates_of(replicate_sums, replicate_counts, power, value.shape))
         if len(slabs) > 1 and (bounds is None or all(_broadcasts(b, value.shape) for b in bounds)):
             sums, counts = np.asarray(replicate_sums), np.asarray(replicate_counts)
             power = None if power is None else np.asarray(power)
@@ -229,11 +229,11 @@ def interval(value, replicate_sums, replicate_counts, moments, *, method: str, l
 SLAB_BYTES = 8 << 20
 
 
-def _slabs(shape: tuple, n_replicates: int | None, fits: bool = True) -> list[slice]:
+def _slabs(shape: tuple, n_replicates: int | None) -> list[slice]:
     """Slices of the leading axis of `shape` whose (replicate, ...) float64 arrays stay within `SLAB_BYTES`.
 
-    One slab (no split) where the replicate arrays do not fit `shape` (`fits`: the unsplit path says what is
-    wrong), or where fewer than two cells follow the first axis: numpy would then sum a slab's replicates in
+    One slab (no split) where the replicate arrays do not fit `shape` (`n_replicates` None, from
+    `_replicates_of`: the unsplit path says what is wrong), or where fewer than two cells follow the first axis: numpy would then sum a slab's replicates in
     another order than the whole array's (pairwise along a contiguous axis), and the last bits would change.
 
     >>> [(rows.start, rows.stop) for rows in _slabs((30, 9, 140), 200)]  # 200 x 9 x 140 x 8 bytes: 2 MB a layer
@@ -242,18 +242,18 @@ def _slabs(shape: tuple, n_replicates: int | None, fits: bool = True) -> list[sl
     ([slice(None, None, None)], [slice(0, 6, None)], [slice(None, None, None)], [slice(None, None, None)])
     """
     cells = int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 0
-    if not fits or n_replicates is None or cells < 2:
+    if n_replicates is None or cells < 2:
         return [slice(None)]
     rows = max(1, SLAB_BYTES // (8 * max(n_replicates, 1) * cells))
     return [slice(start, min(start + rows, shape[0])) for start in range(0, shape[0], rows)]
 
 
-def _replicate_shapes(replicate_sums, replicate_counts, replicate_power, shape: tuple) -> tuple[int | None, bool]:
-    """(number of replicates, whether sums, counts and power sums have the shapes `shape` asks for)."""
+def _replicates_of(replicate_sums, replicate_counts, replicate_power, shape: tuple) -> int | None:
+    """The number of replicates, or None where sums, counts and power sums lack the shapes `shape` asks for."""
     sums = tuple(np.shape(replicate_sums))
     fits = (len(sums) == len(shape) + 1 and sums[1:] == tuple(shape) and tuple(np.shape(replicate_counts)) == sums
             and (replicate_power is None or tuple(np.shape(replicate_power)) == (len(REPLICATE_TERMS), *sums)))
-    return (sums[0] if sums else None), fits
+    return sums[0] if fits else None
 
 
 def _broadcasts(bound, shape: tuple) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .methods import _replicate_shapes, _slabs, replicate_variances
+from .methods import _replicates_of, _slabs, replicate_variances
 from .moments import _TERM, bootstrap_weights, replicate_moments, unit_moments  # noqa: F401 (doctests)
 
 __all__ = ["THIN_MIN_UNITS", "THIN_MAX_SHARE", "MIN_EFFECTIVE_UNITS", "MIN_VARIANCE_DF", "MIN_SPARSE_EVENNESS",
@@ -70,7 +70,7 @@ def variance_df(replicate_sums, replicate_counts, replicate_power) -> np.ndarray
     31.0
     """
     shape = tuple(np.shape(replicate_sums))[1:]
-    slabs = _slabs(shape, *_replicate_shapes(replicate_sums, replicate_counts, replicate_power, shape))
+    slabs = _slabs(shape, _replicates_of(replicate_sums, replicate_counts, replicate_power, shape))
     if len(slabs) > 1:  # small temporaries, as `interval`
         sums, counts, power = (np.asarray(x) for x in (replicate_sums, replicate_counts, replicate_power))
         return np.concatenate([variance_df(sums[:, rows], counts[:, rows], power[:, :, rows]) for rows in slabs])

@@ -215,9 +215,7 @@ class Surgery:
         for layer, block in enumerate(self.cut.blocks or ()):
             self._handles.append(block.register_forward_hook(functools.partial(self._after_block, layer)))
         # the Hugging Face model holds the bridge's norms: run them as the Hugging Face norm, as the sweep does
-        self._norms = contextlib.ExitStack()
-        if self.model.path == "transformer_lens":
-            self._norms.enter_context(unobserved_norms(self.model.bridge))
+        self._norms.enter_context(unobserved_norms(self.model.bridge))
         return self
 
     def __exit__(self, *exc) -> None:

@@ -320,8 +320,7 @@ def chunked_forward(model: HookedModel, hooks: dict[int, Callable], last: int, *
                              f"attention (expected {last + 1}){EAGER_INSTEAD}")
 
     # the bridge's norms as in eager mode: nobody reads their statistics here either
-    norms = hooking.unobserved_norms(model.bridge) if model.path == "transformer_lens" else contextlib.nullcontext()
-    with _implementation(model.hf_model, NAME), _native_attention(model), norms:
+    with _implementation(model.hf_model, NAME), _native_attention(model), hooking.unobserved_norms(model.bridge):
         yield forward
 
 

@@ -139,7 +139,7 @@ def _norm_forward(norm):
 
 @contextlib.contextmanager
 def unobserved_norms(bridge):
-    """For the pass, the bridge's norms whose ``hook_scale`` and ``hook_normalized`` nobody hooks run as the
+    """For the pass, the bridge's norms (None: no bridge, nothing to do) whose ``hook_scale`` and ``hook_normalized`` nobody hooks run as the
     Hugging Face norm between their hook_in and hook_out.
 
     TransformerLens' `NormalizationBridge` (native-autograd path) computes each norm's mean, variance, scale and
@@ -150,7 +150,7 @@ def unobserved_norms(bridge):
     from transformer_lens.model_bridge.generalized_components.normalization import NormalizationBridge
 
     replaced = []
-    for module in bridge.modules():
+    for module in bridge.modules() if bridge is not None else ():
         if not isinstance(module, NormalizationBridge) or module.original_component is None:
             continue
         native = module.use_native_layernorm_autograd or getattr(module.config, "layer_norm_folding", False)
