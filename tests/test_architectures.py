@@ -1,9 +1,10 @@
 """The support matrix: every architecture family, swept by headscan, agrees with Hugging Face's eager attention.
 
 For each row of `headscan.testing.architectures.ARCHITECTURES`, a tiny random checkpoint is swept over a few
-short sentences and every head metric is compared, to 1e-6, with a plain loop over the attention weights that
-the Hugging Face model returns with ``output_attentions=True`` under eager attention, one sentence at a time
-(so the sweep's batching and padding are checked too). Decoders are checked with BOS and without. Every row
+short sentences and every head metric, and its chance level, is compared, to 1e-6, with a plain loop over the
+attention weights that the Hugging Face model returns with ``output_attentions=True`` under eager attention,
+one sentence at a time (so the sweep's batching and padding are checked too); what each query sees, sliding
+windows included, is read off those weights. Decoders are checked with BOS and without. Every row
 is checked on the hooking path the matrix names, and on the ``hf_hooks`` path as well where that is the bridge.
 """
 
@@ -86,14 +87,19 @@ METRICS = ("prev_token", "next_token", "self", "first_token", "sep", "entropy", 
            "positional_prev", "positional_next", "duplicate_token", "induction")
 
 
-def _reference(path: str, ids: list[list[int]], causal: bool, sep: int | None) -> dict[str, np.ndarray]:
-    """Every head metric as (layer, head), from plain loops over each query of each sentence.
+def _reference(path: str, ids: list[list[int]], causal: bool, sep: int | None) -> dict[str, dict[str, np.ndarray]]:
+    """Every head metric and its chance as (layer, head), from plain loops over each query of each sentence:
+    {"value": {metric: ...}, "chance": {metric: ...}}.
 
     Definitions as in headscan.metrics, specials kept: a metric's value is its mean over every query that
-    counts for it, pooled over the sentences; NaN where no query counts.
+    counts for it, pooled over the sentences; NaN where no query counts. What a query sees is read off Hugging
+    Face's own weights (the keys it puts weight on: causal mask and sliding window alike; a tiny random model
+    underflows nowhere), so the configuration headscan reads its windows from is checked too. Chance is the
+    same mean for uniform attention over those keys (an argmax metric: the chance that a uniform draw is the
+    target).
     """
     first = _eager_attentions(path, tuple(ids[0]))
-    sums = {metric: np.zeros(first.shape[:2]) for metric in METRICS}
+    sums = {kind: {metric: np.zeros(first.shape[:2]) for metric in METRICS} for kind in ("value", "chance")}
     counts = {metric: np.zeros(first.shape[:2]) for metric in METRICS}
     for tokens in ids:
         attention = _eager_attentions(path, tuple(tokens))
@@ -101,39 +107,44 @@ def _reference(path: str, ids: list[list[int]], causal: bool, sep: int | None) -
         for layer in range(n_layers):
             for head in range(n_heads):
 
-                def add(metric, value):
-                    sums[metric][layer, head] += value
+                def add(metric, value, chance):
+                    sums["value"][metric][layer, head] += value
+                    sums["chance"][metric][layer, head] += chance
                     counts[metric][layer, head] += 1
 
                 for q in range(n):
                     row = attention[layer, head, q]
                     top = int(np.argmax(row))
-                    visible = range(q + 1) if causal else range(n)
+                    visible = [k for k in range(n) if row[k] > 0]
+                    assert visible == [k for k in range(n) if attention[layer, 0, q, k] > 0]  # one mask per layer
+                    uniform = 1 / len(visible)
                     if q >= 1:
-                        add("prev_token", row[q - 1])
-                        add("first_token", row[0])
-                        add("positional_prev", float(top == q - 1))
+                        add("prev_token", row[q - 1], uniform * (q - 1 in visible))
+                        add("first_token", row[0], uniform * (0 in visible))
+                        add("positional_prev", float(top == q - 1), uniform * (q - 1 in visible))
                     if q + 1 < n:
-                        add("next_token", row[q + 1])
-                        add("positional_next", float(top == q + 1))
-                    add("self", row[q])
+                        add("next_token", row[q + 1], uniform * (q + 1 in visible))
+                        add("positional_next", float(top == q + 1), uniform * (q + 1 in visible))
+                    add("self", row[q], uniform)
                     if sep is not None and sep in tokens:
-                        add("sep", sum(row[k] for k in range(n) if tokens[k] == sep))
+                        add("sep", sum(row[k] for k in range(n) if tokens[k] == sep),
+                            uniform * sum(tokens[k] == sep for k in visible))
                     entropy = -sum(row[k] * math.log(row[k]) for k in range(n) if row[k] > 0)
-                    add("entropy", entropy)
+                    add("entropy", entropy, math.log(len(visible)))
                     if len(visible) >= 2:
-                        add("entropy_norm", entropy / math.log(len(visible)))
-                    add("distance", sum(row[k] * abs(q - k) for k in range(n)))
+                        add("entropy_norm", entropy / math.log(len(visible)), 1.0)
+                    add("distance", sum(row[k] * abs(q - k) for k in range(n)),
+                        uniform * sum(abs(q - k) for k in visible))
                     others = [j for j in visible if j != q and tokens[j] == tokens[q]]
                     if others:
-                        add("duplicate_token", sum(row[j] for j in others))
+                        add("duplicate_token", sum(row[j] for j in others), uniform * len(others))
                     # q-1 and q are never induction targets: a previous-token or self head would score there
-                    targets = {j + 1 for j in (range(q) if causal else range(n))
-                               if j != q and tokens[j] == tokens[q] and j + 1 < n and j + 1 not in (q - 1, q)}
+                    targets = {j + 1 for j in others if j + 1 < n and j + 1 not in (q - 1, q) and j + 1 in visible}
                     if targets:
-                        add("induction", sum(row[k] for k in targets))
+                        add("induction", sum(row[k] for k in targets), uniform * len(targets))
     with np.errstate(invalid="ignore"):
-        return {metric: np.where(counts[metric] > 0, sums[metric] / counts[metric], np.nan) for metric in METRICS}
+        return {kind: {metric: np.where(counts[metric] > 0, sums[kind][metric] / counts[metric], np.nan)
+                       for metric in METRICS} for kind in sums}
 
 
 def _cases():
@@ -162,11 +173,13 @@ def test_every_head_metric_equals_hugging_face_eager_attention(checkpoint, monke
     heads = tables.heads
     assert (heads["count"] > 0).groupby(heads["metric"]).any().sum() >= 6
     expected = _reference(folder, ids, row.causal, model.special_token_ids["sep"])
-    compared = set(expected) & set(heads["metric"])
+    compared = set(expected["value"]) & set(heads["metric"])
     assert {"prev_token", "next_token", "self", "first_token", "entropy", "distance"} <= compared
     for metric in sorted(compared):
-        got = heads[heads["metric"] == metric].sort_values(["layer", "head"])["value"].to_numpy()
-        np.testing.assert_allclose(got, expected[metric].ravel(), rtol=TOLERANCE, atol=TOLERANCE, err_msg=metric)
+        rows = heads[heads["metric"] == metric].sort_values(["layer", "head"])
+        for kind in ("value", "chance"):
+            np.testing.assert_allclose(rows[kind].to_numpy(), expected[kind][metric].ravel(), rtol=TOLERANCE,
+                                       atol=TOLERANCE, err_msg=f"{metric} {kind}")
 
 
 @pytest.mark.parametrize("row", [row for row in ARCHITECTURES if row.causal], ids=lambda row: row.name)
@@ -184,3 +197,13 @@ def test_support_matrix_has_one_row_per_architecture():
     for family in ("BERT", "RoBERTa", "DistilBERT", "DeBERTa-v2", "ELECTRA", "GPT-2", "GPT-NeoX", "OPT", "Llama",
                    "Mistral", "Qwen2", "Gemma 2", "Phi", "BLOOM"):
         assert any(line.startswith(f"| {family}") for line in rows), family
+
+
+@pytest.mark.parametrize("name, windows", [("mistral", [5, 5]), ("gemma2", [5, None]), ("gpt_neo", [None, 5]),
+                                           ("modernbert", [None, 3]), ("llama", None)])
+def test_provenance_names_each_layers_sliding_window(checkpoint, name, windows):
+    """The largest |q - k| a query of each layer sees (SLIDING_WINDOW is 6: five keys back, or three either
+    side in ModernBERT's window of 6); no entry where no layer has a window."""
+    model = load_model(checkpoint(name), device="cpu")
+    assert model.provenance().get("attention_windows") == windows
+    assert "attention_not_modelled" not in model.provenance()

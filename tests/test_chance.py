@@ -21,9 +21,11 @@ from headscan.metrics.syntax import COLUMNS, syntax_chance
 PER_TOKEN = sorted(name for name, m in METRICS.items() if m.table not in ("syntax", "importance") and not m.needs)
 
 
-def random_batch(lengths, *, causal, specials, n_heads=3, seed=0, weighted=False, max_offset=3, max_len=16):
+def random_batch(lengths, *, causal, specials, n_heads=3, seed=0, weighted=False, max_offset=3, max_len=16,
+                 window=None):
     """Random right-padded attention, token ids with repeats, a [SEP] id, and with `specials="exclude"` the
-    first and last real token of each segment left out of the keys and queries that count."""
+    first and last real token of each segment left out of the keys and queries that count; with a sliding
+    `window`, no weight on keys farther than it from the query."""
     rng = np.random.default_rng(seed)
     n = max(lengths)
     real = np.array([[k < length for k in range(n)] for length in lengths])
@@ -34,6 +36,8 @@ def random_batch(lengths, *, causal, specials, n_heads=3, seed=0, weighted=False
             counts[b, length - 1] = False
     logits = rng.normal(size=(len(lengths), n_heads, n, n))
     allowed = real[:, None, None, :] & (np.tril(np.ones((n, n), bool)) if causal else True)
+    if window is not None:
+        allowed = allowed & (np.abs(np.arange(n)[:, None] - np.arange(n)[None, :]) <= window)
     pattern = np.where(allowed, np.exp(logits), 0.0)
     pattern = pattern / np.maximum(pattern.sum(-1, keepdims=True), 1e-300)
     tokens = torch.as_tensor(rng.integers(0, 4, size=(len(lengths), n)))
@@ -43,7 +47,7 @@ def random_batch(lengths, *, causal, specials, n_heads=3, seed=0, weighted=False
         norms = torch.as_tensor(rng.uniform(0.0, 2.0, size=(len(lengths), n_heads, n)))
         norms[0, 0] = 0.0  # a head that moves nothing from one segment: its null head has no weight at all
     return AttentionBatch(torch.tensor(pattern), mask, mask, tokens, tokens == 2, causal, max_offset, max_len=max_len,
-                          value_norms=norms, key_weights=norms if weighted else None)
+                          value_norms=norms, key_weights=norms if weighted else None, window=window)
 
 
 def blocks(batch: AttentionBatch, chunk: int):
@@ -76,7 +80,7 @@ def loop_chance(name, batch, heads):
         keys = [k for k in range(N) if key[b, k]]
         for h in range(heads):
             for q in keys:  # a query counts where its token counts
-                seen = [k for k in keys if not batch.causal or k <= q]
+                seen = [k for k in keys if (not batch.causal or k <= q) and (batch.window is None or abs(q - k) <= batch.window)]
                 w = {k: 1.0 if weights is None else float(weights[b, h, k]) for k in seen}
                 total = sum(w.values())
                 p = {k: (w[k] / total if total > 0 else 0.0) for k in seen}
@@ -103,9 +107,10 @@ def loop_chance(name, batch, heads):
                 elif name == "distance":
                     add(sum(x * abs(q - k) for k, x in p.items()))
                 elif name in ("duplicate_token", "induction"):
-                    others = [j for j in keys if j != q and tokens[b, j] == tokens[b, q] and (not batch.causal or j < q)]
+                    others = [j for j in seen if j != q and tokens[b, j] == tokens[b, q]]
                     targets = others if name == "duplicate_token" else [
-                        j + 1 for j in others if j + 1 < N and key[b, j + 1] and j + 1 not in (q - 1, q)]
+                        j + 1 for j in others if j + 1 < N and key[b, j + 1] and j + 1 not in (q - 1, q)
+                        and (batch.window is None or abs(q - j - 1) <= batch.window)]
                     if targets:
                         add(sum(p.get(k, 0.0) for k in targets))
                 elif name == "offsets":
@@ -136,9 +141,9 @@ def chance_over_blocks(metric, batch, chunk):
 
 @pytest.mark.parametrize("name", PER_TOKEN)
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("specials", ["keep", "exclude"])
-def test_chance_matches_a_plain_loop(name, causal, specials):
-    batch = random_batch([9, 5, 2, 7], causal=causal, specials=specials, seed=len(name))
+@pytest.mark.parametrize("specials, window", [("keep", None), ("exclude", None), ("keep", 2), ("exclude", 3)])
+def test_chance_matches_a_plain_loop(name, causal, specials, window):
+    batch = random_batch([9, 5, 2, 7], causal=causal, specials=specials, seed=len(name), window=window)
     metric = METRICS[name]
     sums, counts = metric.chance_sums(batch), metric.function(batch)[1]
     assert sums.shape[1] == 1  # the plain null head: one value for every head
@@ -149,8 +154,9 @@ def test_chance_matches_a_plain_loop(name, causal, specials):
 
 @pytest.mark.parametrize("name", [*(n for n, m in METRICS.items() if m.table == "heads" and not m.needs), "moved"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_value_weighted_chance_matches_a_plain_loop(name, causal):
-    batch = random_batch([8, 6, 3], causal=causal, specials="exclude", seed=7, weighted=True)
+@pytest.mark.parametrize("window", [None, 2])
+def test_value_weighted_chance_matches_a_plain_loop(name, causal, window):
+    batch = random_batch([8, 6, 3], causal=causal, specials="exclude", seed=7, weighted=True, window=window)
     if name == "moved":  # moved reads attention weights, so its null head is plain attention, with the norms
         batch = dataclasses.replace(batch, key_weights=None)
     metric = METRICS[name]
@@ -162,8 +168,9 @@ def test_value_weighted_chance_matches_a_plain_loop(name, causal):
 
 @pytest.mark.parametrize("chunk", [1, 3, 5])
 @pytest.mark.parametrize("causal", [False, True])
-def test_chance_over_blocks_of_queries_matches_the_loop(chunk, causal):
-    batch = random_batch([11, 4, 9], causal=causal, specials="exclude", seed=chunk, weighted=True)
+@pytest.mark.parametrize("window", [None, 3])
+def test_chance_over_blocks_of_queries_matches_the_loop(chunk, causal, window):
+    batch = random_batch([11, 4, 9], causal=causal, specials="exclude", seed=chunk, weighted=True, window=window)
     for name in PER_TOKEN:
         sums, counts = chance_over_blocks(METRICS[name], batch, chunk)
         want_sums, want_counts = loop_chance(name, batch, heads=3)
@@ -171,13 +178,14 @@ def test_chance_over_blocks_of_queries_matches_the_loop(chunk, causal):
         np.testing.assert_allclose(counts.numpy(), want_counts, err_msg=name)
 
 
-@pytest.mark.parametrize("sink, recent", [(1, 2), (0, 3), (2, 1)])
+@pytest.mark.parametrize("sink, recent, window", [(1, 2, None), (0, 3, None), (2, 1, None), (1, 2, 4), (0, 2, 3),
+                                                  (2, 1, 7)])
 @pytest.mark.parametrize("weighted", [False, True])
-def test_streaming_chance_matches_the_loop_where_queries_count(sink, recent, weighted):
+def test_streaming_chance_matches_the_loop_where_queries_count(sink, recent, window, weighted):
     """With a sink and window short enough that queries of 9- and 11-token segments count (the defaults, 64 and
     256, leave none at these lengths), whole and over blocks of queries; 0 for a bidirectional model."""
-    batch = dataclasses.replace(random_batch([11, 4, 9], causal=True, specials="exclude", seed=3, weighted=weighted),
-                                sink=sink, recent=recent)
+    batch = dataclasses.replace(random_batch([11, 4, 9], causal=True, specials="exclude", seed=3, weighted=weighted,
+                                             window=window), sink=sink, recent=recent)
     heads = 3 if weighted else 1
     want_sums, want_counts = loop_chance("streaming", batch, heads=heads)
     assert want_counts.sum() > 0
@@ -224,7 +232,7 @@ def test_first_token_chance_of_a_causal_model_is_one_over_q_plus_one():
 # --- syntax -------------------------------------------------------------------------------------------------
 
 
-def loop_syntax_chance(token_word, head, relation_columns, causal):
+def loop_syntax_chance(token_word, head, relation_columns, causal, window=None):
     """Per column: the sum over dependents of 1/m when the gold head is among the m candidates, by loops over
     tokens; roots (ROOT) count as misses in "all"."""
     sums = np.zeros(len(COLUMNS))
@@ -232,7 +240,8 @@ def loop_syntax_chance(token_word, head, relation_columns, causal):
     tokens = {i: [t for t, w in enumerate(token_word) if w == i] for i in range(n_words)}
 
     def can_attend(i, j):  # some token of i sees some token of j
-        return i != j and tokens[i] and tokens[j] and any(not causal or tj <= ti for ti in tokens[i] for tj in tokens[j])
+        return i != j and tokens[i] and tokens[j] and any((not causal or tj <= ti) and (window is None or abs(ti - tj) <= window)
+                                                          for ti in tokens[i] for tj in tokens[j])
 
     for index, (relation, direction) in enumerate(COLUMNS):
         for i in range(n_words):
@@ -250,21 +259,22 @@ def loop_syntax_chance(token_word, head, relation_columns, causal):
 
 
 @pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window", [None, 1, 2])
 @pytest.mark.parametrize("head, relation", [
     ([1, 2, ROOT, 2, 3], [27, 16, -1, 4, -1]),  # word 2 the root; nsubj, det, (root), amod, not a UD relation
     ([ROOT, 0, 0, 0, 3], [-1, 27, 16, 4, 16]),  # word 0 the root and the head of three: head index 0 counts
 ])
-def test_syntax_chance_matches_a_plain_loop(causal, head, relation):
+def test_syntax_chance_matches_a_plain_loop(causal, window, head, relation):
     # BOS, then words 0..4 of 2, 1, 1, 3 and 1 tokens, then padding
     token_word = [-1, 0, 0, 1, 2, 3, 3, 3, 4, -1]
     words = WordAlignment(torch.tensor([token_word]), torch.tensor([head]), torch.tensor([relation]))
     mask = torch.tensor([[w >= -1 for w in token_word]])
     batch = AttentionBatch(torch.zeros(1, 1, 10, 10), mask, mask, torch.zeros(1, 10, dtype=torch.long),
-                           torch.zeros(1, 10, dtype=torch.bool), causal, words=words)
+                           torch.zeros(1, 10, dtype=torch.bool), causal, words=words, window=window)
     names = {27: "nsubj", 16: "det", 4: "amod"}
     columns = [None if h == -1 else {"all", *(("all_nonroot", names.get(r)) if h >= 0 else ())}
                for h, r in zip(head, relation)]
-    want = loop_syntax_chance(token_word, head, columns, causal)
+    want = loop_syntax_chance(token_word, head, columns, causal, window)
     got = syntax_chance(batch)[0, 0].numpy()
     np.testing.assert_allclose(got, want, atol=1e-12)
     assert want[COLUMNS.index(("all", "dependent_to_head"))] > 0

@@ -349,3 +349,27 @@ def test_models_whose_attention_skips_transformers_functions_are_refused_on_the_
     hf_model = SimpleNamespace(config=GPT2Config(), _supports_attention_backend=False)
     assert "attention functions" in chunked.static_refusal(SimpleNamespace(hf_model=hf_model, path="hf_hooks"))
     assert chunked.static_refusal(SimpleNamespace(hf_model=hf_model, path="transformer_lens")) is None
+
+
+@pytest.mark.parametrize("name", ["gemma2", "modernbert"])
+def test_sliding_window_models_sweep_chunked_as_eager(name, tmp_path):
+    """Gemma 2 (a causal window on layer 0, none on layer 1: layers of two windows in one batch) and ModernBERT (a
+    window on both sides): blocks of 3 queries give eager's values and chance levels, whose null heads see only
+    the window."""
+    from headscan import SweepConfig
+    from headscan.corpus import Corpus, Segment
+    from headscan.models import load_model
+    from headscan.scan import sweep_model
+    from headscan.testing import build_architecture_checkpoint
+
+    model = load_model(str(build_architecture_checkpoint(tmp_path, name)), device="cpu")
+    assert any(window is not None for window in model.windows)
+    corpus = Corpus("t", "text", "", tuple(Segment(text, i + 1) for i, text in enumerate(TEXTS)))
+    eager = sweep_model(model, corpus, SweepConfig(device="cpu", batch_size=2, bootstrap=0, attention="eager"))
+    chunked = sweep_model(model, corpus, SweepConfig(device="cpu", batch_size=2, bootstrap=0, attention="chunked",
+                                                     query_chunk=3))
+    for table in ("heads", "value"):
+        for column in ("value", "chance"):
+            np.testing.assert_allclose(chunked.frames[table][column].to_numpy(float),
+                                       eager.frames[table][column].to_numpy(float), rtol=1e-6, atol=1e-6,
+                                       err_msg=f"{table} {column}")

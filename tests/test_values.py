@@ -311,6 +311,22 @@ def test_uniform_values_of_an_encoder_are_each_sequences_own_mean():
                 torch.testing.assert_close(got[b, q, h], mean)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window", [0, 1, 3])
+def test_uniform_values_under_a_sliding_window_are_the_mean_over_the_window(causal, window):
+    """A sliding-window layer's null head averages the values of the keys that count within `window` of the
+    query (and at or before it when causal): a plain loop per query, padding and a key that does not count."""
+    v = torch.randn(2, 7, 2, 3, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    mask = torch.tensor([[True, True, False, True, True, True, True], [True, True, True, True, True, False, False]])
+    got = values.uniform_values(v, mask, causal=causal, n_heads=4, window=window)  # (batch, q, head, d_head)
+    for b in range(2):
+        for q in range(7):
+            keys = [k for k in range(7) if mask[b, k] and abs(q - k) <= window and (not causal or k <= q)]
+            for h in range(4):
+                want = v[b, keys, h // 2].mean(0) if keys else torch.zeros(3, dtype=torch.float64)
+                torch.testing.assert_close(got[b, q, h], want, rtol=0, atol=1e-12)
+
+
 def test_value_norms_and_uniform_values_of_float64_inputs_stay_float64():
     """The docstrings' promise: float64 in, float64 out, to float64 precision against a plain loop."""
     generator = torch.Generator().manual_seed(1)

@@ -55,6 +55,9 @@ class AttentionBatch:
     # Streaming (DuoAttention's sink and recent window): the keys a streaming head keeps.
     sink: int = 64  # the first `sink` positions
     recent: int = 256  # the last `recent` positions up to the query, the query's own included
+    # A sliding-window layer's reach: the largest |q - k| a query sees (`headscan.models.windows`); None: the
+    # causal mask alone (or nothing, bidirectional) limits what it sees.
+    window: int | None = None
 
     def __post_init__(self):
         if self.max_offset < 1:
@@ -75,6 +78,12 @@ class AttentionBatch:
     def key_positions(self) -> torch.Tensor:
         """(k,) the position of each key: 0 .. k - 1."""
         return torch.arange(self.pattern.shape[-1], device=self.pattern.device)
+
+    def sees(self, gap: torch.Tensor) -> torch.Tensor:
+        """Whether a query sees a key at ``gap = q - k`` (any shape) under the model's mask (causal, sliding
+        window), padding and specials aside; positions out of range are the caller's to drop."""
+        seen = gap >= 0 if self.causal else torch.ones_like(gap, dtype=torch.bool)
+        return seen if self.window is None else seen & (gap.abs() <= self.window)
 
     @cached_property
     def null(self) -> NullHead:
@@ -145,21 +154,28 @@ class AttentionBatch:
         queries, keys = self.query_positions, self.key_positions
         same = self.tokens[:, queries, None] == self.tokens[:, None, :]  # (batch, q, k)
         other = keys[None, :] < queries[:, None] if self.causal else keys[None, :] != queries[:, None]  # (q, k)
+        if self.window is not None:
+            other = other & self.sees(queries[:, None] - keys[None, :])
         return same & other & self.query_mask[:, :, None] & self.key_mask[:, None, :]
 
     @cached_property
     def induction_targets(self) -> torch.Tensor:
         """(batch, q, k) bool: the keys k = j + 1 after another occurrence j of the query's token (see `induction`),
-        k counting and neither q - 1 nor q."""
+        k counting, seen by the query (a bidirectional window may hide j + 1) and neither q - 1 nor q."""
         same = self.other_occurrences  # (batch, q, j)
         targets = torch.zeros_like(same)
         targets[..., 1:] = same[..., :-1]  # a fresh tensor, so writing into it is safe: k = j + 1
         gap = self.key_positions[None, :] - self.query_positions[:, None]  # (q, k): k - q
         not_positional = (gap != -1) & (gap != 0)  # (q, k): k is neither q-1 nor q
+        if self.window is not None:
+            not_positional = not_positional & self.sees(-gap)
         return targets & not_positional & self.key_mask[:, None, :]
 
     def n_visible(self) -> torch.Tensor:
         """(batch, q) how many keys that count query q could see under the model's mask."""
+        if self.window is not None:
+            seen = self.sees(self.query_positions[:, None] - self.key_positions[None, :])  # (q, k)
+            return (seen[None] & self.key_mask[:, None, :]).sum(-1)
         if self.causal:
             return self.key_mask.cumsum(-1)[:, self.query_positions]  # keys at or before q
         return self.key_mask.sum(-1, keepdim=True).expand(-1, self.pattern.shape[-2])

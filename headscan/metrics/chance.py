@@ -14,9 +14,9 @@ registers no chance of its own). With uniform weights it works on a (batch, 1, q
 head and layer; with value norms, on (batch, head, q). All of it in float64 (float32 on Apple's MPS, which
 has no float64): cumulative sums of positions over 32k-token contexts would lose digits in float32.
 
-What it does not model: a sliding-window layer (Mistral, Gemma 2's local layers) shows its queries fewer keys
-than the causal mask; the null head here sees them all, so for such layers chance is that of full causal
-attention.
+A sliding-window layer (Mistral's, Phi-3's, the local layers of Gemma 2 and 3, GPT-Neo and ModernBERT) shows
+its queries only the keys within its window (`AttentionBatch.window`, read by `headscan.models.windows`); its
+null head attends uniformly over those, from differences of the same cumulative sums.
 
 This module registers no metric and reads no model; metrics call it through `AttentionBatch.null`.
 """
@@ -56,8 +56,29 @@ class NullHead:
     def _positions(self) -> torch.Tensor:
         return self.batch.query_positions  # (q,) absolute
 
+    @cached_property
+    def _reach(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q,) each query's first and last key under a sliding window, within the keys there are."""
+        window, q = self.batch.window, self._positions
+        first = (q - window).clamp_min(0)
+        last = q if self.batch.causal else (q + window).clamp_max(self.weights.shape[-1] - 1)
+        return first, last
+
+    def _within(self, cumulative: torch.Tensor, *, behind: bool = False) -> torch.Tensor:
+        """(batch, H', k) a cumulative sum over the keys -> (batch, H', q) its sum over each query's window (with
+        `behind`, over the window's keys up to the query's own)."""
+        first, last = self._reach
+        if behind:
+            last = self._positions
+        before = cumulative[..., (first - 1).clamp_min(0)]
+        zero = torch.zeros((), dtype=cumulative.dtype, device=cumulative.device)
+        return cumulative[..., last] - torch.where(first > 0, before, zero)
+
     def seen(self, per_key: torch.Tensor) -> torch.Tensor:
-        """(batch, H, k) -> (batch, H, q): the sum over the keys each query sees (at or before it when causal)."""
+        """(batch, H, k) -> (batch, H, q): the sum over the keys each query sees (at or before it when causal,
+        within the layer's sliding window where it has one)."""
+        if self.batch.window is not None:
+            return self._within(per_key.cumsum(-1))
         if self.batch.causal:
             return per_key.cumsum(-1)[..., self._positions]
         return per_key.sum(-1, keepdim=True).expand(*per_key.shape[:-1], self._positions.shape[0])
@@ -87,7 +108,7 @@ class NullHead:
         n_q, n = keys.shape
         flat = keys.clamp(0, n_k - 1).reshape(1, 1, -1).expand(b, h, -1)
         weights = self.weights.gather(-1, flat).view(b, h, n_q, n)  # (batch, H, q, n)
-        visible = in_range & (keys <= self._positions[:, None]) if self.batch.causal else in_range  # (q, n)
+        visible = in_range & self.batch.sees(self._positions[:, None] - keys)  # (q, n)
         weights = torch.where(visible, weights, torch.zeros((), dtype=self.dtype))
         return self._over(weights, self.total[..., None])
 
@@ -120,6 +141,13 @@ class NullHead:
             w = torch.cat([torch.zeros_like(w[..., :1]), w[..., 1:]], -1)  # a new tensor
         k = torch.arange(w.shape[-1], dtype=self.dtype, device=w.device)
         q = self._positions.to(self.dtype)
+        if self.batch.window is not None:  # the same sums over each query's window, split at q
+            masses, moments = w.cumsum(-1), (w * k).cumsum(-1)  # (batch, H, k)
+            behind, behind_moment = self._within(masses, behind=True), self._within(moments, behind=True)
+            total = q * behind - behind_moment  # sum over seen k <= q of w_k (q - k)
+            if not self.batch.causal:  # plus the sum over seen k > q of w_k (k - q)
+                total = total + (self._within(moments) - behind_moment) - q * (self._within(masses) - behind)
+            return self.share(total)
         mass, moment = w.cumsum(-1)[..., self._positions], (w * k).cumsum(-1)[..., self._positions]  # (batch, H, q)
         before = q * mass - moment  # sum over k <= q of w_k (q - k)
         if not self.batch.causal:  # plus the sum over k > q of w_k (k - q)
@@ -130,6 +158,9 @@ class NullHead:
         """(batch, H, q) the null head's share on the keys where `targets` (batch, q, k) is True (targets are
         keys the query sees: other occurrences, induction targets)."""
         weights = self.weights.to(torch.float32)  # the (batch, q, k) contraction in float32, like the metric's
+        if self.batch.window is not None:  # only what the window shows
+            keys = torch.arange(targets.shape[-1], device=targets.device)
+            targets = targets & self.batch.sees(self._positions[:, None] - keys[None, :])
         amount = torch.einsum("bqk,bhk->bhq", targets.to(torch.float32), weights)
         return self.share(amount.to(self.dtype))
 
@@ -137,7 +168,6 @@ class NullHead:
         """(batch, H, q, k) the null head's attention itself, rows summing to 1 (0 where a query sees nothing),
         for metrics that register no chance of their own."""
         keys = torch.arange(self.weights.shape[-1], device=self.weights.device)
-        visible = keys[None, :] <= self._positions[:, None] if self.batch.causal else torch.ones(
-            (self._positions.shape[0], keys.shape[0]), dtype=torch.bool, device=keys.device)  # (q, k)
+        visible = self.batch.sees(self._positions[:, None] - keys[None, :])  # (q, k)
         w = torch.where(visible, self.weights[:, :, None, :], torch.zeros((), dtype=self.dtype))  # (batch, H, q, k)
         return self._over(w, self.total[..., None])

@@ -249,11 +249,12 @@ def syntax_metric(batch: AttentionBatch):
     return dependency_accuracy(batch.pattern if raw is None else raw, batch.words.to(batch.pattern.device))
 
 
-def candidate_words(words: WordAlignment, causal: bool) -> torch.Tensor:
+def candidate_words(words: WordAlignment, causal: bool, window: int | None = None) -> torch.Tensor:
     """(batch, word i, word j) bool: word j is a candidate for word i's most-attended word, i.e. i can attend to j.
 
     Both have a token and j is not i; in a causal model j's first token is at or before i's last (some token of
-    i sees some token of j, so the word attention from i to j can be above 0).
+    i sees some token of j, so the word attention from i to j can be above 0); under a sliding `window` (the
+    largest |q - k| a query sees) some token of i is also within it of some token of j.
 
     >>> words = WordAlignment(torch.tensor([[-1, 0, 1, 1, 2]]), torch.tensor([[1, -2, 1]]), torch.tensor([[0, 0, 0]]))
     >>> candidate_words(words, causal=True)[0].int().tolist()
@@ -266,6 +267,10 @@ def candidate_words(words: WordAlignment, causal: bool) -> torch.Tensor:
     last = torch.where(members, positions[:, None], -1).amax(1)
     other = ~torch.eye(words.n_words, dtype=torch.bool, device=positions.device)
     seen = present[:, :, None] & present[:, None, :] & other  # (batch, i, j)
+    if window is not None:  # the gaps between a token of i and one of j run from first_i - last_j to last_i - first_j
+        seen = seen & (first[:, :, None] - last[:, None, :] <= window)
+        if not causal:
+            seen = seen & (last[:, :, None] - first[:, None, :] >= -window)
     return seen & (first[:, None, :] <= last[:, :, None]) if causal else seen
 
 
@@ -277,7 +282,7 @@ def syntax_chance(batch: AttentionBatch):
     if batch.words is None:
         return torch.zeros((batch.pattern.shape[0], 1, len(COLUMNS)), dtype=torch.float64, device=batch.pattern.device)
     words = batch.words.to(batch.pattern.device)
-    seen = candidate_words(words, batch.causal).to(torch.float64)  # (batch, i, j)
+    seen = candidate_words(words, batch.causal, batch.window).to(torch.float64)  # (batch, i, j)
     gold = words.head.clamp_min(0)  # (batch, word); roots and unscored words are masked below
     real = (words.head >= 0).to(torch.float64)
     zero = torch.zeros((), dtype=torch.float64)

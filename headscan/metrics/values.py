@@ -195,9 +195,11 @@ def logit_contributions(z: torch.Tensor, W_O: torch.Tensor, directions: torch.Te
     return (z.to(dtype) * back).sum(-1).transpose(-1, -2)  # (..., batch, head, q)
 
 
-def uniform_values(v: torch.Tensor, key_mask: torch.Tensor, *, causal: bool, n_heads: int) -> torch.Tensor:
+def uniform_values(v: torch.Tensor, key_mask: torch.Tensor, *, causal: bool, n_heads: int,
+                   window: int | None = None) -> torch.Tensor:
     """(batch, q, head, d_head) the null head's output before W_O: the mean of the value vectors of the keys that
-    count and that each query sees (at or before it when `causal`), for every query head.
+    count and that each query sees (at or before it when `causal`; within `window`, the largest |q - k| a query
+    sees, where the layer has a sliding window), for every query head.
 
     `v` (batch, k, kv_head, d_head) as `value_norms` takes it (query head h reads key/value head
     h // (head // kv_head)); `key_mask` (batch, k). A query that sees no key that counts gets 0.
@@ -211,7 +213,17 @@ def uniform_values(v: torch.Tensor, key_mask: torch.Tensor, *, causal: bool, n_h
     dtype = torch.promote_types(_float(v).dtype, torch.float32)
     mask = key_mask.to(dtype)[:, :, None, None]  # (batch, k, 1, 1)
     kept = v.to(dtype) * mask  # a new tensor
-    if causal:
+    if window is not None:  # sums over each query's window, from differences of cumulative sums
+        positions = torch.arange(v.shape[1], device=v.device)
+        first = (positions - window).clamp_min(0)
+        last = positions if causal else (positions + window).clamp_max(v.shape[1] - 1)
+
+        def within(cumulative: torch.Tensor) -> torch.Tensor:  # (batch, k, ...) -> (batch, q, ...)
+            before = torch.where((first > 0)[:, None, None], cumulative[:, (first - 1).clamp_min(0)], 0.0)
+            return cumulative[:, last] - before
+
+        total, n = within(kept.cumsum(1)), within(mask.cumsum(1))
+    elif causal:
         total, n = kept.cumsum(1), mask.cumsum(1)  # (batch, q = k, kv_head, d_head), (batch, q, 1, 1)
     else:
         total, n = kept.sum(1, keepdim=True).expand_as(kept), mask.sum(1, keepdim=True).expand_as(mask)

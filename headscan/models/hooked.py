@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .hooks import PROBE
+from .windows import window_notes
 
 __all__ = ["HookedModel", "PATHS"]
 
@@ -45,6 +46,9 @@ class HookedModel:
     path: str = "transformer_lens"  # how patterns are read: "transformer_lens" or "hf_hooks" (see PATHS)
     bridge: Any = field(default=None, repr=False)  # the TransformerBridge on the transformer_lens path, else None
     sites: tuple = field(default=(), repr=False)  # hf_hooks: the attention modules read (hooks.Site), in call order
+    # per layer, the largest |q - k| a query sees under a sliding window, None for none (`headscan.models.windows`);
+    # empty: no window anywhere
+    windows: tuple = ()
     extra: dict = field(default_factory=dict)
     _chunked_refusal: list = field(default_factory=list, repr=False, compare=False)  # the cached chunked_refusal()
     loaded: dict = field(default_factory=dict, repr=False, compare=False)  # loaded on demand (decoding's LM head)
@@ -52,6 +56,10 @@ class HookedModel:
     @property
     def causal(self) -> bool:
         return self.family == "causal"
+
+    def window(self, layer: int) -> int | None:
+        """The largest distance |q - k| a query of `layer` sees under its sliding window; None: no window."""
+        return self.windows[layer] if self.windows else None
 
     def kv_group(self, head):
         """The key/value head that query head `head` (an int or an integer array) reads under grouped-query
@@ -199,5 +207,7 @@ class HookedModel:
             "max_context": self.max_context,
             "special_token_ids": self.special_token_ids,
             "prepend_bos": self.fed_bos(),
+            **({"attention_windows": list(self.windows)} if self.windows else {}),
+            **({"attention_not_modelled": notes} if (notes := window_notes(config.get_text_config(), self.n_layers)) else {}),
             **self.extra,
         }

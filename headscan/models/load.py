@@ -41,6 +41,7 @@ from .hooked import PATHS, HookedModel  # noqa: F401  (re-exported)
 from .hooks import PatternSite
 from .random_init import initializer_note, random_init
 from .series import checkpoint_step, revision_folder, split_revision
+from .windows import attention_windows
 from .specs import (_architecture, _has_adapter, _hf_cache_revision, _not_found, _offline, _one_line, _quiet,  # noqa: F401
                     check_spec, describe_spec)
 
@@ -248,9 +249,12 @@ def _describe(name: str, fields: dict, *, prepend_bos: bool | None, **where) -> 
                 raise ConfigError(f"prepend_bos: model {name!r} has no BOS (nor EOS) token to put before each "
                                   f"segment; leave it out (--bos no)", setting="prepend_bos")
             prepend = False
+    text_config = hf_model.config.get_text_config()
+    windows = attention_windows(text_config, fields["n_layers"], causal=fields["family"] == "causal")
     return HookedModel(
         name=name,
         special_token_ids=special,
+        windows=windows if any(w is not None for w in windows) else (),  # () where no layer has one
         prepend_bos=prepend,
         n_params=int(sum(p.numel() for p in hf_model.parameters())),
         vocab_size=vocab_size,

@@ -17,7 +17,8 @@ cost is a large part of each operation's).
 
 Chance (`headscan.metrics.chance`): each column's null-head sums come with its sums, from the same batch and
 queries. The null head of plain attention depends on the masks alone, not on the layer or the head, so its
-sums are computed on the first layer of a batch (or on each block of it, chunked) and reused for the others;
+sums are computed on the first layer of a batch (or on each block of it, chunked) and reused for the others
+with the same sliding window (a layer whose window hides keys is scored in a group of its own window);
 the value-weighted null head and the null head of dla depend on each layer's values.
 
 This module does not read corpora or keep running totals (see `headscan.scan.reduce`).
@@ -75,7 +76,8 @@ class Gathered:
     # (layer, ...) -> {(metric, table): (sums, counts, chance)}, each (layers * batch, head[, axis]): the layers
     # scored together (eager mode: a group of layers; chunked mode: one layer, its blocks added up)
     scored: dict = field(default_factory=dict)
-    chance: dict = field(default_factory=dict)  # query_start -> {(metric, table): the plain null head's sums}, all layers
+    # (query_start, window) -> {(metric, table): the plain null head's sums}, shared by the layers of one window
+    chance: dict = field(default_factory=dict)
     word_attention: dict = field(default_factory=dict)  # layer -> word attention summed over blocks (chunked syntax)
     norms: dict = field(default_factory=dict)  # layer -> (batch, head, k) value norms, before the layer's pattern
     contributions: dict = field(default_factory=dict)  # layer -> (2, batch, head, q) logit contributions, head's and null's
@@ -121,7 +123,8 @@ def batch_masks(input_ids: torch.Tensor, real: torch.Tensor, model: HookedModel,
 
 
 def _attention_batch(pattern: torch.Tensor, masks: BatchMasks, model: HookedModel, config: SweepConfig,
-                     query_start: int = 0, norms: torch.Tensor | None = None) -> AttentionBatch:
+                     query_start: int = 0, norms: torch.Tensor | None = None,
+                     window: int | None = None) -> AttentionBatch:
     """The metrics' view of one layer's pattern, or of the rows ``query_start ..`` of it in chunked mode."""
     pattern = raw = pattern.float()  # (batch, head, q, k); a new tensor for half precision, the same one otherwise
     counts = masks.counts  # (batch, k): the keys that count; the block's rows of it are its queries
@@ -133,7 +136,7 @@ def _attention_batch(pattern: torch.Tensor, masks: BatchMasks, model: HookedMode
     return AttentionBatch(pattern, queries, counts, masks.ids, masks.sep, model.causal, config.max_offset,
                           words=masks.words, raw_pattern=raw if raw is not pattern else None,
                           query_start=query_start, max_len=config.max_len, value_norms=norms,
-                          sink=config.sink, recent=config.recent)
+                          sink=config.sink, recent=config.recent, window=window)
 
 
 def _value_batch(batch: AttentionBatch) -> AttentionBatch:
@@ -280,8 +283,15 @@ class LayerHooks:
         # layer's values: handed over before the pattern
         norms = None if any(n is None for n in norms) else norms[0] if len(norms) == 1 else torch.cat(norms)
         masks = self.gathered.masks_for(len(layers))
-        batch = _attention_batch(pattern, masks, self.model, self.config, query_start, norms)
+        batch = _attention_batch(pattern, masks, self.model, self.config, query_start, norms,
+                                 self._window(layers[0], pattern.shape[-1]))
         return {"attention": batch, "value": _value_batch(batch) if self.weighted and norms is not None else None}
+
+    def _window(self, layer: int, n_keys: int) -> int | None:
+        """The layer's sliding window where it hides some of these `n_keys` keys from some query, else None (a
+        window as long as the segment changes nothing, and every number stays that of full attention)."""
+        window = self.model.window(layer)
+        return window if window is not None and window < n_keys - 1 else None
 
     def _score_waiting(self) -> None:
         """Eager mode: score the layers whose patterns wait, together (see the module docstring)."""
@@ -292,7 +302,8 @@ class LayerHooks:
         layers = [layer for layer, _ in waiting]
         pattern = waiting[0][1] if len(waiting) == 1 else torch.cat([p for _, p in waiting])  # (layers * batch, ...)
         del waiting  # the layers' own patterns can go before scoring: the stacked copy holds them
-        scored = _score(self._batches(pattern, layers), self.columns, shared=gathered.chance.setdefault(0, {}),
+        window = self._window(layers[0], pattern.shape[-1])
+        scored = _score(self._batches(pattern, layers), self.columns, shared=gathered.chance.setdefault((0, window), {}),
                         stacked=len(layers))
         gathered.scored[tuple(layers)] = scored
 
@@ -307,9 +318,12 @@ class LayerHooks:
         if whole:  # eager, or chunked with the layer in one block: the whole pattern, scored with the layers waiting
             waiting, size = gathered.waiting, pattern.numel() * 4  # bytes, as float32
             held = sum(p.numel() for _, p in waiting) * 4
-            # a device map puts this layer elsewhere, or it would take the group past STACK_BYTES: the group
-            # waiting is scored first (a group is never larger than STACK_BYTES or one layer's pattern)
-            if waiting and (waiting[0][1].device != pattern.device or held + size > STACK_BYTES):
+            # a device map puts this layer elsewhere, it has another sliding window, or it would take the group
+            # past STACK_BYTES: the group waiting is scored first (a group is never larger than STACK_BYTES or
+            # one layer's pattern)
+            n_keys = pattern.shape[-1]
+            if waiting and (waiting[0][1].device != pattern.device or held + size > STACK_BYTES
+                            or self._window(waiting[0][0], n_keys) != self._window(layer, n_keys)):
                 self._score_waiting()
                 held = 0
             gathered.waiting.append((layer, pattern))
@@ -331,7 +345,8 @@ class LayerHooks:
             part = syntax.word_attention(raw, words.token_word, words.n_words, where.start)  # (batch, head, word, word)
             gathered.word_attention[layer] = gathered.word_attention.get(layer, 0) + part
             if where.stop == where.n_queries:
-                words_chance = gathered.chance.setdefault("words", {})  # from the words alone: once per batch
+                # from the words (and the window) alone: once per batch and window
+                words_chance = gathered.chance.setdefault(("words", batch.window), {})
                 if self.syntax not in words_chance:
                     words_chance[self.syntax] = self.syntax.chance_sums(batch)
                 given[self.syntax] = (*syntax.accuracy_of(gathered.word_attention.pop(layer), words),
@@ -339,7 +354,7 @@ class LayerHooks:
             else:
                 zeros = torch.zeros((*pattern.shape[:2], len(syntax.COLUMNS)), dtype=torch.float32, device=pattern.device)
                 given[self.syntax] = (zeros, zeros, zeros[:, :1])
-        scored = _score(scoring, self.columns, given, shared=gathered.chance.setdefault(where.start, {}))
+        scored = _score(scoring, self.columns, given, shared=gathered.chance.setdefault((where.start, batch.window), {}))
         gathered.scored[layer,] = _add_scores(gathered.scored[layer,], scored) if where.start else scored
         return None
 
@@ -348,7 +363,8 @@ class LayerHooks:
         self.gathered.norms[layer] = values.value_norms(v, factor=self.capture.factors[layer])  # (batch, head, k)
         if self.capture.directions is not None:  # the null head's output, for dla's chance
             self.gathered.uniform[layer] = values.uniform_values(v, self.gathered.masks.counts.to(v.device),
-                                                                 causal=self.model.causal, n_heads=self.model.n_heads)
+                                                                 causal=self.model.causal, n_heads=self.model.n_heads,
+                                                                 window=self._window(layer, v.shape[1]))
 
     def head_outputs(self, z, layer: int) -> None:
         """(batch, q, head, d_head): each head's output before W_O."""

@@ -56,7 +56,7 @@ class Architecture:
         """What tests/test_architectures.py checks for this row."""
         paths = "bridge and hf_hooks" if self.path == "transformer_lens" else "hf_hooks"
         bos = "; BOS on and off" if self.causal else ""
-        return f"{paths}: every heads metric = HF eager attention to 1e-6{bos}"
+        return f"{paths}: every heads metric and its chance = HF eager attention to 1e-6{bos}"
 
 
 def _encoder(**extra) -> dict:
