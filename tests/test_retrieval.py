@@ -8,6 +8,7 @@
   and a sliding-window model whose heads see nothing beyond their window scores exactly 0.
 """
 
+import dataclasses
 import inspect
 import json
 import re
@@ -25,6 +26,8 @@ from headscan.config import RetrievalConfig
 from headscan.corpus.needles import TEMPLATES, read_needles, sentences
 from headscan.corpus.rouge import porter_stem, rouge1_recall
 from headscan.errors import ModelLoadError, SweepInterrupted, TablesError
+from headscan.metrics import AttentionBatch
+from headscan.metrics.retrieval import chance_steps
 from headscan.models.decode import PREFILL_CHUNK
 from headscan.testing import build_architecture_checkpoint, build_retrieval_checkpoint, build_tiny_checkpoint
 
@@ -193,6 +196,71 @@ def test_a_prompt_prefilled_in_pieces_gives_the_one_pass_rows_of_a_rotary_model(
             torch.testing.assert_close(step.rows[layer][0, :, 0], row, atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("name", ["mistral", "gemma2"])
+def test_decoding_rows_of_sliding_window_layers_sit_at_their_positions(tmp_path, name):
+    """A sliding-window layer's cache keeps only its last 6 keys; each step's row still has one entry per position,
+    equal to the last row of Hugging Face's eager attention over the whole sequence, without a cache (0 before
+    the window), and the tokens are that model's greedy ones."""
+    from transformers import AutoModelForCausalLM
+
+    from headscan.models import load_model
+    from headscan.models.decode import greedy_decode
+
+    folder = build_architecture_checkpoint(tmp_path / name, name, seed=1)
+    model = load_model(str(folder))
+    prompt = torch.randint(10, model.tokenizer.vocab_size, (20,), generator=torch.Generator().manual_seed(0)).tolist()
+    steps = []
+    generated = greedy_decode(model, prompt, steps.append, max_new_tokens=4, stop=lambda t: False, prefill_chunk=8)
+    reference = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    ids = list(prompt)
+    for step, token in zip(steps, generated, strict=True):
+        assert step.position == len(ids) - 1
+        with torch.no_grad():
+            out = reference(torch.tensor([ids]), output_attentions=True, use_cache=False)
+        assert int(out.logits[0, -1].argmax()) == token
+        for layer, attention in enumerate(out.attentions):
+            torch.testing.assert_close(step.rows[layer][0, :, 0], attention[0, :, -1], atol=1e-6, rtol=0)
+        assert (step.rows[0][0, :, 0, : len(ids) - 6] == 0).all()  # layer 0's window: the last 6 keys
+        ids.append(token)
+
+
+def test_chance_of_a_step_counts_only_the_keys_inside_a_sliding_window():
+    """By hand: 10 keys, the step's query at 9, needle keys 5..7 holding tokens 4, 8, 8, token 8 generated. With
+    no window the null head sees all 10 keys and 2 of them are targets; with a window of 3 it sees keys 6..9,
+    two of them targets (6 and 7); with a window of 1, keys 8 and 9, none."""
+    tokens = torch.tensor([[1, 2, 3, 1, 2, 4, 8, 8, 5, 6]])
+    needle = torch.zeros(1, 10, dtype=torch.bool)
+    needle[0, 5:8] = True
+    every = torch.ones(1, 10, dtype=torch.bool)
+    batch = AttentionBatch(torch.full((1, 2, 1, 10), 0.1), every[:, -1:], every, tokens, ~every, True, query_start=9,
+                           needle=needle, generated=torch.tensor([8]))
+    assert chance_steps(batch).tolist() == [pytest.approx(2 / 10)]
+    assert chance_steps(dataclasses.replace(batch, window=3)).tolist() == [pytest.approx(2 / 4)]
+    assert chance_steps(dataclasses.replace(batch, window=1)).tolist() == [0.0]
+
+
+def test_a_retrieval_run_on_a_model_with_local_and_global_layers_has_a_chance_per_layer(tmp_path, monkeypatch):
+    """Gemma 2's layer 0 sees its last 6 keys, layer 1 every key: the run decodes (each step's rows at their
+    positions; they were 6 and n keys long, and did not stack), and each layer's chance comes from a null head
+    with that layer's window (the step's chance stands in as the window, 5, or 100 for none), the same for every
+    head of the layer."""
+    monkeypatch.setattr("headscan.scan.trials.chance_steps",
+                        lambda batch: torch.tensor([5.0 if batch.window == 5 else 100.0 if batch.window is None else -1]))
+    folder = build_architecture_checkpoint(tmp_path / "gemma2", "gemma2")
+    needles = tmp_path / "needles.jsonl"
+    needles.write_text(json.dumps({"needle": f"The three words are {ANSWER}.", "question": QUESTION,
+                                   "answer": ANSWER}) + "\n")
+    haystack = tmp_path / "haystack.txt"
+    haystack.write_text(HAYSTACK * 10)
+    run = headscan.retrieval(str(folder), str(haystack), tmp_path / "out", needles=str(needles), lengths=(120,),
+                             depths=(0.5,), bootstrap=0, max_new_tokens=4)
+    trials = run["retrieval_trials"]
+    assert trials["span_found"].all()
+    per_layer = trials.groupby("layer")["chance"]
+    assert (per_layer.nunique() == 1).all()  # one null head per layer
+    assert per_layer.first()[0] > 0 and per_layer.first()[1] == 20 * per_layer.first()[0]
+
+
 # --- the planted check ------------------------------------------------------------------------------------------
 
 
@@ -331,16 +399,22 @@ def test_streaming_equals_a_plain_eager_computation_on_a_1k_segment(tmp_path):
 
 def test_a_sliding_window_model_loses_nothing_beyond_its_window(tmp_path):
     """Mistral's heads see only the last 6 keys (its sliding window): with no sink and a window of 6, the
-    streaming score is exactly 0 for every head, eager or chunked; with a window of 3 it is not."""
+    streaming score is exactly 0 for every head, eager or chunked, and so is its chance (the null head sees the
+    window too); with a window of 3 it is not, and chance is, by hand, the mean over the queries q >= 3 of the
+    share of the keys q sees (min(6, q + 1)) that the cache drops (keys 0 .. q - 3 among them: min(3, q - 2))."""
     folder = build_architecture_checkpoint(tmp_path / "mistral", "mistral")
     texts = [" ".join(HAYSTACK.split() * 3)]
     for attention in ("eager", "chunked"):
         tables = headscan.sweep(str(folder), texts, max_len=100, attention=attention, query_chunk=16, sink=0, recent=6,
                                 bootstrap=0, values=False)
         rows = tables.heads[tables.heads["metric"] == "streaming"]
-        assert rows["count"].min() > 50 and rows["value"].abs().max() <= 1e-9
+        assert rows["count"].min() > 50 and rows["value"].abs().max() <= 1e-9 and rows["chance"].abs().max() <= 1e-12
     narrower = headscan.sweep(str(folder), texts, max_len=100, sink=0, recent=3, bootstrap=0, values=False)
-    assert narrower.heads.loc[narrower.heads["metric"] == "streaming", "value"].min() > 1e-3
+    rows = narrower.heads[narrower.heads["metric"] == "streaming"]
+    assert rows["value"].min() > 1e-3
+    n = int(rows["count"].iloc[0]) + 3  # the segment's tokens: queries 0, 1 and 2 lose nothing and do not count
+    by_hand = np.mean([min(3, q - 2) / min(6, q + 1) for q in range(3, n)])
+    np.testing.assert_allclose(rows["chance"].to_numpy(), by_hand, rtol=0, atol=1e-12)
 
 
 # --- the report -----------------------------------------------------------------------------------------------------

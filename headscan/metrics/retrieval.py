@@ -46,7 +46,9 @@ def copying_steps(batch: AttentionBatch) -> tuple[torch.Tensor, torch.Tensor]:
 def chance_steps(batch: AttentionBatch) -> torch.Tensor:
     """(batch,) the probability that a key drawn uniformly from those the last query sees (and that count) is
     a needle key holding the generated token: what a head attending uniformly would score at this step."""
-    visible = batch.key_mask  # (batch, k): a decoding step's query sees every key before it
+    keys = batch.key_positions
+    # (batch, k): a decoding step's query sees every key before it, within a sliding window where there is one
+    visible = batch.key_mask & batch.sees(batch.query_positions[-1] - keys)[None, :]
     targets = batch.needle & visible & (batch.tokens == batch.generated[:, None])  # (batch, k)
     return targets.sum(-1).to(batch.pattern.dtype) / visible.sum(-1).clamp_min(1).to(batch.pattern.dtype)
 

@@ -12,7 +12,8 @@ against Hugging Face's in tests/test_retrieval.py).
 
 Each step hands `each` a `Step`: the token it chose (the argmax of the last position's logits; ties to the
 lowest id) and every layer's attention row of the query that chose it, (1, head, 1, k) float32, the rows
-eager attention gives.
+eager attention gives. A sliding-window layer's cache keeps only its window's keys; its row is put back at
+their positions, with 0 on the keys before the window, so every row has one entry per position.
 
 This module does not score heads (see `headscan.metrics.retrieval`) or build prompts.
 """
@@ -88,11 +89,21 @@ def greedy_decode(model: HookedModel, prompt: Sequence[int], each: Callable[[Ste
             logits, cache = forward(fed, cache)  # (1, 1, vocab)
             token = int(logits[0, -1].argmax())
             generated.append(token)
-            each(Step(token, position, dict(rows)))
+            each(Step(token, position, {layer: _at_positions(row, position + 1) for layer, row in rows.items()}))
             if stop(token):
                 break
             fed, position = torch.tensor([[token]], dtype=torch.long, device=model.device), position + 1
     return generated
+
+
+def _at_positions(row: torch.Tensor, n_keys: int) -> torch.Tensor:
+    """(1, head, 1, k) -> (1, head, 1, n_keys): a sliding-window layer's cache holds only its last k keys, so its
+    row covers positions n_keys - k .. n_keys - 1; the keys it no longer holds get weight 0, as in eager
+    attention's row over the whole sequence."""
+    missing = n_keys - row.shape[-1]
+    if missing < 0:
+        raise RuntimeError(f"a decoding row has {row.shape[-1]} keys, more than the {n_keys} positions decoded so far")
+    return torch.nn.functional.pad(row, (missing, 0)) if missing else row
 
 
 def language_model(model: HookedModel):

@@ -191,7 +191,10 @@ def _trial(model, corpus, needle, plan, config: RetrievalConfig, bos, specials: 
     tokens = list(prompt.ids)
     span = prompt.answer or (0, 0)  # no span found: no key is a needle key, and the trial is left out of the scores
     hits = torch.zeros((model.n_layers, model.n_heads), dtype=torch.float64)
-    chance = [0.0]
+    chance = np.zeros(model.n_layers)  # (layer,): a sliding-window layer's null head sees only its window
+    windows = {}  # window -> the layers that have it
+    for layer in range(model.n_layers):
+        windows.setdefault(model.window(layer), []).append(layer)
     retrieval = METRICS["retrieval"].function
 
     def each(step) -> None:
@@ -205,7 +208,8 @@ def _trial(model, corpus, needle, plan, config: RetrievalConfig, bos, specials: 
                                needle=needle_keys.expand(layers, -1),
                                generated=torch.tensor([step.token], device=rows.device).expand(layers))
         hits.add_(retrieval(batch)[0].double().cpu())  # (layer, head)
-        chance[0] += float(chance_steps(batch)[0])
+        for window, layers_of in windows.items():  # one null head per window, not per layer
+            chance[layers_of] += float(chance_steps(dataclasses.replace(batch, window=window))[0])
         tokens.append(step.token)
 
     def stop(token: int) -> bool:
@@ -219,7 +223,7 @@ def _trial(model, corpus, needle, plan, config: RetrievalConfig, bos, specials: 
             "tokens": len(prompt.ids), "sentences": prompt.sentences,
             "answer": list(prompt.answer) if prompt.answer else None, "generated": generated, "response": response,
             "recall": recall, "passed": recall > config.gate, "hits": hits.to(torch.int64).tolist(),
-            "chance": chance[0], "seconds": round(time.perf_counter() - started, 3)}
+            "chance": chance.tolist(), "seconds": round(time.perf_counter() - started, 3)}
 
 
 def _summary(records: list[dict], config: RetrievalConfig, bos: bool) -> dict:
@@ -245,7 +249,9 @@ def _tables(model, records: list[dict], config: RetrievalConfig) -> dict[str, pd
     found = length > 0
     with np.errstate(invalid="ignore", divide="ignore"):
         score = hits / length[:, None, None]  # (trial, layer, head); NaN where no span was found
-        chance = np.array([r["chance"] for r in records]) / length  # (trial,)
+        # (trial, layer); a trial kept from a run before chance was per layer holds one number for all
+        chance = np.array([np.broadcast_to(np.asarray(r["chance"], dtype=np.float64), (n_layers,)) for r in records])
+        chance = chance / length[:, None]
     nan = float("nan")
     trials = []
     for i, record in enumerate(records):
@@ -255,7 +261,7 @@ def _tables(model, records: list[dict], config: RetrievalConfig) -> dict[str, pd
             "depth": record["depth"], "needle": record["needle"], "tokens": record["tokens"],
             "needle_position": record["answer"][0] if record["answer"] else pd.NA, "steps": len(record["generated"]),
             "response": record["response"], "recall": record["recall"], "passed": record["passed"],
-            "span_found": bool(found[i]), "chance": chance[i]}))
+            "span_found": bool(found[i]), "chance": np.repeat(chance[i], n_heads)}))
     passed = np.array([r["passed"] for r in records]) & found
     ids = np.array([r["trial"] for r in records])
     rows = []
@@ -269,10 +275,10 @@ def _tables(model, records: list[dict], config: RetrievalConfig) -> dict[str, pd
 def _over_trials(scores: np.ndarray, chance: np.ndarray, trial_ids: np.ndarray,
                  config: RetrievalConfig) -> dict[str, np.ndarray]:
     """The value columns of the mean over trials of `scores` (trial, layer, head), each trial one bootstrap unit
-    weighted by draws keyed on its index (`headscan.intervals`); `chance` (trial,) is each trial's chance level,
-    the same for every head, averaged over the same trials."""
+    weighted by draws keyed on its index (`headscan.intervals`); `chance` (trial, layer) is each trial's chance
+    level, the same for every head of a layer, averaged over the same trials."""
     counts = np.ones_like(scores)
-    chance_sums = np.broadcast_to(chance.sum(), scores.shape[1:]).copy()  # (layer, head)
+    chance_sums = np.broadcast_to(chance.sum(0)[:, None], scores.shape[1:]).copy()  # (layer, head)
     weights = intervals.bootstrap_weights(trial_ids.tolist(), config.bootstrap, config.seed)  # (replicate, trial)
     state = PartialState({}, None, scores.sum(0), counts.sum(0), np.einsum("rt,tlh->rlh", weights, scores),
                          np.einsum("rt,tlh->rlh", weights, counts), intervals.unit_moments(scores, counts),
