@@ -19,6 +19,7 @@ from headscan import SweepConfig
 from headscan.corpus import Corpus, Segment
 from headscan.models import load_model
 from headscan.scan import sweep_model
+from headscan.scan.plan import fingerprint
 from headscan.testing.architectures import ARCHITECTURES, build_architecture_checkpoint, support_matrix_markdown
 
 SENTENCES = [
@@ -139,7 +140,9 @@ def _reference(path: str, ids: list[list[int]], causal: bool, sep: int | None) -
                     if others:
                         add("duplicate_token", sum(row[j] for j in others), uniform * len(others))
                     # q-1 and q are never induction targets: a previous-token or self head would score there
-                    targets = {j + 1 for j in others if j + 1 < n and j + 1 not in (q - 1, q) and j + 1 in visible}
+                    # (under a sliding window j + 1 must be seen, j need not be)
+                    targets = {j + 1 for j in (range(q) if causal else range(n))
+                               if j != q and tokens[j] == tokens[q] and j + 1 not in (q - 1, q) and j + 1 in visible}
                     if targets:
                         add("induction", sum(row[k] for k in targets), uniform * len(targets))
     with np.errstate(invalid="ignore"):
@@ -207,3 +210,6 @@ def test_provenance_names_each_layers_sliding_window(checkpoint, name, windows):
     model = load_model(checkpoint(name), device="cpu")
     assert model.provenance().get("attention_windows") == windows
     assert "attention_not_modelled" not in model.provenance()
+    # a state saved before windows were read (no entry) does not resume a windowed model's sweep; others resume
+    corpus = Corpus("test", "text", "", (Segment(SENTENCES[0], 1),))
+    assert fingerprint(model, corpus, CONFIG)["model"].get("windows") == windows

@@ -107,10 +107,11 @@ def loop_chance(name, batch, heads):
                 elif name == "distance":
                     add(sum(x * abs(q - k) for k, x in p.items()))
                 elif name in ("duplicate_token", "induction"):
-                    others = [j for j in seen if j != q and tokens[b, j] == tokens[b, q]]
-                    targets = others if name == "duplicate_token" else [
-                        j + 1 for j in others if j + 1 < N and key[b, j + 1] and j + 1 not in (q - 1, q)
-                        and (batch.window is None or abs(q - j - 1) <= batch.window)]
+                    # under a sliding window an occurrence j must be seen, an induction target j + 1 too (not j)
+                    occurrences = [j for j in keys if j != q and tokens[b, j] == tokens[b, q] and (not batch.causal or j < q)]
+                    targets = [j for j in occurrences if j in seen] if name == "duplicate_token" else [
+                        j + 1 for j in occurrences if j + 1 < N and key[b, j + 1] and j + 1 not in (q - 1, q)
+                        and j + 1 in seen]
                     if targets:
                         add(sum(p.get(k, 0.0) for k in targets))
                 elif name == "offsets":

@@ -318,3 +318,17 @@ def test_the_position_tables_axis_is_the_buckets_below_the_sweeps_max_len():
     for name in ("first_token_by_position", "distance_by_position"):
         assert METRICS[name].axis.values(SweepConfig(max_len=8)) == [(0,), (1,), (2,), (4,)]
         assert METRICS[name].axis.values(SweepConfig(max_len=9)) == [(0,), (1,), (2,), (4,), (8,)]
+
+
+def test_under_a_sliding_window_an_induction_target_counts_when_seen_even_if_its_occurrence_is_not():
+    """Tokens A B C A, causal, window 2: query 3 sees keys 1..3. Key 1 follows A's earlier occurrence at 0, which
+    the window hides; a head finds key 1 through what its residual holds of position 0, so key 1 is a target.
+    duplicate_token counts only occurrences the query sees: none here."""
+    pattern = torch.zeros(1, 1, 4, 4)
+    pattern[0, 0, torch.arange(4), torch.tensor([0, 0, 1, 1])] = 1.0  # query 3 puts all its weight on key 1
+    real = torch.ones(1, 4, dtype=torch.bool)
+    batch = AttentionBatch(pattern, real, real, torch.tensor([[7, 8, 9, 7]]), ~real, True, window=2)
+    assert METRICS["induction"].function(batch)[0].item() == 1.0
+    assert METRICS["induction"].function(batch)[1].item() == 1.0
+    assert METRICS["duplicate_token"].function(batch)[1].item() == 0.0
+    assert METRICS["duplicate_token"].function(dataclasses.replace(batch, window=None))[1].item() == 1.0

@@ -140,7 +140,8 @@ def self_attention(batch: AttentionBatch):
 
 
 def _first_chance(batch: AttentionBatch):
-    """1/n at each query, n the keys it sees: 1/(q+1) at position q of a causal model whose every token counts."""
+    """1/n at each query, n the keys it sees: 1/(q+1) at position q of a causal model whose every token counts
+    (and no sliding window hides the first token: then 0)."""
     _, valid = _first_token_per_query(batch)
     return mean_over_queries(batch.null.first, valid)[0]
 
@@ -218,7 +219,7 @@ def entropy_norm(batch: AttentionBatch):
 
 def _distance_chance(batch: AttentionBatch):
     """The mean of |q - k| over the keys k that count and that the query sees: q/2 at position q of a causal
-    model whose every token counts."""
+    model whose every token counts and that has no sliding window (d/2 once q is past a window reaching d back)."""
     return mean_over_queries(batch.null.distance(), batch.query_mask)[0]
 
 
@@ -277,8 +278,9 @@ def _induction_chance(batch: AttentionBatch):
 def duplicate_token(batch: AttentionBatch):
     """Mean total attention on the other occurrences of the query's own token.
 
-    Counts the real queries whose token occurs elsewhere in the segment: earlier (causal models), or earlier
-    or later (bidirectional models, where all other occurrences are visible).
+    Counts the real queries whose token occurs elsewhere in the segment where the query can see it: earlier
+    (causal models), or earlier or later (bidirectional models), and within the layer's sliding window where
+    it has one.
     """
     return _attention_on(batch, batch.other_occurrences)
 
@@ -292,7 +294,8 @@ def induction(batch: AttentionBatch):
     token after the earlier occurrence"); on the `repeat-random` corpus these are the queries of the second
     copy. Bidirectional models: any j != q, so a first-copy query's target lies in the second copy; the
     score then means "attends to what followed this token elsewhere", which a bidirectional model can also
-    do by looking ahead. Counts the real queries with at least one target.
+    do by looking ahead. Under a sliding window a target k must lie in the window (j need not: a head finds k
+    through what k's residual stream holds of j). Counts the real queries with at least one target.
 
     q-1 and q are excluded because a positional head looks there whatever the tokens: on natural text token
     q-2 often equals token q (", x ," or "the x the"), which would make q-1 a target, and "x x" would make q
@@ -332,7 +335,7 @@ def _bucket_axis(config) -> list[tuple]:
 
 def _first_by_position_chance(batch: AttentionBatch):
     """1/n at each query, n the keys it sees, averaged over the bucket's queries: 1/(q+1) at position q of a
-    causal model whose every token counts."""
+    causal model whose every token counts and that has no sliding window."""
     _, valid = _first_token_per_query(batch)
     return _by_bucket(batch.null.first, valid, batch)[0]
 
@@ -351,7 +354,7 @@ def first_token_by_position(batch: AttentionBatch):
 def _distance_by_position_chance(batch: AttentionBatch):
     """The same sum, first token left out, under uniform attention over the keys that count and that the query
     sees, averaged over the bucket's queries: q(q - 1) / (2(q + 1)), about q/2, at position q of a causal model
-    whose every token counts."""
+    whose every token counts and that has no sliding window."""
     return _by_bucket(batch.null.distance(skip_first=True), batch.query_mask, batch)[0]
 
 

@@ -149,20 +149,29 @@ class AttentionBatch:
     def other_occurrences(self) -> torch.Tensor:
         """(batch, q, k) bool: key k holds the query's token at another position that the query sees.
 
-        Earlier positions only for causal models; both count.
+        Earlier positions only for causal models; within the layer's sliding window where it has one; both
+        count.
         """
+        same = self._occurrences
+        if self.window is None:
+            return same
+        return same & self.sees(self.query_positions[:, None] - self.key_positions[None, :])
+
+    @cached_property
+    def _occurrences(self) -> torch.Tensor:
+        """(batch, q, j) bool: j holds the query's token at another position (earlier in a causal model), both
+        counting, whether or not a sliding window shows j."""
         queries, keys = self.query_positions, self.key_positions
         same = self.tokens[:, queries, None] == self.tokens[:, None, :]  # (batch, q, k)
         other = keys[None, :] < queries[:, None] if self.causal else keys[None, :] != queries[:, None]  # (q, k)
-        if self.window is not None:
-            other = other & self.sees(queries[:, None] - keys[None, :])
         return same & other & self.query_mask[:, :, None] & self.key_mask[:, None, :]
 
     @cached_property
     def induction_targets(self) -> torch.Tensor:
         """(batch, q, k) bool: the keys k = j + 1 after another occurrence j of the query's token (see `induction`),
-        k counting, seen by the query (a bidirectional window may hide j + 1) and neither q - 1 nor q."""
-        same = self.other_occurrences  # (batch, q, j)
+        k counting, seen by the query, and neither q - 1 nor q. Under a sliding window k must be in it, j need
+        not be: a head finds k through what k's own residual stream holds of j."""
+        same = self._occurrences  # (batch, q, j)
         targets = torch.zeros_like(same)
         targets[..., 1:] = same[..., :-1]  # a fresh tensor, so writing into it is safe: k = j + 1
         gap = self.key_positions[None, :] - self.query_positions[:, None]  # (q, k): k - q

@@ -275,7 +275,7 @@ def direct_logit_attribution(z: torch.Tensor, W_O: torch.Tensor, final_scale: to
 
 def _moved_chance(batch: AttentionBatch):
     """The mean of ||f(x_k)|| over the keys the query sees, over its mean over the segment's keys that count:
-    exactly 1 for a bidirectional model, whose queries see every key."""
+    exactly 1 for a bidirectional model whose queries see every key (no sliding window)."""
     norms = batch.value_norms.to(torch.float64)  # (batch, head, k)
     keys = batch.key_mask.to(norms.dtype)  # (batch, k)
     mean = (norms * keys[:, None, :]).sum(-1) / keys.sum(-1).clamp_min(1)[:, None]  # (batch, head)

@@ -50,6 +50,9 @@ def attention_windows(config, n_layers: int, *, causal: bool) -> tuple[int | Non
     >>> attention_windows(Gemma2Config(sliding_window=6, num_hidden_layers=2,
     ...                                layer_types=["sliding_attention", "full_attention"]), 2, causal=True)
     (5, None)
+    >>> from transformers import ModernBertConfig  # a local window of 1: each query sees itself alone
+    >>> attention_windows(ModernBertConfig(num_hidden_layers=3, local_attention=1), 3, causal=False)
+    (None, 0, 0)
     """
     kinds = _layer_kinds(config, n_layers)
     if "sliding" not in kinds:
@@ -58,7 +61,7 @@ def attention_windows(config, n_layers: int, *, causal: bool) -> tuple[int | Non
         width = int(config.window_size) - 1  # GPT-Neo: window_size keys, the query's own included
     else:
         size = getattr(config, "sliding_window", None)
-        if not size:
+        if size is None:
             return (None,) * n_layers
         width = int(size) - 1 if causal else int(size)
     return tuple(width if kind == "sliding" else None for kind in kinds)

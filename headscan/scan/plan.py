@@ -83,7 +83,10 @@ def fingerprint(model: HookedModel, corpus: Corpus, config: SweepConfig) -> dict
     return {
         "headscan": __version__,
         "model": {"name": model.name, "id": model.id, "revision": model.revision,
-                  "control": model.extra.get("control"), "control_seed": model.extra.get("control_seed")},
+                  "control": model.extra.get("control"), "control_seed": model.extra.get("control_seed"),
+                  # chance and the occurrence metrics see only a sliding window: a state from before headscan
+                  # read windows (no entry) does not resume into one that does
+                  **({"windows": list(model.windows)} if model.windows else {})},
         "corpus": {"source": corpus.source, "kind": corpus.kind, "sha256": corpus.sha256},
         "settings": {name: getattr(resolve_unit(corpus, config)[0], name) for name in FINGERPRINT_FIELDS},
         "columns": [_column_name(column) for column in columns_of(config, has_words(corpus.kind))],
