@@ -188,6 +188,7 @@ class HookedModel:
 
     def provenance(self) -> dict:
         config = self.hf_model.config
+        not_modelled = window_notes(config.get_text_config(), self.n_layers)  # chance as for full attention there
         return {
             "name": self.name,
             "source": self.source,
@@ -208,6 +209,6 @@ class HookedModel:
             "special_token_ids": self.special_token_ids,
             "prepend_bos": self.fed_bos(),
             **({"attention_windows": list(self.windows)} if self.windows else {}),
-            **({"attention_not_modelled": notes} if (notes := window_notes(config.get_text_config(), self.n_layers)) else {}),
+            **({"attention_not_modelled": not_modelled} if not_modelled else {}),
             **self.extra,
         }

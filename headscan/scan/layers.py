@@ -303,8 +303,8 @@ class LayerHooks:
         pattern = waiting[0][1] if len(waiting) == 1 else torch.cat([p for _, p in waiting])  # (layers * batch, ...)
         del waiting  # the layers' own patterns can go before scoring: the stacked copy holds them
         window = self._window(layers[0], pattern.shape[-1])
-        scored = _score(self._batches(pattern, layers), self.columns, shared=gathered.chance.setdefault((0, window), {}),
-                        stacked=len(layers))
+        shared = gathered.chance.setdefault((0, window), {})
+        scored = _score(self._batches(pattern, layers), self.columns, shared=shared, stacked=len(layers))
         gathered.scored[tuple(layers)] = scored
 
     def pattern(self, layer: int, pattern, hook):  # `hook`: TransformerLens passes it by that name; a QueryBlock in chunked mode
@@ -354,7 +354,8 @@ class LayerHooks:
             else:
                 zeros = torch.zeros((*pattern.shape[:2], len(syntax.COLUMNS)), dtype=torch.float32, device=pattern.device)
                 given[self.syntax] = (zeros, zeros, zeros[:, :1])
-        scored = _score(scoring, self.columns, given, shared=gathered.chance.setdefault((where.start, batch.window), {}))
+        shared = gathered.chance.setdefault((where.start, batch.window), {})
+        scored = _score(scoring, self.columns, given, shared=shared)
         gathered.scored[layer,] = _add_scores(gathered.scored[layer,], scored) if where.start else scored
         return None
 

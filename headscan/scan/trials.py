@@ -292,7 +292,9 @@ def _over_trials(scores: np.ndarray, chance: np.ndarray, trial_ids: np.ndarray,
 def _fingerprint(model, corpus, about: dict, config: RetrievalConfig) -> dict:
     """What a kept trial must share with this run to be reused: all that changes a trial's prompt or decoding."""
     settings = {k: v for k, v in config.to_json().items() if k not in ("device", "bootstrap", "interval", "query_chunk")}
-    return {"headscan": __version__, "model": {"name": model.name, "id": model.id, "revision": model.revision},
+    # windows: a trial decoded before sliding windows were read misplaced their rows; it is not reused
+    return {"headscan": __version__, "model": {"name": model.name, "id": model.id, "revision": model.revision,
+                                               **({"windows": list(model.windows)} if model.windows else {})},
             "corpus": {"source": corpus.source, "sha256": corpus.sha256}, "needles": about["sha256"],
             "settings": settings}
 
