@@ -39,7 +39,7 @@ reports: setup
 	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --corpus $(EWT) --similarity-sample 64 --out reports/runs/ewt-dev --device cpu -q --overwrite
 	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --corpus $(EWT) --control random-init --importance ablate --ablate-top 10 --importance-sample 256 --out reports/runs/ewt-dev-controls --device cpu -q --overwrite
 	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --corpus repeat-random --out reports/runs/repeat-random --device cpu -q --overwrite
-	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep -m smollm2 --corpus $(EWT) --limit 800 --pack sentences --max-len 2048 --attention chunked --batch-size 1 --out reports/runs/ewt-long --device cpu -q --overwrite
+	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep -m smollm2 --corpus $(EWT) --limit 2001 --pack sentences --max-len 2048 --attention chunked --batch-size 1 --out reports/runs/ewt-long --device cpu -q --overwrite
 	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/ewt-dev --out reports/ewt-dev
 	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/ewt-dev-controls --out reports/ewt-dev-controls
 	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/ewt-long --out reports/ewt-long
