@@ -27,9 +27,22 @@ from functools import cached_property
 
 import torch
 
-__all__ = ["NullHead"]
+__all__ = ["NullHead", "span_sums"]
 
 _F64 = torch.float64  # the null head's dtype (`NullHead.dtype` falls back to float32 where a device lacks it)
+
+
+def span_sums(cumulative: torch.Tensor, first: torch.Tensor, last: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Sums over the positions ``first[i] .. last[i]`` along `dim`, from `cumulative`, a cumulative sum along it:
+    each query's window of keys; `first` and `last` (q,) within the axis, `last` >= `first` - 1.
+
+    >>> span_sums(torch.tensor([1.0, 3.0, 6.0, 10.0]), torch.tensor([0, 1, 2]), torch.tensor([0, 2, 3]))
+    tensor([1., 5., 7.])
+    """
+    cumulative = cumulative.movedim(dim, -1)
+    zero = torch.zeros((), dtype=cumulative.dtype, device=cumulative.device)
+    before = torch.where(first > 0, cumulative[..., (first - 1).clamp_min(0)], zero)
+    return (cumulative[..., last] - before).movedim(-1, dim)
 
 
 class NullHead:
@@ -68,11 +81,7 @@ class NullHead:
         """(batch, H', k) a cumulative sum over the keys -> (batch, H', q) its sum over each query's window (with
         `behind`, over the window's keys up to the query's own)."""
         first, last = self._reach
-        if behind:
-            last = self._positions
-        before = cumulative[..., (first - 1).clamp_min(0)]
-        zero = torch.zeros((), dtype=cumulative.dtype, device=cumulative.device)
-        return cumulative[..., last] - torch.where(first > 0, before, zero)
+        return span_sums(cumulative, first, self._positions if behind else last)
 
     def seen(self, per_key: torch.Tensor) -> torch.Tensor:
         """(batch, H, k) -> (batch, H, q): the sum over the keys each query sees (at or before it when causal,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from .batch import AttentionBatch, mean_over_queries
+from .chance import span_sums
 from .registry import register
 
 __all__ = ["streaming", "outside_cache"]
@@ -44,16 +45,11 @@ def _streaming_chance(batch: AttentionBatch):
                            device=batch.pattern.device)
     cumulative = null.weights.cumsum(-1)  # (batch, H, k): the null head's weight on keys 0..k
     last = batch.query_positions - batch.recent  # (q,) the last dropped key of each query
-    dropped = cumulative[..., last.clamp_min(0)]  # (batch, H, q): weight on keys 0..q - W
+    # the first dropped key: the sink's end, or where a sliding window starts to show keys (q - window)
+    first = torch.full_like(last, batch.sink) if batch.window is None else (
+        batch.query_positions - batch.window).clamp_min(batch.sink)  # (q,)
     zero = torch.zeros((), dtype=null.dtype)
-    if batch.window is not None:  # a sliding window shows keys from q - window on: drop from there, or the sink
-        first = (batch.query_positions - batch.window).clamp_min(batch.sink)  # (q,)
-        dropped = dropped - torch.where(first > 0, cumulative[..., (first - 1).clamp_min(0)], zero)
-        amount = torch.where(last >= first, dropped, zero)
-    else:
-        if batch.sink > 0:
-            dropped = dropped - cumulative[..., batch.sink - 1: batch.sink]  # less the sink's keys 0..S - 1
-        amount = torch.where(last >= batch.sink, dropped, zero)
+    amount = torch.where(last >= first, span_sums(cumulative, first, last.clamp_min(0)), zero)  # (batch, H, q)
     valid = batch.query_mask & (batch.query_positions >= batch.sink + batch.recent)[None, :]
     return mean_over_queries(null.share(amount), valid)[0]
 

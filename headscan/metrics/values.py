@@ -29,6 +29,7 @@ import torch
 
 from ..errors import MetricError
 from .batch import AttentionBatch, mean_over_queries
+from .chance import span_sums
 from .registry import METRICS, register
 
 __all__ = ["output_norm_factor", "value_norms", "value_weighted", "final_norm_scale", "next_token_targets",
@@ -217,12 +218,7 @@ def uniform_values(v: torch.Tensor, key_mask: torch.Tensor, *, causal: bool, n_h
         positions = torch.arange(v.shape[1], device=v.device)
         first = (positions - window).clamp_min(0)
         last = positions if causal else (positions + window).clamp_max(v.shape[1] - 1)
-
-        def within(cumulative: torch.Tensor) -> torch.Tensor:  # (batch, k, ...) -> (batch, q, ...)
-            before = torch.where((first > 0)[:, None, None], cumulative[:, (first - 1).clamp_min(0)], 0.0)
-            return cumulative[:, last] - before
-
-        total, n = within(kept.cumsum(1)), within(mask.cumsum(1))
+        total, n = span_sums(kept.cumsum(1), first, last, dim=1), span_sums(mask.cumsum(1), first, last, dim=1)
     elif causal:
         total, n = kept.cumsum(1), mask.cumsum(1)  # (batch, q = k, kv_head, d_head), (batch, q, 1, 1)
     else:

@@ -139,8 +139,8 @@ def _norm_forward(norm):
 
 @contextlib.contextmanager
 def unobserved_norms(bridge):
-    """For the pass, the bridge's norms (None: no bridge, nothing to do) whose ``hook_scale`` and ``hook_normalized`` nobody hooks run as the
-    Hugging Face norm between their hook_in and hook_out.
+    """For the pass, the bridge's norms whose ``hook_scale`` and ``hook_normalized`` nobody hooks run as the
+    Hugging Face norm between their hook_in and hook_out (no bridge, None: nothing to do).
 
     TransformerLens' `NormalizationBridge` (native-autograd path) computes each norm's mean, variance, scale and
     normalised input on every call, to hand them to those two hook points, and then returns the Hugging Face

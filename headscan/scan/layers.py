@@ -302,9 +302,9 @@ class LayerHooks:
         layers = [layer for layer, _ in waiting]
         pattern = waiting[0][1] if len(waiting) == 1 else torch.cat([p for _, p in waiting])  # (layers * batch, ...)
         del waiting  # the layers' own patterns can go before scoring: the stacked copy holds them
-        window = self._window(layers[0], pattern.shape[-1])
-        shared = gathered.chance.setdefault((0, window), {})
-        scored = _score(self._batches(pattern, layers), self.columns, shared=shared, stacked=len(layers))
+        batches = self._batches(pattern, layers)
+        shared = gathered.chance.setdefault((0, batches["attention"].window), {})
+        scored = _score(batches, self.columns, shared=shared, stacked=len(layers))
         gathered.scored[tuple(layers)] = scored
 
     def pattern(self, layer: int, pattern, hook):  # `hook`: TransformerLens passes it by that name; a QueryBlock in chunked mode
