@@ -247,3 +247,25 @@ def test_models_command_says_how_each_spec_is_hooked(tmp_path):
         f"{distilbert}: DistilBertForMaskedLM (distilbert), hooked through hf_hooks",
         f"{gpt2}: GPT2LMHeadModel (gpt2), hooked through transformer_lens",
     ]
+
+
+@pytest.mark.parametrize("wanted", ["patterns", "head outputs", "residual"])
+def test_the_bridge_stops_at_the_last_thing_wanted_of_the_last_block(tiny_models, wanted):
+    model = tiny_models["gpt2"]
+    last = model.n_layers - 1
+    assert model.path == "transformer_lens"
+    ids = torch.tensor([model.token_ids(TEXTS)[0]])
+    got, mlp_calls = [], []
+    internals = {"patterns": {}, "head outputs": {"z": {last: lambda z, layer: got.append("z")}},
+                 "residual": {"out": {last: lambda residual, layer: got.append("out")}}}[wanted]
+    handle = model.bridge.blocks[last].mlp.register_forward_hook(lambda *args: mlp_calls.append(1))
+    try:
+        hooks = {layer: lambda pattern, hook, layer=layer: got.append(layer) for layer in range(model.n_layers)}
+        with model.pattern_forward(hooks, internals=internals) as forward:
+            forward(ids, torch.ones_like(ids))
+    finally:
+        handle.remove()
+    expected = {"patterns": [], "head outputs": ["z"], "residual": ["out"]}[wanted]
+    assert got == [*range(model.n_layers), *expected]
+    # the last block's MLP runs only when its residual is wanted: the sweep does not pay for what it never reads
+    assert mlp_calls == ([1] if wanted == "residual" else [])

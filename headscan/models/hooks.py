@@ -108,22 +108,30 @@ def bridge_forward(bridge, hooks: dict[int, Callable], last: int, internals: dic
     """Pattern hooks on ``blocks.{L}.attn.hook_pattern``, and `internals` ({kind: {layer: fn(tensor, layer)}}) on
     the hook points of `BRIDGE_INTERNALS`: values (batch, k, kv_head, d_head) with b_V, fired before the
     layer's pattern; per-head outputs (batch, q, head, d_head); the residual after block L (batch, q, d_model).
-    The pass stops after block `last` (its "out" internal, if any, is called first)."""
+    The pass stops at the last thing wanted of block `last`: its residual (its "out" internal, called first), else
+    its head outputs, else its pattern; the rest of the block (for a small model's last layer, most of its
+    arithmetic: the output projection and the MLP) is not run."""
+    internals = internals or {}
     fwd_hooks = [(f"blocks.{layer}.attn.hook_pattern", hook) for layer, hook in hooks.items()]
     final = None
-    for kind, by_layer in (internals or {}).items():
+    for kind, by_layer in internals.items():
         for layer, fn in by_layer.items():
             if kind == "out" and layer == last:
                 final = fn
             else:
                 fwd_hooks.append((f"blocks.{layer}.{BRIDGE_INTERNALS[kind]}", _handing(fn, layer)))
+    # a hook point's hooks run in the order they were added: the stop comes after the hook that reads there
+    if final is not None or (last not in hooks and last not in internals.get("z", {})):
+        stop_at = "hook_out"
+    else:
+        stop_at = BRIDGE_INTERNALS["z"] if last in internals.get("z", {}) else "attn.hook_pattern"
 
-    def stop(residual, hook):
+    def stop(tensor, hook):
         if final is not None:
-            final(residual, last)
-        _stop_after_block(residual, hook)
+            final(tensor, last)
+        _stop_after_block(tensor, hook)
 
-    with bridge.hooks(fwd_hooks=[*fwd_hooks, (f"blocks.{last}.hook_out", stop)]), unobserved_norms(bridge):
+    with bridge.hooks(fwd_hooks=[*fwd_hooks, (f"blocks.{last}.{stop_at}", stop)]), unobserved_norms(bridge):
         yield lambda input_ids, attention_mask: bridge(input_ids, attention_mask=attention_mask)
 
 
