@@ -8,9 +8,9 @@ repetition times, one after another and in alternating order:
                output_attentions=True, under torch.inference_mode(): the least work that yields every
                layer's attention pattern;
   hf_full      the same with the output head (BertForMaskedLM / LlamaForCausalLM): what the bridge wraps;
-  hooks_only   the bridge's hooked forward as the sweep runs it (pattern hooks, and with values the value,
-               head-output and final-residual hooks), each hook doing nothing: the floor no sweep through the
-               bridge can go below;
+  hooks_only   the bridge's hooked forward as the sweep runs it (the sweep's own hook points: patterns, and
+               with values the value hooks, plus head outputs and the final residual where dla is captured),
+               each hook doing nothing: the floor no sweep through the bridge can go below;
   sweep        headscan.scan.sweep_model: tokenising, the bridge's hooked forward, every metric on every
                layer, bootstrap replicates, and building the tables.
   unscored     the same sweep with no metric computed (the layer scorer returns nothing, so every column is
@@ -19,7 +19,8 @@ repetition times, one after another and in alternating order:
 
 Both HF baselines run over the very batches the sweep makes (same grouping, same padding). Prints medians
 and the ratios sweep / hf_attn (issue 22's goals: 1.3 for minilm, 1.2 for smollm2, 1.1 with --no-values over
-plain text), unscored / hf_attn, hooks_only / hf_attn and sweep / hf_full.
+plain text; also paired, each repetition's sweep over its own hf_attn), unscored / hf_attn, hooks_only /
+hf_attn and sweep / hf_full.
 
 `--cpu-time` runs on one thread and times the process's CPU time instead of the wall clock: steadier on a
 shared machine, where other jobs take the cores (one thread can shift the ratios a little against two).
@@ -49,7 +50,7 @@ from headscan.corpus import batches, encode, read_corpus  # noqa: E402
 from headscan.models import ALIASES, load_model
 from headscan.models.specs import _quiet  # noqa: E402
 from headscan import SweepConfig
-from headscan.scan import layers, sweep_model  # noqa: E402
+from headscan.scan import layers, reduce, sweep_model  # noqa: E402
 
 EWT = Path(__file__).resolve().parents[2] / "shared/data/ud-english-ewt/en_ewt-ud-dev.conllu"
 
@@ -115,16 +116,17 @@ def main() -> None:
 
         return run
 
+    # the very hook points the sweep attaches (values for value weighting; head outputs and the final residual
+    # only where dla is captured: a causal model with a final norm), each doing nothing
+    weights, unread = reduce._read_weights(model)
+    sweep_hooks = layers.LayerHooks(model, config, [], layers.capture_for(model, config, weights, unread)[0], False)
+
     def hooks_only():
         def nothing(*args, **kwargs):
             return None
 
-        layers = range(model.n_layers)
-        internals = None
-        if config.values:
-            internals = {"v": dict.fromkeys(layers, nothing), "z": dict.fromkeys(layers, nothing),
-                         "out": {model.n_layers - 1: nothing}}
-        with model.pattern_forward(dict.fromkeys(layers, nothing), internals=internals) as forward:
+        internals = {kind: dict.fromkeys(by_layer, nothing) for kind, by_layer in sweep_hooks.internals().items()}
+        with model.pattern_forward(dict.fromkeys(range(model.n_layers), nothing), internals=internals) as forward:
             for batch in fixed:
                 forward(batch.input_ids, batch.attention_mask.bool())
 
@@ -152,7 +154,11 @@ def main() -> None:
           f"clock={'cpu' if args.cpu_time else 'wall'}")
     for name, value in median.items():
         print(f"  {name:10} median {value:7.3f} s   (all: {', '.join(f'{t:.3f}' for t in times[name])})")
-    print(f"ratio sweep / hf_attn = {median['sweep'] / median['hf_attn']:.2f}")
+    # each repetition's own ratio, then their median and range: a slow spell of the machine slows both runs of
+    # one repetition, so paired ratios spread less than the medians' ratio drifts from day to day
+    paired = sorted(s / h for s, h in zip(times["sweep"], times["hf_attn"]))
+    print(f"ratio sweep / hf_attn = {median['sweep'] / median['hf_attn']:.2f}   (paired by repetition: median "
+          f"{statistics.median(paired):.2f}, range {paired[0]:.2f}-{paired[-1]:.2f})")
     print(f"ratio unscored / hf_attn = {median['unscored'] / median['hf_attn']:.2f}   (every metric free: the floor "
           f"for faster metrics)")
     print(f"ratio hooks_only / hf_attn = {median['hooks_only'] / median['hf_attn']:.2f}   (the bridge's floor)")
