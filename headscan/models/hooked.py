@@ -141,10 +141,10 @@ class HookedModel:
 
         Yields ``forward(input_ids, attention_mask)``. The hooks must not write into what they are handed; what
         they return is ignored on the ``hf_hooks`` path and replaces the pattern on the bridge, so return None.
-        The forward pass runs without autograd (inference mode) and stops at the last thing wanted of the last
-        hooked layer (its pattern, else its head outputs, else its residual), so the output head never runs
+        The forward pass runs without autograd (inference mode) and stops at the last hooked layer's pattern
+        when nothing else of that layer is wanted (else after its block), so the output head never runs
         (the vocabulary projection alone is about half of minilm's forward and a fifth of smollm2's:
-        benchmarks/bridge_overhead.py), nor, unless its residual is wanted, the last layer's MLP.
+        benchmarks/bridge_overhead.py), nor, when only patterns (and values) are wanted, the last layer's MLP.
 
         ``attention="eager"``: each hook gets its layer's whole pattern, (batch, head, q, k), once per forward;
         its second argument says where it was read (a TransformerLens ``HookPoint`` or a `PatternSite`).

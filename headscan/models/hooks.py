@@ -108,9 +108,9 @@ def bridge_forward(bridge, hooks: dict[int, Callable], last: int, internals: dic
     """Pattern hooks on ``blocks.{L}.attn.hook_pattern``, and `internals` ({kind: {layer: fn(tensor, layer)}}) on
     the hook points of `BRIDGE_INTERNALS`: values (batch, k, kv_head, d_head) with b_V, fired before the
     layer's pattern; per-head outputs (batch, q, head, d_head); the residual after block L (batch, q, d_model).
-    The pass stops at the last thing wanted of block `last`: its residual (its "out" internal, called first), else
-    its head outputs, else its pattern; the rest of the block (for a small model's last layer, most of its
-    arithmetic: the output projection and the MLP) is not run."""
+    The pass stops after block `last` (its "out" internal, if any, is called first), or at its pattern when
+    nothing else of that block is wanted: the rest of the block (for a small model's last layer, most of its
+    arithmetic: the output projection and the MLP) is then not run."""
     internals = internals or {}
     fwd_hooks = [(f"blocks.{layer}.attn.hook_pattern", hook) for layer, hook in hooks.items()]
     final = None
@@ -120,11 +120,11 @@ def bridge_forward(bridge, hooks: dict[int, Callable], last: int, internals: dic
                 final = fn
             else:
                 fwd_hooks.append((f"blocks.{layer}.{BRIDGE_INTERNALS[kind]}", _handing(fn, layer)))
-    # a hook point's hooks run in the order they were added: the stop comes after the hook that reads there
-    if final is not None or (last not in hooks and last not in internals.get("z", {})):
-        stop_at = "hook_out"
-    else:
-        stop_at = BRIDGE_INTERNALS["z"] if last in internals.get("z", {}) else "attn.hook_pattern"
+    # A hook point's hooks run in the order they were added, so the stop comes after the pattern hook there. Values
+    # come before the pattern; head outputs may come before or after it (post-hoc patterns), so with them the
+    # pass runs to the end of the block.
+    wanted_after = final is not None or last in internals.get("z", {}) or last not in hooks
+    stop_at = "hook_out" if wanted_after else "attn.hook_pattern"
 
     def stop(tensor, hook):
         if final is not None:
