@@ -126,3 +126,30 @@ def test_a_conllu_sweep_and_a_plain_text_sweep_of_the_same_sentences_have_equal_
         assert {"tokens_straddling_words", "words_without_token"} <= set(extra)
     syntax = treebank["syntax"]
     assert syntax.loc[(syntax.relation == "all"), "count"].min() > 400
+
+
+# A sentence whose last word ("el" of "del") has no characters of its own, so no token: it lies after the last word
+# that has one.
+TAIL = "# text = a b c d e f del\n" + "".join(
+    f"{i}\t{w}\t{w}\tX\t_\t_\t{0 if i == 1 else 1}\t{'root' if i == 1 else 'dep'}\t_\t_\n"
+    for i, w in enumerate("abcdef", start=1)) + "7-8\tdel\t_\t_\t_\t_\t_\t_\t_\t_\n7\tde\tde\tADP\t_\t_\t1\tcase\t_\t_\n" \
+    "8\tel\tel\tDET\t_\t_\t1\tdet\t_\t_\n\n"
+
+
+@pytest.mark.parametrize("long", ["split", "truncate"])
+def test_a_tokenless_last_word_belongs_to_the_last_piece_of_a_split_segment_and_is_lost_with_a_cut_end(tmp_path,
+                                                                                                     tiny_models, long):
+    path = tmp_path / "tail.conllu"
+    path.write_text(TAIL)
+    corpus = read_corpus(path)
+    model = tiny_models["bert"]
+    whole = encode(corpus, model, 64)
+    assert whole.missing == ((7,),) and 7 not in whole.word_ids[0] and 6 in whole.word_ids[0]
+    pieces = encode(corpus, model, 5, long=long)  # [CLS] + 3 tokens + [SEP] a piece
+    if long == "split":
+        assert len(pieces.token_ids) > 1
+        # the segment's end is in its last piece, and "el" with it: scored there as a miss, nowhere else
+        assert pieces.missing[:-1] == ((),) * (len(pieces.token_ids) - 1) and pieces.missing[-1] == (7,)
+    else:
+        # the cut drops the end of the segment, "el" with it: not a miss, not a word at all
+        assert len(pieces.token_ids) == 1 and pieces.missing == ((),)
