@@ -15,7 +15,7 @@ largest first, a head alike no other light grey; the panel and the tooltip name 
 section's number, and its members.
 
 This module computes what the atlas shows (`head_roles`, `head_ranks`, `atlas_data`) and wraps it, with the
-page's script and style (``headscan/data/atlas.js`` and ``atlas.css``), into one HTML fragment
+page's script and style (``headscan/data/atlas.js``, ``atlas-panel.js`` and ``atlas.css``), into one HTML fragment
 (`atlas_html`): inline JavaScript and CSS, the data as embedded JSON, no network, so the page works from
 ``file://``. Roles and ranks are computed here, not in the browser, so tests check them number by number.
 
@@ -361,6 +361,15 @@ def _resource(name: str) -> str:
     return resources.files("headscan").joinpath(f"data/{name}").read_text(encoding="utf-8")
 
 
+# The atlas script, in the order its parts run: one closure, so the second reads the first's variables
+SCRIPT_PARTS = ("atlas.js", "atlas-panel.js")
+
+
+def _script() -> str:
+    """The atlas script: its parts in one strict-mode closure (nothing leaks into the page's globals)."""
+    return '(function () {\n"use strict";\n' + "\n".join(_resource(name) for name in SCRIPT_PARTS) + "})();\n"
+
+
 def atlas_html(comparison: Comparison, examples: Examples | None = None) -> str:
     """The atlas as one HTML fragment: its controls, a placeholder the script fills, the data as JSON, the
     style and the script, all inline. It works from ``file://`` and loads nothing."""
@@ -388,7 +397,7 @@ def atlas_html(comparison: Comparison, examples: Examples | None = None) -> str:
         'below.</p></noscript>'
         f'<script type="application/json" id="atlas-data">{data}</script>'
         f"<style>{_resource('atlas.css')}</style>"
-        f"<script>{_resource('atlas.js')}</script>"
+        f"<script>{_script()}</script>"
         "</section>"
     )
 
