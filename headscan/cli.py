@@ -181,7 +181,7 @@ def _listing_tables(command):
               help="Save the partial state at the first window end after this many seconds.")
 @click.option("--shard", default=None, metavar="K/N",
               help="Sweep only the K-th of N disjoint parts of the corpus (K from 0); combine with `headscan merge`.")
-@click.option("--overwrite", is_flag=True, help="Replace OUT if it already holds files.")
+@click.option("--overwrite", is_flag=True, help="Replace OUT if it already holds a headscan run (its run.json).")
 @click.option("--restart", is_flag=True, help="Discard the partial state of an earlier, stopped sweep into OUT "
                                                "instead of resuming from it.")
 @click.option("--ray", is_flag=False, flag_value=True, default=None, type=click.UNPROCESSED, metavar="[ADDRESS]",
@@ -302,7 +302,7 @@ _RETRIEVAL = RetrievalConfig()
               help="Raw template: put BOS before the prompt ('auto' follows the model's sweep default).")
 @click.option("--query-chunk", default=_RETRIEVAL.query_chunk, show_default=True,
               help="Queries per block of the chunked prefill (scores do not depend on it).")
-@click.option("--overwrite", is_flag=True, help="Replace OUT if it already holds files.")
+@click.option("--overwrite", is_flag=True, help="Replace OUT if it already holds a headscan run (its run.json).")
 @click.option("--restart", is_flag=True, help="Discard the trials a stopped run kept in OUT.partial/.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @_one_line_errors
@@ -342,7 +342,7 @@ def retrieval(models, haystack, needles, out, lengths, depths, template, max_new
 @click.argument("shards", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--out", "-o", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Folder for the merged tables.")
-@click.option("--overwrite", is_flag=True, help="Replace OUT if it already holds files.")
+@click.option("--overwrite", is_flag=True, help="Replace OUT if it already holds a headscan run (its run.json).")
 @_one_line_errors
 def merge(shards, out, overwrite):
     """Merge the outputs of the N shards of one sweep into the unsharded tables.

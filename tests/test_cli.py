@@ -164,10 +164,18 @@ def test_a_folder_that_holds_files_is_replaced_only_with_overwrite(runner, tmp_p
         result = runner.invoke(cli, arguments)
     assert one_line(result) == "Error: full: already holds files; pass --overwrite to replace them, or choose another --out"
     assert [p.name for p in (tmp_path / "full").iterdir()] == ["notes.txt"]
+    # --overwrite replaces a run, never a folder of one's own files
+    result = runner.invoke(cli, [*arguments, "--overwrite"])
+    assert one_line(result) == ("Error: full: holds files but no run.json, so it is not a headscan run, and "
+                                "--overwrite replaces only a run; choose another --out")
+    assert [p.name for p in (tmp_path / "full").iterdir()] == ["notes.txt"]
+    (tmp_path / "full" / "notes.txt").unlink()
+    assert runner.invoke(cli, arguments).exit_code == 0  # an empty folder takes a run
+    (tmp_path / "full" / "extra.txt").write_text("left by hand in a run")
     result = runner.invoke(cli, [*arguments, "--overwrite"])
     assert result.exit_code == 0, result.output
     written = {p.name for p in (tmp_path / "full").iterdir()}
-    assert {"heads.parquet", "offsets.parquet", "run.json"} <= written and "notes.txt" not in written
+    assert {"heads.parquet", "offsets.parquet", "run.json"} <= written and "extra.txt" not in written
     assert sorted(p.name for p in tmp_path.iterdir()) == ["full"]  # no staging or old folder left behind
 
 

@@ -104,13 +104,17 @@ def _write_parquet(frame: pd.DataFrame, path: Path, provenance: dict) -> None:
 
 
 def check_out(out: str | os.PathLike, *, overwrite: bool = False) -> Path:
-    """Check, before any work, that `out` can receive a run: it is new (or empty), or `overwrite` is set, and
-    its parent folder is writable."""
+    """Check, before any work, that `out` can receive a run: it is new (or empty), or `overwrite` is set and it
+    holds a run (its run.json), and its parent folder is writable."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise TablesError(f"{out}: exists and is not a folder; choose another --out")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise TablesError(f"{out}: already holds files; pass --overwrite to replace them, or choose another --out")
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise TablesError(f"{out}: already holds files; pass --overwrite to replace them, or choose another --out")
+        if not (out / "run.json").is_file():  # --overwrite replaces a run, never a folder of someone's own files
+            raise TablesError(f"{out}: holds files but no run.json, so it is not a headscan run, and --overwrite "
+                              f"replaces only a run; choose another --out")
     parent = _existing_parent(out)
     if not parent.is_dir():
         raise TablesError(f"{out}: {parent} is a file, not a folder; choose another --out")
