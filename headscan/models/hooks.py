@@ -84,11 +84,11 @@ class Site:
 # --- the transformer_lens path -----------------------------------------------------------------------------
 
 
-def _stop_after_block(residual, hook):
+def _stop_pass(tensor, hook):
     from transformer_lens.model_bridge.exceptions import StopAtLayerException
 
     # TransformerBridge.forward catches this (it is how its own stop_at_layer works) and returns early.
-    raise StopAtLayerException(residual)
+    raise StopAtLayerException(tensor)
 
 
 # The bridge's hook point of each kind of internal (headscan.models.chunked.INTERNALS), under blocks.{layer}.
@@ -129,7 +129,7 @@ def bridge_forward(bridge, hooks: dict[int, Callable], last: int, internals: dic
     def stop(tensor, hook):
         if final is not None:
             final(tensor, last)
-        _stop_after_block(tensor, hook)
+        _stop_pass(tensor, hook)
 
     with bridge.hooks(fwd_hooks=[*fwd_hooks, (f"blocks.{last}.{stop_at}", stop)]), unobserved_norms(bridge):
         yield lambda input_ids, attention_mask: bridge(input_ids, attention_mask=attention_mask)
