@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from headscan.cli import cli
+from headscan.scan import partial_folder
 
 SWEEP = ["-q", "--device", "cpu", "--bootstrap", "20"]
 
@@ -195,6 +196,47 @@ def test_an_output_folder_under_an_executable_file_is_refused_before_any_work(ru
     (tmp_path / "script").chmod(0o755)
     result = runner.invoke(cli, ["sweep", "-m", str(tiny_bert), "--limit", "2", "--out", "script/out", *SWEEP])
     assert one_line(result) == f"Error: script/out: {tmp_path / 'script'} is a file, not a folder; choose another --out"
+
+
+def test_the_current_folder_takes_a_run_and_is_kept(runner, tmp_path, tiny_bert, monkeypatch):
+    # "." has no name of its own: the partial states go beside the folder it stands for, and the files into it,
+    # so a shell inside it still sees them; replacing it would strand that shell, so that is refused
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(cli, ["sweep", "-m", str(tiny_bert), "--limit", "2", "--out", ".", *SWEEP])
+    assert result.exit_code == 0, result.output
+    assert Path.cwd() == tmp_path and {"heads.parquet", "run.json"} <= {p.name for p in Path(".").iterdir()}
+    assert partial_folder(".") == tmp_path.parent / f"{tmp_path.name}.partial"
+    assert not partial_folder(".").exists()
+    assert [p.name for p in tmp_path.parent.iterdir() if p.name.startswith(f".{tmp_path.name}")] == []
+    result = runner.invoke(cli, ["sweep", "-m", str(tiny_bert), "--limit", "2", "--out", "./", "--overwrite", *SWEEP])
+    assert one_line(result) == (f"Error: .: is the folder you are in, and replacing it would leave your shell in a "
+                                f"deleted folder; cd to {tmp_path.parent} and pass --out {tmp_path.name}")
+    monkeypatch.chdir(tmp_path.parent)
+    result = runner.invoke(cli, ["sweep", "-m", str(tiny_bert), "--limit", "2", "--out", tmp_path.name, "--overwrite",
+                                 *SWEEP])
+    assert result.exit_code == 0, result.output
+
+
+def _read_only_folder() -> Path | None:
+    """A folder this process cannot write in even as root (a read-only mount), or None."""
+    for folder in (Path("/sys"), Path("/proc")):
+        try:
+            (folder / ".headscan-test").mkdir()
+        except OSError:
+            return folder if folder.is_dir() else None
+        (folder / ".headscan-test").rmdir()
+    return None
+
+
+def test_an_output_folder_that_cannot_be_written_is_refused_before_any_work(runner, tmp_path, tiny_bert, monkeypatch,
+                                                                             no_model_loads):
+    # root passes os.access everywhere, so the check must try a real write; a read-only mount shows it
+    folder = _read_only_folder()
+    if folder is None:
+        pytest.skip("no read-only folder on this machine")
+    result = runner.invoke(cli, ["sweep", "-m", str(tiny_bert), "--limit", "2", "--out", str(folder / "x"), *SWEEP])
+    assert one_line(result).startswith(f"Error: {folder / 'x'}: cannot write in {folder} (")
+    assert one_line(result).endswith("); choose another --out")
 
 
 @pytest.mark.parametrize(

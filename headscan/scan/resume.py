@@ -11,6 +11,7 @@ This module runs no model.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import signal
 import threading
@@ -27,7 +28,7 @@ SAVE_EVERY = 120.0  # seconds between saves of a model's partial state
 
 def partial_folder(out: str | Path) -> Path:
     """Where a sweep into `out` keeps its partial states until it finishes: ``OUT.partial`` beside it."""
-    out = Path(out)
+    out = Path(os.path.abspath(out))  # "." or "runs/.." name no folder of their own until made absolute
     return out.with_name(out.name + ".partial")
 
 

@@ -115,16 +115,22 @@ def check_out(out: str | os.PathLike, *, overwrite: bool = False) -> Path:
         if not (out / "run.json").is_file():  # --overwrite replaces a run, never a folder of someone's own files
             raise TablesError(f"{out}: holds files but no run.json, so it is not a headscan run, and --overwrite "
                               f"replaces only a run; choose another --out")
+        here = Path.cwd()
+        if here == out.resolve() or out.resolve() in here.parents:  # the new run takes the old one's place whole
+            raise TablesError(f"{out}: is the folder you are in, and replacing it would leave your shell in a deleted "
+                              f"folder; cd to {out.resolve().parent} and pass --out {out.resolve().name}")
     parent = _existing_parent(out)
     if not parent.is_dir():
         raise TablesError(f"{out}: {parent} is a file, not a folder; choose another --out")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise TablesError(f"{out}: cannot write in {parent}; choose another --out")
+    try:  # a real write, not os.access: root passes os.access on a read-only mount such as /sys
+        tempfile.TemporaryDirectory(prefix=".headscan-probe-", dir=parent).cleanup()
+    except OSError as error:
+        raise TablesError(f"{out}: cannot write in {parent} ({error.strerror or error}); choose another --out") from None
     return out
 
 
 def _existing_parent(path: Path) -> Path:
-    parent = path.absolute().parent
+    parent = Path(os.path.abspath(path)).parent
     while not parent.exists():
         parent = parent.parent
     return parent
@@ -135,11 +141,12 @@ def write(tables: SweepTables, out: str | os.PathLike, *, overwrite: bool = Fals
     """Publish `tables` as the folder `out`: one set of files that appears whole, replacing an old set only with
     `overwrite`.
 
-    Everything is written into a new hidden folder beside `out`, which is then renamed onto `out`, so no
-    reader ever sees files from two runs or half a file. `extra` maps a relative path to a function that
+    Everything is written into a new hidden folder beside `out`, which is then renamed onto `out` (or, when
+    `out` is an empty folder already, moved into it, run.json last), so no reader ever sees files from two runs
+    or half a file. `extra` maps a relative path to a function that
     writes that file (the partial states of a sharded run). Files get the usual permissions (the umask).
     """
-    out = check_out(out, overwrite=overwrite)
+    out = Path(os.path.abspath(check_out(out, overwrite=overwrite)))  # "." has no name to rename onto
     frames = {name: TABLES[name].conform(frame) for name, frame in tables.frames.items()}  # check all first
     tables.provenance = dataclasses.replace(tables.provenance, run_id=uuid.uuid4().hex)
     provenance = tables.provenance.to_json()
@@ -154,10 +161,15 @@ def write(tables: SweepTables, out: str | os.PathLike, *, overwrite: bool = Fals
             (staging / relative).parent.mkdir(parents=True, exist_ok=True)
             writer(staging / relative)
         old = None
-        if out.exists():
-            old = out.parent / f".{out.name}.old-{os.getpid()}"
-            os.replace(out, old)
-        os.replace(staging, out)
+        if out.is_dir() and not any(out.iterdir()):  # a folder made for the run: fill it, and keep it and its mode
+            for path in sorted(staging.iterdir(), key=lambda path: path.name == "run.json"):  # run.json last
+                os.replace(path, out / path.name)
+            staging.rmdir()
+        else:
+            if out.exists():
+                old = out.parent / f".{out.name}.old-{os.getpid()}"
+                os.replace(out, old)
+            os.replace(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
