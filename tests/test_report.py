@@ -467,9 +467,35 @@ def test_example_attention_is_drawn_for_the_chosen_heads(runs, tmp_path, monkeyp
     assert (out / "figures" / "looking_both_ways.png").read_bytes().startswith(PNG)
     page = (out / "index.html").read_text()
     assert "could not be drawn" not in page and "not drawn" not in page
-    assert ("gpt L1H2 (prev_token 0.999 over the corpus); bert L0H1 (prev_token 0.800 over the corpus); bert L1H3 "
-            "(next_token 0.900 over the corpus)") in page
+    assert ("gpt L1H2 (prev_token 0.999 [0.989, 1.009] over the corpus, chance 0.050); bert L0H1 (prev_token 0.800 "
+            "[0.790, 0.810] over the corpus, chance 0.050); bert L1H3 (next_token 0.900 [0.890, 0.910] over the "
+            "corpus, chance 0.050).") in page
     assert '"title":"the example sentence","text":"one two three four five six"' in page  # in the atlas's data
+
+
+def test_an_example_head_without_a_finding_is_drawn_and_captioned_as_none(runs, tmp_path, monkeypatch):
+    # every next-token head of bert below its chance level: the highest is still drawn, to show the metric, but
+    # neither the caption nor the panel may call it the model's next-token head
+    run = load(runs[0])
+    next_rows = (run.heads["model"] == "bert") & (run.heads["metric"] == "next_token")
+    run.heads.loc[next_rows, "chance"] = 0.95
+    monkeypatch.setattr(headscan.models, "load_model",
+                        lambda spec, **kwargs: type("Model", (), {"n_heads": {"gpt": 3, "bert": 4}[spec],
+                                                                  "n_layers": 2})())
+    monkeypatch.setattr(examples_module, "every_layer", fake_every_layer)
+    titles = []
+    original = figures.attention_matrix
+    monkeypatch.setattr(figures, "attention_matrix",
+                        lambda tokens, pattern, **kwargs: titles.append(kwargs["title"]) or original(tokens, pattern,
+                                                                                                   **kwargs))
+    examples = examples_module.compute_examples([run], "one two three")
+    assert [(e.label, e.metric, e.unsupported) for e in examples.drawn] == [
+        ("L1H2", "prev_token", ""), ("L0H1", "prev_token", ""), ("L1H3", "next_token", "below chance")]
+    page = (report.write_report([run], tmp_path / "r", examples=examples) / "index.html").read_text()
+    assert ("bert L1H3 (next_token 0.900 [0.890, 0.910] over the corpus, chance 0.950: below chance, so no finding; "
+            "its highest-scoring head, shown to illustrate the metric).") in page
+    assert titles[2] == "bert L1H3: next_token 0.900\n(bidirectional; below chance: no finding)"
+    assert titles[1] == "bert L0H1: prev_token 0.800\n(bidirectional)"
 
 
 def test_a_repeated_token_run_gets_the_induction_example(runs, tmp_path, monkeypatch):

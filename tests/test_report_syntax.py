@@ -305,11 +305,29 @@ def test_the_report_has_the_section_figure_findings_and_sortable_table(syntax_re
                 f"58.9% for the best fixed offset (+1).") in section
     assert "the most accurate of a model's heads (72 in minilm, 270 in smollm2)" in section
     assert "L1H0 picks" not in section  # amod: above the baseline, not beyond its interval
-    assert "4 of 20 best heads beat" not in section and "2 of 20 best heads beat" in section
+    # det's L2H5 in each model; amod's L1H0 is above its baseline but not beyond its interval
+    assert ("2 of 20 best heads beat the best fixed offset beyond their 95% interval (the interval's lower end above "
+            "the baseline); 2 of these are findings") in section
     table = page[page.index('id="syntactic-heads"'):page.index('id="runs"')]
     assert '<table class="sortable">' in table and "<th>relation</th>" in table
     assert "dependent\u00a0\u2192\u00a0head" in table
     assert "`goeswith` (10)" in section  # left out, and said so
+
+
+def test_the_count_of_heads_beating_the_baseline_is_the_tables_and_thin_ones_are_no_findings(ewt):
+    # smollm2's det head rests on thin support: it still beats the baseline, as its row says ("yes‡"), but is
+    # no finding; the sentence must count it as the table does and then say how many are findings
+    syntax = full_syntax([("minilm", 6, 12), ("smollm2", 30, 9)])
+    thin = (syntax["model"] == "smollm2") & (syntax["relation"] == "det")
+    syntax.loc[thin, "units"] = 5.0
+    blocks = table_sections.syntax_section(merge_runs([SweepTables({**ewt.frames, "syntax": syntax})]), {},
+                                           sections.Pngs())
+    sentence = next(b.text for b in blocks if type(b).__name__ == "Text" and "best heads beat" in b.text)
+    assert sentence.startswith("2 of 20 best heads beat the best fixed offset beyond their 95% interval (the "
+                               "interval's lower end above the baseline); 1 of these is a finding, which also "
+                               "needs the interval above chance")
+    (table,) = [b for b in blocks if type(b).__name__ == "Table"]
+    assert sorted(table.frame["beats"].astype(str).str.startswith("yes").groupby(table.frame["model"]).sum()) == [1, 1]
 
 
 def test_the_rest_of_the_report_with_syntax_positions_and_weights(syntax_report):

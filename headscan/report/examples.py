@@ -46,7 +46,8 @@ _WORDS = "tulip orbit granite velvet harbor maple juggle cobalt lantern pepper"
 REPEATED_EXAMPLE = f"Twice: {_WORDS} {_WORDS}"
 
 CHOICE = ("Each model's strongest previous-token head and, where the model can look ahead (bidirectional), its "
-          "strongest next-token head")  # how example_heads chooses, as the report says it
+          "strongest next-token head, among the heads beyond chance (where a model has none, its highest-scoring "
+          "head, marked as no finding)")  # how example_heads chooses, as the report says it
 INDUCTION_SHOWN = 0.5  # a repeated-sequence example is drawn for runs where some head scores at least this
 
 # What loading a model or running it on the example may raise: headscan's own errors and the I/O or torch
@@ -67,6 +68,10 @@ class ExampleAttention:
     value: float  # the head's score on `metric` over the corpus
     tokens: tuple[str, ...]  # the sentence as the model reads it, one readable string per token
     pattern: np.ndarray  # (q_pos, k_pos): row q is what query q attends to
+    ci_low: float = float("nan")  # the 95% interval of `value`
+    ci_high: float = float("nan")
+    chance: float = float("nan")  # `value`'s chance level (NaN: none recorded)
+    unsupported: str = ""  # why `value` carries no claim ("at chance", ...; `headscan.analysis.claims`), "" if it does
 
 
 @dataclass(frozen=True, eq=False)
@@ -116,8 +121,12 @@ def _picks(heads: pd.DataFrame, metrics: Callable[[str], Sequence[str]], *, stri
             best = _best(part, metric, strict=strict)
             if best is not None:
                 rows.append({"model": model, "family": family, "metric": metric, "label": best["label"],
-                             "layer": int(best["layer"]), "head": int(best["head"]), "value": float(best["value"])})
-    return pd.DataFrame(rows, columns=["model", "family", "metric", "label", "layer", "head", "value"])
+                             "layer": int(best["layer"]), "head": int(best["head"]), "value": float(best["value"]),
+                             **{c: best[c] for c in _EVIDENCE}})
+    return pd.DataFrame(rows, columns=["model", "family", "metric", "label", "layer", "head", "value", *_EVIDENCE])
+
+
+_EVIDENCE = ("ci_low", "ci_high", "chance", "unsupported")  # what a pick carries beside its value, for its caption
 
 
 def example_heads(heads: pd.DataFrame) -> pd.DataFrame:
@@ -127,13 +136,15 @@ def example_heads(heads: pd.DataFrame) -> pd.DataFrame:
     Returns
     -------
     DataFrame
-        Columns ``model, family, metric, label, layer, head, value``, model by model; a metric a model does
-        not have, or on which its heads all score the same, is left out.
+        Columns ``model, family, metric, label, layer, head, value, ci_low, ci_high, chance, unsupported``
+        (why the head carries no claim, `headscan.analysis.claims`; "" where it does), model by model; a metric
+        a model does not have, or on which its heads all score the same, is left out.
 
     >>> heads = pd.DataFrame({"model": "m", "family": "causal", "layer": [0, 1], "head": 0, "label": ["L0H0", "L1H0"],
-    ...                       "metric": "prev_token", "value": [0.2, 0.7], "count": 1.0, "ci_low": None, "ci_high": None})
-    >>> example_heads(heads).to_dict("records")
-    [{'model': 'm', 'family': 'causal', 'metric': 'prev_token', 'label': 'L1H0', 'layer': 1, 'head': 0, 'value': 0.7}]
+    ...                       "metric": "prev_token", "value": [0.2, 0.7], "count": 400.0, "units": 400.0,
+    ...                       "ci_low": [0.1, 0.6], "ci_high": [0.3, 0.8], "chance": [0.25, 0.75]})
+    >>> example_heads(heads)[["label", "value", "chance", "unsupported"]].to_dict("records")
+    [{'label': 'L1H0', 'value': 0.7, 'chance': 0.75, 'unsupported': 'at chance'}]
     """
     return _picks(heads, lambda family: ("prev_token", "next_token") if family == "bidirectional" else ("prev_token",))
 
@@ -281,7 +292,8 @@ def compute_examples(runs: Sequence[SweepTables], text: str | None = None, *, na
                 every.append(HeadPatterns(m.name, sentence, tokens, patterns))
                 for pick in chosen.itertuples():
                     into.append(ExampleAttention(m.name, pick.family, pick.metric, pick.label, pick.layer, pick.head,
-                                                 pick.value, tokens, patterns[pick.layer, pick.head]))
+                                                 pick.value, tokens, patterns[pick.layer, pick.head], pick.ci_low,
+                                                 pick.ci_high, pick.chance, pick.unsupported))
         except _EXAMPLE_ERRORS as error:
             failed.append(f"{m.name} (`{spec}`): {type(error).__name__}: {error}")
     return Examples(text, CHOICE, tuple(drawn), tuple(failed), REPEATED_EXAMPLE if repeated else "",

@@ -134,7 +134,8 @@ def _attention_figure(panels: list, columns: int = 2) -> Figure:
             ax.text(0.5, 0.5, p, ha="center", va="center", transform=ax.transAxes, color="0.35", wrap=True)
             continue
         figures.attention_matrix(p.tokens, p.pattern, causal=p.family == "causal", ax=ax, cbar=False,
-                                 title=f"{p.model} {p.label}: {p.metric} {fmt_score(p.metric, p.value)}\n({p.family})")
+                                 title=f"{p.model} {p.label}: {p.metric} {fmt_score(p.metric, p.value)}\n({p.family}"
+                                       + (f"; {p.unsupported}: no finding)" if p.unsupported else ")"))
     for ax in axes[len(panels):]:
         ax.set_visible(False)
     shown = [ax for ax, p in zip(axes, panels) if not isinstance(p, str)]
@@ -157,6 +158,24 @@ def _both_ways(drawn: list[ExampleAttention]) -> list:
     return panels
 
 
+def _evidence(e: ExampleAttention) -> str:
+    """An example head with its score over the corpus, interval and chance, and, where it carries no claim, why.
+
+    >>> from headscan.report.examples import ExampleAttention
+    >>> e = ExampleAttention("minilm", "bidirectional", "next_token", "L4H11", 4, 11, 0.021, ("a",), np.ones((1, 1)),
+    ...                      0.017, 0.026, 0.035, "below chance")
+    >>> _evidence(e)
+    'minilm L4H11 (next_token 0.021 [0.017, 0.026] over the corpus, chance 0.035: below chance, so no finding; its highest-scoring head, shown to illustrate the metric)'
+    """
+    score = f"{e.metric} {fmt_score(e.metric, e.value)}"
+    if not (pd.isna(e.ci_low) or pd.isna(e.ci_high)):
+        score += f" [{fmt_score(e.metric, e.ci_low, e.value)}, {fmt_score(e.metric, e.ci_high, e.value)}]"
+    score += f" over the corpus, chance {fmt_score(e.metric, e.chance)}"
+    if e.unsupported:
+        score += f": {e.unsupported}, so no finding; its highest-scoring head, shown to illustrate the metric"
+    return f"{e.model} {e.label} ({score})"
+
+
 def examples_section(examples: Examples | None, pngs: Pngs) -> list:
     blocks: list = [Heading(2, "Looking both ways")]
     if examples is None:
@@ -171,9 +190,8 @@ def examples_section(examples: Examples | None, pngs: Pngs) -> list:
     drawn = list(examples.drawn)
     if drawn:
         name = pngs.add("looking_both_ways.png", _attention_figure(_both_ways(drawn)))
-        blocks.append(Figures([name], "Looking both ways: " + "; ".join(
-            f"{e.model} {e.label} ({e.metric} {fmt_score(e.metric, e.value)} over the corpus)" for e in drawn)
-            + ". One shared 0-1 colour scale; blank cells are keys a causal model cannot see."))
+        blocks.append(Figures([name], "Looking both ways: " + "; ".join(_evidence(e) for e in drawn)
+                              + ". One shared 0-1 colour scale; blank cells are keys a causal model cannot see."))
     if examples.failed:
         total = len({e.model for e in drawn}) + len(examples.failed)
         blocks.append(Note(f"The example attention could not be drawn for {len(examples.failed)} of {total} models; "
@@ -200,8 +218,7 @@ def induction_section(comparison: Comparison, examples: Examples | None, pngs: P
     if shown:
         name = pngs.add("induction_example.png", _attention_figure(shown))
         blocks.append(Figures([name], "Heads beyond chance on `induction`, on the repeated sequence: " + "; ".join(
-            f"{e.model} {e.label} (induction {fmt_score('induction', e.value)} over the corpus)" for e in shown)
-            + "."))
+            _evidence(e) for e in shown) + "."))
     drawn = {e.model for e in shown}
     missing = [m.name for m in comparison.models if m.name not in drawn
                and (comparison.heads["model"] == m.name).any()]

@@ -101,7 +101,8 @@ def syntax_section(comparison: Comparison, palette: dict, pngs: Pngs) -> list:
     fig.legend(handles=syntax_plots.syntax_legend_handles(models, palette), loc="outside upper center",
                ncols=len(models) + 3, frameon=False, fontsize="small")
     name = pngs.add("syntactic_heads.png", fig)
-    beats = best[best["beats"] & (best["unsupported"] == "")]
+    beats = best[best["beats"]]  # as the table's "beats" column counts them
+    found = beats[beats["unsupported"] == ""]
     choice = ", ".join(f"{n_heads[m]} in {m}" for m in models)
     blocks.append(Figures([name], "Per relation (most dependents first, `all` left of the dotted line), each "
                                   "model's most accurate head with its 95% interval, against the best fixed offset "
@@ -109,8 +110,10 @@ def syntax_section(comparison: Comparison, palette: dict, pngs: Pngs) -> list:
                                   "filled point's interval lies wholly above the baseline; a hollow one's reaches "
                                   "down to it. Each point is labelled with its head."))
     blocks.append(Text(f"{len(beats)} of {len(best)} best heads beat the best fixed offset beyond their 95% interval "
-                       "(the interval's lower end above the baseline); a finding also needs the interval above chance "
-                       "and support that is not thin. Read them with two cautions: the best head is "
+                       f"(the interval's lower end above the baseline); {len(found)} of these "
+                       + ("is a finding, which also needs" if len(found) == 1 else "are findings, which also need")
+                       + " the interval above chance and support that is not thin. Read them with two cautions: the "
+                       "best head is "
                        f"the most accurate of a model's heads ({choice}) on the same words, so its accuracy is a "
                        "little optimistic and its interval is that head's own, not widened for the choice; and the "
                        "baseline is itself the best of six offsets on these words."))
