@@ -324,7 +324,9 @@ def _offsets_chance(batch: AttentionBatch):
 def offset_profile(batch: AttentionBatch):
     """For each offset d in -K..K, the mean of A[q, q+d] over real queries q whose position q+d is a real token.
 
-    d = -1 is prev_token, 0 is self and +1 is next_token. A row's profile sums to at most 1.
+    d = -1 is prev_token, 0 is self and +1 is next_token. One query's values sum to at most 1 (shares of one
+    attention row), but a head's profile over the corpus may sum to a little more: each offset averages over its
+    own queries, and a query near a segment's end, which has fewer offsets to spread over, counts only in those.
     """
     return _by_offset(*batch.at_offsets)  # (batch, head, q, offset), (batch, q, offset)
 
