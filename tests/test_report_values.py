@@ -20,7 +20,8 @@ from headscan.report import sections, table_sections
 from headscan.cli import cli
 from headscan.report.document import Bullets, Heading
 from headscan.analysis.runs import merge_runs
-from headscan.tables import TABLES, SweepTables, load, write
+from headscan.analysis.ranking import top_heads_text
+from headscan.tables import TABLES, ModelProvenance, RunProvenance, SweepTables, load, write
 from headscan.plots.style import SIGNED_CMAP
 
 SHAPES = {"bert": ("bidirectional", 2, 2), "gpt": ("causal", 3, 2)}
@@ -193,6 +194,22 @@ def test_report_shows_the_section_once(written, tmp_path):
     assert "### dla" not in md[md.index("## Heatmaps"):md.index("## Top heads")]  # on its own scale, not 0-1
     section = page[page.index('id="what-heads-move"'):page.index('id="runs"')]
     assert section.count('<table class="sortable">') == 2
+
+
+def test_show_says_why_a_model_has_no_copying_or_dla_scores():
+    # bert's weights were not scored (the sweep recorded why): its copying rows are NaN, and a bidirectional
+    # model has no dla rows at all; show prints gpt's heads and one line of reason for bert, not an empty table
+    t = tables()
+    weights = t["weights"]
+    t.frames["weights"] = weights.assign(value=weights["value"].where(weights["model"] == "gpt"))
+    why = "not scored: the checkpoint holds no trained LM head"
+    t.provenance = RunProvenance(models=(ModelProvenance("gpt", family="causal"),
+                                         ModelProvenance("bert", family="bidirectional", extra={"weights": why})))
+    lines = top_heads_text(t, "copying", 1).splitlines()
+    assert lines[0].split() == ["model", "label", "layer", "head", "value", "embedding"]
+    assert lines[1].split()[:2] == ["gpt", "L0H1"] and lines[2:] == [f"bert: copying: {why}"]
+    assert top_heads_text(t, "dla", 1).splitlines()[2:] == [
+        "bert: dla: an encoder has no next-token logit; NaN for every head"]
 
 
 def test_show_and_atlas_on_a_run_with_value_weights_and_dla(written):

@@ -335,7 +335,20 @@ def _unregistered_text(run: SweepTables, metric: str, n: int) -> str:
     rows = rows.groupby("model", sort=False).head(n).sort_values("model", key=lambda c: c.map(models), kind="stable")
     columns = ["model", "label", "layer", "head", "value"] + (["embedding"] if table == "weights" else
                                                                ["ci_low", "ci_high", "count"])
-    return rows[columns].to_string(index=False)
+    said = [f"{model}: {metric}: {_why_undefined(run, model, metric)}" for model in models
+            if not (rows["model"] == model).any()]
+    return "\n".join(([rows[columns].to_string(index=False)] if len(rows) else []) + said)
+
+
+def _why_undefined(run: SweepTables, model: str, metric: str) -> str:
+    """Why `model` has no value of an unregistered score: the registry's structural reason, else what the
+    sweep recorded of it (the provenance's ``weights`` or ``dla``: "not scored: ...")."""
+    provenance = run.provenance.model(model)
+    frame = run[_UNREGISTERED[metric][0]]
+    family = str(frame.loc[frame["model"] == model, "family"].iloc[0])
+    reason = structural_reason(metric, family, provenance if provenance.family else None)
+    recorded = provenance.extra.get("weights" if metric == "copying" else "dla")
+    return reason or recorded or "undefined (NaN) for every head"
 
 
 def _importance_text(importance: pd.DataFrame, n: int) -> str:
