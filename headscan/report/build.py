@@ -36,7 +36,7 @@ from ..errors import ConfigError
 from ..intervals import MIN_EFFECTIVE_UNITS, MIN_SPARSE_EVENNESS, MIN_VARIANCE_DF, THIN_MAX_SHARE, THIN_MIN_UNITS
 from ..metrics import METRICS, describe
 from ..plots.style import model_palette
-from ..tables import TABLES, SweepTables, load
+from ..tables import TABLES, SweepTables, folders, load
 from . import atlas, families, importance, sections, table_sections, whole_context
 from . import series as training
 from .document import (FOLDER_FILES, Bullets, Contents, Definition, Document, Heading, Note, Panels, Raw, Table, Text,
@@ -409,15 +409,18 @@ def check_report_options(*, top: int, out: str | os.PathLike | None = None) -> N
     if top < 1:
         raise ConfigError(f"top must be at least 1, not {top}; pass how many heads to list per metric, e.g. 10",
                           setting="top")
-    if out is None or not Path(out).exists():
+    if out is None:
         return
-    out = Path(out)
-    if not out.is_dir():
+    target = folders.where(out)
+    if target.exists() and not target.is_dir():
         raise ConfigError(f"out {out}: exists and is not a folder; choose another", setting="out")
-    extra = sorted(p.name for p in out.iterdir() if p.name not in FOLDER_FILES)
-    if extra:
-        raise ConfigError(f"out {out}: exists and holds {extra[:5]}, which a headscan report would not; choose "
-                          "another, or remove the folder", setting="out")
+    if target.is_dir() and any(target.iterdir()):
+        extra = sorted(p.name for p in target.iterdir() if p.name not in FOLDER_FILES)
+        if extra:
+            raise ConfigError(f"out {out}: exists and holds {extra[:5]}, which a headscan report would not; choose "
+                              "another, or remove the folder", setting="out")
+        folders.check_not_here(target, str(out))
+    folders.check_writable(target, str(out))
 
 
 def check_runs(runs: Sequence[str | os.PathLike | SweepTables]) -> None:

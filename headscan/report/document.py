@@ -43,13 +43,13 @@ import html
 import inspect
 import os
 import re
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Union
 
 import pandas as pd
+
+from ..tables.folders import publish
 
 __all__ = [
     "Heading", "Text", "Note", "Bullets", "Table", "Panels", "Figures", "Definition", "Contents", "Raw", "Block",
@@ -404,30 +404,15 @@ def to_markdown(document: Document) -> str:
 def write_folder(document: Document, out: str | os.PathLike, *, image_scale: float = 1.0) -> Path:
     """Write `document` as the folder `out`: ``index.html``, ``report.md`` and ``figures/NAME`` per image.
 
-    The folder is built beside `out` and swapped in at the end, replacing whatever `out` was: a failure
-    leaves the old folder (or none), never half of one. Check that `out` may be replaced before calling.
+    The folder is built apart and swapped in at the end, replacing whatever `out` was (an empty folder is
+    filled instead, `headscan.tables.folders.publish`): a failure leaves the old folder (or none), never half of
+    one. Check that `out` may be replaced before calling. Returns the folder's absolute path.
     """
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    build = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    old = None
-    try:
-        (build / "figures").mkdir()
+    def fill(folder: Path) -> None:
+        (folder / "figures").mkdir()
         for name, data in document.images.items():
-            (build / "figures" / name).write_bytes(data)
-        (build / "report.md").write_text(to_markdown(document), encoding="utf-8")
-        (build / "index.html").write_text(to_html(document, image_scale=image_scale), encoding="utf-8")
-        build.chmod(0o755)  # mkdtemp makes it private; a document is meant to be read
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
-            os.replace(out, old / "report")
-        os.replace(build, out)
-    except BaseException:
-        if old is not None and not out.exists():
-            os.replace(old / "report", out)
-        shutil.rmtree(build, ignore_errors=True)
-        raise
-    finally:
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    return out
+            (folder / "figures" / name).write_bytes(data)
+        (folder / "report.md").write_text(to_markdown(document), encoding="utf-8")
+        (folder / "index.html").write_text(to_html(document, image_scale=image_scale), encoding="utf-8")
+
+    return publish(out, fill, last="index.html")

@@ -11,7 +11,6 @@ This module runs no model.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import signal
 import threading
@@ -19,6 +18,7 @@ from pathlib import Path
 
 from ..config import split_control
 from ..errors import TablesError
+from ..tables.folders import where
 from .state import PartialState, Shard, fingerprint_differences
 
 __all__ = ["SAVE_EVERY", "partial_folder", "spec_stem", "state_file", "stop_requests", "check_resumable"]
@@ -28,7 +28,7 @@ SAVE_EVERY = 120.0  # seconds between saves of a model's partial state
 
 def partial_folder(out: str | Path) -> Path:
     """Where a sweep into `out` keeps its partial states until it finishes: ``OUT.partial`` beside it."""
-    out = Path(os.path.abspath(out))  # "." or "runs/.." name no folder of their own until made absolute
+    out = where(out)  # as the system resolves it: "." and "link/.." name the folder they stand for
     return out.with_name(out.name + ".partial")
 
 

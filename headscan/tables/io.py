@@ -17,8 +17,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
-import tempfile
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from . import folders
 from ..errors import TablesError
 from .provenance import RunProvenance
 from .schema import HEAD_COLUMNS, TABLES
@@ -105,83 +104,44 @@ def _write_parquet(frame: pd.DataFrame, path: Path, provenance: dict) -> None:
 
 def check_out(out: str | os.PathLike, *, overwrite: bool = False) -> Path:
     """Check, before any work, that `out` can receive a run: it is new (or empty), or `overwrite` is set and it
-    holds a run (its run.json), and its parent folder is writable."""
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise TablesError(f"{out}: exists and is not a folder; choose another --out")
-    if out.is_dir() and any(out.iterdir()):
+    holds a run (its run.json) other than the folder one is in; and a real write there succeeds. Returns the
+    folder as the system resolves it (`headscan.tables.folders.where`), which `write` then writes."""
+    shown, target = str(out), folders.where(out)
+    if target.exists() and not target.is_dir():
+        raise TablesError(f"{shown}: exists and is not a folder; choose another --out")
+    if target.is_dir() and any(target.iterdir()):
         if not overwrite:
-            raise TablesError(f"{out}: already holds files; pass --overwrite to replace them, or choose another --out")
-        if not (out / "run.json").is_file():  # --overwrite replaces a run, never a folder of someone's own files
-            raise TablesError(f"{out}: holds files but no run.json, so it is not a headscan run, and --overwrite "
+            raise TablesError(f"{shown}: already holds files; pass --overwrite to replace them, or choose another "
+                              f"--out")
+        if not (target / "run.json").is_file():  # --overwrite replaces a run, never a folder of someone's own files
+            raise TablesError(f"{shown}: holds files but no run.json, so it is not a headscan run, and --overwrite "
                               f"replaces only a run; choose another --out")
-        here = Path.cwd()
-        if here == out.resolve() or out.resolve() in here.parents:  # the new run takes the old one's place whole
-            raise TablesError(f"{out}: is the folder you are in, and replacing it would leave your shell in a deleted "
-                              f"folder; cd to {out.resolve().parent} and pass --out {out.resolve().name}")
-    parent = _existing_parent(out)
-    if not parent.is_dir():
-        raise TablesError(f"{out}: {parent} is a file, not a folder; choose another --out")
-    try:  # a real write, not os.access: root passes os.access on a read-only mount such as /sys
-        tempfile.TemporaryDirectory(prefix=".headscan-probe-", dir=parent).cleanup()
-    except OSError as error:
-        raise TablesError(f"{out}: cannot write in {parent} ({error.strerror or error}); choose another --out") from None
-    return out
-
-
-def _existing_parent(path: Path) -> Path:
-    parent = Path(os.path.abspath(path)).parent
-    while not parent.exists():
-        parent = parent.parent
-    return parent
+        folders.check_not_here(target, shown)
+    folders.check_writable(target, shown)
+    return target
 
 
 def write(tables: SweepTables, out: str | os.PathLike, *, overwrite: bool = False,
           extra: dict[str, Callable[[Path], None]] | None = None) -> Path:
     """Publish `tables` as the folder `out`: one set of files that appears whole, replacing an old set only with
-    `overwrite`.
-
-    Everything is written into a new hidden folder beside `out`, which is then renamed onto `out` (or, when
-    `out` is an empty folder already, moved into it, run.json last), so no reader ever sees files from two runs
-    or half a file. `extra` maps a relative path to a function that
-    writes that file (the partial states of a sharded run). Files get the usual permissions (the umask).
+    `overwrite` (`headscan.tables.folders.publish`: an empty folder already there is filled, run.json last), so
+    no reader ever sees files from two runs or half a file. `extra` maps a relative path to a function that
+    writes that file (the partial states of a sharded run). Returns the folder's absolute path.
     """
-    out = Path(os.path.abspath(check_out(out, overwrite=overwrite)))  # "." has no name to rename onto
+    target = check_out(out, overwrite=overwrite)
     frames = {name: TABLES[name].conform(frame) for name, frame in tables.frames.items()}  # check all first
     tables.provenance = dataclasses.replace(tables.provenance, run_id=uuid.uuid4().hex)
     provenance = tables.provenance.to_json()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".new", dir=out.parent))
-    try:
-        staging.chmod(0o777 & ~_umask())  # mkdtemp makes it private; a published run is not
+
+    def fill(folder: Path) -> None:
         for name, frame in frames.items():
-            _write_parquet(frame, staging / TABLES[name].file, provenance)
-        (staging / "run.json").write_text(json.dumps(provenance, indent=2, default=str) + "\n")
+            _write_parquet(frame, folder / TABLES[name].file, provenance)
+        (folder / "run.json").write_text(json.dumps(provenance, indent=2, default=str) + "\n")
         for relative, writer in (extra or {}).items():
-            (staging / relative).parent.mkdir(parents=True, exist_ok=True)
-            writer(staging / relative)
-        old = None
-        if out.is_dir() and not any(out.iterdir()):  # a folder made for the run: fill it, and keep it and its mode
-            for path in sorted(staging.iterdir(), key=lambda path: path.name == "run.json"):  # run.json last
-                os.replace(path, out / path.name)
-            staging.rmdir()
-        else:
-            if out.exists():
-                old = out.parent / f".{out.name}.old-{os.getpid()}"
-                os.replace(out, old)
-            os.replace(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-    return out
+            (folder / relative).parent.mkdir(parents=True, exist_ok=True)
+            writer(folder / relative)
 
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    return folders.publish(target, fill, last="run.json")
 
 
 # --- reading ----------------------------------------------------------------------------------------------
