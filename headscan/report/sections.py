@@ -165,14 +165,14 @@ def _evidence(e: ExampleAttention) -> str:
     >>> e = ExampleAttention("minilm", "bidirectional", "next_token", "L4H11", 4, 11, 0.021, ("a",), np.ones((1, 1)),
     ...                      0.017, 0.026, 0.035, "below chance")
     >>> _evidence(e)
-    'minilm L4H11 (next_token 0.021 [0.017, 0.026] over the corpus, chance 0.035: below chance, so no finding; its highest-scoring head, shown to illustrate the metric)'
+    'minilm L4H11 (next_token 0.021 [0.017, 0.026] over the corpus, chance 0.035: below chance, so no finding; shown to illustrate the metric)'
     """
     score = f"{e.metric} {fmt_score(e.metric, e.value)}"
     if not (pd.isna(e.ci_low) or pd.isna(e.ci_high)):
         score += f" [{fmt_score(e.metric, e.ci_low, e.value)}, {fmt_score(e.metric, e.ci_high, e.value)}]"
-    score += f" over the corpus, chance {fmt_score(e.metric, e.chance)}"
+    score += " over the corpus" + ("" if pd.isna(e.chance) else f", chance {fmt_score(e.metric, e.chance)}")
     if e.unsupported:
-        score += f": {e.unsupported}, so no finding; its highest-scoring head, shown to illustrate the metric"
+        score += f": {e.unsupported}, so no finding; shown to illustrate the metric"
     return f"{e.model} {e.label} ({score})"
 
 

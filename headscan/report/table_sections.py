@@ -109,7 +109,8 @@ def syntax_section(comparison: Comparison, palette: dict, pngs: Pngs) -> list:
                                   "(the light bar, its offset d written at its foot), one panel per direction. A "
                                   "filled point's interval lies wholly above the baseline; a hollow one's reaches "
                                   "down to it. Each point is labelled with its head."))
-    blocks.append(Text(f"{len(beats)} of {len(best)} best heads beat the best fixed offset beyond their 95% interval "
+    blocks.append(Text(f"{len(beats)} of {len(best)} best heads {'beats' if len(beats) == 1 else 'beat'} the best "
+                       "fixed offset beyond their 95% interval "
                        f"(the interval's lower end above the baseline); {len(found)} of these "
                        + ("is a finding, which also needs" if len(found) == 1 else "are findings, which also need")
                        + " the interval above chance and support that is not thin. Read them with two cautions: the "
