@@ -121,11 +121,11 @@ def most_attended(attention: torch.Tensor) -> torch.Tensor:
     >>> most_attended(torch.tensor([[[[0.9, 0.1, 0.0], [0.0, 1.0, 0.0], [0.3, 0.3, 0.4]]]]))
     tensor([[[ 1, -1,  0]]])
     """
-    n = attention.shape[-1]
-    self_word = torch.eye(n, dtype=torch.bool, device=attention.device)
-    others = attention.masked_fill(self_word, 0.0)  # a new tensor; weights are >= 0, so 0 removes the word
-    top = others.argmax(-1)  # the first maximal value, as numpy's argmax
-    largest = others.gather(-1, top[..., None])[..., 0]
+    # A new tensor with contiguous rows (the head -> dependent direction comes in as a transposed view), its
+    # diagonal zeroed in place: weights are >= 0, so 0 removes the word. A broadcast eye mask costs several copies.
+    others = attention.clone(memory_format=torch.contiguous_format)
+    others.diagonal(dim1=-2, dim2=-1).fill_(0.0)
+    largest, top = others.max(-1)  # the first maximal value, as numpy's argmax (a NaN row: its NaN, so -1 below)
     return torch.where(largest > 0, top, -1)
 
 
