@@ -113,6 +113,9 @@ def _best(part: pd.DataFrame, metric: str, *, strict: bool = False) -> pd.Series
     return None if top.empty else top.iloc[0]
 
 
+_EVIDENCE = ("ci_low", "ci_high", "chance", "unsupported")  # what a pick carries beside its value, for its caption
+
+
 def _picks(heads: pd.DataFrame, metrics: Callable[[str], Sequence[str]], *, strict: bool = False) -> pd.DataFrame:
     rows = []
     for model in dict.fromkeys(heads["model"]):
@@ -125,9 +128,6 @@ def _picks(heads: pd.DataFrame, metrics: Callable[[str], Sequence[str]], *, stri
                              "layer": int(best["layer"]), "head": int(best["head"]), "value": float(best["value"]),
                              **{c: best[c] for c in _EVIDENCE}})
     return pd.DataFrame(rows, columns=["model", "family", "metric", "label", "layer", "head", "value", *_EVIDENCE])
-
-
-_EVIDENCE = ("ci_low", "ci_high", "chance", "unsupported")  # what a pick carries beside its value, for its caption
 
 
 def example_heads(heads: pd.DataFrame) -> pd.DataFrame:
