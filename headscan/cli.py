@@ -89,6 +89,15 @@ def _listing_tables(command):
     return command
 
 
+def _device_options(device: str, dtype: str):
+    """--device and --dtype, declared once for every command that loads a model."""
+    def decorate(command):
+        command = click.option("--dtype", default=dtype, show_default=True, type=click.Choice(choices()["dtype"]),
+                               help="Weights and activations (scores and sums stay float32 or float64).")(command)
+        return click.option("--device", default=device, show_default=True, type=click.Choice(choices()["device"]),
+                            help="Where the model runs: auto takes a GPU (cuda, then mps) where torch sees one.")(command)
+    return decorate
+
 @cli.command()
 @click.option("models", "--model", "-m", multiple=True, metavar="SPEC",
               help="Alias (minilm, smollm2), local checkpoint folder, .gguf file or Hugging Face id; repeat for "
@@ -107,8 +116,7 @@ def _listing_tables(command):
 @click.option("--batch-size", default=default("batch_size"), show_default=True,
               help="Segments per forward pass (scores do not depend on it).")
 @click.option("--limit", type=int, default=default("limit"), help="Read at most this many segments.")
-@click.option("--device", default=default("device"), show_default=True, type=click.Choice(choices()["device"]))
-@click.option("--dtype", default=default("dtype"), show_default=True, type=click.Choice(choices()["dtype"]))
+@_device_options(default("device"), default("dtype"))
 @click.option("--device-map", default=default("device_map"), metavar="MAP",
               help="Spread a model too large for one device over several: a Hugging Face device map name such as "
                    "'auto' (needs accelerate; replaces --device for the model's layers).")
@@ -272,7 +280,7 @@ def _numbers(kind, setting: str):
 _RETRIEVAL = RetrievalConfig()
 
 
-@cli.command()
+@cli.command(short_help="Find retrieval heads by needle-in-a-haystack decoding (Wu et al. 2024).")
 @click.option("models", "--model", "-m", multiple=True, required=True, metavar="SPEC",
               help="A causal model: alias (smollm2), local checkpoint folder, .gguf file or Hugging Face id; repeat "
                    "for several.")
@@ -295,9 +303,9 @@ _RETRIEVAL = RetrievalConfig()
 @click.option("--seed", default=_RETRIEVAL.seed, show_default=True, help="Seed of the haystacks' starts and the bootstrap.")
 @click.option("--bootstrap", default=_RETRIEVAL.bootstrap, show_default=True,
               help="Bootstrap replicates over trials for the 95% intervals (0: none; else at least 20).")
-@click.option("--interval", default=_RETRIEVAL.interval, show_default=True, type=click.Choice(choices()["interval"]))
-@click.option("--device", default=_RETRIEVAL.device, show_default=True, type=click.Choice(choices()["device"]))
-@click.option("--dtype", default=_RETRIEVAL.dtype, show_default=True, type=click.Choice(choices()["dtype"]))
+@click.option("--interval", default=_RETRIEVAL.interval, show_default=True, type=click.Choice(choices()["interval"]),
+              help="How bootstrap replicates become a 95% interval.")
+@_device_options(_RETRIEVAL.device, _RETRIEVAL.dtype)
 @click.option("--bos", type=click.Choice(list(_BOS)), default="auto", show_default=True,
               help="Raw template: put BOS before the prompt ('auto' follows the model's sweep default).")
 @click.option("--query-chunk", default=_RETRIEVAL.query_chunk, show_default=True,

@@ -262,10 +262,16 @@ def top_heads_text(run: SweepTables, metric: str | None = None, n: int = 10) -> 
     """
     if metric is None:  # a sweep's previous-token heads, a retrieval run's retrieval heads
         metric = "prev_token" if "heads" in run.frames else "retrieval"
-    if metric == "syntax" and "syntax" in run.frames:
+    entry = METRICS.get(metric)
+    if entry is not None and entry.table not in run.frames:
+        how = _HOW_TO_GET.get(entry.table)
+        raise TablesError(f"this run has no {entry.table}.parquet, so no {metric!r}" + (f"; {how}" if how else ""))
+    if metric == "syntax":
         return _syntax_text(run["syntax"], n)
-    if metric == "importance" and "importance" in run.frames:
+    if metric == "importance":
         return _importance_text(run["importance"], n)
+    if entry is not None and list(TABLES[entry.table].keys) != ["metric"]:
+        return _profile_text(run[entry.table], metric, n)
     if metric not in METRICS and metric in _UNREGISTERED and _has(run, *_UNREGISTERED[metric]):
         return _unregistered_text(run, metric, n)
     heads = run[METRICS[metric].table if metric in METRICS and METRICS[metric].table in run.frames else "heads"]
@@ -315,6 +321,54 @@ def controls_note(run: RunProvenance) -> list[str]:
 
 
 # Scores a sweep may write that the metric registry does not hold: metric -> the table it is in.
+# What to run for a table a run lacks, said when `headscan show` is asked for one of its metrics.
+_HOW_TO_GET = {
+    "heads": "this is not a sweep's output; sweep a corpus with headscan sweep",
+    "syntax": "sweep a CoNLL-U treebank (--corpus FILE.conllu) to get one",
+    "importance": "sweep with --importance ablate (or atp) to get one",
+    "value": "sweep with --values to get one",
+    "retrieval": "run headscan retrieval to get one",
+}
+
+
+def _profile_text(frame: pd.DataFrame, metric: str, n: int) -> str:
+    """`top_heads_text` for a profile (offsets, positions): each head at the point of its axis where it is most
+    striking, then the `n` most striking heads per model. Points where every head of a model scores the same (a
+    causal model's first_token at position 0) rank nothing and are left out.
+
+    >>> offsets = pd.DataFrame({"model": "m", "layer": 0, "head": [0, 0, 1, 1], "label": ["L0H0", "L0H0", "L0H1",
+    ...     "L0H1"], "offset": [-1, 0, -1, 0], "value": [0.9, 0.1, 0.2, 0.7], "ci_low": float("nan"),
+    ...     "ci_high": float("nan"), "count": 8, "units": 4})
+    >>> print(_profile_text(offsets, "offsets", 5))
+    offsets: each head at the offset where it is highest
+    model label  layer  head  offset  value  ci_low  ci_high  count  units
+        m  L0H0      0     0      -1    0.9     NaN      NaN      8      4
+        m  L0H1      0     1       0    0.7     NaN      NaN      8      4
+    """
+    rows = frame[frame["metric"] == metric] if "metric" in frame.columns else frame
+    axis = [c for c in TABLES[_table_of(metric)].keys if c != "metric"]
+    rows = rows[rows["value"].notna()]
+    if len(rows):
+        at_point = rows.groupby(["model", *axis], sort=False, observed=True)["value"]
+        rows = rows[(at_point.transform("nunique") > 1) | (at_point.transform("size") == 1)]
+    high = describe(metric).ranks_high()
+    rows = rows.sort_values(["value", "layer", "head", *axis], ascending=[not high, True, True, *[True] * len(axis)],
+                            kind="stable")
+    peaks = rows.drop_duplicates(["model", "layer", "head"])
+    models = {name: i for i, name in enumerate(dict.fromkeys(frame["model"]))}
+    top = peaks.groupby("model", sort=False).head(n).sort_values("model", key=lambda c: c.map(models), kind="stable")
+    columns = [c for c in ["model", "label", "layer", "head", *axis, "value", "ci_low", "ci_high", "chance", "count",
+                           "units"] if c in top.columns]
+    head = f"{metric}: each head at the {', '.join(axis)} where it is {'highest' if high else 'lowest'}"
+    if top.empty:
+        return f"{head}: no head differs from the others of its model at any point"
+    return head + "\n" + top[columns].to_string(index=False)
+
+
+def _table_of(metric: str) -> str:
+    return METRICS[metric].table
+
+
 _UNREGISTERED = {"copying": ("weights", "copying"), "dla": ("heads", "dla"), "dla_positive": ("heads", "dla_positive")}
 
 

@@ -370,11 +370,28 @@ def _script() -> str:
     return '(function () {\n"use strict";\n' + "\n".join(_resource(name) for name in SCRIPT_PARTS) + "})();\n"
 
 
+# Characters that may start markup inside a <script> element, as JSON escapes: "<!--<script>" in the data (web
+# text, a user's --example) would otherwise put the parser in its escaped state, where "</script>" stops closing.
+_SCRIPT_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})
+
+
+def script_json(value) -> str:
+    """`value` as JSON that is inert inside an HTML ``<script>`` element: ``<``, ``>`` and ``&`` as ``\\u`` escapes,
+    and every non-ASCII character too (U+2028 and U+2029 included, which older JavaScript took for line ends).
+    ``JSON.parse`` gives back the same strings.
+
+    >>> print(script_json({"text": "<!--<script>&</script>\u2028"}))
+    {"text":"\\u003c!--\\u003cscript\\u003e\\u0026\\u003c/script\\u003e\\u2028"}
+    >>> json.loads(script_json(["a<b>&c"])) == ["a<b>&c"]
+    True
+    """
+    return json.dumps(value, separators=(",", ":"), allow_nan=False, ensure_ascii=True).translate(_SCRIPT_ESCAPES)
+
+
 def atlas_html(comparison: Comparison, examples: Examples | None = None) -> str:
     """The atlas as one HTML fragment: its controls, a placeholder the script fills, the data as JSON, the
     style and the script, all inline. It works from ``file://`` and loads nothing."""
-    data = json.dumps(atlas_data(comparison, examples), separators=(",", ":"), allow_nan=False, ensure_ascii=True)
-    data = data.replace("</", "<\\/")  # nothing in the data can close the script element
+    data = script_json(atlas_data(comparison, examples))
     _, shown = _with_importance(comparison)
     options = "".join(f'<option value="{html.escape(m)}">{html.escape(m)}</option>' for m in shown)
     if families_shown(comparison):

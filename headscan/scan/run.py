@@ -103,6 +103,9 @@ def sweep(
         raise ConfigError("models: none to sweep; pass --model (for example --model minilm)", setting="models")
     if len(set(models)) != len(models):
         raise ConfigError(f"models: a model is named twice in {models}; each model's rows would collide", setting="models")
+    if not save_every >= 0:  # NaN too: it would never save, silently
+        raise ConfigError(f"save_every must be a number of seconds >= 0 (0 saves at every window's end, inf never), "
+                          f"got {save_every}", setting="save_every")
     if command is None:
         command = _python_call(models, corpus, out, config, shard)
     # Everything a user can get wrong is checked before the first forward pass.
