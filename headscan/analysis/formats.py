@@ -1,11 +1,14 @@
-"""Numbers as a report writes them: shares as percentages, position buckets as the positions they cover.
+"""Numbers and names as a report writes them: shares as percentages, position buckets as the positions they cover,
+user-given names (paths, commands, relations) as code spans that hold them whole.
 
 Torch-free, like `headscan.analysis.syntax`, which writes its sentences with them.
 """
 
 from __future__ import annotations
 
-__all__ = ["pct", "fmt_bucket"]
+import re
+
+__all__ = ["pct", "fmt_bucket", "code"]
 
 
 def fmt_bucket(bucket) -> str:
@@ -27,3 +30,16 @@ def pct(value: float) -> str:
     text = f"{100 * value:.1f}%"
     # 0.9998 is not all of the attention: keep the digit that says so.
     return f"{100 * value:.2f}%" if text == "100.0%" and value < 1 else text
+
+
+def code(text) -> str:
+    """`text` as a Markdown code span that holds it whole: fenced by one more backtick than its longest run of
+    them, padded with a space where it starts or ends with one (the report's Markdown and HTML read it back alike).
+
+    >>> print(code("out/ewt"), code("a`b"), code("`x`"))
+    `out/ewt` ``a`b`` `` `x` ``
+    """
+    text = str(text)
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"

@@ -25,6 +25,7 @@ import pandas as pd
 from ..metrics import METRICS
 from ..errors import TablesError
 from ..tables import TABLES, ModelProvenance, RunProvenance, SweepTables
+from .formats import code
 
 __all__ = ["ReportModel", "Comparison", "run_names", "merge_runs", "model_shapes", "run_summary", "model_sources"]
 
@@ -237,8 +238,8 @@ def run_summary(run: SweepTables) -> pd.DataFrame | None:
     corpus_text = (f"{_text(corpus.source)} ({corpus.kind or '?'}, {_count(corpus.n_segments)} segments"
                    + (f", sha256 {corpus.sha256[:16]}…" if corpus.sha256 else "") + ")")
     rows = [
-        ("folder", f"`{run.path}`" if run.path else "–"),
-        ("command", f"`{p.command}`" if p.command else "–"),
+        ("folder", code(run.path) if run.path else "–"),
+        ("command", code(p.command) if p.command else "–"),
         ("started", _text(p.started)),
         ("finished", _text(p.finished)),
         ("headscan", _text(p.headscan_version) + (f" (git {p.git_revision[:12]})" if p.git_revision else "")),
@@ -258,7 +259,7 @@ def model_sources(run: SweepTables) -> pd.DataFrame:
         rows.append({
             "model": m.name,
             "source": _text(m.source),
-            "id": f"`{m.id}`" if m.id else "–",
+            "id": code(m.id) if m.id else "–",
             "revision": revision if len(revision) <= 24 else revision[:24] + "…",
             "segments": _count(m.n_segments),
             "tokens": _count(m.n_tokens),

@@ -29,7 +29,7 @@ import pandas as pd
 
 from .. import tables
 from .claims import why_not
-from .formats import pct
+from .formats import code, pct
 
 __all__ = ["DIRECTIONS", "FREQUENT", "MIN_SHARE", "BEST_COLUMNS", "relation_order", "best_heads", "syntax_findings",
            "syntax_display", "direction_text", "offset_text"]
@@ -167,11 +167,11 @@ def _sentence(row) -> str:
     chance = "" if pd.isna(getattr(row, "chance", np.nan)) else f" (chance {pct(row.chance)})"
     offset = f"the best fixed offset ({offset_text(row.baseline_offset)})"
     if row.direction == "head_to_dependent":
-        return (f"In {row.model} {row.label}, the word attending most to each `{row.relation}` dependent is its head "
+        return (f"In {row.model} {row.label}, the word attending most to each {code(row.relation)} dependent is its head "
                 f"for {pct(row.accuracy)} [{100 * row.ci_low:.1f}, {100 * row.ci_high:.1f}] of them{chance}, against "
                 f"{pct(row.baseline)} for {offset}.")
     return (f"{row.model} {row.label} picks the head of {pct(row.accuracy)} [{100 * row.ci_low:.1f}, "
-            f"{100 * row.ci_high:.1f}] of `{row.relation}` dependents{chance}, against {pct(row.baseline)} for {offset}.")
+            f"{100 * row.ci_high:.1f}] of {code(row.relation)} dependents{chance}, against {pct(row.baseline)} for {offset}.")
 
 
 def syntax_findings(best: pd.DataFrame) -> dict[str, list[str]]:
@@ -205,7 +205,7 @@ def syntax_findings(best: pd.DataFrame) -> dict[str, list[str]]:
         never = [r for r in dict.fromkeys(rows["relation"]) if r not in beaten | unsure]
         if never:
             sentences.append(f"No head of {model} beats the best fixed offset beyond its 95% interval on "
-                             f"{', '.join(f'`{r}`' for r in never)}, in either direction.")
+                             f"{', '.join(code(r) for r in never)}, in either direction.")
         unjudged = rows[~rows.index.isin(judged.index)]
         if len(unjudged):
             why = []

@@ -134,9 +134,17 @@ def check_spec(spec: str) -> None:
     if spec.startswith(("/", ".", "~")) or spec.count("/") > 1 or "\\" in spec:
         raise ModelNotFoundError(f"{spec}: no such file or folder; pass a checkpoint folder, a .gguf file, an "
                                  f"embedded alias ({', '.join(ALIASES)}) or a Hugging Face id (org/name)")
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
     from .series import split_revision
 
     hub_id, revision = split_revision(spec)
+    try:
+        validate_repo_id(hub_id)
+    except HFValidationError:
+        raise ModelNotFoundError(f"model {spec!r} not found: no embedded alias ({', '.join(ALIASES)}), no file or "
+                                 f"folder of that name, and not a Hugging Face id (org/name: letters, digits, '-', "
+                                 f"'_' and '.', at most 96 characters)") from None
     if revision is not None:  # ID@REVISION: offline, that revision must be in the cache
         if _offline() and _hf_cache_revision(hub_id, revision) is None:
             raise ModelNotFoundError(

@@ -29,6 +29,7 @@ import seaborn as sns
 
 from ..analysis.claims import gate_text
 from ..analysis.findings import family_findings, family_summary, findings_by_model
+from ..analysis.formats import code
 from ..analysis.roles import role_for
 from ..analysis.ranking import WIDE_CI, fmt_bucket, fmt_score, striking_order, top_heads, top_rows
 from ..analysis.runs import Comparison, merge_runs, model_shapes, model_sources, run_names, run_summary
@@ -187,7 +188,7 @@ def _runs_section(comparison: Comparison) -> list:
         blocks.append(Heading(3, f"Run {name}"))
         summary = run_summary(run)
         if summary is None:
-            blocks.append(Note(f"`{run.path}` has no provenance (no run.json, no parquet metadata)."))
+            blocks.append(Note(f"{code(run.path)} has no provenance (no run.json, no parquet metadata)."))
             continue
         blocks.append(Table(summary))
         sources = model_sources(run)

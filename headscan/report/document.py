@@ -136,7 +136,9 @@ class Document:
 # --- inline text ------------------------------------------------------------------------------------------
 
 _CODE = re.compile(r"(`+)(.+?)\1", re.S)
-_MD_SPECIAL = re.compile(r"([\\*_<>|$#])")
+_MD_SPECIAL = re.compile(r"([\\*_<>|$#`]|\](?=\())")  # "](" would end a link's text
+# In a heading only what could become markup or break the line: names such as next_token keep their underscores
+_HEADING_SPECIAL = re.compile(r"([\\<>|`]|\](?=\())")
 
 
 def _inline_html(text: str) -> str:
@@ -150,13 +152,32 @@ def _inline_html(text: str) -> str:
 
 
 def _inline_md(text: str) -> str:
+    """`text` as Markdown that shows it literally: markup characters escaped, each `code` span fenced by more
+    backticks than it holds, and a pipe in it escaped (GitHub reads \\| as | in a code span, and needs it there
+    inside a table cell).
+
+    >>> print(_inline_md("a | <b> `x|y` and ``a`b``"))
+    a \\| \\<b\\> `x\\|y` and ``a`b``
+    """
     out, last = [], 0
     for match in _CODE.finditer(text):
         out.append(_MD_SPECIAL.sub(r"\\\1", text[last:match.start()]))
-        out.append(f"`{match.group(2).strip()}`")
+        code = match.group(2).strip().replace("|", "\\|")
+        fence = "`" * (max((len(run) for run in re.findall(r"`+", code)), default=0) + 1)
+        pad = " " if code.startswith("`") or code.endswith("`") else ""
+        out.append(f"{fence}{pad}{code}{pad}{fence}")
         last = match.end()
     out.append(_MD_SPECIAL.sub(r"\\\1", text[last:]))
     return "".join(out).replace("\n", " ")
+
+
+def _heading_md(text: str) -> str:
+    """A heading's text as Markdown that shows it literally (one line, no markup, no link).
+
+    >>> print(_heading_md("m<img src=x> | next_token [random init](x)"))
+    m\\<img src=x\\> \\| next_token [random init\\](x)
+    """
+    return _HEADING_SPECIAL.sub(r"\\\1", " ".join(text.split()))
 
 
 def _paragraphs(body: str) -> list[list[str] | str]:
@@ -369,9 +390,10 @@ def to_markdown(document: Document) -> str:
     out: list[str] = []
     for block in document.blocks:
         if isinstance(block, Heading):
-            out.append(f"{'#' * block.level} {block.text}")
+            out.append(f"{'#' * block.level} {_heading_md(block.text)}")
         elif isinstance(block, Contents):
-            out.append("**Contents**\n\n" + "\n".join(f"{i}. [{h.text}](#{h.anchor})" for i, h in enumerate(toc, 1)))
+            out.append("**Contents**\n\n" + "\n".join(f"{i}. [{_heading_md(h.text)}](#{h.anchor})"
+                                                      for i, h in enumerate(toc, 1)))
         elif isinstance(block, Text):
             out.append(_inline_md(block.text))
         elif isinstance(block, Note):
@@ -382,7 +404,7 @@ def to_markdown(document: Document) -> str:
             out.append(_table_md(block))
         elif isinstance(block, Panels):
             for title, table in block.items:
-                out += [f"### {title}", _table_md(table)]
+                out += [f"### {_heading_md(title)}", _table_md(table)]
         elif isinstance(block, Figures):
             out.append("\n".join(f"![{n.removesuffix('.png')}](figures/{n})" for n in block.names))
             out.append(f"*{_inline_md(block.caption)}*")

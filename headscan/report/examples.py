@@ -28,6 +28,7 @@ import pandas as pd
 
 from .. import models
 from ..analysis.ranking import top_heads
+from ..analysis.formats import code
 from ..analysis.runs import Comparison, merge_runs
 from ..config import control_name, split_control
 from ..corpus.segment import Segment
@@ -211,6 +212,12 @@ def check_example(text: str | None) -> str:
     if not text.strip():
         raise ConfigError("example is empty; pass a sentence, or leave the option out for the default one",
                           setting="example")
+    # As the corpus readers: a NUL or a lone surrogate (bytes that were not UTF-8) cannot be tokenised and shown
+    bad = next((c for c in text if c == "\0" or "\ud800" <= c <= "\udfff"), None)
+    if bad is not None:
+        what = "a NUL byte" if bad == "\0" else "a lone surrogate (bytes that are not UTF-8)"
+        raise ConfigError(f"example holds {what} at character {text.index(bad) + 1}; pass UTF-8 text",
+                          setting="example")
     return text
 
 
@@ -296,6 +303,6 @@ def compute_examples(runs: Sequence[SweepTables], text: str | None = None, *, na
                                                  pick.value, tokens, patterns[pick.layer, pick.head], pick.ci_low,
                                                  pick.ci_high, pick.chance, pick.unsupported))
         except _EXAMPLE_ERRORS as error:
-            failed.append(f"{m.name} (`{spec}`): {type(error).__name__}: {error}")
+            failed.append(f"{m.name} ({code(spec)}): {type(error).__name__}: {error}")
     return Examples(text, CHOICE, tuple(drawn), tuple(failed), REPEATED_EXAMPLE if repeated else "",
                     tuple(induction), tuple(every))

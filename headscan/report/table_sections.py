@@ -19,6 +19,7 @@ from matplotlib.figure import Figure
 from ..analysis import movement
 from ..analysis import positions as context
 from ..analysis.runs import Comparison
+from ..analysis.formats import code
 from ..analysis.syntax import DIRECTIONS, MIN_SHARE, best_heads, direction_text, syntax_display, syntax_findings
 from ..plots import heatmaps as figures
 from ..plots import profiles as charts
@@ -132,7 +133,7 @@ def syntax_section(comparison: Comparison, palette: dict, pngs: Pngs) -> list:
         note += " \u2021: resting on thin support; no finding rests on it."
     if left:
         note += (f" Left out, each under {MIN_SHARE:.0%} of all dependents: "
-                 + ", ".join(f"`{r}` ({int(counts[r]):,})" for r in left) + "; syntax.parquet has them.")
+                 + ", ".join(f"{code(r)} ({int(counts[r]):,})" for r in left) + "; syntax.parquet has them.")
     frame = syntax_display(best, with_model=len(models) > 1)
     numeric = ("accuracy", "95% low", "95% high", "dependents", "baseline", "offset", "margin")
     blocks.append(Table(frame, numeric=numeric, note=note, sortable=True))
