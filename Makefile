@@ -23,7 +23,7 @@ setup: $(BIN)/headscan
 demo: setup
 	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --out out/demo --overwrite
 	$(BIN)/headscan show out/demo --metric next_token --top 5
-	$(BIN)/headscan report out/demo --out reports/demo
+	$(BIN)/headscan report out/demo --out reports/demo --overwrite
 	@echo "open reports/demo/index.html; for the headscan command itself: . $(VENV)/bin/activate"
 
 # Two pytest workers, one per core, each taking whole test files (module fixtures are built once); JOBS=1 runs serially.
@@ -40,10 +40,10 @@ reports: setup
 	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --corpus $(EWT) --control random-init --importance ablate --ablate-top 10 --importance-sample 256 --out reports/runs/ewt-dev-controls --device cpu -q --overwrite
 	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --corpus repeat-random --out reports/runs/repeat-random --device cpu -q --overwrite
 	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep -m smollm2 --corpus $(EWT) --limit 2001 --pack sentences --max-len 2048 --attention chunked --batch-size 1 --out reports/runs/ewt-long --device cpu -q --overwrite
-	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/ewt-dev --out reports/ewt-dev
-	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/ewt-dev-controls --out reports/ewt-dev-controls
-	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/ewt-long --out reports/ewt-long
-	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/repeat-random --out reports/repeat-random
+	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/ewt-dev --out reports/ewt-dev --overwrite
+	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/ewt-dev-controls --out reports/ewt-dev-controls --overwrite
+	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/ewt-long --out reports/ewt-long --overwrite
+	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/repeat-random --out reports/repeat-random --overwrite
 	$(BIN)/python experiments/atlas_screenshots.py reports/ewt-dev/index.html reports/screenshots/ewt-dev minilm:L0H2 smollm2:L16H0
 	$(BIN)/python experiments/atlas_screenshots.py reports/ewt-dev-controls/index.html reports/screenshots/ewt-dev-controls minilm:L0H2 smollm2:L16H0
 	$(BIN)/python experiments/atlas_screenshots.py reports/repeat-random/index.html reports/screenshots/repeat-random smollm2:L18H6

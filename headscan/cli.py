@@ -438,14 +438,15 @@ def show(run, metric, top):
 @cli.command()
 @click.argument("runs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Report folder (default: reports/<run name>).")
+              help="Report folder (default: NAME-report beside the first run's folder).")
+@click.option("--overwrite", is_flag=True, help="Replace OUT if it already holds a headscan report.")
 @click.option("--top", default=10, show_default=True, help="Top heads listed per metric.")
 @click.option("--example", default=None,
               help="Sentence whose attention is drawn for each model's heads (default: a short English one).")
 @click.option("--no-models", is_flag=True, help="Draw only what needs the tables, without loading the models.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
 @_one_line_errors
-def report(runs, out, top, example, no_models, quiet):
+def report(runs, out, top, example, no_models, quiet, overwrite):
     """Render one or more sweep outputs into figures, report.md and a self-contained index.html with the
     head atlas.
 
@@ -459,26 +460,30 @@ def report(runs, out, top, example, no_models, quiet):
         headscan report out --out reports/demo
     """
     from .report.examples import check_example
-    from .report import check_report_options, check_runs, write_report
+    from .report import check_report_options, check_runs, report_folder, write_report
     from .tables import load
+    from .tables.folders import lock
 
     def progress(line: str) -> None:
         if not quiet:
             click.echo(line, err=True)
 
-    check_report_options(top=top, out=out)  # before any model loads
+    check_report_options(top=top, out=out, overwrite=overwrite)  # before any model loads
     if not no_models:
         check_example(example)
     check_runs(runs)
     progress(f"reading {len(runs)} run{'s' if len(runs) > 1 else ''}")
     loaded = [load(run) for run in runs]
     check_runs(loaded)
-    examples = None
-    if not no_models:
-        from .report.examples import compute_examples
+    folder = report_folder(loaded, out)
+    with lock(folder):  # held from here, so that a second writer is refused before the models load
+        check_report_options(top=top, out=folder, overwrite=overwrite)
+        examples = None
+        if not no_models:
+            from .report.examples import compute_examples
 
-        examples = compute_examples(loaded, example, progress=progress)
-        for line in examples.failed:
-            click.echo(f"no example attention for {line}", err=True)
-    folder = write_report(loaded, out, top=top, examples=examples, progress=progress)
+            examples = compute_examples(loaded, example, progress=progress)
+            for line in examples.failed:
+                click.echo(f"no example attention for {line}", err=True)
+        folder = write_report(loaded, folder, top=top, examples=examples, progress=progress, overwrite=overwrite)
     click.echo(f"wrote {folder}/index.html and {folder}/report.md")

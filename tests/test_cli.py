@@ -173,6 +173,15 @@ def test_a_folder_that_holds_files_is_replaced_only_with_overwrite(runner, tmp_p
     (tmp_path / "full" / "notes.txt").unlink()
     assert runner.invoke(cli, arguments).exit_code == 0  # an empty folder takes a run
     (tmp_path / "full" / "extra.txt").write_text("left by hand in a run")
+    (tmp_path / "full" / "mystuff").mkdir()
+    with monkeypatch.context() as patched:  # refused before any work, and nothing of the user's deleted
+        patched.setattr("headscan.scan.controls.load_model", lambda *a, **k: pytest.fail("loaded a model"))
+        result = runner.invoke(cli, [*arguments, "--overwrite"])
+    assert one_line(result) == ("Error: full: holds extra.txt, mystuff, which a headscan run does not write, and "
+                                "replacing the folder would delete them; move them out, or choose another --out")
+    assert {"extra.txt", "mystuff", "run.json"} <= {p.name for p in (tmp_path / "full").iterdir()}
+    (tmp_path / "full" / "extra.txt").unlink()
+    (tmp_path / "full" / "mystuff").rmdir()
     result = runner.invoke(cli, [*arguments, "--overwrite"])
     assert result.exit_code == 0, result.output
     written = {p.name for p in (tmp_path / "full").iterdir()}

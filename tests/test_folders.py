@@ -4,7 +4,11 @@ Each case here once deleted or stranded something (a reviewer's `--out nosuch/..
 in, `link/.. --overwrite` replaced the wrong folder, `report --out .` crashed after loading the models).
 """
 
+import contextlib
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -37,12 +41,12 @@ def test_dot_dot_after_a_missing_folder_is_the_folder_one_is_in_and_it_is_refuse
 
 def test_a_link_then_dot_dot_names_the_folder_the_link_points_into(tmp_path, monkeypatch):
     run = tmp_path / "run"
-    (run / "sub").mkdir(parents=True)
+    (run / "state").mkdir(parents=True)  # a folder a sharded run writes
     (run / "run.json").write_text("{}")
     here = tmp_path / "work"
     here.mkdir()
     (here / "mine.txt").write_text("mine")
-    (here / "link").symlink_to(run / "sub")
+    (here / "link").symlink_to(run / "state")
     monkeypatch.chdir(here)
     assert check_out("link/..", overwrite=True) == run.resolve()  # as mkdir and open read it: not `here`
     assert folders.publish("link/..", _fill("run.json", "heads.parquet"), last="run.json") == run.resolve()
@@ -114,3 +118,101 @@ def test_a_failed_replacement_keeps_the_old_folder(tmp_path):
     with pytest.raises(OSError, match="disk full"):
         folders.publish(out, broken)
     assert (out / "run.json").read_text() == "old" and _files(tmp_path) == ["run"]
+
+
+# --- refused before any work, and a replaced folder keeps its mode ------------------------------------------
+
+
+def test_a_symlink_loop_is_refused_before_any_work(tmp_path):
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    with pytest.raises(TablesError, match=r"^.*a: is a symbolic link that leads nowhere \(a loop, or a target that "
+                                          r"is gone\); remove it or choose another --out$"):
+        check_out(tmp_path / "a")
+
+
+def test_a_name_too_long_for_the_file_system_is_refused_before_any_work(tmp_path):
+    longest = os.pathconf(tmp_path, "PC_NAME_MAX")
+    fits = "r" * (longest - folders.NAME_OVERHEAD)
+    check_out(tmp_path / fits)  # room left for ".NAME.XXXXXXXX.new" beside it
+    folders.publish(tmp_path / fits, _fill("run.json"))
+    with pytest.raises(TablesError, match=rf"^.*: the name r{{40}}\.\.\. is too long for this file system \(at most "
+                                          rf"{longest - folders.NAME_OVERHEAD} bytes"):
+        check_out(tmp_path / (fits + "r"))
+
+
+def test_a_mount_point_that_holds_files_is_refused_before_any_work(tmp_path, monkeypatch):
+    run = tmp_path / "mnt"
+    run.mkdir()
+    (run / "run.json").write_text("{}")
+    real = os.path.ismount
+    monkeypatch.setattr(os.path, "ismount", lambda path: Path(path) == run or real(path))  # no mount(8) in a test
+    with pytest.raises(TablesError, match=r"mnt: is a mount point that holds files, and a mount point cannot be "
+                                          r"swapped for a new folder; pass a folder inside it, or empty it$"):
+        check_out(run, overwrite=True)
+    (run / "run.json").unlink()
+    check_out(run)  # empty: filled in place, which a mount point allows
+
+
+def test_a_replaced_folder_keeps_its_mode(tmp_path):
+    run = tmp_path / "run"
+    folders.publish(run, _fill("run.json"))
+    run.chmod(0o750)
+    folders.publish(run, _fill("run.json", "heads.parquet"))
+    assert _files(run) == ["heads.parquet", "run.json"]
+    assert run.stat().st_mode & 0o777 == 0o750
+
+
+def test_overwrite_names_what_a_run_holds_besides_its_own_files_and_deletes_none_of_it(tmp_path):
+    run = tmp_path / "run"
+    (run / "state").mkdir(parents=True)
+    for name in ("run.json", "heads.parquet", "notes.txt", "thesis.tex"):
+        (run / name).write_text(name)
+    with pytest.raises(TablesError, match=r"run: holds notes.txt, thesis.tex, which a headscan run does not write"):
+        check_out(run, overwrite=True)
+    assert _files(run) == ["heads.parquet", "notes.txt", "run.json", "state", "thesis.tex"]
+
+
+# --- one writer at a time ---------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def held_by_another_process(out: Path):
+    """`out` locked by a second Python process for the length of the block; yields its pid."""
+    holder = subprocess.Popen([sys.executable, "-c", "import time\nfrom headscan.tables import folders\n"
+                               f"with folders.lock({str(out)!r}):\n    print('held', flush=True)\n    time.sleep(120)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        yield holder.pid
+    finally:
+        holder.send_signal(signal.SIGKILL)  # the hardest way to end: the system still releases its lock
+        holder.wait()
+
+
+def test_a_second_writer_to_one_folder_is_refused_in_one_line_naming_the_first(tmp_path, tiny_gpt2):
+    from click.testing import CliRunner
+
+    from headscan.cli import cli
+
+    sweep = ["sweep", "-m", str(tiny_gpt2), "--limit", "2", "-q", "--device", "cpu", "--bootstrap", "20"]
+    run, out = tmp_path / "run", tmp_path / "out"
+    assert CliRunner().invoke(cli, [*sweep, "--out", str(run)]).exit_code == 0
+    with held_by_another_process(out) as pid:
+        held = f"another headscan process (pid {pid}) is writing there; wait for it to finish, or choose another --out"
+        result = CliRunner().invoke(cli, [*sweep, "--out", str(out)])
+        assert result.exit_code == 1 and result.output == f"Error: {out}: {held}\n"
+        result = CliRunner().invoke(cli, ["merge", str(run), "--out", str(out)])
+        assert result.exit_code == 1 and result.output == f"Error: {out}: {held}\n"
+        result = CliRunner().invoke(cli, ["report", str(run), "--out", str(out), "--no-models", "-q"])
+        assert result.exit_code == 1 and result.output == f"Error: {out}: {held}\n"
+    assert not out.exists()
+    result = CliRunner().invoke(cli, [*sweep, "--out", str(out)])
+    assert result.exit_code == 0, result.output  # free again once the holder is gone, killed as it was
+
+
+def test_a_process_may_hold_its_own_folder_twice(tmp_path):
+    with folders.lock(tmp_path / "out"), folders.lock(tmp_path / "out"):
+        pass
+    with folders.lock(tmp_path / "out"):  # and it is released when the outer block ends
+        pass

@@ -72,3 +72,31 @@ def test_smollm2_through_the_cache_holds_the_files_dequantized_tensors(smollm2):
     folder = gguf_cache._cached_folder(smollm2.revision)
     if folder is not None:  # the session's load went through the cache: the folder is complete
         assert (folder / gguf_cache._COMPLETE).is_file()
+
+
+def test_two_loads_of_one_file_at_once_convert_it_once(tmp_path, monkeypatch):
+    """The second load waits for the first one's copy instead of dequantizing the same file beside it."""
+    import threading
+    import time
+
+    monkeypatch.setenv("HEADSCAN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(gguf_cache, "_save_model", lambda model, folder: model.save_pretrained(folder))
+    reads = []
+
+    def slow_read(path, dtype):
+        reads.append(threading.get_ident())
+        time.sleep(0.5)  # long enough for the other thread to arrive while this one converts
+        return _Saves("model.safetensors"), _Saves("tokenizer.json")
+
+    monkeypatch.setattr(gguf_cache, "_read", slow_read)
+    monkeypatch.setattr(gguf_cache, "_from_folder", lambda folder, dtype: ("from", folder.name))
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(
+        gguf_cache.read_gguf(tmp_path / "m.gguf", dtype=torch.float32, sha256="sha256:" + "ab" * 32)))
+        for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(reads) == 1  # converted once
+    assert results[0] == results[1] and results[0][0] == "from"

@@ -8,6 +8,7 @@ import dataclasses
 import io
 import shutil
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -553,7 +554,7 @@ def test_a_failed_report_leaves_the_old_one_whole(runs, tmp_path, monkeypatch):
 
     monkeypatch.setattr(document, "to_html", broken)  # fails after the figures and report.md are written
     with pytest.raises(RuntimeError, match="rendering failed"):
-        report.write_report([runs[0]], out)
+        report.write_report([runs[0]], out, overwrite=True)
     assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]  # no temporary folders left behind
 
@@ -561,10 +562,10 @@ def test_a_failed_report_leaves_the_old_one_whole(runs, tmp_path, monkeypatch):
 def test_report_refuses_to_replace_a_folder_that_is_not_a_report(runs, tmp_path):
     (tmp_path / "project").mkdir()
     (tmp_path / "project" / "main.py").write_text("precious")
-    with pytest.raises(ConfigError) as error:
-        report.write_report([runs[0]], tmp_path / "project")
-    assert str(error.value) == (f"out {tmp_path / 'project'}: exists and holds ['main.py'], which a headscan report "
-                                "would not; choose another, or remove the folder")
+    with pytest.raises(TablesError) as error:
+        report.write_report([runs[0]], tmp_path / "project", overwrite=True)
+    assert str(error.value) == (f"{tmp_path / 'project'}: holds main.py, which a headscan report does not write, and "
+                                "replacing the folder would delete it; move it out, or choose another --out")
     assert (tmp_path / "project" / "main.py").read_text() == "precious"
 
 
@@ -572,8 +573,8 @@ def test_default_folder_is_named_after_the_runs(runs, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(report, "build_report", stub_build())
     out = report.write_report(list(runs), top=1)
-    assert out == tmp_path.joinpath("reports", "runA-runB").relative_to(tmp_path)
-    assert (tmp_path / out / "index.html").is_file()
+    assert out == Path(runs[0]).parent / "runA-runB-report"  # beside the first run, not in the folder one is in
+    assert (out / "index.html").is_file() and not any(tmp_path.iterdir())
 
 
 def test_errors_name_the_problem(runs, tmp_path):
@@ -601,8 +602,8 @@ def test_errors_name_the_problem(runs, tmp_path):
     (["--example", ""], "Error: --example is empty; pass a sentence, or leave the option out for the default one"),
     (["--example", "   "], "Error: --example is empty; pass a sentence, or leave the option out for the default one"),
     (["RUN"], "Error: run RUN is given twice (as RUN); a report compares different runs, so pass each once"),
-    (["--out", "project"], "Error: --out project: exists and holds ['main.py'], which a headscan report would not; "
-                           "choose another, or remove the folder"),
+    (["--out", "project", "--overwrite"], "Error: project: holds main.py, which a headscan report does not write, "
+                                          "and replacing the folder would delete it; move it out, or choose another --out"),
 ])
 def test_cli_report_errors_are_one_line_and_load_no_model(runs, arguments, message, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -645,7 +646,11 @@ def test_cli_report_says_what_it_is_doing(runs, tmp_path, monkeypatch):
     result = CliRunner().invoke(cli, ["report", str(runs[0]), "--out", str(tmp_path / "r"), "--no-models"])
     assert result.exit_code == 0, result.output
     assert result.stderr.splitlines() == ["reading 1 run", f"report: writing {tmp_path / 'r'}"]
-    quiet = CliRunner().invoke(cli, ["report", str(runs[0]), "--out", str(tmp_path / "r"), "--no-models", "-q"])
+    again = CliRunner().invoke(cli, ["report", str(runs[0]), "--out", str(tmp_path / "r"), "--no-models", "-q"])
+    assert again.exit_code == 1 and again.output == (f"Error: --out {tmp_path / 'r'}: already holds a report; pass "
+                                                     f"--overwrite to replace it, or choose another --out\n")
+    quiet = CliRunner().invoke(cli, ["report", str(runs[0]), "--out", str(tmp_path / "r"), "--no-models", "-q",
+                                     "--overwrite"])
     assert quiet.exit_code == 0 and quiet.stderr == ""
 
 

@@ -8,7 +8,8 @@ other dtype is cast from them as the GGUF reader itself would cast.
 
 Where: ``$HEADSCAN_CACHE/gguf/`` (default ``$XDG_CACHE_HOME/headscan`` or ``~/.cache/headscan``), one folder per
 file content and transformers version (a new version may convert differently); ``HEADSCAN_CACHE=off`` reads the
-file every time. The folder appears whole or not at all (written beside it, then renamed), and a cache that
+file every time. The folder appears whole or not at all (written beside it, then renamed), a second process that
+loads the same file meanwhile waits for the first one's copy (`headscan.tables.folders.lock`), and a cache that
 cannot be written only costs the speed-up. The model's identity in provenance stays the GGUF file's sha256.
 """
 
@@ -17,12 +18,14 @@ from __future__ import annotations
 import copy
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..tables.folders import lock
 from .specs import _quiet
 
 __all__ = ["cache_root", "read_gguf"]
@@ -110,10 +113,13 @@ def read_gguf(path: Path, *, dtype: torch.dtype, sha256: str) -> tuple[Any, Any]
     if folder is None:
         return _read(path, dtype)
     if not (folder / _COMPLETE).is_file():
-        hf_model, tokenizer = _read(path, torch.float32)  # the dequantized values as they are
-        _write(folder, hf_model, tokenizer)
-        if not (folder / _COMPLETE).is_file():  # not cached: what was read, in the dtype asked for
-            return (hf_model, tokenizer) if dtype == torch.float32 else _read(path, dtype)
+        # one process converts, a second waits for its copy instead of converting the same file beside it
+        with lock(folder, f"{path.name}'s cached copy", wait=True, waiting=lambda line: print(line, file=sys.stderr)):
+            if not (folder / _COMPLETE).is_file():
+                hf_model, tokenizer = _read(path, torch.float32)  # the dequantized values as they are
+                _write(folder, hf_model, tokenizer)
+                if not (folder / _COMPLETE).is_file():  # not cached: what was read, in the dtype asked for
+                    return (hf_model, tokenizer) if dtype == torch.float32 else _read(path, dtype)
     # from the folder even right after writing it, so that the first load and every later one build the model
     # the same way (a dtype is then applied as from_pretrained applies it, buffers included)
     return _from_folder(folder, dtype)

@@ -3,6 +3,6 @@
 Only `headscan.report.examples` loads models (for the example attention); the rest reads tables.
 """
 
-from .build import build_report, check_report_options, check_runs, write_report
+from .build import build_report, check_report_options, check_runs, report_folder, write_report
 
-__all__ = ["write_report", "build_report", "check_report_options", "check_runs"]
+__all__ = ["write_report", "build_report", "check_report_options", "check_runs", "report_folder"]

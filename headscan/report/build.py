@@ -401,11 +401,13 @@ def build_report(comparison: Comparison, *, top: int = 10, examples: Examples | 
 # --- writing ----------------------------------------------------------------------------------------------
 
 
-def check_report_options(*, top: int, out: str | os.PathLike | None = None) -> None:
-    """Refuse a `top` below 1, and an `out` that is not a folder or holds anything but an earlier report.
+def check_report_options(*, top: int, out: str | os.PathLike | None = None, overwrite: bool = False) -> None:
+    """Refuse a `top` below 1, and an `out` that is not a folder, holds anything but an earlier report, or holds
+    one and `overwrite` is not set.
 
     `write_report` calls it; call it first to fail before slow work, such as loading models for the examples.
-    An earlier report in `out` is replaced; refusing anything else means ``out="."`` never deletes a project.
+    An earlier report in `out` is replaced only with `overwrite`; refusing anything else means ``out="."`` never
+    deletes a project.
     """
     if top < 1:
         raise ConfigError(f"top must be at least 1, not {top}; pass how many heads to list per metric, e.g. 10",
@@ -416,11 +418,11 @@ def check_report_options(*, top: int, out: str | os.PathLike | None = None) -> N
     if target.exists() and not target.is_dir():
         raise ConfigError(f"out {out}: exists and is not a folder; choose another", setting="out")
     if target.is_dir() and any(target.iterdir()):
-        extra = sorted(p.name for p in target.iterdir() if p.name not in FOLDER_FILES)
-        if extra:
-            raise ConfigError(f"out {out}: exists and holds {extra[:5]}, which a headscan report would not; choose "
-                              "another, or remove the folder", setting="out")
         folders.check_not_here(target, str(out))
+        folders.check_only_ours(target, str(out), FOLDER_FILES, "a headscan report")
+        if not overwrite:
+            raise ConfigError(f"out {out}: already holds a report; pass --overwrite to replace it, or choose another "
+                              f"--out", setting="out")
     folders.check_writable(target, str(out))
 
 
@@ -449,6 +451,7 @@ def write_report(
     top: int = 10,
     examples: Examples | None = None,
     progress: Callable[[str], None] | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """Write a report over one or more sweep outputs; runs are compared side by side.
 
@@ -457,8 +460,10 @@ def write_report(
     runs : sequence of paths or SweepTables
         Sweep output folders, or their tables as `headscan.tables.load` returns them.
     out : path, optional
-        The report folder; ``reports/<name>`` by default, with name from the runs' folder names. An
-        existing report there is replaced; any other existing folder is refused.
+        The report folder; by default ``NAME-report`` beside the first run's folder (NAME from the runs' folder
+        names), or in the current folder for tables that were never written.
+    overwrite : bool, default False
+        Replace a report already in `out` (never a folder that holds anything else).
     top : int, default 10
         How many top heads to list per metric and model.
     examples : Examples, optional
@@ -478,21 +483,41 @@ def write_report(
     TablesError
         A run folder is missing or incomplete.
     ConfigError
-        No runs, a run given twice (`check_runs`), `top` below 1, or `out` exists and is not a report.
+        No runs, a run given twice (`check_runs`), `top` below 1, or `out` exists and is not a report (or is one,
+        without `overwrite`).
     """
     runs = list(runs)
     if not runs:
         raise ConfigError("report needs at least one sweep output folder (the --out of `headscan sweep`)")
-    check_report_options(top=top, out=out)
+    check_report_options(top=top, out=out, overwrite=overwrite)
     check_runs(runs)
     loaded = [run if isinstance(run, SweepTables) else load(run) for run in runs]
     check_runs(loaded)
     names = run_names([run.path or f"run{i + 1}" for i, run in enumerate(loaded)])
-    out = Path(out) if out is not None else Path("reports") / name_part("+".join(names))
-    check_report_options(top=top, out=out)
-    document = build_report(merge_runs(loaded, names), top=top, examples=examples,
-                            title=f"headscan report: {' vs '.join(names)}", progress=progress)
-    if progress is not None:
-        progress(f"report: writing {out}")
-    write_folder(document, out, image_scale=DISPLAY)
+    out = report_folder(loaded, out)
+    with folders.lock(out):
+        check_report_options(top=top, out=out, overwrite=overwrite)
+        document = build_report(merge_runs(loaded, names), top=top, examples=examples,
+                                title=f"headscan report: {' vs '.join(names)}", progress=progress)
+        if progress is not None:
+            progress(f"report: writing {out}")
+        write_folder(document, out, image_scale=DISPLAY)
     return out
+
+
+def report_folder(runs: Sequence[SweepTables], out: str | os.PathLike | None = None) -> Path:
+    """Where the report of `runs` goes: `out`, or by default ``NAME-report`` beside the first run's folder, where
+    a user looks for it (not inside whatever project the command runs in); in the current folder for tables that
+    were never written.
+
+    >>> runs = [SweepTables({}, path=Path("out/ewt"))]
+    >>> report_folder(runs).as_posix(), report_folder([SweepTables({}), SweepTables({})]).as_posix()
+    ('out/ewt-report', 'run1+run2-report')
+    """
+    if out is not None:
+        return Path(out)
+    names = run_names([run.path or f"run{i + 1}" for i, run in enumerate(runs)])
+    name = name_part("+".join(names)) + "-report"
+    return Path(runs[0].path).parent / name if runs[0].path is not None else Path(name)
+
+

@@ -28,6 +28,7 @@ from ..corpus import Corpus, pack_corpus, read_corpus, texts_corpus
 from ..errors import ConfigError, ModelLoadError, SweepInterrupted, TablesError
 from ..models import DEFAULT_MODELS, check_spec
 from ..tables import SweepTables, check_out, load
+from ..tables.folders import holding_out
 from .controls import corpus_for, load_swept, swept_names
 from .finish import publish, run_provenance
 from .plan import fingerprint, resolve_unit
@@ -48,6 +49,7 @@ def _resolve_settings(config: SweepConfig | None, settings: dict) -> SweepConfig
     return dataclasses.replace(config or SweepConfig(), **settings)
 
 
+@holding_out
 def sweep(
     models: str | list[str] | tuple[str, ...] = DEFAULT_MODELS,
     corpus: str | Path | list[str] | Corpus = "builtin",
@@ -201,6 +203,7 @@ def _python_call(models: list[str], corpus, out, config: SweepConfig, shard: Sha
     return f"headscan.sweep({', '.join(arguments)})"
 
 
+@holding_out
 def merge(outs: list[str | Path], out: str | Path | None = None, *, overwrite: bool = False,
           command: str | None = None) -> SweepTables:
     """Merge the outputs of the N shards of one sweep into exactly the unsharded tables, intervals included.

@@ -47,6 +47,7 @@ from ..models import check_spec, load_model
 from ..models.decode import PREFILL_CHUNK, greedy_decode
 from ..models.forward import refused
 from ..tables import TABLES, ModelProvenance, SweepTables, check_out, head_columns, write
+from ..tables.folders import holding_out
 from .finish import run_provenance
 from .resume import partial_folder, spec_stem, stop_requests
 from .state import PartialState, fingerprint_differences
@@ -61,6 +62,7 @@ TRIAL_UNIT = "trial: each needle-in-a-haystack trial is one unit (its own prompt
 METRICS_BY_TRIALS = {"retrieval": "passed the gate, answer span found", "retrieval_ungated": "answer span found"}
 
 
+@holding_out
 def retrieval(models: str | list[str], haystack: str | Path, out: str | Path | None = None,
               config: RetrievalConfig | None = None, *, needles: str | Path | None = None, overwrite: bool = False,
               restart: bool = False, progress: bool = False, command: str | None = None, **settings) -> SweepTables:

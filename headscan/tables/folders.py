@@ -4,22 +4,35 @@ A sweep's tables (`headscan.tables.io.write`) and a report (`headscan.report.doc
 published here. `where` reads an ``--out`` the way the system will (symlinks and ``..`` resolved, so ``link/..``
 is the folder the link's target lies in, not the one the link lies in); `check_writable` tries a real write,
 since root passes ``os.access`` on a read-only mount; `check_not_here` refuses to replace the folder the user
-works in; `publish` builds the folder with a function and puts it at ``out`` in one step.
+works in; `check_only_ours` refuses to replace a folder that holds anything headscan did not write; `publish`
+builds the folder with a function and puts it at ``out`` in one step, keeping the old folder's mode; `lock` keeps
+two processes from writing one folder at once.
 
 This module knows nothing of tables or reports, and imports no torch.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
+import functools
+import hashlib
+import inspect
 import os
 import shutil
+import stat
 import tempfile
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 
 from ..errors import TablesError
 
-__all__ = ["where", "check_writable", "check_not_here", "publish"]
+__all__ = ["where", "check_writable", "check_not_here", "check_only_ours", "publish", "lock", "holding_out"]
+
+# The longest addition publish and the sweep make to a folder's name: ".NAME.XXXXXXXX.new" beside it
+NAME_OVERHEAD = len("..xxxxxxxx.new")
 
 
 def where(out: str | os.PathLike) -> Path:
@@ -43,9 +56,24 @@ def check_writable(out: str | os.PathLike, shown: str) -> None:
     """Refuse `out` (spelt `shown` by the user) unless a folder can be made where it will be written: beside it,
     and inside it when it is an empty folder already (which may be another file system, a mount point)."""
     target = where(out)
-    parent = _existing_parent(target)
+    if os.path.lexists(target) and not os.path.exists(target):
+        raise TablesError(f"{shown}: is a symbolic link that leads nowhere (a loop, or a target that is gone); "
+                          f"remove it or choose another --out")
+    try:
+        parent = _existing_parent(target)
+    except OSError as error:  # a loop among the links above it
+        raise TablesError(f"{shown}: cannot be reached ({error.strerror or error}); choose another --out") from None
     if not parent.is_dir():
         raise TablesError(f"{shown}: {parent} is a file, not a folder; choose another --out")
+    longest = os.pathconf(parent, "PC_NAME_MAX") if hasattr(os, "pathconf") else 255
+    for part in target.relative_to(parent).parts or (target.name,):
+        if len(os.fsencode(part)) + NAME_OVERHEAD > longest:
+            raise TablesError(f"{shown}: the name {part[:40]}... is too long for this file system (at most "
+                              f"{longest - NAME_OVERHEAD} bytes, room left for the files headscan writes beside "
+                              f"it); choose a shorter --out")
+    if target.is_dir() and any(target.iterdir()) and os.path.ismount(target):
+        raise TablesError(f"{shown}: is a mount point that holds files, and a mount point cannot be swapped for a "
+                          f"new folder; pass a folder inside it, or empty it")
     places = [parent] + ([target] if target.is_dir() else [])
     for place in places:
         try:
@@ -64,23 +92,38 @@ def check_not_here(out: str | os.PathLike, shown: str) -> None:
                           f"folder; cd to {target.parent} and pass --out {target.name}")
 
 
+def check_only_ours(out: str | os.PathLike, shown: str, ours: Collection[str], what: str) -> None:
+    """Refuse to replace `out` when it holds anything but the entries headscan writes there (`ours`), naming what
+    else it holds: --overwrite replaces headscan's own output, never a user's notes kept beside it."""
+    target = where(out)
+    if not target.is_dir():
+        return
+    others = sorted(entry.name for entry in target.iterdir() if entry.name not in ours)
+    if others:
+        named = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+        raise TablesError(f"{shown}: holds {named}, which {what} does not write, and replacing the folder would "
+                          f"delete {'it' if len(others) == 1 else 'them'}; move {'it' if len(others) == 1 else 'them'}"
+                          f" out, or choose another --out")
+
+
 def publish(out: str | os.PathLike, fill: Callable[[Path], None], *, last: str | None = None) -> Path:
     """Build a folder with `fill(folder)` and put it at `out` whole; returns where it now is (`where`).
 
     The folder is built in a new hidden folder and swapped in, replacing whatever `out` held: a failure leaves
     `out` as it was, never half of one. An empty folder already at `out` (made for the run, or the folder one
     works in) is kept and filled: the files are built inside it and moved up, `last` last, and moved back out
-    should that fail. Files get the usual permissions (the umask).
+    should that fail. A new folder gets the usual permissions (the umask); a replaced one keeps its mode.
     """
     target = where(out)
     if target.is_dir() and not any(target.iterdir()):
         return _fill_in_place(target, fill, last)
     target.parent.mkdir(parents=True, exist_ok=True)
+    mode = stat.S_IMODE(target.stat().st_mode) if target.is_dir() else 0o777 & ~_umask()
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".new", dir=target.parent))
     old = None
     try:
         fill(staging)
-        staging.chmod(0o777 & ~_umask())  # mkdtemp makes it private; what is published is meant to be read
+        staging.chmod(mode)  # mkdtemp makes it private; what is published is meant to be read
         if target.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
             os.replace(target, old / target.name)
@@ -117,3 +160,85 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+# --- one writer at a time ----------------------------------------------------------------------------------
+
+
+_HELD: dict[tuple[int, Path], int] = {}  # the folders each thread of this process holds, and how many blocks hold each
+
+
+def _lock_file(target: Path) -> Path:
+    """Where the lock of `target` lives: this machine's temporary folder, by the folder's resolved path, so that it
+    is the same file however `target` was spelt and whether or not its parent exists yet."""
+    folder = Path(tempfile.gettempdir()) / f"headscan-locks-{os.getuid() if hasattr(os, 'getuid') else 'user'}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    return folder / (hashlib.sha256(os.fsencode(target)).hexdigest()[:32] + ".lock")
+
+
+@contextlib.contextmanager
+def lock(out: str | os.PathLike, shown: str | None = None, *, wait: bool = False,
+         waiting: Callable[[str], None] | None = None) -> Iterator[Path]:
+    """Hold `out` for this process while the block runs: another process asking for it is refused in one line
+    naming this one (or, with `wait`, waits and is told so through `waiting`). The system releases the lock when
+    a process ends, however it ends, so a killed sweep leaves no stale lock behind.
+
+    One machine only: processes on two machines that share a disk do not see each other's locks. A process that
+    thread that holds `out` may ask for it again (the command line holds a report's folder while the models load,
+    then writes); another thread waits or is refused as another process would be.
+    """
+    target, shown = where(out), shown or str(out)
+    mine = (threading.get_ident(), target)
+    if mine in _HELD:
+        _HELD[mine] += 1
+        try:
+            yield target
+        finally:
+            _HELD[mine] -= 1
+        return
+    path = _lock_file(target)
+    while True:
+        handle = open(path, "a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            if error.errno not in (errno.EAGAIN, errno.EACCES):
+                handle.close()
+                raise
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            if not wait:
+                handle.close()
+                raise TablesError(f"{shown}: another headscan process (pid {holder}) is writing there; wait for it "
+                                  f"to finish, or choose another --out") from None
+            if waiting is not None:
+                waiting(f"{shown}: waiting for headscan process {holder}, which is writing there")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        if os.path.exists(path) and os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino:
+            break  # still the lock file: the holder before us did not remove it while we waited
+        handle.close()
+    _HELD[mine] = 1
+    try:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        yield target
+    finally:
+        del _HELD[mine]
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        handle.close()
+
+
+def holding_out(function):
+    """Run `function` holding the `lock` of its ``out`` argument (when one is given)."""
+    signature = inspect.signature(function)
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        out = signature.bind(*args, **kwargs).arguments.get("out")
+        with lock(out) if out is not None else contextlib.nullcontext():
+            return function(*args, **kwargs)
+
+    return wrapper

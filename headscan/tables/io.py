@@ -102,6 +102,11 @@ def _write_parquet(frame: pd.DataFrame, path: Path, provenance: dict) -> None:
     pq.write_table(table.replace_schema_metadata(metadata), path)
 
 
+def run_entries() -> set[str]:
+    """All that `write` puts in a run's folder: its tables' files, run.json, and a shard's partial states."""
+    return {table.file for table in TABLES.values()} | {"run.json", "state"}
+
+
 def check_out(out: str | os.PathLike, *, overwrite: bool = False) -> Path:
     """Check, before any work, that `out` can receive a run: it is new (or empty), or `overwrite` is set and it
     holds a run (its run.json) other than the folder one is in; and a real write there succeeds. Returns the
@@ -117,6 +122,7 @@ def check_out(out: str | os.PathLike, *, overwrite: bool = False) -> Path:
             raise TablesError(f"{shown}: holds files but no run.json, so it is not a headscan run, and --overwrite "
                               f"replaces only a run; choose another --out")
         folders.check_not_here(target, shown)
+        folders.check_only_ours(target, shown, run_entries(), "a headscan run")
     folders.check_writable(target, shown)
     return target
 
