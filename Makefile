@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 EWT ?= ../shared/data/ud-english-ewt/en_ewt-ud-dev.conllu
 
-.PHONY: demo test setup reports benchmark mutation clean
+.PHONY: demo test deps setup reports benchmark mutation clean
 
 $(BIN)/headscan: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ demo: setup
 JOBS ?= 2
 test: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadfile)
+
+# Every package headscan/ imports is declared in pyproject.toml, and every declared one is used ([tool.deptry]).
+deps: setup
+	$(BIN)/deptry headscan
 
 # The committed reports: the embedded defaults over the EWT dev sentences (alone, and again beside their random-init
 # controls with head importance: ewt-dev-controls) and over repeated random tokens.
