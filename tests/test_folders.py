@@ -6,6 +6,7 @@ in, `link/.. --overwrite` replaced the wrong folder, `report --out .` crashed af
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from headscan.errors import TablesError
-from headscan.report.build import check_report_options
+from headscan.report import check_report_options
 from headscan.tables import check_out, folders
 
 
@@ -131,6 +132,20 @@ def test_a_symlink_loop_is_refused_before_any_work(tmp_path):
         check_out(tmp_path / "a")
 
 
+def test_a_symlink_loop_above_the_folder_is_refused_before_any_work(tmp_path):
+    # `where` cannot resolve a loop, so it stays in the path; the folder under it was made only after the sweep
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    said = (rf"^.*a/run: {tmp_path / 'a'} is a symbolic link that leads nowhere \(a loop, or a target that is gone\); "
+            r"remove it or choose another --out$")
+    with pytest.raises(TablesError, match=said):
+        check_out(tmp_path / "a" / "run")
+    with pytest.raises(TablesError, match=said.replace("/run:", "/report:")):
+        check_report_options(top=1, out=tmp_path / "a" / "report")
+    with pytest.raises(TablesError, match=said.replace("/run:", "/x/y:")):
+        check_out(tmp_path / "a" / "x" / "y")
+
+
 def test_a_name_too_long_for_the_file_system_is_refused_before_any_work(tmp_path):
     longest = os.pathconf(tmp_path, "PC_NAME_MAX")
     fits = "r" * (longest - folders.NAME_OVERHEAD)
@@ -152,6 +167,66 @@ def test_a_mount_point_that_holds_files_is_refused_before_any_work(tmp_path, mon
         check_out(run, overwrite=True)
     (run / "run.json").unlink()
     check_out(run)  # empty: filled in place, which a mount point allows
+
+
+@contextlib.contextmanager
+def mount_point(folder: Path):
+    """`folder` as the mount point of a new, empty tmpfs for the block; skips the test where mounting needs rights
+    this process lacks."""
+    folder.mkdir()
+    mounted = shutil.which("mount") and subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "headscan-test",
+                                                        str(folder)], capture_output=True).returncode == 0
+    if not mounted:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+def test_a_real_mount_point_is_filled_when_empty_and_refused_before_any_work_when_it_holds_a_run(tmp_path, tiny_gpt2,
+                                                                                                  monkeypatch):
+    # replacing a mount point fails (EBUSY), which once came after the whole sweep; an empty one is filled in place
+    from click.testing import CliRunner
+
+    from headscan.cli import cli
+
+    sweep = ["sweep", "-m", str(tiny_gpt2), "--limit", "2", "-q", "--device", "cpu", "--bootstrap", "20"]
+    with mount_point(tmp_path / "mnt") as mnt, mount_point(tmp_path / "rmnt") as rmnt:
+        result = CliRunner().invoke(cli, [*sweep, "--out", str(mnt)])
+        assert result.exit_code == 0, result.output
+        assert os.path.ismount(mnt) and "run.json" in _files(mnt)
+        result = CliRunner().invoke(cli, ["report", str(mnt), "--out", str(rmnt), "--no-models", "-q"])
+        assert result.exit_code == 0 and os.path.ismount(rmnt) and "index.html" in _files(rmnt), result.output
+        before = {name: (mnt / name).stat().st_mtime_ns for name in _files(mnt)}
+        monkeypatch.setattr("headscan.scan.controls.load_model", lambda *a, **k: pytest.fail("loaded a model"))
+        said = ("is a mount point that holds files, and a mount point cannot be swapped for a new folder; pass a "
+                "folder inside it, or empty it\n")
+        result = CliRunner().invoke(cli, [*sweep, "--out", str(mnt), "--overwrite"])
+        assert result.exit_code == 1 and result.output == f"Error: {mnt}: {said}", result.output
+        result = CliRunner().invoke(cli, ["report", str(mnt), "--out", str(rmnt), "--no-models", "-q", "--overwrite"])
+        assert result.exit_code == 1 and result.output == f"Error: {rmnt}: {said}", result.output
+        assert {name: (mnt / name).stat().st_mtime_ns for name in _files(mnt)} == before
+
+
+def test_figures_and_the_default_report_named_after_long_run_names_fit_the_file_system(tmp_path):
+    # two runs in folders of 200 characters once built the whole report, then failed on a figure's name
+    from matplotlib.figure import Figure
+
+    from headscan.report import report_folder
+    from headscan.report.document import Document, Figures, write_folder
+    from headscan.report.sections import Pngs
+    from headscan.tables import SweepTables
+
+    pngs, long = Pngs(), "difference_" + "b" * 200 + "_" + "a" * 200
+    names = [pngs.add(f"{long}_{metric}.png", Figure(figsize=(1, 1))) for metric in ("self", "sep")]
+    assert len(set(names)) == 2 and all(len(name) <= 120 and name.endswith(".png") for name in names)
+    out = write_folder(Document("t", [Figures(names, "two long names")], dict(pngs)), tmp_path / "r")
+    assert _files(out / "figures") == sorted(names) and f"figures/{names[0]}" in (out / "report.md").read_text()
+    runs = [SweepTables({}, path=tmp_path / ("a" * 200)), SweepTables({}, path=tmp_path / ("b" * 200))]
+    folder = report_folder(runs)
+    assert folder.parent == tmp_path and folder.name.endswith("-report") and len(folder.name) <= 120
+    check_report_options(top=1, out=folder)  # the default is never refused as too long
 
 
 def test_a_replaced_folder_keeps_its_mode(tmp_path):
@@ -206,6 +281,11 @@ def test_a_second_writer_to_one_folder_is_refused_in_one_line_naming_the_first(t
         assert result.exit_code == 1 and result.output == f"Error: {out}: {held}\n"
         result = CliRunner().invoke(cli, ["report", str(run), "--out", str(out), "--no-models", "-q"])
         assert result.exit_code == 1 and result.output == f"Error: {out}: {held}\n"
+        haystack = tmp_path / "haystack.txt"
+        haystack.write_text("hay " * 50)
+        result = CliRunner().invoke(cli, ["retrieval", "-m", str(tiny_gpt2), "--haystack", str(haystack), "--out",
+                                          str(out), "-q"])
+        assert result.exit_code == 1 and result.output == f"Error: {out}: {held}\n"
     assert not out.exists()
     result = CliRunner().invoke(cli, [*sweep, "--out", str(out)])
     assert result.exit_code == 0, result.output  # free again once the holder is gone, killed as it was
@@ -216,3 +296,42 @@ def test_a_process_may_hold_its_own_folder_twice(tmp_path):
         pass
     with folders.lock(tmp_path / "out"):  # and it is released when the outer block ends
         pass
+
+
+# --- the partial states beside a run -------------------------------------------------------------------------
+
+
+def test_a_partial_folder_holding_a_users_files_is_refused_before_any_work_and_kept(tmp_path, tiny_gpt2, monkeypatch):
+    # a finished (or restarted) sweep removes OUT.partial whole: it once took whatever else was in it
+    from click.testing import CliRunner
+
+    from headscan.cli import cli
+
+    partial = tmp_path / "run.partial"
+    (partial / "mystuff").mkdir(parents=True)
+    (partial / "notes.txt").write_text("mine")
+    (partial / "gpt2.npz").write_text("a state a stopped sweep saved")
+    monkeypatch.setattr("headscan.scan.controls.load_model", lambda *a, **k: pytest.fail("loaded a model"))
+    for restart in ([], ["--restart"]):
+        result = CliRunner().invoke(cli, ["sweep", "-m", str(tiny_gpt2), "--limit", "2", "-q", "--device", "cpu",
+                                          "--out", str(tmp_path / "run"), *restart])
+        assert result.exit_code == 1 and result.output == (
+            f"Error: {partial}: holds mystuff, notes.txt, which a stopped sweep does not keep there, and the sweep "
+            f"removes the folder once it finishes; move them out, or choose another --out\n"), result.output
+    assert _files(partial) == ["gpt2.npz", "mystuff", "notes.txt"] and not (tmp_path / "run").exists()
+
+
+def test_a_model_at_a_long_path_keeps_its_shard_state_under_a_name_that_fits(tmp_path, tiny_gpt2):
+    # the state file's name is made from the spec: a 240-character folder once failed after the sweep (ENAMETOOLONG)
+    import headscan
+    from headscan.scan.resume import state_file
+    from headscan.scan.state import Shard
+
+    model = tmp_path / ("m" * 240)
+    shutil.copytree(tiny_gpt2, model)
+    run = headscan.sweep(str(model), ["The cat sat on the mat.", "A dog ran."], out=tmp_path / "part", shard="0/2",
+                         bootstrap=20, device="cpu")
+    assert [p.name for p in (run.path / "state").iterdir()] == [state_file(str(model), None)]  # as merge reads it
+    longest = os.pathconf(tmp_path, "PC_NAME_MAX")  # and a stopped sweep's, saved through a temporary file
+    assert len(state_file(str(model), Shard(99, 100)).encode()) + len("..xxxxxxxx.tmp") <= longest
+    assert state_file(str(model), None) != state_file(str(model) + "x", None)  # cut short, still apart

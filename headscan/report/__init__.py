@@ -3,6 +3,7 @@
 Only `headscan.report.examples` loads models (for the example attention); the rest reads tables.
 """
 
-from .build import build_report, check_report_options, check_runs, report_folder, write_report
+from .build import build_report, write_report
+from .inputs import check_report_options, check_runs, report_folder
 
 __all__ = ["write_report", "build_report", "check_report_options", "check_runs", "report_folder"]

@@ -27,6 +27,7 @@ from ..analysis.runs import Comparison
 from ..metrics import describe
 from ..plots import heatmaps as figures
 from ..plots import profiles as charts
+from ..tables.folders import fitting
 from .document import Bullets, Figures, Heading, Note, Table, Text
 
 if TYPE_CHECKING:  # the report only reads what headscan.report.examples computed; it never imports the models
@@ -52,7 +53,8 @@ class Pngs(dict):
     """Figure file name -> PNG bytes, names kept distinct."""
 
     def add(self, name: str, fig: Figure) -> str:
-        base, n = name, 2
+        base = name = fitting(name)  # names made of run and model names can pass the file system's 255 bytes
+        n = 2
         while name in self:
             name = base.removesuffix(".png") + f"-{n}.png"
             n += 1

@@ -11,6 +11,7 @@ This module runs no model.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import signal
 import threading
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from ..config import split_control
 from ..errors import TablesError
-from ..tables.folders import where
+from ..tables.folders import fitting, where
 from .state import PartialState, Shard, fingerprint_differences
 
 __all__ = ["SAVE_EVERY", "partial_folder", "spec_stem", "state_file", "stop_requests", "check_resumable"]
@@ -26,10 +27,29 @@ __all__ = ["SAVE_EVERY", "partial_folder", "spec_stem", "state_file", "stop_requ
 SAVE_EVERY = 120.0  # seconds between saves of a model's partial state
 
 
+# All that a sweep (`state_file`, saved through a hidden temporary file) or a retrieval run keeps in OUT.partial/
+_PARTIAL_ENTRY = re.compile(r"[^.].*\.npz|retrieval-.+\.jsonl|\..+\.tmp")
+
+
 def partial_folder(out: str | Path) -> Path:
-    """Where a sweep into `out` keeps its partial states until it finishes: ``OUT.partial`` beside it."""
+    """Where a sweep into `out` keeps its partial states until it finishes: ``OUT.partial`` beside it.
+
+    Refuses one that holds anything else, naming it: the sweep removes the folder whole once it finishes (or on
+    `restart`), which must never take a user's files with it. Call it before any work.
+    """
     out = where(out)  # as the system resolves it: "." and "link/.." name the folder they stand for
-    return out.with_name(out.name + ".partial")
+    partial = out.with_name(out.name + ".partial")
+    if partial.is_dir():
+        others = sorted(entry.name for entry in partial.iterdir() if not _PARTIAL_ENTRY.fullmatch(entry.name))
+        if others:
+            named = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+            them = "it" if len(others) == 1 else "them"
+            raise TablesError(f"{partial}: holds {named}, which a stopped sweep does not keep there, and the sweep "
+                              f"removes the folder once it finishes; move {them} out, or choose another --out")
+    elif os.path.lexists(partial):
+        raise TablesError(f"{partial}: is not a folder, and a sweep into {out.name} keeps its partial states there; "
+                          f"move it, or choose another --out")
+    return partial
 
 
 def spec_stem(spec: str) -> str:
@@ -40,7 +60,8 @@ def spec_stem(spec: str) -> str:
     """
     spec, control = split_control(spec)
     stem = re.sub(r"[^A-Za-z0-9._-]+", "_", spec.strip("/").replace("/", "--")) or "model"
-    return stem if control is None else f"{stem}.{control}"
+    stem = stem if control is None else f"{stem}.{control}"
+    return fitting(stem, 200)  # a long path as a spec: room left for the shard and the temporary file's additions
 
 
 def state_file(spec: str, shard: Shard | None) -> str:

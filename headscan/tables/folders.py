@@ -24,12 +24,13 @@ import shutil
 import stat
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 
 from ..errors import TablesError
 
-__all__ = ["where", "check_writable", "check_not_here", "check_only_ours", "publish", "lock", "holding_out"]
+__all__ = ["where", "fitting", "check_writable", "check_not_here", "check_only_ours", "publish", "lock", "holding_out"]
 
 # The longest addition publish and the sweep make to a folder's name: ".NAME.XXXXXXXX.new" beside it
 NAME_OVERHEAD = len("..xxxxxxxx.new")
@@ -43,6 +44,23 @@ def where(out: str | os.PathLike) -> Path:
     True
     """
     return Path(os.path.realpath(out))
+
+
+def fitting(name: str, limit: int = 120) -> str:
+    """`name` as a file name of at most `limit` bytes, well within any file system's 255 with room for the staging
+    names beside it: a longer one keeps its start and its suffix and gains a digest of the whole, so that two
+    names that differ only past the cut stay apart (names built from run and model names can be any length).
+
+    >>> fitting("figure.png"), fitting("d" * 300 + ".png", 40)
+    ('figure.png', 'ddddddddddddddddddddddddd-fc9b8209ba.png')
+    """
+    encoded = os.fsencode(name)
+    if len(encoded) <= limit:
+        return name
+    suffix = os.path.splitext(name)[1] if len(os.path.splitext(name)[1]) <= 8 else ""
+    digest = hashlib.sha256(encoded).hexdigest()[:10]
+    stem = os.fsencode(name[:len(name) - len(suffix)])[:limit - len(suffix) - len(digest) - 1]
+    return f"{stem.decode('utf-8', errors='ignore')}-{digest}{suffix}"
 
 
 def _existing_parent(target: Path) -> Path:
@@ -63,6 +81,10 @@ def check_writable(out: str | os.PathLike, shown: str) -> None:
         parent = _existing_parent(target)
     except OSError as error:  # a loop among the links above it
         raise TablesError(f"{shown}: cannot be reached ({error.strerror or error}); choose another --out") from None
+    first = parent / target.relative_to(parent).parts[0]  # the first folder to make, below the last that exists
+    if os.path.lexists(first) and not os.path.exists(first):  # `where` leaves a loop unresolved: mkdir would fail
+        raise TablesError(f"{shown}: {first} is a symbolic link that leads nowhere (a loop, or a target that is "
+                          f"gone); remove it or choose another --out")
     if not parent.is_dir():
         raise TablesError(f"{shown}: {parent} is a file, not a folder; choose another --out")
     longest = os.pathconf(parent, "PC_NAME_MAX") if hasattr(os, "pathconf") else 255
@@ -183,9 +205,11 @@ def lock(out: str | os.PathLike, shown: str | None = None, *, wait: bool = False
     naming this one (or, with `wait`, waits and is told so through `waiting`). The system releases the lock when
     a process ends, however it ends, so a killed sweep leaves no stale lock behind.
 
-    One machine only: processes on two machines that share a disk do not see each other's locks. A process that
-    thread that holds `out` may ask for it again (the command line holds a report's folder while the models load,
-    then writes); another thread waits or is refused as another process would be.
+    One machine only: processes on two machines that share a disk do not see each other's locks. The lock file
+    holds nothing to clear by hand (the refusal names the pid, not the file: deleting the file while its holder
+    runs would let a second writer in). The thread that holds `out` may ask for it again (the command line holds
+    a report's folder while the models load, then writes); another thread waits or is refused as another process
+    would be.
     """
     target, shown = where(out), shown or str(out)
     mine = (threading.get_ident(), target)
@@ -205,8 +229,7 @@ def lock(out: str | os.PathLike, shown: str | None = None, *, wait: bool = False
             if error.errno not in (errno.EAGAIN, errno.EACCES):
                 handle.close()
                 raise
-            handle.seek(0)
-            holder = handle.read().strip() or "unknown"
+            holder = _holder(handle)
             if not wait:
                 handle.close()
                 raise TablesError(f"{shown}: another headscan process (pid {holder}) is writing there; wait for it "
@@ -229,6 +252,17 @@ def lock(out: str | os.PathLike, shown: str | None = None, *, wait: bool = False
         with contextlib.suppress(OSError):
             os.unlink(path)
         handle.close()
+
+
+def _holder(handle) -> str:
+    """The pid the holder of `handle`'s lock wrote in it, waiting a moment for one that has just taken it."""
+    for _ in range(20):
+        handle.seek(0)
+        holder = handle.read().strip()
+        if holder:
+            return holder
+        time.sleep(0.01)  # between its flock and its write of the pid
+    return "unknown"
 
 
 def holding_out(function):
