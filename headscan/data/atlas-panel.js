@@ -17,7 +17,7 @@ function familyLine(model, index) {
 
 // The tooltip: the head's value in what colours the grid, then its head family where the report has one.
 function describe(model, index) {
-  return "<b>" + esc(model.name) + " " + label(model, index) + "</b>" + measured(model, index) +
+  return "<b>" + named(model.name) + " " + label(model, index) + "</b>" + measured(model, index) +
     (familyLine(model, index) || (state.metric === "@cluster" ? "<br>no similarity table" : ""));
 }
 
@@ -156,7 +156,7 @@ function openPanel(m, index) {
   var layer = Math.floor(index / model.heads), head = index % model.heads;
   var depth = model.layers > 1 ? layer / (model.layers - 1) : 0;
   var roles = model.roles[index];
-  var s = '<header><h3>' + esc(model.name) + " " + label(model, index) + '</h3><button type="button" class="atlas-close" ' +
+  var s = '<header><h3>' + named(model.name) + " " + label(model, index) + '</h3><button type="button" class="atlas-close" ' +
     'aria-label="close">\u00d7</button></header>';
   s += '<p class="muted">' + esc(model.family) + "; layer " + layer + " of " + model.layers + " (relative depth " +
     depth.toFixed(2) + "), head " + head + " of " + model.heads + "</p>";
@@ -164,13 +164,13 @@ function openPanel(m, index) {
   if (group.steps) {
     var at = group.models.indexOf(m);
     s += '<p class="muted atlas-checkpoint">checkpoint ' + (at + 1) + " of " + group.steps.length + " of series " +
-      esc(group.name) + ": step " + group.steps[at] + " (the slider under its grid moves this panel along)</p>";
+      named(group.name) + ": step " + group.steps[at] + " (the slider under its grid moves this panel along)</p>";
   }
   var f = family(model, index, 0);
   if (f) {
-    s += '<p class="atlas-family">' + (f.number === null ? "Head family: alike no other head of " + esc(model.name) +
+    s += '<p class="atlas-family">' + (f.number === null ? "Head family: alike no other head of " + named(model.name) +
       " (no cluster within " + D.cut + " nats)" : '<i style="background:' + familyColour(model, index) + '"></i>' +
-      "Head family: cluster " + f.number + " of " + esc(model.name) + ", " + f.members.length + " heads: " +
+      "Head family: cluster " + f.number + " of " + named(model.name) + ", " + f.members.length + " heads: " +
       esc(f.text)) + "</p>";
   }
   s += '<p class="atlas-badges">' + (roles.length ? roles.map(function (r) {
@@ -202,8 +202,8 @@ function openPanel(m, index) {
   controls.forEach(function (name) {
     var other = D.models.filter(function (x) { return x.name === name; })[0];
     if (!other || other.heads !== model.heads || other.layers !== model.layers) return;
-    s += "<h4>Beside its control: " + esc(name) + '</h4><table class="atlas-scores atlas-control"><thead><tr><th>metric</th>' +
-      '<th class="num">' + esc(model.name) + '</th><th class="num">control</th><th class="num">chance</th></tr></thead><tbody>';
+    s += "<h4>Beside its control: " + named(name) + '</h4><table class="atlas-scores atlas-control"><thead><tr><th>metric</th>' +
+      '<th class="num">' + named(model.name) + '</th><th class="num">control</th><th class="num">chance</th></tr></thead><tbody>';
     D.metrics.forEach(function (info) {
       var mine = model.metrics[info.name], theirs = other.metrics[info.name];
       if (!mine || !theirs) return;
@@ -228,7 +228,7 @@ function openPanel(m, index) {
   s += otherRows(model, index);
   (model.examples || []).forEach(function (example, k) {
     s += "<h4>Attention on " + esc(example.title || "example " + (k + 1)) + "</h4>" +
-      '<p class="muted atlas-small">\u201c' + esc(example.text) + "\u201d: rows are queries, columns the keys they attend to.</p>" +
+      '<p class="muted atlas-small">\u201c' + named(example.text) + "\u201d: rows are queries, columns the keys they attend to.</p>" +
       '<div class="atlas-scroll">' + exampleSvg(model, example, index) + "</div>";
   });
   if (!(model.examples || []).length) {

@@ -42,6 +42,12 @@ function esc(text) {
   });
 }
 
+// A user-given name or sentence as HTML: escaped, and isolated, so a right-to-left override in it turns
+// nothing after it (the head's label, the numbers).
+function named(text) {
+  return "<bdi>" + esc(text) + "</bdi>";
+}
+
 function hex(colour) {
   return [1, 3, 5].map(function (i) { return parseInt(colour.slice(i, i + 2), 16); });
 }
@@ -214,7 +220,7 @@ function drawGroup(g) {
   var m = shownModel(g), model = D.models[m], group = groups[g];
   box.setAttribute("data-model", model.name);
   box.setAttribute("data-m", m);
-  var title = "<b>" + esc(group.steps ? group.name : model.name) + "</b> <span>" + esc(model.family) + ", " +
+  var title = "<b>" + named(group.steps ? group.name : model.name) + "</b> <span>" + esc(model.family) + ", " +
     model.layers + " \u00d7 " + model.heads + "</span>";
   box.querySelector(".atlas-title").innerHTML = title;
   if (group.steps) {

@@ -40,9 +40,9 @@ from ..plots.style import model_palette
 from ..tables import TABLES, SweepTables, folders, load
 from . import atlas, families, importance, sections, table_sections, whole_context
 from . import series as training
-from .document import (FOLDER_FILES, Bullets, Contents, Definition, Document, Heading, Note, Panels, Raw, Table, Text,
-                       write_folder)
-from .sections import DISPLAY, Pngs, name_part, structural
+from .document import Bullets, Contents, Definition, Document, Heading, Note, Panels, Raw, Table, Text, write_folder
+from .inputs import check_report_options, check_runs, report_folder
+from .sections import DISPLAY, Pngs, structural
 
 if TYPE_CHECKING:  # the report only reads what headscan.report.examples computed; it never imports the models
     from .examples import Examples
@@ -395,53 +395,21 @@ def build_report(comparison: Comparison, *, top: int = 10, examples: Examples | 
         for what, make in steps:
             say(f"report: {what}")
             blocks += make()
-    return Document(title, blocks, dict(pngs))
+    return Document(title, blocks, dict(pngs), verbatim=_verbatim(comparison, examples))
+
+
+def _verbatim(comparison: Comparison, examples: Examples | None) -> tuple[str, ...]:
+    """What the user named, which the report shows as it is wherever it appears (`Document.verbatim`): model
+    names, ids and the folders they came from, run names and folders, corpora, the example sentence."""
+    names = [examples.text if examples else None]
+    for m in comparison.models:
+        names += [m.name, m.run, m.model, m.provenance.name, m.provenance.id]
+    for name, run in comparison.runs:
+        names += [name, run.path, run.provenance.corpus.source]
+    return tuple(sorted({str(n) for n in names if n}))
 
 
 # --- writing ----------------------------------------------------------------------------------------------
-
-
-def check_report_options(*, top: int, out: str | os.PathLike | None = None, overwrite: bool = False) -> None:
-    """Refuse a `top` below 1, and an `out` that is not a folder, holds anything but an earlier report, or holds
-    one and `overwrite` is not set.
-
-    `write_report` calls it; call it first to fail before slow work, such as loading models for the examples.
-    An earlier report in `out` is replaced only with `overwrite`; refusing anything else means ``out="."`` never
-    deletes a project.
-    """
-    if top < 1:
-        raise ConfigError(f"top must be at least 1, not {top}; pass how many heads to list per metric, e.g. 10",
-                          setting="top")
-    if out is None:
-        return
-    target = folders.where(out)
-    if target.exists() and not target.is_dir():
-        raise ConfigError(f"out {out}: exists and is not a folder; choose another", setting="out")
-    if target.is_dir() and any(target.iterdir()):
-        folders.check_not_here(target, str(out))
-        folders.check_only_ours(target, str(out), FOLDER_FILES, "a headscan report")
-        if not overwrite:
-            raise ConfigError(f"out {out}: already holds a report; pass --overwrite to replace it, or choose another "
-                              f"--out", setting="out")
-    folders.check_writable(target, str(out))
-
-
-def check_runs(runs: Sequence[str | os.PathLike | SweepTables]) -> None:
-    """Refuse a run given twice: the same folder, or tables of the same run (the same run id).
-
-    A run compared with itself has nothing to show; two runs of one model are compared as ``run:model``.
-    """
-    seen: dict = {}
-    for run in runs:
-        path = run.path if isinstance(run, SweepTables) else Path(run)
-        keys = [("path", Path(path).resolve())] if path is not None else []
-        run_id = run.provenance.run_id if isinstance(run, SweepTables) else None
-        keys += [("run", run_id)] if run_id else []
-        for key in keys:
-            if key in seen:
-                raise ConfigError(f"run {path or 'given as tables'} is given twice (as {seen[key]}); a report compares "
-                                  "different runs, so pass each once")
-            seen[key] = path or "tables"
 
 
 def write_report(
@@ -503,21 +471,3 @@ def write_report(
             progress(f"report: writing {out}")
         write_folder(document, out, image_scale=DISPLAY)
     return out
-
-
-def report_folder(runs: Sequence[SweepTables], out: str | os.PathLike | None = None) -> Path:
-    """Where the report of `runs` goes: `out`, or by default ``NAME-report`` beside the first run's folder, where
-    a user looks for it (not inside whatever project the command runs in); in the current folder for tables that
-    were never written.
-
-    >>> runs = [SweepTables({}, path=Path("out/ewt"))]
-    >>> report_folder(runs).as_posix(), report_folder([SweepTables({}), SweepTables({})]).as_posix()
-    ('out/ewt-report', 'run1+run2-report')
-    """
-    if out is not None:
-        return Path(out)
-    names = run_names([run.path or f"run{i + 1}" for i, run in enumerate(runs)])
-    name = name_part("+".join(names)) + "-report"
-    return Path(runs[0].path).parent / name if runs[0].path is not None else Path(name)
-
-

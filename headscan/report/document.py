@@ -39,6 +39,8 @@ Use `a < b`.
 from __future__ import annotations
 
 import base64
+import contextvars
+import functools
 import html
 import inspect
 import os
@@ -131,23 +133,67 @@ class Document:
     title: str  # the HTML page's <title>
     blocks: list[Block]
     images: dict[str, bytes] = field(default_factory=dict)  # PNG bytes by name
+    # User-given strings (paths, model names, the example sentence): wherever one appears in the text it is shown
+    # as it is, its backticks no code fence and (in HTML) its right-to-left overrides kept inside it
+    verbatim: tuple[str, ...] = ()
 
 
 # --- inline text ------------------------------------------------------------------------------------------
 
 _CODE = re.compile(r"(`+)(.+?)\1", re.S)
-_MD_SPECIAL = re.compile(r"([\\*_<>|$#`]|\](?=\())")  # "](" would end a link's text
+_MD_SPECIAL = re.compile(r"([\\*_<>|$#`~]|\](?=\()|&(?=#?\w+;))")  # "](" would end a link's text, "&lt;" is "<"
 # In a heading only what could become markup or break the line: names such as next_token keep their underscores
-_HEADING_SPECIAL = re.compile(r"([\\<>|`]|\](?=\())")
+_HEADING_SPECIAL = re.compile(r"([\\<>|`~]|\](?=\()|&(?=#?\w+;))")
+
+
+# Characters that change the direction of the text after them (embeddings, overrides, isolates), to the paragraph's end
+_BIDI = re.compile("[\u202a-\u202e\u2066-\u2069]")
+_VERBATIM: contextvars.ContextVar[tuple[re.Pattern, tuple[str, ...]] | None] = contextvars.ContextVar(
+    "verbatim", default=None)
+_HELD = re.compile("\x00(\\d+)\x00")  # a verbatim string's place while the text around it is read (no text holds NUL)
+
+
+def _reading_verbatim(render):
+    """`render(document, ...)` with `document.verbatim` held by `_hold` while it runs. Only strings that markup
+    could misread count: those holding a backtick or a direction control."""
+    @functools.wraps(render)
+    def wrapped(document, *args, **kwargs):
+        strings = sorted({s for s in document.verbatim if "`" in s or _BIDI.search(s)}, key=len, reverse=True)
+        token = _VERBATIM.set((re.compile("|".join(map(re.escape, strings))), tuple(strings)) if strings else None)
+        try:
+            return render(document, *args, **kwargs)
+        finally:
+            _VERBATIM.reset(token)
+    return wrapped
+
+
+def _hold(text: str) -> tuple[str, tuple[str, ...]]:
+    """`text` with each verbatim string in it replaced by a placeholder (longest first), and the strings."""
+    verbatim = _VERBATIM.get()
+    if verbatim is None:
+        return text, ()
+    pattern, strings = verbatim
+    return pattern.sub(lambda m: f"\x00{strings.index(m.group())}\x00", text), strings
+
+
+def _verbatim_html(text: str) -> str:
+    """`text` escaped; one holding direction controls in a <bdi>, so they turn nothing outside it."""
+    escaped = html.escape(text)
+    return f"<bdi>{escaped}</bdi>" if _BIDI.search(text) else escaped
 
 
 def _inline_html(text: str) -> str:
+    text, strings = _hold(text)
+
+    def escape(part: str) -> str:
+        return _HELD.sub(lambda m: _verbatim_html(strings[int(m.group(1))]), html.escape(part))
+
     out, last = [], 0
     for match in _CODE.finditer(text):
-        out.append(html.escape(text[last:match.start()]))
-        out.append(f"<code>{html.escape(match.group(2).strip())}</code>")
+        out.append(escape(text[last:match.start()]))
+        out.append(f"<code>{escape(match.group(2).strip())}</code>")
         last = match.end()
-    out.append(html.escape(text[last:]))
+    out.append(escape(text[last:]))
     return "".join(out)
 
 
@@ -159,15 +205,20 @@ def _inline_md(text: str) -> str:
     >>> print(_inline_md("a | <b> `x|y` and ``a`b``"))
     a \\| \\<b\\> `x\\|y` and ``a`b``
     """
+    text, strings = _hold(text)
+
+    def escape(part: str) -> str:  # outside code spans a verbatim string's backticks are escaped like the rest
+        return _HELD.sub(lambda m: _MD_SPECIAL.sub(r"\\\1", strings[int(m.group(1))]), _MD_SPECIAL.sub(r"\\\1", part))
+
     out, last = [], 0
     for match in _CODE.finditer(text):
-        out.append(_MD_SPECIAL.sub(r"\\\1", text[last:match.start()]))
-        code = match.group(2).strip().replace("|", "\\|")
+        out.append(escape(text[last:match.start()]))
+        code = _HELD.sub(lambda m: strings[int(m.group(1))], match.group(2)).strip().replace("|", "\\|")
         fence = "`" * (max((len(run) for run in re.findall(r"`+", code)), default=0) + 1)
         pad = " " if code.startswith("`") or code.endswith("`") else ""
         out.append(f"{fence}{pad}{code}{pad}{fence}")
         last = match.end()
-    out.append(_MD_SPECIAL.sub(r"\\\1", text[last:]))
+    out.append(escape(text[last:]))
     return "".join(out).replace("\n", " ")
 
 
@@ -312,6 +363,7 @@ def _definition_html(block: Definition) -> str:
             f'</span></dt><dd>{"".join(parts)}</dd>')
 
 
+@_reading_verbatim
 def to_html(document: Document, *, image_scale: float = 1.0) -> str:
     """The document as one self-contained HTML page.
 
@@ -384,6 +436,7 @@ def _table_md(block: Table) -> str:
     return "\n".join(lines)
 
 
+@_reading_verbatim
 def to_markdown(document: Document) -> str:
     """The document as Markdown (GitHub's flavour), each image linked as ``figures/NAME``."""
     toc = [b for b in document.blocks if isinstance(b, Heading) and b.level == 2]
