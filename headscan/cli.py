@@ -193,7 +193,7 @@ def _device_options(device: str, dtype: str):
 @click.option("--restart", is_flag=True, help="Discard the partial state of an earlier, stopped sweep into OUT "
                                                "instead of resuming from it.")
 @click.option("--ray", is_flag=False, flag_value=True, default=None, type=click.UNPROCESSED, metavar="[ADDRESS]",
-              help="Run on a Ray cluster, a worker per GPU (or CPU): --ray alone starts or uses a local instance; "
+              help="Run on a Ray cluster, as many workers as its nodes' memory holds: --ray alone starts or uses a local instance; "
                    "--ray auto, --ray HOST:6379 or --ray ray://HOST:10001 connect to one (pip install 'headscan[ray]').")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--checkpoints", default=None, type=click.Path(path_type=Path), metavar="FOLDER",
@@ -408,9 +408,11 @@ def models(specs):
 
 @cli.command()
 @click.argument("run", type=click.Path(path_type=Path))
-@click.option("--metric", default=None, help="Metric to rank heads by (default: prev_token for a sweep, retrieval for "
-                                             "a retrieval run).")
-@click.option("--top", default=10, show_default=True, help="How many heads per model.")
+@click.option("--metric", default=None, metavar="NAME",
+              help="What to rank heads by: a metric of heads.parquet or value.parquet, a profile (offsets, "
+                   "first_token_by_position, distance_by_position), copying, syntax, importance, retrieval or "
+                   "retrieval_ungated (default: prev_token for a sweep, retrieval for a retrieval run).")
+@click.option("--top", default=10, show_default=True, type=click.IntRange(min=1), help="How many heads per model.")
 @_one_line_errors
 def show(run, metric, top):
     """Print the top heads of a sweep (or retrieval) output for one metric, per model, with each head's
@@ -418,13 +420,18 @@ def show(run, metric, top):
     "thin support"); control models, such as 'minilm [random init]', after theirs and named as such; and which
     unit the 95% intervals resampled.
 
-    --metric importance prints the heads whose removal changes the model's
-    loss most (a sweep with --importance).
+    A profile prints each head at its peak (offsets: the offset each head
+    attends to most, the most focused heads first). --metric syntax prints
+    each relation's best head against the fixed-offset baseline (a sweep of
+    a CoNLL-U treebank); --metric importance the heads whose removal changes
+    the model's loss most (a sweep with --importance). A metric whose table
+    the run lacks is refused, saying how to get it.
 
     Example:
 
     \b
         headscan show out --metric next_token --top 5
+        headscan show out --metric offsets
     """
     from .analysis.ranking import controls_note, top_heads_text, unit_note
     from .tables import load

@@ -192,7 +192,7 @@ def test_the_head_to_dependent_sentence_and_thin_support():
     cells = syntactic.syntax_display(best)
     assert cells["beats"].tolist() == ["yes", "yes\u2021"]
     assert cells["offset"].tolist() == ["+2", "+1"] and cells["margin"].tolist() == ["+0.275", "+0.300"]
-    assert cells["chance"].tolist() == ["0.100", "0.200"] and cells["not claimed"].tolist() == ["", "thin support"]
+    assert cells["chance"].tolist() == ["0.100", "0.200"] and cells["no claim"].tolist() == ["", "thin support"]
 
 
 # --- the figure ------------------------------------------------------------------------------------------------
@@ -341,7 +341,7 @@ def test_the_rest_of_the_report_with_syntax_positions_and_weights(syntax_report)
     assert not re.search(r"\| smollm2 \| first\\_token \| L\d+H\d+ \| 0 \|", positions)
     weights = others[others.index("### weights"):]
     weights = weights[:weights.find("\n### ", 1)] if "\n### " in weights else weights  # not the tables after it
-    assert "(sum and count are NaN" in weights and "95% interval" not in weights and "| tied |" in weights
+    assert "(no sum or count" in weights and "95% interval" not in weights and "| tied |" in weights
     assert "syntax.parquet (" in md and "weights.parquet (" in md  # the run's tables
 
 
@@ -379,7 +379,7 @@ def test_show_prints_the_best_heads_per_relation_and_heads_metrics_as_before(ewt
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert lines[0].split() == ["model", "relation", "direction", "label", "accuracy", "ci_low", "ci_high", "count",
-                                "baseline", "baseline_offset", "margin", "beats"]
+                                "baseline", "baseline_offset", "margin", "beats", "no", "claim"]
     assert len(lines) == 1 + 2 * 3 * 2 + 2  # 2 models x 3 relations x 2 directions, and the notes (baseline, unit)
     assert lines[5].split()[:5] == ["minilm", "det", D2H, "L2H5", "0.930"] and lines[5].split()[-1] == "True"
     with_syntax = runner.invoke(cli, ["show", str(ewt_with_syntax), "--metric", "prev_token"])

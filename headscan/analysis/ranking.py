@@ -16,10 +16,12 @@ This module draws nothing and loads no model.
 
 from __future__ import annotations
 
+import difflib
+
 import numpy as np
 import pandas as pd
 
-from ..errors import TablesError
+from ..errors import MetricError, TablesError
 from ..metrics import METRICS, describe, get_metric
 from ..tables import TABLES, ModelProvenance, RunProvenance, SweepTables, thin_support
 from .claims import why_not
@@ -29,13 +31,14 @@ from .syntax import best_heads, offset_text, relation_order
 
 __all__ = ["WIDE_CI", "bounded", "striking_order", "striking_of", "ci_is_wide", "top_heads", "thin", "top_rows",
            "fmt_score", "fmt_bucket", "pct", "structural_reason", "why_structural", "top_heads_text", "unit_note",
-           "controls_note"]
+           "controls_note", "show_metrics"]
 
 WIDE_CI = 0.1  # an interval wider than this (0-1 metrics) or than this fraction of the value (others) is wide
 _SUPPORT = ("units", "top_unit_share")  # the columns headscan.tables.thin_support reads
 ZERO = 1e-12  # a value this close to 0 is 0
-# The columns `headscan show` prints.
+# The columns `headscan show` prints; ``unsupported`` (why a row carries no claim) under the reports' own word.
 SHOWN = ["model", "label", "layer", "head", "value", "ci_low", "ci_high", "chance", "count", "units", "unsupported"]
+NO_CLAIM = {"unsupported": "no claim"}
 
 
 def bounded(metric: str) -> bool:
@@ -255,54 +258,110 @@ def top_heads_text(run: SweepTables, metric: str | None = None, n: int = 10) -> 
     >>> print(top_heads_text(SweepTables({"heads": heads}), "next_token"))
     gpt: next_token: a causal model's queries cannot see later tokens, so it is 0 for every head
 
-    ``copying`` (weights.parquet) and ``dla`` / ``dla_positive`` (heads.parquet), which the metric registry does
-    not hold, print their highest heads; ``importance`` (importance.parquet) the heads whose removal changes the
-    target most, either way (`headscan.analysis.importance.effects`). ``syntax``, for a run with a syntax table, prints each model's best head per relation and direction against
-    the fixed-offset baseline (`headscan.analysis.syntax.best_heads`), for the `n` relations with most dependents.
+    A model whose `metric` is undefined for every head in this run (streaming on segments shorter than the sink
+    and window, dla without values, retrieval when no answer passed the gate) gets one line saying why, too.
+    ``copying`` (weights.parquet), which the metric registry does not hold, prints its highest heads; a profile
+    (offsets, positions) each head at its peak (`_profile_text`); ``importance`` (importance.parquet) the heads
+    whose removal changes the target most, either way (`headscan.analysis.importance.effects`). ``syntax``, for
+    a run with a syntax table, prints each model's best head per relation and direction against the fixed-offset
+    baseline (`headscan.analysis.syntax.best_heads`), for the `n` relations with most dependents.
+
+    Raises
+    ------
+    MetricError
+        `metric` is none of `show_metrics` ("did you mean").
+    TablesError
+        The run has no table of `metric` (the message says how to get one), or `n` is below 1.
     """
     if metric is None:  # a sweep's previous-token heads, a retrieval run's retrieval heads
         metric = "prev_token" if "heads" in run.frames else "retrieval"
-    entry = METRICS.get(metric)
-    if entry is not None and entry.table not in run.frames:
-        how = _HOW_TO_GET.get(entry.table)
-        raise TablesError(f"this run has no {entry.table}.parquet, so no {metric!r}" + (f"; {how}" if how else ""))
+    if n < 1:
+        raise TablesError(f"top must be at least 1, got {n}")
+    table = _table_of(metric)  # an unknown name gets "did you mean", among every metric show takes
+    if table not in run.frames:
+        how = _HOW_TO_GET.get(table, "sweep a corpus with headscan sweep to get one")
+        raise TablesError(f"this run has no {table}.parquet, so no {metric!r}; {how}")
     if metric == "syntax":
         return _syntax_text(run["syntax"], n)
     if metric == "importance":
         return _importance_text(run["importance"], n)
-    if entry is not None and list(TABLES[entry.table].keys) != ["metric"]:
-        return _profile_text(run[entry.table], metric, n)
-    if metric not in METRICS and metric in _UNREGISTERED and _has(run, *_UNREGISTERED[metric]):
+    if metric not in METRICS:
         return _unregistered_text(run, metric, n)
-    heads = run[METRICS[metric].table if metric in METRICS and METRICS[metric].table in run.frames else "heads"]
+    if list(TABLES[table].keys) != ["metric"]:
+        return _profile_text(run[table], metric, n)
+    heads = run[table]
     said, shown = [], []
     for model in dict.fromkeys(heads["model"]):
         rows = heads[(heads["model"] == model) & (heads["metric"] == metric)]
         family = str(heads.loc[heads["model"] == model, "family"].iloc[0])
         provenance = run.provenance.model(model)
         reason = why_structural(rows, metric, family=family, provenance=provenance if provenance.family else None)
+        if reason is None and rows["value"].isna().all():
+            reason = _why_undefined_here(run, model, metric)
         if reason is not None:
             said.append(f"{model}: {metric}: {reason}")
         else:
             shown.append(model)
-    top = top_heads(heads[heads["model"].isin(shown)], metric, n, keep_flat=True)  # checks the metric even if none is shown
-    parts = [top[SHOWN].to_string(index=False)] if shown else []
+    top = top_heads(heads[heads["model"].isin(shown)], metric, n, keep_flat=True)  # checks `n` even if none is shown
+    parts = [top[SHOWN].rename(columns=NO_CLAIM).to_string(index=False)] if shown else []
     return "\n".join(parts + said)
 
 
+def show_metrics() -> list[str]:
+    """Every metric `top_heads_text` (``headscan show --metric``) takes: the registry's, then the scores a sweep
+    writes that the registry does not hold (``copying``)."""
+    return [*METRICS, *(name for name in _UNREGISTERED if name not in METRICS)]
+
+
+def _table_of(metric: str) -> str:
+    """The table `metric` lives in; an unknown name gets "did you mean", among `show_metrics`."""
+    if metric in METRICS:
+        return METRICS[metric].table
+    if metric in _UNREGISTERED:
+        return _UNREGISTERED[metric][0]
+    close = difflib.get_close_matches(metric, show_metrics(), n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise MetricError(f"unknown metric {metric!r}.{hint} Available: {', '.join(show_metrics())}")
+
+
+def _why_undefined_here(run: SweepTables, model: str, metric: str) -> str:
+    """Why `model`'s `metric` is undefined (NaN, or no row) for every head of this run, where the registry gives no
+    structural reason: not scored (what the sweep recorded), or no query of the corpus counts for it."""
+    config = run.provenance.config
+    recorded = run.provenance.model(model).extra.get("dla")
+    if metric.startswith("dla") and recorded and not recorded.startswith("captured"):
+        return f"undefined for every head: dla {recorded}" + ("; headscan sweep --values scores it"
+                                                                  if "values=False" in recorded else "")
+    if metric == "streaming" and {"sink", "recent"} <= set(config):
+        return (f"undefined for every head: no query lies at or past position sink + recent ({config['sink']} + "
+                f"{config['recent']}); give headscan sweep longer segments, or a smaller --sink and --recent")
+    if metric == "retrieval":
+        return "undefined for every head: no trial's answer passed the gate (retrieval_ungated scores every trial)"
+    return "undefined for every head: no query of the corpus counts for it"
+
+
 def unit_note(run: RunProvenance) -> str:
-    """One line: which unit a run's intervals resampled, and why (`headscan.scan.plan.resolve_unit`).
+    """One line: which unit a run's intervals resampled, and why (`headscan.scan.plan.resolve_unit`; a retrieval
+    run's trials, `headscan.scan.trials.TRIAL_UNIT`), the unit said once.
 
     >>> unit_note(RunProvenance(config={"bootstrap_unit": "document"}, extra={"bootstrap_unit": "auto: documents, "
     ...     "since the corpus has 318 documents of 2,001 segments (conllu # newdoc lines), whose segments are not "
     ...     "independent"}))
-    'intervals resample documents (auto: documents, since the corpus has 318 documents of 2,001 segments (conllu # newdoc lines), whose segments are not independent)'
+    'intervals resample documents (auto), since the corpus has 318 documents of 2,001 segments (conllu # newdoc lines), whose segments are not independent'
+    >>> unit_note(RunProvenance(config={"bootstrap_unit": "segment"}, extra={"bootstrap_unit": "segment, as asked"}))
+    'intervals resample segments, as asked'
+    >>> unit_note(RunProvenance(config={}, extra={"bootstrap_unit": "trial: each trial is one unit"}))
+    'intervals resample trials: each trial is one unit'
     >>> unit_note(RunProvenance(config={"bootstrap_unit": "segment"}))  # a run from before "auto"
     'intervals resample segments'
     """
-    unit = run.config.get("bootstrap_unit", "segment")
-    why = run.extra.get("bootstrap_unit")
-    return f"intervals resample {unit}s" + (f" ({why})" if why else "")
+    why = run.extra.get("bootstrap_unit") or ""
+    unit = run.config.get("bootstrap_unit") or ("trial" if why.startswith("trial:") else "segment")
+    said = f"intervals resample {unit}s"
+    for prefix, joint in ((f"auto: {unit}s, ", " (auto), "), (f"{unit}, ", ", "), (f"{unit}: ", ": ")):
+        if why.startswith(prefix):
+            return said + joint + why.removeprefix(prefix)
+    return said + (f" ({why})" if why else "")
 
 
 CONTROL_MEANING = {"random-init": "the same architecture and tokenizer, weights drawn from the config's initialiser",
@@ -323,10 +382,10 @@ def controls_note(run: RunProvenance) -> list[str]:
 # Scores a sweep may write that the metric registry does not hold: metric -> the table it is in.
 # What to run for a table a run lacks, said when `headscan show` is asked for one of its metrics.
 _HOW_TO_GET = {
-    "heads": "this is not a sweep's output; sweep a corpus with headscan sweep",
-    "syntax": "sweep a CoNLL-U treebank (--corpus FILE.conllu) to get one",
-    "importance": "sweep with --importance ablate (or atp) to get one",
-    "value": "sweep with --values to get one",
+    "heads": "sweep a corpus with headscan sweep to get one (this is not a sweep's output)",
+    "syntax": "sweep a CoNLL-U treebank (headscan sweep --corpus FILE.conllu) to get one",
+    "importance": "sweep with headscan sweep --importance atp (or ablate) to get one",
+    "value": "sweep with headscan sweep --values to get one",
     "retrieval": "run headscan retrieval to get one",
 }
 
@@ -341,9 +400,12 @@ def _profile_text(frame: pd.DataFrame, metric: str, n: int) -> str:
     ...     "ci_high": float("nan"), "count": 8, "units": 4})
     >>> print(_profile_text(offsets, "offsets", 5))
     offsets: each head at the offset where it is highest
-    model label  layer  head  offset  value  ci_low  ci_high  count  units
-        m  L0H0      0     0      -1    0.9     NaN      NaN      8      4
-        m  L0H1      0     1       0    0.7     NaN      NaN      8      4
+    model label  layer  head  offset  value  ci_low  ci_high  count  units    no claim
+        m  L0H0      0     0      -1    0.9     NaN      NaN      8      4 no interval
+        m  L0H1      0     1       0    0.7     NaN      NaN      8      4 no interval
+
+    For offsets that is the offset each head attends to most (-1: a previous-token head), the heads that put the
+    most attention there first.
     """
     rows = frame[frame["metric"] == metric] if "metric" in frame.columns else frame
     axis = [c for c in TABLES[_table_of(metric)].keys if c != "metric"]
@@ -362,18 +424,11 @@ def _profile_text(frame: pd.DataFrame, metric: str, n: int) -> str:
     head = f"{metric}: each head at the {', '.join(axis)} where it is {'highest' if high else 'lowest'}"
     if top.empty:
         return f"{head}: no head differs from the others of its model at any point"
-    return head + "\n" + top[columns].to_string(index=False)
-
-
-def _table_of(metric: str) -> str:
-    return METRICS[metric].table
+    top = top.assign(unsupported=why_not(top, striking=describe(metric).striking))
+    return head + "\n" + top[[*columns, "unsupported"]].rename(columns=NO_CLAIM).to_string(index=False)
 
 
 _UNREGISTERED = {"copying": ("weights", "copying"), "dla": ("heads", "dla"), "dla_positive": ("heads", "dla_positive")}
-
-
-def _has(run: SweepTables, table: str, metric: str) -> bool:
-    return table in run.frames and bool((run.frames[table]["metric"] == metric).any())
 
 
 def _unregistered_text(run: SweepTables, metric: str, n: int) -> str:
@@ -434,6 +489,6 @@ def _syntax_text(syntax: pd.DataFrame, n: int) -> str:
     best = best.sort_values("model", key=lambda names: names.map(models), kind="stable")  # model by model
     best = best.assign(count=best["count"].astype(int), baseline_offset=best["baseline_offset"].map(offset_text))
     columns = ["model", "relation", "direction", "label", "accuracy", "ci_low", "ci_high", "count", "baseline",
-               "baseline_offset", "margin", "beats"]
-    return (best[columns].to_string(index=False, float_format=lambda v: f"{v:.3f}")
+               "baseline_offset", "margin", "beats", "unsupported"]
+    return (best[columns].rename(columns=NO_CLAIM).to_string(index=False, float_format=lambda v: f"{v:.3f}")
             + "\nbeats: the 95% interval's low end is above the best fixed-offset baseline (offset d in -3..2)")

@@ -232,8 +232,9 @@ def syntax_display(best: pd.DataFrame, *, with_model: bool = True) -> pd.DataFra
     """`best_heads` as display strings, one row per (model, relation, direction), for a sortable table.
 
     Columns ``model`` (unless not `with_model`), ``relation, direction, head, accuracy, 95% low, 95% high,
-    dependents, baseline, offset, margin, beats, chance, not claimed``; margin is signed, beats is "yes" (‡
-    where on thin support, which no finding rests on) or "", not claimed says why a row carries no claim.
+    dependents, baseline, offset, margin, beats, chance, no claim``; margin is signed, beats is "yes" (‡
+    where on thin support, which no finding rests on) or "", no claim says why a row carries none (the word
+    the head lists and ``headscan show`` use).
     """
     frame = pd.DataFrame({
         "model": best["model"],
@@ -250,6 +251,6 @@ def syntax_display(best: pd.DataFrame, *, with_model: bool = True) -> pd.DataFra
         "beats": [("yes" if beats else "") + ("\u2021" if thin else "")
                   for beats, thin in zip(best["beats"], best["thin"])],
         "chance": (best["chance"] if "chance" in best else pd.Series(np.nan, index=best.index)).map(_fmt),
-        "not claimed": (best["unsupported"] if "unsupported" in best else pd.Series("", index=best.index)).fillna(""),
+        "no claim": (best["unsupported"] if "unsupported" in best else pd.Series("", index=best.index)).fillna(""),
     })
     return (frame if with_model else frame.drop(columns="model")).reset_index(drop=True)

@@ -27,9 +27,10 @@ __all__ = ["pattern_forward", "check", "chunked_refusal", "refused"]
 EAGER_INSTEAD = chunked.EAGER_INSTEAD
 
 
-def refused(model: HookedModel, reason: str) -> ModelLoadError:
-    """The one error for a model that chunked mode cannot run, with the reason `chunked_refusal` gave."""
-    return ModelLoadError(f"model {model.name!r} cannot run chunked attention: {reason}{EAGER_INSTEAD}")
+def refused(model: HookedModel, reason: str, instead: str = EAGER_INSTEAD) -> ModelLoadError:
+    """The one error for a model that chunked mode cannot run, with the reason `chunked_refusal` gave and what to
+    do instead (a sweep's --attention eager; retrieval, which has no eager mode, says its own)."""
+    return ModelLoadError(f"model {model.name!r} cannot run chunked attention: {reason}{instead}")
 
 
 @contextlib.contextmanager

@@ -122,8 +122,25 @@ def resolve_unit(corpus: Corpus, config: SweepConfig) -> tuple[SweepConfig, str]
     elif grouped:
         unit, why = "document", f"auto: documents, since {found}, whose segments are not independent"
     else:
-        unit, why = "segment", f"auto: segments, since no document holds two or more ({corpus.documents})"
+        unit, why = "segment", f"auto: segments, since {_one_segment_each(corpus.documents)}"
     return dataclasses.replace(config, bootstrap_unit=unit), why
+
+
+def _one_segment_each(documents: str) -> str:
+    """Why every document of a corpus is one segment, as a clause: a reader's "none: ..." note turned around, so
+    that the terminal line holds no parentheses inside parentheses.
+
+    >>> _one_segment_each("none: each segment is its own document")
+    'each segment is its own document'
+    >>> _one_segment_each("none: no # newdoc lines, so each sentence is its own document")
+    'each sentence is its own document (no # newdoc lines)'
+    >>> _one_segment_each("blank-line paragraphs")
+    'every document holds one segment (blank-line paragraphs)'
+    """
+    if not documents.startswith("none: "):
+        return f"every document holds one segment ({documents})"
+    cause, _, result = documents.removeprefix("none: ").rpartition(", so ")
+    return f"{result} ({cause})" if cause else result
 
 
 def unit_of(index: int, document: int, config: SweepConfig) -> int:

@@ -153,11 +153,15 @@ def _one_model(spec, corpus, needles, about, plans, config, partial, should_stop
             raise ModelLoadError(f"model {spec!r} is bidirectional: retrieval heads are read while a model decodes its "
                                  f"answer, and an encoder decodes none; use a causal model")
         reason = model.chunked_refusal()
-        if reason is not None:
-            raise refused(model, reason)
-        if max(config.lengths) > model.max_context:
-            raise ConfigError(f"lengths: {max(config.lengths)} tokens is longer than {spec}'s context "
-                              f"({model.max_context} tokens); use shorter --lengths", setting="lengths")
+        if reason is not None:  # no --attention eager here: retrieval decodes with chunked attention only
+            raise refused(model, reason, instead="; headscan retrieval decodes with chunked attention only, so "
+                          + ("try --dtype float32" if config.dtype != "float32" else "use another model"))
+        # the answer's tokens follow the prompt: the last one decoded sits at position length + max_new_tokens - 2
+        room = model.max_context - config.max_new_tokens + 1
+        if max(config.lengths) > room:
+            raise ConfigError(f"lengths: {max(config.lengths)} tokens and --max-new-tokens {config.max_new_tokens} "
+                              f"pass {spec}'s context ({model.max_context} tokens); use --lengths of at most {room} "
+                              f"(or fewer --max-new-tokens)", setting="lengths")
         bos = model.special_token_ids["bos"] if config.template == "raw" and model.prepend_bos else None
         expected = _fingerprint(model, corpus, about, config)
         path = partial / f"retrieval-{spec_stem(spec)}.jsonl" if partial is not None else None

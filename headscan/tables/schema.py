@@ -38,10 +38,10 @@ HEAD_COLUMNS: dict[str, str] = {
 VALUE_COLUMNS: dict[str, str] = {
     "value": "float64",  # sum / count; NaN where count == 0
     "sum": "float64",  # sum of per-query scores over the corpus
-    "count": "float64",  # number of queries that count for this metric
+    "count": "Int64",  # number of queries that count for this metric; <NA> in weights.parquet, which sums nothing
     "ci_low": "float64",  # lower end of the 95% bootstrap interval; NaN where undefined
     "ci_high": "float64",  # upper end
-    "units": "float64",  # bootstrap units (segments or documents) with count > 0: how many the value rests on
+    "units": "Int64",  # bootstrap units (segments or documents) with count > 0: how many the value rests on
     "top_unit_share": "float64",  # the largest single unit's share of the sum: near 1, one unit decides the value
     "n_eff": "float64",  # effective units of the sum, (sum |s_u|)^2 / sum s_u^2 (headscan.intervals.effective_units)
     "variance_df": "float64",  # the bootstrap's degrees of freedom of the interval's SE (intervals.variance_df)
@@ -82,7 +82,12 @@ class Table:
         missing = [c for c in self.columns if c not in frame.columns]
         if missing:
             raise TablesError(f"{self.name} table is missing columns {missing}; expected {list(self.columns)}")
-        return frame[list(self.columns)].astype(self.columns).reset_index(drop=True)
+        frame = frame[list(self.columns)]
+        # Counts come as floats from sums (and as floats from tables written before they were whole numbers):
+        # round them, so a count summed as 2.9999999999 is 3 rather than a failed cast.
+        counts = {c: frame[c].astype("float64").round() for c, dtype in self.columns.items()
+                  if dtype == "Int64" and frame[c].dtype.kind == "f"}
+        return frame.assign(**counts).astype(self.columns).reset_index(drop=True)
 
 
 TABLES: dict[str, Table] = {}
@@ -118,8 +123,9 @@ register_table("value", {"metric": "string"},
                "A[q, k] ||f(x_k)|| renormalised per query (Kobayashi et al. 2020)")
 register_table("weights", {"metric": "string"},
                "one row per (model, layer, head, metric): scores read off the weights alone, no corpus "
-               "(sum and count are NaN; chance of copying is 0: negating W_V negates every eigenvalue, so OV "
-               "weights drawn with either sign equally likely score 0 on average)", extra={"embedding": "string"})
+               "(no sum or count, NaN and <NA>: nothing is summed; chance of copying is 0: negating W_V negates "
+               "every eigenvalue, so OV weights drawn with either sign equally likely score 0 on average)",
+               extra={"embedding": "string"})
 register_table("importance", {"method": "string", "target": "string"},
                "one row per (model, layer, head, method, target): the change of the target (a loss) when the head's "
                "output is removed, ablated minus clean; 0 is a head that changes nothing")
