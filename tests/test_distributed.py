@@ -43,13 +43,16 @@ def test_states_from_ray_get_arrays_of_their_own():
 
 @pytest.fixture(scope="module")
 def cluster():
-    """A local Ray instance with two CPUs, its logs in a temporary folder (short: Ray's socket paths are)."""
+    """A local Ray instance with two CPUs and 8 GiB of Ray's `memory` resource (a number Ray schedules by, not
+    memory it takes: fixed, so how many workers fit does not depend on what the machine has free), its logs in a
+    temporary folder (short: Ray's socket paths are)."""
     try:
         import ray
     except ImportError:
         missing("ray is not installed: pip install 'headscan[ray]'")
     logs = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
-    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=logs, log_to_driver=False, logging_level=logging.WARNING)
+    ray.init(num_cpus=2, _memory=8 * 2**30, include_dashboard=False, _temp_dir=logs, log_to_driver=False,
+             logging_level=logging.WARNING)
     yield ray
     ray.shutdown()
     shutil.rmtree(logs, ignore_errors=True)
@@ -230,3 +233,166 @@ def test_a_ray_sweep_of_a_treebank_and_of_repeat_random_equals_a_local_sweep(kin
     result = sweep(model, corpus, tmp_path / "out", ray=True, save_every=0, **settings)
     assert_merged_equals_whole(local, result)
     assert ("syntax" in result.frames) == (kind == "conllu")
+
+
+# --- sizing the workers by memory (issue 38) ---------------------------------------------------------------------
+
+GIB = 2**30
+
+
+def test_ray_places_as_many_workers_as_the_nodes_memory_holds():
+    from headscan.scan.ray_cluster import plan_workers
+
+    node = {"CPU": 64.0, "memory": 256.0 * GIB}
+    # a 30 GiB model: 256 // 30 = 8 copies fit, each running torch on 64 / 8 CPUs (was: 64 copies of one CPU)
+    assert plan_workers([node], memory=30 * GIB) == (8, {"num_cpus": 8, "memory": 30 * GIB})
+    assert plan_workers([node], memory=GIB) == (64, {"num_cpus": 1, "memory": GIB})  # small: one per CPU
+    # a node of 16 CPUs and 64 GiB beside it holds 4 copies of 15 GiB, the big node 17 (of 64 // 17 = 3 CPUs): each
+    # actor asks for the smaller share, 3 CPUs, so both nodes fill their memory
+    assert plan_workers([node, {"CPU": 16.0, "memory": 64.0 * GIB}], memory=15 * GIB) == \
+        (17 + 4, {"num_cpus": 3, "memory": 15 * GIB})
+    gpu_node = {"CPU": 16.0, "GPU": 4.0, "memory": 128.0 * GIB}
+    assert plan_workers([gpu_node] * 2, memory=2 * GIB) == (8, {"num_gpus": 1, "num_cpus": 1, "memory": 2 * GIB})
+    assert plan_workers([gpu_node] * 2, memory=50 * GIB)[0] == 4  # the host's memory holds two per node
+    # --device-map auto: one actor a node, holding all of its GPUs
+    assert plan_workers([gpu_node] * 2, memory=2 * GIB, device_map="auto") == \
+        (2, {"num_gpus": 4, "num_cpus": 1, "memory": 2 * GIB})
+    assert plan_workers([gpu_node], memory=2 * GIB, device="cpu")[1] == {"num_cpus": 1, "memory": 2 * GIB}
+
+
+def test_a_model_that_no_node_holds_is_refused_in_one_line(models, corpus_file):
+    from headscan.scan.ray_cluster import plan_workers
+
+    with pytest.raises(ConfigError, match=r"^ray: a worker needs about 300\.0 GiB of memory for the largest model at "
+                                          r"this --batch-size and --max-len, and no node of the Ray cluster \(local\) "
+                                          r"has that much \(largest: 256\.0 GiB\); lower --batch-size or --max-len, "
+                                          r"use --dtype bfloat16, or add a larger node$"):
+        plan_workers([{"CPU": 64.0, "memory": 256.0 * GIB}], memory=300 * GIB)
+    with pytest.raises(ConfigError, match=r"^device cuda: the Ray cluster \(local\) has no GPUs"):
+        plan_workers([{"CPU": 64.0, "memory": 256.0 * GIB}], memory=GIB, device="cuda")
+
+
+def test_a_workers_memory_is_the_models_weights_a_batchs_attention_and_the_process(tiny_gpt2):
+    from transformers import AutoModelForCausalLM
+
+    from headscan.config import SweepConfig
+    from headscan.scan.ray_cluster import PROCESS_BYTES, worker_memory
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_gpt2)  # loaded for real: the parameters it holds
+    parameters = sum(p.numel() for p in model.parameters())
+    heads = model.config.n_head
+    config = SweepConfig(batch_size=4, max_len=64, device="cpu")
+    # eager attention: scores, pattern and the metrics' two temporaries per head, plus the float mask, as float32
+    attention = 4 * 4 * 64 * 64 * (4 * heads + 1)
+    # the weights twice: the model's, and what a sweep holds beside them (WEIGHT_COPIES)
+    assert worker_memory(str(tiny_gpt2), config) == 2 * 4 * parameters + attention + PROCESS_BYTES
+    half = SweepConfig(batch_size=4, max_len=64, device="cpu", dtype="bfloat16")
+    assert worker_memory(str(tiny_gpt2), half) == 2 * 2 * parameters + attention + PROCESS_BYTES
+    assert worker_memory(f"{tiny_gpt2} [random init]", config) == worker_memory(str(tiny_gpt2), config)
+
+
+def test_a_model_that_fills_the_nodes_memory_gets_one_worker_with_all_its_cpus(cluster, models, tmp_path, monkeypatch):
+    corpus = paragraph_corpus(tmp_path, 9)  # small: one actor on two threads crawls on a busy 2-core machine
+    memory = int(cluster.cluster_resources()["memory"] * 0.6)  # one fits, two do not
+    monkeypatch.setattr(distributed, "worker_memory", lambda spec, config: memory)
+    result = sweep(models[1], corpus, tmp_path / "out", ray=True, **SETTINGS)
+    assert_same_tables(sweep(models[1], corpus, None, **SETTINGS), result)
+    ray = result.provenance.extra["ray"]
+    assert ray["workers"] == 1 and ray["worker"] == {"num_cpus": 2, "memory": memory}  # was: 2 of one CPU each
+
+
+# --- thread counts (issue 38) -------------------------------------------------------------------------------------
+
+FLOAT32_U = 2.0**-24  # float32's unit roundoff
+
+
+def short_lines(folder, n_lines: int):
+    """`n_lines` lines of 2 to 12 words (5 to 15 tokens with BOS), in paragraphs of 3."""
+    words = "the cat sat on a mat and then it ran far away from home".split()
+    lines = []
+    for i in range(n_lines):
+        lines.append(" ".join(words[: 2 + i % 11]))
+        if i % 3 == 2:
+            lines.append("")
+    path = folder / "short.txt"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def assert_equal_to_float32_rounding(a: tables.SweepTables, b: tables.SweepTables, *, layers: int, width: int):
+    """Every table of `b` is `a`'s up to the rounding of a float32 forward pass whose sums were added in another
+    order: keys and supports exactly, each summed column within 2 L K u of its largest magnitude.
+
+    Why 2 L K u: a dot product of K float32 terms added in two orders differs by at most 2 gamma_K ~ 2 K u of the
+    sum of its terms' magnitudes (Higham, Accuracy and Stability, 3.1); each of L layers adds one such product
+    (K = the width) to the residual stream, and layer norms and the softmax do not amplify a relative error. The
+    float64 sums over segments add nothing measurable. variance_df, a ratio of differences of power sums, amplifies
+    rounding: 1e-3 relative, as for merged shards (conftest.assert_merged_equals_whole).
+    """
+    rtol = 2 * layers * width * FLOAT32_U
+    from conftest import SUMMED
+
+    assert list(a.frames) == list(b.frames)
+    for name in a.frames:
+        x, y = a[name], b[name]
+        extra = [c for c in conftest_extras(name) if c in x]
+        pd.testing.assert_frame_equal(x.drop(columns=SUMMED + extra), y.drop(columns=SUMMED + extra))
+        for column in SUMMED + extra:
+            if x[column].dtype != "float64":
+                pd.testing.assert_series_equal(x[column], y[column], obj=f"{name}.{column}")
+            elif column == "variance_df":
+                np.testing.assert_allclose(y[column], x[column], rtol=1e-3, err_msg=f"{name}.{column}")
+            else:
+                np.testing.assert_allclose(y[column], x[column], rtol=0, err_msg=f"{name}.{column}",
+                                           atol=rtol * max(1.0, x[column].abs().max()))
+
+
+def conftest_extras(name: str) -> tuple:
+    from conftest import TABLE_EXTRAS
+
+    return TABLE_EXTRAS.get(name, ())
+
+
+def sweep_with_threads(threads: int, *args, **kwargs):
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return sweep(*args, **kwargs)
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    """A tiny Llama (2 layers, 64 wide): its projections have no bias, so torch hands them to the BLAS as plain
+    matrix products, which MKL splits between threads differently for inputs of 5 to 11 tokens (GPT-2's and
+    BERT's products with a bias, addmm, come out the same on any thread count)."""
+    from headscan.testing.architectures import build_architecture_checkpoint
+
+    folder = tmp_path_factory.mktemp("threads")
+    return str(build_architecture_checkpoint(folder / "llama", "llama", seed=1)), short_lines(folder, 15)
+
+
+def test_sweeps_on_other_thread_counts_differ_by_float32_rounding_alone(tiny_llama, tmp_path):
+    """The README's bound for a Ray sweep, merged shards and a resumed sweep whose processes ran torch on other
+    thread counts than the local sweep (issue 38: a Ray worker on one thread against a local sweep on two)."""
+    model, corpus = tiny_llama
+    one = sweep_with_threads(1, model, corpus, None, **SETTINGS)
+    two = sweep_with_threads(2, model, corpus, None, **SETTINGS)
+    assert_equal_to_float32_rounding(one, two, layers=2, width=64)
+    # shards swept on one and on two threads, merged: the unsharded sweep's tables to the same bound
+    sweep_with_threads(1, model, corpus, tmp_path / "part-0", shard=Shard(0, 2), **SETTINGS)
+    sweep_with_threads(2, model, corpus, tmp_path / "part-1", shard=Shard(1, 2), **SETTINGS)
+    from headscan.scan import merge
+
+    assert_equal_to_float32_rounding(one, merge([tmp_path / "part-0", tmp_path / "part-1"]), layers=2, width=64)
+
+
+def test_a_ray_sweep_on_other_thread_counts_equals_a_local_sweep_to_float32_rounding(cluster, tiny_llama, tmp_path):
+    model, corpus = tiny_llama
+    local = sweep_with_threads(2, model, corpus, None, **SETTINGS)  # the workers run one thread each
+    result = sweep(model, corpus, tmp_path / "out", ray=True, **SETTINGS)
+    assert result.provenance.extra["ray"]["worker"]["num_cpus"] == 1
+    assert_equal_to_float32_rounding(local, result, layers=2, width=64)

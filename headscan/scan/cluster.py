@@ -8,8 +8,11 @@
    only a running one; ``--ray HOST:6379`` a head node's address, ``--ray ray://HOST:10001`` Ray Client.
 2. The corpus is cut into S shards, ``Shard(k, S)``: the documents whose index is k modulo S. S is
    `choose_shards` (four per worker, at most one per document), or the count of the states a rerun resumes.
-3. Each worker runs one actor (with one GPU when the cluster has GPUs, else one CPU) that holds one loaded
-   model at a time and sweeps the shards it is handed with `headscan.scan.reduce.accumulate`, the models in turn.
+3. Each worker runs one actor that holds one loaded model at a time and sweeps the shards it is handed with
+   `headscan.scan.reduce.accumulate`, the models in turn. Each actor asks Ray for the memory the largest model
+   takes (`worker_memory`: its weights, a batch's attention, the process), so Ray places as many as the nodes'
+   memory holds: on CPUs a node's CPUs are shared out among them (torch runs that many threads in each); on
+   GPUs each takes one GPU, or with ``device_map`` every GPU of its node (`plan_workers`).
    A task sweeps whole windows for about `save_every` seconds, then hands the shard's `PartialState` back,
    finished or not. The driver saves it as ``OUT.partial/MODEL.shard-K-of-S.npz`` (the name
    `headscan.scan.resume.state_file` gives a shard's state) and hands the rest of the shard out again.
@@ -17,10 +20,12 @@
    new actor, from the shard's last state, up to `RETRIES` times. Rerunning the same command sweeps only
    what ``OUT.partial`` does not hold, from where each shard stopped.
 5. The driver adds each model's shards up (`headscan.scan.state.merge_states`), finishes them into tables and
-   publishes them as one set. They are a local sweep's tables up to the float32 forward pass (a segment's
-   forward can differ by ~1e-8 with the batch it is in); with ``batch_size=1`` they agree to 1e-12,
-   intervals included. Provenance records ``ray`` (``run.json``; ``provenance.extra["ray"]``): the address
-   (or "local"), the shard count, the workers and the retries.
+   publishes them as one set. They are a local sweep's tables up to the float32 forward pass: a segment's
+   forward can differ by ~1e-8 with the batch it is in, and with the number of torch threads (MKL's matrix
+   products split their sums by thread for short inputs); with ``batch_size=1`` and the workers running as many
+   threads as the local sweep, they agree to 1e-12, intervals included. Provenance records ``ray``
+   (``run.json``; ``provenance.extra["ray"]``): the address (or "local"), the shard count, the workers, what
+   each asked for (``worker``: ``num_cpus`` or ``num_gpus``, and ``memory`` in bytes) and the retries.
 
 On a one-machine cluster the workers read a corpus file themselves; on several machines (or through Ray
 Client) its segments travel with the tasks. Model paths must name the same files on every machine.
@@ -52,7 +57,7 @@ from ..tables import SweepTables
 from .controls import corpus_for, load_swept
 from .finish import publish, run_provenance
 from .plan import fingerprint, resolve_unit
-from .ray_cluster import Cluster, choose_shards, connect, worker_resources
+from .ray_cluster import Cluster, choose_shards, connect, describe_resources, worker_memory, worker_resources
 from .reduce import accumulate
 from .resume import SAVE_EVERY, check_resumable, partial_folder, spec_stem, state_file, stop_requests
 from .state import PartialState, Shard, merge_states
@@ -83,9 +88,13 @@ def _owned(state: PartialState) -> PartialState:
 class _Worker:
     """The actor on one worker: holds one loaded model at a time and sweeps the shards it is handed."""
 
-    def __init__(self, corpus: Corpus, config: SweepConfig, cwd: str | None):
+    def __init__(self, corpus: Corpus, config: SweepConfig, cwd: str | None, threads: int | None = None):
         if cwd and os.path.isdir(cwd):
             os.chdir(cwd)  # relative model paths mean what they meant to the driver
+        if threads:  # the CPUs Ray gave this actor (Ray sets OMP_NUM_THREADS to them too; torch may have read it late)
+            import torch
+
+            torch.set_num_threads(threads)
         self.corpus, self.config = corpus, config
         self.spec = self.model = None  # the name swept (a model or a control of one) and its loaded model
 
@@ -294,10 +303,11 @@ def sweep_on_ray(
         raise TablesError(f"{partial}: holds the states of a sweep in {count} shards, not {shards}; ask for {count} "
                           f"shards to resume it, or pass --restart to discard it")
     started = datetime.now(timezone.utc)
+    memory = max(worker_memory(spec, config) for spec in models)  # each actor holds one model at a time
     with connect(address) as cluster:
         import ray
 
-        workers, resources = worker_resources(config, cluster)
+        workers, resources = worker_resources(config, cluster, memory)
         count = count or shards or choose_shards(corpus.n_documents, len(corpus.segments), workers, config.batch_size)
         tasks, finished = [], {spec: {} for spec in models}
         for spec in models:
@@ -312,14 +322,15 @@ def sweep_on_ray(
                     tasks.append(_Task(spec, Shard(k, count), state, str(path) if path else "this run"))
         resumed = sum(map(len, saved.values()))
         heading = (f"sweeping {len(models)} model(s) in {count} shards on Ray ({cluster.address}): {workers} "
-                   f"worker(s), {'one GPU' if 'num_gpus' in resources else 'one CPU'} each"
+                   f"worker(s) of {describe_resources(resources)} each"
                    + (f"; resuming {resumed} shard state(s) from {partial}" if resumed else ""))
         shown = _Progress({spec: count for spec in models}, {spec: len(finished[spec]) for spec in models}, progress,
                           heading)
         cwd = None if cluster.client else os.getcwd()
         actor = ray.remote(_Worker).options(max_restarts=0, max_task_retries=0, **resources)
         corpus_ref = ray.put(_portable(corpus, cluster))
-        slots = [_Slot(lambda: actor.remote(corpus_ref, config, cwd)) for _ in range(min(workers, len(tasks)))]
+        threads = None if "num_gpus" in resources else resources["num_cpus"]
+        slots = [_Slot(lambda: actor.remote(corpus_ref, config, cwd, threads)) for _ in range(min(workers, len(tasks)))]
         try:
             with stop_requests() as should_stop:
                 skipped, devices, lost = _run(tasks, slots, finished, partial, shown, should_stop, save_every, retries,
@@ -335,7 +346,8 @@ def sweep_on_ray(
                                                                         for k in range(count)]) for spec in swept]
     provenance = run_provenance(corpus, dataclasses.replace(config, device="cpu"), command=command, started=started,
                                 unit_why=unit_why)  # the driver's device says nothing; the workers' follows
-    extra = {"ray": {"address": cluster.address, "shards": count, "workers": len(slots), "retries": lost}}
+    extra = {"ray": {"address": cluster.address, "shards": count, "workers": len(slots), "retries": lost,
+                     "worker": resources}}
     if skipped:
         extra["skipped"] = skipped
     provenance = dataclasses.replace(provenance, config=provenance.config | {"device": ", ".join(sorted(devices))},

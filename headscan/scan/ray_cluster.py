@@ -2,8 +2,9 @@
 shards.
 
 `connect` is the one way `headscan.scan.cluster` reaches a cluster (see its docstring for the addresses it
-takes); `worker_resources` reads what the cluster holds; `choose_shards` cuts a corpus for its workers. Ray is
-imported only when a sweep asks for it.
+takes); `worker_memory` estimates what one actor holds (the model's weights, a batch's attention, the process);
+`worker_resources` reads what the cluster holds and `plan_workers` places as many actors as its nodes' memory,
+CPUs and GPUs allow; `choose_shards` cuts a corpus for its workers. Ray is imported only when a sweep asks for it.
 
 This module runs no task and reads no corpus (see `headscan.scan.cluster`).
 """
@@ -15,14 +16,29 @@ import logging
 import os
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 
-from ..config import SweepConfig
-from ..errors import ConfigError
+from ..config import SweepConfig, hf_offline, split_control
+from ..errors import ConfigError, ModelNotFoundError
+from .budget import chunked_bytes, eager_bytes
 
-__all__ = ["Cluster", "connect", "worker_resources", "choose_shards", "SHARDS_PER_WORKER", "CONNECT_TIMEOUT"]
+__all__ = ["Cluster", "connect", "worker_memory", "worker_resources", "plan_workers", "describe_resources",
+           "choose_shards",
+           "SHARDS_PER_WORKER", "CONNECT_TIMEOUT", "PROCESS_BYTES", "WEIGHT_COPIES"]
 
 SHARDS_PER_WORKER = 4  # fast workers take more shards, and a lost worker costs one small shard
 CONNECT_TIMEOUT = 10.0  # seconds to wait for a cluster's port to answer
+# A worker's own process before any model: Python with torch, transformers and Ray's worker (about 0.5 GiB
+# resident measured with torch and transformers imported; Ray's worker and the corpus add to it).
+PROCESS_BYTES = 2**30
+# The weights twice: the model's own, and what a sweep holds beside them (the logit directions, a d_model x vocab
+# copy; loading's own copies; the activations of layers besides the one the attention term counts). Measured on
+# 64 EWT test sentences at the defaults (/usr/bin/time -f %M headscan sweep ... --device cpu): smollm2's whole
+# process peaked at 2.12 GiB (0.50 GiB of weights, 0.34 GiB after imports), minilm's at 0.92 GiB; the estimate
+# is 2.04 and 1.22 GiB. Eager mode holding more than one layer's pattern (issue 38) is the part it misses.
+WEIGHT_COPIES = 2
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+_CPU_BUDGET = 8 * 2**30  # the most one layer's eager attention takes on a CPU before auto goes chunked (budget.py)
 
 
 @dataclass(frozen=True)
@@ -97,18 +113,125 @@ def connect(address: str | bool | None = None):
         ray.shutdown()
 
 
-def worker_resources(config: SweepConfig, cluster: Cluster) -> tuple[int, dict]:
-    """How many actors the cluster holds at once, and what each asks for: a GPU where there are GPUs."""
+def _model_config(spec: str):
+    """The Hugging Face config of `spec` (an alias, a folder, a .gguf file or a hub id), read as `load_model`
+    would find it; nothing else is read."""
+    from transformers import AutoConfig
+
+    from ..models import ALIASES
+    from ..models.series import revision_folder, split_revision
+
+    hub_id, revision = split_revision(spec)
+    target = ALIASES[spec].locate() if spec in ALIASES else Path(spec).expanduser() if revision is None else \
+        revision_folder(hub_id, revision, offline=hf_offline())
+    try:
+        if target.suffix == ".gguf":
+            return AutoConfig.from_pretrained(target.parent, gguf_file=target.name)
+        return AutoConfig.from_pretrained(target if target.exists() else spec)
+    except (OSError, ValueError) as error:
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
+        raise ModelNotFoundError(f"model {spec!r}: no readable config to size its Ray workers by ({first})") from None
+
+
+def worker_memory(spec: str, config: SweepConfig) -> int:
+    """Bytes of host memory one actor holds while it sweeps `spec`: `WEIGHT_COPIES` times the weights in the
+    sweep's dtype (the parameters counted on torch's meta device, from the config alone), one layer's attention
+    for a batch at its peak (eager or chunked as ``attention`` will choose, `headscan.scan.budget`; on the GPU
+    where the model runs there), and `PROCESS_BYTES`.
+    """
+    import torch
+    from transformers import AutoModel
+
+    hf_config = _model_config(split_control(spec)[0])
+    with torch.device("meta"):
+        model = AutoModel.from_config(hf_config)
+    parameters = sum(p.numel() for p in model.parameters())
+    if not getattr(hf_config, "tie_word_embeddings", True):  # an output matrix of its own, which AutoModel leaves out
+        parameters += getattr(hf_config, "vocab_size", 0) * getattr(hf_config, "hidden_size", 0)
+    weights = WEIGHT_COPIES * parameters * _DTYPE_BYTES[config.dtype]
+    if config.device in ("cuda", "mps"):
+        return weights + PROCESS_BYTES  # weights pass through the host on load; activations stay on the device
+    heads = getattr(hf_config, "num_attention_heads", None) or getattr(hf_config, "n_head", 1)
+    eager = eager_bytes(heads, config.batch_size, config.max_len)
+    chunked = chunked_bytes(heads, config.batch_size, config.max_len, config.query_chunk)
+    budget = config.attention_budget * 2**20 if config.attention_budget is not None else _CPU_BUDGET
+    attention = eager if config.attention == "eager" or (config.attention == "auto" and eager <= budget) else chunked
+    return weights + attention + PROCESS_BYTES
+
+
+def worker_resources(config: SweepConfig, cluster: Cluster, memory: int) -> tuple[int, dict]:
+    """How many actors the cluster holds at once, and what each asks for (see `plan_workers`)."""
     import ray
 
-    resources = ray.cluster_resources()
-    gpus = int(resources.get("GPU", 0))
-    if config.device == "cuda" and not gpus:
-        raise ConfigError(f"device cuda: the Ray cluster ({cluster.address}) has no GPUs; use --device cpu, or auto "
+    nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+    return plan_workers(nodes, memory=memory, device=config.device, device_map=config.device_map,
+                        address=cluster.address)
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def plan_workers(nodes: list[dict], *, memory: int, device: str = "auto", device_map: str | None = None,
+                 address: str = "local") -> tuple[int, dict]:
+    """How many actors fit on `nodes` (each node's Ray resources: ``CPU``, ``GPU``, ``memory`` in bytes), and what
+    each asks for, when one holds `memory` bytes.
+
+    Each actor asks for `memory` (Ray's ``memory`` resource), so Ray places on a node only as many as its memory
+    holds. On GPUs: one GPU each, or with `device_map` (``auto``: the model spread over a node's GPUs) every GPU of
+    a node, one actor per node. On CPUs: a node's CPUs are shared out among the actors its memory holds, each
+    running torch on its share (``num_cpus``: Ray sets each actor's thread count to it).
+
+    >>> node = {"CPU": 64.0, "memory": 256 * 2**30}
+    >>> plan_workers([node], memory=30 * 2**30)  # a 30 GiB model: 8 actors of 8 CPUs, not 64 of one
+    (8, {'num_cpus': 8, 'memory': 32212254720})
+    >>> plan_workers([node | {"GPU": 4.0}, node | {"GPU": 4.0}], memory=2**30, device_map="auto")[0]  # one a node
+    2
+    """
+    if device == "cuda" and not any(node.get("GPU", 0) >= 1 for node in nodes):
+        raise ConfigError(f"device cuda: the Ray cluster ({address}) has no GPUs; use --device cpu, or auto "
                           f"(a GPU per worker where the cluster has them)", setting="device")
-    if gpus and config.device in ("auto", "cuda"):
-        return gpus, {"num_gpus": 1, "num_cpus": 1}
-    return max(1, int(resources.get("CPU", 1))), {"num_cpus": 1}
+
+    def fits(node: dict) -> int:  # actors of `memory` bytes a node holds (Ray without a memory resource: no limit)
+        return int(node["memory"] // memory) if "memory" in node else 1 << 30
+
+    largest = max((node.get("memory", 0) for node in nodes), default=0)
+    gpu_nodes = [node for node in nodes if node.get("GPU", 0) >= 1]
+    if gpu_nodes and device in ("auto", "cuda"):
+        if device_map is not None:  # the model spread over every GPU of a node: one actor a node
+            gpus = int(min(node["GPU"] for node in gpu_nodes))
+            workers = sum(1 for node in gpu_nodes if fits(node) >= 1)
+            resources = {"num_gpus": gpus, "num_cpus": 1, "memory": memory}
+        else:
+            workers = sum(min(int(node["GPU"]), fits(node), int(node.get("CPU", 1))) for node in gpu_nodes)
+            resources = {"num_gpus": 1, "num_cpus": 1, "memory": memory}
+    else:
+        cpu_nodes = [node for node in nodes if node.get("CPU", 0) >= 1 and fits(node) >= 1]
+        # each node's CPUs shared out among the actors its memory holds; the smallest share, so every node takes one
+        threads = min((int(node["CPU"]) // min(int(node["CPU"]), fits(node)) for node in cpu_nodes), default=1)
+        workers = sum(min(int(node["CPU"]) // threads, fits(node)) for node in cpu_nodes)
+        resources = {"num_cpus": threads, "memory": memory}
+    if workers < 1:
+        raise ConfigError(f"ray: a worker needs about {_gib(memory)} of memory for the largest model at this "
+                          f"--batch-size and --max-len, and no node of the Ray cluster ({address}) has that much "
+                          f"(largest: {_gib(largest)}); lower --batch-size or --max-len, use --dtype bfloat16, or "
+                          f"add a larger node", setting="ray")
+    return workers, resources
+
+
+def describe_resources(resources: dict) -> str:
+    """What one actor asks for, in words.
+
+    >>> describe_resources({"num_cpus": 8, "memory": 3 * 2**30})
+    '8 CPUs and 3.0 GiB'
+    >>> describe_resources({"num_gpus": 1, "num_cpus": 1, "memory": 2**30})
+    '1 GPU and 1.0 GiB'
+    """
+    if "num_gpus" in resources:
+        unit, count = "GPU", resources["num_gpus"]
+    else:
+        unit, count = "CPU", resources["num_cpus"]
+    return f"{count} {unit}{'s' if count != 1 else ''} and {_gib(resources['memory'])}"
 
 
 def choose_shards(n_documents: int, n_segments: int, workers: int, batch_size: int) -> int:
