@@ -1,4 +1,4 @@
-"""The mutation score of the core modules: the share of mutants that the fast tests kill.
+"""The mutation score of the modules `[tool.mutmut] only_mutate` names: the share of mutants the fast tests kill.
 
 Reads what ``mutmut run`` left in ``mutants/`` (each mutated module's ``.meta`` file: an exit code per mutant)
 and ``benchmarks/mutation_equivalent.txt`` (mutants that no test can kill because they compute the same thing,

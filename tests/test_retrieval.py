@@ -450,3 +450,23 @@ def test_the_report_joins_a_retrieval_run_to_the_sweep_of_its_model(planted, tmp
     with pytest.raises(TablesError, match="none of the sweeps given swept"):
         merge_runs([retrieval, sweep.__class__(sweep.frames, sweep.provenance)] if False else [retrieval])
     del sweep
+
+
+def test_the_answer_gate_is_passed_only_above_half_the_answers_words(planted, tmp_path):
+    """Wu et al.'s gate counts a trial whose recall is *above* 0.5: an answer of two or four words of which the
+    planted model's response ("river mountain machine") holds half fails it, one of three words holding two passes.
+    Recalls are rouge_score's own (the independent answer)."""
+    rouge_scorer = pytest.importorskip("rouge_score.rouge_scorer")
+    answers = ["river lake", "river mountain lake sea", "river mountain lake"]
+    needles = tmp_path / "needles.jsonl"
+    needles.write_text("".join(json.dumps({"needle": f"The words are {a}.", "question": QUESTION, "answer": a}) + "\n"
+                               for a in answers))
+    run = headscan.retrieval(planted["folder"], planted["haystack"], tmp_path / "out", needles=needles,
+                             lengths=(160,), depths=(0.5,), bootstrap=20)
+    trials = run["retrieval_trials"].drop_duplicates("trial").sort_values("needle")
+    scorer = rouge_scorer.RougeScorer(["rouge1"], use_stemmer=True)
+    want = [scorer.score(a, ANSWER)["rouge1"].recall for a in answers]
+    assert want == pytest.approx([0.5, 0.5, 2 / 3])
+    assert (trials["response"] == ANSWER).all() and trials["recall"].tolist() == pytest.approx(want)
+    assert trials["passed"].tolist() == [False, False, True]
+    assert run.provenance.models[0].extra["failed_gate"] == 2
