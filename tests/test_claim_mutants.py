@@ -1,4 +1,4 @@
-"""Claims, counts and resumes outside the metric core, each against an answer written out here (issue 38).
+"""Claims, counts and resumes outside the metric core, each against an answer written out here.
 
 Each test was written for a single-line mutant that the suite let through, and checked by putting that mutant
 back: a control's "also shows it" at a quarter of the trained value, two runs' intervals "apart" on the wrong

@@ -235,7 +235,7 @@ def test_a_ray_sweep_of_a_treebank_and_of_repeat_random_equals_a_local_sweep(kin
     assert ("syntax" in result.frames) == (kind == "conllu")
 
 
-# --- sizing the workers by memory (issue 38) ---------------------------------------------------------------------
+# --- sizing the workers by memory ---------------------------------------------------------------------
 
 GIB = 2**30
 
@@ -301,7 +301,7 @@ def test_a_model_that_fills_the_nodes_memory_gets_one_worker_with_all_its_cpus(c
     assert ray["workers"] == 1 and ray["worker"] == {"num_cpus": 2, "memory": memory}  # was: 2 of one CPU each
 
 
-# --- thread counts (issue 38) -------------------------------------------------------------------------------------
+# --- thread counts -------------------------------------------------------------------------------------
 
 FLOAT32_U = 2.0**-24  # float32's unit roundoff
 
@@ -377,7 +377,7 @@ def tiny_llama(tmp_path_factory):
 
 def test_sweeps_on_other_thread_counts_differ_by_float32_rounding_alone(tiny_llama, tmp_path):
     """The README's bound for a Ray sweep, merged shards and a resumed sweep whose processes ran torch on other
-    thread counts than the local sweep (issue 38: a Ray worker on one thread against a local sweep on two)."""
+    thread counts than the local sweep (a Ray worker on one thread against a local sweep on two)."""
     model, corpus = tiny_llama
     one = sweep_with_threads(1, model, corpus, None, **SETTINGS)
     two = sweep_with_threads(2, model, corpus, None, **SETTINGS)

@@ -35,7 +35,7 @@ PROCESS_BYTES = 2**30
 # copy; loading's own copies; the activations of layers besides the one the attention term counts). Measured on
 # 64 EWT test sentences at the defaults (/usr/bin/time -f %M headscan sweep ... --device cpu): smollm2's whole
 # process peaked at 2.12 GiB (0.50 GiB of weights, 0.34 GiB after imports), minilm's at 0.92 GiB; the estimate
-# is 2.04 and 1.22 GiB. Eager mode holding more than one layer's pattern (issue 38) is the part it misses.
+# is 2.04 and 1.22 GiB. Eager mode holding more than one layer's pattern is the part it misses.
 WEIGHT_COPIES = 2
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 _CPU_BUDGET = 8 * 2**30  # the most one layer's eager attention takes on a CPU before auto goes chunked (budget.py)
