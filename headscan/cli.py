@@ -148,13 +148,14 @@ def _device_options(device: str, dtype: str):
               type=click.Choice(choices()["attention"]),
               help="'eager' reads each layer's attention pattern from the model; 'chunked' lets the model run its "
                    "fast attention and recomputes the pattern from queries and keys, --query-chunk rows at a time "
-                   "(long contexts); 'auto' goes chunked when a batch's patterns would pass --attention-budget.")
+                   "(long contexts); 'auto' goes chunked once one layer's patterns pass 32 MiB or would pass "
+                   "--attention-budget.")
 @click.option("--query-chunk", type=int, default=default("query_chunk"),
               help="Queries per block in chunked mode (scores do not depend on it). Default: as many as keep a "
                    "block within 8 MiB, at least 64.")
 @click.option("--attention-budget", type=int, default=default("attention_budget"), metavar="MIB",
-              help="Memory one layer's eager patterns may take before --attention auto goes chunked "
-                   "(default: by device).")
+              help="Memory one layer's eager attention (its patterns and the metrics' temporaries) may take before "
+                   "--attention auto goes chunked (default: by device).")
 @click.option("--values/--no-values", default=default("values"), show_default=True,
               help="Also score every head on value-weighted attention (value.parquet) and, for causal models, its "
                    "direct logit attribution (dla), in the same pass; --no-values leaves both out.")

@@ -257,6 +257,36 @@ def test_a_chunked_sweep_writes_the_eager_tables(tmp_path, arch, ewt_dev):
     assert eager.provenance.models[0].extra["attention"] == "eager"
 
 
+@pytest.mark.parametrize("arch", ["gpt2", "bert", "llama", "gemma2"])
+def test_an_eager_layer_past_the_block_size_is_scored_in_blocks_of_queries(tmp_path, arch, ewt_dev, monkeypatch):
+    """A layer whose eager pattern passes EAGER_LAYER_BYTES is scored over views of its query rows (blocks of 5
+    here): every table, syntax and values included, equals the whole pattern's; the model still runs eagerly."""
+    import headscan
+    from headscan.scan import layers
+    from headscan.testing import build_tiny_checkpoint
+    from headscan.testing.architectures import build_architecture_checkpoint
+
+    build = build_tiny_checkpoint if arch in ("gpt2", "bert") else build_architecture_checkpoint
+    model = str(build(tmp_path / arch, arch))
+    settings = dict(limit=9, max_len=48, batch_size=3, bootstrap=20, attention="eager", query_chunk=5)
+    whole = headscan.sweep(model, ewt_dev, **settings)
+    blocks = []
+    scored = layers.LayerHooks.pattern
+    monkeypatch.setattr(layers, "EAGER_LAYER_BYTES", 1)
+    monkeypatch.setattr(layers.LayerHooks, "pattern",
+                        lambda self, layer, pattern, hook: blocks.append(hook) or scored(self, layer, pattern, hook))
+    blocked = headscan.sweep(model, ewt_dev, **settings)
+    assert any(getattr(hook, "stop", 0) == 5 for hook in blocks)  # it did go block by block
+    assert set(whole.frames) == set(blocked.frames) >= {"heads", "offsets", "positions", "syntax", "weights"}
+    for name, frame in whole.frames.items():
+        other = blocked.frames[name]
+        np.testing.assert_array_equal(frame["count"], other["count"], err_msg=name)
+        np.testing.assert_allclose(other["value"], frame["value"], rtol=0, atol=1e-5, err_msg=name)
+        if "chance" in frame:
+            np.testing.assert_allclose(other["chance"], frame["chance"], rtol=0, atol=1e-5, err_msg=name)
+    assert blocked.provenance.models[0].extra["attention"] == "eager"
+
+
 def test_layers_in_one_block_and_layers_in_several_keep_their_order(tmp_path, ewt_dev, monkeypatch):
     """Chunked mode stacks a layer that fits in one block with the next such layers; a layer in between that
     comes in blocks must not be scored after them (found by review: layers 1 and 2 came out swapped)."""

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from .hooked import HookedModel
 
 __all__ = ["PatternSite", "QueryBlock", "Site", "PROBE", "Stop", "Unhookable", "bridge_forward", "module_forward",
-           "unobserved_norms", "attention_sites", "discover"]
+           "unobserved_norms", "unkept_patterns", "attention_sites", "discover"]
 
 PROBE = "The quick brown fox jumps over the lazy dog."  # checks every model as it loads
 
@@ -131,8 +131,31 @@ def bridge_forward(bridge, hooks: dict[int, Callable], last: int, internals: dic
             final(tensor, last)
         _stop_pass(tensor, hook)
 
-    with bridge.hooks(fwd_hooks=[*fwd_hooks, (f"blocks.{last}.{stop_at}", stop)]), unobserved_norms(bridge):
+    with bridge.hooks(fwd_hooks=[*fwd_hooks, (f"blocks.{last}.{stop_at}", stop)]), unobserved_norms(bridge), \
+            unkept_patterns(bridge):
         yield lambda input_ids, attention_mask: bridge(input_ids, attention_mask=attention_mask)
+
+
+@contextlib.contextmanager
+def unkept_patterns(bridge):
+    """For the pass, each attention bridge drops the pattern TransformerLens keeps on it as it returns.
+
+    TransformerLens' joint-QKV attention bridges (GPT-2's, Pythia's, ...) store their last pattern as ``_pattern``,
+    which nothing of headscan's reads: every layer's (batch, head, q, k) pattern stayed alive until the next pass
+    replaced it, so an eager pass held all of them at once."""
+    handles = []
+
+    def drop(module, args, output):
+        vars(module)["_pattern"] = None  # into the bridge's own __dict__, where TransformerLens put it
+
+    try:
+        for module in bridge.modules():
+            if "_pattern" in vars(module):
+                handles.append(module.register_forward_hook(drop))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def _norm_forward(norm):

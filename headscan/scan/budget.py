@@ -1,8 +1,11 @@
 """Eager or chunked: how much memory a layer's attention takes either way, and which one a sweep runs.
 
-``attention="auto"`` goes chunked when one layer's eager attention would pass the budget and chunked mode
-reproduces the model's scores (`headscan.models.HookedModel.chunked_refusal`); the estimates are measured
-(benchmarks/long_context.py).
+``attention="auto"`` goes chunked, where chunked mode reproduces the model's scores
+(`headscan.models.HookedModel.chunked_refusal`), once one layer's eager pattern passes `EAGER_LAYER_BYTES`: from
+there eager mode holds several whole patterns per layer where chunked mode holds a block of a few MiB, and chunked
+mode was measured no slower (README, "Long contexts"). It also goes chunked wherever eager mode's estimate passes
+the budget. The estimates are measured (benchmarks/long_context.py; README, "Speed": what each mode holds at
+4,096 tokens).
 
 This module does not run models: it reads their shape.
 """
@@ -20,21 +23,23 @@ from ..models.forward import refused
 if TYPE_CHECKING:
     from ..models import HookedModel
 
-__all__ = ["TEMPORARIES", "eager_bytes", "chunked_bytes", "default_budget_mib", "choose"]
+__all__ = ["TEMPORARIES", "EAGER_LAYER_BYTES", "eager_bytes", "chunked_bytes", "default_budget_mib", "auto_mode",
+           "choose"]
 
-# Eager mode holds, per layer at its peak, about this many (batch, head, q, k) float32 tensors: the scores and
-# the pattern inside the attention (the mask adds one (batch, 1, q, k)), then the pattern with the metrics' own
-# temporaries (the masked copy, x log x, products with masks). Measured with benchmarks/long_context.py on
-# smollm2 (peak resident memory growth over the q^2 term): see `eager_bytes`.
-TEMPORARIES = 4
+# Eager mode holds, per layer at its peak, about this many (batch, head, q, k) float32 tensors: the bridge's scores
+# and pattern (both alive while the pattern hook runs), then the metrics' temporaries on top: the value-weighted
+# pattern, and the syntax metric's word attention products, each about a pattern's size at one word per token.
+# Measured on smollm2 over one 2,048-token EWT segment, CoNLL-U, every table: eager's whole-process peak over
+# chunked's, 1,070 MiB, is 7.4 patterns of 144 MiB (6.2 of 576 MiB at 4,096 tokens, plain text); see `eager_bytes`.
+TEMPORARIES = 7
 
 
 def eager_bytes(n_heads: int, batch: int, seq: int) -> int:
     """Estimated peak extra bytes of one layer in eager mode: `TEMPORARIES` float32 (batch, head, seq, seq)
-    tensors (scores, pattern, the metrics' temporaries) plus the model's float mask.
+    tensors (the model's scores and pattern, the metrics' temporaries) plus the model's float mask.
 
-    >>> eager_bytes(9, 1, 8192) // 2**20  # smollm2 at 8k tokens
-    9472
+    >>> eager_bytes(9, 1, 4096) // 2**20  # smollm2 at 4k tokens
+    4096
     """
     return 4 * batch * seq * seq * (TEMPORARIES * n_heads + 1)
 
@@ -61,13 +66,36 @@ def default_budget_mib(device: str) -> int:
     return int(min(8192, ram // 4 // 2**20))
 
 
+# Past this size one layer's eager pattern, and each of its temporaries, is handed out by glibc's malloc as fresh
+# pages and faulted in anew on every operation (its largest mmap threshold; README, "Speed"), while chunked mode
+# keeps its blocks within `headscan.models.chunked.BLOCK_BYTES`: from here on chunked mode holds a fraction of
+# eager's memory and was measured no slower (smollm2, one segment: 1,024 tokens 77 s against 88 s; 4,096 tokens
+# 60-64 s against 136 s, 2.3 GB against 6.0 GB whole-process).
+EAGER_LAYER_BYTES = 32 * 2**20
+
+
+def auto_mode(n_heads: int, batch: int, seq: int, budget_bytes: int, chunked_runs: bool = True) -> str:
+    """What ``attention="auto"`` picks for a model of `n_heads` heads on batches of `batch` segments of `seq`
+    tokens: ``"chunked"`` where chunked mode runs (`chunked_runs`) and either one layer's float32 pattern passes
+    `EAGER_LAYER_BYTES` or eager mode's estimate (`eager_bytes`) passes `budget_bytes`; else ``"eager"``, the
+    reference, which at these sizes is as fast.
+
+    >>> auto_mode(9, 1, 1024, 8 * 2**30), auto_mode(9, 1, 512, 8 * 2**30), auto_mode(9, 1, 4096, 8 * 2**30, False)
+    ('chunked', 'eager', 'eager')
+    """
+    if not chunked_runs:
+        return "eager"
+    layer = 4 * batch * n_heads * seq * seq
+    return "chunked" if layer > EAGER_LAYER_BYTES or eager_bytes(n_heads, batch, seq) > budget_bytes else "eager"
+
+
 def choose(model: HookedModel, *, batch_size: int, max_len: int, budget_mib: int | None = None,
            attention: str = "auto") -> str:
     """``"eager"`` or ``"chunked"`` for `attention` (``auto``, ``eager`` or ``chunked``) on `model`.
 
-    ``auto`` goes chunked when one layer's eager attention would take more than `budget_mib` (default:
-    `default_budget_mib` of the model's device) and chunked mode reproduces the model's scores; ``chunked`` on a
-    model that it cannot reproduce raises `ModelLoadError` with the reason.
+    ``auto`` is `auto_mode` with `budget_mib` (default: `default_budget_mib` of the model's device), asking
+    the model whether chunked mode reproduces its scores only when it would go chunked; ``chunked`` on a model
+    that it cannot reproduce raises `ModelLoadError` with the reason.
     """
     if attention == "eager":
         return "eager"
@@ -77,6 +105,6 @@ def choose(model: HookedModel, *, batch_size: int, max_len: int, budget_mib: int
             raise refused(model, reason)
         return "chunked"
     budget = (budget_mib if budget_mib is not None else default_budget_mib(str(model.device))) * 2**20
-    if eager_bytes(model.n_heads, batch_size, max_len) <= budget:
+    if auto_mode(model.n_heads, batch_size, max_len, budget) == "eager":
         return "eager"
     return "chunked" if model.chunked_refusal() is None else "eager"

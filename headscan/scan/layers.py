@@ -35,9 +35,10 @@ import torch
 from ..config import SweepConfig
 from ..metrics import METRICS, AttentionBatch, Metric, syntax, values
 from ..models import HookedModel
-from ..models.chunked import BLOCK_BYTES
+from ..models.chunked import BLOCK_BYTES, block_rows
 from ..models.hooks import QueryBlock
 from ..models.weights import logit_directions
+from .budget import EAGER_LAYER_BYTES
 from .plan import Column
 
 __all__ = ["BatchMasks", "Gathered", "Capture", "LayerHooks", "STACK_BYTES", "batch_masks", "capture_for"]
@@ -310,6 +311,17 @@ class LayerHooks:
     def pattern(self, layer: int, pattern, hook):  # `hook`: TransformerLens passes it by that name; a QueryBlock in chunked mode
         """Score every column on one layer's pattern, or on one block of its query rows (chunked mode)."""
         gathered, where = self.gathered, hook
+        if not isinstance(where, QueryBlock) and pattern.numel() * 4 > EAGER_LAYER_BYTES:
+            # eager, one layer past EAGER_LAYER_BYTES: scored as chunked mode scores it, over views of its query
+            # rows, so that the metrics' temporaries (a masked copy, the value-weighted pattern, the syntax
+            # products) are a block's and not several whole patterns' (smollm2 at 4k tokens: 6.0 GB, not 2.9)
+            n_queries = pattern.shape[-2]
+            rows = block_rows(self.config.query_chunk, *pattern.shape[:2], pattern.shape[-1], n_queries)
+            for block_start in range(0, n_queries, rows):
+                block_stop = min(block_start + rows, n_queries)
+                self.pattern(layer, pattern[:, :, block_start:block_stop],
+                             QueryBlock(layer, block_start, block_stop, n_queries))
+            return None
         start = where.start if isinstance(where, QueryBlock) else 0
         if self.similarity is not None:  # the pattern as handed over, in its own precision
             counts = gathered.masks.counts
