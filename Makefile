@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 EWT ?= ../shared/data/ud-english-ewt/en_ewt-ud-dev.conllu
 
-.PHONY: demo test deps setup reports benchmark mutation clean
+.PHONY: demo test lint deps setup reports benchmark mutation clean
 
 $(BIN)/headscan: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ demo: setup
 JOBS ?= 2
 test: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadfile)
+
+# ruff's checks ([tool.ruff] in pyproject.toml) over the package, its tests, benchmarks and experiments.
+lint: setup
+	$(BIN)/ruff check .
 
 # Every package headscan/ imports is declared in pyproject.toml, and every declared one is used ([tool.deptry]).
 deps: setup
@@ -56,7 +60,7 @@ benchmark: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/sweep_vs_hf.py --corpus $(EWT)
 
 # The mutation score of the core modules ([tool.mutmut] in pyproject.toml): mutmut mutates them and runs, for each
-# mutant, the fast tests that call the mutated function; then the share killed. CPU-heavy: see the README.
+# mutant, the fast tests that call the mutated function; then the share killed. CPU-heavy: see docs/trusting.md.
 mutation: setup
 	$(BIN)/pip install --quiet -e ".[test,mutation]"
 	HF_HUB_OFFLINE=1 $(BIN)/mutmut run $(if $(MAX_CHILDREN),--max-children $(MAX_CHILDREN)) \

@@ -181,7 +181,7 @@ def main() -> None:
         return hook_fn
 
     hook_fns = {layer: make_hook(layer) for layer in range(n_layers)}
-    pattern_hooks = [(f"blocks.{l}.attn.hook_pattern", fn) for l, fn in hook_fns.items()]
+    pattern_hooks = [(f"blocks.{layer}.attn.hook_pattern", fn) for layer, fn in hook_fns.items()]
 
     def run_hf(model):
         def run():

@@ -6,9 +6,9 @@ sentences `--times` times over (10x: the .conllu repeated, its ``# newdoc id`` a
 unique per copy; a .txt or .jsonl is repeated as it is). Then runs each measurement in a fresh Python process
 and takes that process's peak resident memory (max RSS, from ``os.wait4``):
 
-  import   importing headscan.corpus and headscan.jobs, nothing read: the floor under the rows below
+  import   importing headscan.corpus and headscan.scan, nothing read: the floor under the rows below
   read     ``headscan.corpus.read_corpus`` on the file
-  sweep    ``headscan.jobs.sweep`` of one model (minilm) on the CPU, 20 bootstrap replicates, no output folder
+  sweep    ``headscan.scan.sweep`` of one model (minilm) on the CPU, 20 bootstrap replicates, no output folder
 
 and prints them side by side with the ratio 10x / 1x. The goal for the sweep: 1.10 or lower.
 
@@ -55,7 +55,7 @@ def child(what: str, path: str, model: str) -> dict:
     if what == "read":
         corpus = read_corpus(path)
         return {"seconds": time.perf_counter() - start, "segments": len(corpus.segments)}
-    tables = headscan.jobs.sweep(model, path, None, device="cpu", bootstrap=20)
+    tables = headscan.scan.sweep(model, path, None, device="cpu", bootstrap=20)
     (described,) = tables.provenance.models
     return {"seconds": time.perf_counter() - start, "segments": described.n_segments, "tokens": described.n_tokens}
 

@@ -44,7 +44,7 @@ def main() -> None:
     import ray
     import torch
 
-    import headscan.scan.cluster  # imports headscan.jobs, scan and models: torch, transformers
+    import headscan.scan.cluster  # imports headscan.scan and models: torch, transformers
 
     logs = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
     start = time.perf_counter()

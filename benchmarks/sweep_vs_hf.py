@@ -18,7 +18,7 @@ repetition times, one after another and in alternating order:
                the weights table and the intervals. The floor that faster metrics alone cannot go below.
 
 Both HF baselines run over the very batches the sweep makes (same grouping, same padding). Prints medians
-and the ratios sweep / hf_attn (issue 22's goals: 1.3 for minilm, 1.2 for smollm2, 1.1 with --no-values over
+and the ratios sweep / hf_attn (the targets: 1.3 for minilm, 1.2 for smollm2, 1.1 with --no-values over
 plain text; also paired, each repetition's sweep over its own hf_attn), unscored / hf_attn, hooks_only /
 hf_attn and sweep / hf_full.
 
@@ -46,10 +46,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from headscan.corpus import batches, encode, read_corpus  # noqa: E402
-from headscan.models import ALIASES, load_model
-from headscan.models.specs import _quiet  # noqa: E402
 from headscan import SweepConfig
+from headscan.corpus import batches, encode, read_corpus  # noqa: E402
+from headscan.models import ALIASES, load_model, pattern_forward
+from headscan.models.specs import _quiet  # noqa: E402
 from headscan.scan import layers, reduce, sweep_model  # noqa: E402
 
 EWT = Path(__file__).resolve().parents[2] / "shared/data/ud-english-ewt/en_ewt-ud-dev.conllu"
@@ -126,7 +126,7 @@ def main() -> None:
             return None
 
         internals = {kind: dict.fromkeys(by_layer, nothing) for kind, by_layer in sweep_hooks.internals().items()}
-        with model.pattern_forward(dict.fromkeys(range(model.n_layers), nothing), internals=internals) as forward:
+        with pattern_forward(model, dict.fromkeys(range(model.n_layers), nothing), internals=internals) as forward:
             for batch in fixed:
                 forward(batch.input_ids, batch.attention_mask.bool())
 

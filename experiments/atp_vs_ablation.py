@@ -57,13 +57,13 @@ import time
 from pathlib import Path
 
 import pandas as pd
+from _common import corpus_name, ewt_dev, markdown_table, out_folder, verdict, weights_present
 
 import headscan
 from headscan.analysis.importance import agreement, spearman
 from headscan.corpus import read_corpus
 from headscan.plots.importance import atp_against_exact
 from headscan.scan import sweep_model
-from _common import corpus_name, ewt_dev, markdown_table, out_folder, verdict, weights_present
 
 BAR = 0.8  # the Spearman correlation AtP must reach against exact mean ablation
 MISSES = 10  # heads listed where AtP and exact ablation differ most

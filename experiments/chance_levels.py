@@ -7,8 +7,8 @@ interval lies above that level. The sweep's ``chance`` column gives it for every
 again from the very token ids the sweep read, with plain Python loops over queries and keys, independent of
 headscan's closed forms, and checks that both agree and count the same queries.
 
-Expectation (the issue that asked for chance levels, computed with minilm's tokenizer and headscan's target
-rule): on EWT dev, minilm's uniform attention scores about 0.137 on `induction` and 0.142 on
+Expectation (with minilm's tokenizer and headscan's target rule): on EWT dev, minilm's uniform attention
+scores about 0.137 on `induction` and 0.142 on
 `duplicate_token`; every "top induction head" of minilm there (0.112-0.140) is at or below it. On
 repeat-random, where the second copy's queries see up to 100 keys and one target, chance is about 0.013, and
 smollm2's induction heads lie far above it.
@@ -25,10 +25,10 @@ import argparse
 import sys
 
 import pandas as pd
+from _common import ewt_dev, markdown_table, out_folder, verdict
 
 import headscan
 from headscan.corpus import encode, read_corpus
-from _common import ewt_dev, markdown_table, out_folder, verdict
 
 METRICS = ("induction", "duplicate_token", "prev_token", "first_token")
 

@@ -34,9 +34,9 @@ import argparse
 import sys
 
 import pandas as pd
+from _common import corpus_name, ewt_dev, markdown_table, out_folder, verdict, weights_present
 
 import headscan
-from _common import corpus_name, ewt_dev, markdown_table, out_folder, verdict, weights_present
 
 # Clark et al.'s best heads (notebook output): Stanford relation -> (UD relation or None, accuracy %, layer,
 # head (0-indexed), direction, baseline %, baseline offset)

@@ -53,14 +53,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
+from _common import markdown_table, out_folder, verdict  # noqa: E402
 
 import headscan  # noqa: E402
-from headscan.analysis.series import (checkpoint_steps, formation, formation_rule, half_rise,  # noqa: E402
-                                      half_rise_rule, with_steps)
+from headscan.analysis.series import checkpoint_steps, formation, formation_rule, half_rise, half_rise_rule, with_steps  # noqa: E402
 from headscan.models.series import checkpoint_series  # noqa: E402
 from headscan.plots.series import trajectories  # noqa: E402
 from headscan.testing.training import TrainConfig, train_series  # noqa: E402
-from _common import markdown_table, out_folder, verdict  # noqa: E402
 
 CORPUS = "repeat-random:n=25,count=48"
 DENSE = (150, 260)  # checkpoints every 2 steps here: a first run at 10-step spacing saw the fall at 180 to 200
@@ -156,7 +155,7 @@ def figure(result: dict, window: tuple[int, int], path: Path) -> None:
                 linestyle="--")
         ax.set_xlabel("training step")
         ax.set_ylabel("nats")
-        ax.set_title("loss" + (" (steps %d-%d)" % DENSE if zoom else ""))
+        ax.set_title("loss" + (f" (steps {DENSE[0]}-{DENSE[1]})" if zoom else ""))
         if not zoom:
             ax.legend(fontsize="x-small")
         if zoom:

@@ -1,4 +1,4 @@
-"""How often 95% intervals hold on parts of whole documents: per metric, interval method and support rule (issue 20).
+"""How often 95% intervals hold on parts of whole documents: per metric, interval method and support rule.
 
     python experiments/unit_sums.py minilm ../shared/data/ud-english-ewt/en_ewt-ud-dev.conllu out/unit_sums/minilm-dev.npz
     ...                                                    # once per (model, corpus): one sweep each, ~4-60 min on 2 cores
@@ -11,11 +11,11 @@ state a sweep of those documents alone builds (`part_state`): its documents renu
 their Poisson weights (`headscan.intervals.bootstrap_weights`, 200 replicates, seed 0), replicate totals,
 replicate power sums (`headscan.intervals.replicate_moments`) and power sums (`headscan.intervals.unit_moments`).
 Each method's interval (`headscan.intervals.interval`) is checked against the truth, and each support rule says
-which rows it trusts: ``thin`` (`headscan.intervals.thin`, the rule this issue adds) and ``thin_support`` (the
-previous rule: fewer than 15 units or a largest share above 0.25).
+which rows it trusts: ``thin`` (`headscan.intervals.thin`) and ``thin_support`` (a simpler
+rule: fewer than 15 units or a largest share above 0.25).
 
 - Parts: for N = 10, 30 and 100, ``disjoint``: the documents shuffled with seed 0 (``--seed``) and dealt into
-  floor(documents / N) disjoint parts (the issue's ten parts of 30); ``random``: ``--draws`` independent draws of
+  floor(documents / N) disjoint parts (EWT dev: ten parts of 30); ``random``: ``--draws`` independent draws of
   N documents (seeds 1000 + N, ...), so that a cell is not the noise of ten parts.
 - Rows: every row of heads.parquet and offsets.parquet (``--tables``) whose count in the part is > 0, less those
   whose sum is 0 in every document of the split (a structural zero such as a causal model's next_token, which any
@@ -58,7 +58,7 @@ METHODS = ("studentized", "studentized_symmetric", "bca", "percentile", "delta")
 RULES = ("none", "thin", "thin_support")
 # Metrics whose queries are picked by the text's content (a repeated token): `intervals.thin`'s `sparse`.
 SPARSE = ("duplicate_token", "induction")
-# The metrics the issue's targets name (heads.parquet's pattern metrics and the offset profile).
+# The metrics reported first, in this order (heads.parquet's pattern metrics and the offset profile).
 TARGETS = ("prev_token", "next_token", "self", "first_token", "sep", "entropy", "entropy_norm", "distance",
            "positional_prev", "positional_next", "duplicate_token", "induction", "offsets")
 _S, _C = intervals.MOMENT_TERMS.index("s"), intervals.MOMENT_TERMS.index("c")
@@ -205,15 +205,15 @@ def report(table: pd.DataFrame, datasets: list[str], args, seconds: float) -> st
     present = set(table["metric"])
     metrics = [m for m in TARGETS if m in present] + sorted(present - set(TARGETS) - {"all"}) + ["all"]
     lines = [
-        "# Interval coverage on parts of whole documents (issue 20)",
+        "# Interval coverage on parts of whole documents",
         "",
         f"Made by `python experiments/interval_coverage.py{' ' + ' '.join(sys.argv[1:]) if sys.argv[1:] else ''}` "
         f"from the unit sums in `{args.data}` ({REPLICATES} replicates, seed 0; {args.draws} random draws per N; "
         f"{seconds / 60:.0f} min).",
         "",
         "Each cell: the share of 95% intervals that hold the whole split's value, among the rows the rule trusts, "
-        "and the share of rows it flags. `studentized_symmetric` + `thin` is the new default; `bca` + `thin_support` the "
-        "previous one. Rows: heads.parquet and offsets.parquet, count > 0, structural zeros left out; `all` pools "
+        "and the share of rows it flags. `default`: `studentized_symmetric` + `thin`, headscan's default; `bca`: `bca` + "
+        "`thin_support`. Rows: heads.parquet and offsets.parquet, count > 0, structural zeros left out; `all` pools "
         "them. Parts of N documents are drawn without replacement from about 318, so an exact method covers "
         "about 0.952 (N = 10), 0.955 (30) and 0.981 (100) of the time. Monte Carlo error of a pooled cell "
         "(parts as clusters) in the CSV: about 0.01 for 200 random parts of 30, 0.03-0.04 for the ten disjoint "
@@ -228,7 +228,7 @@ def report(table: pd.DataFrame, datasets: list[str], args, seconds: float) -> st
         lines += [f"## {dataset}", ""]
         columns = [(f"N={n} {design}: {label}", dict(N=n, design=design, method=method, rule=rule))
                    for n in sizes for design in ("random", "disjoint") if n == 30 or design == "random"
-                   for label, method, rule in (("new", "studentized_symmetric", "thin"), ("old", "bca", "thin_support"))]
+                   for label, method, rule in (("default", "studentized_symmetric", "thin"), ("bca", "bca", "thin_support"))]
         lines += metric_table(sub, columns, metrics, covered_cell) + [""]
         for n in sizes:
             lines += [f"### {dataset}, random parts of {n}: every method, every rule", ""]

@@ -35,13 +35,25 @@ import argparse
 import functools
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
-from headscan.intervals import (METHODS, MOMENT_TERMS, bootstrap_weights, effective_units, interval, replicate_moments,
-                                support, thin, thin_support, unit_moments, variance_df)
+from headscan.intervals import (
+    METHODS,
+    MOMENT_TERMS,
+    bootstrap_weights,
+    effective_units,
+    interval,
+    replicate_moments,
+    support,
+    thin,
+    thin_support,
+    unit_moments,
+    variance_df,
+)
 
 SIZES = (100, 400, 2000)
 BATCH = 50  # simulated corpora per weight draw, like the heads of one sweep
@@ -159,7 +171,7 @@ def heavy(slope: float = 0.0, sigma: float = 1.0) -> Scenario:
     return Scenario(name, draw, truth=_heavy_truth(slope, sigma), sizes=(10, 30, 100))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _heavy_truth(slope: float, sigma: float) -> float:
     k = np.arange(0, 20_000)  # floor(L) = k with probability P(k <= L < k + 1); beyond 20,000: below 1e-17
     z = (np.log(np.maximum(np.arange(0, 20_001), 1e-300)) - np.log(3.5)) / sigma

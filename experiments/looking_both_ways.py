@@ -31,9 +31,9 @@ import argparse
 import sys
 
 import pandas as pd
+from _common import EMBEDDED, corpus_name, ewt_dev, markdown_table, out_folder, verdict, weights_present
 
 import headscan
-from _common import EMBEDDED, corpus_name, ewt_dev, markdown_table, out_folder, verdict, weights_present
 
 # Literature heads: model -> (layer, head, metric, the paper's label)
 LITERATURE = {

@@ -38,9 +38,9 @@ import sys
 
 import numpy as np
 import pandas as pd
+from _common import EMBEDDED, corpus_name, ewt_dev, markdown_table, out_folder, verdict, weights_present
 
 import headscan
-from _common import EMBEDDED, corpus_name, ewt_dev, markdown_table, out_folder, verdict, weights_present
 
 LITERATURE = ("gpt2", "bert-base-uncased")
 CLASSES = ("back", "self", "ahead", "sink")

@@ -41,11 +41,11 @@ import unicodedata
 
 import numpy as np
 import pandas as pd
+from _common import EMBEDDED, corpus_name, ewt_dev, markdown_table, out_folder, verdict, weights_present
 
 import headscan
 from headscan.corpus import read_corpus
 from headscan.scan import sweep_model
-from _common import EMBEDDED, corpus_name, ewt_dev, markdown_table, out_folder, verdict, weights_present
 
 CONDITIONS = ("natural", "shuffled", "random")
 KEEPS = 0.8  # a positional head keeps at least this share of its natural-text score, and at most its inverse

@@ -2,7 +2,7 @@
 
 A trial plants a *needle* sentence in a *haystack* of corpus text at a *depth* (0: first, 1: last), asks the
 needle's question after it, and expects the needle's *answer* (Wu et al.'s ``real_needle``) back. What the
-reference code does differently, and why (see the retrieval-heads note in the README):
+reference code does differently, and why (see docs/retrieval.md):
 
 - The needle goes between two sentences of the haystack, found in the text (`sentences`: a segment's end, or
   ``.``, ``!`` or ``?`` and one closing quote or bracket before white space), never by a tokenizer's id for a

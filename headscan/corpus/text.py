@@ -202,14 +202,14 @@ def pack_corpus(corpus: Corpus, how: str, words: int) -> Corpus:
         return corpus
     groups: list[list[Segment]] = []
     size = 0
-    for index, segment in enumerate(corpus.segments):
+    for index, piece in enumerate(corpus.segments):  # `segment` is the parser imported above
         document = int(corpus.segment_documents[index])
-        count = len(segment.words) if segment.words else len(segment.text.split())
+        count = len(piece.words) if piece.words else len(piece.text.split())
         if (not groups or (how == "documents" and document != groups[-1][0].document)
                 or (how == "sentences" and size >= words)):
             groups.append([])
             size = 0
-        groups[-1].append(segment)
+        groups[-1].append(piece)
         size += count
     packed = tuple(_joined(group, n if how == "sentences" else group[0].document) for n, group in enumerate(groups))
     documents = ("packed: each document is one segment" if how == "documents"
@@ -221,13 +221,13 @@ def pack_corpus(corpus: Corpus, how: str, words: int) -> Corpus:
 
 def _joined(group: list[Segment], document: int) -> Segment:
     words, heads, deprels, spans, start = [], [], [], [], 0
-    for segment in group:
+    for piece in group:
         shift = len(words)
-        words += segment.words
-        heads += [head + shift if head else 0 for head in segment.heads]
-        deprels += segment.deprels
-        spans += [span if span == NO_SPAN else (span[0] + start, span[1] + start) for span in segment.spans]
-        start += len(segment.text) + 1  # the space that joins it to the next
+        words += piece.words
+        heads += [head + shift if head else 0 for head in piece.heads]
+        deprels += piece.deprels
+        spans += [span if span == NO_SPAN else (span[0] + start, span[1] + start) for span in piece.spans]
+        start += len(piece.text) + 1  # the space that joins it to the next
     text = " ".join(segment.text for segment in group)
     return Segment(text, group[0].line, tuple(words), tuple(heads), tuple(deprels), document, tuple(spans))
 

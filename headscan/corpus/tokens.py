@@ -10,15 +10,15 @@ This module does not run models: it uses their tokenizers.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 import torch
 
 from ..errors import ConfigError
-from .text import Corpus
 from .conllu import surface_spans
+from .text import Corpus
 from .words import align_tokens, word_alignment
 
 __all__ = ["EncodedCorpus", "encode", "batches", "Batch"]

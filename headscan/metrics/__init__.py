@@ -6,11 +6,24 @@ reached. `importance` scores a model's output with a head removed rather than an
 the metrics' view of a layer's attention, `registry` the registry itself.
 """
 
-from . import attention, streaming, values, syntax, retrieval, importance  # noqa: F401  (each registers its metrics, in order)
-from .batch import AttentionBatch, mean_over_queries, offset_range
+# Each module registers its metrics as it is imported; the registry's order is the order of the tables' rows, so
+# these imports keep their order.
+from . import attention, streaming, values, syntax, retrieval, importance  # noqa: F401  # isort: skip
 from .attention import buckets
-from .registry import (CAPTURED, CONDITIONS, DECODED, METRICS, Axis, Metric, definitions_markdown, describe,
-                       get_metric, metric_names, register)
+from .batch import AttentionBatch, mean_over_queries, offset_range
+from .registry import (
+    CAPTURED,
+    CONDITIONS,
+    DECODED,
+    METRICS,
+    Axis,
+    Metric,
+    definitions_markdown,
+    describe,
+    get_metric,
+    metric_names,
+    register,
+)
 
 __all__ = ["AttentionBatch", "Axis", "Metric", "METRICS", "CONDITIONS", "CAPTURED", "DECODED", "register", "get_metric",
            "metric_names", "describe", "offset_range", "mean_over_queries", "buckets", "definitions_markdown"]

@@ -300,7 +300,7 @@ def induction(batch: AttentionBatch):
     q-1 and q are excluded because a positional head looks there whatever the tokens: on natural text token
     q-2 often equals token q (", x ," or "the x the"), which would make q-1 a target, and "x x" would make q
     one, so a previous-token or self head would score as an induction head. A head that attends only to q-1
-    or q now scores 0; on `repeat-random` (n >= 3) no target is excluded, so its scores are unchanged.
+    or q scores 0; on `repeat-random` (n >= 3) no target is ever q-1 or q, so the exclusion changes nothing there.
     """
     return _attention_on(batch, batch.induction_targets)
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import difflib
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -51,7 +52,7 @@ class Metric:
 
     name: str
     function: Callable[[AttentionBatch], tuple[torch.Tensor, torch.Tensor]]
-    definition: str  # the function's docstring: the precise definition, shown in README and report
+    definition: str  # the function's docstring: the precise definition, shown in docs/metrics.md and the report
     table: str  # the name of its table in headscan.tables.TABLES
     unit: str  # what a value is measured in; the colour-bar label
     bounded: bool  # values lie in [0, 1] (drawn on one shared 0-1 colour scale)
@@ -193,7 +194,7 @@ def describe(name: str) -> Metric:
 
 
 def definitions_markdown() -> str:
-    """The metric definitions as a Markdown list, straight from the registry (README and report use it)."""
+    """The metric definitions as a Markdown list, straight from the registry, for docs/metrics.md and the report."""
     lines = []
     for metric in METRICS.values():
         where = f"{metric.table}.parquet, {metric.unit}"

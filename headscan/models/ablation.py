@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..errors import ModelLoadError
-from .hooks import PROBE, backbone, unobserved_norms
+from .hooked import PROBE
+from .hooks import backbone, unobserved_norms
 
 if TYPE_CHECKING:
     from .hooked import HookedModel

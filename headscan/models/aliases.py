@@ -11,9 +11,9 @@ This module only finds their files; `headscan.models` loads them.
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 __all__ = ["Alias", "ALIASES", "DEFAULT_MODELS", "alias_status"]
 

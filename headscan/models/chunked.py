@@ -35,14 +35,14 @@ from __future__ import annotations
 import contextlib
 import inspect
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import torch
 
-from . import hooks as hooking
 from ..errors import ModelLoadError
-from .hooks import QueryBlock
+from .hooks import BRIDGE_INTERNALS, QueryBlock, Stop, backbone, call_backbone, unobserved_norms
 
 if TYPE_CHECKING:
     from .hooked import HookedModel
@@ -208,7 +208,7 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     if internals.get("z") is not None:
         internals["z"](output, layer)  # (batch, q, head, d_head)
     if session.last is not None and layer >= session.last:
-        raise hooking.Stop
+        raise Stop
     return output, None
 
 
@@ -296,8 +296,8 @@ def chunked_forward(model: HookedModel, hooks: dict[int, Callable], last: int, *
     _register()
     # with the last block's residual wanted, its hook_out stops the pass; else the last attention does
     session = _Session(dict(hooks), internals, query_chunk, last + 1 if last in outs else last)
-    body = hooking.backbone(model.hf_model)
-    fwd_hooks = [(f"blocks.{layer}.{hooking.BRIDGE_INTERNALS['out']}", _handing_out(fn, layer, layer == last))
+    body = backbone(model.hf_model)
+    fwd_hooks = [(f"blocks.{layer}.{BRIDGE_INTERNALS['out']}", _handing_out(fn, layer, layer == last))
                  for layer, fn in outs.items()]
 
     def forward(input_ids, attention_mask) -> None:
@@ -309,8 +309,8 @@ def chunked_forward(model: HookedModel, hooks: dict[int, Callable], last: int, *
                 with model.bridge.hooks(fwd_hooks=fwd_hooks) if fwd_hooks else contextlib.nullcontext():
                     model.bridge(input_ids, attention_mask=attention_mask)
             else:
-                hooking.call_backbone(body, input_ids, attention_mask)
-        except hooking.Stop:
+                call_backbone(body, input_ids, attention_mask)
+        except Stop:
             return
         except Unsupported as error:
             raise ModelLoadError(f"{model.name}: {error}{EAGER_INSTEAD}") from None
@@ -320,7 +320,7 @@ def chunked_forward(model: HookedModel, hooks: dict[int, Callable], last: int, *
                              f"attention (expected {last + 1}){EAGER_INSTEAD}")
 
     # the bridge's norms as in eager mode: nobody reads their statistics here either
-    with _implementation(model.hf_model, NAME), _native_attention(model), hooking.unobserved_norms(model.bridge):
+    with _implementation(model.hf_model, NAME), _native_attention(model), unobserved_norms(model.bridge):
         yield forward
 
 
@@ -363,7 +363,7 @@ def _handing_out(fn: Callable, layer: int, stop: bool) -> Callable:
     def hook(residual, hook):
         fn(residual, layer)
         if stop:
-            raise hooking.Stop
+            raise Stop
 
     return hook
 

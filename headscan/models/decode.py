@@ -28,7 +28,7 @@ import torch
 
 from ..errors import ModelLoadError
 from . import chunked
-from .forward import refused
+from .forward import chunked_refusal, refused
 
 if TYPE_CHECKING:
     from .hooked import HookedModel
@@ -63,7 +63,7 @@ def greedy_decode(model: HookedModel, prompt: Sequence[int], each: Callable[[Ste
         raise ValueError("an empty prompt has no last token to decode from")
     if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 1:
         raise ValueError(f"prefill_chunk must be a whole number >= 1, got {prefill_chunk!r}")
-    reason = model.chunked_refusal()
+    reason = chunked_refusal(model)
     if reason is not None:
         raise refused(model, reason)
     rows: dict[int, torch.Tensor] = {}

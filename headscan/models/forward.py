@@ -12,17 +12,15 @@ This module does not load models (see `headscan.models.load`) or score heads.
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
 
 import torch
 
 from ..errors import ConfigError, ModelLoadError
 from . import chunked, hooks
+from .hooked import PROBE, HookedModel
 
-if TYPE_CHECKING:
-    from .hooked import HookedModel
-
-__all__ = ["pattern_forward", "check", "chunked_refusal", "refused"]
+__all__ = ["pattern_forward", "check", "chunked_refusal", "probe_refusal", "refused"]
 
 EAGER_INSTEAD = chunked.EAGER_INSTEAD
 
@@ -36,8 +34,34 @@ def refused(model: HookedModel, reason: str, instead: str = EAGER_INSTEAD) -> Mo
 @contextlib.contextmanager
 def pattern_forward(model: HookedModel, hooks_by_layer: dict[int, Callable], attention: str = "eager",
                     query_chunk: int | None = None, internals: dict[str, dict[int, Callable]] | None = None):
-    """`HookedModel.pattern_forward` (whose docstring says what the hooks get): the one dispatch between the
-    bridge, forward hooks on the Hugging Face modules, and chunked attention."""
+    """Attach `hooks_by_layer` (layer -> ``hook(pattern, hook)``) for forward passes that only read patterns.
+
+    Yields ``forward(input_ids, attention_mask)``. This is the one dispatch between the bridge, forward hooks on
+    the Hugging Face modules, and chunked attention. The hooks must not write into what they are handed; what
+    they return is ignored on the ``hf_hooks`` path and replaces the pattern on the bridge, so return None.
+    The forward pass runs without autograd (inference mode) and stops at the last hooked layer's pattern
+    when nothing else of that layer is wanted (else after its block), so the output head never runs
+    (the vocabulary projection alone is about half of minilm's forward and a fifth of smollm2's:
+    benchmarks/bridge_overhead.py), nor, when only patterns (and values) are wanted, the last layer's MLP.
+
+    ``attention="eager"``: each hook gets its layer's whole pattern, (batch, head, q, k), once per forward;
+    its second argument says where it was read (a TransformerLens ``HookPoint`` or a `PatternSite`).
+
+    ``attention="chunked"``: the pattern is never built. Each hook is called once per block of at most
+    `query_chunk` queries (None: as many as keep a block within 8 MiB, `headscan.models.chunked.block_rows`),
+    in order, with rows ``start .. stop - 1`` of the pattern, (batch, head, block, k),
+    exactly as eager attention gives them (`headscan.models.chunked`), and a `QueryBlock` saying which rows
+    they are. A model whose scores chunked mode cannot reproduce is refused (`chunked_refusal`).
+
+    `internals` also hands over other per-layer tensors of the same forward pass, never to be written into:
+    ``{"v": {layer: fn}, "z": {layer: fn}, "out": {layer: fn}}`` calls ``fn(tensor, layer)`` with the
+    layer's values, (batch, k, kv_head, d_head), value bias included, before the layer's pattern hook; its
+    per-head attention output before the output projection, (batch, q, head, d_head); or the residual
+    stream after the layer's block, (batch, q, d_model). A layer named only there is run to as well.
+    Eager mode hands them over on the ``transformer_lens`` path (the bridge's ``hook_v``, ``hook_z`` and
+    ``hook_out``); chunked mode hands over v and z on both paths, and "out" on the ``transformer_lens``
+    path. Elsewhere asking for them is a `ConfigError`.
+    """
     internals = {kind: dict(by_layer) for kind, by_layer in (internals or {}).items()}
     unknown = sorted(set(internals) - set(chunked.INTERNALS))
     if unknown:
@@ -54,7 +78,7 @@ def pattern_forward(model: HookedModel, hooks_by_layer: dict[int, Callable], att
         raise ConfigError(f"layer {outside[0]} is out of range for {model.name} (0..{model.n_layers - 1})")
     last = max(layers, default=model.n_layers - 1)
     if attention == "chunked":
-        reason = model.chunked_refusal()
+        reason = chunked_refusal(model)
         if reason is not None:
             raise refused(model, reason)
         with torch.inference_mode(), chunked.chunked_forward(model, hooks_by_layer, last, query_chunk=query_chunk,
@@ -76,7 +100,7 @@ def pattern_forward(model: HookedModel, hooks_by_layer: dict[int, Callable], att
 
 def check(model: HookedModel) -> None:
     """Run the probe sentence through `pattern_forward`, as a sweep would, and check what every layer hands over."""
-    ids = torch.tensor([model.token_ids([hooks.PROBE])[0]], dtype=torch.long, device=model.device)
+    ids = torch.tensor([model.token_ids([PROBE])[0]], dtype=torch.long, device=model.device)
     n = ids.shape[1]
     seen = {}
 
@@ -107,13 +131,23 @@ def check(model: HookedModel) -> None:
 def chunked_refusal(model: HookedModel) -> str | None:
     """None when chunked mode reproduces `model`'s scores exactly, else one sentence saying why not.
 
+    Checked once per model (the answer is kept on it): static checks, then `probe_refusal`.
+    """
+    if not model._chunked_refusal:
+        model._chunked_refusal.append(probe_refusal(model))
+    return model._chunked_refusal[0]
+
+
+def probe_refusal(model: HookedModel) -> str | None:
+    """`chunked_refusal` computed afresh: None when chunked mode reproduces `model`'s scores exactly.
+
     After the static checks, a probe (two sentences of different lengths, so padding counts) runs through eager
     and chunked mode with blocks of 3 queries, and every layer's rows of real queries must agree to 1e-4.
     """
     reason = chunked.static_refusal(model)
     if reason is not None:
         return reason
-    ids = model.token_ids([hooks.PROBE, "A short one."])
+    ids = model.token_ids([PROBE, "A short one."])
     n = max(map(len, ids))
     pad = model.special_token_ids["pad"] or 0
     input_ids = torch.tensor([row + [pad] * (n - len(row)) for row in ids], device=model.device)

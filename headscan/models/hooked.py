@@ -1,24 +1,26 @@
-"""The hooked model: what a sweep needs to know about a loaded model, and the one way to read its attention.
+"""The hooked model: what a sweep needs to know about a loaded model, and how it tokenises text.
 
 A `HookedModel` carries family, shape, special token ids and where the weights came from; it tokenises text
-as a sweep feeds it (`HookedModel.token_ids`), and `HookedModel.pattern_forward` runs it with hooks on every
-layer's attention, whichever path reads it (`headscan.models.forward`).
+as a sweep feeds it (`HookedModel.token_ids`). Running it with hooks on every layer's attention is
+`headscan.models.forward.pattern_forward`, a plain function over a `HookedModel`: the model's description sits at
+the bottom of `headscan.models`, and the modules that read attention import it, never the other way round.
 
-This module does not load models (see `headscan.models.load`) or score heads.
+This module does not load models (see `headscan.models.load`), read attention or score heads.
 """
 
 from __future__ import annotations
 
-import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
-from .hooks import PROBE
 from .windows import window_notes
 
-__all__ = ["HookedModel", "PATHS"]
+__all__ = ["HookedModel", "PATHS", "PROBE"]
+
+PROBE = "The quick brown fox jumps over the lazy dog."  # checks every model as it loads
 
 PATHS = ("transformer_lens", "hf_hooks")  # how a model's attention pattern is read; see headscan.models.load
 
@@ -50,7 +52,8 @@ class HookedModel:
     # empty: no window anywhere
     windows: tuple = ()
     extra: dict = field(default_factory=dict)
-    _chunked_refusal: list = field(default_factory=list, repr=False, compare=False)  # the cached chunked_refusal()
+    # forward.chunked_refusal's answer, once asked: the probe runs once per model
+    _chunked_refusal: list = field(default_factory=list, repr=False, compare=False)
     loaded: dict = field(default_factory=dict, repr=False, compare=False)  # loaded on demand (decoding's LM head)
 
     @property
@@ -133,53 +136,6 @@ class HookedModel:
                 ids, spans = [self.special_token_ids["bos"], *ids], [None, *spans]
             out.append((list(ids), spans))
         return out
-
-    @contextlib.contextmanager
-    def pattern_forward(self, hooks: dict[int, Callable], attention: str = "eager", query_chunk: int | None = None,
-                        internals: dict[str, dict[int, Callable]] | None = None):
-        """Attach `hooks` (layer -> ``hook(pattern, hook)``) for a loop of forward passes that only read patterns.
-
-        Yields ``forward(input_ids, attention_mask)``. The hooks must not write into what they are handed; what
-        they return is ignored on the ``hf_hooks`` path and replaces the pattern on the bridge, so return None.
-        The forward pass runs without autograd (inference mode) and stops at the last hooked layer's pattern
-        when nothing else of that layer is wanted (else after its block), so the output head never runs
-        (the vocabulary projection alone is about half of minilm's forward and a fifth of smollm2's:
-        benchmarks/bridge_overhead.py), nor, when only patterns (and values) are wanted, the last layer's MLP.
-
-        ``attention="eager"``: each hook gets its layer's whole pattern, (batch, head, q, k), once per forward;
-        its second argument says where it was read (a TransformerLens ``HookPoint`` or a `PatternSite`).
-
-        ``attention="chunked"``: the pattern is never built. Each hook is called once per block of at most
-        `query_chunk` queries (None: as many as keep a block within 8 MiB, `headscan.models.chunked.block_rows`),
-        in order, with rows ``start .. stop - 1`` of the pattern, (batch, head, block, k),
-        exactly as eager attention gives them (`headscan.models.chunked`), and a `QueryBlock` saying which rows
-        they are. A model whose scores chunked mode cannot reproduce is refused (`chunked_refusal`).
-
-        `internals` also hands over other per-layer tensors of the same forward pass, never to be written into:
-        ``{"v": {layer: fn}, "z": {layer: fn}, "out": {layer: fn}}`` calls ``fn(tensor, layer)`` with the
-        layer's values, (batch, k, kv_head, d_head), value bias included, before the layer's pattern hook; its
-        per-head attention output before the output projection, (batch, q, head, d_head); or the residual
-        stream after the layer's block, (batch, q, d_model). A layer named only there is run to as well.
-        Eager mode hands them over on the ``transformer_lens`` path (the bridge's ``hook_v``, ``hook_z`` and
-        ``hook_out``); chunked mode hands over v and z on both paths, and "out" on the ``transformer_lens``
-        path. Elsewhere asking for them is a `ConfigError`.
-        """
-        from .forward import pattern_forward
-
-        with pattern_forward(self, hooks, attention=attention, query_chunk=query_chunk, internals=internals) as forward:
-            yield forward
-
-    def chunked_refusal(self) -> str | None:
-        """None when chunked attention reproduces this model's scores exactly, else one sentence saying why not.
-
-        Checked once per model (static checks, then a probe through both modes; see
-        `headscan.models.forward.chunked_refusal`).
-        """
-        if not self._chunked_refusal:
-            from .forward import chunked_refusal
-
-            self._chunked_refusal.append(chunked_refusal(self))
-        return self._chunked_refusal[0]
 
     def fed_bos(self) -> bool:
         """Whether the ids a sweep feeds begin with BOS, read off a probe sentence (not off the setting)."""

@@ -18,21 +18,20 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..errors import ModelLoadError
+from .hooked import PROBE
 
 if TYPE_CHECKING:
     from .hooked import HookedModel
 
-__all__ = ["PatternSite", "QueryBlock", "Site", "PROBE", "Stop", "Unhookable", "bridge_forward", "module_forward",
+__all__ = ["PatternSite", "QueryBlock", "Site", "Stop", "Unhookable", "bridge_forward", "module_forward",
            "unobserved_norms", "unkept_patterns", "attention_sites", "discover"]
-
-PROBE = "The quick brown fox jumps over the lazy dog."  # checks every model as it loads
-
 
 @dataclass(frozen=True)
 class PatternSite:
@@ -319,9 +318,9 @@ def attention_sites(hf_model) -> list[Site]:
                 if matched and (layer_name is None or f".{layer_name.strip('.')}." in f".{name}."):
                     sites.append(Site(name, module, index))
                     break
-        elif "attention" in class_name.lower() and "cross" not in class_name.lower():
-            if "output_attentions" in inspect.signature(module.forward).parameters:
-                sites.append(Site(name, module, 1, "output_attentions"))
+        elif ("attention" in class_name.lower() and "cross" not in class_name.lower()
+              and "output_attentions" in inspect.signature(module.forward).parameters):
+            sites.append(Site(name, module, 1, "output_attentions"))
     # innermost only: DeBERTa-v2's DebertaV2Attention holds the DisentangledSelfAttention that computes the weights
     return [s for s in sites if not any(o.name.startswith(s.name + ".") for o in sites if o is not s and s.name)]
 

@@ -15,9 +15,9 @@ Either way the model is checked on a probe sentence as it loads: every layer mus
 (1, head, q, q) whose rows sum to 1, lower-triangular exactly when the model is causal. The families verified
 against Hugging Face's eager attention are listed in `headscan.testing.architectures`.
 
-Under ``attention="chunked"`` (`HookedModel.pattern_forward`) neither path reads a pattern: the model runs with
-headscan's own attention function (`headscan.models.chunked`), which recomputes each layer's rows block by
-block; `HookedModel.chunked_refusal` says when a model's scores cannot be reproduced that way. Which path
+Under ``attention="chunked"`` (`headscan.models.forward.pattern_forward`) neither path reads a pattern: the model
+runs with headscan's own attention function (`headscan.models.chunked`), which recomputes each layer's rows block
+by block; `headscan.models.forward.chunked_refusal` says when a model's scores cannot be reproduced that way. Which path
 runs is decided in one place, `headscan.models.forward`.
 
 This module does not score heads or read corpora.
@@ -25,25 +25,30 @@ This module does not score heads or read corpora.
 
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
-from typing import Any
-
 import torch
 
-from . import forward, hooks as hooking
 from ..config import CONTROLS, DEVICES, control_name
 from ..config import DTYPES as DTYPE_NAMES
 from ..errors import ConfigError, ModelLoadError, ModelNotFoundError
+from . import forward
 from .aliases import ALIASES, DEFAULT_MODELS, alias_status  # noqa: F401  (re-exported)
-from .gguf import read_gguf
 from .hooked import PATHS, HookedModel  # noqa: F401  (re-exported)
-from .hooks import PatternSite
+from .hooks import PatternSite, Unhookable, backbone, discover
 from .random_init import initializer_note, random_init
-from .series import checkpoint_step, revision_folder, split_revision
+from .series import checkpoint_step
+from .source import Source, find_source
+from .specs import (  # noqa: F401
+    _architecture,
+    _has_adapter,
+    _hf_cache_revision,
+    _not_found,
+    _offline,
+    _one_line,
+    _quiet,
+    check_spec,
+    describe_spec,
+)
 from .windows import attention_windows
-from .specs import (_architecture, _has_adapter, _hf_cache_revision, _not_found, _offline, _one_line, _quiet,  # noqa: F401
-                    check_spec, describe_spec)
 
 __all__ = ["HookedModel", "PatternSite", "ALIASES", "DEFAULT_MODELS", "DEVICES", "DTYPES", "PATHS", "load_model",
            "check_spec", "describe_spec", "alias_status", "resolve_device"]
@@ -69,19 +74,6 @@ def resolve_device(device: str) -> str:
     if device == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
         raise ConfigError("device mps: no Apple MPS device here; use cpu or auto", setting="device")
     return device
-
-
-def _sha256(paths: list[Path]) -> str:
-    digest = hashlib.sha256()
-    for path in sorted(paths):
-        with open(path, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-    return "sha256:" + digest.hexdigest()
-
-
-def _weight_files(folder: Path) -> list[Path]:
-    return [p for p in folder.iterdir() if p.suffix in {".safetensors", ".bin", ".gguf", ".pt"} and p.is_file()]
 
 
 def _via_bridge(target: str, *, device: str, dtype: torch.dtype, hf_model=None, tokenizer=None,
@@ -130,7 +122,7 @@ def _via_hooks(target: str, *, device: str, dtype: torch.dtype, hf_model=None, t
             with _quiet():
                 tokenizer = AutoTokenizer.from_pretrained(target)
     hf_model = (hf_model if device_map else hf_model.to(device)).eval()
-    found = hooking.discover(hf_model, tokenizer)
+    found = discover(hf_model, tokenizer)
     config = hf_model.config.get_text_config()
     return {
         "hf_model": hf_model,
@@ -154,7 +146,7 @@ def _with_head(target: str, **kwargs):
     try:
         return _first_that_fits(_head_classes(target), lambda auto: auto.from_pretrained(target, **kwargs))
     except ValueError as error:
-        raise hooking.Unhookable(f"transformers has no model class for it ({_one_line(error, 120)})") from None
+        raise Unhookable(f"transformers has no model class for it ({_one_line(error, 120)})") from None
 
 
 def _head_classes(target: str) -> list:
@@ -198,26 +190,13 @@ def _max_context(hf_model, *, default: int) -> int:
         return default
     # RoBERTa-style learned positions (RoBERTa, XLM-R, MPNet, ...) count from the pad id + 1: the first
     # pad + 1 rows are never used, so 514 positions hold 512 tokens.
-    embeddings = getattr(hooking.backbone(hf_model), "embeddings", None)
+    embeddings = getattr(backbone(hf_model), "embeddings", None)
     offset = getattr(embeddings, "padding_idx", None)
     positions = getattr(embeddings, "position_embeddings", None)
     if isinstance(offset, int) and (hasattr(embeddings, "create_position_ids_from_input_ids")
                                     or getattr(positions, "padding_idx", None) == offset):
         value -= offset + 1
     return value
-
-
-def _read_config(spec: str, target: str, source: str, tried: list[str]):
-    from transformers import AutoConfig
-
-    try:
-        with _quiet():
-            return AutoConfig.from_pretrained(target)
-    except OSError as error:
-        if source != "huggingface":
-            raise
-        tried.append(f"Hugging Face said: {str(error).splitlines()[0].rstrip('.')}")
-        raise _not_found(spec, tried) from None
 
 
 def _describe(name: str, fields: dict, *, prepend_bos: bool | None, **where) -> HookedModel:
@@ -286,14 +265,14 @@ def _hook(name: str, target: str, config, *, device: str, dtype: torch.dtype, pr
             raise
         except Exception as error:  # the loaders raise many kinds; keep one short line of each
             label = "the TransformerLens bridge" if via is _via_bridge else "hooks on its attention modules"
-            failures.append(f"{label}: {error if isinstance(error, hooking.Unhookable) else _one_line(error)}")
+            failures.append(f"{label}: {error if isinstance(error, Unhookable) else _one_line(error)}")
             last = error
             continue
         if adapter and failures:
             model.extra["bridge_failure"] = failures[0]
         return model
     needed = ""
-    if isinstance(last, hooking.Unhookable):
+    if isinstance(last, Unhookable):
         bridge = ("a bridge whose blocks.L.attn.hook_pattern fires" if adapter
                   else f"a TransformerLens adapter for {architecture}")
         needed = (f". To sweep it headscan needs {bridge}, or attention modules that return their (batch, head, q, k) "
@@ -339,55 +318,8 @@ def load_model(
     if dtype not in DTYPES:
         raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}", setting="dtype")
     torch_dtype = DTYPES[dtype]
-    tried = []
-    hf_model = tokenizer = None
-    try:
-        if spec in ALIASES:
-            alias = ALIASES[spec]
-            try:
-                path = alias.locate()
-            except (ModuleNotFoundError, ImportError):
-                raise ModelNotFoundError(
-                    f"embedded model {spec!r} is not installed; install it with: {alias.install}"
-                ) from None
-            source = "alias"
-        elif Path(spec).expanduser().exists():
-            path = Path(spec).expanduser().resolve()
-            source = "gguf" if path.suffix == ".gguf" else "local"
-            if source == "local" and not (path / "config.json").is_file():
-                raise ModelNotFoundError(
-                    f"{path}: a local model folder needs config.json and the weights "
-                    f"(a folder written by save_pretrained), or pass a .gguf file"
-                )
-        else:
-            path = None
-            source = "huggingface"
-        hub_id, named = split_revision(spec) if path is None else (spec, None)
-        if named is not None:  # ID@REVISION: its snapshot, loaded as a local folder by either path
-            path = revision_folder(hub_id, named, offline=_offline())
-        if path is not None and path.suffix == ".gguf":
-            revision = _sha256([path])
-            hf_model, tokenizer = read_gguf(path, dtype=torch_dtype, sha256=revision)
-            config, target, model_id = hf_model.config, str(path.parent), str(path)
-        elif named is not None:
-            target, model_id, revision = str(path), hub_id, named
-            config = _read_config(spec, target, source, tried)
-        elif path is not None:
-            target, model_id, revision = str(path), str(path), _sha256(_weight_files(path))
-            config = _read_config(spec, target, source, tried)
-        else:
-            target, model_id, revision = spec, spec, _hf_cache_revision(spec)
-            tried.append(f"no embedded alias or local path {spec!r}")
-            if revision is None and _offline():
-                tried.append("not in the local Hugging Face cache (HF_HUB_OFFLINE is set)")
-                raise _not_found(spec, tried)
-            config = _read_config(spec, target, source, tried)
-        if source == "alias":  # a machine's site-packages path means nothing elsewhere; name the package
-            model_id = f"{ALIASES[spec].id()}: {path.name}"
-    except (ModelNotFoundError, ConfigError):
-        raise
-    except Exception as error:  # the loaders raise many kinds; name the model and keep the cause
-        raise ModelLoadError(f"model {spec!r} could not be loaded: {_one_line(error)}") from error
+    found = find_source(spec, torch_dtype)
+    hf_model = found.hf_model
     if device_map and hf_model is not None:
         raise ConfigError(f"device_map: {spec!r} is a .gguf file, which loads whole on one device; leave device_map "
                           f"out, or pass a Hugging Face checkpoint", setting="device_map")
@@ -398,24 +330,15 @@ def load_model(
         if device_map:
             raise ConfigError("device_map: a random-init control is built whole on one device; leave device_map out",
                               setting="device_map")
-        # Built here, so that both paths hook it: the bridge's own class where TransformerLens has an adapter
-        # (the tokenizer then comes as the trained model's does), else AutoModel's; a GGUF's own class.
-        # Without an adapter, the same class the trained model loads with (its language-model head included).
-        if hf_model is not None:
-            classes, config = [type(hf_model)], hf_model.config
-        else:
-            classes = [_bridge_class(config)] if _has_adapter(config) else _head_classes(target)
-        with _quiet():
-            hf_model = _first_that_fits(
-                classes, lambda model_class: random_init(model_class, config, seed=control_seed, dtype=torch_dtype)
-            ).to(device)
+        hf_model = _random_init_control(found, seed=control_seed, dtype=torch_dtype).to(device)
         note = initializer_note(hf_model, control_seed)
-    model = _hook(control_name(spec, control), target, config, device=device, dtype=torch_dtype,
-                  prepend_bos=prepend_bos, hf_model=hf_model, tokenizer=tokenizer, device_map=device_map, source=source,
-                  id=model_id, revision=revision or "unknown")
-    if source == "huggingface" and model.revision == "unknown":
+    model = _hook(control_name(spec, control), found.target, found.config, device=device, dtype=torch_dtype,
+                  prepend_bos=prepend_bos, hf_model=hf_model, tokenizer=found.tokenizer, device_map=device_map,
+                  source=found.source, id=found.model_id, revision=found.revision or "unknown")
+    if found.source == "huggingface" and model.revision == "unknown":
         model.revision = _hf_cache_revision(spec) or "unknown"  # cached by the download just made
     # A checkpoint of a series: the step its revision's or folder's name holds, and a named revision's commit.
+    path, named = found.path, found.named
     step = checkpoint_step(named if named is not None else path.name if path is not None else None)
     model.extra.update(({"step": step} if step is not None else {})
                        | ({"commit": path.name} if named is not None else {}))
@@ -425,10 +348,26 @@ def load_model(
     return model
 
 
+def _random_init_control(found: Source, *, seed: int, dtype: torch.dtype):
+    """The random-init control of `found`'s model, before it is moved to the device.
+
+    Built here, so that both paths hook it: the bridge's own class where TransformerLens has an adapter (the
+    tokenizer then comes as the trained model's does), else AutoModel's; a GGUF's own class. Without an adapter,
+    the same class the trained model loads with (its language-model head included).
+    """
+    if found.hf_model is not None:
+        classes = [type(found.hf_model)]
+    else:
+        classes = [_bridge_class(found.config)] if _has_adapter(found.config) else _head_classes(found.target)
+    with _quiet():
+        return _first_that_fits(classes, lambda model_class: random_init(model_class, found.config, seed=seed,
+                                                                         dtype=dtype))
+
+
 def _bridge_class(config):
     """The Hugging Face (Auto) class TransformerLens' bridge loads an architecture with."""
-    from transformer_lens.model_bridge.sources.transformers.helpers import get_hf_model_class_for_architecture
     from transformer_lens.model_bridge.sources.transformers import determine_architecture_from_hf_config
+    from transformer_lens.model_bridge.sources.transformers.helpers import get_hf_model_class_for_architecture
 
     return get_hf_model_class_for_architecture(determine_architecture_from_hf_config(config))
 

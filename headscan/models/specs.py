@@ -14,9 +14,10 @@ import logging
 import warnings
 from pathlib import Path
 
-from ..config import hf_offline as _offline, split_control
-from .aliases import ALIASES, alias_status
+from ..config import hf_offline as _offline
+from ..config import split_control
 from ..errors import ModelNotFoundError
+from .aliases import ALIASES, alias_status
 
 __all__ = ["check_spec", "describe_spec"]
 

@@ -32,8 +32,16 @@ import pandas as pd
 import seaborn as sns
 
 from ..metrics import describe
-from .style import (DIFFERENCE_CMAP, SHARE_CMAP, UNBOUNDED_CMAP, UNDEFINED_COLOUR, axes_or_current, layer_by_head,
-                    select, wrapped)
+from .style import (
+    DIFFERENCE_CMAP,
+    SHARE_CMAP,
+    UNBOUNDED_CMAP,
+    UNDEFINED_COLOUR,
+    axes_or_current,
+    layer_by_head,
+    select,
+    wrapped,
+)
 
 __all__ = ["head_heatmap", "attention_matrix", "difference_heatmap", "value_heatmap"]
 
@@ -117,25 +125,30 @@ def head_heatmap(
     ax.set_title(title if title is not None else f"{model}: {metric}")
 
     if annotate_top > 0 and finite.size and finite.max() > finite.min():
-        mesh = ax.collections[0]
-        # stack() runs layer by layer, head by head, so keep="first" keeps ties for the lower layer, head.
-        cells = grid.stack().dropna()
-        striking = cells.nlargest if describe(metric).ranks_high() else cells.nsmallest
-        for (layer, head), value in striking(annotate_top, keep="first").items():
-            # Pick the text colour from the cell's own colour so the number stays legible on dark cells.
-            r, g, b, _ = mesh.cmap(mesh.norm(value))
-            dark = 0.2126 * r + 0.7152 * g + 0.0722 * b < 0.45
-            ax.text(
-                head + 0.5,
-                layer + 0.5,
-                _fmt(metric, value),
-                ha="center",
-                va="center",
-                fontsize="small",
-                fontweight="bold",
-                color="white" if dark else "black",
-            )
+        _annotate_striking(ax, grid, metric, annotate_top)
     return ax
+
+
+def _annotate_striking(ax, grid: pd.DataFrame, metric: str, top: int) -> None:
+    """Write the value of the metric's `top` most striking heads into their cells of the heatmap on `ax`."""
+    mesh = ax.collections[0]
+    # stack() runs layer by layer, head by head, so keep="first" keeps ties for the lower layer, head.
+    cells = grid.stack().dropna()
+    striking = cells.nlargest if describe(metric).ranks_high() else cells.nsmallest
+    for (layer, head), value in striking(top, keep="first").items():
+        # Pick the text colour from the cell's own colour so the number stays legible on dark cells.
+        r, g, b, _ = mesh.cmap(mesh.norm(value))
+        dark = 0.2126 * r + 0.7152 * g + 0.0722 * b < 0.45
+        ax.text(
+            head + 0.5,
+            layer + 0.5,
+            _fmt(metric, value),
+            ha="center",
+            va="center",
+            fontsize="small",
+            fontweight="bold",
+            color="white" if dark else "black",
+        )
 
 
 def attention_matrix(

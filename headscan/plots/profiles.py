@@ -76,10 +76,6 @@ def offset_profiles(
     return ax
 
 
-def _wide(low: pd.Series, high: pd.Series, threshold: float) -> pd.Series:
-    return ((high - low) > threshold).fillna(False)
-
-
 def prev_next_scatter(
     heads: pd.DataFrame,
     *,
@@ -121,54 +117,16 @@ def prev_next_scatter(
     ax = axes_or_current(ax)
     models = list(dict.fromkeys(heads["model"]))
     palette = dict(palette) if palette is not None else model_palette(models)
-    scattered, strip = [], False
-    for model in models:
-        rows = heads[(heads["model"] == model) & heads["metric"].isin([x, y])]
-        if not {x, y} <= set(rows["metric"]):
-            continue
-        wide = rows.pivot(index=["layer", "head", "label"], columns="metric",
-                          values=["value", "ci_low", "ci_high"] if "ci_low" in rows else ["value"])
-        wide = wide.sort_index()
-        family = rows["family"].iloc[0] if "family" in rows else ""
-        marker = "^" if family == "bidirectional" else "o"
-        ys = wide[("value", y)].to_numpy(dtype=float)
-        # A model whose y is 0 for every head (a causal model's next_token) would pile every point on the x axis:
-        # it goes to a strip below the axis instead, jittered (seeded) so that its points can be told apart.
-        flat = len(ys) > 1 and not np.nan_to_num(ys).any()
-        if flat:
-            strip = True
-            ys = -0.085 + np.random.default_rng(0).uniform(-0.035, 0.035, len(ys))
-        ax.scatter(
-            wide[("value", x)], ys,
-            color=palette[model], marker=marker, s=22, alpha=0.8, edgecolors="none",
-            label=(f"{model} ({family})" if family else model) + (f", {y} 0 for every head" if flat else ""),
-        )
-        scattered.append((model, wide, flat))
+    scattered = [drawn for model in models
+                 if (drawn := _scatter_model(ax, heads, model, x, y, palette[model])) is not None]
+    strip = any(flat for _, _, flat in scattered)
     # Error bars after every scatter, so collections[i] stays model i's points.
     for model, wide, flat in scattered:
-        if ("ci_low", x) not in wide or flat:
-            continue
-        wide_x = _wide(wide[("ci_low", x)], wide[("ci_high", x)], ci_threshold)
-        wide_y = _wide(wide[("ci_low", y)], wide[("ci_high", y)], ci_threshold)
-        show = wide_x | wide_y
-        if show.any():
-            part = wide[show]
-            xerr = np.vstack([part[("value", x)] - part[("ci_low", x)], part[("ci_high", x)] - part[("value", x)]])
-            yerr = np.vstack([part[("value", y)] - part[("ci_low", y)], part[("ci_high", y)] - part[("value", y)]])
-            ax.errorbar(
-                part[("value", x)], part[("value", y)],
-                xerr=np.where(wide_x[show].to_numpy(), xerr, 0), yerr=np.where(wide_y[show].to_numpy(), yerr, 0),
-                fmt="none", ecolor=palette[model], elinewidth=0.8, alpha=0.6,
-            )
+        if ("ci_low", x) in wide and not flat:
+            _error_bars(ax, wide, x, y, ci_threshold, palette[model])
     if label_top:
         for model, wide, flat in scattered:
-            for metric in (x,) if flat else (x, y):
-                values = wide[("value", metric)]
-                if values.notna().any() and values.max() > values.min():
-                    key = values.idxmax() if describe(metric).ranks_high() else values.idxmin()
-                    at_y = -0.085 if flat else wide.loc[key, ("value", y)]
-                    ax.annotate(key[2], (wide.loc[key, ("value", x)], at_y), xytext=(4, 4),
-                                textcoords="offset points", fontsize="x-small", color=palette[model])
+            _label_striking(ax, wide, x, y, flat, palette[model])
     if {x, y} == {"prev_token", "next_token"}:
         # No head can put more than all of its attention on its two neighbours: x + y <= 1.
         ax.plot([0, 1], [1, 0], color="0.6", linewidth=0.8, linestyle="--", zorder=0,
@@ -185,6 +143,51 @@ def prev_next_scatter(
     if scattered:
         ax.legend(fontsize="small", frameon=False, loc="upper right")
     return ax
+
+
+def _scatter_model(ax, heads: pd.DataFrame, model: str, x: str, y: str, colour) -> tuple | None:
+    """Scatter `model`'s heads, `x` against `y`: (model, wide table, drawn in the strip?); None if a metric lacks."""
+    rows = heads[(heads["model"] == model) & heads["metric"].isin([x, y])]
+    if not {x, y} <= set(rows["metric"]):
+        return None
+    wide = rows.pivot(index=["layer", "head", "label"], columns="metric",
+                      values=["value", "ci_low", "ci_high"] if "ci_low" in rows else ["value"])
+    wide = wide.sort_index()
+    family = rows["family"].iloc[0] if "family" in rows else ""
+    marker = "^" if family == "bidirectional" else "o"
+    ys = wide[("value", y)].to_numpy(dtype=float)
+    # A model whose y is 0 for every head (a causal model's next_token) would pile every point on the x axis:
+    # it goes to a strip below the axis instead, jittered (seeded) so that its points can be told apart.
+    flat = len(ys) > 1 and not np.nan_to_num(ys).any()
+    if flat:
+        ys = -0.085 + np.random.default_rng(0).uniform(-0.035, 0.035, len(ys))
+    label = (f"{model} ({family})" if family else model) + (f", {y} 0 for every head" if flat else "")
+    ax.scatter(wide[("value", x)], ys, color=colour, marker=marker, s=22, alpha=0.8, edgecolors="none", label=label)
+    return model, wide, flat
+
+
+def _error_bars(ax, wide: pd.DataFrame, x: str, y: str, ci_threshold: float, colour) -> None:
+    """Error bars for the heads whose interval on either axis is wider than `ci_threshold`."""
+    wide_x, wide_y = (((wide[("ci_high", m)] - wide[("ci_low", m)]) > ci_threshold).fillna(False) for m in (x, y))
+    show = wide_x | wide_y
+    if show.any():
+        part = wide[show]
+        xerr = np.vstack([part[("value", x)] - part[("ci_low", x)], part[("ci_high", x)] - part[("value", x)]])
+        yerr = np.vstack([part[("value", y)] - part[("ci_low", y)], part[("ci_high", y)] - part[("value", y)]])
+        ax.errorbar(part[("value", x)], part[("value", y)], xerr=np.where(wide_x[show].to_numpy(), xerr, 0),
+                    yerr=np.where(wide_y[show].to_numpy(), yerr, 0), fmt="none", ecolor=colour, elinewidth=0.8,
+                    alpha=0.6)
+
+
+def _label_striking(ax, wide: pd.DataFrame, x: str, y: str, flat: bool, colour) -> None:
+    """The label of the model's most striking head on each axis (on `x` only for a model in the strip)."""
+    for metric in (x,) if flat else (x, y):
+        values = wide[("value", metric)]
+        if values.notna().any() and values.max() > values.min():
+            key = values.idxmax() if describe(metric).ranks_high() else values.idxmin()
+            at_y = -0.085 if flat else wide.loc[key, ("value", y)]
+            ax.annotate(key[2], (wide.loc[key, ("value", x)], at_y), xytext=(4, 4),
+                        textcoords="offset points", fontsize="x-small", color=colour)
 
 
 def entropy_by_depth(

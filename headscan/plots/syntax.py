@@ -83,6 +83,21 @@ def syntax_best_heads(
         bars = ax.bar(x, part["baseline"].fillna(0.0).to_numpy(float), width=slot * 0.9,
                       color=palette[model], alpha=0.25, linewidth=0, label=f"{model} baseline")
         drawn.append((model, part, x, bars))
+    _intervals_and_points(ax, drawn, palette)
+    small = 6.5 if len(models) <= 3 else 5.5
+    for model, part, x, _ in drawn:
+        _write_offsets_and_labels(ax, part, x, palette[model], fontsize=small, label_heads=label_heads)
+    _frame(ax, relations, label_heads=label_heads)
+    ax.set_title(title if title is not None else direction.replace("_", " "))
+    if legend and drawn:
+        ax.legend(handles=syntax_legend_handles([m for m, *_ in drawn], palette), fontsize="small", frameon=False,
+                  loc="upper left", bbox_to_anchor=(1.005, 1.0))
+    return ax
+
+
+def _intervals_and_points(ax, drawn: list, palette: Mapping[str, tuple]) -> None:
+    """Every model's intervals, then every model's points (filled where the head beats the baseline), so that
+    the Axes' containers and collections come model by model."""
     for model, part, x, _ in drawn:
         accuracy = part["accuracy"].to_numpy(float)
         low = np.nan_to_num(accuracy - part["ci_low"].to_numpy(float))
@@ -94,18 +109,25 @@ def syntax_best_heads(
         faces = [palette[model] if b else "none" for b in beats]
         ax.scatter(x, part["accuracy"].to_numpy(float), s=22, marker="o", facecolors=faces,
                    edgecolors=[palette[model]] * len(x), linewidths=1.1, zorder=3, label=model)
-    small = 6.5 if len(models) <= 3 else 5.5
-    for model, part, x, _ in drawn:
-        for xi, row in zip(x, part.itertuples()):
-            if not pd.isna(row.baseline):
-                ax.text(xi, 0.012, offset_text(row.baseline_offset), ha="center", va="bottom", fontsize=small,
-                        color="0.3", gid="offset")
-            if label_heads:
-                top = row.ci_high if not pd.isna(row.ci_high) else row.accuracy
-                ax.text(xi, min(top + 0.015, 1.0), row.label, ha="center", va="bottom", rotation=90, fontsize=small,
-                        color=palette[model], gid="head")
-    if "all" in where and len(relations) > 1:
-        ax.axvline(where["all"] + 0.5, color="0.75", linewidth=0.8, linestyle=":", zorder=0)
+
+
+def _write_offsets_and_labels(ax, part: pd.DataFrame, x, colour, *, fontsize: float, label_heads: bool) -> None:
+    """The best offset at the foot of each baseline bar and, with `label_heads`, each head's label above its
+    interval."""
+    for xi, row in zip(x, part.itertuples()):
+        if not pd.isna(row.baseline):
+            ax.text(xi, 0.012, offset_text(row.baseline_offset), ha="center", va="bottom", fontsize=fontsize,
+                    color="0.3", gid="offset")
+        if label_heads:
+            top = row.ci_high if not pd.isna(row.ci_high) else row.accuracy
+            ax.text(xi, min(top + 0.015, 1.0), row.label, ha="center", va="bottom", rotation=90, fontsize=fontsize,
+                    color=colour, gid="head")
+
+
+def _frame(ax, relations: list[str], *, label_heads: bool) -> None:
+    """Ticks, limits, grid and y label; a dotted line before "all", the relations pooled."""
+    if "all" in relations and len(relations) > 1:
+        ax.axvline(relations.index("all") + 0.5, color="0.75", linewidth=0.8, linestyle=":", zorder=0)
     ax.set_xticks(range(len(relations)), relations, rotation=45, ha="right", rotation_mode="anchor")
     ax.set_xlim(-0.6, len(relations) - 0.4)
     ax.set_ylim(0, 1.12 if label_heads else 1.02)
@@ -113,11 +135,6 @@ def syntax_best_heads(
     ax.grid(axis="y", color="0.92", linewidth=0.6)
     ax.set_axisbelow(True)
     ax.set_ylabel("accuracy (share of dependents)")
-    ax.set_title(title if title is not None else direction.replace("_", " "))
-    if legend and drawn:
-        ax.legend(handles=syntax_legend_handles([m for m, *_ in drawn], palette), fontsize="small", frameon=False,
-                  loc="upper left", bbox_to_anchor=(1.005, 1.0))
-    return ax
 
 
 

@@ -5,8 +5,16 @@ Torch-free: ``import headscan`` and ``headscan.load`` need nothing heavier than 
 
 from .io import SweepTables, check_out, combine, concat, load, thin_support, write
 from .provenance import CorpusProvenance, ModelProvenance, RunProvenance
-from .schema import (HEAD_COLUMNS, TABLES, VALUE_COLUMNS, Table, head_columns, head_label, register_table,
-                     tables_markdown)
+from .schema import (
+    HEAD_COLUMNS,
+    TABLES,
+    VALUE_COLUMNS,
+    Table,
+    head_columns,
+    head_label,
+    register_table,
+    tables_markdown,
+)
 
 __all__ = ["HEAD_COLUMNS", "VALUE_COLUMNS", "Table", "TABLES", "register_table", "tables_markdown", "head_label",
            "head_columns", "SweepTables", "load", "write", "check_out", "combine", "concat", "thin_support",

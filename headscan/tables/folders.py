@@ -74,6 +74,11 @@ def check_writable(out: str | os.PathLike, shown: str) -> None:
     """Refuse `out` (spelt `shown` by the user) unless a folder can be made where it will be written: beside it,
     and inside it when it is an empty folder already (which may be another file system, a mount point)."""
     target = where(out)
+    try:  # parquet files are written through pyarrow, which takes only paths that are valid UTF-8
+        str(target).encode("utf-8")
+    except UnicodeEncodeError:
+        raise TablesError(f"{ascii(shown)[1:-1]}: is not valid UTF-8 (a byte of another encoding in the name), and "
+                          f"the parquet writer takes only UTF-8 paths; choose another --out") from None
     if os.path.lexists(target) and not os.path.exists(target):
         raise TablesError(f"{shown}: is a symbolic link that leads nowhere (a loop, or a target that is gone); "
                           f"remove it or choose another --out")
@@ -222,7 +227,7 @@ def lock(out: str | os.PathLike, shown: str | None = None, *, wait: bool = False
         return
     path = _lock_file(target)
     while True:
-        handle = open(path, "a+")
+        handle = open(path, "a+")  # noqa: SIM115  (held open, and so locked, until the caller's block ends)
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as error:

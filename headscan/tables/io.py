@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import folders
 from ..errors import TablesError
+from . import folders
 from .provenance import RunProvenance
 from .schema import HEAD_COLUMNS, TABLES
 

@@ -72,11 +72,11 @@ class ModelProvenance:
     max_len: int | None = None  # tokens per segment as swept: the sweep's max_len, clamped to max_context
     max_len_note: str | None = None  # the line saying max_len was clamped to the model's context (None: it was not)
     seconds: float | None = None
-    # Controls (issue 19): "random-init" (the same architecture, weights drawn from the config's own initialiser)
+    # Controls: "random-init" (the same architecture, weights drawn from the config's own initialiser)
     # or "shuffled-words" (the trained model on each segment's words permuted); None for a trained model as given.
     control: str | None = None
     control_of: str | None = None  # a control's trained model, by its name in this run
-    # Checkpoint series (issue 24): the training step the revision's or checkpoint folder's name holds, else None.
+    # Checkpoint series: the training step the revision's or checkpoint folder's name holds, else None.
     step: int | None = None
     extra: dict = field(default_factory=dict, compare=False)
 

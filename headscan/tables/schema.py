@@ -59,7 +59,7 @@ class Table:
 
     name: str
     keys: dict[str, str]  # key columns after HEAD_COLUMNS, with dtypes; "metric" is filled with the metric's name
-    description: str  # "one row per ...", shown by `headscan show` and the README
+    description: str  # "one row per ...", shown by `headscan show` and docs/tables.md
     extra: dict[str, str] = field(default_factory=dict)  # columns after VALUE_COLUMNS that only this table has
 
     @property
@@ -153,7 +153,7 @@ register_table("retrieval_trials", {"trial": "int64"},
 
 
 def tables_markdown() -> str:
-    """The registered tables and their columns as Markdown, from the registry (the README uses it)."""
+    """The registered tables and their columns as Markdown, from the registry (docs/tables.md uses it)."""
     lines = ["| file | one row per | columns |", "|---|---|---|"]
     for table in TABLES.values():
         own = ", ".join(f"`{name}`" for name in table.keys)
@@ -193,4 +193,4 @@ def head_columns(model: str, family: str | None, layer, head, kv_group) -> dict:
     ['L0H2', 'L1H3']
     """
     return {"model": model, "family": family, "layer": layer, "head": head,
-            "label": [head_label(l, h) for l, h in zip(layer, head)], "kv_group": kv_group}
+            "label": [head_label(at, h) for at, h in zip(layer, head)], "kv_group": kv_group}

@@ -3,8 +3,8 @@
 `ARCHITECTURES` is the one list: `build_architecture_checkpoint` writes a 2-layer, 4-head, 64-wide
 checkpoint of any of them (random weights, a ~1000-token vocabulary, tokenizer included, offline, in well
 under a second), ``tests/test_architectures.py`` sweeps each one and checks every head metric against a plain
-computation from Hugging Face's eager attention weights, and `support_matrix_markdown` prints the table the
-README carries. The weights are random, so the scores mean nothing; only their agreement does.
+computation from Hugging Face's eager attention weights, and `support_matrix_markdown` prints the table
+docs/architectures.md carries. The weights are random, so the scores mean nothing; only their agreement does.
 
 Nothing here loads or scores a model: that is `headscan.models` and `headscan.scan`.
 """

@@ -31,10 +31,8 @@ import pathlib
 from dataclasses import asdict, dataclass
 
 import torch
-from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
-
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
+from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, PreTrainedTokenizerFast
 
 _EOT = "<|endoftext|>"
 

@@ -1,0 +1,236 @@
+"""What ``headscan show`` prints: a run's most striking heads on one metric, as a table, table by table.
+
+Heads tables (`headscan.analysis.ranking.top_heads`), with a model whose metric is 0 or undefined by
+construction said in one line; profiles (offsets, positions) each head at its peak; the scores the metric
+registry does not hold (``copying``, ``dla``); head importance; syntactic heads against the fixed-offset
+baseline.
+
+This module draws nothing and loads no model.
+"""
+
+from __future__ import annotations
+
+import difflib
+
+import pandas as pd
+
+from ..errors import MetricError, TablesError
+from ..metrics import METRICS, describe
+from ..tables import TABLES, SweepTables
+from .claims import why_not
+from .importance import effects
+from .ranking import structural_reason, top_heads, why_structural
+from .syntax import best_heads, offset_text, relation_order
+
+__all__ = ["SHOWN", "top_heads_text", "show_metrics"]
+
+
+# The columns `headscan show` prints; ``unsupported`` (why a row carries no claim) under the reports' own word.
+SHOWN = ["model", "label", "layer", "head", "value", "ci_low", "ci_high", "chance", "count", "units", "unsupported"]
+
+NO_CLAIM = {"unsupported": "no claim"}
+
+# Scores a sweep may write that the metric registry does not hold: metric -> the table it is in.
+_UNREGISTERED = {"copying": ("weights", "copying"), "dla": ("heads", "dla"), "dla_positive": ("heads", "dla_positive")}
+
+# What to run for a table a run lacks, said when `headscan show` is asked for one of its metrics.
+_HOW_TO_GET = {
+    "heads": "sweep a corpus with headscan sweep to get one (this is not a sweep's output)",
+    "syntax": "sweep a CoNLL-U treebank (headscan sweep --corpus FILE.conllu) to get one",
+    "importance": "sweep with headscan sweep --importance atp (or ablate) to get one",
+    "value": "sweep with headscan sweep --values to get one",
+    "retrieval": "run headscan retrieval to get one",
+}
+
+
+def top_heads_text(run: SweepTables, metric: str | None = None, n: int = 10) -> str:
+    """What ``headscan show`` prints: the `n` most striking heads of each model on `metric`, as a table, with a
+    model whose `metric` is 0 or undefined by construction said in one line instead of n rows of zeros.
+
+    >>> heads = pd.DataFrame({"model": ["gpt", "gpt"], "family": "causal", "layer": 0, "head": [0, 1],
+    ...     "label": ["L0H0", "L0H1"], "metric": "next_token", "value": 0.0, "ci_low": 0.0, "ci_high": 0.0,
+    ...     "count": 5.0, "units": 5.0, "top_unit_share": 0.2})
+    >>> print(top_heads_text(SweepTables({"heads": heads}), "next_token"))
+    gpt: next_token: a causal model's queries cannot see later tokens, so it is 0 for every head
+
+    A model whose `metric` is undefined for every head in this run (streaming on segments shorter than the sink
+    and window, dla without values, retrieval when no answer passed the gate) gets one line saying why, too.
+    ``copying`` (weights.parquet), which the metric registry does not hold, prints its highest heads; a profile
+    (offsets, positions) each head at its peak (`_profile_text`); ``importance`` (importance.parquet) the heads
+    whose removal changes the target most, either way (`headscan.analysis.importance.effects`). ``syntax``, for
+    a run with a syntax table, prints each model's best head per relation and direction against the fixed-offset
+    baseline (`headscan.analysis.syntax.best_heads`), for the `n` relations with most dependents.
+
+    Raises
+    ------
+    MetricError
+        `metric` is none of `show_metrics` ("did you mean").
+    TablesError
+        The run has no table of `metric` (the message says how to get one), or `n` is below 1.
+    """
+    if metric is None:  # a sweep's previous-token heads, a retrieval run's retrieval heads
+        metric = "prev_token" if "heads" in run.frames else "retrieval"
+    if n < 1:
+        raise TablesError(f"top must be at least 1, got {n}")
+    table = _table_of(metric)  # an unknown name gets "did you mean", among every metric show takes
+    if table not in run.frames:
+        how = _HOW_TO_GET.get(table, "sweep a corpus with headscan sweep to get one")
+        raise TablesError(f"this run has no {table}.parquet, so no {metric!r}; {how}")
+    if metric == "syntax":
+        return _syntax_text(run["syntax"], n)
+    if metric == "importance":
+        return _importance_text(run["importance"], n)
+    if metric not in METRICS:
+        return _unregistered_text(run, metric, n)
+    if list(TABLES[table].keys) != ["metric"]:
+        return _profile_text(run[table], metric, n)
+    heads = run[table]
+    said, shown = [], []
+    for model in dict.fromkeys(heads["model"]):
+        rows = heads[(heads["model"] == model) & (heads["metric"] == metric)]
+        family = str(heads.loc[heads["model"] == model, "family"].iloc[0])
+        provenance = run.provenance.model(model)
+        reason = why_structural(rows, metric, family=family, provenance=provenance if provenance.family else None)
+        if reason is None and rows["value"].isna().all():
+            reason = _why_undefined_here(run, model, metric)
+        if reason is not None:
+            said.append(f"{model}: {metric}: {reason}")
+        else:
+            shown.append(model)
+    top = top_heads(heads[heads["model"].isin(shown)], metric, n, keep_flat=True)  # checks `n` even if none is shown
+    parts = [top[SHOWN].rename(columns=NO_CLAIM).to_string(index=False)] if shown else []
+    return "\n".join(parts + said)
+
+
+def show_metrics() -> list[str]:
+    """Every metric `top_heads_text` (``headscan show --metric``) takes: the registry's, then the scores a sweep
+    writes that the registry does not hold (``copying``)."""
+    return [*METRICS, *(name for name in _UNREGISTERED if name not in METRICS)]
+
+
+def _table_of(metric: str) -> str:
+    """The table `metric` lives in; an unknown name gets "did you mean", among `show_metrics`."""
+    if metric in METRICS:
+        return METRICS[metric].table
+    if metric in _UNREGISTERED:
+        return _UNREGISTERED[metric][0]
+    close = difflib.get_close_matches(metric, show_metrics(), n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise MetricError(f"unknown metric {metric!r}.{hint} Available: {', '.join(show_metrics())}")
+
+
+def _why_undefined_here(run: SweepTables, model: str, metric: str) -> str:
+    """Why `model`'s `metric` is undefined (NaN, or no row) for every head of this run, where the registry gives no
+    structural reason: not scored (what the sweep recorded), or no query of the corpus counts for it."""
+    config = run.provenance.config
+    recorded = run.provenance.model(model).extra.get("dla")
+    if metric.startswith("dla") and recorded and not recorded.startswith("captured"):
+        return f"undefined for every head: dla {recorded}" + ("; headscan sweep --values scores it"
+                                                                  if "values=False" in recorded else "")
+    if metric == "streaming" and {"sink", "recent"} <= set(config):
+        return (f"undefined for every head: no query lies at or past position sink + recent ({config['sink']} + "
+                f"{config['recent']}); give headscan sweep longer segments, or a smaller --sink and --recent")
+    if metric == "retrieval":
+        return "undefined for every head: no trial's answer passed the gate (retrieval_ungated scores every trial)"
+    return "undefined for every head: no query of the corpus counts for it"
+
+
+def _profile_text(frame: pd.DataFrame, metric: str, n: int) -> str:
+    """`top_heads_text` for a profile (offsets, positions): each head at the point of its axis where it is most
+    striking, then the `n` most striking heads per model. Points where every head of a model scores the same (a
+    causal model's first_token at position 0) rank nothing and are left out.
+
+    >>> offsets = pd.DataFrame({"model": "m", "layer": 0, "head": [0, 0, 1, 1], "label": ["L0H0", "L0H0", "L0H1",
+    ...     "L0H1"], "offset": [-1, 0, -1, 0], "value": [0.9, 0.1, 0.2, 0.7], "ci_low": float("nan"),
+    ...     "ci_high": float("nan"), "count": 8, "units": 4})
+    >>> print(_profile_text(offsets, "offsets", 5))
+    offsets: each head at the offset where it is highest
+    model label  layer  head  offset  value  ci_low  ci_high  count  units    no claim
+        m  L0H0      0     0      -1    0.9     NaN      NaN      8      4 no interval
+        m  L0H1      0     1       0    0.7     NaN      NaN      8      4 no interval
+
+    For offsets that is the offset each head attends to most (-1: a previous-token head), the heads that put the
+    most attention there first.
+    """
+    rows = frame[frame["metric"] == metric] if "metric" in frame.columns else frame
+    axis = [c for c in TABLES[_table_of(metric)].keys if c != "metric"]
+    rows = rows[rows["value"].notna()]
+    if len(rows):
+        at_point = rows.groupby(["model", *axis], sort=False, observed=True)["value"]
+        rows = rows[(at_point.transform("nunique") > 1) | (at_point.transform("size") == 1)]
+    high = describe(metric).ranks_high()
+    rows = rows.sort_values(["value", "layer", "head", *axis], ascending=[not high, True, True, *[True] * len(axis)],
+                            kind="stable")
+    peaks = rows.drop_duplicates(["model", "layer", "head"])
+    models = {name: i for i, name in enumerate(dict.fromkeys(frame["model"]))}
+    top = peaks.groupby("model", sort=False).head(n).sort_values("model", key=lambda c: c.map(models), kind="stable")
+    columns = [c for c in ["model", "label", "layer", "head", *axis, "value", "ci_low", "ci_high", "chance", "count",
+                           "units"] if c in top.columns]
+    head = f"{metric}: each head at the {', '.join(axis)} where it is {'highest' if high else 'lowest'}"
+    if top.empty:
+        return f"{head}: no head differs from the others of its model at any point"
+    top = top.assign(unsupported=why_not(top, striking=describe(metric).striking))
+    return head + "\n" + top[[*columns, "unsupported"]].rename(columns=NO_CLAIM).to_string(index=False)
+
+
+def _unregistered_text(run: SweepTables, metric: str, n: int) -> str:
+    """`top_heads_text` for ``copying`` (weights.parquet) and ``dla`` / ``dla_positive`` (heads.parquet): the
+    highest first, ties to the lower layer, then head."""
+    if n < 1:
+        raise TablesError(f"top must be at least 1, got {n}")
+    table = _UNREGISTERED[metric][0]
+    frame = run[table]
+    rows = frame[(frame["metric"] == metric) & frame["value"].notna()]
+    rows = rows.sort_values(["value", "layer", "head"], ascending=[False, True, True], kind="stable")
+    models = {name: i for i, name in enumerate(dict.fromkeys(frame["model"]))}
+    rows = rows.groupby("model", sort=False).head(n).sort_values("model", key=lambda c: c.map(models), kind="stable")
+    columns = ["model", "label", "layer", "head", "value"] + (["embedding"] if table == "weights" else
+                                                               ["ci_low", "ci_high", "count"])
+    said = [f"{model}: {metric}: {_why_undefined(run, model, metric)}" for model in models
+            if not (rows["model"] == model).any()]
+    return "\n".join(([rows[columns].to_string(index=False)] if len(rows) else []) + said)
+
+
+def _why_undefined(run: SweepTables, model: str, metric: str) -> str:
+    """Why `model` has no value of an unregistered score: the registry's structural reason, else what the
+    sweep recorded of it (the provenance's ``weights`` or ``dla``: "not scored: ...")."""
+    provenance = run.provenance.model(model)
+    frame = run[_UNREGISTERED[metric][0]]
+    family = str(frame.loc[frame["model"] == model, "family"].iloc[0])
+    reason = structural_reason(metric, family, provenance if provenance.family else None)
+    recorded = provenance.extra.get("weights" if metric == "copying" else "dla")
+    return reason or recorded or "undefined (NaN) for every head"
+
+
+def _importance_text(importance: pd.DataFrame, n: int) -> str:
+    """`top_heads_text` for ``importance``: each model's `n` heads of largest |effect| (exact mean ablation where
+    the sweep ran it, else AtP's estimate)."""
+    if n < 1:
+        raise TablesError(f"top must be at least 1, got {n}")
+    rows = effects(importance)
+    if rows.empty:
+        return "importance: no head has a value (hidden_change has no AtP rows; sweep with --importance ablate)"
+    models = {name: i for i, name in enumerate(dict.fromkeys(importance["model"]))}
+    rows = rows.reindex(rows["value"].abs().sort_values(ascending=False, kind="stable").index)
+    rows = rows.groupby("model", sort=False).head(n).sort_values("model", key=lambda c: c.map(models), kind="stable")
+    rows = rows.assign(units=rows["units"].astype("Int64"))
+    columns = ["model", "label", "layer", "head", "target", "method", "value", "ci_low", "ci_high", "units", "thin"]
+    return (rows[columns].to_string(index=False, float_format=lambda v: f"{v:+.4g}")
+            + "\nvalue: the target's change when the head's output is replaced by its mean (ablated minus clean); "
+              "0 is no effect")
+
+
+def _syntax_text(syntax: pd.DataFrame, n: int) -> str:
+    """`top_heads_text` for ``syntax``: the best heads of the `n` relations with most dependents (``all`` first)."""
+    if n < 1:
+        raise TablesError(f"top must be at least 1, got {n}")
+    best = best_heads(syntax, relations=relation_order(syntax)[:n])
+    if best.empty:
+        return "syntax: no scored dependent (the sweep scores relations on CoNLL-U treebanks only)"
+    models = {name: i for i, name in enumerate(dict.fromkeys(syntax["model"]))}
+    best = best.sort_values("model", key=lambda names: names.map(models), kind="stable")  # model by model
+    best = best.assign(count=best["count"].astype(int), baseline_offset=best["baseline_offset"].map(offset_text))
+    columns = ["model", "relation", "direction", "label", "accuracy", "ci_low", "ci_high", "count", "baseline",
+               "baseline_offset", "margin", "beats", "unsupported"]
+    return (best[columns].rename(columns=NO_CLAIM).to_string(index=False, float_format=lambda v: f"{v:.3f}")
+            + "\nbeats: the 95% interval's low end is above the best fixed-offset baseline (offset d in -3..2)")
