@@ -1,9 +1,9 @@
 """Settings: frozen dataclasses that check every setting once, so nothing downstream checks again.
 
 `SweepConfig` holds a sweep's settings, `RetrievalConfig` those of the needle-in-a-haystack trials of
-``headscan retrieval``. The command line builds its options, choices and defaults from them and the constants
-here, and turns a `ConfigError` naming a setting (``max_len``) into one naming the flag (``--max-len``). Inner
-functions trust a config they are handed.
+``headscan retrieval``. Each field declares its command-line option once (a `Setting`: group and help); the
+command line builds its options, choices and defaults from them, and turns a `ConfigError` naming a setting
+(``max_len``) into one naming the flag (``--max-len``). Inner functions trust a config they are handed.
 
 This module imports no torch: ``headscan --help`` stays fast.
 
@@ -27,7 +27,8 @@ from typing import Literal, get_args, get_type_hints
 from .errors import ConfigError
 
 __all__ = ["SweepConfig", "RetrievalConfig", "DEVICES", "DTYPES", "SPECIALS", "TEMPLATES", "CONTROLS", "MIN_BOOTSTRAP",
-           "IMPORTANCE_METHODS", "IMPORTANCE_TARGETS", "choices", "control_name", "split_control", "hf_offline"]
+           "IMPORTANCE_METHODS", "IMPORTANCE_TARGETS", "GROUPS", "Setting", "choices", "settings", "control_name",
+           "split_control", "hf_offline"]
 
 Device = Literal["auto", "cpu", "cuda", "mps"]
 DType = Literal["float32", "float16", "bfloat16", "float64"]
@@ -44,7 +45,7 @@ DTYPES: tuple[str, ...] = get_args(DType)
 SPECIALS: tuple[str, ...] = get_args(Specials)
 BOOTSTRAP_UNITS: tuple[str, ...] = get_args(BootstrapUnit)
 INTERVAL_METHODS: tuple[str, ...] = get_args(IntervalMethod)
-# Control models swept beside each model (issue 19): the same architecture with weights drawn from its config's
+# Control models swept beside each model: the same architecture with weights drawn from its config's
 # own initialiser, and the trained model over the corpus with each segment's words permuted.
 Control = Literal["random-init", "shuffled-words"]
 CONTROLS: tuple[str, ...] = get_args(Control)
@@ -59,45 +60,118 @@ TEMPLATES: tuple[str, ...] = get_args(Template)
 MIN_BOOTSTRAP = 20
 
 
+# The groups options are listed under in --help and docs/options.md, in this order.
+GROUPS = ("input", "model", "scores", "intervals", "trials", "run")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """How a config field is offered on the command line and in docs/options.md: the group it is listed under,
+    its help, and its flag and metavar where they are not derived from the field (``max_len``: ``--max-len``)."""
+
+    group: str  # one of GROUPS
+    help: str
+    flag: str | None = None
+    metavar: str | None = None
+
+    def __post_init__(self):
+        if self.group not in GROUPS:  # a typo in a declaration below, caught when headscan is imported
+            raise ValueError(f"group must be one of {', '.join(GROUPS)}, got {self.group!r}")
+
+
+def _field(default, setting: Setting | str, help: str = "", **more):
+    """A dataclass field that carries its command-line declaration (`setting`, or a group and help)."""
+    if isinstance(setting, str):
+        setting = Setting(setting, help, **more)
+    return dataclasses.field(default=default, metadata={"setting": setting})
+
+
+# Declared once for both configs: the command line shares these options between sweep and retrieval.
+DEVICE = Setting("model", "Where the model runs: auto takes a GPU (cuda, then mps) where torch sees one.")
+DTYPE = Setting("model", "Weights and activations (scores and sums stay float32 or float64).")
+BOOTSTRAP = Setting("intervals", "Bootstrap replicates for the 95% intervals (0: none; else at least 20).")
+INTERVAL = Setting("intervals", "How bootstrap replicates become a 95% interval.")
+
+
 @dataclass(frozen=True)
 class SweepConfig:
-    """How a sweep reads the corpus and scores heads. Every field is checked when the config is made."""
+    """How a sweep reads the corpus and scores heads. Every field is checked when the config is made, and carries
+    its command-line option (``settings(SweepConfig)["max_len"]``)."""
 
-    max_len: int = 128  # tokens per sequence fed to the model, special tokens included
-    long: Long = "truncate"  # a longer segment: cut to max_len, or split into consecutive windows of max_len
-    batch_size: int = 16  # segments per forward pass; scores do not depend on it
-    limit: int | None = None  # read at most this many segments
-    device: Device = "auto"  # where the model runs
-    device_map: str | None = None  # e.g. "auto": spread a model too large for one device over several (accelerate)
-    dtype: DType = "float32"  # model weights and activations; metrics and sums stay float32/float64
-    specials: Specials = "keep"  # "exclude": special tokens neither count as queries nor as keys (see README)
-    max_offset: int = 8  # K of the offset profile, offsets -K..K
-    bootstrap: int = 200  # resampling weights per unit for the 95% intervals; 0 turns intervals off
-    seed: int = 0  # seed of the bootstrap weights (and of nothing else: the forward pass is deterministic)
-    prepend_bos: bool | None = None  # causal models: None follows TransformerLens' default per model
-    # what the bootstrap resamples: segments, or whole documents; "auto": documents where the corpus has documents
-    # of several segments, else segments (the sweep resolves it and records why: headscan.scan.plan.resolve_unit)
-    bootstrap_unit: BootstrapUnit = "auto"
-    interval: IntervalMethod = "studentized_symmetric"  # how replicates become a 95% interval (headscan.intervals)
-    window: int = 256  # segments added up per window; state is saved, and units closed, at window ends
-    attention: Attention = "auto"  # eager: the model's own pattern; chunked: recomputed in blocks of queries
-    # queries per block in chunked mode; scores do not depend on it. None: as many as keep a block's weights within
-    # 8 MiB, at least 64 (headscan.models.chunked.block_rows): a whole layer at ordinary lengths, 64 queries of a
-    # 4k-token smollm2 segment (a quarter of eager's memory, faster than 512, whose temporaries are faulted in anew)
-    query_chunk: int | None = None
-    attention_budget: int | None = None  # MiB an eager batch's patterns may take before auto goes chunked (None: by device)
-    pack: Pack = "none"  # long inputs: consecutive sentences (or whole documents) packed into max_len-token segments
-    values: bool = True  # also value-weighted attention (value.parquet) and direct logit attribution (dla), same pass
-    document_field: str | None = None  # JSONL corpora: the field whose value marks each line's document
-    control: tuple[Control, ...] = ()  # controls swept beside each model, under its name + " [random init]" etc.
-    control_seed: int | None = None  # seed of the controls' weights and permutations (None: `seed`)
-    importance: Importance = "off"  # does each head matter (importance.parquet): off, atp (attribution), ablate (exact)
-    ablate_top: int | None = None  # ablate: only the N heads of largest |AtP| on the mean sample (None: every head)
-    importance_sample: int | None = None  # importance on a seeded sample of this many segments (None: all); means from it
-    mask_rate: float = 0.15  # masked-LM target: share of real non-special tokens masked (80% [MASK], 10% random, 10% kept)
-    similarity_sample: int | None = None  # head similarity (similarity.parquet) on a seeded sample of this many segments (None: off)
-    sink: int = 64  # streaming: the first tokens a streaming head keeps (DuoAttention's deployment sink)
-    recent: int = 256  # streaming: the last tokens it keeps, the query's own included (DuoAttention's recent window)
+    max_len: int = _field(128, "input", "Tokens per segment; longer ones are truncated.")
+    long: Long = _field("truncate", "input", "A segment longer than --max-len: 'truncate' cuts it, 'split' feeds it as "
+                        "consecutive windows of --max-len tokens, each with the model's special tokens.")
+    batch_size: int = _field(16, "model", "Segments per forward pass (scores do not depend on it).")
+    limit: int | None = _field(None, "input", "Read at most this many segments.")
+    device: Device = _field("auto", DEVICE)
+    device_map: str | None = _field(
+        None, "model", "Spread a model too large for one device over several: a Hugging Face device map name such "
+        "as 'auto' (needs accelerate; replaces --device for the model's layers).", metavar="MAP")
+    dtype: DType = _field("float32", DTYPE)
+    specials: Specials = _field("keep", "input", "'exclude': special tokens ([CLS], [SEP], BOS) count neither as "
+                                "queries nor keys, and each query's attention is renormalised over the keys left.")
+    max_offset: int = _field(8, "scores", "K of the offset profile (offsets -K..K).")
+    bootstrap: int = _field(200, BOOTSTRAP)
+    # seeds the bootstrap weights and nothing else: the forward pass is deterministic
+    seed: int = _field(0, "intervals", "Seed of the bootstrap.")
+    # causal models: None follows TransformerLens' default per model (the command line's 'auto')
+    prepend_bos: bool | None = _field(None, "input", "Causal models: put BOS before each segment ('auto' follows "
+                                      "TransformerLens' default).", flag="--bos")
+    # the sweep resolves "auto" and records why: headscan.scan.plan.resolve_unit
+    bootstrap_unit: BootstrapUnit = _field(
+        "auto", "intervals", "What the bootstrap resamples: segments, or whole documents (CoNLL-U '# newdoc', a "
+        "JSONL --document-field, blank-line paragraphs), whose sentences are not independent; 'auto': documents "
+        "where the corpus has documents of several segments, else segments.")
+    interval: IntervalMethod = _field("studentized_symmetric", INTERVAL)
+    window: int = _field(256, "run", "Segments added up per window: the unit of resuming (state is saved at "
+                         "window ends).")
+    attention: Attention = _field(
+        "auto", "model", "'eager' reads each layer's attention pattern from the model; 'chunked' lets the model run "
+        "its fast attention and recomputes the pattern from queries and keys, --query-chunk rows at a time (long "
+        "contexts); 'auto' goes chunked once one layer's patterns pass 32 MiB or would pass --attention-budget.")
+    # None: as many as keep a block's weights within 8 MiB, at least 64 (headscan.models.chunked.block_rows): a
+    # whole layer at ordinary lengths, 64 queries of a 4k-token smollm2 segment (a quarter of eager's memory,
+    # faster than 512, whose temporaries are faulted in anew)
+    query_chunk: int | None = _field(None, "model", "Queries per block in chunked mode (scores do not depend on "
+                                     "it). Default: as many as keep a block within 8 MiB, at least 64.")
+    attention_budget: int | None = _field(
+        None, "model", "Memory one layer's eager attention (its patterns and the metrics' temporaries) may take "
+        "before --attention auto goes chunked (default: by device).", metavar="MIB")
+    pack: Pack = _field("none", "input", "Long inputs: 'sentences' joins consecutive segments until each holds "
+                        "--max-len words (so it fills --max-len tokens); 'documents' makes each document one segment "
+                        "(use --long split).")
+    values: bool = _field(True, "scores", "Also score every head on value-weighted attention (value.parquet) and, "
+                          "for causal models, its direct logit attribution (dla), in the same pass; --no-values "
+                          "leaves both out.")
+    document_field: str | None = _field(
+        None, "input", "A .jsonl or hf: corpus: the field whose value marks each line's document (consecutive lines "
+        "with equal values are one document; rows of an hf: corpus alike).", metavar="FIELD")
+    control: tuple[Control, ...] = _field(
+        (), "scores", "Also sweep a control beside each model, as a model of its own: 'random-init' (the same "
+        "architecture and tokenizer, weights drawn from its config's initialiser; named 'MODEL [random init]') or "
+        "'shuffled-words' (the model over the corpus with each segment's words permuted; 'MODEL [shuffled "
+        "words]'). Repeat for both; each doubles the sweep's time.")
+    control_seed: int | None = _field(None, "scores", "Seed of the controls' weights and word orders (default: "
+                                      "--seed).", metavar="SEED")
+    importance: Importance = _field(
+        "off", "scores", "Does each head matter (importance.parquet): 'atp' estimates, for every head, the change of "
+        "the model's loss when its output is replaced by its mean or by 0, from one backward pass per batch; "
+        "'ablate' also replaces each head's output exactly, one head at a time (slow: two passes per head).")
+    ablate_top: int | None = _field(None, "scores", "With --importance ablate: only the N heads of largest |AtP| "
+                                    "(on the importance sample).", metavar="N")
+    importance_sample: int | None = _field(
+        None, "scores", "Measure importance on a seeded sample of N segments (default: all); each head's mean output "
+        "comes from the same sample. The other tables still cover the whole corpus.", metavar="N")
+    mask_rate: float = _field(0.15, "scores", "Encoders with a trained masked-LM head: share of tokens masked for "
+                              "the importance target (80% [MASK], 10% random, 10% kept, seeded per segment).")
+    similarity_sample: int | None = _field(
+        None, "scores", "Head families (similarity.parquet): the mean Jensen-Shannon divergence between every pair "
+        "of heads' attention over the queries of a seeded sample of N segments (Clark et al. 2019; default: off).",
+        metavar="N")
+    sink: int = _field(64, "scores", "streaming: the first tokens a sink-and-window cache keeps (DuoAttention's "
+                       "deployment value).")
+    recent: int = _field(256, "scores", "streaming: the last tokens it keeps, the query's own included "
+                         "(DuoAttention's recent window).")
 
     def __post_init__(self):
         for name, values in choices().items():
@@ -193,19 +267,23 @@ class RetrievalConfig:
     headscan.errors.ConfigError: depths must lie between 0 and 1 (0: the needle opens the haystack, 1: it closes it); got 1.5
     """
 
-    lengths: tuple[int, ...] = (1024, 2048)  # prompt lengths in tokens, template and question included (at most)
-    depths: tuple[float, ...] = tuple(i / 10 for i in range(11))  # where the needle goes: 0 first, 1 last
-    template: Template = "raw"  # "raw": haystack, then the question (Wu et al. on base models); "chat": chat template
-    max_new_tokens: int = 50  # greedy decoding steps at most (Wu et al.: 50)
-    gate: float = 0.5  # a trial counts when the answer's ROUGE-1 recall is above this (Wu et al.: 0.5)
-    seed: int = 0  # where each trial's haystack starts in the corpus, and the bootstrap over trials
-    bootstrap: int = 200  # resampling weights per trial for the 95% intervals; 0 turns intervals off
-    interval: IntervalMethod = "studentized_symmetric"  # how replicates become a 95% interval
-    device: Device = "auto"
-    dtype: DType = "float32"
-    prepend_bos: bool | None = None  # raw template: BOS before the prompt (None: the model's default, as a sweep)
-    query_chunk: int = 128  # queries per block of the chunked prefill; scores do not depend on it (128: less
-    # memory than 256 at 8k tokens, benchmarks/long_context.py --task retrieval)
+    lengths: tuple[int, ...] = _field((1024, 2048), "trials", "Prompt lengths in tokens (template and question "
+                                      "included).", metavar="N,N")
+    depths: tuple[float, ...] = _field(tuple(i / 10 for i in range(11)), "trials", "Needle depths: 0 opens the "
+                                       "haystack, 1 closes it.", metavar="D,D")
+    template: Template = _field("raw", "trials", "'raw': haystack then question (Wu et al. on base models); 'chat': "
+                                "the tokenizer's chat template.")
+    max_new_tokens: int = _field(50, "trials", "Greedy steps at most.")  # Wu et al.: 50
+    gate: float = _field(0.5, "trials", "A trial counts when the answer's ROUGE-1 recall is above this.")  # Wu et al.
+    seed: int = _field(0, "intervals", "Seed of the haystacks' starts and the bootstrap.")
+    bootstrap: int = _field(200, BOOTSTRAP)  # over trials, the bootstrap unit of retrieval
+    interval: IntervalMethod = _field("studentized_symmetric", INTERVAL)
+    device: Device = _field("auto", DEVICE)
+    dtype: DType = _field("float32", DTYPE)
+    prepend_bos: bool | None = _field(None, "input", "Raw template: put BOS before the prompt ('auto' follows the "
+                                      "model's sweep default).", flag="--bos")
+    # 128: less memory than 256 at 8k tokens (benchmarks/long_context.py --task retrieval)
+    query_chunk: int = _field(128, "model", "Queries per block of the chunked prefill (scores do not depend on it).")
 
     def __post_init__(self):
         for name, values in choices(RetrievalConfig).items():
@@ -253,6 +331,15 @@ def choices(config: type = SweepConfig) -> dict[str, tuple[str, ...]]:
     """
     hints = get_type_hints(config)
     return {name: get_args(hint) for name, hint in hints.items() if getattr(hint, "__origin__", None) is Literal}
+
+
+def settings(config: type = SweepConfig) -> dict[str, Setting]:
+    """Each field of `config` (`SweepConfig` or `RetrievalConfig`) and its command-line declaration, in order.
+
+    >>> settings()["prepend_bos"].flag, settings()["max_len"].group
+    ('--bos', 'input')
+    """
+    return {field.name: field.metadata["setting"] for field in dataclasses.fields(config)}
 
 
 def default(name: str, config: type = SweepConfig):

@@ -1,0 +1,288 @@
+"""The command line's options, each declared once, and docs/options.md generated from them.
+
+A config field's option comes from the field itself (its type, default and `headscan.config.Setting`); the options
+that are no setting (where to write, whether to resume) are declared here. `OPTIONS` lists each command's options in
+order: an option two commands share is the same `Opt`, so `sweep` and `retrieval` cannot drift apart.
+``python -m headscan.cli_options`` rewrites docs/options.md; tests/test_cli_options.py fails when it has drifted.
+This module parses nothing and runs nothing: `headscan.cli` applies these options to its commands.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import types
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Literal, Union, get_args, get_origin, get_type_hints
+
+import click
+
+from .config import RetrievalConfig, SweepConfig, settings
+
+__all__ = ["Opt", "OPTIONS", "TITLES", "GroupedCommand", "options", "config_from", "flag_of", "shown_opts",
+           "options_markdown"]
+
+# Section titles of --help and docs/options.md, in order: the groups of headscan.config.GROUPS, and "report".
+TITLES = {"input": "Input", "model": "Model and memory", "scores": "What is scored", "intervals": "Intervals",
+          "trials": "Trials", "report": "What is shown", "run": "Output and running"}
+DROP = object()  # Opt.but(default=DROP): no default at all
+TRISTATE = {"auto": None, "yes": True, "no": False}  # a `bool | None` setting on the command line (--bos)
+
+
+class _Option(click.Option):
+    """A click option that knows its declaration and group, and can keep an old spelling working unlisted."""
+
+    def __init__(self, *args, declared: Opt, group: str, old: tuple[str, ...] = (), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.declared, self.group, self.old = declared, group, old
+
+    @contextmanager
+    def _shown(self):
+        opts, self.opts = self.opts, [o for o in self.opts if o not in self.old]
+        try:
+            yield
+        finally:
+            self.opts = opts
+
+    def get_help_record(self, ctx):
+        with self._shown():
+            return super().get_help_record(ctx)
+
+    def get_error_hint(self, ctx):
+        with self._shown():
+            return super().get_error_hint(ctx)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Opt:
+    """One option as declared: click's declarations (the parameter's name first), its group and help, and the rest
+    of click's keywords. Applied to a command, it adds a fresh `click.Option` that points back here."""
+
+    decls: tuple[str, ...]
+    group: str
+    help: str
+    kwargs: dict = dataclasses.field(default_factory=dict)
+    old: tuple[str, ...] = ()  # spellings still accepted, not listed in --help
+
+    def __post_init__(self):
+        if self.group not in TITLES or not self.help:  # a slip in a declaration below, caught on import
+            raise ValueError(f"option {self.decls}: needs help and a group of {', '.join(TITLES)}")
+
+    @property
+    def name(self) -> str:
+        return self.decls[0]
+
+    def __call__(self, command):
+        return click.option(*self.decls, *self.old, cls=_Option, declared=self, group=self.group, old=self.old,
+                            help=self.help, **self.kwargs)(command)
+
+    def but(self, **changes) -> Opt:
+        """This option as one command varies it: `help`, `old` or click keywords (`default`, `required`, ...);
+        a keyword given as `DROP` is left out (a required option has no default)."""
+        fields = {key: changes.pop(key) for key in ("help", "old") if key in changes}
+        kwargs = {key: value for key, value in {**self.kwargs, **changes}.items() if value is not DROP}
+        return dataclasses.replace(self, kwargs=kwargs, **fields)
+
+
+def _numbers(kind: type, setting: str):
+    """A click callback: "1024,2048" to a tuple of `kind`, or click's refusal naming the setting."""
+    def parse(context, parameter, value):
+        try:
+            return tuple(kind(part) for part in str(value).split(",") if part.strip())
+        except ValueError:
+            raise click.BadParameter(f"{setting} must be numbers separated by commas, got {value!r}") from None
+    return parse
+
+
+def _tristate(hint) -> bool:
+    """Whether a field's type is `bool | None`: yes, no, or the model's own default."""
+    return get_origin(hint) in (Union, types.UnionType) and set(get_args(hint)) == {bool, type(None)}
+
+
+def _from_config(config: type, name: str) -> Opt:
+    """The option of field `name` of `config`, read off its type, default and `Setting`."""
+    field = next(f for f in dataclasses.fields(config) if f.name == name)
+    setting, hint, default = field.metadata["setting"], get_type_hints(config)[name], field.default
+    flag = setting.flag or "--" + name.replace("_", "-")
+    decls, kwargs = (name, flag), {"default": default, "show_default": True}
+    args = tuple(a for a in get_args(hint) if a is not type(None))
+    if setting.metavar:
+        kwargs["metavar"] = setting.metavar
+    if get_origin(hint) is Literal:
+        kwargs["type"] = click.Choice(args)
+    elif hint is bool:
+        decls = (name, f"{flag}/--no-{flag[2:]}")
+    elif _tristate(hint):
+        kwargs |= {"type": click.Choice(list(TRISTATE)), "default": "auto"}
+    elif get_origin(hint) is tuple and get_origin(args[0]) is Literal:
+        kwargs = {"multiple": True, "type": click.Choice(get_args(args[0]))}
+    elif get_origin(hint) is tuple:
+        kwargs |= {"default": ",".join(f"{value:g}" for value in default), "callback": _numbers(args[0], name)}
+    else:
+        kwargs["type"] = {int: click.INT, float: click.FLOAT, str: click.STRING}[args[0] if args else hint]
+    return Opt(decls, setting.group, setting.help, kwargs)
+
+
+def _shared() -> dict[str, Opt]:
+    """The options of settings both configs declare alike (one `Setting`, one default): one `Opt` each."""
+    sweep, retrieval = settings(SweepConfig), settings(RetrievalConfig)
+    defaults = {config: {f.name: f.default for f in dataclasses.fields(config)} for config in (SweepConfig, RetrievalConfig)}
+    return {name: _from_config(SweepConfig, name) for name in sweep
+            if retrieval.get(name) is sweep[name] and defaults[SweepConfig][name] == defaults[RetrievalConfig][name]}
+
+
+SHARED = _shared()  # --device, --dtype, --bootstrap, --interval
+
+
+def _config_options(config: type) -> dict[str, Opt]:
+    return {name: SHARED.get(name) or _from_config(config, name) for name in settings(config)}
+
+
+SWEEP, RETRIEVAL = _config_options(SweepConfig), _config_options(RetrievalConfig)
+
+_PATH = click.Path(file_okay=False, path_type=Path)
+MODEL = Opt(("models", "--model", "-m"), "input", "Alias (minilm, smollm2), local checkpoint folder, .gguf file or "
+            "Hugging Face id; repeat for several models. Default: minilm and smollm2.", {"multiple": True, "metavar": "SPEC"})
+CORPUS = Opt(("corpus", "--corpus", "-c"), "input", "A .txt (one segment per line), .jsonl (a 'text' field) or "
+             ".conllu file, 'builtin', 'repeat-random[:n=50,count=64,seed=0]', or a Hugging Face dataset, one segment "
+             "per row: 'hf:NAME[:config=...,split=train,field=text,revision=...]' (a save_to_disk folder, a folder of "
+             "data files, or a Hub id).",
+             {"default": "builtin", "show_default": True, "metavar": "PATH|builtin|repeat-random|hf:NAME"})
+OUT = Opt(("out", "--out", "-o"), "run", "Folder for the tables (a parquet file each) and run.json.",
+          {"default": "out", "show_default": True, "type": _PATH})
+OVERWRITE = Opt(("overwrite", "--overwrite"), "run", "Replace OUT if it already holds a headscan run (its run.json).",
+                {"is_flag": True})
+RESTART = Opt(("restart", "--restart"), "run", "Discard what a stopped run kept in OUT.partial/ instead of resuming "
+              "from it.", {"is_flag": True})
+QUIET = Opt(("quiet", "--quiet", "-q"), "run", "No progress bar or progress lines.", {"is_flag": True})
+
+OPTIONS: dict[str, list[Opt]] = {
+    "sweep": [
+        MODEL, CORPUS, OUT, *(SWEEP[n] for n in ("max_len", "long", "batch_size", "limit", "device", "dtype",
+                                                 "device_map", "specials", "prepend_bos", "max_offset", "bootstrap",
+                                                 "seed", "bootstrap_unit", "document_field", "interval", "window",
+                                                 "pack", "attention", "query_chunk", "attention_budget", "values",
+                                                 "control", "control_seed", "importance", "ablate_top",
+                                                 "importance_sample", "mask_rate", "similarity_sample", "sink",
+                                                 "recent")),
+        Opt(("save_every", "--save-every"), "run", "Save the partial state at the first window end after this many "
+            "seconds.", {"default": 120.0, "show_default": True, "metavar": "SECONDS"}),
+        Opt(("shard", "--shard"), "run", "Sweep only the K-th of N disjoint parts of the corpus (K from 0); combine "
+            "with `headscan merge`.", {"default": None, "metavar": "K/N"}),
+        OVERWRITE, RESTART,
+        Opt(("ray", "--ray"), "run", "Run on a Ray cluster, as many workers as its nodes' memory holds: --ray alone "
+            "starts or uses a local instance; --ray auto, --ray HOST:6379 or --ray ray://HOST:10001 connect to one "
+            "(pip install 'headscan[ray]').",
+            {"is_flag": False, "flag_value": True, "default": None, "type": click.UNPROCESSED, "metavar": "[ADDRESS]"}),
+        QUIET,
+        Opt(("checkpoints", "--checkpoints"), "input", "Also sweep every checkpoint folder inside FOLDER "
+            "(save_pretrained folders named step1000, step-1000, step_1000 or checkpoint-1000), in order of step; "
+            "each model's provenance records its step.",
+            {"default": None, "type": click.Path(path_type=Path), "metavar": "FOLDER"}),
+    ],
+    "retrieval": [
+        MODEL.but(help="A causal model: alias (smollm2), local checkpoint folder, .gguf file or Hugging Face id; "
+                  "repeat for several.", required=True),
+        # -c names the corpus in every command; --haystack, its first spelling here, still works
+        CORPUS.but(help="The corpus the haystacks are cut from: any corpus headscan sweeps (.txt, .jsonl, .conllu).",
+                   old=("--haystack",), required=True, default=DROP, show_default=DROP, metavar="PATH|builtin"),
+        Opt(("needles", "--needles"), "trials", 'JSONL of {"needle", "question", "answer"} (default: headscan\'s own, '
+            "invented facts).", {"default": None, "type": click.Path(dir_okay=False, path_type=Path)}),
+        OUT.but(help="Folder for the tables and run.json.", default="out/retrieval"),
+        *RETRIEVAL.values(), OVERWRITE, RESTART, QUIET,
+    ],
+    "merge": [OUT.but(help="Folder for the merged tables.", required=True, default=DROP, show_default=DROP),
+              OVERWRITE],
+    "models": [],
+    "show": [
+        Opt(("metric", "--metric"), "report", "What to rank heads by: a metric of heads.parquet or value.parquet, a "
+            "profile (offsets, first_token_by_position, distance_by_position), copying, syntax, importance, retrieval "
+            "or retrieval_ungated (default: prev_token for a sweep, retrieval for a retrieval run).",
+            {"default": None, "metavar": "NAME"}),
+        Opt(("top", "--top"), "report", "How many heads per model.",
+            {"default": 10, "show_default": True, "type": click.IntRange(min=1)}),
+    ],
+    "report": [
+        OUT.but(help="Report folder (default: NAME-report beside the first run's folder).", default=None,
+                show_default=False),
+        OVERWRITE.but(help="Replace OUT if it already holds a headscan report."),
+        Opt(("top", "--top"), "report", "Top heads listed per metric.", {"default": 10, "show_default": True}),
+        Opt(("example", "--example"), "report", "Sentence whose attention is drawn for each model's heads (default: "
+            "a short English one).", {"default": None}),
+        Opt(("no_models", "--no-models"), "report", "Draw only what needs the tables, without loading the models.",
+            {"is_flag": True}),
+        QUIET,
+    ],
+}
+
+
+def options(command: str):
+    """A decorator adding the options of `command` (a key of `OPTIONS`), in order."""
+    def decorate(function):
+        for opt in reversed(OPTIONS[command]):  # click lists options in the reverse order of decoration
+            function = opt(function)
+        return function
+    return decorate
+
+
+def config_from(config: type, params: dict):
+    """`config` (`SweepConfig` or `RetrievalConfig`) from a command's parsed options; ConfigError if refused."""
+    hints = get_type_hints(config)
+    values = {name: params[name] for name in settings(config)}
+    return config(**{name: TRISTATE[value] if _tristate(hints[name]) else value for name, value in values.items()})
+
+
+def flag_of(name: str) -> str:
+    """The flag of a setting or option named `name` (``prepend_bos``: ``--bos``), for messages."""
+    for opt in (opt for opts in OPTIONS.values() for opt in opts):
+        if opt.name == name:
+            return max((d.split("/")[0] for d in opt.decls[1:]), key=len)
+    return "--" + name.replace("_", "-")
+
+
+def shown_opts(parameter: click.Parameter) -> list[str]:
+    """The spellings of `parameter` that --help lists (an old spelling kept working is not one)."""
+    return [o for o in parameter.opts if o not in getattr(parameter, "old", ())]
+
+
+class GroupedCommand(click.Command):
+    """A command whose --help lists its options by group, one section each, in the order of `TITLES`."""
+
+    def format_options(self, ctx, formatter):
+        sections: dict[str, list] = {}
+        for parameter in self.get_params(ctx):
+            record = parameter.get_help_record(ctx)
+            if record:
+                sections.setdefault(getattr(parameter, "group", "other"), []).append(record)
+        for group in sorted(sections, key=lambda g: list(TITLES).index(g) if g in TITLES else len(TITLES)):
+            with formatter.section(f"{TITLES.get(group, 'Other')} options"):
+                formatter.write_dl(sections[group])
+
+
+def options_markdown() -> str:
+    """docs/options.md: every command's options by group, as its --help lists them, from `OPTIONS`."""
+    lines = ["# Command-line options", "",
+             "Every command's options by group, as `headscan COMMAND --help` lists them. Generated from the",
+             "declarations in `headscan/config.py` and `headscan/cli_options.py` by `python -m headscan.cli_options`.",
+             ""]
+    for name, opts in OPTIONS.items():
+        if not opts:
+            lines += [f"## headscan {name}", "", "No options.", ""]
+            continue
+        command = click.command(name)(options(name)(lambda **_: None))
+        context = click.Context(command, info_name=name)
+        lines += [f"## headscan {name}", ""]
+        for group in [g for g in TITLES if any(o.group == g for o in opts)]:
+            lines += [f"### {TITLES[group]}", ""]
+            for parameter in (p for p in command.params if p.group == group):
+                spec, text = parameter.get_help_record(context)
+                lines.append(f"- `{spec}`: {text}")
+            lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    path = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("docs/options.md")
+    path.write_text(options_markdown())
+    print(f"wrote {path}")
