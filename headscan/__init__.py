@@ -6,6 +6,8 @@ The public API is small:
 - ``headscan.retrieval(models, haystack, out=None, **settings)`` finds retrieval heads by needle-in-a-haystack
   decoding (the `headscan retrieval` command);
 - ``headscan.load(out)`` reads a sweep's tables back (``pd.read_parquet`` works too);
+- ``headscan.report(runs, out=None, **settings)`` writes the report of one or more sweeps (the `headscan report`
+  command, without the example attention unless given ``examples``);
 - ``headscan.METRICS`` and ``headscan.TABLES`` are the metric and table registries;
 - ``headscan.SweepConfig`` holds the settings, ``headscan.load_model`` loads one hooked model.
 
@@ -28,13 +30,15 @@ from .errors import HeadscanError
 from .tables import TABLES, SweepTables, load
 
 __all__ = ["__version__", "HeadscanError", "METRICS", "TABLES", "SweepTables", "SweepConfig", "RetrievalConfig", "load",
-           "load_model", "merge", "retrieval", "sweep"]
+           "load_model", "merge", "report", "retrieval", "sweep"]
 
 # Loaded on first use: these import torch and transformers.
 _LAZY = {"sweep": "headscan.scan", "merge": "headscan.scan", "retrieval": "headscan.scan", "load_model": "headscan.models", "METRICS": "headscan.metrics"}
 
 
 def __getattr__(name):
+    if name == "report":  # the package headscan.report, callable as write_report (it imports matplotlib)
+        return importlib.import_module("headscan.report")
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'headscan' has no attribute {name!r}")

@@ -17,10 +17,10 @@ import pytest
 from conftest import CHROMIUM_FLAGS, playwright_or_skip
 
 from headscan import load
+from headscan.analysis.runs import merge_runs
 from headscan.report import atlas
 from headscan.report.document import Document, Heading, Raw, to_html
 from headscan.report.examples import Examples, HeadPatterns
-from headscan.analysis.runs import merge_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 EWT_RUN = ROOT / "reports" / "runs" / "ewt-dev"
@@ -243,3 +243,40 @@ def test_atlas_works_in_headless_chromium(atlas_page, tmp_path):
     assert errors == []
     assert [url for url in requests if not url.startswith(("file://", "data:"))] == []
     assert time.monotonic() - started < 60
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("with_atlas", [True, False], ids=["with the atlas", "without"])
+def test_tables_sort_by_a_click_with_the_page_script_once(ewt, with_atlas, tmp_path):
+    """The page's one script (headscan/data/atlas.js) sorts tables: held by the atlas where there is one, else
+    added at the end of the page; either way each table is wired once, so one click sorts ascending."""
+    from headscan.report.document import Table, page_script
+
+    frame = pd.DataFrame({"head": ["L0H1", "L0H2", "L1H0", "L1H1"], "value": ["0.5", "–", "0.25", "10"]})
+    blocks = [Heading(1, "page"), *([Raw(atlas.atlas_html(ewt))] if with_atlas else []),
+              Table(frame, numeric=("value",), sortable=True)]
+    page_file = tmp_path / "index.html"
+    page_file.write_text(to_html(Document("page", blocks)), encoding="utf-8")
+    assert page_file.read_text(encoding="utf-8").count(page_script()) == 1
+    sync_playwright = playwright_or_skip()
+    with sync_playwright() as p:
+        browser = p.chromium.launch_persistent_context(
+            str(tmp_path / "profile"), executable_path=shutil.which("chromium"), headless=True,
+            args=CHROMIUM_FLAGS, viewport={"width": 1280, "height": 900})
+        try:
+            page = browser.new_page()
+            errors = []
+            page.on("pageerror", lambda error: errors.append(str(error)))
+            page.goto(page_file.as_uri())
+            if with_atlas:
+                page.wait_for_selector("#atlas.ready", timeout=20_000)
+            heading = page.locator("table.sortable th.num")
+            heads = page.locator("table.sortable tbody td:first-child")
+            heading.click()  # numbers as numbers, "–" last
+            assert heading.get_attribute("aria-sort") == "ascending"
+            assert heads.all_inner_texts() == ["L1H0", "L0H1", "L1H1", "L0H2"]
+            heading.click()
+            assert heads.all_inner_texts() == ["L1H1", "L0H1", "L1H0", "L0H2"]
+        finally:
+            browser.close()
+    assert errors == []

@@ -6,18 +6,19 @@ side by side at the same height (so rows line up by relative depth). Hovering a 
 interval; clicking it opens a panel with all its scores, intervals and ranks, its offset profile, its roles,
 its rows in any other table, and its attention on the example sentences. A search box finds a head by label.
 
-A checkpoint series (two steps or more, as `headscan.report.series.report_steps` finds them for the section "Heads
-over training") is one grid with a slider over its steps, the last step first; an open panel follows the slider
-to the same head, and the search looks only at the checkpoint shown. Where a run has similarity.parquet, each
-model's head map (`headscan.analysis.families.head_map`, as the section "Head families" draws it) is under its
-grid, its points coloured as their cells, and the grid can be coloured by head family: the section's clusters,
-largest first, a head alike no other light grey; the panel and the tooltip name the head's cluster by the
-section's number, and its members.
+A checkpoint series (two steps or more, as `report_steps` finds them for the section "Heads over training") is one
+grid with a slider over its steps, the last step first; an open panel follows the slider to the same head, and the
+search looks only at the checkpoint shown. Where a run has similarity.parquet, each model's head map
+(`headscan.analysis.families.head_map`, as the section "Head families" draws it) is under its grid, its points
+coloured as their cells, and the grid can be coloured by head family: the section's clusters, largest first, a head
+alike no other light grey; the panel and the tooltip name the head's cluster by the section's number, and its
+members.
 
 This module computes what the atlas shows (`head_roles`, `head_ranks`, `atlas_data`) and wraps it, with the
-page's script and style (``headscan/data/atlas.js``, ``atlas-panel.js`` and ``atlas.css``), into one HTML fragment
-(`atlas_html`): inline JavaScript and CSS, the data as embedded JSON, no network, so the page works from
-``file://``. Roles and ranks are computed here, not in the browser, so tests check them number by number.
+page's script and style (``headscan/data/atlas.js``, `headscan.report.document.page_script`, and ``atlas.css``),
+into one HTML fragment (`atlas_html`): inline JavaScript and CSS, the data as embedded JSON, no network, so the
+page works from ``file://``. Roles and ranks are computed here, not in the browser, so tests check them number by
+number.
 
 This module draws no PNG (see `headscan.plots`), lays out no section (see `headscan.report`) and loads no
 model (see `headscan.report.examples`).
@@ -43,10 +44,10 @@ from ..analysis.claims import why_not
 from ..analysis.importance import effects
 from ..analysis.ranking import fmt_bucket, striking_of, striking_order, why_structural
 from ..analysis.roles import ROLES, Role, head_roles, role_rules  # noqa: F401  (Role, role_rules: re-exported)
+from ..analysis.series import checkpoint_steps
 from ..analysis.syntax import direction_text, offset_text, relation_order
 from ..metrics import METRICS
-from .families import shown as families_shown
-from .series import report_steps
+from .document import page_script
 
 if TYPE_CHECKING:
     from ..analysis.runs import Comparison
@@ -61,6 +62,20 @@ _ALONE = "#ececec"  # colour by head family: a head alike no other (a cluster of
 # colour by head family: one colour per cluster, largest first (tab20 without its greys: dark ones, then light ones)
 _TAB20 = sns.color_palette("tab20", 20).as_hex()
 _FAMILY_COLOURS = [c for c in _TAB20[0::2] + _TAB20[1::2] if c not in ("#7f7f7f", "#c7c7c7")]
+
+
+def families_shown(comparison: Comparison) -> bool:
+    """Whether any run holds a similarity table with values: the atlas's head maps and the section "Head families"
+    (`headscan.report.sections.families`) are drawn only then."""
+    return "similarity" in comparison.frames and comparison["similarity"]["value"].notna().any()
+
+
+def report_steps(comparison: Comparison) -> pd.DataFrame:
+    """``model, series, step`` of the report's checkpoints, for series of two steps or more: the atlas's sliders and
+    the section "Heads over training" (`headscan.report.sections.training`) show these."""
+    steps = checkpoint_steps([m.provenance for m in comparison.models], [m.name for m in comparison.models])
+    sizes = steps.groupby("series")["step"].transform("nunique") if len(steps) else steps["step"]
+    return steps[sizes >= 2].reset_index(drop=True)
 
 
 def head_ranks(heads: pd.DataFrame) -> pd.DataFrame:
@@ -158,8 +173,7 @@ def _model_metrics(comparison: Comparison, m, rows: pd.DataFrame, ranks: pd.Data
             "value": _grid(part, "value", n_layers, n_heads),
             "low": _grid(part, "ci_low", n_layers, n_heads),
             "high": _grid(part, "ci_high", n_layers, n_heads),
-            "chance": _grid(part.assign(chance=part["chance"] if "chance" in part else np.nan), "chance", n_layers,
-                            n_heads),
+            "chance": _grid(part.assign(chance=part.get("chance", np.nan)), "chance", n_layers, n_heads),
             # why a head's row cannot carry a claim, by index; heads absent here may carry one
             "unsupported": {str(int(layer * n_heads + head)): reason for layer, head, reason in
                             zip(defined["layer"], defined["head"], reasons) if reason},
@@ -273,8 +287,8 @@ def _patterns(examples: Examples | None, name: str) -> list[dict]:
 
 
 def _series(comparison: Comparison) -> list[dict]:
-    """Each checkpoint series of the report (`headscan.report.series.report_steps`, as the section "Heads over
-    training" finds them): its name, steps and models (indices into the atlas's models), by step."""
+    """Each checkpoint series of the report (`report_steps`, as the section "Heads over training" finds
+    them): its name, steps and models (indices into the atlas's models), by step."""
     steps = report_steps(comparison)
     index = {m.name: i for i, m in enumerate(comparison.models)}
     return [{"name": str(name), "steps": [int(s) for s in part["step"]], "models": [index[m] for m in part["model"]]}
@@ -361,15 +375,6 @@ def _resource(name: str) -> str:
     return resources.files("headscan").joinpath(f"data/{name}").read_text(encoding="utf-8")
 
 
-# The atlas script, in the order its parts run: one closure, so the second reads the first's variables
-SCRIPT_PARTS = ("atlas.js", "atlas-panel.js")
-
-
-def _script() -> str:
-    """The atlas script: its parts in one strict-mode closure (nothing leaks into the page's globals)."""
-    return '(function () {\n"use strict";\n' + "\n".join(_resource(name) for name in SCRIPT_PARTS) + "})();\n"
-
-
 # Characters that may start markup inside a <script> element, as JSON escapes: "<!--<script>" in the data (web
 # text, a user's --example) would otherwise put the parser in its escaped state, where "</script>" stops closing.
 _SCRIPT_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})
@@ -414,7 +419,7 @@ def atlas_html(comparison: Comparison, examples: Examples | None = None) -> str:
         'below.</p></noscript>'
         f'<script type="application/json" id="atlas-data">{data}</script>'
         f"<style>{_resource('atlas.css')}</style>"
-        f"<script>{_script()}</script>"
+        f"<script>{page_script()}</script>"
         "</section>"
     )
 

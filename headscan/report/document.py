@@ -5,7 +5,7 @@ A `Document` is a title, blocks (`Heading`, `Text`, `Note`, `Bullets`, `Table`, 
 self-contained page (images embedded as data URIs, scripts inline, no external link: it works from
 ``file://``); `to_markdown` writes the same text with each image linked as ``figures/NAME``; `write_folder`
 puts both, and the images, in one folder, all at once. Text is plain except for `code` spans in backticks.
-A `Table` marked sortable sorts by a click on a column's heading in HTML (one small inline script); a `Raw`
+A `Table` marked sortable sorts by a click on a column's heading in HTML (`page_script`, inline); a `Raw`
 block is a piece of HTML for the page only (an interactive figure), with what Markdown shows instead.
 
 This module knows nothing of heads, metrics or models, and draws nothing: `headscan.report` lays out the
@@ -46,8 +46,8 @@ import inspect
 import os
 import re
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
-from typing import Union
 
 import pandas as pd
 
@@ -125,7 +125,7 @@ class Raw:
     markdown: str = ""  # what report.md shows in its place (plain text with `code` spans); nothing when empty
 
 
-Block = Union[Heading, Text, Note, Bullets, Table, Panels, Figures, Definition, Contents, Raw]
+Block = Heading | Text | Note | Bullets | Table | Panels | Figures | Definition | Contents | Raw
 
 
 @dataclass
@@ -252,74 +252,17 @@ def _png_size(data: bytes) -> tuple[int, int]:
 
 # --- HTML -------------------------------------------------------------------------------------------------
 
-CSS = """
-:root{--ink:#1f2328;--muted:#59636e;--line:#d8dee4;--soft:#f6f8fa}
-*{box-sizing:border-box}
-body{margin:0;font:15px/1.55 system-ui,-apple-system,"Segoe UI",Roboto,"Helvetica Neue",Arial,sans-serif;color:var(--ink);background:#fff}
-main{max-width:1180px;margin:0 auto;padding:28px 36px 80px}
-h1{font-size:1.9em;margin:0 0 .2em}
-h2{font-size:1.4em;margin:2.2em 0 .6em;padding-bottom:.25em;border-bottom:1px solid var(--line)}
-h3{font-size:1.1em;margin:1.6em 0 .4em}
-p,li{max-width:78ch}
-code{font:.88em ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;background:var(--soft);padding:.05em .3em;border-radius:4px}
-nav.toc{display:inline-block;background:var(--soft);border:1px solid var(--line);border-radius:8px;padding:.5em 1.6em .7em 1em;margin:.8em 0}
-nav.toc h2{font-size:1em;border:0;margin:.2em 0;padding:0}
-nav.toc ol{margin:.2em 0;padding-left:1.4em}
-a{color:#0969da;text-decoration:none}a:hover{text-decoration:underline}
-table{border-collapse:collapse;margin:.6em 0 1.2em;font-size:.88em}
-th,td{padding:.3em .75em;border-bottom:1px solid var(--line);text-align:left;vertical-align:top}
-th{background:var(--soft);font-weight:600}
-td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
-table.sortable th{cursor:pointer;user-select:none}
-table.sortable th:after{content:" \\2195";color:#afb8c1;font-weight:400}
-table.sortable th[aria-sort=ascending]:after{content:" \\25B2";color:var(--ink)}
-table.sortable th[aria-sort=descending]:after{content:" \\25BC";color:var(--ink)}
-.scroll{overflow-x:auto}
-.note{border-left:4px solid #d4a72c;background:#fff8c5;padding:.6em 1em;border-radius:0 6px 6px 0;max-width:78ch}
-.panels{display:grid;grid-template-columns:repeat(auto-fill,minmax(520px,1fr));gap:4px 28px}
-.panels table{width:100%}
-.panels td{white-space:nowrap}
-.gallery{display:flex;flex-wrap:wrap;gap:14px;align-items:flex-start}
-figure{margin:.8em 0 1.4em}
-figure img{display:block;max-width:100%;height:auto;border:1px solid var(--line);border-radius:6px}
-figcaption{font-size:.86em;color:var(--muted);margin-top:.4em;max-width:90ch}
-dl dt{margin-top:1.2em;font-weight:600}dl dd{margin:.3em 0 0 1.4em}
-.muted{color:var(--muted)}
-@media print{main{max-width:none;padding:0}nav.toc{display:none}h2{break-before:auto}figure,table{break-inside:avoid}}
-""".strip()
+def _resource(name: str) -> str:
+    return resources.files("headscan").joinpath(f"data/{name}").read_text(encoding="utf-8")
 
 
-# Sorts a table.sortable by the clicked column: numbers as numbers ("–" and blanks last), text as text.
-SORT_SCRIPT = """
-document.querySelectorAll("table.sortable").forEach(function (table) {
-  table.querySelectorAll("th").forEach(function (th, column) {
-    th.tabIndex = 0;
-    function sort() {
-      var up = th.getAttribute("aria-sort") !== "ascending";
-      table.querySelectorAll("th").forEach(function (other) { other.removeAttribute("aria-sort"); });
-      th.setAttribute("aria-sort", up ? "ascending" : "descending");
-      var numeric = th.classList.contains("num"), body = table.tBodies[0];
-      var rows = Array.prototype.slice.call(body.rows);
-      function key(row) {
-        var text = row.cells[column] ? row.cells[column].textContent.trim() : "";
-        if (!numeric) return text;
-        var number = parseFloat(text.replace(/[^0-9eE+.-]/g, ""));
-        return isNaN(number) ? null : number;
-      }
-      rows.sort(function (a, b) {
-        var x = key(a), y = key(b);
-        if (x === null || x === "") return y === null || y === "" ? 0 : 1;
-        if (y === null || y === "") return -1;
-        var order = numeric ? x - y : x.localeCompare(y);
-        return up ? order : -order;
-      });
-      rows.forEach(function (row) { body.appendChild(row); });
-    }
-    th.addEventListener("click", sort);
-    th.addEventListener("keydown", function (event) { if (event.key === "Enter") sort(); });
-  });
-});
-""".strip()
+CSS = _resource("report.css").strip()  # the page's style
+
+
+def page_script() -> str:
+    """The page's script (``headscan/data/atlas.js``): it makes tables sortable and draws the head atlas, where the
+    page has one. One strict-mode function: it leaves nothing in the page's globals."""
+    return _resource("atlas.js")
 
 
 def _table_html(block: Table) -> str:
@@ -411,8 +354,9 @@ def to_html(document: Document, *, image_scale: float = 1.0) -> str:
         body.append("</dl>")
     sortable = any(isinstance(b, Table) and b.sortable for b in document.blocks) or any(
         isinstance(b, Panels) and any(t.sortable for _, t in b.items) for b in document.blocks)
-    if sortable:
-        body.append(f"<script>{SORT_SCRIPT}</script>")
+    script = page_script()
+    if sortable and not any(isinstance(b, Raw) and script in b.html for b in document.blocks):  # the atlas holds it
+        body.append(f"<script>{script}</script>")
     joined = "\n".join(body)
     return (
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"

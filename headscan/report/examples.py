@@ -1,7 +1,7 @@
 """Example attention for a report: which heads of each model to show, and every head's pattern on a sentence.
 
 This is the one report-side module that loads models (`headscan.models.load_model`) and runs them
-(`every_layer`: one forward pass per sentence, every layer's pattern read by `HookedModel.pattern_forward`).
+(`every_layer`: one forward pass per sentence, every layer's pattern read by `headscan.models.pattern_forward`).
 The report only draws what `compute_examples` hands it, so writing a report never loads a model.
 ``headscan report`` calls it unless ``--no-models``; from Python::
 
@@ -27,8 +27,8 @@ import numpy as np
 import pandas as pd
 
 from .. import models
-from ..analysis.ranking import top_heads
 from ..analysis.formats import code
+from ..analysis.ranking import top_heads
 from ..analysis.runs import Comparison, merge_runs
 from ..config import control_name, split_control
 from ..corpus.segment import Segment
@@ -236,7 +236,7 @@ def every_layer(model, text: str) -> tuple[tuple[str, ...], np.ndarray]:
         return hook
 
     batch = torch.tensor([ids], dtype=torch.long)
-    with model.pattern_forward({layer: hook_for(layer) for layer in range(model.n_layers)}) as forward:
+    with models.pattern_forward(model, {layer: hook_for(layer) for layer in range(model.n_layers)}) as forward:
         forward(batch.to(model.device), torch.ones_like(batch).to(model.device))
     # one id at a time: readable labels ("cat", not byte-level BPE's "Ġcat"), whitespace shown quoted
     words = [model.tokenizer.decode([token]) for token in ids]

@@ -16,7 +16,7 @@ from ..analysis.runs import run_names
 from ..errors import ConfigError
 from ..tables import SweepTables, folders
 from .document import FOLDER_FILES
-from .sections import name_part
+from .figures import name_part
 
 __all__ = ["check_report_options", "check_runs", "report_folder"]
 

@@ -11,19 +11,18 @@ from __future__ import annotations
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ..analysis import movement
-from ..analysis.runs import Comparison
-from ..plots import heatmaps as figures
-from ..plots import profiles as charts
-from ..plots.style import SIGNED_CMAP, model_palette
-from .document import Bullets, Figures, Heading, Table, Text
-from .sections import ANNOTATE_TOP, MAX_WIDTH, Pngs, fmt_cell, heatmap_rows
+from ...analysis import movement
+from ...analysis.runs import Comparison
+from ...plots import heatmaps, profiles
+from ...plots.style import SIGNED_CMAP, model_palette
+from ..document import Bullets, Figures, Heading, Table, Text
+from ..figures import ANNOTATE_TOP, MAX_WIDTH, Pngs, fmt_cell, heatmap_rows
+from . import Context, register_section
 
 __all__ = ["movement_section"]
 
 COPYING_TOP = 3  # copying heads named per model
 DLA_TOP = 5  # heads per model in the direct logit attribution table
-
 
 
 def _value_part(comparison: Comparison, palette: dict, pngs: Pngs) -> list:
@@ -62,8 +61,8 @@ def _value_part(comparison: Comparison, palette: dict, pngs: Pngs) -> list:
         for (left, right), metric in zip(axes, shown):
             pairs = movement.layer_pairs(heads, value, metric=metric)
             colours = {**model_palette(list(dict.fromkeys(pairs["model"]))), **palette}
-            charts.value_weighting_by_depth(pairs, ax=left, palette=colours, metric=metric)
-            charts.value_weighting_scatter(movement.paired(heads, value, metric=metric), ax=right, palette=colours,
+            profiles.value_weighting_by_depth(pairs, ax=left, palette=colours, metric=metric)
+            profiles.value_weighting_scatter(movement.paired(heads, value, metric=metric), ax=right, palette=colours,
                                            metric=metric)
             right.set_title(f"{metric}: one point per head")
         name = pngs.add("value_weighted_sinks.png", fig)
@@ -122,7 +121,7 @@ def _copying_part(comparison: Comparison, pngs: Pngs) -> list:
     drawable = [(m.name, rows[rows["model"] == m.name]) for m in comparison.models if (rows["model"] == m.name).any()]
 
     def draw(part, model, ax, cbar):
-        figures.value_heatmap(part, model=model, ax=ax, vmin=-1.0, vmax=1.0, cmap=SIGNED_CMAP, center=0.0,
+        heatmaps.value_heatmap(part, model=model, ax=ax, vmin=-1.0, vmax=1.0, cmap=SIGNED_CMAP, center=0.0,
                               label="OV copying score", annotate_top=ANNOTATE_TOP, cbar=cbar,
                               title=f"{model} ({comparison.model(model).family})")
 
@@ -194,3 +193,10 @@ def movement_section(comparison: Comparison, palette: dict, pngs: Pngs) -> list:
             *parts]
 
 
+def _moves(comparison: Comparison) -> bool:
+    return bool({"value", "weights"} & set(comparison.frames)) or "dla" in comparison.metrics
+
+
+@register_section("what heads move", order=120, shown=_moves)
+def what_heads_move(context: Context) -> list:
+    return movement_section(context.comparison, context.palette, context.pngs)

@@ -10,22 +10,19 @@ from __future__ import annotations
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ..analysis import families
-from ..analysis.runs import Comparison
-from ..plots import families as plots
-from .document import Bullets, Figures, Heading, Note, Table, Text
-from .sections import MAX_WIDTH, Pngs
+from ...analysis import families
+from ...analysis.runs import Comparison
+from ...plots.families import head_map as draw_head_map
+from ..atlas import families_shown
+from ..document import Bullets, Figures, Heading, Note, Table, Text
+from ..figures import MAX_WIDTH, Pngs
+from . import Context, register_section
 
-__all__ = ["shown", "families_section"]
+__all__ = ["families_section"]
 
 PANEL = 3.4  # inches per panel
 LISTED = 12  # clusters listed per model
 MEMBERS = 16  # member heads named per cluster; the rest are counted
-
-
-def shown(comparison: Comparison) -> bool:
-    """Whether any run holds a similarity table with values."""
-    return "similarity" in comparison.frames and comparison["similarity"]["value"].notna().any()
 
 
 def _sample_line(comparison: Comparison, model: str, mapped: pd.DataFrame) -> str:
@@ -74,7 +71,7 @@ def _across_part(comparison: Comparison) -> list:
 
 def families_section(comparison: Comparison, pngs: Pngs) -> list:
     """Head families: the map of each model's heads by layer and by pattern type, the clusters, the pattern types."""
-    if not shown(comparison):
+    if not families_shown(comparison):
         return []
     similarity = comparison["similarity"]
     models = [m.name for m in comparison.models if (similarity["model"] == m.name).any()]
@@ -103,8 +100,8 @@ def families_section(comparison: Comparison, pngs: Pngs) -> list:
     fig = Figure(figsize=(min(MAX_WIDTH, 2 * PANEL + 0.8), PANEL * len(models)), layout="constrained")
     axes = fig.subplots(len(models), 2, squeeze=False)
     for row, model in zip(axes, models):
-        plots.head_map(mapped, model=model, hue="layer", ax=row[0])
-        plots.head_map(mapped, model=model, hue="pattern_type", ax=row[1])
+        draw_head_map(mapped, model=model, hue="layer", ax=row[0])
+        draw_head_map(mapped, model=model, hue="pattern_type", ax=row[1])
     name = pngs.add("head_families.png", fig)
     blocks.append(Figures([name], "Each model's heads placed by how alike they attend (near: similar attention), "
                                   "coloured by layer (left) and by pattern type (right); numbers are clusters."))
@@ -127,3 +124,8 @@ def families_section(comparison: Comparison, pngs: Pngs) -> list:
         blocks += [Heading(3, "Pattern types"),
                    Table(counts, numeric=tuple(c for c in counts.columns if c != "model"), note="Heads per pattern type (Kovaleva et al. 2019). " + families.PATTERN_RULE)]
     return blocks
+
+
+@register_section("head families", order=140, shown=families_shown)
+def head_families(context: Context) -> list:
+    return families_section(context.comparison, context.pngs)

@@ -11,24 +11,19 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from ..analysis.ranking import fmt_score
-from ..analysis.roles import role_for
-from ..analysis.runs import Comparison
-from ..analysis.series import checkpoint_steps, formation, formation_rule, with_steps
-from ..plots.series import trajectories
-from .document import Figures, Heading, Note, Table, Text
-from .sections import Pngs, name_part
+from ...analysis.ranking import fmt_score
+from ...analysis.roles import role_for
+from ...analysis.runs import Comparison
+from ...analysis.series import formation, formation_rule, with_steps
+from ...plots.series import trajectories
+from ..atlas import report_steps
+from ..document import Figures, Heading, Note, Table, Text
+from ..figures import Pngs, name_part
+from . import Context, register_section
 
 __all__ = ["series_section", "shown", "report_steps"]
 
 ALWAYS = ("prev_token", "induction")  # drawn for every series that has them; other metrics where a head forms
-
-
-def report_steps(comparison: Comparison) -> pd.DataFrame:
-    """``model, series, step`` of the report's checkpoints, for series of two steps or more."""
-    steps = checkpoint_steps([m.provenance for m in comparison.models], [m.name for m in comparison.models])
-    sizes = steps.groupby("series")["step"].transform("nunique") if len(steps) else steps["step"]
-    return steps[sizes >= 2].reset_index(drop=True)
 
 
 def shown(comparison: Comparison) -> bool:
@@ -81,3 +76,8 @@ def series_section(comparison: Comparison, pngs: Pngs) -> list:
         else:
             blocks.append(Note("No head forms a role by the rule above in this series."))
     return blocks
+
+
+@register_section("heads over training", order=150, shown=shown)
+def heads_over_training(context: Context) -> list:
+    return series_section(context.comparison, context.pngs)

@@ -11,11 +11,12 @@ from __future__ import annotations
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ..analysis import importance as matter
-from ..analysis.runs import Comparison
-from ..plots import importance as plots
-from .document import Bullets, Figures, Heading, Note, Table, Text
-from .sections import MAX_WIDTH, Pngs
+from ...analysis.importance import MATTERS, NEGLIGIBLE, STRIKING, agreement, matter_table
+from ...analysis.runs import Comparison
+from ...plots.importance import atp_against_exact, effect_against_pattern
+from ..document import Bullets, Figures, Heading, Note, Table, Text
+from ..figures import MAX_WIDTH, Pngs
+from . import Context, register_section
 
 __all__ = ["importance_section", "TARGET_UNITS"]
 
@@ -58,8 +59,8 @@ def _model_lines(comparison: Comparison, table: pd.DataFrame, scale_of: dict[str
         largest = f"{yardstick}'s largest effect" if yardstick else "the largest effect"
         lines.append(
             f"{model} (`{target}`; {how}): the largest effects are {named}. {int(part['matters'].sum())} of "
-            f"{len(part)} heads matter (interval clear of 0, at least {matter.MATTERS:.0%} of {largest}), "
-            f"{int(part['nil'].sum())} have none (interval within {matter.NEGLIGIBLE:.0%} of {largest} around 0)."
+            f"{len(part)} heads matter (interval clear of 0, at least {MATTERS:.0%} of {largest}), "
+            f"{int(part['nil'].sum())} have none (interval within {NEGLIGIBLE:.0%} of {largest} around 0)."
             + (f" Sample: {notes['sample']}." if notes.get("sample") else ""))
     return lines
 
@@ -81,35 +82,35 @@ def _flag_table(table: pd.DataFrame, single: bool) -> Table | Note:
     if single:
         frame = frame.drop(columns="model")
     return Table(frame, sortable=True,
-                 note=f"A striking pattern: the lower end of its interval at least {matter.STRIKING:g} of the head's "
-                      f"attention; no effect: the effect's whole interval within {matter.NEGLIGIBLE:.0%} of the "
+                 note=f"A striking pattern: the lower end of its interval at least {STRIKING:g} of the head's "
+                      f"attention; no effect: the effect's whole interval within {NEGLIGIBLE:.0%} of the "
                       f"model's largest effect around 0; an effect: its interval clear of 0 and at least "
-                      f"{matter.MATTERS:.0%} of the largest, with no pattern whose interval reaches "
-                      f"{matter.STRIKING:g}. Values resting on thin support flag nothing. Click a heading to sort.")
+                      f"{MATTERS:.0%} of the largest, with no pattern whose interval reaches "
+                      f"{STRIKING:g}. Values resting on thin support flag nothing. Click a heading to sort.")
 
 
 def _agreement_part(comparison: Comparison, pngs: Pngs) -> list:
     importance = comparison["importance"]
-    agreement = matter.agreement(importance)
-    agreement = agreement[agreement["heads"] > 0]
+    agreed = agreement(importance)
+    agreed = agreed[agreed["heads"] > 0]
     blocks: list = [Heading(3, "AtP against exact ablation"),
                     Text("Attribution patching (AtP) estimates every head's effect from one backward pass: the "
                          "gradient of the target at the head's output times the change the ablation makes, summed "
                          "over positions (Nanda 2023; Kramár et al. 2024). Where the sweep also ablated heads "
                          "exactly, the two are compared head by head.")]
-    if agreement.empty:
+    if agreed.empty:
         return blocks + [Note("No head was ablated exactly in these runs (sweep with --importance ablate), or the "
                               "target has no first-order estimate (hidden_change), so there is nothing to compare.")]
-    models = [m.name for m in comparison.models if (agreement["model"] == m.name).any()]
+    models = [m.name for m in comparison.models if (agreed["model"] == m.name).any()]
     fig = Figure(figsize=(min(MAX_WIDTH, PANEL * len(models) + 0.4), PANEL), layout="constrained")
     axes = fig.subplots(1, len(models), squeeze=False)[0]
     for ax, model in zip(axes, models):
-        plots.atp_against_exact(importance, model=model, ax=ax)
+        atp_against_exact(importance, model=model, ax=ax)
     name = pngs.add("atp_against_exact.png", fig)
-    frame = pd.DataFrame({"model": agreement["model"], "AtP": agreement["estimate"], "exact": agreement["exact"],
-                          "heads": agreement["heads"].astype(str),
-                          "Spearman": agreement["spearman"].map(lambda v: "–" if pd.isna(v) else f"{v:.2f}"),
-                          "top 10 shared": [f"{s} of {k}" for s, k in zip(agreement["top_shared"], agreement["top"])]})
+    frame = pd.DataFrame({"model": agreed["model"], "AtP": agreed["estimate"], "exact": agreed["exact"],
+                          "heads": agreed["heads"].astype(str),
+                          "Spearman": agreed["spearman"].map(lambda v: "–" if pd.isna(v) else f"{v:.2f}"),
+                          "top 10 shared": [f"{s} of {k}" for s, k in zip(agreed["top_shared"], agreed["top"])]})
     return blocks + [Figures([name], "Each head that has both: AtP's estimate of mean ablation (x) against the exact "
                                      "mean ablation (y); the dashed line is agreement."),
                      Table(frame, numeric=("heads", "Spearman"),
@@ -125,7 +126,7 @@ def importance_section(comparison: Comparison, pngs: Pngs) -> list:
     if "importance" not in comparison.frames or comparison["importance"]["value"].notna().sum() == 0:
         return []
     controls = {control: trained for trained, names in comparison.control_map().items() for control in names}
-    table = matter.matter_table(comparison.heads, comparison["importance"], scale_of=controls)
+    table = matter_table(comparison.heads, comparison["importance"], scale_of=controls)
     blocks: list = [
         Heading(2, "Does the head matter?"),
         Text("Where a head looks is not whether the model needs it. importance.parquet holds, per head, the change "
@@ -141,7 +142,7 @@ def importance_section(comparison: Comparison, pngs: Pngs) -> list:
     axes = fig.subplots(1, len(models), squeeze=False)[0]
     for ax, model in zip(axes, models):
         target = table.loc[table["model"] == model, "target"].iloc[0]
-        plots.effect_against_pattern(table, model=model, ax=ax, unit=TARGET_UNITS.get(target, target), legend=False)
+        effect_against_pattern(table, model=model, ax=ax, unit=TARGET_UNITS.get(target, target), legend=False)
     seen = {}  # one legend for the figure: every pattern any panel drew, not only the last panel's
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels()):
@@ -157,3 +158,8 @@ def importance_section(comparison: Comparison, pngs: Pngs) -> list:
                Heading(3, "Heads whose pattern and effect disagree"),
                _flag_table(table, single=len(comparison.models) == 1)]
     return blocks + _agreement_part(comparison, pngs)
+
+
+@register_section("does the head matter", order=130, shown=lambda comparison: "importance" in comparison.frames)
+def does_the_head_matter(context: Context) -> list:
+    return importance_section(context.comparison, context.pngs)

@@ -14,13 +14,14 @@ from __future__ import annotations
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ..analysis.ranking import fmt_score, thin
-from ..analysis.runs import Comparison
-from ..analysis.whole_context import RETRIEVAL_THRESHOLD, WU_SHARES, kv_budget, relations, retrieval_shares
-from ..plots import heatmaps as figures
-from ..plots import whole_context as charts
-from .document import Bullets, Figures, Heading, Note, Table, Text
-from .sections import ANNOTATE_TOP, MAX_WIDTH, Pngs, heatmap_rows, name_part
+from ...analysis.ranking import fmt_score, thin
+from ...analysis.runs import Comparison
+from ...analysis.whole_context import RETRIEVAL_THRESHOLD, WU_SHARES, kv_budget, relations, retrieval_shares
+from ...plots import heatmaps
+from ...plots.whole_context import kv_budget_curve, score_scatter
+from ..document import Bullets, Figures, Heading, Note, Table, Text
+from ..figures import ANNOTATE_TOP, MAX_WIDTH, Pngs, heatmap_rows, name_part
+from . import Context, register_section
 
 __all__ = ["whole_context_section", "shown"]
 
@@ -116,7 +117,7 @@ def _retrieval_part(comparison: Comparison, pngs: Pngs) -> list:
 
     def draw(part, name, ax, cbar):
         metric = str(part["metric"].iloc[0])
-        figures.head_heatmap(part, model=name, metric=metric, ax=ax, vmin=0.0, vmax=1.0, annotate_top=ANNOTATE_TOP,
+        heatmaps.head_heatmap(part, model=name, metric=metric, ax=ax, vmin=0.0, vmax=1.0, annotate_top=ANNOTATE_TOP,
                              cbar=cbar, title=f"{name}: {metric}")
 
     files = heatmap_rows(drawable, pngs, "retrieval", draw)
@@ -158,7 +159,7 @@ def _streaming_part(comparison: Comparison, pngs: Pngs) -> list:
                          + (f"; the heads that lose most: {named}." if named else "."))
 
     def draw(part, name, ax, cbar):
-        figures.head_heatmap(part, model=name, metric="streaming", ax=ax, vmin=0.0, vmax=1.0,
+        heatmaps.head_heatmap(part, model=name, metric="streaming", ax=ax, vmin=0.0, vmax=1.0,
                              annotate_top=ANNOTATE_TOP, cbar=cbar, title=f"{name}: streaming")
 
     files = heatmap_rows(drawable, pngs, "streaming", draw)
@@ -186,7 +187,7 @@ def _relations_part(comparison: Comparison, pngs: Pngs) -> list:
             continue
         fig = Figure(figsize=(min(3.2 * len(drawn), MAX_WIDTH), 3.2), layout="constrained")
         for ax, (x, y) in zip(fig.subplots(1, len(drawn), squeeze=False)[0], drawn):
-            charts.score_scatter(wide, x=x, y=y, model=model, ax=ax, title=f"{model}")
+            score_scatter(wide, x=x, y=y, model=model, ax=ax, title=f"{model}")
         files.append(pngs.add(f"whole_context_scatter_{name_part(model)}.png", fig))
     table = rho.assign(spearman=rho["spearman"].map(lambda v: f"{v:+.2f}"), heads=rho["heads"].astype(str))
     return blocks + [Figures(files, "Each head's scores against each other (the retrieval score is the gated one "
@@ -209,7 +210,7 @@ def _budget_part(comparison: Comparison, palette: dict, pngs: Pngs) -> list:
     if budget.empty:
         return []
     fig = Figure(figsize=(6.0, 4.0), layout="constrained")
-    charts.kv_budget_curve(budget, palette=palette, ax=fig.subplots())
+    kv_budget_curve(budget, palette=palette, ax=fig.subplots())
     rows = []
     for model, part in budget.groupby("model", sort=False):
         sink, recent, length = _settings(comparison, model)
@@ -233,3 +234,8 @@ def _budget_part(comparison: Comparison, palette: dict, pngs: Pngs) -> list:
             Figures([pngs.add("kv_budget.png", fig)], "Share of attention mass kept against the share of key/value "
                                                       "heads keeping the whole context."),
             Table(pd.DataFrame(rows)) if rows else Note("No budget keeps 90% of the attention mass by its band.")]
+
+
+@register_section("which heads need the whole context", order=110, shown=shown)
+def whole_context(context: Context) -> list:
+    return whole_context_section(context.comparison, context.palette, context.pngs)
