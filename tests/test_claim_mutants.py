@@ -76,8 +76,8 @@ def test_two_runs_are_apart_only_where_one_interval_ends_before_the_other_begins
 
 def test_a_retrieval_head_is_named_only_when_its_whole_interval_clears_the_threshold():
     from headscan.report.document import Bullets
-    from headscan.report.sections import Pngs
-    from headscan.report.whole_context import _retrieval_part
+    from headscan.report.figures import Pngs
+    from headscan.report.sections.whole_context import _retrieval_part
 
     def retrieval_row(head, value, low, high):
         return dict(model="m", family="causal", layer=0, head=head, label=f"L0H{head}", kv_group=head,
@@ -144,8 +144,8 @@ def test_an_effect_matters_only_when_its_interval_clears_zero():
 def test_the_largest_effects_are_named_by_size_whatever_their_sign():
     from headscan.analysis.runs import merge_runs
     from headscan.report.document import Bullets
-    from headscan.report.importance import importance_section
-    from headscan.report.sections import Pngs
+    from headscan.report.figures import Pngs
+    from headscan.report.sections.importance import importance_section
     from headscan.tables import RunProvenance, SweepTables
 
     effects = [(0.1, 0.05, 0.15), (-0.8, -0.9, -0.7), (0.3, 0.2, 0.4), (0.02, 0.01, 0.03), (-0.5, -0.6, -0.4)]
@@ -228,6 +228,7 @@ def test_an_interrupt_between_periodic_saves_stores_its_windows_and_resumes_bit_
     import signal
 
     from conftest import paragraph_corpus
+
     from headscan import tables
     from headscan.errors import SweepInterrupted
     from headscan.scan import PartialState, partial_folder, reduce, sweep
@@ -237,18 +238,18 @@ def test_an_interrupt_between_periodic_saves_stores_its_windows_and_resumes_bit_
     settings = dict(device="cpu", bootstrap=20, window=7, batch_size=4, save_every=3600.0, progress=False)
     whole = sweep(str(tiny_bert), corpus, tmp_path / "whole", **settings)
     out = tmp_path / "stopped"
-    add_window, added = reduce._add_window, []
+    count_window, added = reduce._count, []
 
     def interrupt_after_two(*args, **kwargs):
-        add_window(*args, **kwargs)
+        count_window(*args, **kwargs)
         added.append(1)
         if len(added) == 2:  # a real SIGINT, through the sweep's own handler
             os.kill(os.getpid(), signal.SIGINT)
 
-    monkeypatch.setattr(reduce, "_add_window", interrupt_after_two)
+    monkeypatch.setattr(reduce, "_count", interrupt_after_two)  # at the end of each window, once it is added
     with pytest.raises(SweepInterrupted, match="saved in"):
         sweep(str(tiny_bert), corpus, out, **settings)
-    monkeypatch.setattr(reduce, "_add_window", add_window)
+    monkeypatch.setattr(reduce, "_count", count_window)
     saved = PartialState.load(partial_folder(out) / f"{spec_stem(str(tiny_bert))}.npz")
     assert (saved.windows_done, saved.n_segments, saved.finished) == (2, 18, False)
     assert not out.exists()

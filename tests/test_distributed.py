@@ -10,14 +10,13 @@ import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner
-
 from conftest import assert_merged_equals_whole, missing, paragraph_corpus
+
 from headscan import tables
-from headscan.scan import cluster as distributed
 from headscan.cli import cli
 from headscan.errors import ConfigError, TablesError
-from headscan.scan import partial_folder, sweep
-from headscan.scan import PartialState, Shard
+from headscan.scan import PartialState, Shard, partial_folder, sweep
+from headscan.scan import cluster as distributed
 
 # One segment per forward pass: each segment's attention is then computed exactly as in the local sweep, so
 # what is left to compare is the merge's float64 sums in another order (see tests/test_jobs.py).
@@ -27,19 +26,26 @@ SETTINGS = dict(device="cpu", bootstrap=20, window=2, batch_size=1, bootstrap_un
 
 def test_states_from_ray_get_arrays_of_their_own():
     # Ray hands arrays over read-only; a resumed sweep adds into every total, the baseline and similarity too
+    from headscan.scan.importance import ImportanceState
+    from headscan.scan.passes.baseline import BaselineState
+    from headscan.scan.passes.similarity import SimilarityState
+
     state = PartialState.empty({"model": "m"}, Shard(0, 2), (2, 3, 4), 5)
-    state.baseline, state.similarity = np.ones((2, 4, 6)), np.ones((2, 6, 6))
+    state.passes = {"baseline": BaselineState(np.ones((2, 4, 6))), "similarity": SimilarityState(np.ones((2, 6, 6))),
+                    "importance": ImportanceState(np.ones((2, 3, 4)))}
     frozen = {}
-    for name, value in vars(state).items():
-        if isinstance(value, np.ndarray):
-            value.flags.writeable = False
-            frozen[name] = value
+    for owner, fields in [(None, vars(state))] + [(name, vars(own)) for name, own in state.passes.items()]:
+        for name, value in fields.items():
+            if isinstance(value, np.ndarray):
+                value.flags.writeable = False
+                frozen[(owner, name)] = value
     owned = distributed._owned(state)
-    for name, before in frozen.items():
-        after = getattr(owned, name)
-        assert after.flags.writeable and not np.shares_memory(after, before), name
+    for (owner, name), before in frozen.items():
+        after = getattr(owned if owner is None else owned.passes[owner], name)
+        assert after.flags.writeable and not np.shares_memory(after, before), (owner, name)
         np.testing.assert_array_equal(after, before)
-    assert {"baseline", "similarity", "replicate_power", "weights", "head_means"} <= set(frozen)
+    assert {("baseline", "sums"), ("similarity", "sums"), (None, "replicate_power"),
+            ("importance", "head_means")} <= set(frozen)
 
 @pytest.fixture(scope="module")
 def cluster():
@@ -221,8 +227,7 @@ def test_errors_are_one_line(models, corpus_file, tmp_path, monkeypatch):
 @pytest.mark.parametrize("kind", ["conllu", "repeat-random"])
 def test_a_ray_sweep_of_a_treebank_and_of_repeat_random_equals_a_local_sweep(kind, cluster, models, tmp_path):
     """Windows of 3 over 8 segments, a task per window: the syntax table with its baseline (the tiny BERT), and
-    repeat-random's tokens drawn per segment whatever task holds it (the tiny GPT-2), are the local sweep's
-    (issue 18)."""
+    repeat-random's tokens drawn per segment whatever task holds it (the tiny GPT-2), are the local sweep's."""
     from conftest import treebank_corpus
     from test_jobs import assert_merged_equals_whole
 
@@ -276,14 +281,17 @@ def test_a_workers_memory_is_the_models_weights_a_batchs_attention_and_the_proce
     from transformers import AutoModelForCausalLM
 
     from headscan.config import SweepConfig
+    from headscan.scan import budget
     from headscan.scan.ray_cluster import PROCESS_BYTES, worker_memory
 
     model = AutoModelForCausalLM.from_pretrained(tiny_gpt2)  # loaded for real: the parameters it holds
     parameters = sum(p.numel() for p in model.parameters())
     heads = model.config.n_head
     config = SweepConfig(batch_size=4, max_len=64, device="cpu")
-    # eager attention: scores, pattern and the metrics' two temporaries per head, plus the float mask, as float32
-    attention = 4 * 4 * 64 * 64 * (4 * heads + 1)
+    # eager attention, scored whole at this size: the model's scores and pattern and the metrics' temporaries,
+    # TEMPORARIES (batch, head, q, k) tensors in all, plus the float mask, as float32
+    assert 4 * 4 * heads * 64 * 64 <= budget.EAGER_LAYER_BYTES
+    attention = 4 * 4 * 64 * 64 * (budget.TEMPORARIES * heads + 1)
     # the weights twice: the model's, and what a sweep holds beside them (WEIGHT_COPIES)
     assert worker_memory(str(tiny_gpt2), config) == 2 * 4 * parameters + attention + PROCESS_BYTES
     half = SweepConfig(batch_size=4, max_len=64, device="cpu", dtype="bfloat16")
@@ -308,7 +316,7 @@ FLOAT32_U = 2.0**-24  # float32's unit roundoff
 
 def short_lines(folder, n_lines: int):
     """`n_lines` lines of 2 to 12 words (5 to 15 tokens with BOS), in paragraphs of 3."""
-    words = "the cat sat on a mat and then it ran far away from home".split()
+    words = ["the", "cat", "sat", "on", "a", "mat", "and", "then", "it", "ran", "far", "away", "from", "home"]
     lines = []
     for i in range(n_lines):
         lines.append(" ".join(words[: 2 + i % 11]))
@@ -376,7 +384,7 @@ def tiny_llama(tmp_path_factory):
 
 
 def test_sweeps_on_other_thread_counts_differ_by_float32_rounding_alone(tiny_llama, tmp_path):
-    """The README's bound for a Ray sweep, merged shards and a resumed sweep whose processes ran torch on other
+    """docs/distributed.md's bound for a Ray sweep, merged shards and a resumed sweep whose processes ran torch on other
     thread counts than the local sweep (a Ray worker on one thread against a local sweep on two)."""
     model, corpus = tiny_llama
     one = sweep_with_threads(1, model, corpus, None, **SETTINGS)

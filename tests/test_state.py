@@ -11,6 +11,9 @@ import pytest
 
 from headscan.errors import ConfigError, TablesError
 from headscan.intervals import MOMENT_TERMS, replicate_moments, unit_moments, variance_df
+from headscan.scan.importance import ImportanceState
+from headscan.scan.passes.baseline import BaselineState
+from headscan.scan.passes.weights import WeightsState
 from headscan.scan.state import FINGERPRINT_FIELDS, PartialState, Shard, fingerprint_differences, merge_states
 
 SHAPE = (2, 3, 4)  # (layer, head, column)
@@ -30,8 +33,9 @@ def shard_state(index: int, count: int = 3, seed: int = 0, replicates: int = 5) 
                          unit_moments(sums, counts), 0.5 * counts.sum(0), replicate_moments(weights, sums, counts),
                          windows_done=index + 1, finished=True, model={"name": "m"},
                          n_segments=4 + index, n_tokens=40 + index, n_truncated=index, n_tokens_lost=2 * index,
-                         seconds=1.5 + index, baseline=rng.uniform(0, 2, (2, 6, 5)),
-                         weights=np.full((1, 2, 3), 0.25), embedding="tied")
+                         seconds=1.5 + index,
+                         passes={"weights": WeightsState(np.full((1, 2, 3), 0.25), "tied", "embedding tied"),
+                                 "baseline": BaselineState(rng.uniform(0, 2, (2, 6, 5)))})
     state.units, state.draws = (sums, counts), weights  # kept for the hand computation below
     return state
 
@@ -50,12 +54,14 @@ def test_merged_shards_are_the_sums_by_hand():
                 for s, u in ((s, s.units) for s in states))  # sum_u w_bu (s^2, sc, c^2) by hand, shard by shard
     np.testing.assert_allclose(merged.replicate_power, power.swapaxes(0, 1), rtol=1e-12)
     np.testing.assert_allclose(merged.chance, 0.5 * counts.sum(0), rtol=1e-12)
-    np.testing.assert_allclose(merged.baseline, sum(s.baseline for s in states), rtol=1e-12)
-    np.testing.assert_array_equal(merged.weights, states[0].weights)  # read off the weights: once, not summed
+    np.testing.assert_allclose(merged.passes["baseline"].sums, sum(s.passes["baseline"].sums for s in states),
+                               rtol=1e-12)
+    # read off the weights: once, not summed
+    np.testing.assert_array_equal(merged.passes["weights"].scores, states[0].passes["weights"].scores)
     assert (merged.n_segments, merged.n_tokens, merged.n_truncated, merged.n_tokens_lost) == (15, 123, 3, 6)
     assert merged.seconds == pytest.approx(1.5 * 3 + 3)
     assert merged.shard is None and merged.fingerprint["shard"] is None and merged.finished
-    assert merged.embedding == "tied" and merged.model == {"name": "m"}
+    assert merged.passes["weights"].embedding == "tied" and merged.model == {"name": "m"}
     for state in states:  # the shards themselves are left as they were
         np.testing.assert_array_equal(state.sums, state.units[0].sum(0))
 
@@ -93,18 +99,24 @@ def test_fingerprint_differences_name_each_key_and_the_columns_last():
 
 def test_a_saved_state_loads_back_field_by_field(tmp_path):
     state = shard_state(1)
-    state.head_means = np.random.default_rng(2).normal(size=(2, 3, 4))  # (layer, head, d_head)
-    state.importance = {"target": "next_token_loss", "ablated": [[0, 1], [1, 2]], "sample": 7}
+    state.passes["importance"] = ImportanceState(np.random.default_rng(2).normal(size=(2, 3, 4)),  # (layer, head, d)
+                                                 {"target": "next_token_loss", "ablated": [[0, 1], [1, 2]], "sample": 7},
+                                                 "from the ablated layer on")
     path = tmp_path / "s" / "x.npz"
     state.save(path)
     back = PartialState.load(path)
-    assert back.importance == state.importance
-    for name in ("sums", "counts", "replicate_sums", "replicate_counts", "moments", "baseline", "weights",
-                 "head_means"):
+    for name in ("sums", "counts", "replicate_sums", "replicate_counts", "moments"):
         np.testing.assert_array_equal(getattr(back, name), getattr(state, name), err_msg=name)
     for name in ("fingerprint", "shard", "windows_done", "finished", "model", "n_segments", "n_tokens", "n_truncated",
-                 "n_tokens_lost", "seconds", "embedding"):
+                 "n_tokens_lost", "seconds"):
         assert getattr(back, name) == getattr(state, name), name
+    assert list(back.passes) == ["weights", "baseline", "importance"]  # registry order, whatever order they came in
+    for name, own in state.passes.items():  # each pass's dataclass, field by field
+        for key, value in vars(own).items():
+            if isinstance(value, np.ndarray):
+                np.testing.assert_array_equal(getattr(back.passes[name], key), value, err_msg=f"{name}.{key}")
+            else:
+                assert getattr(back.passes[name], key) == value, f"{name}.{key}"
     assert [p.name for p in path.parent.iterdir()] == ["x.npz"]  # no temporary file left beside it
 
 
@@ -175,16 +187,30 @@ def test_variance_df_is_read_off_the_replicates_power_sums_and_nan_without_them(
     assert np.isnan(state.values("percentile")["variance_df"]).all()
 
 
-def test_an_unsharded_state_and_one_without_baseline_or_weights_load(tmp_path):
+def test_an_unsharded_state_and_one_without_passes_load(tmp_path):
     state = shard_state(0)
     state.shard = None
     state.save(tmp_path / "whole.npz")
     assert PartialState.load(tmp_path / "whole.npz").shard is None
-    arrays = dict(np.load(tmp_path / "whole.npz"))
-    del arrays["baseline"], arrays["weights"]  # a state saved before the syntax and weights tables
-    np.savez(tmp_path / "old.npz", **arrays)
-    old = PartialState.load(tmp_path / "old.npz")
-    assert old.baseline.shape == (2, 0, 0) and old.weights.shape == (0, 0, 0)
+    state.passes = {}
+    state.save(tmp_path / "bare.npz")
+    assert PartialState.load(tmp_path / "bare.npz").passes == {}
+
+
+def test_a_state_with_a_pass_this_headscan_lacks_is_refused_in_one_line(tmp_path):
+    import json
+
+    path = tmp_path / "x.npz"
+    shard_state(0).save(path)
+    data = dict(np.load(path))
+    header = json.loads(data["header"].tobytes())
+    header["passes"]["tokens"] = {}
+    data["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
+    np.savez(path, **data)
+    with pytest.raises(TablesError, match=rf"^{path}: holds the state of a pass 'tokens' this headscan does not have "
+                                          r"\(it has weights, baseline, importance, similarity\); register that pass, "
+                                          r"or delete the state \(or pass --restart\) to start that part again$"):
+        PartialState.load(path)
 
 
 def _resaved(tmp_path, header=None, **arrays) -> Path:
@@ -230,8 +256,10 @@ def test_damaged_states_say_why(tmp_path):
     refused(_resaved(tmp_path, header=[1, 2]), "its header is not a JSON object")
     refused(_resaved(tmp_path, counts=np.zeros((1, 1, 1))), "its arrays do not fit together")
     refused(_resaved(tmp_path, replicate_counts=np.zeros((1, 1, 1, 1))), "its arrays do not fit together")
-    refused(_resaved(tmp_path, baseline=np.zeros((2, 3))), "its arrays do not fit together")
-    refused(_resaved(tmp_path, baseline=np.zeros((3, 6, 5))), "its arrays do not fit together")
+    refused(_resaved(tmp_path, **{"baseline.sums": np.zeros((2, 3))}), "pass baseline: its arrays do not fit together")
+    refused(_resaved(tmp_path, **{"baseline.sums": np.zeros((3, 6, 5))}), "pass baseline: its arrays do not fit "
+                                                                           "together")
+    refused(_resaved(tmp_path, **{"weights.scores": np.full((1, 2, 3), "x")}), "pass weights: <U1 not numbers")
     refused(_resaved(tmp_path, sums=np.array([{"a": 1}], dtype=object)), "ValueError")  # never unpickled
     (tmp_path / "cut.npz").write_bytes((tmp_path / "x.npz").read_bytes()[:100])
     refused(tmp_path / "cut.npz", "BadZipFile")
@@ -246,8 +274,10 @@ def test_a_state_saved_by_hand_in_another_layout_loads_as_the_sweep_adds_into_it
 
     state = shard_state(0)
     path = _resaved(tmp_path, replicate_sums=np.asfortranarray(state.replicate_sums.astype(np.float32)),
-                    counts=state.counts.astype(np.int64), baseline=np.asfortranarray(state.baseline))
+                    counts=state.counts.astype(np.int64),
+                    **{"baseline.sums": np.asfortranarray(state.passes["baseline"].sums)})
     loaded = PartialState.load(path)
+    state.baseline, loaded.baseline = state.passes["baseline"].sums, loaded.passes["baseline"].sums
     for name in ("replicate_sums", "counts", "baseline", "sums", "replicate_power"):
         array = getattr(loaded, name)
         assert array.dtype == np.float64 and array.flags.c_contiguous, name
@@ -258,17 +288,6 @@ def test_a_state_saved_by_hand_in_another_layout_loads_as_the_sweep_adds_into_it
     np.testing.assert_allclose(loaded.replicate_sums, state.replicate_sums + 1, rtol=1e-6)
     with pytest.raises(TablesError, match=r"\(sums \(<U1\) not numbers\); delete it"):
         PartialState.load(_resaved(tmp_path, sums=np.full(state.sums.shape, "x")))
-
-def test_headers_of_older_states_fill_what_they_lack(tmp_path):
-    """A header without n_tokens_lost or embedding (states saved before those were recorded): 0 tokens lost, and
-    the embedding read from the weights note of the model's provenance, else None."""
-    header = {k: v for k, v in shard_state(0).header().items() if k not in ("n_tokens_lost", "embedding")}
-    noted = header | {"model": {"weights": "embedding untied; folded: final norm gain into W_U"}}
-    state = PartialState.load(_resaved(tmp_path, header=noted))
-    assert state.n_tokens_lost == 0 and state.embedding == "untied"
-    assert PartialState.load(_resaved(tmp_path, header=header | {"model": {}})).embedding is None
-    assert PartialState.load(_resaved(tmp_path, header=header | {"model": {"weights": "not read: x"}})).embedding is None
-
 
 def test_an_empty_state_is_zeros_of_its_shape_for_its_shard():
     state = PartialState.empty(FINGERPRINT, Shard(1, 2), SHAPE, 7)
@@ -292,7 +311,7 @@ def test_a_state_of_an_older_version_is_refused_with_what_it_lacks(tmp_path):
     arrays["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
     del arrays["replicate_power"]
     np.savez(path, **arrays)
-    with pytest.raises(TablesError, match=r"version 2, this headscan reads 3 \(version 3 added the replicates' power "
+    with pytest.raises(TablesError, match=r"version 2, this headscan reads 4 \(version 3 added the replicates' power "
                                           r"sums.*\); delete it, or pass --restart"):
         PartialState.load(path)
 
@@ -304,3 +323,24 @@ def test_a_query_chunk_from_before_its_default_changed_is_named_with_the_flag_th
     assert fingerprint_differences(new, old)[0].endswith("(pass --query-chunk 64 to match the other run)")
     assert fingerprint_differences({"settings": {"query_chunk": 8}}, {"settings": {"query_chunk": 16}}) == [
         "settings.query_chunk: 8 != 16"]
+
+
+def test_a_state_saved_in_the_layout_before_passes_is_refused_in_one_line(tmp_path):
+    """Version 3 kept the weights, baseline, importance and similarity as arrays and header keys of the state
+    itself; such a file is refused with what it lacks and how to go on, never a traceback."""
+    import json
+
+    state = shard_state(0)
+    header = {k: v for k, v in state.header().items() if k != "passes"}
+    header |= {"state_version": 3, "embedding": "tied", "importance": {}}
+    path = tmp_path / "v3.npz"
+    np.savez(path, header=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8),
+             **{name: getattr(state, name) for name in ("sums", "counts", "replicate_sums", "replicate_counts",
+                                                        "moments", "chance", "replicate_power")},
+             baseline=state.passes["baseline"].sums, weights=state.passes["weights"].scores,
+             head_means=np.zeros((0, 0, 0)), similarity=np.zeros((2, 0, 0)))
+    with pytest.raises(TablesError) as refused:
+        PartialState.load(path)
+    assert str(refused.value) == (f"{path}: partial state version 3, this headscan reads 4 (version 4 added each "
+                                  f"pass's state under its own name, which an older state cannot supply); delete it, "
+                                  f"or pass --restart, to start that part again")

@@ -1,11 +1,10 @@
 """Eager or chunked: how much memory a layer's attention takes either way, and which one a sweep runs.
 
 ``attention="auto"`` goes chunked, where chunked mode reproduces the model's scores
-(`headscan.models.HookedModel.chunked_refusal`), once one layer's eager pattern passes `EAGER_LAYER_BYTES`: from
-there eager mode holds several whole patterns per layer where chunked mode holds a block of a few MiB, and chunked
-mode was measured no slower (README, "Long contexts"). It also goes chunked wherever eager mode's estimate passes
-the budget. The estimates are measured (benchmarks/long_context.py; README, "Speed": what each mode holds at
-4,096 tokens).
+(`headscan.models.chunked_refusal`), once one layer's eager pattern passes `EAGER_LAYER_BYTES`: from
+there eager mode holds the model's whole pattern (and its scores) where chunked mode holds a block of a few MiB, and chunked
+mode was measured no slower (docs/long-contexts.md). It also goes chunked wherever eager mode's estimate passes
+the budget. The estimates are measured (benchmarks/long_context.py; docs/speed.md: what each mode holds at 4,096 tokens).
 
 This module does not run models: it reads their shape.
 """
@@ -18,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..models.chunked import block_rows
-from ..models.forward import refused
+from ..models.forward import chunked_refusal, refused
 
 if TYPE_CHECKING:
     from ..models import HookedModel
@@ -26,22 +25,31 @@ if TYPE_CHECKING:
 __all__ = ["TEMPORARIES", "EAGER_LAYER_BYTES", "eager_bytes", "chunked_bytes", "default_budget_mib", "auto_mode",
            "choose"]
 
-# Eager mode holds, per layer at its peak, about this many (batch, head, q, k) float32 tensors: the bridge's scores
-# and pattern (both alive while the pattern hook runs), then the metrics' temporaries on top: the value-weighted
-# pattern, and the syntax metric's word attention products, each about a pattern's size at one word per token.
-# Measured on smollm2 over one 2,048-token EWT segment, CoNLL-U, every table: eager's whole-process peak over
-# chunked's, 1,070 MiB, is 7.4 patterns of 144 MiB (6.2 of 576 MiB at 4,096 tokens, plain text); see `eager_bytes`.
+# Eager mode holds, per layer at its peak, about this many (batch, head, q, k) float32 tensors where it scores a
+# layer's pattern whole: the bridge's scores and pattern, then the metrics' temporaries on top (the value-weighted
+# pattern, the syntax metric's word attention products, each about a pattern's size at one word per token).
+# Measured on smollm2 over one 2,048-token EWT segment, CoNLL-U, every table, scored whole: eager's
+# whole-process peak over chunked's, 1,070 MiB, was 7.4 patterns of 144 MiB; see `eager_bytes`.
 TEMPORARIES = 7
+# A layer past `EAGER_LAYER_BYTES` is scored over blocks of its query rows (headscan.scan.layers), so eager mode
+# holds only what the model's own attention does: its scores and its pattern, both alive during the softmax.
+# Measured at 4,096 tokens (smollm2, one segment): eager's peak over chunked's was 660 MiB, one pattern of 576 MiB
+# and the model's float mask (docs/speed.md).
+MODEL_HELD = 2
 
 
 def eager_bytes(n_heads: int, batch: int, seq: int) -> int:
-    """Estimated peak extra bytes of one layer in eager mode: `TEMPORARIES` float32 (batch, head, seq, seq)
-    tensors (the model's scores and pattern, the metrics' temporaries) plus the model's float mask.
+    """Estimated peak extra bytes of one layer in eager mode, plus the model's float mask: `TEMPORARIES` float32
+    (batch, head, seq, seq) tensors where the layer is scored whole; past `EAGER_LAYER_BYTES`, where it is scored
+    over blocks of its query rows, the model's `MODEL_HELD` tensors and one block's temporaries (`chunked_bytes`).
 
-    >>> eager_bytes(9, 1, 4096) // 2**20  # smollm2 at 4k tokens
-    4096
+    >>> eager_bytes(9, 1, 512) // 2**20, eager_bytes(9, 1, 4096) // 2**20  # smollm2 at 512 and 4k tokens
+    (64, 1295)
     """
-    return 4 * batch * seq * seq * (TEMPORARIES * n_heads + 1)
+    pattern, mask = 4 * batch * n_heads * seq * seq, 4 * batch * seq * seq
+    if pattern > EAGER_LAYER_BYTES:
+        return MODEL_HELD * pattern + mask + chunked_bytes(n_heads, batch, seq, None)
+    return TEMPORARIES * pattern + mask
 
 
 def chunked_bytes(n_heads: int, batch: int, seq: int, query_chunk: int | None) -> int:
@@ -67,10 +75,10 @@ def default_budget_mib(device: str) -> int:
 
 
 # Past this size one layer's eager pattern, and each of its temporaries, is handed out by glibc's malloc as fresh
-# pages and faulted in anew on every operation (its largest mmap threshold; README, "Speed"), while chunked mode
+# pages and faulted in anew on every operation (its largest mmap threshold; docs/speed.md), while chunked mode
 # keeps its blocks within `headscan.models.chunked.BLOCK_BYTES`: from here on chunked mode holds a fraction of
 # eager's memory and was measured no slower (smollm2, one segment: 1,024 tokens 77 s against 88 s; 4,096 tokens
-# 60-64 s against 136 s, 2.3 GB against 6.0 GB whole-process).
+# 72 s against 191 s, 2.2 GB against 2.9 GB whole-process).
 EAGER_LAYER_BYTES = 32 * 2**20
 
 
@@ -100,11 +108,11 @@ def choose(model: HookedModel, *, batch_size: int, max_len: int, budget_mib: int
     if attention == "eager":
         return "eager"
     if attention == "chunked":
-        reason = model.chunked_refusal()
+        reason = chunked_refusal(model)
         if reason is not None:
             raise refused(model, reason)
         return "chunked"
     budget = (budget_mib if budget_mib is not None else default_budget_mib(str(model.device))) * 2**20
     if auto_mode(model.n_heads, batch_size, max_len, budget) == "eager":
         return "eager"
-    return "chunked" if model.chunked_refusal() is None else "eager"
+    return "chunked" if chunked_refusal(model) is None else "eager"

@@ -56,7 +56,7 @@ from ..errors import ConfigError, HeadscanError, ModelLoadError, SweepInterrupte
 from ..tables import SweepTables
 from .controls import corpus_for, load_swept
 from .finish import publish, run_provenance
-from .plan import fingerprint, resolve_unit
+from .plan import plan_sweep
 from .ray_cluster import Cluster, choose_shards, connect, describe_resources, worker_memory, worker_resources
 from .reduce import accumulate
 from .resume import SAVE_EVERY, check_resumable, partial_folder, spec_stem, state_file, stop_requests
@@ -75,27 +75,31 @@ class ClusterError(HeadscanError):
 # --- the actor -----------------------------------------------------------------------------------------------
 
 
-def _owned(state: PartialState) -> PartialState:
-    """`state` with arrays of its own: Ray hands numpy arrays over read-only, in its shared object store, and a
-    resumed sweep adds into every total (the baseline and similarity sums too)."""
+def _owned(state):
+    """`state` (a `PartialState`, and each pass's state in it) with arrays of its own: Ray hands numpy arrays over
+    read-only, in its shared object store, and a resumed sweep adds into every total (the passes' sums too)."""
     for field in dataclasses.fields(state):
         value = getattr(state, field.name)
         if isinstance(value, np.ndarray):
             setattr(state, field.name, np.array(value))
+    for own in getattr(state, "passes", {}).values():
+        if dataclasses.is_dataclass(own):
+            _owned(own)
     return state
 
 
 class _Worker:
     """The actor on one worker: holds one loaded model at a time and sweeps the shards it is handed."""
 
-    def __init__(self, corpus: Corpus, config: SweepConfig, cwd: str | None, threads: int | None = None):
+    def __init__(self, corpus: Corpus, config: SweepConfig, cwd: str | None, threads: int | None = None,
+                 unit_why: str | None = None):
         if cwd and os.path.isdir(cwd):
             os.chdir(cwd)  # relative model paths mean what they meant to the driver
         if threads:  # the CPUs Ray gave this actor (Ray sets OMP_NUM_THREADS to them too; torch may have read it late)
             import torch
 
             torch.set_num_threads(threads)
-        self.corpus, self.config = corpus, config
+        self.corpus, self.config, self.unit_why = corpus, config, unit_why  # the unit resolved by the driver
         self.spec = self.model = None  # the name swept (a model or a control of one) and its loaded model
 
     def _load(self, spec: str):
@@ -118,9 +122,10 @@ class _Worker:
         """
         model = self._load(spec)
         corpus = corpus_for(spec, self.corpus, self.config)
+        plan = plan_sweep(model, corpus, self.config, shard, unit_why=self.unit_why)
         if state is not None:
             state = _owned(state)
-            check_resumable(state, fingerprint(model, corpus, self.config), shard, source, spec)
+            check_resumable(state, plan.fingerprint, shard, source, spec)
             if state.finished:
                 return state, model.device.type
         latest: dict[str, PartialState] = {}
@@ -129,7 +134,7 @@ class _Worker:
             latest["state"] = saved
 
         try:
-            state = accumulate(model, corpus, self.config, shard=shard, state=state, save=save,
+            state = accumulate(model, corpus, plan, state=state, save=save,
                                save_every=seconds, should_stop=lambda: "state" in latest)
         except SweepInterrupted:  # stopped before the next window: the state as of the last window's end
             state = latest["state"]
@@ -289,8 +294,8 @@ def sweep_on_ray(
     (default: `RETRIES`).
     """
     retries = RETRIES if retries is None else retries
-    config, why = resolve_unit(corpus, config)
-    unit_why = unit_why or why
+    if unit_why is None or config.bootstrap_unit == "auto":  # resolved once, by `headscan.scan.run.sweep`
+        raise ValueError("sweep_on_ray needs the config with its bootstrap unit resolved, and why (unit_why)")
     if shard is not None:
         raise ConfigError("shard: a sweep on Ray cuts the corpus into shards itself; run each --shard K/N without "
                           "--ray, or the whole corpus with --ray", setting="shard")
@@ -309,17 +314,7 @@ def sweep_on_ray(
 
         workers, resources = worker_resources(config, cluster, memory)
         count = count or shards or choose_shards(corpus.n_documents, len(corpus.segments), workers, config.batch_size)
-        tasks, finished = [], {spec: {} for spec in models}
-        for spec in models:
-            done = {k: (path, state) for k, (path, state) in saved[spec].items() if state.finished}
-            if done:  # one task checks, on the model itself, that the earlier run swept the same thing
-                k, (path, state) = next(iter(sorted(done.items())))
-                tasks.append(_Task(spec, state.shard, state, str(path)))
-                finished[spec] = {k: state for k, (_, state) in done.items()}
-            for k in range(count):
-                if k not in done:
-                    path, state = saved[spec].get(k, (None, None))
-                    tasks.append(_Task(spec, Shard(k, count), state, str(path) if path else "this run"))
+        tasks, finished = _tasks(models, saved, count)
         resumed = sum(map(len, saved.values()))
         heading = (f"sweeping {len(models)} model(s) in {count} shards on Ray ({cluster.address}): {workers} "
                    f"worker(s) of {describe_resources(resources)} each"
@@ -330,7 +325,8 @@ def sweep_on_ray(
         actor = ray.remote(_Worker).options(max_restarts=0, max_task_retries=0, **resources)
         corpus_ref = ray.put(_portable(corpus, cluster))
         threads = None if "num_gpus" in resources else resources["num_cpus"]
-        slots = [_Slot(lambda: actor.remote(corpus_ref, config, cwd, threads)) for _ in range(min(workers, len(tasks)))]
+        slots = [_Slot(lambda: actor.remote(corpus_ref, config, cwd, threads, unit_why))
+                 for _ in range(min(workers, len(tasks)))]
         try:
             with stop_requests() as should_stop:
                 skipped, devices, lost = _run(tasks, slots, finished, partial, shown, should_stop, save_every, retries,
@@ -353,6 +349,22 @@ def sweep_on_ray(
     provenance = dataclasses.replace(provenance, config=provenance.config | {"device": ", ".join(sorted(devices))},
                                      extra=provenance.extra | extra)
     return publish(totals, config, provenance, out, overwrite=overwrite, partial=partial)
+
+
+def _tasks(models: list[str], saved: _Saved, count: int) -> tuple[list[_Task], dict]:
+    """The tasks of a sweep in `count` shards, and the shards finished already (model -> shard index -> state)."""
+    tasks, finished = [], {spec: {} for spec in models}
+    for spec in models:
+        done = {k: (path, state) for k, (path, state) in saved[spec].items() if state.finished}
+        if done:  # one task checks, on the model itself, that the earlier run swept the same thing
+            k, (path, state) = next(iter(sorted(done.items())))
+            tasks.append(_Task(spec, state.shard, state, str(path)))
+            finished[spec] = {k: state for k, (_, state) in done.items()}
+        for k in range(count):
+            if k not in done:
+                path, state = saved[spec].get(k, (None, None))
+                tasks.append(_Task(spec, Shard(k, count), state, str(path) if path else "this run"))
+    return tasks, finished
 
 
 def _portable(corpus: Corpus, cluster: Cluster) -> Corpus:

@@ -1,7 +1,7 @@
 """Finishing a sweep: partial states into tables, with their provenance, published as one set.
 
 `finish` turns one model's finished `PartialState` into its tables (each score column's rows into its
-metric's table, and the weights table from the scores read off the weights); `publish` is the one step that
+metric's table, then each pass's tables: `headscan.scan.passes`); `publish` is the one step that
 the local sweep, `merge` and the Ray sweep share: finish every model, fill the run's provenance, put the
 models side by side and write them into the output folder, removing the partial states.
 
@@ -24,22 +24,16 @@ import pandas as pd
 from .. import __version__
 from ..config import IMPORTANCE_METHODS, SweepConfig
 from ..corpus import Corpus
-from ..metrics import METRICS, syntax
+from ..metrics import METRICS
 from ..models import resolve_device
-from ..tables import (TABLES, CorpusProvenance, ModelProvenance, RunProvenance, SweepTables, concat, head_columns,
-                      write)
-from .plan import columns_of, has_words, resolve_unit
-from .similarity import across_sums
+from ..tables import TABLES, CorpusProvenance, ModelProvenance, RunProvenance, SweepTables, concat, head_columns, write
+from .passes import PASSES
+from .passes.weights import WEIGHT_CHANCE, WEIGHT_METRICS, weights_frame
+from .plan import columns_of, has_words
 from .state import PartialState, Shard
 
-__all__ = ["WEIGHT_METRICS", "WEIGHT_CHANCE", "finish", "weights_frame", "similarity_frame", "swept_config", "model_provenance",
+__all__ = ["WEIGHT_METRICS", "WEIGHT_CHANCE", "finish", "weights_frame", "swept_config", "model_provenance",
            "run_provenance", "publish"]
-
-WEIGHT_METRICS = ("copying",)  # the rows of the weights table, in the order of PartialState.weights
-# Their chance (no corpus, so no null head): copying's is 0, the expected score of OV weights drawn with either
-# sign equally likely (negating W_V negates every eigenvalue). The weights table's description says so.
-WEIGHT_CHANCE = {"copying": 0.0}
-
 
 def finish(state: PartialState, config: SweepConfig) -> dict[str, pd.DataFrame]:
     """The tables of a finished state: each score column's rows go to its metric's table."""
@@ -57,8 +51,7 @@ def finish(state: PartialState, config: SweepConfig) -> dict[str, pd.DataFrame]:
     for index, (_, _, table_name) in enumerate(columns):
         by_table.setdefault(table_name, []).append(index)
     n_rows = n_layers * n_heads
-    # Rows of a table: by metric (registry order), then layer, head and the metric's axis; importance's by method
-    # and target first. A model fills one importance target: the others' columns are all empty and go.
+    # Rows of a table: by metric (registry order), then layer, head and the metric's axis.
     frames = {}
     for name, indices in by_table.items():
         # one frame per table, its columns' rows one after another (column, then layer and head), then sorted
@@ -76,85 +69,14 @@ def finish(state: PartialState, config: SweepConfig) -> dict[str, pd.DataFrame]:
         frame = pd.DataFrame(tiled | repeated | {column: np.moveaxis(array[..., indices], -1, 0).ravel()
                                                    for column, array in values.items()})
         keys = list(TABLES[name].keys)
-        if name == "importance":
-            frame = frame[frame["target"] == state.importance.get("target")]
-            order = ["method", "target", "layer", "head"]
-        else:
-            order = ["metric"] * ("metric" in keys) + ["layer", "head"] + [k for k in keys if k != "metric"]
+        order = ["metric"] * ("metric" in keys) + ["layer", "head"] + [k for k in keys if k != "metric"]
         frame = frame.sort_values(order, key=_registry_order, kind="stable")
-        if name == "syntax":  # the baseline among the offsets the model's queries can see
-            frame = syntax.attach_baseline(frame, state.baseline[0], state.baseline[1], causal=model.family == "causal")
+        for pass_name, own in state.passes.items():  # a pass completes or filters a score table (the baseline)
+            frame = PASSES[pass_name].shape_frame(own, name, frame, model.family)
         frames[name] = TABLES[name].conform(frame)
-    if state.weights.size:
-        frames["weights"] = weights_frame(per_head, state.weights, state.embedding)
-    if state.similarity.size:
-        frames["similarity"] = similarity_frame(per_head, state.similarity, len(state.model["similarity"]["segments"]))
+    for pass_name, own in state.passes.items():  # and writes tables of its own
+        frames |= PASSES[pass_name].frames(own, per_head)
     return frames
-
-
-def similarity_frame(per_head: dict, similarity: np.ndarray, n_sampled: int) -> pd.DataFrame:
-    """The similarity table of one model from its sums (2, layer * head, layer * head): every ordered pair of heads,
-    the diagonal included, head i's columns first, head j's as ``other_*``; value = summed divergence / queries."""
-    size = similarity.shape[-1]
-    i, j = np.meshgrid(np.arange(size), np.arange(size), indexing="ij")  # (head i, head j), flat over layer * head
-    i, j = i.ravel(), j.ravel()
-    head = {name: column if column is None or isinstance(column, str) else np.asarray(column)[i]
-            for name, column in per_head.items()}
-    sums, counts = similarity[0].ravel(), similarity[1].ravel()
-    nan = float("nan")
-    with np.errstate(invalid="ignore", divide="ignore"):
-        value = np.where(counts > 0, sums / counts, nan)
-    frame = pd.DataFrame(head | {
-        "other_layer": np.asarray(per_head["layer"])[j], "other_head": np.asarray(per_head["head"])[j],
-        "other_label": np.asarray(per_head["label"])[j], "value": value, "sum": sums, "count": counts,
-        "ci_low": nan, "ci_high": nan, "units": float(n_sampled), "top_unit_share": nan, "n_eff": nan,
-        "variance_df": nan, "thin": pd.NA, "chance": nan})
-    return TABLES["similarity"].conform(frame)
-
-
-def across_frame(states: Sequence[PartialState]) -> pd.DataFrame | None:
-    """similarity_across: every head of each model against every head of each later model of the sweep, over the
-    word queries of the similarity sample both kept (`headscan.scan.similarity.across_sums`); None where fewer
-    than two models kept word-level attention of the same texts (a shuffled-words control reads other texts)."""
-    kept = [state for state in states if state.word_attention
-            and state.fingerprint["model"].get("control") != "shuffled-words"]
-    frames = []
-    for n, first in enumerate(kept):
-        for second in kept[n + 1:]:
-            a, b = ModelProvenance.from_json(first.model), ModelProvenance.from_json(second.model)
-            sums, queries, segments = across_sums(first.word_attention, second.word_attention,
-                                                  causal="causal" in (a.family, b.family))
-            frames.append(_across_rows(first, a, second, b, sums, queries, segments))
-    if not frames:
-        return None
-    return TABLES["similarity_across"].conform(pd.concat(frames, ignore_index=True))
-
-
-def _across_rows(first: PartialState, a: ModelProvenance, second: PartialState, b: ModelProvenance, sums: np.ndarray,
-                 queries: int, segments: int) -> pd.DataFrame:
-    (la, ha, _), (lb, hb, _) = first.sums.shape, second.sums.shape
-    i, j = np.meshgrid(np.arange(la * ha), np.arange(lb * hb), indexing="ij")
-    i, j = i.ravel(), j.ravel()
-    group = ha // (a.n_kv_heads or ha)
-    nan = float("nan")
-    head = head_columns(a.name, a.family, i // ha, i % ha, (i % ha) // group)
-    return pd.DataFrame(head | {
-        "other_model": b.name, "other_layer": j // hb, "other_head": j % hb,
-        "other_label": [f"L{l}H{h}" for l, h in zip(j // hb, j % hb)],
-        "value": sums.ravel() / queries if queries else nan, "sum": sums.ravel(), "count": float(queries),
-        "ci_low": nan, "ci_high": nan, "units": float(segments), "top_unit_share": nan, "n_eff": nan,
-        "variance_df": nan, "thin": pd.NA, "chance": nan})
-
-
-def weights_frame(per_head: dict, scores: np.ndarray, embedding: str | None) -> pd.DataFrame:
-    """The weights table of one model: `scores` (weight metric, layer, head) in the order of `WEIGHT_METRICS`,
-    with nothing summed (sum, count and the interval NaN) and how the embedding was taken ("tied" or "untied")."""
-    nan = float("nan")
-    parts = [pd.DataFrame(per_head | {"metric": name, "value": scores[i].ravel(), "sum": nan, "count": nan,
-                                      "ci_low": nan, "ci_high": nan, "units": nan, "top_unit_share": nan,
-                                      "chance": WEIGHT_CHANCE.get(name, nan), "embedding": embedding})
-             for i, name in enumerate(WEIGHT_METRICS)]
-    return TABLES["weights"].conform(pd.concat(parts, ignore_index=True))
 
 
 def _registry_order(column: pd.Series) -> pd.Series:
@@ -174,7 +96,8 @@ def swept_config(state: PartialState, config: SweepConfig) -> SweepConfig:
 
 
 def model_provenance(state: PartialState, config: SweepConfig) -> ModelProvenance:
-    return ModelProvenance.from_json(state.model | {
+    notes = {key: value for name, own in state.passes.items() for key, value in PASSES[name].notes(own).items()}
+    return ModelProvenance.from_json(state.model | notes | {
         "n_segments": state.n_segments,
         "n_tokens": state.n_tokens,
         "n_truncated": state.n_truncated,
@@ -212,11 +135,9 @@ def _versions() -> dict:
 
 def run_provenance(corpus: Corpus, config: SweepConfig, models: Sequence[ModelProvenance] = (), *,
                    command: str | None = None, started: datetime | None = None, shard: Shard | None = None,
-                   unit_why: str | None = None) -> RunProvenance:
+                   unit_why: str) -> RunProvenance:
     """A run's provenance: how it was called, on what corpus, with which settings and versions (and `models`);
     `unit_why` says why the bootstrap resampled the unit it did (`headscan.scan.plan.resolve_unit`)."""
-    if unit_why is None:
-        config, unit_why = resolve_unit(corpus, config)
     return RunProvenance(
         headscan_version=__version__,
         git_revision=_git_revision(),
@@ -240,9 +161,8 @@ def publish(states: Sequence[PartialState], config: SweepConfig, provenance: Run
     parts = [SweepTables(finish(state, config)) for state in states]
     described = tuple(model_provenance(state, config) for state in states)
     tables = concat(parts, dataclasses.replace(provenance, models=described))
-    across = across_frame(states)
-    if across is not None:
-        tables.frames["similarity_across"] = across
+    for name in dict.fromkeys(name for state in states for name in state.passes):  # tables over every model
+        tables.frames.update(PASSES[name].across(list(states)))
     if out is not None:
         tables.path = write(tables, out, overwrite=overwrite, extra=extra)
         if partial is not None:

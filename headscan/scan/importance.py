@@ -14,12 +14,14 @@ gradient of the batch's target sum at every head's output, all heads at once), t
 ablated head and kind, each run from the ablated layer on where that was checked exact
 (`headscan.models.ablation.Surgery.check`).
 
-This module does not keep running totals or write tables (see `headscan.scan.reduce` and `headscan.scan.finish`).
+This module does not keep running totals or write tables (see `headscan.scan.passes.importance`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -30,14 +32,25 @@ from ..errors import SweepInterrupted
 from ..metrics.importance import MASK_SPLIT, attribution, mask_tokens, methods, target_sums
 from ..models import HookedModel
 from ..models.ablation import Surgery, head_cut, target_of
-from .plan import Column
-from .state import PartialState
 
-__all__ = ["ImportanceRun", "SAMPLE_SALT", "MASK_SALT"]
+if TYPE_CHECKING:
+    from .plan import Column
+
+__all__ = ["ImportanceRun", "ImportanceState", "SAMPLE_SALT", "MASK_SALT"]
 
 # Mixed into the seeds of the mean pass's sample and of the masking, so their draws never coincide with the
 # bootstrap weights' (seeded by [seed, unit]).
 SAMPLE_SALT, MASK_SALT = 2101, 2102
+
+
+@dataclass
+class ImportanceState:
+    """What the importance pass keeps in a partial state (`headscan.scan.passes.importance`)."""
+
+    # each head's mean output over the mean pass's sample, (layer, head, d_head); (0, 0, 0) before that pass
+    head_means: np.ndarray
+    notes: dict = field(default_factory=dict)  # what the mean pass decided: target, sample, heads ablated exactly
+    ablation_passes: str | None = None  # how the ablated passes were run (the model's provenance)
 
 
 class ImportanceRun:
@@ -68,21 +81,21 @@ class ImportanceRun:
 
     # --- before the first window ---------------------------------------------------------------------------
 
-    def prepare(self, state: PartialState, should_stop: Callable[[], bool], save: Callable | None) -> None:
-        """The means and the heads to ablate: read from `state`, or from a mean pass saved into it."""
+    def prepare(self, state: ImportanceState, should_stop: Callable[[], bool], save: Callable[[], None]) -> None:
+        """The means and the heads to ablate: read from `state` (the importance pass's), or from a mean pass kept
+        in it and saved at once (`save()` saves the sweep's whole state)."""
         with torch.no_grad():
             self.surgery.check()
         if not state.head_means.size:
             ranking = self.config.ablate_top is not None and self.atp
             means, n_tokens, scores, sample = self._mean_pass(ranking, should_stop)
             state.head_means = means
-            state.importance = self._notes(sample, n_tokens, scores)
-            if save is not None:
-                save(state)
+            state.notes = self._notes(sample, n_tokens, scores)
+            save()
         # float64 as stored: each use casts to the head outputs' own precision
         self.means = torch.from_numpy(state.head_means).to(self.model.device)
-        self.chosen = [tuple(pair) for pair in state.importance["ablated"]]
-        state.model["importance"] = state.importance | {"ablation_passes": self.surgery.reuse_note}
+        self.chosen = [tuple(pair) for pair in state.notes["ablated"]]
+        state.ablation_passes = self.surgery.reuse_note
 
     def _sample(self) -> list[int]:
         n = len(self.corpus.segments)
@@ -102,7 +115,7 @@ class ImportanceRun:
         grads = torch.zeros_like(sums)  # sum of dT/dz over real positions
         products = torch.zeros((model.n_layers, model.n_heads), dtype=torch.float64)  # sum of z . dT/dz
         n_tokens = 0
-        for batch, inputs, labels, mask in self._batches(encoded, sample):
+        for _, inputs, labels, mask in self._batches(encoded, sample):
             if should_stop():
                 raise SweepInterrupted(f"{model.name}: stopped during the importance mean pass")
             real = mask.bool()

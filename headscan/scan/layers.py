@@ -1,6 +1,6 @@
 """One model's hooks: what each layer hands over in a forward pass, scored into per-segment sums as it comes.
 
-`LayerHooks` is what a sweep attaches with `HookedModel.pattern_forward`: its `pattern` method gets each
+`LayerHooks` is what a sweep attaches with `headscan.models.pattern_forward`: its `pattern` method gets each
 layer's attention (or each block of its query rows, in chunked mode) and scores every column on it, its
 `values`, `head_outputs` and `final_residual` methods keep what value weighting and direct logit attribution
 need. What one batch gathers lives in a `Gathered`, begun by `LayerHooks.start` and handed over, as
@@ -260,7 +260,7 @@ class LayerHooks:
         self.similarity = None  # a `headscan.scan.similarity.SimilarityRun` when the sweep samples head similarity
 
     def patterns(self) -> dict:
-        """The pattern hook of every layer, for `HookedModel.pattern_forward`."""
+        """The pattern hook of every layer, for `headscan.models.pattern_forward`."""
         return {layer: functools.partial(self.pattern, layer) for layer in range(self.model.n_layers)}
 
     def internals(self) -> dict:

@@ -1,4 +1,5 @@
-"""What a sweep computes and in what order: its score columns, its fingerprint, and its windows.
+"""What a sweep computes and in what order, resolved once per model into a `SweepPlan`: its settings, score
+columns, fingerprint and windows.
 
 A sweep's *columns* are every registered metric once per position of its axis (then, with ``values``, the
 heads metrics again on value-weighted attention); its *fingerprint* is all that two partial states must share
@@ -10,18 +11,20 @@ This module runs no model.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .. import __version__
 from ..config import SweepConfig
 from ..corpus import Corpus, Segment  # noqa: F401  (Segment: the doctest's)
 from ..metrics import DECODED, METRICS, Metric
+from .passes.base import PASSES
 from .state import FINGERPRINT_FIELDS, Shard
 
 if TYPE_CHECKING:
     from ..models import HookedModel
 
-__all__ = ["Column", "has_words", "for_model", "columns_of", "pattern_columns", "fingerprint", "plan_windows",
+__all__ = ["Column", "SweepPlan", "plan_sweep", "has_words", "for_model", "columns_of", "pattern_columns", "fingerprint", "plan_windows",
            "resolve_unit", "unit_of"]
 
 # A metric, one position of its axis (() for a metric without one), and the table its rows go to: the metric's
@@ -76,11 +79,34 @@ def _column_name(column: Column) -> list:
     return [metric.name, list(key)] + ([table] if table != metric.table else [])
 
 
-def fingerprint(model: HookedModel, corpus: Corpus, config: SweepConfig) -> dict:
-    """Everything two partial states must share to be added up, or a saved state to be resumed (the settings
-    as `model` is swept with them: `for_model`)."""
-    config, _ = for_model(config, model)
-    return {
+@dataclass(frozen=True)
+class SweepPlan:
+    """Everything one model's sweep needs, resolved once (`plan_sweep`); nothing downstream resolves it again."""
+
+    config: SweepConfig  # as the model is swept: max_len within its context, the bootstrap unit resolved
+    unit_why: str  # why the bootstrap resamples that unit, in words (`resolve_unit`)
+    clamped: str | None  # the line that says max_len was clamped to the model's context (None: it was not)
+    shard: Shard | None  # the part of the corpus swept (None: all of it)
+    words: bool  # the corpus carries gold words and trees (CoNLL-U): the syntax table and its baseline
+    columns: tuple[Column, ...]  # the score columns of one head (`columns_of`)
+    windows: tuple[tuple[int, ...], ...]  # segment indices, window by window (`plan_windows`)
+    fingerprint: dict  # all that a saved or another shard's state must share with this sweep's
+    passes: tuple[str, ...] = ()  # the registered passes this sweep runs (`headscan.scan.passes`), in order
+
+
+def plan_sweep(model: HookedModel, corpus: Corpus, config: SweepConfig, shard: Shard | None = None, *,
+               unit_why: str | None = None) -> SweepPlan:
+    """The plan of `model`'s sweep over `corpus` (or its `shard`). `config`'s bootstrap unit is resolved here unless
+    `unit_why` says it was already (`headscan.sweep` resolves it once for all its models)."""
+    config, clamped = for_model(config, model)
+    if unit_why is None:
+        config, unit_why = resolve_unit(corpus, config)
+    elif config.bootstrap_unit == "auto":
+        raise ValueError("plan_sweep: unit_why given for a config whose bootstrap_unit is still 'auto'")
+    words = has_words(corpus.kind)
+    columns = tuple(columns_of(config, words))
+    windows = tuple(tuple(window) for window in plan_windows(corpus, config, shard))
+    marks = {
         "headscan": __version__,
         "model": {"name": model.name, "id": model.id, "revision": model.revision,
                   "control": model.extra.get("control"), "control_seed": model.extra.get("control_seed"),
@@ -88,9 +114,19 @@ def fingerprint(model: HookedModel, corpus: Corpus, config: SweepConfig) -> dict
                   # read windows (no entry) does not resume into one that does
                   **({"windows": list(model.windows)} if model.windows else {})},
         "corpus": {"source": corpus.source, "kind": corpus.kind, "sha256": corpus.sha256},
-        "settings": {name: getattr(resolve_unit(corpus, config)[0], name) for name in FINGERPRINT_FIELDS},
-        "columns": [_column_name(column) for column in columns_of(config, has_words(corpus.kind))],
+        "settings": {name: getattr(config, name) for name in FINGERPRINT_FIELDS},
+        "columns": [_column_name(column) for column in columns],
     }
+    plan = SweepPlan(config, unit_why, clamped, shard, words, columns, windows, marks)
+    passes = tuple(name for name, one in PASSES.items() if one.wanted(plan))
+    marks["passes"] = list(passes)  # a state swept without a pass cannot resume or merge into a sweep with it
+    return dataclasses.replace(plan, passes=passes)
+
+
+def fingerprint(model: HookedModel, corpus: Corpus, config: SweepConfig) -> dict:
+    """Everything two partial states must share to be added up, or a saved state to be resumed (the settings
+    as `model` is swept with them: `plan_sweep`)."""
+    return plan_sweep(model, corpus, config).fingerprint
 
 
 # --- windows -----------------------------------------------------------------------------------------------
@@ -151,8 +187,8 @@ def unit_of(index: int, document: int, config: SweepConfig) -> int:
 
 
 def plan_windows(corpus: Corpus, config: SweepConfig, shard: Shard | None = None) -> list[list[int]]:
-    """The sweep's plan: segment indices in windows of at least ``config.window`` segments, cut only between
-    bootstrap units, restricted to `shard`. The same corpus, settings and shard always give the same plan.
+    """The sweep's windows: segment indices in windows of at least ``config.window`` segments, cut only between
+    bootstrap units (`config`'s, resolved: `resolve_unit`), restricted to `shard`. The same corpus, settings and shard always give the same plan.
 
     >>> corpus = Corpus("c", "text", "", tuple(Segment("a", i, document=i // 3) for i in range(7)))
     >>> plan_windows(corpus, SweepConfig(window=2, bootstrap_unit="segment"))
@@ -162,7 +198,6 @@ def plan_windows(corpus: Corpus, config: SweepConfig, shard: Shard | None = None
     >>> plan_windows(corpus, SweepConfig(window=2, bootstrap_unit="segment"), Shard(1, 2))
     [[3, 4], [5]]
     """
-    config = resolve_unit(corpus, config)[0]
     windows: list[list[int]] = []
     current: list[int] = []
     last_unit = None

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..config import SweepConfig, hf_offline, split_control
 from ..errors import ConfigError, ModelNotFoundError
-from .budget import chunked_bytes, eager_bytes
+from .budget import auto_mode, chunked_bytes, eager_bytes
 
 __all__ = ["Cluster", "connect", "worker_memory", "worker_resources", "plan_workers", "describe_resources",
            "choose_shards",
@@ -155,7 +155,9 @@ def worker_memory(spec: str, config: SweepConfig) -> int:
     eager = eager_bytes(heads, config.batch_size, config.max_len)
     chunked = chunked_bytes(heads, config.batch_size, config.max_len, config.query_chunk)
     budget = config.attention_budget * 2**20 if config.attention_budget is not None else _CPU_BUDGET
-    attention = eager if config.attention == "eager" or (config.attention == "auto" and eager <= budget) else chunked
+    # the rule the worker's sweep follows (budget.choose), short of asking the model whether chunked mode runs
+    auto = config.attention == "auto" and auto_mode(heads, config.batch_size, config.max_len, budget) == "eager"
+    attention = eager if config.attention == "eager" or auto else chunked
     return weights + attention + PROCESS_BYTES
 
 

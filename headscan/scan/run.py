@@ -31,7 +31,7 @@ from ..tables import SweepTables, check_out, load
 from ..tables.folders import holding_out
 from .controls import corpus_for, load_swept, swept_names
 from .finish import publish, run_provenance
-from .plan import fingerprint, resolve_unit
+from .plan import plan_sweep, resolve_unit
 from .reduce import accumulate
 from .resume import SAVE_EVERY, check_resumable, partial_folder, state_file, stop_requests
 from .state import PartialState, Shard, merge_states
@@ -101,30 +101,9 @@ def sweep(
     models = [models] if isinstance(models, str) else list(models)
     config = _resolve_settings(config, settings)
     shard = Shard.parse(shard) if isinstance(shard, str) else shard
-    if not models:
-        raise ConfigError("models: none to sweep; pass --model (for example --model minilm)", setting="models")
-    if len(set(models)) != len(models):
-        raise ConfigError(f"models: a model is named twice in {models}; each model's rows would collide", setting="models")
-    if not save_every >= 0:  # NaN too: it would never save, silently
-        raise ConfigError(f"save_every must be a number of seconds >= 0 (0 saves at every window's end, inf never), "
-                          f"got {save_every}", setting="save_every")
     if command is None:
         command = _python_call(models, corpus, out, config, shard)
-    # Everything a user can get wrong is checked before the first forward pass.
-    for spec in models:
-        check_spec(spec)
-    if out is not None:
-        check_out(out, overwrite=overwrite)
-    if config.document_field is not None and (isinstance(corpus, (Corpus, list, tuple))):
-        raise ConfigError("document_field names a field of a .jsonl file's lines; leave it out for a list of texts "
-                          "or a Corpus (give each Segment its document)", setting="document_field")
-    if isinstance(corpus, Corpus):
-        text = corpus
-    elif isinstance(corpus, (list, tuple)):
-        text = texts_corpus(list(corpus), config.limit)
-    else:
-        text = read_corpus(corpus, limit=config.limit, document_field=config.document_field)
-    text = pack_corpus(text, config.pack, config.max_len)
+    text = _checked(models, corpus, out, config, overwrite=overwrite, save_every=save_every)
     config, unit_why = resolve_unit(text, config)  # the unit used, everywhere from here on: the fingerprint too
     if shard is not None and shard.count > text.n_documents:
         raise ConfigError(f"shard: {shard.count} shards of {text.n_documents} documents would leave some empty; "
@@ -142,19 +121,7 @@ def sweep(
                             command=command, save_every=save_every, unit_why=unit_why)
 
     started = datetime.now(timezone.utc)
-    states: dict[str, PartialState] = {}
-    skipped: dict[str, str] = {}
-    with stop_requests() as should_stop:
-        for name in names:
-            try:
-                states[name] = _sweep_one(name, text, config, shard, partial, should_stop, progress, save_every)
-            except ModelLoadError as error:  # one model that cannot be hooked does not cost the others
-                if len(names) == 1:
-                    raise
-                skipped[name] = str(error)
-                print(f"skipped {name}: {error}", file=sys.stderr)
-    if not states:
-        raise ModelLoadError(f"no model could be swept: {'; '.join(skipped.values())}")
+    states, skipped = _sweep_each(names, text, config, unit_why, shard, partial, progress, save_every)
     provenance = run_provenance(text, config, command=command, started=started, shard=shard, unit_why=unit_why)
     if skipped:
         provenance = dataclasses.replace(provenance, extra=provenance.extra | {"skipped": skipped})
@@ -164,24 +131,70 @@ def sweep(
     return publish(list(states.values()), config, provenance, out, overwrite=overwrite, extra=extra, partial=partial)
 
 
-def _sweep_one(spec: str, corpus: Corpus, config: SweepConfig, shard: Shard | None, partial: Path | None,
-               should_stop, progress: bool, save_every: float) -> PartialState:
+def _sweep_each(names: list[str], corpus: Corpus, config: SweepConfig, unit_why: str, shard: Shard | None,
+                partial: Path | None, progress: bool, save_every: float) -> tuple[dict[str, PartialState], dict]:
+    """Each model's finished state, one model at a time, and the models skipped (name -> why)."""
+    states: dict[str, PartialState] = {}
+    skipped: dict[str, str] = {}
+    with stop_requests() as should_stop:
+        for name in names:
+            try:
+                states[name] = _sweep_one(name, corpus, config, unit_why, shard, partial, should_stop, progress,
+                                          save_every)
+            except ModelLoadError as error:  # one model that cannot be hooked does not cost the others
+                if len(names) == 1:
+                    raise
+                skipped[name] = str(error)
+                print(f"skipped {name}: {error}", file=sys.stderr)
+    if not states:
+        raise ModelLoadError(f"no model could be swept: {'; '.join(skipped.values())}")
+    return states, skipped
+
+
+def _checked(models: list[str], corpus, out, config: SweepConfig, *, overwrite: bool, save_every: float) -> Corpus:
+    """The corpus, read and packed, once everything a user can get wrong is checked: before the first forward pass."""
+    if not models:
+        raise ConfigError("models: none to sweep; pass --model (for example --model minilm)", setting="models")
+    if len(set(models)) != len(models):
+        raise ConfigError(f"models: a model is named twice in {models}; each model's rows would collide", setting="models")
+    if not save_every >= 0:  # NaN too: it would never save, silently
+        raise ConfigError(f"save_every must be a number of seconds >= 0 (0 saves at every window's end, inf never), "
+                          f"got {save_every}", setting="save_every")
+    for spec in models:
+        check_spec(spec)
+    if out is not None:
+        check_out(out, overwrite=overwrite)
+    if config.document_field is not None and (isinstance(corpus, (Corpus, list, tuple))):
+        raise ConfigError("document_field names a field of a .jsonl file's lines; leave it out for a list of texts "
+                          "or a Corpus (give each Segment its document)", setting="document_field")
+    if isinstance(corpus, Corpus):
+        text = corpus
+    elif isinstance(corpus, (list, tuple)):
+        text = texts_corpus(list(corpus), config.limit)
+    else:
+        text = read_corpus(corpus, limit=config.limit, document_field=config.document_field)
+    return pack_corpus(text, config.pack, config.max_len)
+
+
+def _sweep_one(spec: str, corpus: Corpus, config: SweepConfig, unit_why: str, shard: Shard | None,
+               partial: Path | None, should_stop, progress: bool, save_every: float) -> PartialState:
     """One model's finished state (a control's: `headscan.scan.controls`), resumed from `partial` where a matching
     state was saved there."""
     model = load_swept(spec, config)
     corpus = corpus_for(spec, corpus, config)
     try:
+        plan = plan_sweep(model, corpus, config, shard, unit_why=unit_why)
         path = partial / state_file(spec, shard) if partial is not None else None
         state = None
         if path is not None and path.is_file():
             state = PartialState.load(path)
-            check_resumable(state, fingerprint(model, corpus, config), shard, path, spec)
+            check_resumable(state, plan.fingerprint, shard, path, spec)
             if state.finished:
                 return state
             if progress:
                 print(f"resuming {spec} from {path} ({state.windows_done} windows done)", file=sys.stderr)
         try:
-            return accumulate(model, corpus, config, shard=shard, state=state, progress=progress,
+            return accumulate(model, corpus, plan, state=state, progress=progress,
                               save=(lambda s: s.save(path)) if path is not None else None, save_every=save_every,
                               should_stop=should_stop)
         except SweepInterrupted:

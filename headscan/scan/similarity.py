@@ -30,8 +30,15 @@ import torch
 
 from ..config import SweepConfig
 from ..errors import ConfigError
-from ..metrics.similarity import (SMOOTHING, js_cross_sums, js_sums, smoothed_entries, visible_keys, with_sink,
-                                  word_entries)
+from ..metrics.similarity import (
+    SMOOTHING,
+    js_cross_sums,
+    js_sums,
+    smoothed_entries,
+    visible_keys,
+    with_sink,
+    word_entries,
+)
 from ..metrics.syntax import word_attention
 
 __all__ = ["SIMILARITY_SALT", "sample_of", "check_memory", "SimilarityRun", "notes", "across_sums"]

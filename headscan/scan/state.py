@@ -14,6 +14,9 @@ A sweep reduces each layer's attention to per-segment sums and counts; `PartialS
 - ``chance``, (layer, head, column): the null head's sums over the same queries (`headscan.metrics.chance`),
   divided by ``counts`` at the end. Not bootstrapped: chance is the reference an interval is read against.
 
+Beside them, ``passes`` holds the state of each optional pass the sweep runs (`headscan.scan.passes`: weights,
+syntax baseline, importance, similarity, or one registered elsewhere), which adds, saves and loads itself.
+
 All of these add exactly across disjoint parts of a corpus (the largest-unit term takes the maximum), so
 shards merge into the unsharded result, and a state saved at a window boundary resumes bit for bit. The
 `fingerprint` holds everything that must match for two states to be added or for a state to be resumed.
@@ -37,13 +40,16 @@ import numpy as np
 
 from .. import intervals
 from ..errors import TablesError
+from .passes.base import PASSES
 
 __all__ = ["PartialState", "FINGERPRINT_FIELDS", "merge_states", "add_tallies", "Shard"]
 
-# 2: states carry the null head's sums (chance); 3: the replicates' power sums (replicate_power). An older state is
-# refused, to be swept again: neither can be rebuilt from what it holds.
-STATE_VERSION = 3
-_ADDED_IN = {2: "the chance sums", 3: "the replicates' power sums, which the studentized interval needs"}
+# 2: states carry the null head's sums (chance); 3: the replicates' power sums (replicate_power); 4: each pass's state
+# under its own name. An older state is refused, to be swept again: what it lacks cannot be rebuilt from it.
+STATE_VERSION = 4
+_ADDED_IN = {2: "the chance sums", 3: "the replicates' power sums, which the studentized interval needs",
+             4: "each pass's state under its own name"}
+_CORE = ("sums", "counts", "replicate_sums", "replicate_counts", "moments", "chance", "replicate_power")
 
 # Settings whose change changes the numbers: two states must agree on each to be added, or to resume.
 FINGERPRINT_FIELDS = ("max_len", "long", "limit", "dtype", "specials", "max_offset", "bootstrap", "seed", "prepend_bos",
@@ -85,7 +91,8 @@ class Shard:
 
 @dataclass
 class PartialState:
-    """Running sums of one model over (a part of) a corpus; numpy float64 arrays (see the module docstring)."""
+    """Running sums of one model over (a part of) a corpus; numpy float64 arrays (see the module docstring), and
+    each pass's own state (`headscan.scan.passes`)."""
 
     fingerprint: dict  # model, corpus, settings, headscan version, columns: what must match to add or resume
     shard: Shard | None  # the part of the corpus this state covers; None for all of it
@@ -105,26 +112,11 @@ class PartialState:
     n_truncated: int = 0
     n_tokens_lost: int = 0
     seconds: float = 0.0
-    # CoNLL-U corpora: the syntax table's fixed-offset baseline, sums and counts (2, offset, syntax column);
-    # (2, 0, 0) otherwise. Not bootstrapped: the baseline is a fixed rule, reported beside each head's interval.
-    baseline: np.ndarray = field(default_factory=lambda: np.zeros((2, 0, 0)))
-    # Scores read off the weights alone, (weight metric, layer, head): the OV copying score; NaN where the
-    # architecture's weights could not be read (the model's provenance says why). No corpus, so not summed.
-    weights: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0)))
-    embedding: str | None = None  # how the weights table's unembedding was taken: "tied", "untied"; None: not read
     # Counts of how the corpus was read for this model, added up like n_tokens (CoNLL-U: tokens straddling two
     # words, words without a token); they go into the model's provenance.
     tallies: dict = field(default_factory=dict)
-    # Head importance (headscan.scan.importance): each head's mean output over the mean pass's sample, (layer, head,
-    # d_head), (0, 0, 0) before that pass; and what the pass decided (target, sample, heads ablated exactly).
-    head_means: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0)))
-    importance: dict = field(default_factory=dict)
-    # Head similarity (headscan.scan.similarity), (2, layer * head, layer * head): every pair's summed Jensen-Shannon
-    # divergence over the sample's queries, and the number of those queries; (2, 0, 0) without a sample.
-    similarity: np.ndarray = field(default_factory=lambda: np.zeros((2, 0, 0)))
-    # and, on a corpus with words, each sampled segment's word-level attention with its sink, segment -> (layer *
-    # head, word, word + 1), float32 or float64: the similarity of heads across models (headscan.scan.similarity)
-    word_attention: dict = field(default_factory=dict)
+    # pass name -> that pass's state (a dataclass of its own), for the passes the sweep runs, in registry order
+    passes: dict = field(default_factory=dict)
 
     @classmethod
     def empty(cls, fingerprint: dict, shard: Shard | None, shape: tuple[int, int, int], n_replicates: int) -> PartialState:
@@ -141,22 +133,21 @@ class PartialState:
             "shard": None if self.shard is None else [self.shard.index, self.shard.count],
             "windows_done": self.windows_done, "finished": self.finished, "model": self.model,
             "n_segments": self.n_segments, "n_tokens": self.n_tokens, "n_truncated": self.n_truncated,
-            "n_tokens_lost": self.n_tokens_lost,
-            "seconds": self.seconds, "embedding": self.embedding, "tallies": self.tallies,
-            "importance": self.importance,
+            "n_tokens_lost": self.n_tokens_lost, "seconds": self.seconds, "tallies": self.tallies,
+            "passes": {name: PASSES[name].save(state)[0] for name, state in self.passes.items()},
         }
 
     def save(self, path: Path) -> None:
-        """Write the state to `path` atomically: a reader sees the old file or the new one, never half of one."""
+        """Write the state to `path` atomically: a reader sees the old file or the new one, never half of one.
+        A pass's arrays are stored as ``NAME.ARRAY``."""
         path.parent.mkdir(parents=True, exist_ok=True)
+        own = {f"{name}.{key}": array for name, state in self.passes.items()
+               for key, array in PASSES[name].save(state)[1].items()}
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
             with os.fdopen(fd, "wb") as handle:
                 np.savez(handle, header=np.frombuffer(json.dumps(self.header()).encode(), dtype=np.uint8),
-                         sums=self.sums, counts=self.counts, replicate_sums=self.replicate_sums,
-                         replicate_counts=self.replicate_counts, moments=self.moments, chance=self.chance,
-                         replicate_power=self.replicate_power, baseline=self.baseline, weights=self.weights, head_means=self.head_means,
-                         similarity=self.similarity, **_packed(self.word_attention))
+                         **{name: getattr(self, name) for name in _CORE}, **own)
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -172,13 +163,7 @@ class PartialState:
         try:
             with np.load(path, allow_pickle=False) as data:
                 header = json.loads(data["header"].tobytes())
-                names = ("sums", "counts", "replicate_sums", "replicate_counts", "moments", "chance", "replicate_power")
-                arrays = {name: data[name] for name in names if name in data.files}
-                baseline = data["baseline"] if "baseline" in data.files else np.zeros((2, 0, 0))
-                weights = data["weights"] if "weights" in data.files else np.zeros((0, 0, 0))
-                head_means = data["head_means"] if "head_means" in data.files else np.zeros((0, 0, 0))
-                similarity = data["similarity"] if "similarity" in data.files else np.zeros((2, 0, 0))
-                word_attention = _unpacked(data)
+                stored = {name: data[name] for name in data.files if name != "header"}
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as error:
             raise damaged(type(error).__name__) from None
         if not isinstance(header, dict):
@@ -190,39 +175,26 @@ class PartialState:
             raise TablesError(f"{path}: partial state version {version!r}, this headscan reads {STATE_VERSION} "
                               f"({added}, which an older state cannot supply); delete it, or pass --restart, to "
                               f"start that part again")
-        if len(arrays) < 7:
+        arrays = {name: stored[name] for name in _CORE if name in stored}
+        if len(arrays) < len(_CORE):
             raise damaged("an array is missing")
-        given = {**arrays, "baseline": baseline, "weights": weights, "head_means": head_means, "similarity": similarity}
-        odd = [f"{name} ({array.dtype})" for name, array in given.items() if array.dtype.kind not in "fiub"]
+        odd = [f"{name} ({array.dtype})" for name, array in arrays.items() if array.dtype.kind not in "fiub"]
         if odd:
             raise damaged(f"{', '.join(odd)} not numbers")
         # the sweep adds into these in place, as C-ordered float64 (what `save` writes: then nothing is copied)
         arrays = {name: np.asarray(array, dtype=np.float64, order="C") for name, array in arrays.items()}
-        baseline, weights, head_means, similarity = (np.asarray(array, dtype=np.float64, order="C")
-                                                     for array in (baseline, weights, head_means, similarity))
-        types = {"fingerprint": dict, "model": dict, "finished": bool, "windows_done": int, "n_segments": int,
-                 "n_tokens": int, "n_truncated": int, "seconds": (int, float), "importance": (dict, type(None))}
-        wrong = [key for key, kind in types.items() if not isinstance(header.get(key), kind)]
-        shard = header.get("shard")
-        if shard is not None and not (isinstance(shard, list) and len(shard) == 2
-                                      and all(isinstance(x, int) and not isinstance(x, bool) for x in shard)):
-            wrong.append("shard")
-        if wrong:
-            raise damaged(f"bad or missing {', '.join(wrong)} in its header")
+        _check_header(header, damaged)
         shapes = {name: array.shape for name, array in arrays.items()}
         if (len({shapes["sums"], shapes["counts"], shapes["chance"]}) != 1
                 or shapes["replicate_sums"] != shapes["replicate_counts"]
-                or shapes["replicate_power"] != (len(intervals.REPLICATE_TERMS), *shapes["replicate_sums"])
-                or baseline.ndim != 3 or baseline.shape[0] != 2
-                or similarity.ndim != 3 or similarity.shape[0] != 2 or similarity.shape[1] != similarity.shape[2]):
+                or shapes["replicate_power"] != (len(intervals.REPLICATE_TERMS), *shapes["replicate_sums"])):
             raise damaged("its arrays do not fit together")
+        shard = header.get("shard")
         return cls(header["fingerprint"], Shard(*shard) if shard else None, **arrays,
                    windows_done=header["windows_done"], finished=header["finished"], model=header["model"],
                    n_segments=header["n_segments"], n_tokens=header["n_tokens"], n_truncated=header["n_truncated"],
-                   n_tokens_lost=int(header.get("n_tokens_lost") or 0), seconds=header["seconds"], baseline=baseline,
-                   weights=weights, embedding=header.get("embedding", _embedding_of(header["model"])),
-                   tallies=dict(header.get("tallies") or {}), head_means=head_means,
-                   importance=header.get("importance") or {}, similarity=similarity, word_attention=word_attention)
+                   n_tokens_lost=header["n_tokens_lost"], seconds=header["seconds"],
+                   tallies=dict(header.get("tallies") or {}), passes=_load_passes(path, header["passes"], stored, damaged))
 
     # --- finishing -------------------------------------------------------------------------------------
 
@@ -261,25 +233,32 @@ class PartialState:
         }
 
 
-def _packed(word_attention: dict) -> dict:
-    """Word-level attention per segment as two arrays for the .npz: (segment, heads, words, offset) rows and the
-    flat values; nothing when there is none."""
-    if not word_attention:
-        return {}
-    segments = sorted(word_attention)
-    offsets = np.cumsum([0] + [word_attention[s].size for s in segments])
-    index = np.array([[s, *word_attention[s].shape[:2], o] for s, o in zip(segments, offsets)], dtype=np.int64)
-    return {"word_index": index.reshape(-1, 4),
-            "word_values": np.concatenate([word_attention[s].ravel() for s in segments])}
+def _check_header(header: dict, damaged) -> None:
+    types = {"fingerprint": dict, "model": dict, "finished": bool, "windows_done": int, "n_segments": int,
+             "n_tokens": int, "n_truncated": int, "n_tokens_lost": int, "seconds": (int, float), "passes": dict}
+    wrong = [key for key, kind in types.items() if not isinstance(header.get(key), kind)]
+    shard = header.get("shard")
+    if shard is not None and not (isinstance(shard, list) and len(shard) == 2
+                                  and all(isinstance(x, int) and not isinstance(x, bool) for x in shard)):
+        wrong.append("shard")
+    if wrong:
+        raise damaged(f"bad or missing {', '.join(wrong)} in its header")
 
 
-def _unpacked(data) -> dict:
-    """`_packed`'s arrays back as segment -> (heads, words, words + 1); {} for a state without them."""
-    if "word_index" not in data.files:
-        return {}
-    values = data["word_values"]
-    return {int(segment): values[offset: offset + heads * words * (words + 1)].reshape(heads, words, words + 1)
-            for segment, heads, words, offset in data["word_index"].tolist()}
+def _load_passes(path: Path, headers: dict, stored: dict, damaged) -> dict:
+    """Each pass's state, read by the pass itself from its header and its ``NAME.ARRAY`` arrays."""
+    passes = {}
+    for name, own in headers.items():
+        if name not in PASSES:
+            raise TablesError(f"{path}: holds the state of a pass {name!r} this headscan does not have (it has "
+                              f"{', '.join(PASSES)}); register that pass, or delete the state (or pass --restart) "
+                              f"to start that part again")
+        arrays = {key.removeprefix(f"{name}."): array for key, array in stored.items() if key.startswith(f"{name}.")}
+        try:
+            passes[name] = PASSES[name].load(own if isinstance(own, dict) else {}, arrays)
+        except (ValueError, KeyError, TypeError) as error:
+            raise damaged(f"pass {name}: {error}") from None
+    return dict(sorted(passes.items(), key=lambda item: list(PASSES).index(item[0])))
 
 
 def add_tallies(a: dict, b: dict) -> dict:
@@ -289,13 +268,6 @@ def add_tallies(a: dict, b: dict) -> dict:
     {'words_without_token': 3, 'tokens_straddling_words': 3}
     """
     return {name: a.get(name, 0) + b.get(name, 0) for name in dict.fromkeys([*a, *b])}
-
-
-def _embedding_of(model: dict) -> str | None:
-    """How a state saved before states recorded `PartialState.embedding` took its embedding: its weights note,
-    "embedding tied; folded: ...", the one place that note is read back."""
-    note = str(model.get("weights", ""))
-    return note.split(";")[0].removeprefix("embedding ") if note.startswith("embedding ") else None
 
 
 def _differences(a: dict, b: dict, prefix: str = "") -> list[str]:
@@ -348,7 +320,11 @@ def merge_states(states: list[PartialState], names: list[str]) -> PartialState:
                               f"each shard must be merged once")
         seen[state.shard.index] = name
     for state, name in zip(states[1:], names[1:]):
-        _same_importance(first, state, names[0], name)
+        if list(state.passes) != list(first.passes):
+            raise TablesError(f"{name}: ran the passes {list(state.passes)}, {names[0]} {list(first.passes)}; "
+                              f"merge shards of one sweep")
+    # each pass adds its shards' states up (or refuses ones that cannot be added)
+    passes = {name: PASSES[name].merge([state.passes[name] for state in states], names) for name in first.passes}
     missing = sorted(set(range(first.shard.count)) - set(seen))
     if missing:
         raise TablesError(f"shards {', '.join(f'{k}/{first.shard.count}' for k in missing)} are missing; "
@@ -356,14 +332,8 @@ def merge_states(states: list[PartialState], names: list[str]) -> PartialState:
     total = PartialState(dict(first.fingerprint), None, first.sums.copy(), first.counts.copy(),
                          first.replicate_sums.copy(), first.replicate_counts.copy(), first.moments.copy(),
                          first.chance.copy(), first.replicate_power.copy(), finished=True, model=dict(first.model),
-                         baseline=first.baseline.copy(),
-                         weights=first.weights.copy(), embedding=first.embedding,  # the same weights in every shard
-                         head_means=first.head_means.copy(), importance=dict(first.importance),
-                         similarity=first.similarity.copy(), word_attention=dict(first.word_attention))
+                         passes=passes)
     for state in states[1:]:
-        total.similarity = total.similarity + state.similarity  # the same sample in every shard: its sums add up
-        total.word_attention = total.word_attention | state.word_attention  # disjoint segments
-        total.baseline = total.baseline + state.baseline  # same fingerprint, so the same shape
         total.sums += state.sums
         total.counts += state.counts
         total.replicate_sums += state.replicate_sums
@@ -380,19 +350,3 @@ def merge_states(states: list[PartialState], names: list[str]) -> PartialState:
         total.tallies = add_tallies(total.tallies, state.tallies)
     total.fingerprint["shard"] = None
     return total
-
-
-def _same_importance(first: PartialState, state: PartialState, first_name: str, name: str) -> None:
-    """Shards add up only if they ablated with the same means and the same heads: every shard draws the same
-    sample of the whole corpus, so they agree up to the float rounding of the machines that computed them."""
-    if first.importance.get("ablated") != state.importance.get("ablated"):
-        raise TablesError(f"{name}: ablated other heads than {first_name} (their mean passes ranked the heads "
-                          f"differently); sweep the shards again on one kind of machine")
-    if first.head_means.shape != state.head_means.shape:
-        raise TablesError(f"{name}: its head means have shape {state.head_means.shape}, {first_name}'s "
-                          f"{first.head_means.shape}; merge shards of one sweep")
-    scale = float(np.abs(first.head_means).max()) if first.head_means.size else 0.0
-    gap = float(np.abs(first.head_means - state.head_means).max()) if first.head_means.size else 0.0
-    if gap > 1e-5 * max(scale, 1e-12):
-        raise TablesError(f"{name}: its head means differ from {first_name}'s by {gap:.1e}, so their mean "
-                          f"ablations removed different things; sweep the shards again on one kind of machine")

@@ -45,7 +45,7 @@ from ..metrics import METRICS, AttentionBatch
 from ..metrics.retrieval import chance_steps
 from ..models import check_spec, load_model
 from ..models.decode import PREFILL_CHUNK, greedy_decode
-from ..models.forward import refused
+from ..models.forward import chunked_refusal, refused
 from ..tables import TABLES, ModelProvenance, SweepTables, check_out, head_columns, write
 from ..tables.folders import holding_out
 from .finish import run_provenance
@@ -152,7 +152,7 @@ def _one_model(spec, corpus, needles, about, plans, config, partial, should_stop
         if not model.causal:
             raise ModelLoadError(f"model {spec!r} is bidirectional: retrieval heads are read while a model decodes its "
                                  f"answer, and an encoder decodes none; use a causal model")
-        reason = model.chunked_refusal()
+        reason = chunked_refusal(model)
         if reason is not None:  # no --attention eager here: retrieval decodes with chunked attention only
             raise refused(model, reason, instead="; headscan retrieval decodes with chunked attention only, so "
                           + ("try --dtype float32" if config.dtype != "float32" else "use another model"))

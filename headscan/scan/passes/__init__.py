@@ -1,0 +1,19 @@
+"""Optional sweep work as registered passes (`headscan.scan.passes.base.Pass`), one module each: the weights table
+(`weights`), the syntax baseline (`baseline`), head importance (`importance`) and head similarity (`similarity`),
+registered here in the order they run and write. A pass of your own: subclass `Pass`, then
+``register_pass(YourPass())`` (tests/test_passes.py registers one).
+
+>>> list(PASSES)
+['weights', 'baseline', 'importance', 'similarity']
+"""
+
+from .base import PASSES, BatchStep, Pass, PassRun, SweepRun, register_pass
+from .baseline import BaselinePass
+from .importance import ImportancePass
+from .similarity import SimilarityPass
+from .weights import WeightsPass
+
+__all__ = ["Pass", "PassRun", "SweepRun", "BatchStep", "PASSES", "register_pass"]
+
+for _builtin in (WeightsPass(), BaselinePass(), ImportancePass(), SimilarityPass()):
+    register_pass(_builtin)
