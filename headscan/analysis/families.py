@@ -54,7 +54,7 @@ def divergences(similarity: pd.DataFrame, model: str) -> tuple[pd.DataFrame, np.
     if part.empty:
         raise TablesError(f"similarity.parquet has no rows of {model!r}; sweep it with --similarity-sample N")
     heads = (part[["layer", "head", "label"]].drop_duplicates().sort_values(["layer", "head"]).reset_index(drop=True))
-    index = {(l, h): n for n, (l, h) in enumerate(zip(heads["layer"], heads["head"]))}
+    index = {(layer, head): n for n, (layer, head) in enumerate(zip(heads["layer"], heads["head"]))}
     matrix = np.full((len(heads), len(heads)), np.nan)
     rows = np.array([index[key] for key in zip(part["layer"], part["head"])])
     columns = np.array([index.get(key, -1) for key in zip(part["other_layer"], part["other_head"])])

@@ -18,8 +18,17 @@ from ..metrics import describe
 from ..tables import ModelProvenance
 from .claims import AT_CHANCE, NO_CHANCE, NO_INTERVAL, THIN, supported, why_not
 from .formats import pct
-from .ranking import (WIDE_CI, ZERO, all_zero_or_undefined, bounded, ci_is_wide, striking_of, structural_reason,
-                      thin, top_heads)
+from .ranking import (
+    WIDE_CI,
+    ZERO,
+    all_zero_or_undefined,
+    bounded,
+    ci_is_wide,
+    striking_of,
+    structural_reason,
+    thin,
+    top_heads,
+)
 from .roles import ROLES, head_roles, role_for
 
 __all__ = ["findings", "findings_by_model", "relative_depth", "family_summary", "family_findings", "run_pairs",
@@ -59,6 +68,21 @@ def _fmt(metric: str, value: float) -> str:
 def _failing(reason: str) -> str:
     """A gate's reasons as a verb phrase: "is at chance and rests on thin support"."""
     return " and ".join(_FAILS.get(part, part) for part in reason.split("; ") if part)
+
+
+# Where to say so of a thin row: its interval is not trusted, so neither is where it lies against chance.
+UNASSESSED = "cannot be assessed on this corpus"
+_AGAINST_CHANCE = (AT_CHANCE, "below chance", "above chance")
+
+
+def _assessable(reason: str) -> bool:
+    """False where the thin rule flags the row (`why_not`'s reasons hold THIN)."""
+    return THIN not in reason.split("; ")
+
+
+def _unassessed(reason: str) -> str:
+    """A thin row's reasons as a verb phrase, without where its untrusted interval lies against chance."""
+    return _failing("; ".join(part for part in reason.split("; ") if part not in _AGAINST_CHANCE))
 
 
 def findings(heads: pd.DataFrame, *, provenance: Mapping[str, ModelProvenance] | None = None,
@@ -136,7 +160,8 @@ def _control_clause(best: pd.Series, metric: str, controls: list[tuple[str, pd.D
         row = row.iloc[0]
         reason = why_not(row.to_frame().T, striking=describe(metric).striking).iloc[0]
         verdict = "also shows it" if not reason and row["value"] >= best["value"] * 0.5 else (
-            "shows it weaker" if not reason else f"does not: it {_failing(reason)}")
+            "shows it weaker" if not reason else f"does not: it {_failing(reason)}" if _assessable(reason)
+            else f"{UNASSESSED}: it {_unassessed(reason)}")
         out.append(f" {name} {verdict}: {best['label']} {_fmt(metric, row['value'])}{_numbers(row, metric)}.")
     return "".join(out)
 
@@ -145,16 +170,31 @@ def _model_findings(model: str, rows: pd.DataFrame, provenance: ModelProvenance 
                     controls: list[tuple[str, pd.DataFrame]], roles: pd.DataFrame | None) -> list[str]:
     out = []
     family = str(rows["family"].iloc[0])
-    n_heads = len(rows[["layer", "head"]].drop_duplicates())
     metrics = list(dict.fromkeys(rows["metric"]))
     recorded = "chance" in rows.columns and rows["chance"].notna().any()
     if not recorded:
         out.append(f"{model}'s tables record no chance level (written by a headscan before 0.4): no head of it is "
                    "claimed; sweep again to judge them.")
+    else:
+        out += _strongest(model, rows, family, provenance, controls, roles)
+        if roles is not None:
+            out += _role_counts(model, rows, controls, roles)
+    out += _by_construction(model, rows, family, provenance)
+    if "entropy" in metrics:
+        out += _entropy_by_layer(model, rows, recorded)
+    out += _support(model, rows, family, provenance, recorded)
+    return out
 
+
+def _strongest(model: str, rows: pd.DataFrame, family: str, provenance: ModelProvenance | None,
+               controls: list[tuple[str, pd.DataFrame]], roles: pd.DataFrame | None) -> list[str]:
+    """The strongest heads of each "on what" metric of `model` (its tables record chance levels)."""
+    out = []
+    n_heads = len(rows[["layer", "head"]].drop_duplicates())
+    metrics = list(dict.fromkeys(rows["metric"]))
     # The strongest heads: previous token always, next token in a bidirectional model, any other "on what"
     # metric where one head reaches its role's threshold; a row that cannot carry a claim is never one.
-    for metric in [m for m in _ON if m in metrics] if recorded else []:
+    for metric in [m for m in _ON if m in metrics]:
         if structural_reason(metric, family, provenance) is not None:
             continue  # said below, once
         top = top_heads(rows, metric=metric, n=n_heads)
@@ -169,24 +209,44 @@ def _model_findings(model: str, rows: pd.DataFrame, provenance: ModelProvenance 
                 out.append(f"In {model}, {best['label']} puts {pct(best['value'])} of its attention on {_ON[metric]}"
                            f"{_numbers(best)}{_what_it_is(best, metric, roles)}."
                            f"{_control_clause(best, metric, controls)}")
+        elif not _assessable(top.iloc[0]["unsupported"]):
+            best = top.iloc[0]
+            out.append(f"Whether a head of {model} puts its attention on {_ON[metric]} beyond chance {UNASSESSED}: "
+                       f"the strongest, {best['label']} with {pct(best['value'])}{_numbers(best)}, "
+                       f"{_unassessed(best['unsupported'])}.")
         else:
             best = top.iloc[0]
             out.append(f"No head of {model} puts its attention on {_ON[metric]} beyond chance: "
                        f"the strongest, {best['label']} with {pct(best['value'])}{_numbers(best)}, "
                        f"{_failing(best['unsupported'])}.")
-    if roles is not None and recorded:
-        mine = roles[roles["model"] == model]
-        for role_name, said in _COUNTED.items():
-            role = next(r for r in ROLES if r.name == role_name)
-            if not set(role.metrics) & set(metrics):
-                continue
-            many = int(mine["roles"].map(lambda names: role_name in names).sum())
-            if not many and role_name != "previous-token":
-                continue
-            versus = "".join(f"; {c}: {int(roles[roles['model'] == c]['roles'].map(lambda n: role_name in n).sum())}"
-                             for c, _ in controls)
-            out.append(f"{many} of {n_heads} heads in {model} are {said} ({role.rule()}{versus}).")
+    return out
 
+
+def _role_counts(model: str, rows: pd.DataFrame, controls: list[tuple[str, pd.DataFrame]],
+                 roles: pd.DataFrame) -> list[str]:
+    """How many heads of `model` hold each counted role, beside its controls' counts."""
+    out = []
+    n_heads = len(rows[["layer", "head"]].drop_duplicates())
+    metrics = list(dict.fromkeys(rows["metric"]))
+    mine = roles[roles["model"] == model]
+    for role_name, said in _COUNTED.items():
+        role = next(r for r in ROLES if r.name == role_name)
+        if not set(role.metrics) & set(metrics):
+            continue
+        many = sum(role_name in names for names in mine["roles"])
+        if not many and role_name != "previous-token":
+            continue
+        versus = "".join(f"; {c}: {sum(role_name in names for names in roles[roles['model'] == c]['roles'])}"
+                         for c, _ in controls)
+        out.append(f"{many} of {n_heads} heads in {model} are {said} ({role.rule()}{versus}).")
+    return out
+
+
+def _by_construction(model: str, rows: pd.DataFrame, family: str, provenance: ModelProvenance | None) -> list[str]:
+    """Metrics of `model` that are 0 or undefined for every head, by construction or in this run; and a score
+    that should be so by construction but is not (check the sweep)."""
+    out = []
+    metrics = list(dict.fromkeys(rows["metric"]))
     for metric in metrics:
         part = rows[rows["metric"] == metric]
         values = part["value"]
@@ -201,19 +261,29 @@ def _model_findings(model: str, rows: pd.DataFrame, provenance: ModelProvenance 
             out.append(f"{model}'s `{metric}` is undefined for every head: no query of the corpus counts for it.")
         elif bounded(metric) and values.notna().all() and (values.abs() < ZERO).all():
             out.append(f"{model}'s `{metric}` is 0 for every head.")
+    return out
 
-    if "entropy" in metrics:
-        entropy = rows[rows["metric"] == "entropy"]
-        by_layer = entropy.groupby("layer")["value"].mean().dropna()
-        uniform = entropy.groupby("layer")["chance"].mean() if recorded else None
-        unit = describe("entropy").unit
-        if len(by_layer) > 1:
-            low, high = int(by_layer.idxmin()), int(by_layer.idxmax())
-            def null(layer):
-                return f"; uniform attention over the same keys {uniform[layer]:.2f}" if uniform is not None else ""
-            out.append(f"In {model}, attention is most focused in layer {low} (mean entropy {by_layer.min():.2f} "
-                       f"{unit}{null(low)}) and broadest in layer {high} ({by_layer.max():.2f} {unit}{null(high)}).")
 
+def _entropy_by_layer(model: str, rows: pd.DataFrame, recorded: bool) -> list[str]:
+    """Where `model`'s attention is most focused and broadest, by mean entropy per layer."""
+    out = []
+    entropy = rows[rows["metric"] == "entropy"]
+    by_layer = entropy.groupby("layer")["value"].mean().dropna()
+    uniform = entropy.groupby("layer")["chance"].mean() if recorded else None
+    unit = describe("entropy").unit
+    if len(by_layer) > 1:
+        low, high = int(by_layer.idxmin()), int(by_layer.idxmax())
+        def null(layer):
+            return f"; uniform attention over the same keys {uniform[layer]:.2f}" if uniform is not None else ""
+        out.append(f"In {model}, attention is most focused in layer {low} (mean entropy {by_layer.min():.2f} "
+                   f"{unit}{null(low)}) and broadest in layer {high} ({by_layer.max():.2f} {unit}{null(high)}).")
+    return out
+
+
+def _support(model: str, rows: pd.DataFrame, family: str, provenance: ModelProvenance | None,
+             recorded: bool) -> list[str]:
+    """How many of `model`'s scores have wide intervals, thin support, or no distance from chance."""
+    out = []
     shares = rows[rows["metric"].map(bounded).astype(bool) & rows["value"].notna()]
     wide = int(ci_is_wide(shares).sum())
     if wide:
@@ -223,11 +293,12 @@ def _model_findings(model: str, rows: pd.DataFrame, provenance: ModelProvenance 
     n_thin = int(thin(defined).sum())  # not `thin`: that name is the function, for the whole of this one
     if n_thin:
         out.append(f"{n_thin} of {len(defined)} scores of {model} rest on thin support (too few segments or "
-                   "documents, or one holding much of the sum); no finding here rests on them.")
+                   f"documents, or one holding much of the sum): whether they lie beyond chance {UNASSESSED}, and "
+                   "no finding here rests on them.")
     measured = defined[defined["metric"].map(lambda m: structural_reason(m, family, provenance) is None).astype(bool)]
     if recorded and len(measured):
         reasons = why_not(measured, striking=striking_of(measured))
-        near = int(reasons.str.contains("chance").sum())
+        near = int((reasons.str.contains("chance") & reasons.map(_assessable)).sum())  # thin: said above
         if near:
             out.append(f"{near} of {len(measured)} scores of {model} do not lie beyond chance on their striking side "
                        "(their 95% interval holds the value of uniform attention, or lies on its other side); no "

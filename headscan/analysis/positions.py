@@ -134,7 +134,7 @@ def sink_heads(positions: pd.DataFrame, *, n: int = 3) -> pd.DataFrame:
     rows = _statable(_with_chance(_defined(positions[positions["metric"] == SINK])))
     rows = rows[rows["bucket"] >= 1] if len(rows) else rows  # position 0 attends to itself: 1 for a causal model
     parts = []
-    for model, part in rows.groupby("model", sort=False):
+    for _, part in rows.groupby("model", sort=False):
         last, early = int(part["bucket"].max()), int(part["bucket"].min())
         at_last = part[part["bucket"] == last]
         top = at_last[supported(at_last)].sort_values(["value", "layer", "head"], ascending=[False, True, True],

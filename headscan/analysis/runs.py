@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..metrics import METRICS
 from ..errors import TablesError
+from ..metrics import METRICS
 from ..tables import TABLES, ModelProvenance, RunProvenance, SweepTables
 from .formats import code
 
@@ -142,7 +142,7 @@ def merge_runs(runs: Sequence[SweepTables], names: Sequence[str] | None = None) 
             frame = frame.copy()
             for column in ("model", "other_model"):  # similarity_across names the other model of the run too
                 if column in frame:
-                    frame[column] = frame[column].map(lambda m: rename.get(m, m)).astype("string")
+                    frame[column] = frame[column].map(lambda m, names=rename: names.get(m, m)).astype("string")
             parts.setdefault(table, []).append(frame)
     frames = {table: pd.concat(parts[table], ignore_index=True) for table in TABLES if table in parts}
     return Comparison(frames, list(zip(names, runs)), _controls_beside(models))

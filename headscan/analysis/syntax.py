@@ -36,7 +36,7 @@ __all__ = ["DIRECTIONS", "FREQUENT", "MIN_SHARE", "BEST_COLUMNS", "relation_orde
 
 # `headscan.corpus.words.DIRECTIONS`, restated here so that the report never imports torch (a test checks they agree).
 DIRECTIONS = ("dependent_to_head", "head_to_dependent")
-# Relations a report always shows when the data has them (issue 10), besides ``all``.
+# Relations a report always shows when the data has them, besides ``all``.
 FREQUENT = ("nsubj", "obj", "det", "amod", "advmod", "case", "nmod", "aux", "mark", "compound", "conj", "punct")
 MIN_SHARE = 0.01  # any other relation is shown when it has at least this share of all dependents
 
@@ -214,8 +214,10 @@ def syntax_findings(best: pd.DataFrame) -> dict[str, list[str]]:
             if rows["baseline"].isna().any():
                 why.append("no baseline recorded")
             if rows["thin"].any():
-                why.append("thin support")
-            near = rows["unsupported"].fillna("").str.contains("chance") if "unsupported" in rows else rows["thin"] & False
+                why.append(f"{int(rows['thin'].sum())} on thin support, which cannot be assessed on this corpus")
+            # a thin row's interval is not trusted: it is counted above, not as one that holds chance
+            near = (rows["unsupported"].fillna("").str.contains("chance") & ~rows["thin"].astype(bool)
+                    if "unsupported" in rows else rows["thin"] & False)
             if near.any():
                 why.append(f"{int(near.sum())} with an interval that does not lie above chance, or no chance recorded")
             sentences.append(f"{len(unjudged)} of {len(rows)} best heads of {model} are not judged: "

@@ -147,7 +147,7 @@ def retrieval_summary(run: SweepTables, n: int = 5) -> str:
         lines.append(f"{model}: {gated['trials_passed']} of {gated['trials_total']} trials passed the answer gate")
         metric = "retrieval" if gated["trials_passed"] else "retrieval_ungated"
         if metric != "retrieval":
-            lines.append(f"  no trial passed the gate: the ungated score (every trial) instead, not Wu et al.'s")
+            lines.append("  no trial passed the gate: the ungated score (every trial) instead, not Wu et al.'s")
         row = shares[(shares["model"] == model) & (shares["metric"] == metric)].iloc[0]
         lines.append(f"  {metric} above {RETRIEVAL_THRESHOLD}: {row['above']} of {row['heads']} heads "
                      f"({row['share_above']:.1%}); the whole 95% interval above it: {row['above_interval']} "

@@ -114,23 +114,11 @@ def interval(value, replicate_sums, replicate_counts, moments, *, method: str, l
     moments : array of shape (len(MOMENT_TERMS), *shape)
         From `unit_moments` / `combine_moments`, over the same units.
     method : {"studentized", "studentized_symmetric", "bca", "percentile", "delta"}
-        ``"studentized"`` (the bootstrap-t; Efron & Tibshirani 1993, ch. 12.5): each replicate's
-        T*_b = (R*_b - R) / SE*_b with its own linearised SE*_b^2 = sum_u w_bu (s_u - R*_b c_u)^2 / C*_b^2
-        (from `replicate_power`), and the interval [R - t_hi SE, R - t_lo SE] with SE^2 = sum_u U_u^2 / C^2
-        and t_lo, t_hi the (1-level)/2 and (1+level)/2 quantiles of the T*_b at position (B + 1) q among the
-        B finite replicates (exact for a statistic exchangeable with its replicates; numpy's default position,
-        (B - 1) q + 1, lies a whole replicate inside and costs about a point of coverage at B = 200).
-        ``"studentized_symmetric"``: R +- t SE with t the level quantile of |T*_b| (Hall 1988), the same way.
-        A replicate whose units all have one ratio has SE*_b = 0 and T*_b = +-inf (0 when R*_b = R); an end
-        that comes out infinite is the extreme replicate ratio on its side. SE = 0 gives [R, R].
+        ``"studentized"``: the bootstrap-t, and ``"studentized_symmetric"``: R +- t SE with t from |T*_b|
+        (`_studentized` defines both); ``"bca"``: bias-corrected and accelerated percentiles (`_bca`);
         ``"percentile"``: the (1-level)/2 and (1+level)/2 percentiles of the finite replicate ratios
-        R*_b = S*_b / C*_b. ``"bca"``: the percentiles at Phi(z0 + (z0 + z) / (1 - a (z0 + z))) for
-        z = Phi^-1 of those levels (Efron 1987), where z0 = Phi^-1 of the share of replicates below R (ties
-        count half; clipped to [1/(2B), 1 - 1/(2B)] so that it stays finite) and the acceleration
-        a = sum U^3 / (6 (sum U^2)^(3/2)) with the influence U_u = s_u - R c_u (Efron & Tibshirani 1993,
-        ch. 14); when 1 - a (z0 + z) <= 0 the end goes to the extreme replicate. ``"delta"``: R +- z SE with
-        SE^2 = n / (n - 1) * sum U^2 / C^2 over the n units (the infinitesimal jackknife; no replicates).
-        See the module docstring for which to use.
+        R*_b = S*_b / C*_b; ``"delta"``: R +- z SE, the infinitesimal jackknife, no replicates (`_delta`).
+        See the package docstring for which to use.
     level : float
         Coverage aimed at, between 0 and 1.
     replicate_power : array of shape (3, replicate, *shape), or None
@@ -162,6 +150,26 @@ def interval(value, replicate_sums, replicate_counts, moments, *, method: str, l
     ...
     headscan.errors.ConfigError: unknown interval method 'BCa'. Did you mean 'bca'? Available: studentized, studentized_symmetric, bca, percentile, delta
     """
+    value, moments = _checked(value, moments, method, level)
+    if method != "delta" and replicate_sums is not None and replicate_counts is not None:
+        power = replicate_power if method.startswith("studentized") else None  # the others never read it
+        slabs = _slabs(value.shape, _replicates_of(replicate_sums, replicate_counts, power, value.shape))
+        if len(slabs) > 1 and (bounds is None or all(_broadcasts(b, value.shape) for b in bounds)):
+            return _by_slabs(slabs, value, replicate_sums, replicate_counts, moments, power, method=method,
+                             level=level, bounds=bounds)
+    if method == "delta":
+        low, high = _delta(value, moments, level)
+    else:
+        low, high = _from_replicates(value, replicate_sums, replicate_counts, moments, replicate_power,
+                                     method=method, level=level)
+    if bounds is not None:
+        low, high = np.clip(low, bounds[0], bounds[1]), np.clip(high, bounds[0], bounds[1])
+    undefined = ~(moments[_TERM["c"]] > 0) | ~np.isfinite(value)
+    return np.where(undefined, np.nan, low), np.where(undefined, np.nan, high)
+
+
+def _checked(value, moments, method: str, level) -> tuple[np.ndarray, np.ndarray]:
+    """`value` and `moments` as float64 arrays, once the method, the level and the moments' shape are checked."""
     if method not in METHODS:
         close = difflib.get_close_matches(str(method).lower(), METHODS, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
@@ -173,52 +181,60 @@ def interval(value, replicate_sums, replicate_counts, moments, *, method: str, l
     if moments.shape != (len(MOMENT_TERMS), *value.shape):
         expected = (len(MOMENT_TERMS), *value.shape)
         raise ValueError(f"moments must have shape {expected} (term, *value.shape), got {moments.shape}")
-    if method != "delta" and replicate_sums is not None and replicate_counts is not None:
-        power = replicate_power if method.startswith("studentized") else None  # the others never read it
-        slabs = _slabs(value.shape, _replicates_of(replicate_sums, replicate_counts, power, value.shape))
-        if len(slabs) > 1 and (bounds is None or all(_broadcasts(b, value.shape) for b in bounds)):
-            sums, counts = np.asarray(replicate_sums), np.asarray(replicate_counts)
-            power = None if power is None else np.asarray(power)
-            ends = [interval(value[rows], sums[:, rows], counts[:, rows], moments[:, rows], method=method,
-                             level=level, replicate_power=None if power is None else power[:, :, rows],
-                             bounds=None if bounds is None else tuple(
-                                 None if b is None else np.broadcast_to(b, value.shape)[rows] for b in bounds))
-                    for rows in slabs]
-            return np.concatenate([low for low, _ in ends]), np.concatenate([high for _, high in ends])
+    return value, moments
+
+
+def _by_slabs(slabs, value, replicate_sums, replicate_counts, moments, power, *, method, level, bounds):
+    """`interval` slab by slab of the leading axis (`_slabs`), the ends put back together."""
+    sums, counts = np.asarray(replicate_sums), np.asarray(replicate_counts)
+    power = None if power is None else np.asarray(power)
+    ends = [interval(value[rows], sums[:, rows], counts[:, rows], moments[:, rows], method=method,
+                     level=level, replicate_power=None if power is None else power[:, :, rows],
+                     bounds=None if bounds is None else tuple(
+                         None if b is None else np.broadcast_to(b, value.shape)[rows] for b in bounds))
+            for rows in slabs]
+    return np.concatenate([low for low, _ in ends]), np.concatenate([high for _, high in ends])
+
+
+def _z_ends(level: float) -> tuple[float, float]:
+    """The standard normal quantiles at (1 - level) / 2 and (1 + level) / 2."""
     lower_tail = (1 - level) / 2
-    z_low, z_high = _NORMAL.inv_cdf(lower_tail), _NORMAL.inv_cdf(1 - lower_tail)
-    if method == "delta":
-        u2, _, _ = _influence_sums(value, moments)
-        units = moments[_TERM["units"]]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            se = np.sqrt(np.maximum(u2, 0) * units / (units - 1)) / moments[_TERM["c"]]
-        low, high = value + z_low * se, value + z_high * se
-        low, high = np.where(units > 1, low, np.nan), np.where(units > 1, high, np.nan)
-    else:
-        if replicate_sums is None or replicate_counts is None:
-            raise ValueError(f"method {method!r} needs the replicate sums and counts; only 'delta' works without them")
-        with np.errstate(invalid="ignore", divide="ignore"):
-            replicates = np.asarray(replicate_sums, dtype=np.float64) / np.asarray(replicate_counts, dtype=np.float64)
-        if replicates.shape[1:] != value.shape:
-            raise ValueError(f"replicates must have shape (replicate, *{value.shape}), got {replicates.shape}")
-        if method == "percentile":
-            low = nan_percentile(replicates, 100 * lower_tail)
-            high = nan_percentile(replicates, 100 * (1 - lower_tail))
-        elif method == "bca":
-            low, high = _bca(value, replicates, moments, (z_low, z_high))
-        else:
-            if replicate_power is None:
-                raise ValueError(f"method {method!r} needs replicate_power (replicate_moments of the same units)")
-            replicate_power = np.asarray(replicate_power, dtype=np.float64)
-            if replicate_power.shape != (len(REPLICATE_TERMS), *replicates.shape):
-                raise ValueError(f"replicate_power must have shape {(len(REPLICATE_TERMS), *replicates.shape)} "
-                                 f"(term, replicate, *value.shape), got {replicate_power.shape}")
-            low, high = _studentized(value, replicates, np.asarray(replicate_counts, dtype=np.float64),
-                                     replicate_power, moments, level, symmetric=method == "studentized_symmetric")
-    if bounds is not None:
-        low, high = np.clip(low, bounds[0], bounds[1]), np.clip(high, bounds[0], bounds[1])
-    undefined = ~(moments[_TERM["c"]] > 0) | ~np.isfinite(value)
-    return np.where(undefined, np.nan, low), np.where(undefined, np.nan, high)
+    return _NORMAL.inv_cdf(lower_tail), _NORMAL.inv_cdf(1 - lower_tail)
+
+
+def _delta(value, moments, level):
+    """The delta method's ends: R +- z SE with SE^2 = n / (n - 1) * sum U^2 / C^2 over the n units (the
+    infinitesimal jackknife; no replicates); NaN for fewer than two units."""
+    z_low, z_high = _z_ends(level)
+    u2, _, _ = _influence_sums(value, moments)
+    units = moments[_TERM["units"]]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        se = np.sqrt(np.maximum(u2, 0) * units / (units - 1)) / moments[_TERM["c"]]
+    low, high = value + z_low * se, value + z_high * se
+    return np.where(units > 1, low, np.nan), np.where(units > 1, high, np.nan)
+
+
+def _from_replicates(value, replicate_sums, replicate_counts, moments, replicate_power, *, method, level):
+    """The ends of the methods that read bootstrap replicates: percentile, bca and the studentized pair."""
+    if replicate_sums is None or replicate_counts is None:
+        raise ValueError(f"method {method!r} needs the replicate sums and counts; only 'delta' works without them")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        replicates = np.asarray(replicate_sums, dtype=np.float64) / np.asarray(replicate_counts, dtype=np.float64)
+    if replicates.shape[1:] != value.shape:
+        raise ValueError(f"replicates must have shape (replicate, *{value.shape}), got {replicates.shape}")
+    lower_tail = (1 - level) / 2
+    if method == "percentile":
+        return nan_percentile(replicates, 100 * lower_tail), nan_percentile(replicates, 100 * (1 - lower_tail))
+    if method == "bca":
+        return _bca(value, replicates, moments, _z_ends(level))
+    if replicate_power is None:
+        raise ValueError(f"method {method!r} needs replicate_power (replicate_moments of the same units)")
+    replicate_power = np.asarray(replicate_power, dtype=np.float64)
+    if replicate_power.shape != (len(REPLICATE_TERMS), *replicates.shape):
+        raise ValueError(f"replicate_power must have shape {(len(REPLICATE_TERMS), *replicates.shape)} "
+                         f"(term, replicate, *value.shape), got {replicate_power.shape}")
+    return _studentized(value, replicates, np.asarray(replicate_counts, dtype=np.float64), replicate_power,
+                        moments, level, symmetric=method == "studentized_symmetric")
 
 
 # Replicate arrays are (replicate, *shape): 60 MB each for a 30-layer model, and every step of an interval makes
@@ -357,7 +373,17 @@ def order_quantile(values, q) -> np.ndarray:
 
 
 def _studentized(value, replicates, replicate_counts, replicate_power, moments, level, *, symmetric):
-    """The bootstrap-t ends (see `interval`)."""
+    """The bootstrap-t ends (Efron & Tibshirani 1993, ch. 12.5).
+
+    Each replicate's T*_b = (R*_b - R) / SE*_b with its own linearised SE*_b^2 = sum_u w_bu (s_u - R*_b c_u)^2
+    / C*_b^2 (from `replicate_power`), and the interval [R - t_hi SE, R - t_lo SE] with SE^2 = sum_u U_u^2 / C^2
+    and t_lo, t_hi the (1-level)/2 and (1+level)/2 quantiles of the T*_b at position (B + 1) q among the B finite
+    replicates (exact for a statistic exchangeable with its replicates; numpy's default position, (B - 1) q + 1,
+    lies a whole replicate inside and costs about a point of coverage at B = 200). `symmetric`: R +- t SE with t
+    the level quantile of |T*_b| (Hall 1988), the same way. A replicate whose units all have one ratio has
+    SE*_b = 0 and T*_b = +-inf (0 when R*_b = R); an end that comes out infinite is the extreme replicate ratio on
+    its side. SE = 0 gives [R, R].
+    """
     se = standard_error(value, moments)
     variances = _variances_of(replicates, replicate_counts, replicate_power)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -382,7 +408,14 @@ def _studentized(value, replicates, replicate_counts, replicate_power, moments, 
 
 
 def _bca(value, replicates, moments, z_ends):
-    """BCa's ends: the replicate percentiles at the levels that z0 and a move `z_ends` to."""
+    """BCa's ends: the replicate percentiles at the levels that z0 and a move `z_ends` to (Efron 1987).
+
+    The percentiles at Phi(z0 + (z0 + z) / (1 - a (z0 + z))) for z = Phi^-1 of the (1-level)/2 and (1+level)/2
+    levels, where z0 = Phi^-1 of the share of replicates below R (ties count half; clipped to
+    [1/(2B), 1 - 1/(2B)] so that it stays finite) and the acceleration a = sum U^3 / (6 (sum U^2)^(3/2)) with the
+    influence U_u = s_u - R c_u (Efron & Tibshirani 1993, ch. 14); when 1 - a (z0 + z) <= 0 the end goes to the
+    extreme replicate.
+    """
     finite = np.isfinite(replicates)
     n = np.maximum(finite.sum(0), 1)
     below = (finite & (replicates < value)).sum(0) + 0.5 * (finite & (replicates == value)).sum(0)

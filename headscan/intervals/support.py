@@ -9,7 +9,7 @@ from .methods import _replicates_of, _slabs, replicate_variances
 from .moments import _TERM, bootstrap_weights, replicate_moments, unit_moments  # noqa: F401 (doctests)
 
 __all__ = ["THIN_MIN_UNITS", "THIN_MAX_SHARE", "MIN_EFFECTIVE_UNITS", "MIN_VARIANCE_DF", "MIN_SPARSE_EVENNESS",
-           "support", "effective_units", "variance_df", "thin", "thin_support"]
+           "BOUND_WIDTH", "support", "effective_units", "variance_df", "at_bound", "thin", "thin_support"]
 
 # thin_support: an interval resting on fewer contributing units, or with one unit holding a larger share of
 # sum |s_u|, is flagged. The numbers behind them are in thin_support's docstring.
@@ -88,10 +88,37 @@ def variance_df(replicate_sums, replicate_counts, replicate_power) -> np.ndarray
 MIN_EFFECTIVE_UNITS = 5.0
 MIN_VARIANCE_DF = 4.0
 MIN_SPARSE_EVENNESS = 0.8
+# thin: an interval this narrow (a share of the metric's range) that reaches its bound is at the bound, where a
+# low df means that the units agree, not that the SE rests on few of them.
+BOUND_WIDTH = 0.01
+
+
+def at_bound(value, low, high, bounds, *, width: float = BOUND_WIDTH) -> np.ndarray:
+    """True where a value sits at an end of its metric's range: its interval is at most `width` of the range wide
+    and the end lies within one interval width of the value.
+
+    `bounds` is (low end, high end) of the range, each broadcastable to the value's shape; an infinite end is
+    never reached, and where either end is infinite `width` is taken as an absolute width. NaN is never at a
+    bound.
+
+    >>> at_bound(np.array([0.99997, 0.6, 0.5, 0.001]), np.array([0.99983, 0.45, 0.49, 0.0]),
+    ...          np.array([1.0, 1.0, 0.51, 0.003]), (0.0, 1.0)).tolist()
+    [True, False, False, True]
+    """
+    value, low, high = (np.asarray(x, dtype=np.float64) for x in (value, low, high))
+    floor, ceiling = (np.asarray(b, dtype=np.float64) for b in bounds)
+    span = ceiling - floor
+    allowed = width * np.where(np.isfinite(span), span, 1.0)
+    spread = high - low
+    with np.errstate(invalid="ignore"):
+        narrow = spread <= allowed
+        near = (np.isfinite(floor) & (value - floor <= spread)) | (np.isfinite(ceiling) & (ceiling - value <= spread))
+    return narrow & near
 
 
 def thin(n_eff, df, contributing, *, sparse=False, min_effective: float = MIN_EFFECTIVE_UNITS,
-         min_df: float = MIN_VARIANCE_DF, min_evenness: float = MIN_SPARSE_EVENNESS) -> np.ndarray:
+         min_df: float = MIN_VARIANCE_DF, min_evenness: float = MIN_SPARSE_EVENNESS, value=None, low=None,
+         high=None, bounds=None) -> np.ndarray:
     """True where an interval should not be trusted, from the data's own heaviness.
 
     Flagged: the sum rests on fewer than `min_effective` effective units (`effective_units`; NaN, a sum of
@@ -100,20 +127,39 @@ def thin(n_eff, df, contributing, *, sparse=False, min_effective: float = MIN_EF
     ``duplicate_token``: a few rare units can hold most of the population's sum without being in the sample),
     a sum spread less evenly than `min_evenness` of the contributing units.
 
+    Ceiling-aware, where `value`, `low`, `high` and `bounds` are given: a value at an end of its metric's range
+    (`at_bound`: its interval at most `BOUND_WIDTH` of the range wide and reaching the end) is not flagged for a
+    low df. There the units agree: a unit holding a share p of the count lies within the interval's width / p of
+    the end, since it moves the value by p times its own distance; almost every unit's residual is 0, so the
+    bootstrap's variance rests on the one or two that differ slightly, and its df is low for lack of variance,
+    not of units (minilm's L0H2 ``positional_prev`` on EWT dev: 0.99997 [0.99983, 1], 318 documents, 95
+    effective, df 1.9). The effective units and, for a sparse metric, the evenness are still asked of it.
+
     Parameters
     ----------
     n_eff, df, contributing : arrays of one shape
         `effective_units`, `variance_df`, and units with count > 0 (`support`).
     sparse : bool or bool array broadcastable to that shape
+    value, low, high : arrays of that shape, optional
+        The value and its interval.
+    bounds : (low end, high end), each broadcastable to that shape, optional
+        The metric's range (0 and 1 for a share of attention); without it no row is at a bound.
 
     Examples
     --------
     >>> thin(np.array([30.0, 3.0, 30.0, 12.0, np.nan]), np.array([20.0, 20.0, 2.0, 20.0, 20.0]),
     ...      np.array([30.0, 30.0, 30.0, 30.0, 30.0]), sparse=np.array([False, False, False, True, False])).tolist()
     [False, True, True, True, True]
+    >>> ceiling = dict(value=np.array([0.99997, 0.99997, 0.6]), low=np.array([0.99983, 0.99983, 0.45]),
+    ...                high=np.array([1.0, 1.0, 1.0]))
+    >>> thin(np.array([95.5, 3.0, 95.5]), np.array([1.9, 1.9, 1.9]), 318.0, bounds=(0.0, 1.0), **ceiling).tolist()
+    [False, True, True]
     """
     n_eff, df, contributing = (np.asarray(x, dtype=np.float64) for x in (n_eff, df, contributing))
-    flagged = ~(n_eff >= min_effective) | ~(df >= min_df)
+    few_df = ~(df >= min_df)
+    if bounds is not None and value is not None and low is not None and high is not None:
+        few_df &= ~at_bound(value, low, high, bounds)
+    flagged = ~(n_eff >= min_effective) | few_df
     return flagged | (np.asarray(sparse, dtype=bool) & ~(n_eff >= min_evenness * contributing))
 
 
