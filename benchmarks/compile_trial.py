@@ -10,8 +10,8 @@ batch (so the quantities metrics share are computed anew, as in a sweep):
   compile    seconds the first compiled call took (tracing and code generation; a warm on-disk cache cuts it).
 
 and prints per-batch milliseconds, the largest difference between the two (float32), and how many batches a
-sweep must score before compiling pays for itself. headscan compiles nothing by default: see the README's
-Speed section for the numbers this printed and why.
+sweep must score before compiling pays for itself. headscan compiles nothing by default: see docs/speed.md
+for the numbers this printed and why.
 
     python benchmarks/compile_trial.py
     python benchmarks/compile_trial.py --model smollm2 --repeats 20

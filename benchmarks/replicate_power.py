@@ -1,10 +1,10 @@
 #!/usr/bin/env python
-"""What the replicates' power sums (issue 20, the studentized interval) cost the sweep, as ratios.
+"""What the replicates' power sums (which the studentized interval needs) cost the sweep, as ratios.
 
 Times, one after another and in alternating order, in one process:
 
-  before       `headscan.scan.sweep_model` with the window step as it was before issue 20 (replicate totals and
-               the units' power sums, no `replicate_power`);
+  before       `headscan.scan.sweep_model` with a window step without them (replicate totals and the units'
+               power sums, no `replicate_power`);
   after        the same sweep with the real window step, which adds sum_u w_bu s_u^2, s_u c_u, c_u^2 per replicate.
 
 and the window step alone (`headscan.scan.reduce._add_window`, before and after) on a window of random sums of
@@ -36,7 +36,7 @@ EWT = Path(__file__).resolve().parents[2] / "shared/data/ud-english-ewt/en_ewt-u
 
 
 def add_window_before(totals: dict, window, config: SweepConfig) -> None:
-    """`reduce._add_window` as it was before the replicates' power sums (the baseline)."""
+    """`reduce._add_window` without the replicates' power sums (the baseline)."""
     sums = window.sums.transpose(0, 1)
     counts = window.counts.transpose(0, 1)
     totals["sums"] += sums.sum(0)

@@ -1,7 +1,7 @@
 """Every number equal through a refactor: a fixed set of sweeps, written before and after, compared to the bit.
 
-    python benchmarks/same_tables.py write /tmp/before          # on the old code
-    python benchmarks/same_tables.py write /tmp/after           # on the new code
+    python benchmarks/same_tables.py write /tmp/before          # on the code before a change
+    python benchmarks/same_tables.py write /tmp/after           # on the code after it
     python benchmarks/same_tables.py compare /tmp/before /tmp/after
 
 The sweeps cover each pass a sweep can run (values and dla, syntax, weights, importance, similarity, controls,
@@ -31,7 +31,8 @@ SWEEPS = {
 }
 # what differs between two runs of the same code, and is not a number the sweep computed
 UNSTABLE = {"created", "started", "finished", "seconds", "elapsed", "versions", "host", "path", "out", "command",
-            "argv", "python", "platform", "headscan_version", "git", "time", "duration", "hostname", "cwd"}
+            "argv", "python", "platform", "headscan_version", "git", "time", "duration", "hostname", "cwd",
+            "run_id", "git_revision", "merged_from", "source"}  # source: the corpus path as this checkout spells it
 
 
 def write(folder: Path) -> None:

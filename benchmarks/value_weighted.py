@@ -8,7 +8,7 @@ its peak resident memory above the loaded model (max RSS during the sweep minus 
 
     model | values off: s, MiB | values on: s, MiB | time ratio | memory ratio
 
-The goal (issue 11): values on costs at most 1.5x the attention-only sweep, in the same single pass.
+The target: values on costs at most 1.5x the attention-only sweep, in the same single pass.
 
     python benchmarks/value_weighted.py
     python benchmarks/value_weighted.py --model minilm --limit 200 --repeats 2

@@ -152,7 +152,7 @@ def treebank_corpus(folder: Path, n_sentences: int, per_document: int = 3) -> Pa
     blocks = []
     for i, segment in enumerate(read_corpus("builtin").segments[:n_sentences]):
         words = segment.text.replace(".", " .").replace(",", " ,").split()
-        lines = ["# newdoc id = d%d" % (i // per_document)] if i % per_document == 0 else []
+        lines = [f"# newdoc id = d{i // per_document}"] if i % per_document == 0 else []
         lines += [f"{k}\t{word}\t_\tX\t_\t_\t{1 if k % 3 == 0 else k - 1}\t{'root' if k == 1 else relations[k % 4]}\t_\t_"
                   for k, word in enumerate(words, start=1)]
         blocks.append("\n".join(lines))

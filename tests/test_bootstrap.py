@@ -17,9 +17,7 @@ import pytest
 
 from headscan.config import SweepConfig
 from headscan.corpus import Corpus, read_corpus
-from headscan.scan import sweep
-from headscan.scan import sweep_model
-from headscan.scan import PartialState
+from headscan.scan import PartialState, sweep, sweep_model
 
 B = 60
 SEED = 7

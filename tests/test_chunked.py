@@ -5,14 +5,13 @@ with padding, batch 3 and chunk sizes that do not divide the sequence length."""
 import numpy as np
 import pytest
 import torch
-
-from headscan.models import chunked
-from headscan.scan import budget
-from headscan.errors import ConfigError, ModelLoadError
-from headscan.models.hooks import QueryBlock
-from headscan.metrics import METRICS, AttentionBatch, buckets
-
 from test_metrics import make_batch
+
+from headscan.errors import ModelLoadError
+from headscan.metrics import METRICS, AttentionBatch, buckets
+from headscan.models import chunked, chunked_refusal, pattern_forward
+from headscan.models.hooks import QueryBlock
+from headscan.scan import budget
 
 CHUNKS = [1, 5, 7, 1000]  # 5 and 7 divide none of the lengths below; 1000 is one block
 SCORED = [m for m in METRICS.values() if m.table not in ("syntax", "importance") and not m.needs]  # syntax needs CoNLL-U words; moved and dla
@@ -145,14 +144,14 @@ def scores(model, texts, layers, attention, query_chunk=512):
 
         return hook
 
-    with model.pattern_forward({layer: hook_for(layer) for layer in layers}, attention=attention,
+    with pattern_forward(model, {layer: hook_for(layer) for layer in layers}, attention=attention,
                                query_chunk=query_chunk) as forward:
         forward(input_ids, mask)
     return totals
 
 
 def assert_same_scores(model, layers, chunks=CHUNKS):
-    assert model.chunked_refusal() is None
+    assert chunked_refusal(model) is None
     eager = scores(model, TEXTS, layers, "eager")
     assert len(eager) == len(layers) * len(SCORED)
     for chunk in chunks:
@@ -200,14 +199,14 @@ def test_blocks_tile_the_queries_in_order_and_eager_is_untouched(tiny_models):
     def keep(pattern, hook):
         eager.setdefault(len(eager), pattern.clone())
 
-    with model.pattern_forward({0: keep}) as forward:
+    with pattern_forward(model, {0: keep}) as forward:
         forward(input_ids, mask)
-    with model.pattern_forward({1: record}, attention="chunked", query_chunk=5) as forward:
+    with pattern_forward(model, {1: record}, attention="chunked", query_chunk=5) as forward:
         forward(input_ids, mask)
     n = input_ids.shape[1]
     assert [where for where, _ in seen] == [QueryBlock(1, s, min(s + 5, n), n) for s in range(0, n, 5)]
     assert all(shape == (3, model.n_heads, where.size, n) for where, shape in seen)
-    with model.pattern_forward({0: keep}) as forward:  # eager mode is restored after a chunked pass
+    with pattern_forward(model, {0: keep}) as forward:  # eager mode is restored after a chunked pass
         forward(input_ids, mask)
     torch.testing.assert_close(eager[0], eager[1], atol=0, rtol=0)
 
@@ -232,7 +231,7 @@ def test_chunked_passes_run_the_bridges_norms_as_eager_passes_do(tiny_models, ar
         return hook
 
     for mode in ("eager", "chunked"):
-        with model.pattern_forward({1: count(mode)}, attention=mode) as forward:
+        with pattern_forward(model, {1: count(mode)}, attention=mode) as forward:
             forward(input_ids, mask)
     assert replaced["chunked"] == replaced["eager"]
     assert replaced["eager"] > 0 or arch == "gpt2"  # TransformerLens runs GPT-2's norms on its python path: kept
@@ -248,13 +247,13 @@ def test_blocks_without_a_query_chunk_are_sized_by_bytes(tiny_models, monkeypatc
     three = -(-n // -(-n // 3))  # at most 3 rows a block, spread evenly: n // 3 rounded up blocks
     four = -(-n // -(-n // 4))
     assert n > 4 and three <= 3 and four <= 4
-    for budget, minimum, rows in ((row * 3, 1, three), (row * 3, 4, four), (row * n * 2, 1, n)):
-        monkeypatch.setattr(chunked, "BLOCK_BYTES", budget)
+    for block_bytes, minimum, rows in ((row * 3, 1, three), (row * 3, 4, four), (row * n * 2, 1, n)):
+        monkeypatch.setattr(chunked, "BLOCK_BYTES", block_bytes)
         monkeypatch.setattr(chunked, "MIN_BLOCK", minimum)
         seen = []
-        with model.pattern_forward({1: lambda pattern, hook: seen.append(hook)}, attention="chunked") as forward:
+        with pattern_forward(model, {1: lambda pattern, hook: seen.append(hook)}, attention="chunked") as forward:
             forward(input_ids, mask)
-        assert seen == [QueryBlock(1, s, min(s + rows, n), n) for s in range(0, n, rows)], (budget, minimum)
+        assert seen == [QueryBlock(1, s, min(s + rows, n), n) for s in range(0, n, rows)], (block_bytes, minimum)
 
 
 def test_internals_hand_over_values_and_head_outputs(smollm2):
@@ -263,7 +262,7 @@ def test_internals_hand_over_values_and_head_outputs(smollm2):
     got = {}
     internals = {"v": {2: lambda v, layer: got.setdefault("v", v.clone())},
                  "z": {2: lambda z, layer: got.setdefault("z", z.clone())}}
-    with model.pattern_forward({}, attention="chunked", query_chunk=4, internals=internals) as forward:
+    with pattern_forward(model, {}, attention="chunked", query_chunk=4, internals=internals) as forward:
         forward(input_ids, mask)
     d_head = model.d_model // model.n_heads
     assert got["v"].shape == (2, input_ids.shape[1], model.n_kv_heads, d_head)
@@ -271,7 +270,7 @@ def test_internals_hand_over_values_and_head_outputs(smollm2):
     eager = {}
     internals = {"v": {2: lambda v, layer: eager.setdefault("v", v.clone())},
                  "z": {2: lambda z, layer: eager.setdefault("z", z.clone())}}
-    with model.pattern_forward({}, internals=internals) as forward:  # eager, on the bridge: the same tensors
+    with pattern_forward(model, {}, internals=internals) as forward:  # eager, on the bridge: the same tensors
         forward(input_ids, mask)
     real = mask[:, :, None, None]
     for kind in ("v", "z"):
@@ -283,10 +282,10 @@ def test_a_model_whose_scores_cannot_be_reproduced_is_refused(tmp_path):
     from headscan.testing import build_architecture_checkpoint
 
     model = load_model(str(build_architecture_checkpoint(tmp_path, "bloom")))
-    assert "ALiBi" in model.chunked_refusal()
-    with pytest.raises(ModelLoadError, match=r"cannot run chunked attention: .*ALiBi.*; use --attention eager"):
-        with model.pattern_forward({0: lambda pattern, hook: None}, attention="chunked"):
-            pass
+    assert "ALiBi" in chunked_refusal(model)
+    with (pytest.raises(ModelLoadError, match=r"cannot run chunked attention: .*ALiBi.*; use --attention eager"),
+          pattern_forward(model, {0: lambda pattern, hook: None}, attention="chunked")):
+        pass
     assert budget.choose(model, batch_size=64, max_len=100_000, budget_mib=1) == "eager"  # auto falls back
 
 

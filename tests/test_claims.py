@@ -169,7 +169,7 @@ def fabricated_run(with_control=True):
     model only; L0H1 a sink in both."""
     heads, weights = [], []
     models = [("net", None)] + ([("net [random init]", "random-init")] if with_control else [])
-    for name, control in models:
+    for name, _control in models:
         for layer in range(2):
             for head in range(2):
                 prev = 0.95 if (name, layer, head) == ("net", 0, 0) else 0.11

@@ -14,9 +14,9 @@ import pandas as pd
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import assert_merged_equals_whole, paragraph_corpus
 
 import headscan
-from conftest import assert_merged_equals_whole, paragraph_corpus
 from headscan.cli import cli
 from headscan.config import SweepConfig
 from headscan.corpus import pack_corpus, read_corpus, shuffle_words
@@ -25,7 +25,6 @@ from headscan.models import load_model
 from headscan.scan import merge, sweep
 from headscan.scan.plan import resolve_unit
 from headscan.tables import load
-
 
 
 def matrices(model) -> dict[str, torch.Tensor]:

@@ -9,9 +9,8 @@ import tracemalloc
 import pytest
 import torch
 
+from headscan.corpus import INDEX, EncodedCorpus, FileSegments, batches, encode, read_corpus
 from headscan.corpus import files as readers
-from headscan.corpus import EncodedCorpus, FileSegments, batches, encode, read_corpus
-from headscan.corpus import INDEX
 from headscan.errors import ConfigError, CorpusError
 
 WORD = "{id}\tw{id}\tw\tX\t_\t_\t{head}\tdep\t_\t_"  # a CoNLL-U word line

@@ -6,10 +6,10 @@ import pytest
 from matplotlib.collections import PathCollection
 from matplotlib.figure import Figure
 
-from headscan.plots import profiles as charts
-from headscan.plots import heatmaps as figures
 from headscan.metrics import METRICS as METRICS_REGISTRY
 from headscan.metrics import describe
+from headscan.plots import heatmaps as figures
+from headscan.plots import profiles as charts
 from headscan.plots.style import SHARE_CMAP
 
 METRICS = ["prev_token", "next_token", "self", "entropy", "entropy_norm", "distance", "positional_prev"]
@@ -72,7 +72,7 @@ def test_heatmap_annotates_the_strongest_heads_with_their_value():
     top = rows.sort_values(["value", "layer", "head"], ascending=[False, True, True]).head(2)
     assert [t.get_text() for t in ax.texts] == [f"{v:.2f}" for v in top["value"]]
     # Each number sits in its head's cell: x is head + 0.5, y is layer + 0.5.
-    assert [t.get_position() for t in ax.texts] == [(h + 0.5, l + 0.5) for l, h in zip(top["layer"], top["head"])]
+    assert [t.get_position() for t in ax.texts] == [(head + 0.5, layer + 0.5) for layer, head in zip(top["layer"], top["head"])]
 
 
 def test_heatmap_shares_use_one_0_1_scale_and_unbounded_metrics_their_own():

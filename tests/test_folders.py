@@ -156,6 +156,23 @@ def test_a_name_too_long_for_the_file_system_is_refused_before_any_work(tmp_path
         check_out(tmp_path / (fits + "r"))
 
 
+def test_a_name_that_is_not_utf8_is_refused_before_any_work(tmp_path, tiny_gpt2):
+    """A byte of another encoding in --out (os.fsdecode gives a lone surrogate for it) reached pyarrow only after
+    the sweep, which raised UnicodeEncodeError; it is refused first, in one line, from the CLI too."""
+    from click.testing import CliRunner
+
+    from headscan.cli import cli
+
+    bad = os.fsdecode(bytes(tmp_path) + b"/caf\xe9")
+    with pytest.raises(TablesError, match=r"caf\\udce9: is not valid UTF-8 .* choose another --out$"):
+        check_out(bad)
+    result = CliRunner().invoke(cli, ["sweep", "-m", str(tiny_gpt2), "--limit", "2", "--bootstrap", "0", "-q",
+                                      "--out", bad])
+    assert result.exit_code == 1 and "is not valid UTF-8" in result.output and "Traceback" not in result.output
+    assert not result.exception or isinstance(result.exception, SystemExit)
+    assert os.listdir(tmp_path) == []
+
+
 def test_a_mount_point_that_holds_files_is_refused_before_any_work(tmp_path, monkeypatch):
     run = tmp_path / "mnt"
     run.mkdir()
@@ -215,7 +232,7 @@ def test_figures_and_the_default_report_named_after_long_run_names_fit_the_file_
 
     from headscan.report import report_folder
     from headscan.report.document import Document, Figures, write_folder
-    from headscan.report.sections import Pngs
+    from headscan.report.figures import Pngs
     from headscan.tables import SweepTables
 
     pngs, long = Pngs(), "difference_" + "b" * 200 + "_" + "a" * 200

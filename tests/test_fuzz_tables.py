@@ -55,8 +55,8 @@ def state_file(real_run) -> Path:
 
 def sound(tables, run: Path) -> None:
     """What any run that loads holds: the tables the folder has, each with exactly the registry's columns, in order
-    and with their dtypes, one row per key, and each head's label (issue 18: one flipped byte could load a table
-    whose rows repeat a key)."""
+    and with their dtypes, one row per key, and each head's label (one flipped byte must not load a table whose
+    rows repeat a key)."""
     assert set(tables.frames) == {p.name.removesuffix(".parquet") for p in run.glob("*.parquet")}
     for name, frame in tables.frames.items():
         table = TABLES[name]

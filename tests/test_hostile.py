@@ -19,10 +19,9 @@ import shutil
 
 import pytest
 from click.testing import CliRunner
+from conftest import chromium_page
 
 from headscan.cli import cli
-
-from conftest import chromium_page
 
 PWN = "window.__pwned=1"
 EXAMPLE = f"a <!--<script> b </script><script>{PWN}</script> c | d ` e &lt;f&gt; \u202eright-to-left"

@@ -58,7 +58,7 @@ def test_a_sweep_reads_an_hf_corpus_and_records_it(saved, tiny_gpt2):
 
 
 def test_a_saved_dataset_sweeps_to_the_tables_of_the_same_texts_in_a_jsonl_file(saved, tiny_gpt2, tmp_path):
-    """Issue 22: a dataset is only another way to hand headscan the same text; documents from the same field."""
+    """A dataset is only another way to hand headscan the same text; documents from the same field."""
     import json
 
     jsonl = tmp_path / "same.jsonl"

@@ -15,13 +15,13 @@ import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import missing
 from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer, GPT2LMHeadModel
 
 import headscan
 from headscan.config import SweepConfig
 from headscan.errors import ConfigError, ModelLoadError
 from headscan.metrics.importance import mask_tokens
-from conftest import missing
 from headscan.models import load_model
 from headscan.models.ablation import head_cut
 from headscan.scan import PartialState, merge, sweep
@@ -114,7 +114,7 @@ class Plain:
 
 def plain_inputs(folder, causal: bool, texts, seed=0, rate=0.15, masked=False, vocab_size=None, **load):
     """Each text's token ids as a sweep feeds them (BOS first for these decoders, [CLS] ... [SEP] for encoders),
-    and under BERT's masking the masked ids and labels, drawn by the rule the README states."""
+    and under BERT's masking the masked ids and labels, drawn by the rule docs/importance.md states."""
     tokenizer = AutoTokenizer.from_pretrained(folder, **load)
     sequences = []
     for index, text in enumerate(texts):
@@ -144,7 +144,7 @@ def plain_importance(plain: Plain, sequences, heads):
             outputs.append(plain.output(inputs))
             plain.seen = [x[0] for x in plain.seen]
     totals = {}
-    for index, (ids, inputs, labels) in enumerate(sequences):  # the means: a first pass over every sequence
+    for _ids, inputs, _labels in sequences:  # the means: a first pass over every sequence
         with torch.no_grad():
             plain.output(inputs)
         for layer, x in enumerate(plain.seen):
@@ -282,11 +282,11 @@ def build_one_path_gpt2(folder):
     build_tiny_checkpoint(folder, "gpt2", n_layers=2, n_heads=4, d_model=32, seed=6)
     model = GPT2LMHeadModel.from_pretrained(folder)
     generator = torch.Generator().manual_seed(7)
-    first, second = slice(0, 16), slice(16, 32)
+    second = slice(16, 32)  # the second half of d_model; the first stays
     with torch.no_grad():
         model.transformer.wte.weight[:, second] = 0
         model.transformer.wpe.weight[:, second] = 0
-        for layer, block in enumerate(model.transformer.h):
+        for block in model.transformer.h:
             W = block.attn.c_proj.weight  # (in = head * d_head, out = d_model): y = x W + b
             W[:, second] = 0
             block.attn.c_proj.bias[second] = 0
@@ -436,16 +436,17 @@ def test_a_stopped_sweep_resumes_its_importance_exactly(tiny_gpt2, lines, tmp_pa
     with pytest.raises(headscan.errors.SweepInterrupted):  # stopped in the mean pass: nothing of it is kept
         accumulate(load_model(str(tiny_gpt2)), corpus, config, save=lambda s: s.save(path), should_stop=lambda: True)
     state = PartialState.load(path)
-    assert not state.head_means.size and state.windows_done == 0
+    assert not state.passes["importance"].head_means.size and state.windows_done == 0
     with pytest.raises(headscan.errors.SweepInterrupted):  # then after the first window
         accumulate(load_model(str(tiny_gpt2)), corpus, config, state=state, save=lambda s: s.save(path),
                    should_stop=lambda: state.windows_done >= 1)
     saved = PartialState.load(path)
     assert saved.windows_done == 1
-    assert saved.head_means.size and saved.importance["ablated"]
+    assert saved.passes["importance"].head_means.size and saved.passes["importance"].notes["ablated"]
     resumed = accumulate(load_model(str(tiny_gpt2)), corpus, config, state=saved)
-    for name in ("sums", "counts", "replicate_sums", "moments", "head_means"):
+    for name in ("sums", "counts", "replicate_sums", "moments"):
         np.testing.assert_array_equal(getattr(resumed, name), getattr(whole, name), err_msg=name)
+    np.testing.assert_array_equal(resumed.passes["importance"].head_means, whole.passes["importance"].head_means)
 
 
 def test_a_sample_limits_importance_to_its_segments_and_gives_the_means(tiny_gpt2, lines):

@@ -464,7 +464,7 @@ def test_intervals_in_slabs_equal_the_whole_array_to_the_bit(monkeypatch):
     np.testing.assert_array_equal(open_ended, interval(value, rs, rc, moments, method="bca", bounds=(0.0, np.inf)))
     # one cell after the first axis: numpy would sum a slab's replicates pairwise, so such shapes are not split
     assert [methods._slabs(shape, 50) for shape in ((7,), (3, 1), (4, 1, 1))] == [[slice(None)]] * 3
-    # shapes that do not fit are not split: the error names the whole arrays, as before
+    # shapes that do not fit are not split: the error names the whole arrays
     with pytest.raises(ValueError, match=r"\(5,5,2,3\)"):
         interval(value, rs, rc[:5], moments, method="percentile")
 
@@ -670,7 +670,7 @@ def test_unknown_method_and_bad_level_say_what_to_use():
 
 def test_bca_with_ties_equals_a_hand_computation():
     """20 units and 30 replicates, 6 of which tie the value exactly: BCa by hand, Efron's formulas in a plain loop
-    with ties counted half in z0 (issue 18: counting them fully moved the low end and no test saw it)."""
+    with ties counted half in z0 (counting them fully moves the low end)."""
     from statistics import NormalDist
 
     rng = np.random.default_rng(18)

@@ -5,13 +5,12 @@ import gc
 import weakref
 
 import pytest
+from test_metrics import make_batch
 
 from headscan import SweepConfig
 from headscan.corpus import texts_corpus
 from headscan.metrics import METRICS
 from headscan.scan import budget, layers, sweep_model
-
-from test_metrics import make_batch
 
 
 @pytest.fixture

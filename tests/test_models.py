@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from headscan.errors import ConfigError, ModelLoadError, ModelNotFoundError
-from headscan.models import ALIASES, alias_status, load_model
+from headscan.models import ALIASES, alias_status, load_model, pattern_forward
 
 
 def test_local_checkpoints_load_with_family_shape_and_hash(tiny_models, tiny_gpt2):
@@ -108,7 +108,7 @@ def test_bos_holds_for_byte_level_bpe_with_and_without_add_bos_token(architectur
 
     folder = architecture_checkpoints(name)
     own = AutoTokenizer.from_pretrained(folder)
-    assert (own("the cat")["input_ids"][0] == own.bos_token_id) is adds_bos  # the tokenizer kinds the issue names
+    assert (own("the cat")["input_ids"][0] == own.bos_token_id) is adds_bos  # adds BOS itself, or not
     for prepend in (True, False):
         model = load_model(folder, device="cpu", prepend_bos=prepend)
         assert model.prepend_bos is prepend and model.provenance()["prepend_bos"] is prepend
@@ -170,7 +170,7 @@ def test_hf_hooks_pattern_forward_hands_each_layer_its_pattern_and_stops_after_t
     second = model.sites[0].module if len(model.sites) == 1 else model.sites[1].module
     handle = second.register_forward_hook(lambda *args: calls.append(1))
     try:
-        with model.pattern_forward({0: lambda pattern, hook: seen.setdefault(hook.layer, pattern.shape)}) as forward:
+        with pattern_forward(model, {0: lambda pattern, hook: seen.setdefault(hook.layer, pattern.shape)}) as forward:
             forward(ids, torch.ones_like(ids))
     finally:
         handle.remove()
@@ -179,9 +179,9 @@ def test_hf_hooks_pattern_forward_hands_each_layer_its_pattern_and_stops_after_t
 
 
 def test_a_hook_outside_the_layers_names_the_range(tiny_models):
-    with pytest.raises(ConfigError, match="layer 5 is out of range .* \\(0..1\\)"):
-        with tiny_models["gpt2"].pattern_forward({5: lambda pattern, hook: None}):
-            pass
+    with (pytest.raises(ConfigError, match="layer 5 is out of range .* \\(0..1\\)"),
+          pattern_forward(tiny_models["gpt2"], {5: lambda pattern, hook: None})):
+        pass
 
 
 def test_roberta_positions_after_the_pad_id_leave_two_fewer_tokens(architecture_checkpoints):
@@ -261,7 +261,7 @@ def test_the_bridge_stops_at_the_last_pattern_when_nothing_else_of_its_block_is_
     handle = model.bridge.blocks[last].mlp.register_forward_hook(lambda *args: mlp_calls.append(1))
     try:
         hooks = {layer: lambda pattern, hook, layer=layer: got.append(layer) for layer in range(model.n_layers)}
-        with model.pattern_forward(hooks, internals=internals) as forward:
+        with pattern_forward(model, hooks, internals=internals) as forward:
             forward(ids, torch.ones_like(ids))
     finally:
         handle.remove()

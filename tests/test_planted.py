@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from headscan.corpus import read_corpus
 from headscan import SweepConfig
+from headscan.corpus import read_corpus
 from headscan.scan import sweep
 from headscan.testing import build_planted_checkpoint
 
@@ -69,8 +69,8 @@ def test_random_heads_score_near_chance(planted):
         assert (values - chance[metric]).abs().max() < 0.02, f"{arch} {metric}: {values.tolist()} vs chance {chance[metric]:.3f}"
 
 
-# Natural text where token q-2 often equals token q (", x ," and "the x the"): the old induction definition
-# counted q-1 as a target there, so a previous-token head scored as an induction head.
+# Natural text where token q-2 often equals token q (", x ," and "the x the"): an induction definition that
+# counted q-1 as a target there would score a previous-token head as an induction head.
 LISTS = [
     "We bought apples, pears, plums, figs, and a melon, and then we went home.",
     "He fed the cat the fish the dog the bone and the bird the seed.",

@@ -18,8 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from headscan.config import SweepConfig
-from headscan.scan import merge, sweep
-from headscan.scan import PartialState
+from headscan.scan import PartialState, merge, sweep
 from headscan.tables import TABLES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,7 +38,7 @@ def sha256_of(*paths: Path) -> str:
 def weight_revision(folder: Path) -> str:
     """A local checkpoint's revision: sha256 over its weight files' bytes, one after the other, in path order.
 
-    Weight files are those ending in .safetensors, .bin, .gguf or .pt (`headscan.models.load._weight_files`).
+    Weight files are those ending in .safetensors, .bin, .gguf or .pt (`headscan.models.source._weight_files`).
     """
     files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in {".safetensors", ".bin", ".gguf", ".pt"})
     assert files, f"no weight files in {folder}"

@@ -10,8 +10,8 @@ import pytest
 
 import headscan
 from headscan.corpus import encode, read_corpus
-from headscan.tables import VALUE_COLUMNS
 from headscan.corpus.words import ROOT, align_tokens, word_alignment
+from headscan.tables import VALUE_COLUMNS
 
 # "I don't "know"." with a multiword token (do + n't) and SpaceAfter=No, without a # text line.
 HAND = """\

@@ -6,8 +6,8 @@ a causal model never looks ahead; smollm2 has induction heads on repeated random
 
 import pytest
 
-from headscan.corpus import read_corpus
 from headscan import SweepConfig
+from headscan.corpus import read_corpus
 from headscan.scan import sweep_model
 
 pytestmark = pytest.mark.real
@@ -69,7 +69,8 @@ def test_leaving_specials_out_removes_the_sink_and_raises_prev_next(minilm, ewt_
         share = by_head(kept, metric)
         change = by_head(left_out, metric) - share
         # Renormalising over the keys left divides each query's row by (1 - its sink share), so the gain
-        # should track share * sink / (1 - sink), up to the queries next to [CLS]/[SEP] that no longer count.
+        # should track share * sink / (1 - sink), up to the queries next to [CLS]/[SEP], which do not count once
+        # they are left out.
         predicted = share * sink / (1 - sink)
         print(f"{metric}: mean change {change.mean():+.3f}, max {change.max():+.3f} ({change.idxmax()}), "
               f"min {change.min():+.3f}, correlation with the prediction {change.corr(predicted):.2f}")
@@ -78,7 +79,7 @@ def test_leaving_specials_out_removes_the_sink_and_raises_prev_next(minilm, ewt_
 
 
 def test_both_embedded_models_sweep_at_max_len_1024(tmp_path):
-    """`headscan sweep --max-len 1024` over builtin (issue 18: minilm's 512-token context made it crash):
+    """`headscan sweep --max-len 1024` over builtin, past minilm's 512-token context:
     minilm is clamped to 512 with one line saying so, smollm2 (8,192 tokens) sweeps at 1024, and each model's
     position buckets stop at its own max_len."""
     from click.testing import CliRunner

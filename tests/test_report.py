@@ -13,23 +13,31 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from click.testing import CliRunner
 from PIL import Image
 
 import headscan.models
-import torch
-from headscan.corpus import Corpus, Segment, encode
-from headscan.report import examples as examples_module
-from headscan.report import document
-from headscan.plots import heatmaps as figures
 from headscan.analysis import findings, ranking
-from headscan.report import build as report
 from headscan.analysis import runs as runs_module
 from headscan.cli import cli
-from headscan.report.document import Document, Heading
+from headscan.corpus import Corpus, Segment, encode
 from headscan.errors import ConfigError, ModelNotFoundError, TablesError
-from headscan.tables import CorpusProvenance, ModelProvenance, RunProvenance
-from headscan.tables import TABLES, SweepTables, load, register_table, write
+from headscan.plots import heatmaps as figures
+from headscan.report import build as report
+from headscan.report import document
+from headscan.report import examples as examples_module
+from headscan.report.document import Document, Heading
+from headscan.tables import (
+    TABLES,
+    CorpusProvenance,
+    ModelProvenance,
+    RunProvenance,
+    SweepTables,
+    load,
+    register_table,
+    write,
+)
 
 METRICS = ["prev_token", "next_token", "self", "first_token", "sep", "entropy", "entropy_norm", "distance",
            "positional_prev", "positional_next", "induction", "duplicate_token"]
@@ -190,7 +198,8 @@ def test_findings_state_the_numbers(runs):
             "5.0%).") in sentences
     assert "1 of 8 heads in bert are previous-token heads (`prev_token` \u2265 0.5 beyond chance)." in sentences
     assert ("1 of 96 scores of bert rest on thin support (too few segments or documents, or one holding much of "
-            "the sum); no finding here rests on them.") in sentences
+            "the sum): whether they lie beyond chance cannot be assessed on this corpus, and no finding here rests "
+            "on them.") in sentences
     assert not any("L1H2 puts" in s for s in sentences[[i for i, s in enumerate(sentences)
                                                          if s.startswith("In bert, L0H1 puts 80.0%")][0]:])
     assert f"gpt's `next_token`: {NEXT_IN_CAUSAL}." in sentences
@@ -709,7 +718,7 @@ def test_report_on_a_real_sweep_of_tiny_checkpoints(tiny_gpt2, tiny_bert, tmp_pa
     assert len(tokens) == ids.shape[1]
     for layer in range(model.n_layers):
         seen = {}
-        with model.pattern_forward({layer: lambda pattern, hook: seen.setdefault("pattern", pattern[0])}) as forward:
+        with headscan.models.pattern_forward(model, {layer: lambda pattern, hook: seen.setdefault("pattern", pattern[0])}) as forward:
             forward(ids, torch.ones_like(ids))
         np.testing.assert_allclose(patterns[layer], seen["pattern"].float().numpy(), atol=1e-6)
     out = report.write_report([run], tmp_path / "report", top=3, examples=examples)
@@ -747,7 +756,7 @@ def test_figures_are_palette_pngs_that_look_like_the_full_colour_ones():
     import matplotlib.pyplot as plt
     import seaborn as sns
 
-    from headscan.report.sections import DPI, palette_png
+    from headscan.report.figures import DPI, palette_png
 
     fig, ax = plt.subplots(figsize=(6, 4))
     sns.heatmap(np.random.default_rng(0).random((12, 12)), cmap="rocket_r", ax=ax)

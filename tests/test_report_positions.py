@@ -1,4 +1,4 @@
-"""The report's "Attention along the context" section (issue 9): the positions table read per layer and head, its
+"""The report's "Attention along the context" section: the positions table read per layer and head, its
 figures, its sentences and table, and when it appears.
 
 Expected numbers are written out by hand from the synthetic rows below.
@@ -11,13 +11,14 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
-from headscan.plots import profiles as charts
 from headscan.analysis import positions as context
-from headscan.plots import heatmaps as figures
-from headscan.report import build as report
-from headscan.report import sections, table_sections
-from headscan.report.document import Bullets, Heading, Table
 from headscan.analysis.runs import merge_runs
+from headscan.plots import heatmaps as figures
+from headscan.plots import profiles as charts
+from headscan.report import build as report
+from headscan.report.document import Bullets, Heading, Table
+from headscan.report.figures import Pngs
+from headscan.report.sections.context import context_section
 from headscan.tables import TABLES, SweepTables
 
 BUCKETS = (0, 1, 2, 4, 8, 16)  # six non-empty buckets for distance, five for the first token (bucket 0 is empty)
@@ -146,13 +147,13 @@ def test_value_heatmap_holds_the_grid_and_annotates_the_highest(positions):
 
 
 def test_no_section_without_a_long_enough_context():
-    assert table_sections.context_section(merge_runs([run((0, 1, 2, 4))]), sections.Pngs()) == []
-    assert table_sections.context_section(merge_runs([SweepTables({"heads": run()["heads"]})]), sections.Pngs()) == []
+    assert context_section(merge_runs([run((0, 1, 2, 4))]), Pngs()) == []
+    assert context_section(merge_runs([SweepTables({"heads": run()["heads"]})]), Pngs()) == []
 
 
 def test_section_numbers_figures_and_table():
-    pngs = sections.Pngs()
-    blocks = table_sections.context_section(merge_runs([run(short_model=True)]), pngs)
+    pngs = Pngs()
+    blocks = context_section(merge_runs([run(short_model=True)]), pngs)
     assert isinstance(blocks[0], Heading) and blocks[0].text == "Attention along the context"
     assert "bucket b holds positions b to 2b \u2212 1" in blocks[1].text
     assert set(pngs) == {"context_by_layer.png", "context_reach.png"}

@@ -1,4 +1,4 @@
-"""The report's "What heads move" section (issue 11): how much of the sinks survives value weighting, OV copying
+"""The report's "What heads move" section: how much of the sinks survives value weighting, OV copying
 scores and direct logit attribution, each part only where its data is; `headscan show` and the atlas on such runs.
 
 Expected numbers are written out by hand from the synthetic rows below.
@@ -10,19 +10,19 @@ import pytest
 from click.testing import CliRunner
 from matplotlib.figure import Figure
 
-from headscan.report import atlas
-from headscan.plots import profiles as charts
-from headscan.plots import heatmaps as figures
-from headscan.analysis import findings
 from headscan.analysis import movement
-from headscan.report import build as report
-from headscan.report import sections, table_sections
-from headscan.cli import cli
-from headscan.report.document import Bullets, Heading
 from headscan.analysis.runs import merge_runs
-from headscan.analysis.ranking import top_heads_text
-from headscan.tables import TABLES, ModelProvenance, RunProvenance, SweepTables, load, write
+from headscan.analysis.show import top_heads_text
+from headscan.cli import cli
+from headscan.plots import heatmaps as figures
+from headscan.plots import profiles as charts
 from headscan.plots.style import SIGNED_CMAP
+from headscan.report import atlas
+from headscan.report import build as report
+from headscan.report.document import Bullets, Heading
+from headscan.report.figures import Pngs
+from headscan.report.sections.movement import movement_section
+from headscan.tables import TABLES, ModelProvenance, RunProvenance, SweepTables, load, write
 
 SHAPES = {"bert": ("bidirectional", 2, 2), "gpt": ("causal", 3, 2)}
 
@@ -138,8 +138,8 @@ def test_charts_draw_two_lines_per_model_and_a_point_per_head():
 
 def test_copying_heatmap_is_diverging_from_minus_one_to_one():
     t = tables()
-    pngs = sections.Pngs()
-    blocks = table_sections.movement_section(merge_runs([t]), {}, pngs)
+    pngs = Pngs()
+    blocks = movement_section(merge_runs([t]), {}, pngs)
     assert "copying.png" in pngs
     fig = Figure()
     ax = figures.value_heatmap(t["weights"], model="bert", label="copying", ax=fig.subplots(), vmin=-1, vmax=1,
@@ -151,7 +151,7 @@ def test_copying_heatmap_is_diverging_from_minus_one_to_one():
 
 
 def test_section_text_and_parts():
-    blocks = table_sections.movement_section(merge_runs([tables()]), {}, sections.Pngs())
+    blocks = movement_section(merge_runs([tables()]), {}, Pngs())
     assert [b.text for b in blocks if isinstance(b, Heading)] == ["What heads move", "Value-weighted attention",
                                                                    "Copying heads", "Direct logit attribution"]
     items = [item for b in blocks if isinstance(b, Bullets) for item in b.items]
@@ -171,13 +171,13 @@ def test_section_text_and_parts():
     (dict(value=False, weights=False, dla=True), ["What heads move", "Direct logit attribution"]),
 ])
 def test_each_part_only_with_its_data(parts, headings):
-    blocks = table_sections.movement_section(merge_runs([tables(**parts)]), {}, sections.Pngs())
+    blocks = movement_section(merge_runs([tables(**parts)]), {}, Pngs())
     assert [b.text for b in blocks if isinstance(b, Heading)] == headings
 
 
 def test_no_dla_part_for_a_bidirectional_model_alone():
     t = tables(value=False, weights=False, models={"bert": SHAPES["bert"]})
-    assert table_sections.movement_section(merge_runs([t]), {}, sections.Pngs()) == []
+    assert movement_section(merge_runs([t]), {}, Pngs()) == []
 
 
 @pytest.fixture(scope="module")

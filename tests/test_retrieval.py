@@ -391,7 +391,7 @@ def test_streaming_equals_a_plain_eager_computation_on_a_1k_segment(tmp_path):
     ids = ([tokenizer.bos_token_id] + tokenizer(text, add_special_tokens=False)["input_ids"])[:1024]  # as the sweep
     assert len(ids) == 1024
     want = eager_streaming(str(folder), ids, 64, 256)
-    for attention, tables in run.items():
+    for tables in run.values():
         rows = tables.heads[tables.heads["metric"] == "streaming"].sort_values(["layer", "head"])
         assert (rows["count"] == 1024 - 64 - 256).all()
         np.testing.assert_allclose(rows["value"].to_numpy().reshape(want.shape), want, atol=1e-6, rtol=0)

@@ -1,4 +1,4 @@
-"""Checkpoint series (issue 24): a folder of checkpoints named by step, swept and reported; ID@REVISION from the
+"""Checkpoint series: a folder of checkpoints named by step, swept and reported; ID@REVISION from the
 Hugging Face cache; the step at which a head forms.
 
 The series is built in tmp: two checkpoints of `headscan.testing.training.train_series` (a few optimiser steps:
@@ -23,9 +23,9 @@ from headscan.cli import cli
 from headscan.errors import ConfigError
 from headscan.models.series import checkpoint_series
 from headscan.plots.series import trajectories
-from headscan.report import sections, table_sections
+from headscan.report import sections
 from headscan.report.atlas import atlas_data
-from headscan.report.series import report_steps
+from headscan.report.sections.training import report_steps
 from headscan.tables import load, thin_support
 from headscan.testing import build_planted_checkpoint
 from headscan.testing.training import TrainConfig, train_series
@@ -34,9 +34,9 @@ TINY = TrainConfig(d_model=64, n_heads=4, seq_len=24, run_min=3, run_max=8, batc
                    eval_size=4)
 
 
-SLOW_SECTIONS = [(sections, "heatmaps_section"), (sections, "offsets_section"), (sections, "prev_next_section"),
-                 (sections, "entropy_section"), (table_sections, "context_section"),
-                 (table_sections, "movement_section")]
+SLOW_SECTIONS = [(sections.heatmaps, "heatmaps_section"), (sections.offsets, "offsets_section"),
+                 (sections.scatter, "prev_next_section"), (sections.scatter, "entropy_section"),
+                 (sections.context, "context_section"), (sections.movement, "movement_section")]
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Head families (issue 24): similarity.parquet against a plain double loop of Clark et al.'s Jensen-Shannon divergence
+"""Head families: similarity.parquet against a plain double loop of Clark et al.'s Jensen-Shannon divergence
 over Hugging Face's own attention, its symmetry and zero diagonal, shards and chunked attention, planted heads
 sharing a cluster, classical MDS against a hand computation, the pattern types, the figure and the report section.
 """
@@ -16,14 +16,14 @@ from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokeniz
 
 import headscan
 from headscan.analysis import families
-from headscan.errors import ConfigError, TablesError
 from headscan.analysis.runs import merge_runs
-from headscan.report.atlas import NEAREST, atlas_data, atlas_html
-from headscan.report.document import Document, Heading, Raw, Table, to_html
-from headscan.report.families import families_section
-from headscan.report.sections import Pngs
+from headscan.errors import ConfigError, TablesError
 from headscan.metrics.similarity import js_sums
 from headscan.plots.families import head_map as draw_head_map
+from headscan.report.atlas import NEAREST, atlas_data, atlas_html
+from headscan.report.document import Document, Heading, Raw, Table, to_html
+from headscan.report.figures import Pngs
+from headscan.report.sections.families import families_section
 from headscan.scan import merge
 from headscan.scan.similarity import sample_of
 from headscan.testing import build_planted_checkpoint
@@ -290,9 +290,9 @@ def test_a_stopped_sweep_resumes_to_the_same_similarity_sums(tiny_gpt2, tmp_path
         accumulate(model, corpus, config, save=lambda s: s.save(path), save_every=0,
                    should_stop=lambda: next(checks) >= 5)
     saved = PartialState.load(path)
-    assert saved.windows_done == 2 and saved.similarity[1].max() > 0
+    assert saved.windows_done == 2 and saved.passes["similarity"].sums[1].max() > 0
     resumed = accumulate(model, corpus, config, state=saved)
-    assert np.array_equal(resumed.similarity, whole.similarity)
+    assert np.array_equal(resumed.passes["similarity"].sums, whole.passes["similarity"].sums)
 
 
 def _plain_word_rows(attention: np.ndarray, word_ids: list[int], n_words: int) -> list[list[float]]:
@@ -318,6 +318,7 @@ def test_similarity_across_models_equals_a_plain_loop_over_words(tiny_gpt2, tiny
     alignment (checked in test_syntax.py): a query word sees the sink and the words up to itself, each row
     renormalised over them and smoothed as Clark's."""
     from conftest import treebank_corpus
+
     from headscan.corpus import encode, read_corpus
     from headscan.models import load_model
 

@@ -7,12 +7,11 @@ import pandas as pd
 import pytest
 
 import headscan
+from headscan import SweepConfig
 from headscan.corpus import Corpus, Segment, read_corpus
 from headscan.errors import ConfigError, HeadscanError
 from headscan.metrics import metric_names
-from headscan import SweepConfig
-from headscan.scan import sweep
-from headscan.scan import sweep_model
+from headscan.scan import sweep, sweep_model
 from headscan.tables import combine, load
 
 CONFIG = SweepConfig(device="cpu", bootstrap=20)
@@ -210,7 +209,7 @@ def test_excluding_specials_removes_the_sink_from_the_scores(tiny_models):
     kept = sweep_model(tiny_models["bert"], corpus, CONFIG).heads
     left_out = sweep_model(tiny_models["bert"], corpus, SweepConfig(device="cpu", bootstrap=20, specials="exclude")).heads
     assert kept.loc[kept.metric == "first_token", "value"].notna().all()
-    assert left_out.loc[left_out.metric == "first_token", "value"].isna().all()  # [CLS] no longer counts
+    assert left_out.loc[left_out.metric == "first_token", "value"].isna().all()  # [CLS] left out: it does not count
     assert (left_out.loc[left_out.metric == "sep", "count"] == 0).all()
     # fewer queries count once [CLS] and [SEP] are left out
     assert (left_out.loc[left_out.metric == "self", "count"].values < kept.loc[kept.metric == "self", "count"].values).all()
@@ -289,7 +288,7 @@ def test_an_eager_layer_past_the_block_size_is_scored_in_blocks_of_queries(tmp_p
 
 def test_layers_in_one_block_and_layers_in_several_keep_their_order(tmp_path, ewt_dev, monkeypatch):
     """Chunked mode stacks a layer that fits in one block with the next such layers; a layer in between that
-    comes in blocks must not be scored after them (found by review: layers 1 and 2 came out swapped)."""
+    comes in blocks must not be scored after them (layers 1 and 2 would come out swapped)."""
     import headscan
     from headscan.models import chunked
     from headscan.testing import build_tiny_checkpoint
@@ -311,7 +310,7 @@ def test_layers_in_one_block_and_layers_in_several_keep_their_order(tmp_path, ew
 @pytest.mark.parametrize("max_len", [129, 512])
 def test_a_max_len_past_the_context_is_clamped_with_one_line(tiny_gpt2, tiny_models, tmp_path, max_len):
     """The tiny GPT-2 has a context of 128 tokens: --max-len 129 or 512 sweeps at 128, says so on the terminal and
-    in the model's provenance, and the position buckets stop at the clamped length (issue 18: a crash before)."""
+    in the model's provenance, and the position buckets stop at the clamped length."""
     from click.testing import CliRunner
 
     from headscan.cli import cli
@@ -336,7 +335,7 @@ def test_a_max_len_past_the_context_is_clamped_with_one_line(tiny_gpt2, tiny_mod
 
 def test_kv_group_is_the_key_value_head_each_query_head_reads_under_gqa(tmp_path):
     """A tiny Llama with 4 query heads over 2 key/value heads: Llama's repeat_kv gives query head h the key/value
-    head h // (4 // 2), so kv_group runs 0, 0, 1, 1 in every table with the column (issue 18: no test read it)."""
+    head h // (4 // 2), so kv_group runs 0, 0, 1, 1 in every table with the column."""
     from transformers import AutoConfig
 
     from headscan.testing.architectures import build_architecture_checkpoint
@@ -386,7 +385,8 @@ def test_layers_scored_together_give_the_tables_of_layers_scored_alone(tiny_mode
 
 
 def test_a_state_without_a_family_still_makes_its_tables(tiny_models):
-    """A state from elsewhere (merged, hand-built) may carry no model family: its tables say so, as before."""
+    """A state from elsewhere (merged, hand-built) may carry no model family: its tables are made, the family left
+    empty."""
     import sys
 
     from headscan.scan.reduce import accumulate

@@ -9,10 +9,19 @@ import pytest
 import torch
 
 from headscan.corpus import read_corpus
-from headscan.metrics import METRICS, AttentionBatch
 from headscan.corpus.words import DIRECTIONS, RELATIONS, ROOT, relation_id, word_alignment
-from headscan.metrics.syntax import (BASELINE_OFFSETS, COLUMNS, SCORED, attach_baseline, best_baseline, dependency_accuracy,
-                                     offset_baseline, word_attention)
+from headscan.metrics import METRICS, AttentionBatch
+from headscan.metrics.syntax import (
+    BASELINE_OFFSETS,
+    COLUMNS,
+    SCORED,
+    attach_baseline,
+    best_baseline,
+    dependency_accuracy,
+    offset_baseline,
+    word_attention,
+)
+from headscan.models import pattern_forward
 from headscan.tables import TABLES
 
 # Punctuation, clitics, hyphens, an e-mail address, numbers and long words: several tokens a word.
@@ -145,7 +154,7 @@ def test_planted_previous_token_head_scores_exactly_the_offset_minus_one_baselin
     assert len(ids) >= 60 and (words.token_word >= 0).sum() > 1.5 * n_words  # long sentences, many tokens a word
     layer, head = planted["prev_token"]
     captured = {}
-    with model.pattern_forward({layer: lambda pattern, hook: captured.update(pattern=pattern.double())}) as forward:
+    with pattern_forward(model, {layer: lambda pattern, hook: captured.update(pattern=pattern.double())}) as forward:
         forward(ids, mask.long())
     sums, counts = dependency_accuracy(captured["pattern"], words)
     assert_equals_baseline(sums, counts, words, -1, head=head)
@@ -411,11 +420,11 @@ def test_attach_baseline_adds_the_best_offset_per_relation_and_direction():
 def test_tiny_bert_syntax_table_equals_the_plain_loop_with_specials(tiny_bert, tmp_path, specials):
     """The syntax table of a tiny BERT over a small treebank against `loop_accuracy` on Hugging Face's own
     attentions: with ``--specials exclude`` too, which renormalises the other metrics' pattern but must leave word
-    attention as the model gave it (issue 18: the eager path scored syntax on the renormalised pattern)."""
+    attention as the model gave it (scoring syntax on the renormalised pattern would pass every other test)."""
+    from conftest import treebank_corpus
     from transformers import AutoModel, AutoTokenizer
 
     import headscan
-    from conftest import treebank_corpus
 
     path = treebank_corpus(tmp_path, 6)
     tables = headscan.sweep(str(tiny_bert), path, device="cpu", bootstrap=0, specials=specials, attention="eager")
@@ -431,8 +440,9 @@ def test_tiny_bert_syntax_table_equals_the_plain_loop_with_specials(tiny_bert, t
 
 def test_eager_and_chunked_syntax_agree_with_specials_excluded(tiny_gpt2, tiny_bert, tmp_path):
     """Every table of an eager and a chunked sweep over a treebank with ``--specials exclude``, blocks of 3 queries."""
-    import headscan
     from conftest import treebank_corpus
+
+    import headscan
 
     path = treebank_corpus(tmp_path, 6)
     for model in (tiny_gpt2, tiny_bert):

@@ -8,16 +8,14 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
-from headscan.tables.schema import ADDED_LATER
 import torch
 
 import headscan
 from headscan import metrics, tables
 from headscan.errors import MetricError, TablesError
+from headscan.scan import sweep, sweep_model
 from headscan.tables import RunProvenance
-from headscan.scan import sweep
-from headscan.scan import sweep_model
+from headscan.tables.schema import ADDED_LATER
 
 REPO = Path(__file__).resolve().parents[1]
 V01_RUN = Path(__file__).parent / "data" / "run-v0.1.json"

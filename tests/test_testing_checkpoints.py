@@ -6,8 +6,8 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from transformers import AutoConfig, AutoModel, AutoTokenizer
 from transformer_lens.model_bridge import TransformerBridge
+from transformers import AutoConfig, AutoModel, AutoTokenizer
 
 from headscan.testing import build_planted_checkpoint, build_tiny_checkpoint
 
@@ -132,7 +132,7 @@ def test_planted_heads_ignore_the_text(planted, data):
         mask[row, :length] = 1
     with torch.no_grad():
         attention = model(input_ids=ids, attention_mask=mask, output_attentions=True).attentions[0]
-    for name, (layer, head) in heads.items():
+    for name, (_layer, head) in heads.items():
         assert head_scores(attention, mask, name)[:, head].min() > 0.999, name
 
 

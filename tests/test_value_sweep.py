@@ -1,4 +1,4 @@
-"""Value weighting and direct logit attribution in the sweep (issue 11): planted heads, plain-loop references from
+"""Value weighting and direct logit attribution in the sweep: planted heads, plain-loop references from
 Hugging Face states and weights, chunked == eager, the tables on disk and on the command line."""
 
 import math
@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from test_values import SENTENCES, loop_reference, padded, reference_body, sweep_like_capture
 
 import headscan
-from headscan.scan import fingerprint
 from headscan.config import SweepConfig
-from headscan.metrics import METRICS, AttentionBatch
 from headscan.corpus import texts_corpus
-from headscan.scan import sweep_model
-from test_values import SENTENCES, loop_reference, padded, reference_body, sweep_like_capture
+from headscan.metrics import METRICS, AttentionBatch
+from headscan.models import pattern_forward
+from headscan.scan import fingerprint, sweep_model
 
 SHORT = SENTENCES  # three short sentences of different lengths: padding counts
 
@@ -112,7 +112,7 @@ def test_a_previous_token_head_that_moves_nothing_scores_zero_value_weighted(sil
     assert by_head(value, "prev_token")[target] == 0.0
     assert by_head(value, "moved")[target] == 0.0
     # Every row of its value-weighted attention is 0: no key is its largest, so every share, the entropy and the
-    # distance are exactly 0 wherever defined (issue 18: positional_prev scored 0.036, taking key 0 as the top)
+    # distance are exactly 0 wherever defined (taking key 0 as the top would score positional_prev 0.036)
     rows = value[(value["layer"] == target[0]) & (value["head"] == target[1])].set_index("metric")
     defined = rows[rows["count"] > 0]
     assert set(defined.index) >= {"prev_token", "self", "first_token", "positional_prev", "duplicate_token",
@@ -257,7 +257,7 @@ def test_eager_and_chunked_hand_over_the_same_internals(tiny_models):
         return {kind: {1: lambda t, layer, kind=kind: got.setdefault((mode, kind), t.clone())} for kind in ("v", "z", "out")}
 
     for mode in ("eager", "chunked"):
-        with model.pattern_forward({}, attention=mode, query_chunk=4, internals=keep(mode)) as forward:
+        with pattern_forward(model, {}, attention=mode, query_chunk=4, internals=keep(mode)) as forward:
             forward(ids, mask)
     real = mask[:, :, None, None]
     for kind in ("v", "z"):
@@ -297,7 +297,7 @@ def test_show_ranks_smollm2_heads_by_dla(swept, tmp_path):
     lines = [line for line in result.output.strip().splitlines() if line.split()[:1] in (["model"], ["smollm2"])]
     assert lines[0].split()[:5] == ["model", "label", "layer", "head", "value"] and len(lines) == 4
     printed = [line.split() for line in lines[1:]]
-    assert [(p[0], p[1], int(p[2]), int(p[3])) for p in printed] == [("smollm2", f"L{l}H{h}", l, h) for _, l, h in best]
+    assert [(p[0], p[1], int(p[2]), int(p[3])) for p in printed] == [("smollm2", f"L{layer}H{h}", layer, h) for _, layer, h in best]
     np.testing.assert_allclose([float(p[4]) for p in printed], [v for v, _, _ in best], rtol=1e-5)
 
 
@@ -370,8 +370,8 @@ def gpt2_by_hand(path, token_ids):
 @pytest.mark.parametrize("which", ["random", "planted"])
 def test_dla_on_layernorm_gpt2_equals_a_recomputation_from_hugging_face_hooks(which, tiny_gpt2, tmp_path):
     """heads.parquet's dla and dla_positive, and their chance columns, of a tiny GPT-2 (LayerNorm, learned
-    biases) against `gpt2_by_hand` (issue 18: every DLA test used smollm2's RMSNorm; an unbiased variance in the
-    final scale, or directions not centred over d_model, went unseen). Random weights attend nearly uniformly,
+    biases) against `gpt2_by_hand`: with RMSNorm alone (smollm2) an unbiased variance in the final scale, or
+    directions not centred over d_model, would go unseen. Random weights attend nearly uniformly,
     so a head's dla and its null head's nearly agree; the planted heads' sharp patterns tell them apart."""
     from headscan.models import load_model
     from headscan.testing import build_planted_checkpoint

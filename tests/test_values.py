@@ -3,10 +3,9 @@
 import pytest
 import torch
 
-from headscan.models import weights as circuits
-from headscan.metrics import values
-from headscan.metrics import AttentionBatch
+from headscan.metrics import AttentionBatch, values
 from headscan.metrics.attention import first_token, prev_token
+from headscan.models import weights as circuits
 from headscan.testing import build_planted_checkpoint
 
 SENTENCES = ["The cat sat on the mat.", "Dogs bark at night, and birds sing.", "It rained."]
