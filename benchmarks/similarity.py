@@ -42,7 +42,7 @@ def main() -> None:
     from headscan.config import SweepConfig
     from headscan.corpus import read_corpus
     from headscan.models import load_model
-    from headscan.tables import concat, write
+    from headscan.tables import side_by_side, write
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -69,7 +69,7 @@ def main() -> None:
         del model
     if args.out is not None:
         models = tuple(m for run in kept for m in run.provenance.models)
-        tables = concat(kept, dataclasses.replace(kept[0].provenance, models=models))
+        tables = side_by_side(kept, dataclasses.replace(kept[0].provenance, models=models))
         write(tables, args.out, overwrite=True)
         print(f"tables written to {args.out}")
 

@@ -17,7 +17,7 @@ import pytest
 from conftest import CHROMIUM_FLAGS, playwright_or_skip
 
 from headscan import load
-from headscan.analysis.runs import merge_runs
+from headscan.analysis.runs import compare_runs
 from headscan.report import atlas
 from headscan.report.document import Document, Heading, Raw, to_html
 from headscan.report.examples import Examples, HeadPatterns
@@ -94,7 +94,7 @@ def test_ranks_run_from_the_striking_end():
 
 @pytest.fixture(scope="module")
 def ewt():
-    return merge_runs([load(EWT_RUN)])
+    return compare_runs([load(EWT_RUN)])
 
 
 def test_the_committed_ewt_atlas_maps_every_head_of_both_models_as_head_map_does(ewt):

@@ -142,7 +142,7 @@ def test_an_effect_matters_only_when_its_interval_clears_zero():
 
 
 def test_the_largest_effects_are_named_by_size_whatever_their_sign():
-    from headscan.analysis.runs import merge_runs
+    from headscan.analysis.runs import compare_runs
     from headscan.report.document import Bullets
     from headscan.report.figures import Pngs
     from headscan.report.sections.importance import importance_section
@@ -152,7 +152,7 @@ def test_the_largest_effects_are_named_by_size_whatever_their_sign():
     heads = pd.DataFrame([head_row("m", 0, h, "prev_token", 0.3, 0.25, 0.35, 0.1) for h in range(len(effects))])
     provenance = RunProvenance.from_json({"headscan_version": "0.4.0", "corpus": {"source": "builtin", "kind": "text"},
                                           "models": [{"name": "m", "family": "causal", "n_layers": 1, "n_heads": 5}]})
-    comparison = merge_runs([SweepTables({"heads": heads, "importance": _importance_rows("m", effects)}, provenance)])
+    comparison = compare_runs([SweepTables({"heads": heads, "importance": _importance_rows("m", effects)}, provenance)])
     lines = next(b for b in importance_section(comparison, Pngs()) if isinstance(b, Bullets)).items
     by_size = sorted(range(len(effects)), key=lambda h: -abs(effects[h][0]))[:3]
     assert [f"L0H{h}" for h in by_size] == ["L0H1", "L0H4", "L0H2"]

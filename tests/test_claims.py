@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from headscan.analysis import claims, findings, positions, ranking, roles, syntax
-from headscan.analysis.runs import merge_runs
+from headscan.analysis.runs import compare_runs
 from headscan.report import atlas
 from headscan.report import build as report
 from headscan.report.document import Panels, to_html, to_markdown
@@ -202,7 +202,7 @@ def test_provenance_records_the_control_and_round_trips(control_run):
 
 
 def test_findings_say_whether_the_control_shows_it(control_run):
-    comparison = merge_runs([load(control_run)])
+    comparison = compare_runs([load(control_run)])
     assert comparison.control_map() == {"net": ["net [random init]"]}
     said = findings.findings_by_model(comparison.heads, controls=comparison.control_map())["net"]
     assert said[0] == ("In net, L0H0 puts 95.0% of its attention on the previous token (95% interval 94.0% to 96.0%; "
@@ -213,7 +213,7 @@ def test_findings_say_whether_the_control_shows_it(control_run):
 
 
 def test_the_report_shows_chance_and_the_control_beside_the_trained_model(control_run):
-    comparison = merge_runs([load(control_run)])
+    comparison = compare_runs([load(control_run)])
     document = report.build_report(comparison)
     tables = [t for b in document.blocks if isinstance(b, Panels) for title, t in b.items if title == "Top prev_token"]
     frame = tables[0].frame

@@ -272,22 +272,22 @@ def test_retrieval_refuses_lengths_whose_answer_would_pass_the_context(tiny_gpt2
 
 def test_counts_and_units_are_whole_numbers_however_a_table_is_made(runs, tmp_path):
     """count and units were float64 (4602.0 in show and in every parquet file); now Int64 in what sweep, retrieval,
-    merge, combine and load give, and a run written with float counts still loads, its numbers unchanged."""
+    merge, merge_tables and load give, and a run written with float counts still loads, its numbers unchanged."""
     from pathlib import Path
 
-    from headscan.tables import combine, load
+    from headscan.tables import load, merge_tables
 
     merged = tmp_path / "merged"
     assert invoke(["merge", runs["part-0"], runs["part-1"], "--out", merged]).exit_code == 0
     parts = [load(runs["part-0"]), load(runs["part-1"])]
     old = Path(__file__).resolve().parents[1] / "reports" / "runs" / "ewt-dev"  # written with float64 counts
     made = {name: load(runs[name]) for name in ("plain", "treebank", "retrieval")}
-    made |= {"merge": load(merged), "combine": combine(parts), "old": load(old)}
+    made |= {"merge": load(merged), "merge_tables": merge_tables(parts), "old": load(old)}
     for name, run in made.items():
         for table, frame in run.frames.items():
             for column in ("count", "units"):
                 assert frame[column].dtype == "Int64", f"{name} {table}.{column}: {frame[column].dtype}"
-            if name not in ("old", "combine"):  # the file itself, read without headscan
+            if name not in ("old", "merge_tables"):  # the file itself, read without headscan
                 raw = pd.read_parquet(run.path / TABLES[table].file, columns=["count", "units"])
                 assert all(raw[c].dtype.kind == "i" for c in raw), f"{name} {table}: {raw.dtypes.to_dict()}"
     for table, frame in made["old"].frames.items():  # the same numbers as the file's floats
@@ -295,9 +295,9 @@ def test_counts_and_units_are_whole_numbers_however_a_table_is_made(runs, tmp_pa
         for column in ("count", "units"):
             assert raw[column].dtype == "float64"
             pd.testing.assert_series_equal(frame[column].astype("float64"), raw[column], check_names=False)
-    # combine adds the two shards' counts: the merge's (one independent sum, read from the files)
+    # merge_tables adds the two shards' counts: the merge's (one independent sum, read from the files)
     counts = sum(pd.read_parquet(runs[p] / "heads.parquet")["count"].to_numpy() for p in ("part-0", "part-1"))
-    assert (made["combine"]["heads"]["count"].to_numpy() == counts).all()
+    assert (made["merge_tables"]["heads"]["count"].to_numpy() == counts).all()
     assert (made["merge"]["heads"]["count"].to_numpy() == counts).all()
     shown = invoke(["show", runs["plain"], "--top", "1"]).output.splitlines()
     assert re.fullmatch(r"\d+", shown[1].split()[shown[0].split().index("count")]), shown

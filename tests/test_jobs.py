@@ -77,10 +77,10 @@ def test_files_of_two_runs_are_never_read_as_one(tmp_path, tiny_bert):
 def test_combine_refuses_a_run_given_twice(tmp_path, tiny_bert):
     run = sweep(str(tiny_bert), "builtin", tmp_path / "a", limit=2, **SETTINGS)
     with pytest.raises(TablesError, match="cover the same segments"):
-        tables.combine([run, tables.load(tmp_path / "a")])
+        tables.merge_tables([run, tables.load(tmp_path / "a")])
     other = sweep(str(tiny_bert), "builtin", None, limit=2, **(SETTINGS | {"max_offset": 3}))
     with pytest.raises(TablesError, match=r"was swept with other settings than .* \(max_offset\)"):
-        tables.combine([run, other])
+        tables.merge_tables([run, other])
 
 
 def test_everything_is_checked_before_the_first_model_loads(tmp_path, tiny_bert, monkeypatch):

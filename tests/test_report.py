@@ -224,7 +224,7 @@ def test_findings_flag_a_causal_model_that_looks_ahead():
 
 
 def test_merge_runs_tells_the_same_model_apart(runs):
-    comparison = runs_module.merge_runs([load(r) for r in runs], ["runA", "runB"])
+    comparison = runs_module.compare_runs([load(r) for r in runs], ["runA", "runB"])
     assert [m.name for m in comparison.models] == ["runA:gpt", "bert", "runB:gpt"]
     for table in ("heads", "offsets"):
         assert list(dict.fromkeys(comparison[table]["model"])) == ["runA:gpt", "bert", "runB:gpt"]
@@ -259,7 +259,7 @@ def test_example_heads_leave_out_thin_support_unless_every_head_has_it(units, la
 
 
 def test_model_shapes_come_from_provenance(runs):
-    comparison = runs_module.merge_runs([load(r) for r in runs], ["runA", "runB"])
+    comparison = runs_module.compare_runs([load(r) for r in runs], ["runA", "runB"])
     shapes = runs_module.model_shapes(comparison)
     assert shapes.columns.tolist() == ["run", "model", "family", "layers", "heads", "kv heads", "width",
                                        "parameters", "tokenizer", "vocabulary", "context"]
@@ -270,7 +270,7 @@ def test_model_shapes_come_from_provenance(runs):
 def test_model_shapes_fall_back_to_the_tables_without_provenance():
     run = make_tables([BERT])
     run.provenance = RunProvenance()
-    shapes = runs_module.model_shapes(runs_module.merge_runs([run]))
+    shapes = runs_module.model_shapes(runs_module.compare_runs([run]))
     assert shapes.iloc[0].tolist() == ["bert", "bidirectional", "2", "4", "4", "–", "–", "–", "–", "–"]
     assert runs_module.run_summary(run) is None
 
@@ -665,7 +665,7 @@ def test_cli_report_says_what_it_is_doing(runs, tmp_path, monkeypatch):
 
 def test_build_report_reports_progress_part_by_part(runs):
     lines = []
-    report.build_report(runs_module.merge_runs([load(runs[0])]), top=2, progress=lines.append)
+    report.build_report(runs_module.compare_runs([load(runs[0])]), top=2, progress=lines.append)
     assert lines[0] == "report: the atlas" and "report: heatmaps" in lines and len(lines) == 9
 
 

@@ -12,7 +12,7 @@ import pytest
 from matplotlib.figure import Figure
 
 from headscan.analysis import positions as context
-from headscan.analysis.runs import merge_runs
+from headscan.analysis.runs import compare_runs
 from headscan.plots import heatmaps as figures
 from headscan.plots import profiles as charts
 from headscan.report import build as report
@@ -147,13 +147,13 @@ def test_value_heatmap_holds_the_grid_and_annotates_the_highest(positions):
 
 
 def test_no_section_without_a_long_enough_context():
-    assert context_section(merge_runs([run((0, 1, 2, 4))]), Pngs()) == []
-    assert context_section(merge_runs([SweepTables({"heads": run()["heads"]})]), Pngs()) == []
+    assert context_section(compare_runs([run((0, 1, 2, 4))]), Pngs()) == []
+    assert context_section(compare_runs([SweepTables({"heads": run()["heads"]})]), Pngs()) == []
 
 
 def test_section_numbers_figures_and_table():
     pngs = Pngs()
-    blocks = context_section(merge_runs([run(short_model=True)]), pngs)
+    blocks = context_section(compare_runs([run(short_model=True)]), pngs)
     assert isinstance(blocks[0], Heading) and blocks[0].text == "Attention along the context"
     assert "bucket b holds positions b to 2b \u2212 1" in blocks[1].text
     assert set(pngs) == {"context_by_layer.png", "context_reach.png"}

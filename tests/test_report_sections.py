@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 import headscan
-from headscan.analysis.runs import merge_runs
+from headscan.analysis.runs import compare_runs
 from headscan.errors import ConfigError
 from headscan.report import build_report
 from headscan.report.document import Heading, Table, Text, to_html, to_markdown
@@ -49,7 +49,7 @@ def head_count_section():
 
 def test_a_section_registered_from_a_test_module_is_built_in_its_order(head_count_section):
     lines = []
-    document = build_report(merge_runs([SweepTables({"heads": heads_table()})]), top=3, progress=lines.append)
+    document = build_report(compare_runs([SweepTables({"heads": heads_table()})]), top=3, progress=lines.append)
     assert head_count_section == [3]  # built once, with the report's settings
     # after "top heads" (order 60), before "offset profiles" (order 70)
     assert lines.index("report: top heads") + 1 == lines.index("report: head counts") == \
@@ -63,7 +63,7 @@ def test_a_section_registered_from_a_test_module_is_built_in_its_order(head_coun
 
 def test_a_registered_section_is_left_out_where_the_runs_lack_what_it_draws(head_count_section):
     lines = []
-    document = build_report(merge_runs([SweepTables({"heads": heads_table(metrics=("prev_token",))})]),
+    document = build_report(compare_runs([SweepTables({"heads": heads_table(metrics=("prev_token",))})]),
                             progress=lines.append)
     assert head_count_section == [] and "report: head counts" not in lines
     assert "Head counts" not in to_markdown(document)

@@ -22,7 +22,7 @@ from matplotlib.container import BarContainer, ErrorbarContainer
 from matplotlib.figure import Figure
 
 from headscan.analysis import syntax as syntactic
-from headscan.analysis.runs import merge_runs
+from headscan.analysis.runs import compare_runs
 from headscan.cli import cli
 from headscan.plots import syntax as syntax_plots
 from headscan.report import atlas
@@ -282,12 +282,12 @@ def syntax_report(ewt_with_syntax, tmp_path_factory):
 
 def test_no_section_without_a_syntax_table(ewt):
     without = SweepTables({name: frame for name, frame in ewt.frames.items() if name != "syntax"}, ewt.provenance)
-    assert syntax_section(merge_runs([without]), {}, Pngs()) == []
+    assert syntax_section(compare_runs([without]), {}, Pngs()) == []
 
 
 def test_section_for_a_table_without_dependents(ewt):
     syntax = full_syntax([("minilm", 1, 1)]).assign(value=np.nan, count=0.0)
-    blocks = syntax_section(merge_runs([SweepTables({**ewt.frames, "syntax": syntax})]), {}, Pngs())
+    blocks = syntax_section(compare_runs([SweepTables({**ewt.frames, "syntax": syntax})]), {}, Pngs())
     assert [type(b).__name__ for b in blocks] == ["Heading", "Text", "Note"]
     assert "no scored dependent" in blocks[-1].text
 
@@ -320,7 +320,7 @@ def test_the_count_of_heads_beating_the_baseline_is_the_tables_and_thin_ones_are
     syntax = full_syntax([("minilm", 6, 12), ("smollm2", 30, 9)])
     thin = (syntax["model"] == "smollm2") & (syntax["relation"] == "det")
     syntax.loc[thin, "units"] = 5.0
-    blocks = syntax_section(merge_runs([SweepTables({**ewt.frames, "syntax": syntax})]), {},
+    blocks = syntax_section(compare_runs([SweepTables({**ewt.frames, "syntax": syntax})]), {},
                                            Pngs())
     sentence = next(b.text for b in blocks if type(b).__name__ == "Text" and "best heads beat" in b.text)
     assert sentence.startswith("2 of 20 best heads beat the best fixed offset beyond their 95% interval (the "
@@ -355,7 +355,7 @@ def _rows(table: dict) -> list[dict]:
 
 
 def test_the_atlas_lists_a_head_s_syntax_rows_with_the_baseline(ewt_with_syntax):
-    data = atlas.atlas_data(merge_runs([load(ewt_with_syntax)]))
+    data = atlas.atlas_data(compare_runs([load(ewt_with_syntax)]))
     minilm = next(m for m in data["models"] if m["name"] == "minilm")
     other = {t["table"]: t | {"rows": _rows(t)} for t in minilm["other"]}
     assert {"syntax", "positions", "weights"} <= set(other)

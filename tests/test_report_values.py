@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from matplotlib.figure import Figure
 
 from headscan.analysis import movement
-from headscan.analysis.runs import merge_runs
+from headscan.analysis.runs import compare_runs
 from headscan.analysis.show import top_heads_text
 from headscan.cli import cli
 from headscan.plots import heatmaps as figures
@@ -139,7 +139,7 @@ def test_charts_draw_two_lines_per_model_and_a_point_per_head():
 def test_copying_heatmap_is_diverging_from_minus_one_to_one():
     t = tables()
     pngs = Pngs()
-    blocks = movement_section(merge_runs([t]), {}, pngs)
+    blocks = movement_section(compare_runs([t]), {}, pngs)
     assert "copying.png" in pngs
     fig = Figure()
     ax = figures.value_heatmap(t["weights"], model="bert", label="copying", ax=fig.subplots(), vmin=-1, vmax=1,
@@ -151,7 +151,7 @@ def test_copying_heatmap_is_diverging_from_minus_one_to_one():
 
 
 def test_section_text_and_parts():
-    blocks = movement_section(merge_runs([tables()]), {}, Pngs())
+    blocks = movement_section(compare_runs([tables()]), {}, Pngs())
     assert [b.text for b in blocks if isinstance(b, Heading)] == ["What heads move", "Value-weighted attention",
                                                                    "Copying heads", "Direct logit attribution"]
     items = [item for b in blocks if isinstance(b, Bullets) for item in b.items]
@@ -171,13 +171,13 @@ def test_section_text_and_parts():
     (dict(value=False, weights=False, dla=True), ["What heads move", "Direct logit attribution"]),
 ])
 def test_each_part_only_with_its_data(parts, headings):
-    blocks = movement_section(merge_runs([tables(**parts)]), {}, Pngs())
+    blocks = movement_section(compare_runs([tables(**parts)]), {}, Pngs())
     assert [b.text for b in blocks if isinstance(b, Heading)] == headings
 
 
 def test_no_dla_part_for_a_bidirectional_model_alone():
     t = tables(value=False, weights=False, models={"bert": SHAPES["bert"]})
-    assert movement_section(merge_runs([t]), {}, Pngs()) == []
+    assert movement_section(compare_runs([t]), {}, Pngs()) == []
 
 
 @pytest.fixture(scope="module")
@@ -219,7 +219,7 @@ def test_show_and_atlas_on_a_run_with_value_weights_and_dla(written):
         assert result.exit_code == 0, result.output
     assert "L2H0" in runner.invoke(cli, ["show", str(written), "--metric", "dla", "--top", "1"]).output
     assert "untied" in runner.invoke(cli, ["show", str(written), "--metric", "copying", "--top", "1"]).output
-    data = atlas.atlas_data(merge_runs([load(written)]))
+    data = atlas.atlas_data(compare_runs([load(written)]))
     dla = next(m for m in data["metrics"] if m["name"] == "dla")
     assert dla["bounded"] is False  # in logits: not on the share scale
     assert {o["table"] for o in data["models"][0]["other"]} == {"value", "weights"}

@@ -421,7 +421,7 @@ def test_a_sliding_window_model_loses_nothing_beyond_its_window(tmp_path):
 
 
 def test_the_report_joins_a_retrieval_run_to_the_sweep_of_its_model(planted, tmp_path):
-    from headscan.analysis.runs import merge_runs
+    from headscan.analysis.runs import compare_runs
     from headscan.report import write_report
     from headscan.report.atlas import atlas_data
 
@@ -431,7 +431,7 @@ def test_the_report_joins_a_retrieval_run_to_the_sweep_of_its_model(planted, tmp
     retrieval = headscan.retrieval(planted["folder"], planted["haystack"], tmp_path / "retrieval",
                                    needles=planted["needles"], lengths=(160,), depths=(0.0, 1.0), bootstrap=20)
     runs = [headscan.load(tmp_path / "sweep"), headscan.load(tmp_path / "retrieval")]
-    comparison = merge_runs(runs)
+    comparison = compare_runs(runs)
     assert [m.name for m in comparison.models] == [planted["folder"].rsplit("/", 1)[-1]] or len(comparison.models) == 1
     assert "retrieval" in comparison.score_metrics and "streaming" in comparison.metrics
     data = atlas_data(comparison)
@@ -448,7 +448,7 @@ def test_the_report_joins_a_retrieval_run_to_the_sweep_of_its_model(planted, tmp
     assert "Llama-2-7B-80K (Wu et al.)" in section and "### Key/value budget" in section
     assert "### Streaming heads" in section and "sink 4, window 8" in section
     with pytest.raises(TablesError, match="none of the sweeps given swept"):
-        merge_runs([retrieval, sweep.__class__(sweep.frames, sweep.provenance)] if False else [retrieval])
+        compare_runs([retrieval, sweep.__class__(sweep.frames, sweep.provenance)] if False else [retrieval])
     del sweep
 
 

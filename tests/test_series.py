@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from headscan.analysis.runs import merge_runs
+from headscan.analysis.runs import compare_runs
 from headscan.analysis.series import HOLD, checkpoint_steps, formation, half_rise, with_steps
 from headscan.cli import cli
 from headscan.errors import ConfigError
@@ -26,7 +26,7 @@ from headscan.plots.series import trajectories
 from headscan.report import sections
 from headscan.report.atlas import atlas_data
 from headscan.report.sections.training import report_steps
-from headscan.tables import load, thin_support
+from headscan.tables import load, thin_rows
 from headscan.testing import build_planted_checkpoint
 from headscan.testing.training import TrainConfig, train_series
 
@@ -91,10 +91,10 @@ def test_two_runs_in_folders_of_one_name_are_two_series():
 
 def _formed_by_loop(heads: pd.DataFrame, steps: dict, metric: str, threshold: float, hold: int) -> dict:
     """The rule in plain Python: the first step whose interval's low end is >= threshold and > chance on support
-    that is not thin (the table's own rule, `thin_support`), at it and at the next `hold` checkpoints."""
+    that is not thin (the table's own rule, `thin_rows`), at it and at the next `hold` checkpoints."""
     formed = {}
     rows = heads[heads["metric"] == metric]
-    rows = rows.assign(thin=thin_support(rows))
+    rows = rows.assign(thin=thin_rows(rows))
     for (layer, head), part in rows.groupby(["layer", "head"]):
         by_step = sorted((steps[row.model], row.ci_low, row.chance, row.thin) for row in part.itertuples())
         ok = [low >= threshold and low > chance and not thin for _, low, chance, thin in by_step]
@@ -203,8 +203,8 @@ def test_the_atlas_shows_one_grid_per_series_with_a_slider_over_its_steps(series
 
     tables = series["tables"]
     names = [m.name for m in tables.provenance.models]
-    steps = report_steps(merge_runs([tables]))  # what the section "Heads over training" takes for a series
-    assert atlas_data(merge_runs([tables]))["series"] == [
+    steps = report_steps(compare_runs([tables]))  # what the section "Heads over training" takes for a series
+    assert atlas_data(compare_runs([tables]))["series"] == [
         {"name": "run", "steps": [0, 3, 10, 20], "models": [names.index(m) for m in steps["model"]]}]
     heads = tables.heads
     prev = heads[(heads["label"] == "L0H0") & (heads["metric"] == "prev_token")].set_index("model")["value"]

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokeniz
 
 import headscan
 from headscan.analysis import families
-from headscan.analysis.runs import merge_runs
+from headscan.analysis.runs import compare_runs
 from headscan.errors import ConfigError, TablesError
 from headscan.metrics.similarity import js_sums
 from headscan.plots.families import head_map as draw_head_map
@@ -169,7 +169,7 @@ def test_planted_heads_with_the_same_pattern_share_a_cluster(twins):
 
 def test_the_atlas_colours_by_the_reports_clusters_and_maps_heads_as_head_map(twins):
     folder, run = twins
-    comparison = merge_runs([run])
+    comparison = compare_runs([run])
     [model] = atlas_data(comparison)["models"]
     mapped = families.head_map(run["similarity"], folder)
     at = (mapped["layer"] * model["heads"] + mapped["head"]).to_numpy()
@@ -194,7 +194,7 @@ def test_the_atlas_head_map_in_headless_chromium(twins, tmp_path):
     folder, run = twins
     mapped = families.head_map(run["similarity"], folder).set_index("label")
     page_file = tmp_path / "index.html"
-    page_file.write_text(to_html(Document("atlas", [Raw(atlas_html(merge_runs([run])))])), encoding="utf-8")
+    page_file.write_text(to_html(Document("atlas", [Raw(atlas_html(compare_runs([run])))])), encoding="utf-8")
     with chromium_page(page_file, tmp_path / "profile") as (page, errors):
         points = page.locator("circle.atlas-point")
         assert points.count() == len(mapped)
@@ -260,7 +260,7 @@ def test_head_map_figure_and_report_section(tiny_gpt2, tmp_path):
     ax = draw_head_map(mapped, model=model, hue="pattern_type", ax=plt.figure().add_subplot())
     assert {c.get_label() for c in ax.collections} == set(mapped["pattern_type"])
     pngs = Pngs()
-    comparison = merge_runs([headscan.load(tmp_path / "run")])
+    comparison = compare_runs([headscan.load(tmp_path / "run")])
     blocks = families_section(comparison, pngs)
     other = next(o for o in atlas_data(comparison)["models"][0]["other"] if o["table"] == "similarity")
     assert len(other["at"]) == NEAREST * len(mapped)  # each head's nearest heads, not heads^2 rows
@@ -359,7 +359,7 @@ def test_similarity_across_models_equals_a_plain_loop_over_words(tiny_gpt2, tiny
     got = table.pivot(index=["layer", "head"], columns=["other_layer", "other_head"], values="value").to_numpy()
     np.testing.assert_allclose(got, sums / queries, rtol=0, atol=1e-9)
     assert (table["count"] == queries).all() and (table["model"] == str(tiny_gpt2)).all()
-    blocks = families_section(merge_runs([run]), Pngs())
+    blocks = families_section(compare_runs([run]), Pngs())
     assert "The same heads in two models" in [b.text for b in blocks if isinstance(b, Heading)]
     closest = families.closest_across(table, top=3)
     assert closest["value"].tolist() == sorted(table["value"])[:3]
@@ -367,7 +367,7 @@ def test_similarity_across_models_equals_a_plain_loop_over_words(tiny_gpt2, tiny
     # the atlas's panel: each head's nearest heads of the other model, the first model's (a row of the plain
     # matrix) and the second's too (a column: the table holds each pair once, under the first model)
     want = sums / queries
-    models = {m["name"]: m for m in atlas_data(merge_runs([run]))["models"]}
+    models = {m["name"]: m for m in atlas_data(compare_runs([run]))["models"]}
     for name, matrix, other in ((str(tiny_gpt2), want, str(tiny_bert)), (str(tiny_bert), want.T, str(tiny_gpt2))):
         rows = next(o for o in models[name]["other"] if o["table"] == "similarity_across")
         assert sorted(set(rows["at"])) == list(range(len(matrix)))
@@ -376,7 +376,7 @@ def test_similarity_across_models_equals_a_plain_loop_over_words(tiny_gpt2, tiny
             assert [rows["value"][k] for k in mine] == pytest.approx(np.sort(line)[:NEAREST], rel=1e-4)
             assert {rows["cells"][rows["key"][k]][0] for k in mine} == {other}
     # two runs of the same two models: each run's other_model renamed as its model, so each panel lists its run's
-    both = merge_runs([run, run], ["a", "b"])
+    both = compare_runs([run, run], ["a", "b"])
     assert set(zip(both["similarity_across"]["model"], both["similarity_across"]["other_model"])) == \
         {(f"a:{tiny_gpt2}", f"a:{tiny_bert}"), (f"b:{tiny_gpt2}", f"b:{tiny_bert}")}
     second = next(m for m in atlas_data(both)["models"] if m["name"] == f"b:{tiny_bert}")

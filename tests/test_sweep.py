@@ -12,7 +12,7 @@ from headscan.corpus import Corpus, Segment, read_corpus
 from headscan.errors import ConfigError, HeadscanError
 from headscan.metrics import metric_names
 from headscan.scan import sweep, sweep_model
-from headscan.tables import combine, load
+from headscan.tables import load, merge_tables
 
 CONFIG = SweepConfig(device="cpu", bootstrap=20)
 
@@ -81,7 +81,7 @@ def test_sweeps_of_disjoint_halves_combine_exactly(tiny_gpt2):
     swept = sweep_model(model, corpus, CONFIG)
     whole = swept.heads
     parts = [sweep_model(model, half, CONFIG) for half in halves]
-    both = combine(parts)
+    both = merge_tables(parts)
     combined = both.heads
     pd.testing.assert_frame_equal(combined[["model", "layer", "head", "metric", "count"]],
                                   whole[["model", "layer", "head", "metric", "count"]])
@@ -93,7 +93,7 @@ def test_sweeps_of_disjoint_halves_combine_exactly(tiny_gpt2):
     assert np.isnan(combined["value"].to_numpy()[~defined]).all() and np.isnan(whole["value"].to_numpy()[~defined]).all()
     assert {name: len(frame) for name, frame in both.frames.items()} == \
         {name: len(frame) for name, frame in swept.frames.items()}  # one row per key, as in the whole sweep
-    # read off the weights, not summed: one copying score per head (combine once kept each part's rows)
+    # read off the weights, not summed: one copying score per head (merge_tables once kept each part's rows)
     assert len(both["weights"]) == model.n_layers * model.n_heads
     np.testing.assert_array_equal(both["weights"]["value"], swept["weights"]["value"])
 

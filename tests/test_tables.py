@@ -60,7 +60,7 @@ def test_a_registered_table_is_swept_written_loaded_and_combined(toy_table, tiny
     corpus = headscan.corpus.read_corpus("builtin", limit=6)
     parts = [sweep_model(tiny_models["bert"], headscan.corpus.Corpus("h", "text", "", corpus.segments[i:i + 3]),
                          headscan.SweepConfig(device="cpu", bootstrap=0)) for i in (0, 3)]
-    combined = tables.combine(parts)["toy"]
+    combined = tables.merge_tables(parts)["toy"]
     pd.testing.assert_series_equal(combined["sum"], toy["sum"], atol=1e-9, rtol=0)
     assert combined["ci_low"].isna().all()  # intervals cannot be combined from tables
 
@@ -118,7 +118,7 @@ def test_a_v0_1_run_json_still_loads(tmp_path, committed_ewt):
         pq.write_table(table.replace_schema_metadata(stamp), folder / f"{name}.parquet")
     loaded = tables.load(folder)
     assert loaded.provenance == run
-    assert loaded.heads["units"].isna().all() and not tables.thin_support(loaded.heads).any()  # not recorded then
+    assert loaded.heads["units"].isna().all() and not tables.thin_rows(loaded.heads).any()  # not recorded then
     pd.testing.assert_frame_equal(loaded.heads.drop(columns=LATER), committed_ewt.heads.drop(columns=LATER))
     assert RunProvenance.from_json(run.to_json()) == run
 

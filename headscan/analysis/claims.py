@@ -3,13 +3,13 @@
 A claim about a row (a findings sentence, an entry of a top-head list, a role badge, a "looks furthest" line, a
 syntax finding) needs two things of the row's numbers:
 
-- its interval is not thin (`headscan.tables.thin_support`: enough units, none holding too much of the sum);
+- its interval is not thin (`headscan.tables.thin_rows`: enough units, none holding too much of the sum);
 - its interval lies beyond chance on the metric's striking side: ``ci_low > chance`` where high values are
   striking (a share of attention), ``ci_high < chance`` where low ones are (entropy). ``chance`` is the row's
   value under the null head, uniform attention over what each query sees (`headscan.tables` documents it).
 
 `why_not` says, row by row, why a row cannot carry a claim ("" where it can); `supported` is its boolean.
-A row without an interval (a sweep without bootstrap, tables added up by `headscan.tables.combine`) or
+A row without an interval (a sweep without bootstrap, tables added up by `headscan.tables.merge_tables`) or
 without a chance level (a table written before headscan recorded it) carries none: nothing says how far from
 uniform attention it lies.
 
@@ -60,7 +60,7 @@ def why_not(rows: pd.DataFrame, *, striking="high") -> pd.Series:
     """
     side = striking if isinstance(striking, pd.Series) else pd.Series(striking, index=rows.index)
     low, high, chance = _column(rows, "ci_low"), _column(rows, "ci_high"), _column(rows, "chance")
-    thin = tables.thin_support(rows) if len(rows) else pd.Series(False, index=rows.index)
+    thin = tables.thin_rows(rows) if len(rows) else pd.Series(False, index=rows.index)
     no_interval = low.isna() | high.isna()
     no_chance = chance.isna()
     ranks_high = side == "high"

@@ -8,7 +8,7 @@ kind of key (`PATTERN_METRICS`). Chance for an effect is 0, a head whose removal
 its whole interval lies within `NEGLIGIBLE` of the model's largest around 0. A control model is measured on its
 trained model's scale (`scale_of`): an untrained copy's largest effect is no yardstick, since every head of it
 changes the output by about as little. Flags rest only on values whose
-support is not thin (`headscan.tables.thin_support`), for both the effect and the pattern.
+support is not thin (`headscan.tables.thin_rows`), for both the effect and the pattern.
 
 This module draws nothing and loads no model.
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..tables import thin_support
+from ..tables import thin_rows
 
 __all__ = ["PATTERN_METRICS", "PAIRS", "STRIKING", "MATTERS", "NEGLIGIBLE", "FLAGS", "spearman", "effects",
            "strongest_pattern", "matter_table", "agreement"]
@@ -58,7 +58,7 @@ def effects(importance: pd.DataFrame) -> pd.DataFrame:
     rows = rows.sort_values(["model", "layer", "head"], kind="stable")
     out = rows[[c for c in columns if c in rows.columns]].reset_index(drop=True)
     out["exact"] = out["method"] == "mean_ablation"
-    out["thin"] = thin_support(out).to_numpy()
+    out["thin"] = thin_rows(out).to_numpy()
     return out
 
 
@@ -69,7 +69,7 @@ def strongest_pattern(heads: pd.DataFrame) -> pd.DataFrame:
     rows = rows.sort_values(["value"], ascending=False, kind="stable").drop_duplicates(["model", "layer", "head"])
     out = rows[["model", "layer", "head", "metric", "value", "ci_low", "ci_high"]].rename(
         columns={"metric": "pattern", "value": "pattern_value", "ci_low": "pattern_low", "ci_high": "pattern_high"})
-    out["pattern_thin"] = thin_support(rows).to_numpy()
+    out["pattern_thin"] = thin_rows(rows).to_numpy()
     return out.reset_index(drop=True)
 
 

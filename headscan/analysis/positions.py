@@ -103,8 +103,8 @@ def chance_profile(positions: pd.DataFrame, *, metric: str) -> pd.DataFrame:
 
 def solid_buckets(rows: pd.DataFrame) -> pd.Series:
     """Per (model, bucket) of `rows` (one metric's), whether most of its heads' rows rest on support that is
-    not thin (`headscan.tables.thin_support`): a bucket a statement may be made at."""
-    flagged = rows.assign(_thin=tables.thin_support(rows))
+    not thin (`headscan.tables.thin_rows`): a bucket a statement may be made at."""
+    flagged = rows.assign(_thin=tables.thin_rows(rows))
     return ~flagged.groupby(["model", "bucket"], sort=False)["_thin"].mean().gt(0.5)
 
 

@@ -21,7 +21,7 @@ import pandas as pd
 
 from ..errors import TablesError
 from ..metrics import describe, get_metric
-from ..tables import TABLES, ModelProvenance, RunProvenance, thin_support
+from ..tables import TABLES, ModelProvenance, RunProvenance, thin_rows
 from .claims import why_not
 from .formats import fmt_bucket, pct  # noqa: F401  (re-exported)
 
@@ -29,7 +29,7 @@ __all__ = ["WIDE_CI", "bounded", "striking_order", "striking_of", "ci_is_wide", 
            "fmt_score", "fmt_bucket", "pct", "structural_reason", "why_structural", "unit_note", "controls_note"]
 
 WIDE_CI = 0.1  # an interval wider than this (0-1 metrics) or than this fraction of the value (others) is wide
-_SUPPORT = ("units", "top_unit_share")  # the columns headscan.tables.thin_support reads
+_SUPPORT = ("units", "top_unit_share")  # the columns headscan.tables.thin_rows reads
 ZERO = 1e-12  # a value this close to 0 is 0
 
 
@@ -96,7 +96,7 @@ def top_heads(heads: pd.DataFrame, metric: str, n: int = 10, *, model: str | Non
     DataFrame
         Columns ``model, rank, label, layer, head, value, ci_low, ci_high, chance, count, units, wide, thin,
         unsupported`` (``wide``: see `ci_is_wide`; ``thin``: the value rests on thin support,
-        `headscan.tables.thin_support`: read it as unsure whatever its interval says; ``unsupported``: why the
+        `headscan.tables.thin_rows`: read it as unsure whatever its interval says; ``unsupported``: why the
         row cannot carry a claim, `headscan.analysis.claims.why_not`, "" where it can: "at chance", "thin
         support", ...), one block of up to `n` rows per model in the table's order, rank 1 first. The list
         keeps the striking heads that fail the claim gate, marked, so that a reader sees why they are not
@@ -125,7 +125,7 @@ def top_heads(heads: pd.DataFrame, metric: str, n: int = 10, *, model: str | Non
         rows = rows[rows["model"].isin(varied.index[varied])]
     rows = rows[rows["value"].notna()]
     rows = rows.sort_values(["value", "layer", "head"], ascending=[not entry.ranks_high(), True, True], kind="stable")
-    rows = rows.assign(thin=thin_support(rows))
+    rows = rows.assign(thin=thin_rows(rows))
     top = rows.groupby("model", sort=False).head(n)
     top = top.assign(chance=top["chance"] if "chance" in top.columns else np.nan)
     top = top.assign(unsupported=why_not(top, striking=entry.striking) if len(top) else pd.Series(dtype=object))
@@ -143,8 +143,8 @@ def _with_support(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def thin(rows: pd.DataFrame) -> pd.Series:
-    """`headscan.tables.thin_support` of `rows`, also for rows of a table that predates the support columns."""
-    return thin_support(_with_support(rows))
+    """`headscan.tables.thin_rows` of `rows`, also for rows of a table that predates the support columns."""
+    return thin_rows(_with_support(rows))
 
 
 def top_rows(frame: pd.DataFrame, *, keys: list[str], n: int = 10) -> pd.DataFrame:

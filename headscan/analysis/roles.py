@@ -142,7 +142,7 @@ def head_roles(heads: pd.DataFrame, weights: pd.DataFrame | None = None) -> pd.D
     out = heads[keys].drop_duplicates(["model", "layer", "head"]).reset_index(drop=True)
     rows = heads[heads["metric"].isin({m for role in ROLES for m in role.metrics}) & heads["value"].notna()]
     gated = rows.assign(claim=supported(rows) if len(rows) else pd.Series(dtype=bool),
-                        solid=~tables.thin_support(rows) if len(rows) else pd.Series(dtype=bool))
+                        solid=~tables.thin_rows(rows) if len(rows) else pd.Series(dtype=bool))
     evidence = copying_evidence(heads, weights).set_index(_keys())
     held: dict[tuple, list[str]] = {key: [] for key in map(tuple, out[_keys()].itertuples(index=False, name=None))}
     for role in ROLES:

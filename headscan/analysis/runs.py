@@ -1,6 +1,6 @@
 """Runs side by side: several sweeps' tables as one, every model named apart, and what their provenance says.
 
-`merge_runs` puts one or more runs together, table by table through the registry (`headscan.tables.TABLES`),
+`compare_runs` puts one or more runs together, table by table through the registry (`headscan.tables.TABLES`),
 renaming a model ``run:model`` when more than one run has it. `model_shapes`, `run_summary` and
 `model_sources` read the runs' typed provenance (`headscan.tables.provenance`) into display tables.
 
@@ -27,7 +27,7 @@ from ..metrics import METRICS
 from ..tables import TABLES, ModelProvenance, RunProvenance, SweepTables
 from .formats import code
 
-__all__ = ["ReportModel", "Comparison", "run_names", "merge_runs", "model_shapes", "run_summary", "model_sources"]
+__all__ = ["ReportModel", "Comparison", "run_names", "compare_runs", "model_shapes", "run_summary", "model_sources"]
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class ReportModel:
 
 @dataclass
 class Comparison:
-    """One or more runs' tables side by side, every model renamed apart (see `merge_runs`)."""
+    """One or more runs' tables side by side, every model renamed apart (see `compare_runs`)."""
 
     frames: dict[str, pd.DataFrame]  # table name (a key of TABLES) -> the rows of every run
     runs: list[tuple[str, SweepTables]]  # (run name, its tables as loaded)
@@ -108,7 +108,7 @@ def run_names(paths: Sequence[str | os.PathLike]) -> list[str]:
     return names
 
 
-def merge_runs(runs: Sequence[SweepTables], names: Sequence[str] | None = None) -> Comparison:
+def compare_runs(runs: Sequence[SweepTables], names: Sequence[str] | None = None) -> Comparison:
     """Put several runs' tables into one, renaming a model ``run:model`` when more than one run has it.
 
     Parameters

@@ -113,9 +113,9 @@ def best_heads(syntax: pd.DataFrame, *, relations=None, min_share: float = MIN_S
     DataFrame
         Columns `BEST_COLUMNS`: ``accuracy`` is the head's value (share of dependents), ``count`` the number
         of dependents, ``baseline`` and ``baseline_offset`` the best fixed offset's accuracy and offset
-        (NaN / <NA> where the table did not record them: tables added up by `headscan.tables.combine`),
+        (NaN / <NA> where the table did not record them: tables added up by `headscan.tables.merge_tables`),
         ``margin = ci_low - baseline`` and ``beats = ci_low > baseline`` (False where either is NaN),
-        ``thin`` the head's value rests on thin support (`headscan.tables.thin_support`), ``chance`` a uniformly
+        ``thin`` the head's value rests on thin support (`headscan.tables.thin_rows`), ``chance`` a uniformly
         random choice among the candidate words, ``unsupported`` why the row cannot carry a claim
         (`headscan.analysis.claims.why_not`: thin, or its interval not above chance), "" where it can. One row per
         (model, relation, direction) with a defined value, relation by relation in the shown order, then
@@ -130,7 +130,7 @@ def best_heads(syntax: pd.DataFrame, *, relations=None, min_share: float = MIN_S
     order = relation_order(syntax, relations=relations, min_share=min_share)
     models = {name: i for i, name in enumerate(dict.fromkeys(syntax["model"]))}
     rows = syntax[syntax["relation"].isin(order) & syntax["value"].notna()]
-    rows = rows.assign(thin=tables.thin_support(rows),
+    rows = rows.assign(thin=tables.thin_rows(rows),
                        ci_low_key=rows["ci_low"].fillna(-np.inf))  # a missing interval ranks last among ties
     rows = rows.sort_values(["value", "ci_low_key", "layer", "head"], ascending=[False, False, True, True],
                             kind="stable")
@@ -210,7 +210,7 @@ def syntax_findings(best: pd.DataFrame) -> dict[str, list[str]]:
         if len(unjudged):
             why = []
             if rows["ci_low"].isna().any():
-                why.append("no interval (a sweep without bootstrap, or tables added up by combine)")
+                why.append("no interval (a sweep without bootstrap, or tables added up by merge_tables)")
             if rows["baseline"].isna().any():
                 why.append("no baseline recorded")
             if rows["thin"].any():

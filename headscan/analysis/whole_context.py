@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..tables import SweepTables, thin_support
+from ..tables import SweepTables, thin_rows
 
 __all__ = ["RETRIEVAL_THRESHOLD", "WU_SHARES", "retrieval_shares", "kv_budget", "relations", "retrieval_summary"]
 
@@ -153,7 +153,7 @@ def retrieval_summary(run: SweepTables, n: int = 5) -> str:
                      f"({row['share_above']:.1%}); the whole 95% interval above it: {row['above_interval']} "
                      f"(Wu et al.: 3-6% of heads above {RETRIEVAL_THRESHOLD})")
         part = retrieval[(retrieval["model"] == model) & (retrieval["metric"] == metric)]
-        part = part.assign(thin=thin_support(part)).sort_values(["value", "layer", "head"],
+        part = part.assign(thin=thin_rows(part)).sort_values(["value", "layer", "head"],
                                                                  ascending=[False, True, True]).head(n)
         for row in part.itertuples():
             lines.append(f"  {row.label:>8} {row.value:.3f} [{row.ci_low:.3f}, {row.ci_high:.3f}] over "

@@ -64,7 +64,7 @@ def layer_by_head(rows: pd.DataFrame, what: str) -> pd.DataFrame:
     if rows.duplicated(["layer", "head"]).any():
         raise ValueError(
             f"{what}: several rows per (layer, head); pass one run's table, or rename the models of each "
-            "run apart (headscan.analysis.runs.merge_runs does this as 'run:model')"
+            "run apart (headscan.analysis.runs.compare_runs does this as 'run:model')"
         )
     grid = rows.pivot(index="layer", columns="head", values="value")
     # Every layer and head gets a cell, even one with no row, so the grid shows the model's real shape.

@@ -165,7 +165,7 @@ def _model_metrics(comparison: Comparison, m, rows: pd.DataFrame, ranks: pd.Data
         part = rows[rows["metric"] == metric]
         if part.empty:
             continue
-        thin = tables.thin_support(part) if {"units", "top_unit_share"} <= set(part.columns) else part["value"] < -1
+        thin = tables.thin_rows(part) if {"units", "top_unit_share"} <= set(part.columns) else part["value"] < -1
         rank = ranks[ranks["metric"] == metric]
         defined = part[part["value"].notna()]
         reasons = why_not(defined, striking=striking_of(defined)) if len(defined) else pd.Series(dtype=object)

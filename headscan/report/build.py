@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import matplotlib
 import seaborn as sns
 
-from ..analysis.runs import Comparison, merge_runs, run_names
+from ..analysis.runs import Comparison, compare_runs, run_names
 from ..errors import ConfigError
 from ..plots.style import model_palette
 from ..tables import SweepTables, folders, load
@@ -69,7 +69,7 @@ def build_report(comparison: Comparison, *, top: int = 10, examples: Examples | 
     Parameters
     ----------
     comparison : Comparison
-        The runs side by side (`headscan.analysis.runs.merge_runs`).
+        The runs side by side (`headscan.analysis.runs.compare_runs`).
     top : int, default 10
         How many heads to list per metric and model.
     examples : Examples, optional
@@ -164,7 +164,7 @@ def write_report(
     out = report_folder(loaded, out)
     with folders.lock(out):
         check_report_options(top=top, out=out, overwrite=overwrite)
-        document = build_report(merge_runs(loaded, names), top=top, examples=examples,
+        document = build_report(compare_runs(loaded, names), top=top, examples=examples,
                                 title=f"headscan report: {' vs '.join(names)}", progress=progress)
         if progress is not None:
             progress(f"report: writing {out}")

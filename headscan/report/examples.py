@@ -29,7 +29,7 @@ import pandas as pd
 from .. import models
 from ..analysis.formats import code
 from ..analysis.ranking import top_heads
-from ..analysis.runs import Comparison, merge_runs
+from ..analysis.runs import Comparison, compare_runs
 from ..config import control_name, split_control
 from ..corpus.segment import Segment
 from ..corpus.shuffle import shuffled_segment
@@ -268,7 +268,7 @@ def compute_examples(runs: Sequence[SweepTables], text: str | None = None, *, na
         A model that cannot be loaded or run is listed in ``failed`` with the reason; the others are drawn.
     """
     text = check_example(text)
-    comparison = merge_runs(runs, names)
+    comparison = compare_runs(runs, names)
     picks = example_heads(comparison.heads)
     repeated = wants_repeated(comparison)
     inductions = induction_heads(comparison.heads) if repeated else induction_heads(comparison.heads).iloc[:0]

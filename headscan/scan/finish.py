@@ -26,7 +26,16 @@ from ..config import IMPORTANCE_METHODS, SweepConfig
 from ..corpus import Corpus
 from ..metrics import METRICS
 from ..models import resolve_device
-from ..tables import TABLES, CorpusProvenance, ModelProvenance, RunProvenance, SweepTables, concat, head_columns, write
+from ..tables import (
+    TABLES,
+    CorpusProvenance,
+    ModelProvenance,
+    RunProvenance,
+    SweepTables,
+    head_columns,
+    side_by_side,
+    write,
+)
 from .passes import PASSES
 from .passes.weights import WEIGHT_CHANCE, WEIGHT_METRICS, weights_frame
 from .plan import columns_of, has_words
@@ -160,7 +169,7 @@ def publish(states: Sequence[PartialState], config: SweepConfig, provenance: Run
     which the partial states in `partial` are removed."""
     parts = [SweepTables(finish(state, config)) for state in states]
     described = tuple(model_provenance(state, config) for state in states)
-    tables = concat(parts, dataclasses.replace(provenance, models=described))
+    tables = side_by_side(parts, dataclasses.replace(provenance, models=described))
     for name in dict.fromkeys(name for state in states for name in state.passes):  # tables over every model
         tables.frames.update(PASSES[name].across(list(states)))
     if out is not None:

@@ -3,7 +3,7 @@
 Torch-free: ``import headscan`` and ``headscan.load`` need nothing heavier than pandas and pyarrow.
 """
 
-from .io import SweepTables, check_out, combine, concat, load, thin_support, write
+from .io import SweepTables, check_out, load, merge_tables, side_by_side, thin_rows, write
 from .provenance import CorpusProvenance, ModelProvenance, RunProvenance
 from .schema import (
     HEAD_COLUMNS,
@@ -17,5 +17,5 @@ from .schema import (
 )
 
 __all__ = ["HEAD_COLUMNS", "VALUE_COLUMNS", "Table", "TABLES", "register_table", "tables_markdown", "head_label",
-           "head_columns", "SweepTables", "load", "write", "check_out", "combine", "concat", "thin_support",
+           "head_columns", "SweepTables", "load", "write", "check_out", "merge_tables", "side_by_side", "thin_rows",
            "RunProvenance", "ModelProvenance", "CorpusProvenance"]

@@ -29,7 +29,7 @@ from . import folders
 from .provenance import RunProvenance
 from .schema import HEAD_COLUMNS, TABLES
 
-__all__ = ["SweepTables", "load", "write", "check_out", "combine", "concat", "thin_support"]
+__all__ = ["SweepTables", "load", "write", "check_out", "merge_tables", "side_by_side", "thin_rows"]
 
 PROVENANCE_KEY = b"headscan"
 RUN_TABLES = ("heads", "retrieval")  # a run holds one of these: a sweep's, or headscan retrieval's
@@ -236,10 +236,10 @@ def _read_parquet(path: Path) -> tuple[pd.DataFrame, dict | None]:
 # --- combining --------------------------------------------------------------------------------------------
 
 
-def concat(parts: list[SweepTables], provenance: RunProvenance | None = None) -> SweepTables:
+def side_by_side(parts: list[SweepTables], provenance: RunProvenance | None = None) -> SweepTables:
     """Put sweeps of different models side by side (one run of several models); no rows may repeat."""
     if not parts:
-        raise TablesError("concat needs at least one sweep")
+        raise TablesError("side_by_side needs at least one sweep")
     names = [name for part in parts for name in part.models]
     if len(set(names)) != len(names):
         raise TablesError(f"a model appears in more than one of the sweeps to put side by side: {names}")
@@ -250,7 +250,7 @@ def concat(parts: list[SweepTables], provenance: RunProvenance | None = None) ->
     return SweepTables(frames, provenance or parts[0].provenance)
 
 
-def combine(parts: list[SweepTables]) -> SweepTables:
+def merge_tables(parts: list[SweepTables]) -> SweepTables:
     """Combine sweeps of the same models over disjoint parts of a corpus: sums and counts add exactly.
 
     Refuses a run given twice, parts swept with different settings or models, and parts of the same corpus
@@ -258,7 +258,7 @@ def combine(parts: list[SweepTables]) -> SweepTables:
     be combined from tables alone, so they come back as NaN; `headscan merge` combines shards with intervals.
     """
     if not parts:
-        raise TablesError("combine needs at least one sweep")
+        raise TablesError("merge_tables needs at least one sweep")
     _check_disjoint(parts)
     frames = {}
     for name in dict.fromkeys(name for part in parts for name in part.frames):
@@ -314,7 +314,7 @@ def _check_disjoint(parts: list[SweepTables]) -> None:
             seen[key] = i
 
 
-def thin_support(rows: pd.DataFrame) -> pd.Series:
+def thin_rows(rows: pd.DataFrame) -> pd.Series:
     """True for rows whose interval should not be trusted: the ``thin`` column (`headscan.intervals.thin`, from the
     data's own heaviness) where it was recorded; else the previous rule, `headscan.intervals.thin_support`, read
     from ``units`` and ``top_unit_share``; False where neither was recorded.
@@ -322,7 +322,7 @@ def thin_support(rows: pd.DataFrame) -> pd.Series:
     >>> rows = pd.DataFrame({"units": [400.0, 9.0, 400.0, float("nan"), 400.0],
     ...                      "top_unit_share": [0.01, 0.1, 0.6, float("nan"), 0.01],
     ...                      "thin": pd.array([False, False, pd.NA, pd.NA, True], dtype="boolean")})
-    >>> thin_support(rows).tolist()
+    >>> thin_rows(rows).tolist()
     [False, False, True, False, True]
     """
     from ..intervals import THIN_MAX_SHARE, THIN_MIN_UNITS
