@@ -128,7 +128,7 @@ def test_undefined_heads_relations_and_baselines():
     said = syntactic.syntax_findings(best.reset_index())["m"]
     assert said == ["No head of m beats the best fixed offset beyond its 95% interval on `det`, in either direction.",
                     "2 of 3 best heads of m are not judged: no interval (a sweep without bootstrap, or tables added "
-                    "up by combine); no baseline recorded."]
+                    "up by merge_tables); no baseline recorded."]
 
 
 def test_relations_shown_all_first_then_by_dependents_with_the_frequent_ones_however_rare():
