@@ -163,7 +163,7 @@ OPTIONS: dict[str, list[Opt]] = {
                                                  "device_map", "specials", "prepend_bos", "max_offset", "bootstrap",
                                                  "seed", "bootstrap_unit", "document_field", "interval", "window",
                                                  "pack", "attention", "query_chunk", "attention_budget", "values",
-                                                 "control", "control_seed", "importance", "ablate_top",
+                                                 "control", "control_seed", "importance", "ablate_top", "ablate_first",
                                                  "importance_sample", "mask_rate", "similarity_sample", "sink",
                                                  "recent")),
         Opt(("save_every", "--save-every"), "run", "Save the partial state at the first window end after this many "

@@ -52,7 +52,7 @@ CONTROLS: tuple[str, ...] = get_args(Control)
 
 # Head importance (headscan.metrics.importance): how a head's removal is measured, and on what. "atp" estimates
 # both ablations to first order from one backward pass; "ablate" also runs them exactly.
-IMPORTANCE_METHODS = ("atp_mean", "atp_zero", "mean_ablation", "zero_ablation")
+IMPORTANCE_METHODS = ("atp_mean", "atp_zero", "mean_ablation", "zero_ablation", "resample_ablation")
 IMPORTANCE_TARGETS = ("next_token_loss", "masked_loss", "hidden_change")  # causal LM, trained MLM head, other encoders
 TEMPLATES: tuple[str, ...] = get_args(Template)
 
@@ -159,6 +159,10 @@ class SweepConfig:
         "'ablate' also replaces each head's output exactly, one head at a time (slow: two passes per head).")
     ablate_top: int | None = _field(None, "scores", "With --importance ablate: only the N heads of largest |AtP| "
                                     "(on the importance sample).", metavar="N")
+    # the first position (BOS, [CLS]) is where many heads park attention: replacing it there measures that sink
+    ablate_first: bool = _field(False, "scores", "Importance: also replace a head's output at each segment's first "
+                                "position (BOS, [CLS]); by default it is left alone and the mean a head is replaced "
+                                "with is taken over the other positions.")
     importance_sample: int | None = _field(
         None, "scores", "Measure importance on a seeded sample of N segments (default: all); each head's mean output "
         "comes from the same sample. The other tables still cover the whole corpus.", metavar="N")
@@ -217,6 +221,8 @@ class SweepConfig:
         if self.document_field is not None and (not isinstance(self.document_field, str) or not self.document_field):
             raise ConfigError(f"document_field must be None or the name of a JSONL field, got {self.document_field!r}",
                               setting="document_field")
+        if not isinstance(self.ablate_first, bool):
+            raise ConfigError(f"ablate_first must be True or False, got {self.ablate_first!r}", setting="ablate_first")
         if not isinstance(self.values, bool):
             raise ConfigError(f"values must be True or False, got {self.values!r}", setting="values")
         if self.prepend_bos not in (None, True, False):

@@ -81,10 +81,11 @@ class Plain:
         self.seen.append(x)
         if self.patch is None or self.patch[0] != layer:
             return None
-        _, head, value = self.patch
+        _, head, value, start = self.patch
         d = x.shape[-1] // self.n_heads
         x = x.clone()
-        x[..., head * d:(head + 1) * d] = value
+        # `value`: one vector for every position, or one per position (seq, d_head); positions before `start` stay
+        x[..., start:, head * d:(head + 1) * d] = value if value.dim() < 2 else value[start:]
         return (x,)
 
     def output(self, ids, patch=None):
@@ -133,26 +134,39 @@ def plain_inputs(folder, causal: bool, texts, seed=0, rate=0.15, masked=False, v
     return sequences
 
 
-def plain_importance(plain: Plain, sequences, heads):
-    """{(method, layer, head): (sum of the change over the sequences, count[, sum of |terms|])} for exact mean
-    and zero ablation and AtP of both, the mean over every real token of every sequence. AtP's third entry, the
-    sum of its terms' sizes, is what float32 rounding scales with: its terms cancel (smollm2's L0H2: a sum 90
-    times smaller than its terms')."""
+def plain_donors(n: int, seed: int = 0) -> list[int]:
+    """Resample ablation's donor of each of n segments, by the rule docs/importance.md states: the segments in a
+    permutation drawn by numpy's generator seeded [seed, 2103], each giving to the one before it (cyclically)."""
+    order = np.random.default_rng([seed, 2103]).permutation(np.arange(n)).tolist()
+    donor = [0] * n
+    for i, segment in enumerate(order):
+        donor[segment] = order[(i + 1) % n]
+    return donor
+
+
+def plain_importance(plain: Plain, sequences, heads, first: bool = False):
+    """{(method, layer, head): (sum of the change over the sequences, count[, sum of |terms|])} for exact mean,
+    zero and resample ablation and AtP of the first two. Each replaces the head's output at every position from
+    the second on (`first`: from the first), the mean being over those positions of every sequence. AtP's third
+    entry, the sum of its terms' sizes, is what float32 rounding scales with: its terms cancel (smollm2's L0H2: a
+    sum 90 times smaller than its terms')."""
+    start = 0 if first else 1
+    totals, heads_of = {}, []
+    for _ids, inputs, _labels in sequences:  # the means: a first pass over every sequence
+        with torch.no_grad():
+            plain.output(inputs)
+        heads_of.append([x[0] for x in plain.seen])  # each layer's (seq, head * d_head), for resampling
+        for layer, x in enumerate(plain.seen):
+            totals[layer] = totals.get(layer, 0) + x[0, start:].double().sum(0)
+    n_tokens = sum(len(ids) - start for ids, _, _ in sequences)
+    means = {layer: (total / n_tokens).to(plain.model.dtype) for layer, total in totals.items()}
+    donor = plain_donors(len(sequences)) if len(sequences) > 1 else None
     outputs = []
     with torch.no_grad():
         for _, inputs, _ in sequences:
             outputs.append(plain.output(inputs))
-            plain.seen = [x[0] for x in plain.seen]
-    totals = {}
-    for _ids, inputs, _labels in sequences:  # the means: a first pass over every sequence
-        with torch.no_grad():
-            plain.output(inputs)
-        for layer, x in enumerate(plain.seen):
-            totals[layer] = totals.get(layer, 0) + x[0].double().sum(0)
-    n_tokens = sum(len(ids) for ids, _, _ in sequences)
-    means = {layer: (total / n_tokens).to(plain.model.dtype) for layer, total in totals.items()}
     found = {}
-    for (ids, inputs, labels), clean in zip(sequences, outputs):
+    for position, ((ids, inputs, labels), clean) in enumerate(zip(sequences, outputs)):
         # AtP: the plain model's own backward pass, each head's (mean - z) . g summed over positions
         seen = []
         handles = [m.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
@@ -166,7 +180,8 @@ def plain_importance(plain: Plain, sequences, heads):
             loss, count = plain.score(output, ids, labels, None)
             grads = torch.autograd.grad(loss, seen)
             for layer, (z, g) in enumerate(zip(seen, grads)):
-                z, g = z[0].detach().view(len(inputs), plain.n_heads, -1), g[0].view(len(inputs), plain.n_heads, -1)
+                z, g = z[0, start:].detach(), g[0, start:]
+                z, g = z.reshape(len(z), plain.n_heads, -1), g.reshape(len(g), plain.n_heads, -1)
                 mean = means[layer].view(plain.n_heads, -1)
                 for method, r in (("atp_mean", mean), ("atp_zero", torch.zeros_like(mean))):
                     terms = (r - z) * g  # (position, head, d_head)
@@ -178,8 +193,15 @@ def plain_importance(plain: Plain, sequences, heads):
             base, count = plain.score(clean, ids, labels, clean)
             for layer, head in heads:
                 d = means[layer].shape[0] // plain.n_heads
-                for method, value in (("mean_ablation", means[layer][head * d:(head + 1) * d]), ("zero_ablation", 0.0)):
-                    ablated, _ = plain.score(plain.output(inputs, (layer, head, value)), ids, labels, clean)
+                mean = means[layer][head * d:(head + 1) * d]
+                kinds = [("mean_ablation", mean), ("zero_ablation", torch.zeros_like(mean))]
+                if donor is not None:  # the donor's output where it has a position, else the mean
+                    other = heads_of[donor[position]][layer][:, head * d:(head + 1) * d]
+                    value = mean.repeat(len(inputs), 1)
+                    value[:min(len(inputs), len(other))] = other[:len(inputs)]
+                    kinds.append(("resample_ablation", value))
+                for method, value in kinds:
+                    ablated, _ = plain.score(plain.output(inputs, (layer, head, value, start)), ids, labels, clean)
                     s, c = found.get((method, layer, head), (0.0, 0))
                     found[method, layer, head] = (s + float(ablated - base), c + count)
     return found
@@ -212,16 +234,46 @@ def test_every_ablation_equals_a_plain_hook_loop(arch, target, tmp_path):
     run = headscan.sweep(str(folder), TEXTS, mask_rate=0.4, **SETTINGS)
     table = run["importance"]
     assert set(table["target"]) == {target}
-    assert len(table) == 4 * model.n_layers * model.n_heads  # every method, layer and head
+    assert len(table) == 5 * model.n_layers * model.n_heads  # every method, layer and head
     plain = Plain(folder, arch, model.n_layers, model.n_heads, target)
     sequences = plain_inputs(folder, model.causal, TEXTS, rate=0.4, masked=target == "masked_loss",
                              vocab_size=model.vocab_size)
     heads = [(layer, head) for layer in range(model.n_layers) for head in range(model.n_heads)]
     found = plain_importance(plain, sequences, heads)
-    assert assert_matches(table, found, 1e-5) == 4 * len(heads)
+    assert assert_matches(table, found, 1e-5) == 5 * len(heads)
     notes = run.provenance.models[0].extra["importance"]
     assert notes["target"] == target and notes["sample_segments"] == len(TEXTS) and notes["sample"] == "all 7 segments"
     assert ("from its layer on" in notes["ablation_passes"]) == (arch != "albert")  # one module for every layer
+
+
+def test_ablate_first_also_replaces_the_first_position_and_is_recorded(tmp_path):
+    """--ablate-first: every position replaced, the mean over every real token (the plain loop with `first`);
+    the default leaves BOS alone, which changes the values, and each run records which it did."""
+    folder = build_architecture_checkpoint(tmp_path / "gpt2", "gpt2", seed=4)
+    model = load_model(str(folder))
+    runs = {first: headscan.sweep(str(folder), TEXTS[:4], ablate_first=first, **SETTINGS) for first in (True, False)}
+    plain = Plain(folder, "gpt2", model.n_layers, model.n_heads, "next_token_loss")
+    heads = [(layer, head) for layer in range(model.n_layers) for head in range(model.n_heads)]
+    found = plain_importance(plain, plain_inputs(folder, True, TEXTS[:4]), heads, first=True)
+    assert assert_matches(runs[True]["importance"], found, 1e-5) == 5 * len(heads)
+    values = [run["importance"].set_index(["method", "layer", "head"])["value"] for run in runs.values()]
+    assert (values[0] - values[1]).abs().max() > 1e-4  # BOS's share of the ablation is not nothing
+    for first, run in runs.items():
+        notes = run.provenance.models[0].extra["importance"]
+        assert notes["ablate_first"] is first and ("first (BOS, [CLS]) included" in notes["positions"]) is first
+        assert run.provenance.config["ablate_first"] is first
+
+
+def test_resample_donors_are_a_seeded_derangement_of_the_sample():
+    from headscan.scan.importance import donors
+
+    for seed in range(20):
+        sample = sorted(np.random.default_rng(seed).choice(100, size=2 + seed, replace=False).tolist())
+        donor = donors(sample, seed)
+        assert sorted(donor) == sorted(donor.values()) == sample  # every segment gives once and takes once
+        assert all(donor[s] != s for s in sample)
+        assert donor == donors(sample, seed)  # fixed by the seed
+    assert donors([7], 0) == {}  # no other segment to take from
 
 
 def test_grouped_query_heads_are_ablated_one_query_head_at_a_time(tmp_path):
@@ -263,7 +315,7 @@ def test_smollm2_and_minilm_ablations_equal_a_plain_hook_loop(minilm):
         plain = Plain(folder, arch, model.n_layers, model.n_heads, target, dtype=dtype, **load)
         sequences = plain_inputs(folder, model.causal, texts, **load)  # its own tokenizer (smollm2: BOS first)
         found = plain_importance(plain, sequences, heads)
-        expected = 2 * len(heads) + (2 * model.n_layers * model.n_heads if target != "hidden_change" else 0)
+        expected = (2 + (len(texts) > 1)) * len(heads) + (2 * model.n_layers * model.n_heads if target != "hidden_change" else 0)
         # AtP also to 1e-5 of its terms' summed sizes (its sum cancels: a bound relative to the sum alone fails)
         assert assert_matches(table, found, 1e-5, atp_rtol=1e-5) == expected, arch
 
@@ -357,7 +409,7 @@ def test_an_encoder_without_a_trained_head_is_scored_on_its_hidden_states(tiny_b
     plain = Plain(folder, "bert", model.n_layers, model.n_heads, "hidden_change")
     heads = [(layer, head) for layer in range(model.n_layers) for head in range(model.n_heads)]
     found = plain_importance(plain, plain_inputs(folder, False, TEXTS), heads)
-    assert assert_matches(table, found, 1e-5) == 2 * len(heads)
+    assert assert_matches(table, found, 1e-5) == 3 * len(heads)
     assert "none: the first-order change" in run.provenance.models[0].extra["importance"]["atp"]
 
 
@@ -423,7 +475,7 @@ def test_shards_merge_into_the_unsharded_importance_table(tiny_gpt2, lines, tmp_
         tolerance = 1e-9 if column.startswith("ci_") else 1e-12  # power sums added in another order
         np.testing.assert_allclose(b[column], a[column], rtol=0, err_msg=column,
                                    atol=tolerance * max(1.0, np.nanmax(np.abs(a[column]))))
-    assert a["value"].notna().sum() == 2 * 8 + 2 * 3  # both AtP rows of all 8 heads, both ablations of 3
+    assert a["value"].notna().sum() == 2 * 8 + 3 * 3  # both AtP rows of all 8 heads, three ablations of 3
 
 
 def test_a_stopped_sweep_resumes_its_importance_exactly(tiny_gpt2, lines, tmp_path):
@@ -487,6 +539,24 @@ def test_a_control_is_measured_on_its_trained_models_scale():
     assert scaled.loc[~control, "matters"].tolist() == own.loc[own["model"] == "m", "matters"].tolist()
 
 
+def test_only_exact_ablations_matter_and_the_scale_is_the_largest_exact_effect():
+    """AtP estimates (the heads --ablate-top left out) neither matter nor are nil, however large, and do not set
+    the scale: here AtP's 0.9 would make the exact 0.05 too small to matter."""
+    from headscan.analysis.importance import matter_table
+
+    importance = pd.DataFrame({
+        "model": "m", "layer": 0, "head": [0, 1, 2, 0, 1, 2], "label": ["L0H0", "L0H1", "L0H2"] * 2,
+        "target": "next_token_loss", "method": ["mean_ablation"] * 2 + [None] + ["atp_mean"] * 3,
+        "value": [0.2, 0.05, np.nan, 0.1, 0.04, 0.9], "ci_low": [0.18, 0.04, np.nan, 0.09, 0.03, 0.8],
+        "ci_high": [0.22, 0.06, np.nan, 0.11, 0.05, 1.0]}).dropna(subset=["method"])
+    heads = pd.DataFrame({"model": "m", "layer": 0, "head": [0, 1, 2], "metric": "prev_token", "value": 0.3,
+                          "ci_low": 0.25, "ci_high": 0.35})
+    table = matter_table(heads, importance).set_index("head")
+    assert table["exact"].tolist() == [True, True, False]
+    assert table["matters"].tolist() == [True, True, False]  # 0.05 is a quarter of the largest exact effect
+    assert not table.loc[2, "nil"] and table.loc[2, "flag"] == ""
+
+
 def test_the_effect_plot_labels_only_the_flagged_heads_of_largest_effect():
     """A sink-heavy model flags dozens of heads: only the `label_flags` of largest effect get a label."""
     import matplotlib
@@ -516,5 +586,8 @@ def test_the_report_section_names_each_model_with_a_control_on_its_trained_scale
     section = text.split("## Does the head matter?")[1].split("\n## ")[0]
     trained, control = run.provenance.models[0].name, run.provenance.models[1].name
     assert f"- {trained} (`next_token_loss`" in section and f"- {control} (`next_token_loss`" in section
-    assert f"of {trained}'s largest effect)" in section and f"of {trained}'s largest effect around 0" in section
+    assert f"of {trained}'s largest exact effect)" in section and f"of {trained}'s largest exact effect around 0" \
+        in section
+    assert "of the 2 exactly ablated heads matter" in section and "AtP estimates count in neither" in section
+    assert "top 20 shared" in section
     assert (tmp_path / "report" / "figures" / "importance_against_pattern.png").stat().st_size > 0

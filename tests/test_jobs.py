@@ -237,7 +237,7 @@ NOT_FINGERPRINTED = {
 CHANGED = {"max_len": 64, "long": "split", "limit": 5, "dtype": "bfloat16", "specials": "exclude", "max_offset": 3,
            "bootstrap": 20, "seed": 1, "prepend_bos": False, "bootstrap_unit": "document", "window": 7,
            "pack": "sentences", "attention": "chunked", "query_chunk": 128, "values": False,
-           "document_field": "doc", "importance": "atp", "ablate_top": 3, "importance_sample": 4, "mask_rate": 0.3,
+           "document_field": "doc", "importance": "atp", "ablate_top": 3, "ablate_first": True, "importance_sample": 4, "mask_rate": 0.3,
            "sink": 4, "recent": 8, "similarity_sample": 4}
 # The model, corpus and version facts of a fingerprint, changed in place.
 FACTS = [("headscan", None, "0.0.1"), ("model", "name", "other"), ("model", "id", "other==1"),

@@ -385,3 +385,45 @@ def test_show_prints_the_best_heads_per_relation_and_heads_metrics_as_before(ewt
     with_syntax = runner.invoke(cli, ["show", str(ewt_with_syntax), "--metric", "prev_token"])
     without = runner.invoke(cli, ["show", str(EWT_RUN), "--metric", "prev_token"])
     assert with_syntax.exit_code == 0 and with_syntax.output == without.output
+
+
+# --- a causal model judged on the heads it can see, and "beats" from the paired interval -------------------------
+
+
+def test_a_causal_model_is_judged_on_visible_heads_and_beats_by_the_paired_interval():
+    """Hand-made rows: the causal model's plain rows would pick L0H0 for det, its visible rows pick L1H1; det's
+    L1H1 has its own interval above the baseline but its paired difference's reaches below 0 (no "beats"), amod's
+    L0H0 the other way round (beats: the paired interval is narrower). The bidirectional model is read on its plain rows."""
+    V = {D2H: D2H + "_visible", H2D: H2D + "_visible"}
+    rows = []
+    for direction, plain, visible in [(D2H, [0.10, 0.08], [0.30, 0.80]), (H2D, [0.2, 0.1], [0.2, 0.1])]:
+        for (layer, head), p, v in zip([(0, 0), (1, 1)], plain, visible):
+            rows.append(("c", layer, head, "det", direction, p, p - 0.05, p + 0.05, 100.0, 0.05, -1))
+            rows.append(("c", layer, head, "det", V[direction], v, v - 0.05, v + 0.05, 20.0, 0.6, -1))
+            rows.append(("c", layer, head, "amod", direction, 0.2, 0.15, 0.25, 60.0, 0.3, -1))
+            v = 0.62 - 0.3 * head
+            rows.append(("c", layer, head, "amod", V[direction], v, v - 0.03, v + 0.03, 30.0, 0.6, -1))
+    causal = syntax_rows(rows)
+    paired = {("det", V[D2H], 1): (0.2, -0.01, 0.41), ("amod", V[D2H], 0): (0.02, 0.005, 0.035)}
+    for column, i in (("vs_baseline", 0), ("vs_baseline_low", 1), ("vs_baseline_high", 2)):
+        causal[column] = [paired.get((r, d, h), (np.nan,) * 3)[i]
+                          for r, d, h in zip(causal["relation"], causal["direction"], causal["head"])]
+    bidirectional = syntax_rows([(m, 0, h, "det", d, v, v - 0.01, v + 0.01, 50.0, 0.5, 1)
+                                 for m in ["b"] for d, v0 in [(D2H, 0.9), (V[D2H], 0.1)] for h, v in [(0, v0), (1, 0.2)]],
+                                family="bidirectional")
+    best = syntactic.best_heads(pd.concat([causal, bidirectional], ignore_index=True))
+    by = best.set_index(["model", "relation", "direction"])
+    assert by.loc[("c", "det", D2H), "label"] == "L1H1" and bool(by.loc[("c", "det", D2H), "visible"])
+    assert by.loc[("c", "det", D2H), "count"] == 20.0 and by.loc[("c", "det", D2H), "accuracy"] == 0.8
+    assert by.loc[("c", "det", D2H), "ci_low"] > by.loc[("c", "det", D2H), "baseline"]
+    assert not by.loc[("c", "det", D2H), "beats"] and by.loc[("c", "det", D2H), "margin"] == -0.01
+    assert by.loc[("c", "amod", D2H), "label"] == "L0H0" and by.loc[("c", "amod", D2H), "beats"]
+    assert by.loc[("c", "amod", D2H), "margin"] == 0.005
+    assert by.loc[("c", "amod", D2H), "ci_low"] < by.loc[("c", "amod", D2H), "baseline"]
+    assert set(best["direction"]) == {D2H, H2D}  # visible rows go by their plain direction's name
+    assert by.loc[("b", "det", D2H), "label"] == "L0H0" and not by.loc[("b", "det", D2H), "visible"]
+    (said,) = [s for s in syntactic.syntax_findings(best)["c"] if "amod" in s]
+    assert said == ("c L0H0 picks the head of 62.0% [59.0, 65.0] of `amod` dependents whose head it can see (chance "
+                    "5.0%), against 60.0% for the best fixed offset (-1), +2.0 points [+0.5, +3.5] on the same words.")
+    cells = syntactic.syntax_display(best)
+    assert cells.loc[(cells["model"] == "c") & (cells["relation"] == "det"), "dependents"].tolist()[0] == "20 seen"

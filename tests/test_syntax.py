@@ -15,6 +15,7 @@ from headscan.metrics.syntax import (
     BASELINE_OFFSETS,
     COLUMNS,
     SCORED,
+    VISIBLE,
     attach_baseline,
     best_baseline,
     dependency_accuracy,
@@ -192,12 +193,18 @@ def test_the_sweeps_syntax_table_for_a_planted_previous_token_head_is_the_offset
 # --- an independent check: a plain loop over Hugging Face attentions --------------------------------------
 
 
-def loop_accuracy(attentions, word_ids, heads, deprels, relations):
+def loop_accuracy(attentions, word_ids, heads, deprels, relations, *, causal=False):
     """Clark et al.'s procedure written out with loops: {(layer, head, relation, direction): (correct, total)}.
 
-    Every word but the root counts, a word without a token too (as a miss)."""
+    Every word but the root counts, a word without a token too (as a miss). The ``_visible`` directions count the
+    dependents (never a root) whose other word of the pair the attending word sees: in a `causal` model some
+    token of the attending word at or after some token of the attended one."""
     n_words = len(heads)
     tokens_of = [[t for t, w in enumerate(word_ids) if w == i] for i in range(n_words)]
+
+    def sees(i, j):  # word i can attend to word j
+        return bool(tokens_of[i] and tokens_of[j]) and (not causal or min(tokens_of[j]) <= max(tokens_of[i]))
+
     results = {}
     for layer, layer_attention in enumerate(attentions):
         for head, attention in enumerate(layer_attention[0]):
@@ -215,11 +222,22 @@ def loop_accuracy(attentions, word_ids, heads, deprels, relations):
                 for i in range(n_words):
                     root = heads[i] == 0  # no head word: a miss in "all" (Clark et al.), left out of the rest
                     base = deprels[i].split(":")[0]
+                    hit = not root and predicted[i] == heads[i] - 1
+                    if root:
+                        seen = False
+                    elif not causal:
+                        seen = True
+                    else:
+                        seen = sees(i, heads[i] - 1) if direction == "dependent_to_head" else sees(heads[i] - 1, i)
                     for relation in relations:
                         if relation == "all" or (not root and relation in ("all_nonroot", base)):
                             key = (layer, head, relation, direction)
                             correct, total = results.get(key, (0, 0))
-                            results[key] = (correct + (not root and predicted[i] == heads[i] - 1), total + 1)
+                            results[key] = (correct + hit, total + 1)
+                            if seen:
+                                key = (layer, head, relation, VISIBLE[direction])
+                                correct, total = results.get(key, (0, 0))
+                                results[key] = (correct + hit, total + 1)
     return results
 
 
@@ -261,7 +279,7 @@ def test_a_plain_loop_over_hugging_face_attentions_agrees(wordpiece, ewt):
                     checked += 1
                 elif relation in relations:
                     assert counts[:, head, column].sum().item() == 0
-    assert checked == 6 * 12 * len(relations) * 2
+    assert checked == 6 * 12 * len(relations) * 4
     assert sum(want[(0, 0, "all", "dependent_to_head")]) > 0
 
 
@@ -277,7 +295,7 @@ def test_the_sweeps_syntax_table_equals_the_plain_loop(wordpiece, ewt_dev):
     model = AutoModel.from_pretrained(ALIASES["minilm"].locate(), attn_implementation="eager").eval()
     relations = ["all", "all_nonroot", "det", "nsubj", "punct"]
     want = corpus_loop_accuracy(model, wordpiece, read_corpus(ewt_dev, limit=8).segments, relations)
-    assert len(want) == 6 * 12 * len(relations) * 2
+    assert len(want) == 6 * 12 * len(relations) * 4
     for key, (correct, total) in want.items():
         assert (syntax.loc[key, "sum"], syntax.loc[key, "count"]) == (correct, total), key
 
@@ -364,10 +382,14 @@ def test_baseline_by_loop_and_best_offset(wordpiece, ewt):
     sums, counts = offset_baseline(words)
     for b, segment in enumerate(segments):
         for column, (relation, direction) in enumerate(COLUMNS):
+            visible = direction.endswith("_visible")  # bidirectional: every dependent but the root
+            direction = direction.removesuffix("_visible")
             for o, d in enumerate(BASELINE_OFFSETS):
                 hits = total = 0
                 for i, (head, deprel) in enumerate(zip(segment.heads, segment.deprels)):
                     if relation != "all" and (head == 0 or relation not in ("all_nonroot", deprel.split(":")[0])):
+                        continue
+                    if visible and head == 0:
                         continue
                     total += 1  # a root counts in "all", never as a hit
                     hits += head != 0 and ((head - 1 == i + d) if direction == "dependent_to_head" else (i == head - 1 + d))
@@ -393,7 +415,10 @@ def test_scores_ignore_garbage_in_padding(wordpiece, ewt):
 def test_syntax_metric_is_registered_with_its_table_and_needs_words():
     metric = METRICS["syntax"]
     assert metric.table == "syntax" and list(TABLES["syntax"].keys) == ["relation", "direction"]
-    assert metric.axis.values(None) == list(COLUMNS) and len(COLUMNS) == 2 * (len(RELATIONS) + 1)
+    assert metric.axis.values(None) == list(COLUMNS) and len(COLUMNS) == 4 * (len(RELATIONS) + 1)
+    from headscan.analysis.syntax import VISIBLE as REPORTED  # restated there so that the report imports no torch
+
+    assert REPORTED == VISIBLE
     mask = torch.ones(2, 5, dtype=torch.bool)
     batch = AttentionBatch(torch.full((2, 3, 5, 5), 0.2), mask, mask, torch.zeros(2, 5, dtype=torch.long),
                            torch.zeros_like(mask), False)
@@ -433,7 +458,7 @@ def test_tiny_bert_syntax_table_equals_the_plain_loop_with_specials(tiny_bert, t
     tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
     relations = ["all", "nsubj", "det", "obj", "amod"]
     want = corpus_loop_accuracy(model, tokenizer, read_corpus(path).segments, relations)
-    assert len(want) == 2 * 4 * len(relations) * 2
+    assert len(want) == 2 * 4 * len(relations) * 4
     for key, (correct, total) in want.items():
         assert (syntax.loc[key, "sum"], syntax.loc[key, "count"]) == (correct, total), key
 
@@ -453,3 +478,117 @@ def test_eager_and_chunked_syntax_agree_with_specials_excluded(tiny_gpt2, tiny_b
         for name, frame in eager.frames.items():
             np.testing.assert_array_equal(chunked[name]["count"], frame["count"], err_msg=name)
             np.testing.assert_allclose(chunked[name]["value"], frame["value"], rtol=1e-6, atol=1e-6, err_msg=name)
+
+
+# --- visible heads and the paired comparison with the baseline ----------------------------------------------
+
+
+def test_visible_head_accuracy_count_and_chance_of_a_causal_pattern_equal_a_plain_loop():
+    """A causal model cannot pick a head word to its right: the ``_visible`` rows count only the dependents whose
+    head (dependent -> head) or dependent (head -> dependent) the attending word sees. Two sentences with words of
+    several tokens and heads on both sides, a hand-made causal pattern, against `loop_accuracy` and chance by hand:
+    1/m over the m other words the attending word sees, for the visible dependents."""
+    # "the old cat sleeps" (det, amod, nsubj, root) and "dogs bark loudly" (nsubj, root, advmod); BOS first
+    word_ids = [[-1, 0, 1, 1, 2, 3, 3, -1], [-1, 0, 0, 1, 2, 2, -1, -1]]
+    heads = [[3, 3, 4, 0], [2, 0, 2]]
+    deprels = [["det", "amod", "nsubj", "root"], ["nsubj", "root", "advmod"]]
+    words = word_alignment(word_ids, heads, deprels, 8)
+    torch.manual_seed(3)
+    n = 8
+    scores = torch.randn(2, 3, n, n, dtype=torch.float64).masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), -torch.inf)
+    pattern = torch.softmax(scores, -1)
+    sums, counts = dependency_accuracy(pattern, words, causal=True)
+    relations = ["all", "all_nonroot", "det", "amod", "nsubj", "advmod"]
+    want = {}
+    for row in range(2):
+        for key, (correct, total) in loop_accuracy([pattern[row : row + 1]], word_ids[row], heads[row], deprels[row],
+                                                   relations, causal=True).items():
+            c, t = want.get(key, (0, 0))
+            want[key] = (c + correct, t + total)
+    for (_, head, relation, direction), expected in want.items():
+        column = COLUMNS.index((relation, direction))
+        assert (sums[:, head, column].sum().item(), counts[:, head, column].sum().item()) == expected
+    # by hand: in "the old cat sleeps" every head is to the right of its dependent; in "dogs bark loudly" only
+    # "loudly" sees its head
+    assert want[(0, 0, "all", "dependent_to_head_visible")][1] == 1 and want[(0, 0, "all", "dependent_to_head")][1] == 7
+    assert (0, 0, "det", "dependent_to_head_visible") not in want and want[(0, 0, "det", "dependent_to_head")][1] == 1
+    assert want[(0, 0, "det", "head_to_dependent_visible")][1] == 1  # "cat" sees "the"
+    # chance: 1/m, m the other words the attending word can see (a causal word sees those that start at or before
+    # its last token)
+    metric = METRICS["syntax"]
+    mask = torch.tensor(word_ids) >= 0
+    batch = AttentionBatch(pattern, mask, mask, torch.zeros(2, n, dtype=torch.long), torch.zeros_like(mask), True,
+                           words=words)
+    chance = metric.chance_sums(batch)[:, 0]  # (batch, column)
+    # dependent -> head: "loudly" sees "dogs" and "bark"
+    assert chance[:, COLUMNS.index(("all", "dependent_to_head_visible"))].tolist() == [0.0, 0.5]
+    # head -> dependent: "the" is seen by "old", "cat", "sleeps"; "old" by "cat", "sleeps"; "cat" by "sleeps";
+    # "dogs" by "bark", "loudly"; "loudly" by no earlier head ("bark" cannot see it: not a visible dependent)
+    expected = [1 / 3 + 1 / 2 + 1, 1 / 2]
+    np.testing.assert_allclose(chance[:, COLUMNS.index(("all", "head_to_dependent_visible"))].numpy(), expected)
+
+
+def test_a_bidirectional_models_visible_rows_are_its_plain_rows_without_the_roots(wordpiece, ewt):
+    ids, mask, words, _ = aligned(wordpiece, ewt[:20], specials=True)
+    torch.manual_seed(2)
+    pattern = torch.softmax(torch.randn(len(ids), 2, ids.shape[1], ids.shape[1], dtype=torch.float64), -1)
+    sums, counts = dependency_accuracy(pattern, words)
+    for relation in SCORED:
+        for direction in DIRECTIONS:
+            plain = COLUMNS.index(("all_nonroot" if relation == "all" else relation, direction))
+            visible = COLUMNS.index((relation, VISIBLE[direction]))
+            torch.testing.assert_close(sums[..., visible], sums[..., plain], rtol=0, atol=0)
+            torch.testing.assert_close(counts[..., visible], counts[..., plain], rtol=0, atol=0)
+
+
+def test_the_paired_difference_with_the_baseline_equals_a_plain_loop_over_documents(tiny_bert, tmp_path):
+    """``vs_baseline`` is the head's accuracy minus its best offset's on the same dependents; its interval is the
+    delta method over documents: D +- 1.96 sqrt(n / (n - 1) sum_u (d_u - D c_u)^2) / C, clipped to [-1, 1],
+    with d_u the head's hits minus the offset's in document u. By loops over Hugging Face's attentions."""
+    from conftest import treebank_corpus
+    from transformers import AutoModel, AutoTokenizer
+
+    import headscan
+
+    path = treebank_corpus(tmp_path, 12, per_document=3)
+    tables = headscan.sweep(str(tiny_bert), path, device="cpu", bootstrap=0, attention="eager")
+    syntax = tables["syntax"]
+    model = AutoModel.from_pretrained(tiny_bert, attn_implementation="eager").eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
+    relations = ["all", "nsubj", "det", "obj"]
+    segments = read_corpus(path).segments
+    head_hits, base_hits = [], []  # per segment: {(layer, head, relation, direction): (hits, total)}, {(offset, ...)}
+    for segment in segments:
+        head_hits.append(corpus_loop_accuracy(model, tokenizer, [segment], relations))
+        base = {}
+        for direction in (*DIRECTIONS, *VISIBLE.values()):
+            plain = direction.removesuffix("_visible")
+            for relation in relations:
+                for d in BASELINE_OFFSETS:
+                    hits = 0
+                    for i, (head, deprel) in enumerate(zip(segment.heads, segment.deprels)):
+                        if head == 0 or relation not in ("all", "all_nonroot", deprel.split(":")[0]):
+                            continue
+                        hits += (head - 1 == i + d) if plain == "dependent_to_head" else (i == head - 1 + d)
+                    base[(d, relation, direction)] = hits
+        base_hits.append(base)
+    documents = [segment.document for segment in segments]
+    checked = 0
+    for row in syntax[syntax["relation"].isin(relations) & (syntax["count"] > 0)].itertuples():
+        key = (row.layer, row.head, row.relation, row.direction)
+        per_unit: dict = {}
+        for s, document in enumerate(documents):
+            hits, total = head_hits[s].get(key, (0, 0))
+            d_u, c_u = per_unit.get(document, (0, 0))
+            per_unit[document] = (d_u + hits - base_hits[s][(row.baseline_offset, row.relation, row.direction)],
+                                  c_u + total)
+        d = np.array([v[0] for v in per_unit.values()], dtype=float)
+        c = np.array([v[1] for v in per_unit.values()], dtype=float)
+        mean = d.sum() / c.sum()
+        se = math.sqrt(len(d) / (len(d) - 1) * ((d - mean * c) ** 2).sum()) / c.sum()
+        assert row.vs_baseline == pytest.approx(mean, abs=1e-12)
+        assert row.vs_baseline == pytest.approx(row.value - row.baseline, abs=1e-12)
+        assert row.vs_baseline_low == pytest.approx(max(-1.0, mean - 1.959963984540054 * se), abs=1e-9)
+        assert row.vs_baseline_high == pytest.approx(min(1.0, mean + 1.959963984540054 * se), abs=1e-9)
+        checked += 1
+    assert checked >= 2 * 4 * 4 * 3 and len(set(documents)) == 4

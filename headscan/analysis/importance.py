@@ -5,7 +5,9 @@ A head's *effect* is its row of importance.parquet (`headscan.metrics.importance
 the sweep ran it, else its AtP estimate. Its *strongest pattern* is the largest of its attention shares on one
 kind of key (`PATTERN_METRICS`). Chance for an effect is 0, a head whose removal changes nothing; an effect
 *matters* when its 95% interval clears 0 and it is at least `MATTERS` of the model's largest, and is *nil* when
-its whole interval lies within `NEGLIGIBLE` of the model's largest around 0. A control model is measured on its
+its whole interval lies within `NEGLIGIBLE` of the model's largest around 0. Both are said of exact ablations
+only, on the scale of the largest exact one: AtP is a first-order screen that misjudges early heads badly, so
+it chooses heads to ablate and never makes a finding (`agreement` measures how well it screens). A control model is measured on its
 trained model's scale (`scale_of`): an untrained copy's largest effect is no yardstick, since every head of it
 changes the output by about as little. Flags rest only on values whose
 support is not thin (`headscan.tables.thin_rows`), for both the effect and the pattern.
@@ -77,8 +79,10 @@ def matter_table(heads: pd.DataFrame, importance: pd.DataFrame, scale_of: dict[s
                  ) -> pd.DataFrame:
     """Each head's effect beside its strongest pattern, with ``matters``, ``nil``, ``striking`` and ``flag``
     (one of `FLAGS`, or ""): a striking pattern with a nil effect, or an effect that matters without any
-    pattern reaching `STRIKING` (the upper end of every pattern's interval below it). Thin values flag nothing.
-    `scale_of` maps a model (a control) to the model whose largest effect sets its scale (its trained model).
+    pattern reaching `STRIKING` (the upper end of every pattern's interval below it). Thin values flag nothing,
+    and neither do AtP estimates: ``matters`` and ``nil`` are False on a row whose ``exact`` is False.
+    `scale_of` maps a model (a control) to the model whose largest exact effect sets its scale (its trained
+    model).
 
     >>> heads = pd.DataFrame({"model": "m", "layer": 0, "head": [0, 1, 2], "metric": "prev_token",
     ...                       "value": [0.9, 0.1, 0.2], "ci_low": [0.88, 0.05, 0.15], "ci_high": [0.92, 0.15, 0.25]})
@@ -89,12 +93,13 @@ def matter_table(heads: pd.DataFrame, importance: pd.DataFrame, scale_of: dict[s
     [{'label': 'L0H0', 'flag': 'striking pattern, no effect'}, {'label': 'L0H1', 'flag': 'effect, no striking pattern'}, {'label': 'L0H2', 'flag': ''}]
     """
     table = effects(importance).merge(strongest_pattern(heads), how="left", on=["model", "layer", "head"])
-    largest_of = table.groupby("model")["value"].agg(lambda v: v.abs().max())
+    largest_of = table["value"].abs().where(table["exact"]).groupby(table["model"]).max()  # NaN: none exact
     scale = {model: (scale_of or {}).get(model, model) for model in largest_of.index}
     largest = table["model"].map({model: largest_of.get(scale[model], largest_of[model]) for model in scale})
     clear = (table["ci_low"] > 0) | (table["ci_high"] < 0)
-    table["matters"] = clear & (table["value"].abs() >= MATTERS * largest) & ~table["thin"]
-    table["nil"] = (table[["ci_low", "ci_high"]].abs().max(axis=1) <= NEGLIGIBLE * largest) & ~table["thin"]
+    sure = table["exact"] & ~table["thin"]
+    table["matters"] = clear & (table["value"].abs() >= MATTERS * largest) & sure
+    table["nil"] = (table[["ci_low", "ci_high"]].abs().max(axis=1) <= NEGLIGIBLE * largest) & sure
     sure = ~table["pattern_thin"].fillna(True).astype(bool)
     table["striking"] = (table["pattern_low"] >= STRIKING) & sure
     faint = (table["pattern_high"] < STRIKING) & sure
@@ -104,9 +109,9 @@ def matter_table(heads: pd.DataFrame, importance: pd.DataFrame, scale_of: dict[s
 
 
 def agreement(importance: pd.DataFrame) -> pd.DataFrame:
-    """Per model and pair of (AtP, exact ablation) methods: how many heads have both, Spearman's rank
-    correlation of their values, and how many of the exact ablation's ten largest |effects| AtP also puts in
-    its ten largest."""
+    """Per model and pair of (AtP, exact ablation) methods, AtP as a screen: how many heads have both,
+    Spearman's rank correlation of their values, and how many of the exact ablation's ten (``top_shared``) and
+    twenty (``top20_shared``) largest |effects| AtP also puts in its ten or twenty largest: its recall."""
     rows = []
     for model, part in importance.groupby("model", sort=False):
         wide = part.pivot_table(index=["layer", "head"], columns="method", values="value", dropna=False)
@@ -114,11 +119,14 @@ def agreement(importance: pd.DataFrame) -> pd.DataFrame:
             if estimate not in wide or exact not in wide:
                 continue
             both = wide[[estimate, exact]].dropna()
-            k = min(10, len(both))
-            top_exact = set(both[exact].abs().nlargest(k).index)
-            top_estimate = set(both[estimate].abs().nlargest(k).index)
+            shared = {}
+            for n in (10, 20):
+                k = min(n, len(both))
+                top_exact = set(both[exact].abs().nlargest(k).index)
+                shared[n] = (k, len(top_exact & set(both[estimate].abs().nlargest(k).index)))
             rows.append({"model": model, "target": part["target"].iloc[0], "estimate": estimate, "exact": exact,
                          "heads": len(both), "spearman": spearman(both[estimate], both[exact]),
-                         "top": k, "top_shared": len(top_exact & top_estimate)})
+                         "top": shared[10][0], "top_shared": shared[10][1],
+                         "top20": shared[20][0], "top20_shared": shared[20][1]})
     return pd.DataFrame(rows, columns=["model", "target", "estimate", "exact", "heads", "spearman", "top",
-                                       "top_shared"])
+                                       "top_shared", "top20", "top20_shared"])

@@ -4,7 +4,13 @@ The ``syntax`` table (`headscan.tables.TABLES`, filled by the sweep on CoNLL-U c
 `headscan.metrics.syntax`) scores every head on every dependency relation in both directions, with the best
 fixed-offset baseline of that relation and direction beside each row. `best_heads` picks, per model, relation
 and direction, the head with the highest accuracy and says whether it beats the baseline *beyond its
-interval*: the lower end of its 95% interval lies above the baseline. `relation_order` chooses which
+interval*: the paired difference with the baseline on the same dependents (``vs_baseline``) has its 95%
+interval above 0 (tables without it: the lower end of the head's own interval lies above the baseline).
+
+A causal model's query cannot see a word to its right, so its plain accuracy counts dependents whose head it
+could never pick. For a causal model `best_heads` reads the rows over the dependents whose head the attending
+word can see (directions ending in ``_visible``, where the table has them), under the plain direction's name
+with ``visible`` true; a bidirectional model sees every word, and its plain rows are read. `relation_order` chooses which
 relations a report shows, `syntax_findings` states the ones that beat it, and `syntax_display` is the
 sortable table's cells.
 
@@ -31,19 +37,24 @@ from .. import tables
 from .claims import why_not
 from .formats import code, pct
 
-__all__ = ["DIRECTIONS", "FREQUENT", "MIN_SHARE", "BEST_COLUMNS", "relation_order", "best_heads", "syntax_findings",
+__all__ = ["DIRECTIONS", "VISIBLE", "FREQUENT", "MIN_SHARE", "BEST_COLUMNS", "relation_order", "best_heads", "syntax_findings",
            "syntax_display", "direction_text", "offset_text"]
 
 # `headscan.corpus.words.DIRECTIONS`, restated here so that the report never imports torch (a test checks they agree).
 DIRECTIONS = ("dependent_to_head", "head_to_dependent")
+# `headscan.metrics.syntax.VISIBLE`: each direction's rows over the dependents whose head the query can see.
+VISIBLE = {direction: f"{direction}_visible" for direction in DIRECTIONS}
 # Relations a report always shows when the data has them, besides ``all``.
 FREQUENT = ("nsubj", "obj", "det", "amod", "advmod", "case", "nmod", "aux", "mark", "compound", "conj", "punct")
 MIN_SHARE = 0.01  # any other relation is shown when it has at least this share of all dependents
 
-BEST_COLUMNS = ["model", "relation", "direction", "label", "layer", "head", "accuracy", "ci_low", "ci_high", "count",
-                "baseline", "baseline_offset", "margin", "beats", "thin", "chance", "unsupported"]
+BEST_COLUMNS = ["model", "relation", "direction", "visible", "label", "layer", "head", "accuracy", "ci_low", "ci_high",
+                "count", "baseline", "baseline_offset", "vs_baseline", "vs_baseline_low", "vs_baseline_high", "margin",
+                "beats", "thin", "chance", "unsupported"]
 
-_DIRECTION_TEXT = {"dependent_to_head": "dependent \u2192 head", "head_to_dependent": "head \u2192 dependent"}
+_DIRECTION_TEXT = {"dependent_to_head": "dependent \u2192 head", "head_to_dependent": "head \u2192 dependent",
+                   "dependent_to_head_visible": "dependent \u2192 head (seen)",
+                   "head_to_dependent_visible": "head \u2192 dependent (seen)"}
 
 
 def direction_text(direction: str) -> str:
@@ -66,10 +77,31 @@ def offset_text(offset) -> str:
     return f"{int(offset):+d}" if int(offset) else "0"
 
 
+def judged_rows(syntax: pd.DataFrame) -> pd.DataFrame:
+    """The rows a report judges, each under its plain direction's name with ``visible`` (bool) beside it: a causal
+    model's ``_visible`` rows where its table has them, else (a bidirectional model, an older table) the plain
+    rows.
+
+    >>> rows = pd.DataFrame({"model": ["c", "c", "b", "b"], "family": ["causal", "causal", "bidirectional",
+    ...     "bidirectional"], "direction": ["dependent_to_head", "dependent_to_head_visible"] * 2})
+    >>> judged_rows(rows)[["model", "direction", "visible"]].to_dict("records")
+    [{'model': 'c', 'direction': 'dependent_to_head', 'visible': True}, {'model': 'b', 'direction': 'dependent_to_head', 'visible': False}]
+    """
+    plain_of = {v: d for d, v in VISIBLE.items()}
+    is_visible = syntax["direction"].isin(list(plain_of))
+    causal = (syntax["family"] == "causal").fillna(False) if "family" in syntax else pd.Series(False, syntax.index)
+    has_visible = is_visible.groupby(syntax["model"]).transform("any")
+    keep = (is_visible & causal & has_visible) | (~is_visible & ~(causal & has_visible))
+    rows = syntax[keep.astype(bool)]
+    visible = rows["direction"].isin(list(plain_of))
+    return rows.assign(direction=rows["direction"].map(lambda d: plain_of.get(d, d)), visible=visible.astype(bool))
+
+
 def _dependents(syntax: pd.DataFrame) -> pd.Series:
     """Dependents per relation: the most any model has (a model's count is the same for all its heads and both
     directions; models differ only where their tokenisers cut different words off at max_len)."""
-    rows = syntax[syntax["count"] > 0]
+    plain = ~syntax["direction"].isin(list(VISIBLE.values())) if "direction" in syntax else True
+    rows = syntax[(syntax["count"] > 0) & plain]
     return rows.groupby("relation", sort=False)["count"].max()
 
 
@@ -101,8 +133,10 @@ def best_heads(syntax: pd.DataFrame, *, relations=None, min_share: float = MIN_S
     ----------
     syntax : DataFrame
         Rows of ``syntax.parquet`` (columns ``model, layer, head, label, relation, direction, value, ci_low,
-        ci_high, count, baseline, baseline_offset``; ``units`` and ``top_unit_share`` where recorded), one run's
-        or several runs' (`headscan.analysis.runs.Comparison`) with the models named apart.
+        ci_high, count, baseline, baseline_offset``; ``family``, ``vs_baseline``, ``vs_baseline_low``,
+        ``vs_baseline_high``, ``units`` and ``top_unit_share`` where recorded), one run's or several runs'
+        (`headscan.analysis.runs.Comparison`) with the models named apart. A causal model is judged on its
+        visible-head rows (`judged_rows`).
     relations : sequence of str, optional
         The relations to show, in this order; by default `relation_order`'s choice.
     min_share : float, default `MIN_SHARE`
@@ -111,10 +145,13 @@ def best_heads(syntax: pd.DataFrame, *, relations=None, min_share: float = MIN_S
     Returns
     -------
     DataFrame
-        Columns `BEST_COLUMNS`: ``accuracy`` is the head's value (share of dependents), ``count`` the number
+        Columns `BEST_COLUMNS`: ``visible`` whether the row counts only the dependents whose head the query
+        can see, ``accuracy`` is the head's value (share of dependents), ``count`` the number
         of dependents, ``baseline`` and ``baseline_offset`` the best fixed offset's accuracy and offset
         (NaN / <NA> where the table did not record them: tables added up by `headscan.tables.merge_tables`),
-        ``margin = ci_low - baseline`` and ``beats = ci_low > baseline`` (False where either is NaN),
+        ``vs_baseline`` with its interval the paired difference with the baseline on the same dependents,
+        ``margin`` that interval's lower end (where not recorded: ``ci_low - baseline``) and ``beats = margin >
+        0`` (False where NaN),
         ``thin`` the head's value rests on thin support (`headscan.tables.thin_rows`), ``chance`` a uniformly
         random choice among the candidate words, ``unsupported`` why the row cannot carry a claim
         (`headscan.analysis.claims.why_not`: thin, or its interval not above chance), "" where it can. One row per
@@ -129,6 +166,7 @@ def best_heads(syntax: pd.DataFrame, *, relations=None, min_share: float = MIN_S
     """
     order = relation_order(syntax, relations=relations, min_share=min_share)
     models = {name: i for i, name in enumerate(dict.fromkeys(syntax["model"]))}
+    syntax = judged_rows(syntax)
     rows = syntax[syntax["relation"].isin(order) & syntax["value"].notna()]
     rows = rows.assign(thin=tables.thin_rows(rows),
                        ci_low_key=rows["ci_low"].fillna(-np.inf))  # a missing interval ranks last among ties
@@ -140,15 +178,20 @@ def best_heads(syntax: pd.DataFrame, *, relations=None, min_share: float = MIN_S
     best = best.assign(_r=best["relation"].map(rank), _d=best["direction"].map(lambda d: way.get(d, len(way))),
                        _m=best["model"].map(models))
     best = best.sort_values(["_r", "_d", "_m"], kind="stable")
-    margin = (best["ci_low"] - best["baseline"]).astype(float)
+    paired = {c: best[c].astype(float) if c in best.columns else pd.Series(np.nan, index=best.index, dtype=float)
+              for c in ("vs_baseline", "vs_baseline_low", "vs_baseline_high")}
+    # the paired interval's low end where recorded; an older table's best guess, the head's own interval's
+    margin = paired["vs_baseline_low"].where(paired["vs_baseline_low"].notna(),
+                                             (best["ci_low"] - best["baseline"]).astype(float))
     out = pd.DataFrame({
         "model": best["model"].astype(str), "relation": best["relation"].astype(str),
-        "direction": best["direction"].astype(str), "label": best["label"].astype(str),
+        "direction": best["direction"].astype(str), "visible": best["visible"].astype(bool),
+        "label": best["label"].astype(str),
         "layer": best["layer"].astype(int), "head": best["head"].astype(int),
         "accuracy": best["value"].astype(float), "ci_low": best["ci_low"].astype(float),
         "ci_high": best["ci_high"].astype(float), "count": best["count"].astype(float),
         "baseline": best["baseline"].astype(float), "baseline_offset": best["baseline_offset"].astype("Int64"),
-        "margin": margin, "beats": (margin > 0).fillna(False).astype(bool), "thin": best["thin"].astype(bool),
+        **paired, "margin": margin, "beats": (margin > 0).fillna(False).astype(bool), "thin": best["thin"].astype(bool),
         "chance": best["chance"].astype(float) if "chance" in best.columns else np.nan,
         "unsupported": why_not(best) if len(best) else pd.Series(dtype=object),
     })
@@ -166,12 +209,19 @@ def _claimable(rows: pd.DataFrame) -> pd.Series:
 def _sentence(row) -> str:
     chance = "" if pd.isna(getattr(row, "chance", np.nan)) else f" (chance {pct(row.chance)})"
     offset = f"the best fixed offset ({offset_text(row.baseline_offset)})"
+    low, high = getattr(row, "vs_baseline_low", np.nan), getattr(row, "vs_baseline_high", np.nan)
+    paired = ("" if pd.isna(low) or pd.isna(high) else
+              f", {100 * row.vs_baseline:+.1f} points [{100 * low:+.1f}, {100 * high:+.1f}] on the same words")
+    visible = bool(getattr(row, "visible", False))
     if row.direction == "head_to_dependent":
-        return (f"In {row.model} {row.label}, the word attending most to each {code(row.relation)} dependent is its head "
-                f"for {pct(row.accuracy)} [{100 * row.ci_low:.1f}, {100 * row.ci_high:.1f}] of them{chance}, against "
-                f"{pct(row.baseline)} for {offset}.")
+        seen = " its head can see" if visible else ""
+        return (f"In {row.model} {row.label}, the word attending most to each {code(row.relation)} dependent{seen} is "
+                f"its head for {pct(row.accuracy)} [{100 * row.ci_low:.1f}, {100 * row.ci_high:.1f}] of them{chance}, "
+                f"against {pct(row.baseline)} for {offset}{paired}.")
+    seen = " whose head it can see" if visible else ""
     return (f"{row.model} {row.label} picks the head of {pct(row.accuracy)} [{100 * row.ci_low:.1f}, "
-            f"{100 * row.ci_high:.1f}] of {code(row.relation)} dependents{chance}, against {pct(row.baseline)} for {offset}.")
+            f"{100 * row.ci_high:.1f}] of {code(row.relation)} dependents{seen}{chance}, against {pct(row.baseline)} "
+            f"for {offset}{paired}.")
 
 
 def syntax_findings(best: pd.DataFrame) -> dict[str, list[str]]:
@@ -234,7 +284,9 @@ def syntax_display(best: pd.DataFrame, *, with_model: bool = True) -> pd.DataFra
     """`best_heads` as display strings, one row per (model, relation, direction), for a sortable table.
 
     Columns ``model`` (unless not `with_model`), ``relation, direction, head, accuracy, 95% low, 95% high,
-    dependents, baseline, offset, margin, beats, chance, no claim``; margin is signed, beats is "yes" (‡
+    dependents, baseline, offset, vs baseline, margin, beats, chance, no claim``; dependents ends in "seen" where
+    only those whose head the query can see count; vs baseline is the paired difference, margin (signed) the low
+    end of its interval, beats is "yes" (‡
     where on thin support, which no finding rests on) or "", no claim says why a row carries none (the word
     the head lists and ``headscan show`` use).
     """
@@ -246,9 +298,12 @@ def syntax_display(best: pd.DataFrame, *, with_model: bool = True) -> pd.DataFra
         "accuracy": best["accuracy"].map(_fmt),
         "95% low": best["ci_low"].map(_fmt),
         "95% high": best["ci_high"].map(_fmt),
-        "dependents": best["count"].map(lambda n: f"{int(n):,}"),
+        "dependents": [f"{int(n):,}" + (" seen" if seen else "") for n, seen in
+                       zip(best["count"], best["visible"] if "visible" in best else [False] * len(best))],
         "baseline": best["baseline"].map(_fmt),
         "offset": best["baseline_offset"].map(offset_text),
+        "vs baseline": (best["vs_baseline"] if "vs_baseline" in best else pd.Series(np.nan, index=best.index)).map(
+            lambda v: "\u2013" if pd.isna(v) else f"{v:+.3f}"),
         "margin": best["margin"].map(lambda v: "\u2013" if pd.isna(v) else f"{v:+.3f}"),
         "beats": [("yes" if beats else "") + ("\u2021" if thin else "")
                   for beats, thin in zip(best["beats"], best["thin"])],

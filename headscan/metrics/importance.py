@@ -12,9 +12,11 @@ like every other score, so that its change has a bootstrap interval, ``units`` a
 - ``hidden_change`` (other encoders, such as the sentence encoder minilm): 1 - cosine between the final hidden
   state of each real token with the head removed and without, summed over real tokens; 0 on the clean pass.
 
-Methods (the ``method`` column): ``mean_ablation`` replaces the head's output at every position by its mean
-over the real tokens of a seeded sample of the corpus; ``zero_ablation`` by 0; both exactly, one head at a time.
-``atp_mean`` and ``atp_zero`` estimate them to first order (attribution patching, Nanda 2023; Kramár et al.
+Methods (the ``method`` column): ``mean_ablation`` replaces the head's output at every real position but each
+segment's first (BOS, [CLS]; with ``ablate_first`` that one too) by its mean over the same positions of a seeded
+sample of the corpus; ``zero_ablation`` by 0; ``resample_ablation`` by the same head's output at the same position
+of another segment of the sample (a seeded derangement); all exactly, one head at a time. ``atp_mean`` and
+``atp_zero`` estimate the first two to first order (attribution patching, Nanda 2023; Kramár et al.
 2024), for every head from one backward pass (`attribution`). The first-order term of ``hidden_change`` is 0
 (the clean pass is its minimum), so it has no AtP rows with a value.
 
@@ -163,10 +165,13 @@ def importance(ablated: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:
     mean over tokens: per-segment sums of the change over the target's token count). Positive: the loss rises
     without the head. Targets: ``next_token_loss`` (causal models), ``masked_loss`` (encoders with a trained
     masked-LM head; BERT's seeded 15% masking, 80/10/10), ``hidden_change`` (1 - cosine of each real token's final
-    hidden state, other encoders). Methods: ``mean_ablation`` (the head's output at every position replaced by
-    its mean over the real tokens of a seeded sample of the corpus), ``zero_ablation`` (by 0), both exact and
-    one head at a time; ``atp_mean`` and ``atp_zero``, their first-order estimates from one backward pass, sum over
-    real positions of (replacement - z) . dT/dz (attribution patching); NaN for ``hidden_change``, whose
+    hidden state, other encoders). Methods: ``mean_ablation`` (the head's output replaced at every real position
+    but each segment's first, BOS or [CLS], by its mean over the same positions of a seeded sample of the corpus;
+    ``--ablate-first`` replaces the first position too and takes the mean over it), ``zero_ablation`` (by 0),
+    ``resample_ablation`` (by the same head's output at the same position of another segment of the sample, a
+    seeded derangement; the head's mean where that segment is shorter), all exact and one head at a time;
+    ``atp_mean`` and ``atp_zero``, first-order estimates of the first two from one backward pass, sum over the
+    replaced positions of (replacement - z) . dT/dz (attribution patching); NaN for ``hidden_change``, whose
     first-order change is 0. The head's output z is cut where it enters the attention output projection (its
     bias belongs to no head); grouped-query models ablate query heads. A head that changes nothing scores 0."""
     return ablated - clean

@@ -33,6 +33,14 @@ The method, as in Clark et al.'s ``Syntax_Analysis.ipynb`` and ``bpe_utils.py``,
   and ``all_nonroot``. ``all`` counts every word, punctuation included, and root words, which have no head
   word, as misses, as Clark et al. do; ``all_nonroot`` leaves the roots out. Other relations never count a
   root. A label that is not a UD relation counts in ``all`` and ``all_nonroot`` only.
+- Visible heads: a causal query cannot see a word to its right, so a causal model's plain accuracy counts
+  dependents whose head it could never pick. Beside each row the table has the same score over the dependents
+  whose gold pair the attending word can see, in directions ``dependent_to_head_visible`` (the gold head's first
+  token at or before the dependent's last) and ``head_to_dependent_visible`` (the dependent's first token at or
+  before the head's last), with their own counts, chance and intervals. The causal mask alone decides it (a
+  sliding window is left out, so every layer and the baseline count the same words). In a bidirectional model
+  every dependent's head is visible and these rows equal the plain ones, but for ``all``: a root has no head to
+  see, so there they equal ``all_nonroot``.
 - Words cut off by ``max_len`` are neither scored nor anyone's predicted head. A word of the text that got no
   token (one token covering two words gives it to the first) is scored, and can only be a miss.
 - Chance: 1/m for a dependent whose gold head is among the m candidate words, 0 otherwise (a root, a head
@@ -55,16 +63,21 @@ from ..corpus.words import DIRECTIONS, RELATIONS, ROOT, WordAlignment
 from .batch import AttentionBatch
 from .registry import Axis, register
 
-__all__ = ["BASELINE_OFFSETS", "SCORED", "COLUMNS", "word_attention", "most_attended", "dependency_accuracy", "accuracy_of",
-           "offset_baseline", "visible_offsets", "best_baseline", "attach_baseline", "syntax_metric", "candidate_words",
+__all__ = ["BASELINE_OFFSETS", "SCORED", "VISIBLE", "SCORED_DIRECTIONS", "COLUMNS", "visible_heads", "word_attention",
+           "most_attended", "dependency_accuracy", "accuracy_of", "offset_baseline", "visible_offsets", "best_baseline", "attach_baseline", "syntax_metric", "candidate_words",
            "syntax_chance"]
 
 BASELINE_OFFSETS: tuple[int, ...] = tuple(range(-3, 3))  # Clark et al.'s range(-3, 3)
 # The relations of the syntax table: ``all`` (roots counted as misses, as Clark et al.), ``all_nonroot`` (every
 # word but the root) and UD's relations, in `RELATIONS` order.
 SCORED: tuple[str, ...] = ("all", "all_nonroot", *RELATIONS[1:])
-# The last axis of `dependency_accuracy` and `offset_baseline`: every relation, first in one direction, then the other.
-COLUMNS: tuple[tuple[str, str], ...] = tuple((relation, direction) for direction in DIRECTIONS for relation in SCORED)
+# Each direction's rows over the dependents whose gold pair the attending word can see (`visible_heads`).
+VISIBLE: dict[str, str] = {direction: f"{direction}_visible" for direction in DIRECTIONS}
+SCORED_DIRECTIONS: tuple[str, ...] = (*DIRECTIONS, *VISIBLE.values())
+# The last axis of `dependency_accuracy` and `offset_baseline`: every relation in one direction, then the other,
+# then the same over the visible dependents (appended, so the plain columns keep their places).
+COLUMNS: tuple[tuple[str, str], ...] = tuple((relation, direction) for direction in SCORED_DIRECTIONS
+                                             for relation in SCORED)
 
 
 # --- word attention and accuracy ---------------------------------------------------------------------------
@@ -139,45 +152,83 @@ def _relation_members(words: WordAlignment, dtype: torch.dtype) -> torch.Tensor:
     return torch.cat([every, scored[..., None], own], -1).to(dtype)
 
 
-def dependency_accuracy(pattern: torch.Tensor, words: WordAlignment) -> tuple[torch.Tensor, torch.Tensor]:
+def visible_heads(words: WordAlignment, causal: bool) -> torch.Tensor:
+    """(batch, word, direction of `DIRECTIONS`) bool: the attending word can see the other word of the gold pair.
+
+    ``dependent_to_head``: the gold head's first token is at or before the dependent's last; ``head_to_dependent``:
+    the dependent's first token is at or before the head's last. Every scored dependent in a bidirectional model;
+    never a root (no head word) or an unscored word. The causal mask alone decides (no sliding window).
+
+    >>> words = WordAlignment(torch.tensor([[-1, 0, 1, 2]]), torch.tensor([[1, -2, 1]]), torch.tensor([[0, 0, 0]]))
+    >>> visible_heads(words, causal=True)[0].int().tolist()  # word 0's head is to its right; word 2's to its left
+    [[0, 1], [0, 0], [1, 0]]
+    """
+    scored = words.head >= 0  # (batch, word)
+    if not causal:
+        return scored[..., None].expand(*scored.shape, len(DIRECTIONS))
+    positions = torch.arange(words.token_word.shape[-1], device=words.token_word.device)  # (seq,)
+    members = words.token_word[..., None] == torch.arange(words.n_words, device=positions.device)  # (batch, seq, word)
+    first = torch.where(members, positions[:, None], positions.shape[0]).amin(1)  # (batch, word); no token: seq
+    last = torch.where(members, positions[:, None], -1).amax(1)  # no token: -1, so it sees and is seen by nothing
+    gold = words.head.clamp_min(0)  # (batch, word); roots and unscored words are masked by `scored`
+    head_first, head_last = first.gather(1, gold), last.gather(1, gold)
+    return torch.stack([(head_first <= last) & (last >= 0), (first <= head_last) & (head_last >= 0)], -1) & \
+        scored[..., None]
+
+
+def _scored_members(words: WordAlignment, dtype: torch.dtype, causal: bool) -> torch.Tensor:
+    """(batch, word, direction of `SCORED_DIRECTIONS`, relation of `SCORED`): `_relation_members` for the plain
+    directions, then the same restricted to the dependents of `visible_heads`."""
+    members = _relation_members(words, dtype)  # (batch, word, relation)
+    seen = visible_heads(words, causal).to(dtype)  # (batch, word, direction)
+    plain = members[:, :, None, :].expand(-1, -1, len(DIRECTIONS), -1)
+    return torch.cat([plain, members[:, :, None, :] * seen[..., None]], 2)
+
+
+def dependency_accuracy(pattern: torch.Tensor, words: WordAlignment, *,
+                        causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-segment sums and counts of correct predictions, (batch, head, len(COLUMNS)) each.
 
     `pattern` (batch, head, q, k) is one layer's attention as the model computed it (not renormalised).
     Column ``(relation, direction)`` of `COLUMNS`: sums count the dependents of that relation whose gold head
-    the head predicts (see the module docstring for both directions), counts the dependents.
+    the head predicts (see the module docstring for both directions), counts the dependents; the ``_visible``
+    directions count only the dependents of `visible_heads` (`causal`: the model's queries see no later key).
     """
-    return accuracy_of(word_attention(pattern, words.token_word, words.n_words), words)
+    return accuracy_of(word_attention(pattern, words.token_word, words.n_words), words, causal=causal)
 
 
-def accuracy_of(attention: torch.Tensor, words: WordAlignment) -> tuple[torch.Tensor, torch.Tensor]:
+def accuracy_of(attention: torch.Tensor, words: WordAlignment, *,
+                causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """`dependency_accuracy` from the word attention (batch, head, word, word), summed over blocks if chunked."""
-    members = _relation_members(words, attention.dtype)  # (batch, word, relation)
+    members = _scored_members(words, attention.dtype, causal)  # (batch, word, direction, relation)
     gold = words.head[:, None, :]  # (batch, 1, word)
     sums = []
     for predicted in (most_attended(attention), most_attended(attention.transpose(-1, -2))):  # the two directions
-        correct = ((predicted == gold) & (gold >= 0)).to(attention.dtype)  # (batch, head, word)
-        sums.append(correct @ members)  # (batch, head, relation)
-    sums = torch.cat(sums, -1)  # (batch, head, column)
-    counts = members.sum(1).repeat(1, len(DIRECTIONS))[:, None, :].expand_as(sums)  # (batch, head, column)
+        sums.append(((predicted == gold) & (gold >= 0)).to(attention.dtype))  # (batch, head, word) correct
+    correct = torch.stack(sums * 2, 2)  # (batch, head, direction, word): plain and visible read the same hits
+    # (batch, direction, head, word) @ (batch, direction, word, relation), one batched product for all four
+    sums = (correct.transpose(1, 2) @ members.permute(0, 2, 1, 3)).transpose(1, 2).flatten(2)  # (batch, head, column)
+    counts = members.sum(1).flatten(1)[:, None, :].expand_as(sums)  # (batch, head, column)
     return sums, counts
 
 
-def offset_baseline(words: WordAlignment, dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+def offset_baseline(words: WordAlignment, dtype: torch.dtype = torch.float64, *,
+                    causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-segment sums and counts of the fixed-offset baseline, (batch, len(BASELINE_OFFSETS), len(COLUMNS)).
 
     Offset d predicts, for ``dependent_to_head``, head = dependent + d, and for ``head_to_dependent``,
-    dependent = head + d (the attending word looks d words away). Counts equal `dependency_accuracy`'s.
+    dependent = head + d (the attending word looks d words away). Counts equal `dependency_accuracy`'s with the
+    same `causal`.
     """
-    members = _relation_members(words, dtype)  # (batch, word, relation)
+    members = _scored_members(words, dtype, causal)  # (batch, word, direction, relation)
     position = torch.arange(words.n_words, device=words.head.device)  # (word,)
     offsets = torch.tensor(BASELINE_OFFSETS, device=words.head.device)[:, None]  # (offset, 1)
     gold = words.head[:, None, :]  # (batch, 1, word)
     real = gold >= 0  # a root (ROOT) or an unscored word (-1) is never a hit, whatever the offset
-    sums = torch.cat([
-        ((gold == position + offsets) & real).to(dtype) @ members,  # (batch, offset, relation): head = dependent + d
-        ((gold == position - offsets) & real).to(dtype) @ members,  # dependent = head + d
-    ], -1)
-    counts = members.sum(1).repeat(1, len(DIRECTIONS))[:, None, :].expand_as(sums)
+    hits = [((gold == position + offsets) & real).to(dtype),  # (batch, offset, word): head = dependent + d
+            ((gold == position - offsets) & real).to(dtype)]  # dependent = head + d
+    sums = torch.cat([hit @ members[:, :, k] for k, hit in enumerate(hits * 2)], -1)  # (batch, offset, column)
+    counts = members.sum(1).flatten(1)[:, None, :].expand_as(sums)
     return sums, counts
 
 
@@ -238,15 +289,19 @@ def syntax_metric(batch: AttentionBatch):
     and the word itself are removed before the argmax, without renormalising. ``dependent_to_head``: the
     dependent's most-attended word is its head; ``head_to_dependent``: the head is the word that attends most
     to the dependent. Relations are UD's, subtypes folded into their base, plus ``all`` (every word, root words
-    counted as misses, as Clark et al.) and ``all_nonroot`` (every word but the root). Swept over CoNLL-U
-    corpora only, with the corpus's own words.
+    counted as misses, as Clark et al.) and ``all_nonroot`` (every word but the root). ``dependent_to_head_visible``
+    and ``head_to_dependent_visible``: the same over the dependents whose gold pair the attending word can see (in a
+    causal model the attended word's first token at or before the attending word's last; every dependent but the
+    root in a bidirectional one), the accuracy to judge a causal model by. Swept over CoNLL-U corpora only, with the
+    corpus's own words.
     """
     if batch.words is None:
         b, h = batch.pattern.shape[:2]
         zeros = torch.zeros((b, h, len(COLUMNS)), dtype=batch.pattern.dtype, device=batch.pattern.device)
         return zeros, zeros
     raw = batch.raw_pattern  # before specials="exclude" renormalised it: Clark removes specials without renormalising
-    return dependency_accuracy(batch.pattern if raw is None else raw, batch.words.to(batch.pattern.device))
+    return dependency_accuracy(batch.pattern if raw is None else raw, batch.words.to(batch.pattern.device),
+                               causal=batch.causal)
 
 
 def candidate_words(words: WordAlignment, causal: bool, window: int | None = None) -> torch.Tensor:
@@ -292,9 +347,9 @@ def syntax_chance(batch: AttentionBatch):
         n = candidates.sum(-1)
         return torch.where(n > 0, hit / n.clamp_min(1), zero)  # (batch, dependent)
 
-    members = _relation_members(words, torch.float64)  # (batch, word, relation)
-    sums = [chance(seen)[:, None, :] @ members, chance(seen.transpose(1, 2))[:, None, :] @ members]
-    return torch.cat(sums, -1)  # (batch, 1, column)
+    members = _scored_members(words, torch.float64, batch.causal)  # (batch, word, direction, relation)
+    by_direction = [chance(seen), chance(seen.transpose(1, 2))] * 2  # (batch, dependent) each: plain, then visible
+    return torch.cat([p[:, None, :] @ members[:, :, k] for k, p in enumerate(by_direction)], -1)  # (batch, 1, column)
 
 
 # Registered on import (`headscan.metrics` imports this module); swept over CoNLL-U corpora only.

@@ -185,7 +185,8 @@ class _Plan:
     """What the hooks do during the pass in progress."""
 
     capture: bool = False  # keep the heads' outputs and the blocks' outputs
-    replace: tuple | None = None  # (layer, head, value (d_head,) or None for zeros)
+    replace: tuple | None = None  # (layer, head, value: (d_head,), (batch, seq, d_head) per position, or None: 0)
+    positions: torch.Tensor | None = None  # (batch, seq) bool: where `replace` applies; None: every position
     calls: dict = field(default_factory=dict)  # id(module) -> calls so far in this pass (shared modules)
     heads: list = field(default_factory=list)
     residuals: list = field(default_factory=list)
@@ -243,10 +244,12 @@ class Surgery:
         d = self.cut.d_head
         columns = torch.zeros(x.shape[-1], dtype=torch.bool, device=x.device)
         columns[head * d: (head + 1) * d] = True
-        filler = torch.zeros(x.shape[-1], dtype=x.dtype, device=x.device)
+        per_position = value is not None and value.dim() > 1
+        filler = torch.zeros(x.shape if per_position else x.shape[-1:], dtype=x.dtype, device=x.device)
         if value is not None:
-            filler[head * d: (head + 1) * d] = value.to(x.device, x.dtype)
-        return (torch.where(columns, filler, x), *args[1:])  # a new tensor: `x` is never written into
+            filler[..., head * d: (head + 1) * d] = value.to(x.device, x.dtype)
+        where = columns if plan.positions is None else plan.positions.to(x.device)[..., None] & columns
+        return (torch.where(where, filler, x), *args[1:])  # a new tensor: `x` is never written into
 
     def _after_block(self, layer: int, module, args, output):
         if self.plan is not None and self.plan.capture:
@@ -264,15 +267,17 @@ class Surgery:
         return hf_model(input_ids=input_ids, attention_mask=attention_mask, **kwargs).logits  # (batch, seq, vocab)
 
     def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, capture: bool = False, grad: bool = False,
-            replace: tuple | None = None, residuals: list | None = None) -> Pass:
+            replace: tuple | None = None, positions: torch.Tensor | None = None,
+            residuals: list | None = None) -> Pass:
         """One whole forward pass.
 
         `capture`: keep every layer's head outputs and block outputs (a clean pass); with `grad` the head outputs
         stay in the autograd graph, for `torch.autograd.grad`. `replace`: ``(layer, head, value)`` puts `value`
-        ((d_head,), or None for zeros) in place of that head's output at every position. `residuals`: a clean
-        pass's block outputs; with `replace` the blocks before the ablated layer hand them back unrun.
+        ((d_head,) at every position, (batch, seq, d_head) one per position, or None for zeros) in place of that
+        head's output; `positions` ((batch, seq) bool) limits it to those positions. `residuals`: a clean pass's
+        block outputs; with `replace` the blocks before the ablated layer hand them back unrun.
         """
-        self.plan = _Plan(capture=capture, replace=replace)
+        self.plan = _Plan(capture=capture, replace=replace, positions=positions)
         start = replace[0] if (replace is not None and residuals and self.reuse) else 0
         try:
             with torch.set_grad_enabled(grad), self._skipping(start, residuals):

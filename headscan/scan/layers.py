@@ -361,7 +361,8 @@ class LayerHooks:
                 words_chance = gathered.chance.setdefault(("words", batch.window), {})
                 if self.syntax not in words_chance:
                     words_chance[self.syntax] = self.syntax.chance_sums(batch)
-                given[self.syntax] = (*syntax.accuracy_of(gathered.word_attention.pop(layer), words),
+                attention = gathered.word_attention.pop(layer)
+                given[self.syntax] = (*syntax.accuracy_of(attention, words, causal=batch.causal),
                                       words_chance[self.syntax])
             else:
                 zeros = torch.zeros((*pattern.shape[:2], len(syntax.COLUMNS)), dtype=torch.float32, device=pattern.device)

@@ -54,7 +54,7 @@ _CORE = ("sums", "counts", "replicate_sums", "replicate_counts", "moments", "cha
 # Settings whose change changes the numbers: two states must agree on each to be added, or to resume.
 FINGERPRINT_FIELDS = ("max_len", "long", "limit", "dtype", "specials", "max_offset", "bootstrap", "seed", "prepend_bos",
                       "bootstrap_unit", "window", "pack", "attention", "query_chunk", "values", "document_field",
-                      "importance", "ablate_top", "importance_sample", "mask_rate", "sink", "recent",
+                      "importance", "ablate_top", "ablate_first", "importance_sample", "mask_rate", "sink", "recent",
                       "similarity_sample")
 
 

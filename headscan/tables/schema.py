@@ -51,6 +51,8 @@ VALUE_COLUMNS: dict[str, str] = {
 
 # Columns a table written by an older headscan may lack; they read back as NaN or <NA> ("not recorded").
 ADDED_LATER = ("units", "top_unit_share", "chance", "n_eff", "variance_df", "thin")
+# Extra columns of one table that its older files may lack; read back as NaN ("not recorded") like ADDED_LATER.
+EXTRA_ADDED_LATER = ("vs_baseline", "vs_baseline_low", "vs_baseline_high")
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,8 @@ class Table:
 
     def conform(self, frame: pd.DataFrame) -> pd.DataFrame:
         """`frame` with exactly this table's columns, in order and with their dtypes."""
-        frame = frame.assign(**{c: float("nan") for c in ADDED_LATER if c not in frame.columns})
+        later = (*ADDED_LATER, *(c for c in EXTRA_ADDED_LATER if c in self.extra))
+        frame = frame.assign(**{c: float("nan") for c in later if c not in frame.columns})
         missing = [c for c in self.columns if c not in frame.columns]
         if missing:
             raise TablesError(f"{self.name} table is missing columns {missing}; expected {list(self.columns)}")
@@ -116,8 +119,12 @@ register_table("positions", {"metric": "string", "bucket": "int64"},
                "[bucket, 2 * bucket) (bucket 0: position 0 alone), for long contexts")
 register_table("syntax", {"relation": "string", "direction": "string"},
                "one row per (model, layer, head, relation, direction): share of dependents whose gold head the "
-               "head's attention picks (CoNLL-U corpora; Clark et al. 2019)",
-               extra={"baseline": "float64", "baseline_offset": "Int64"})
+               "head's attention picks (CoNLL-U corpora; Clark et al. 2019); directions ending in _visible count "
+               "only the dependents whose gold pair the attending word can see (a causal query sees no later word); "
+               "vs_baseline is the head's accuracy minus the best fixed offset's on the same dependents, with its "
+               "95% interval over the units (vs_baseline_low, vs_baseline_high)",
+               extra={"baseline": "float64", "baseline_offset": "Int64", "vs_baseline": "float64",
+                      "vs_baseline_low": "float64", "vs_baseline_high": "float64"})
 register_table("value", {"metric": "string"},
                "one row per (model, layer, head, metric): the heads.parquet metrics on value-weighted attention, "
                "A[q, k] ||f(x_k)|| renormalised per query (Kobayashi et al. 2020)")

@@ -55,13 +55,18 @@ def _model_lines(comparison: Comparison, table: pd.DataFrame, scale_of: dict[str
         how = ("exact mean ablation" if exact == len(part) else
                f"exact mean ablation for {exact} of {len(part)} heads, AtP's estimate for the rest" if exact else
                "AtP's first-order estimate of mean ablation")
+        how += ", the first position left alone" if notes.get("ablate_first") is False else ""
         yardstick = scale_of.get(model)
-        largest = f"{yardstick}'s largest effect" if yardstick else "the largest effect"
-        lines.append(
-            f"{model} (`{target}`; {how}): the largest effects are {named}. {int(part['matters'].sum())} of "
-            f"{len(part)} heads matter (interval clear of 0, at least {MATTERS:.0%} of {largest}), "
-            f"{int(part['nil'].sum())} have none (interval within {NEGLIGIBLE:.0%} of {largest} around 0)."
-            + (f" Sample: {notes['sample']}." if notes.get("sample") else ""))
+        largest = f"{yardstick}'s largest exact effect" if yardstick else "the largest exact effect"
+        if exact:  # findings come from exact ablations only: AtP screens, it does not decide
+            verdict = (f"{int(part['matters'].sum())} of the {exact} exactly ablated heads matter (interval clear "
+                       f"of 0, at least {MATTERS:.0%} of {largest}), {int(part['nil'].sum())} have none (interval "
+                       f"within {NEGLIGIBLE:.0%} of {largest} around 0); AtP estimates count in neither.")
+        else:
+            verdict = ("No head was ablated exactly, so none is said to matter: AtP only screens (sweep with "
+                       "--importance ablate).")
+        lines.append(f"{model} (`{target}`; {how}): the largest effects are {named}. {verdict}"
+                     + (f" Sample: {notes['sample']}." if notes.get("sample") else ""))
     return lines
 
 
@@ -110,12 +115,14 @@ def _agreement_part(comparison: Comparison, pngs: Pngs) -> list:
     frame = pd.DataFrame({"model": agreed["model"], "AtP": agreed["estimate"], "exact": agreed["exact"],
                           "heads": agreed["heads"].astype(str),
                           "Spearman": agreed["spearman"].map(lambda v: "–" if pd.isna(v) else f"{v:.2f}"),
-                          "top 10 shared": [f"{s} of {k}" for s, k in zip(agreed["top_shared"], agreed["top"])]})
+                          "top 10 shared": [f"{s} of {k}" for s, k in zip(agreed["top_shared"], agreed["top"])],
+                          "top 20 shared": [f"{s} of {k}" for s, k in zip(agreed["top20_shared"], agreed["top20"])]})
     return blocks + [Figures([name], "Each head that has both: AtP's estimate of mean ablation (x) against the exact "
                                      "mean ablation (y); the dashed line is agreement."),
                      Table(frame, numeric=("heads", "Spearman"),
-                           note="Spearman's rank correlation over the heads with both; top 10 shared: how many of the "
-                                "10 largest exact effects (by size) are also among AtP's 10 largest. Only heads AtP "
+                           note="Spearman's rank correlation over the heads with both; top 10 (20) shared: how many "
+                                "of the 10 (20) largest exact effects (by size) are also among AtP's 10 (20) largest, "
+                                "AtP's recall as a screen. Only heads AtP "
                                 "ranked high are ablated under --ablate-top, so a high correlation there says AtP "
                                 "orders its own top heads well, not that it missed none.")]
 
@@ -131,10 +138,14 @@ def importance_section(comparison: Comparison, pngs: Pngs) -> list:
         Heading(2, "Does the head matter?"),
         Text("Where a head looks is not whether the model needs it. importance.parquet holds, per head, the change "
              "of the model's target when the head's output is removed (ablated minus clean; positive: the loss "
-             "rises without it): replaced by its mean over the corpus (mean ablation) or by 0, exactly or as "
-             "AtP's first-order estimate. Chance is 0: a head whose removal changes nothing scores 0. Targets: a "
-             "causal model's next-token loss, an encoder's masked-token loss where its checkpoint has a trained "
-             "head, else the change of its final hidden states (1 - cosine)."),
+             "rises without it): replaced by its mean over the corpus (mean ablation), by 0, or by its output on "
+             "another segment at the same position (resample ablation), exactly or (mean and 0) as AtP's "
+             "first-order estimate. Unless the run was swept with --ablate-first, each segment's first position "
+             "(BOS, [CLS]) keeps the head's own output and the mean leaves it out: many heads park attention there, "
+             "and replacing it would measure that sink. Chance is 0: a head whose removal changes nothing scores 0. "
+             "Whether a head matters is said from exact mean ablations only; AtP is a screen for which heads to "
+             "ablate. Targets: a causal model's next-token loss, an encoder's masked-token loss where its "
+             "checkpoint has a trained head, else the change of its final hidden states (1 - cosine)."),
         Bullets(_model_lines(comparison, table, controls)),
     ]
     models = [m.name for m in comparison.models if (table["model"] == m.name).any()]

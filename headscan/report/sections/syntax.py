@@ -82,7 +82,13 @@ def syntax_section(comparison: Comparison, palette: dict, pngs: Pngs) -> list:
              "that relation and direction on the same words, among the offsets the model's queries can see (a "
              "causal model's words see only earlier words: d \u2264 0); d = -1 is the previous word, whose "
              "accuracy is what a perfect positional head would score. Chance is a uniformly random choice among "
-             "the words the dependent could pick. Heads are 0-indexed L{layer}H{head}: Clark et al.'s 1-indexed "
+             "the words the dependent could pick. A causal model's word cannot attend to a word to its right, so "
+             "its plain accuracy counts dependents whose head it could never pick; a causal model is judged here on "
+             "the dependents whose head the attending word can see (the table's `_visible` directions; "
+             "\u201cseen\u201d beside the dependents), a bidirectional one on all. A head beats its baseline when "
+             "the paired difference between the two on the same dependents (head's hits minus the offset's, "
+             "per document) has its 95% interval above 0; the offset is chosen on the whole corpus and held fixed "
+             "for that interval. Heads are 0-indexed L{layer}H{head}: Clark et al.'s 1-indexed "
              "BERT \u201chead 8-10\u201d is L7H9 here."),
     ]
     best = best_heads(syntax)
@@ -97,14 +103,17 @@ def syntax_section(comparison: Comparison, palette: dict, pngs: Pngs) -> list:
     beats = best[best["beats"]]  # as the table's "beats" column counts them
     found = beats[beats["unsupported"] == ""]
     choice = ", ".join(f"{n_heads[m]} in {m}" for m in models)
+    # tables written without the paired comparison are judged on the head's own interval
+    rule = ("the paired difference's interval above 0" if best["vs_baseline_low"].notna().any()
+            else "the interval's lower end above the baseline")
     blocks.append(Figures([name], "Per relation (most dependents first, `all` left of the dotted line), each "
                                   "model's most accurate head with its 95% interval, against the best fixed offset "
                                   "(the light bar, its offset d written at its foot), one panel per direction. A "
-                                  "filled point's interval lies wholly above the baseline; a hollow one's reaches "
-                                  "down to it. Each point is labelled with its head."))
+                                  "filled point beats the baseline (its paired difference's interval lies above 0); "
+                                  "a hollow one does not. Each point is labelled with its head."))
     blocks.append(Text(f"{len(beats)} of {len(best)} best heads {'beats' if len(beats) == 1 else 'beat'} the best "
                        "fixed offset beyond their 95% interval "
-                       f"(the interval's lower end above the baseline); {len(found)} of these "
+                       f"({rule}); {len(found)} of these "
                        + ("is a finding, which also needs" if len(found) == 1 else "are findings, which also need")
                        + " the interval above chance and support that is not thin. Read them with two cautions: the "
                        "best head is "
@@ -119,15 +128,17 @@ def syntax_section(comparison: Comparison, palette: dict, pngs: Pngs) -> list:
     left = sorted((r for r in counts.index if r not in relations), key=lambda r: (-counts[r], r))
     note = ("One row per model, relation and direction: the most accurate head (ties to the head whose interval "
             "starts higher, then the lower layer and head), its accuracy and 95% interval, the relation's "
-            "dependents, the best fixed offset's accuracy and offset d, and margin = interval's low end minus "
-            "baseline; beats: the margin is above 0. Click a heading to sort.")
+            "dependents (\u201cseen\u201d: only those whose head the query can see), the best fixed offset's "
+            "accuracy and offset d, vs baseline: the head's accuracy minus the offset's on the same dependents, and "
+            "margin: the low end of that difference's 95% interval over documents (tables without it: the head's "
+            "interval's low end minus the baseline); beats: the margin is above 0. Click a heading to sort.")
     if best["thin"].any():
         note += " \u2021: resting on thin support; no finding rests on it."
     if left:
         note += (f" Left out, each under {MIN_SHARE:.0%} of all dependents: "
                  + ", ".join(f"{code(r)} ({int(counts[r]):,})" for r in left) + "; syntax.parquet has them.")
     frame = syntax_display(best, with_model=len(models) > 1)
-    numeric = ("accuracy", "95% low", "95% high", "dependents", "baseline", "offset", "margin")
+    numeric = ("accuracy", "95% low", "95% high", "dependents", "baseline", "offset", "vs baseline", "margin")
     blocks.append(Table(frame, numeric=numeric, note=note, sortable=True))
     return blocks
 
