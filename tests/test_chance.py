@@ -250,7 +250,12 @@ def loop_syntax_chance(token_word, head, relation_columns, causal, window=None):
                 continue
             if head[i] < 0:
                 continue  # a root: no candidate is its head
-            if direction == "dependent_to_head":
+            base = direction.removesuffix("_visible")
+            if base != direction and causal:  # only dependents whose gold pair the attending word can see
+                attending, attended = (i, head[i]) if base == "dependent_to_head" else (head[i], i)
+                if not (tokens[attending] and tokens[attended] and min(tokens[attended]) <= max(tokens[attending])):
+                    continue
+            if base == "dependent_to_head":
                 candidates = [j for j in range(n_words) if can_attend(i, j)]
             else:
                 candidates = [j for j in range(n_words) if can_attend(j, i)]

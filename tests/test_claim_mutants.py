@@ -157,7 +157,7 @@ def test_the_largest_effects_are_named_by_size_whatever_their_sign():
     by_size = sorted(range(len(effects)), key=lambda h: -abs(effects[h][0]))[:3]
     assert [f"L0H{h}" for h in by_size] == ["L0H1", "L0H4", "L0H2"]
     assert lines[0].startswith("m (`next_token_loss`; exact mean ablation): the largest effects are L0H1 -0.8 "
-                               "[-0.9, -0.7]; L0H4 -0.5 [-0.6, -0.4]; L0H2 +0.3 [+0.2, +0.4]. 4 of 5 heads matter")
+                               "[-0.9, -0.7]; L0H4 -0.5 [-0.6, -0.4]; L0H2 +0.3 [+0.2, +0.4]. 4 of the 5 exactly ablated heads matter")
 
 
 # --- a word is a query of the cross-model similarity only where both models gave it a token -----------------------

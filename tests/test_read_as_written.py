@@ -125,7 +125,13 @@ def test_a_conllu_sweep_and_a_plain_text_sweep_of_the_same_sentences_have_equal_
         extra = treebank.provenance.model(model).extra
         assert {"tokens_straddling_words", "words_without_token"} <= set(extra)
     syntax = treebank["syntax"]
-    assert syntax.loc[(syntax.relation == "all"), "count"].min() > 400
+    plain = syntax.direction.isin(["dependent_to_head", "head_to_dependent"])
+    assert syntax.loc[(syntax.relation == "all") & plain, "count"].min() > 400
+    # the _visible rows count a subset of the same dependents (a causal query sees no later word)
+    key = ["model", "layer", "head", "relation"]
+    for direction in ("dependent_to_head", "head_to_dependent"):
+        both = syntax[syntax.direction == direction].merge(syntax[syntax.direction == f"{direction}_visible"], on=key)
+        assert len(both) and (both["count_y"] <= both["count_x"]).all()
 
 
 # A sentence whose last word ("el" of "del") has no characters of its own, so no token: it lies after the last word
