@@ -118,7 +118,7 @@ def main() -> None:
 
     # the very hook points the sweep attaches (values for value weighting; head outputs and the final residual
     # only where dla is captured: a causal model with a final norm), each doing nothing
-    weights, unread = reduce._read_weights(model)
+    weights, unread = reduce.read_weights(model)
     sweep_hooks = layers.LayerHooks(model, config, [], layers.capture_for(model, config, weights, unread)[0], False)
 
     def hooks_only():
