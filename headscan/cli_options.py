@@ -161,9 +161,10 @@ OPTIONS: dict[str, list[Opt]] = {
     "sweep": [
         MODEL, CORPUS, OUT, *(SWEEP[n] for n in ("max_len", "long", "batch_size", "limit", "device", "dtype",
                                                  "device_map", "specials", "prepend_bos", "max_offset", "bootstrap",
-                                                 "seed", "bootstrap_unit", "document_field", "interval", "window",
+                                                 "seed", "bootstrap_unit", "document_field", "interval", "fdr", "window",
                                                  "pack", "attention", "query_chunk", "attention_budget", "values",
-                                                 "control", "control_seed", "importance", "ablate_top", "ablate_first",
+                                                 "control", "control_seed", "control_seeds", "importance", "ablate_top",
+                                                 "ablate_first",
                                                  "importance_sample", "mask_rate", "similarity_sample", "sink",
                                                  "recent")),
         Opt(("save_every", "--save-every"), "run", "Save the partial state at the first window end after this many "

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass
 from typing import Literal, get_args, get_type_hints
 
@@ -28,7 +29,7 @@ from .errors import ConfigError
 
 __all__ = ["SweepConfig", "RetrievalConfig", "DEVICES", "DTYPES", "SPECIALS", "TEMPLATES", "CONTROLS", "MIN_BOOTSTRAP",
            "IMPORTANCE_METHODS", "IMPORTANCE_TARGETS", "GROUPS", "Setting", "choices", "settings", "control_name",
-           "split_control", "hf_offline"]
+           "split_control", "control_number", "hf_offline"]
 
 Device = Literal["auto", "cpu", "cuda", "mps"]
 DType = Literal["float32", "float16", "bfloat16", "float64"]
@@ -153,6 +154,15 @@ class SweepConfig:
         "words]'). Repeat for both; each doubles the sweep's time.")
     control_seed: int | None = _field(None, "scores", "Seed of the controls' weights and word orders (default: "
                                       "--seed).", metavar="SEED")
+    fdr: float = _field(0.05, "intervals", "False-discovery rate of the findings: Benjamini-Hochberg over every "
+                        "tested row of heads, value and syntax, one family per model (headscan.metrics.nulls).",
+                        metavar="Q")
+    # one random-init control is one draw of what an untrained network scores: the findings' null is the range
+    # of several draws' heads, and with two or more each draw is checked against the others (held out)
+    control_seeds: int = _field(1, "scores", "How many random-init controls, seeds --control-seed, +1, ... (named "
+                                "'MODEL [random init]', 'MODEL [random init 2]', ...). Their heads at each layer are "
+                                "the null of every finding; with 2 or more, each control is tested against the "
+                                "others. 5 is a good number.", metavar="N")
     importance: Importance = _field(
         "off", "scores", "Does each head matter (importance.parquet): 'atp' estimates, for every head, the change of "
         "the model's loss when its output is replaced by its mean or by 0, from one backward pass per batch; "
@@ -218,6 +228,12 @@ class SweepConfig:
         object.__setattr__(self, "control", tuple(control))  # a list read back from run.json, or one name
         if self.control_seed is not None:
             _whole("control_seed", self.control_seed, 0)
+        _whole("control_seeds", self.control_seeds, 1)
+        if isinstance(self.fdr, bool) or not isinstance(self.fdr, (int, float)) or not 0 < self.fdr < 1:
+            raise ConfigError(f"fdr must be a rate between 0 and 1 (0.05 for 5%), got {self.fdr!r}", setting="fdr")
+        if self.control_seeds > 1 and "random-init" not in self.control:
+            raise ConfigError(f"control_seeds {self.control_seeds} counts random-init controls, so it needs "
+                              "control 'random-init' (--control random-init)", setting="control_seeds")
         if self.document_field is not None and (not isinstance(self.document_field, str) or not self.document_field):
             raise ConfigError(f"document_field must be None or the name of a JSONL field, got {self.document_field!r}",
                               setting="document_field")
@@ -237,26 +253,43 @@ class SweepConfig:
         return self.seed if self.control_seed is None else self.control_seed
 
 
-def control_name(model: str, control: str | None) -> str:
-    """The name a control of `model` is swept under (its rows' ``model``); `model` itself for None.
+def control_name(model: str, control: str | None, number: int = 1) -> str:
+    """The name a control of `model` is swept under (its rows' ``model``); `model` itself for None. `number`
+    counts random-init controls of different seeds (`SweepConfig.control_seeds`); the first has none in its name.
 
     >>> control_name("minilm", "random-init"), control_name("minilm", "shuffled-words"), control_name("gpt2", None)
     ('minilm [random init]', 'minilm [shuffled words]', 'gpt2')
+    >>> control_name("minilm", "random-init", 3)
+    'minilm [random init 3]'
     """
-    return model if control is None else f"{model} [{control.replace('-', ' ')}]"
+    if control is None:
+        return model
+    return f"{model} [{control.replace('-', ' ')}{'' if number == 1 else f' {number}'}]"
+
+
+_CONTROL_SUFFIX = re.compile(r" \[(" + "|".join(c.replace("-", " ") for c in CONTROLS) + r")(?: ([2-9]|[1-9][0-9]+))?\]$")
 
 
 def split_control(name: str) -> tuple[str, str | None]:
     """The model and the control (None for a trained model) a swept model's name stands for.
 
-    >>> split_control("minilm [random init]"), split_control("path/to/gpt2")
-    (('minilm', 'random-init'), ('path/to/gpt2', None))
+    >>> split_control("minilm [random init]"), split_control("path/to/gpt2"), split_control("m [random init 2]")
+    (('minilm', 'random-init'), ('path/to/gpt2', None), ('m', 'random-init'))
     """
-    for control in CONTROLS:
-        suffix = f" [{control.replace('-', ' ')}]"
-        if name.endswith(suffix):
-            return name[: -len(suffix)], control
-    return name, None
+    found = _CONTROL_SUFFIX.search(name)
+    if found is None:
+        return name, None
+    return name[: found.start()], found.group(1).replace(" ", "-")
+
+
+def control_number(name: str) -> int:
+    """Which of a model's random-init controls `name` is (1 for the first, and for any other name).
+
+    >>> control_number("minilm [random init]"), control_number("minilm [random init 4]"), control_number("gpt2")
+    (1, 4, 1)
+    """
+    found = _CONTROL_SUFFIX.search(name)
+    return int(found.group(2)) if found is not None and found.group(2) else 1
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,10 @@ syntax finding) needs two things of the row's numbers:
   value under the null head, uniform attention over what each query sees (`headscan.tables` documents it).
 
 `why_not` says, row by row, why a row cannot carry a claim ("" where it can); `supported` is its boolean.
+A row of a table that records its verdict (``null_kind``, ``finding``: `headscan.metrics.nulls`, the sweep's
+test against what heads that learned nothing score, corrected for the number of rows tested) carries a claim
+exactly where ``finding`` is true: the rule above is then the sweep's, with the null in place of chance.
+
 A row without an interval (a sweep without bootstrap, tables added up by `headscan.tables.merge_tables`) or
 without a chance level (a table written before headscan recorded it) carries none: nothing says how far from
 uniform attention it lies.
@@ -24,12 +28,16 @@ import pandas as pd
 
 from .. import tables
 
-__all__ = ["THIN", "NO_INTERVAL", "NO_CHANCE", "AT_CHANCE", "why_not", "supported", "gate_text"]
+__all__ = ["THIN", "NO_INTERVAL", "NO_CHANCE", "AT_CHANCE", "WITHIN_NULL", "NOT_DISCOVERED", "NO_NULL", "why_not",
+           "supported", "gate_text", "run_gate_text", "null_text"]
 
 THIN = "thin support"
 NO_INTERVAL = "no interval"
 NO_CHANCE = "no chance level"
 AT_CHANCE = "at chance"  # the interval holds the chance level
+WITHIN_NULL = "within its null"  # the value does not lie beyond its null's end (a verdict the sweep recorded)
+NOT_DISCOVERED = "not a discovery"  # beyond its null, but not at the false-discovery rate over the family
+NO_NULL = "no null"  # a metric only random-init controls give a null for, in a run without them
 # the interval lies wholly on the other side of chance: "below chance" for a high-striking metric, "above" for low
 _WRONG_SIDE = {"high": "below chance", "low": "above chance"}
 
@@ -59,6 +67,7 @@ def why_not(rows: pd.DataFrame, *, striking="high") -> pd.Series:
     ['above chance', 'at chance', '', 'thin support; above chance']
     """
     side = striking if isinstance(striking, pd.Series) else pd.Series(striking, index=rows.index)
+    verdict = _verdicts(rows, side)
     low, high, chance = _column(rows, "ci_low"), _column(rows, "ci_high"), _column(rows, "chance")
     thin = tables.thin_rows(rows) if len(rows) else pd.Series(False, index=rows.index)
     no_interval = low.isna() | high.isna()
@@ -69,7 +78,9 @@ def why_not(rows: pd.DataFrame, *, striking="high") -> pd.Series:
     reasons = []
     for i in range(len(rows)):
         said = [THIN] if thin.iloc[i] else []
-        if no_interval.iloc[i]:
+        if verdict[i] is not None:  # the sweep's own verdict against the row's null
+            said += [verdict[i]] if verdict[i] else []
+        elif no_interval.iloc[i]:
             said.append(NO_INTERVAL)
         elif no_chance.iloc[i]:
             said.append(NO_CHANCE)
@@ -77,6 +88,54 @@ def why_not(rows: pd.DataFrame, *, striking="high") -> pd.Series:
             said.append(_WRONG_SIDE.get(side.iloc[i], "below chance") if wrong[i] else AT_CHANCE)
         reasons.append("; ".join(said))
     return pd.Series(reasons, index=rows.index, dtype=object)
+
+
+def _verdicts(rows: pd.DataFrame, side: pd.Series) -> list:
+    """Per row, None where the table records no verdict (old tables, other tables), else the reason the sweep's
+    verdict gives ("" for a finding)."""
+    if "null_kind" not in rows.columns or "finding" not in rows.columns:
+        return [None] * len(rows)
+    kind = rows["null_kind"].astype(object).where(rows["null_kind"].notna(), None).to_numpy()
+    finding = rows["finding"].astype("boolean").fillna(False).to_numpy(dtype=bool)
+    p = _column(rows, "p_value").to_numpy()
+    value = _column(rows, "value").to_numpy()
+    end = np.where(side.to_numpy() == "high", _column(rows, "null_high"), _column(rows, "null_low"))
+    beyond = np.where(side.to_numpy() == "high", value > end, value < end)
+    out = []
+    for i in range(len(rows)):  # a loop over rows to say why, as `why_not`'s own
+        if kind[i] is None:
+            out.append(None)
+        elif finding[i]:
+            out.append("")
+        elif kind[i] == "none":
+            out.append(NO_NULL)
+        elif np.isnan(p[i]):
+            out.append(NO_INTERVAL)
+        else:
+            out.append(NOT_DISCOVERED if beyond[i] else WITHIN_NULL)
+    return out
+
+
+def null_text(rows_or_row) -> str:
+    """What a row was tested against, as a claim states it: "null: random-init heads at this layer 0.05 to 0.09;
+    q 0.001" ("" where the table records no verdict).
+
+    >>> null_text(pd.Series({"null_kind": "controls", "null_low": 0.05, "null_high": 0.088, "q_value": 0.0004}))
+    'null: random-init heads of this layer 0.05 to 0.088; q 0.0004'
+    >>> null_text(pd.Series({"null_kind": "uniform", "null_low": 0.1, "null_high": 0.1, "q_value": 0.02}))
+    'null: uniform attention; q 0.02'
+    """
+    row = rows_or_row
+    kind = row.get("null_kind") if hasattr(row, "get") else None
+    if kind is None or pd.isna(kind) or kind == "none":
+        return ""
+    what = {"uniform": "uniform attention", "baseline": "the best fixed offset on the same words",
+            "controls+baseline": "the best fixed offset, and random-init heads of this layer"}.get(
+        str(kind), "random-init heads of this layer")
+    if str(kind) in ("controls", "controls+baseline"):
+        what += f" {row['null_low']:.3g} to {row['null_high']:.3g}"
+    q = row.get("q_value")
+    return f"null: {what}" + ("" if q is None or pd.isna(q) else f"; q {q:.2g}")
 
 
 def supported(rows: pd.DataFrame, *, striking="high") -> pd.Series:
@@ -88,8 +147,46 @@ def supported(rows: pd.DataFrame, *, striking="high") -> pd.Series:
     return why_not(rows, striking=striking) == ""
 
 
-def gate_text() -> str:
-    """The rule, in one sentence, as reports state it."""
+def run_gate_text(runs) -> str:
+    """`gate_text` for each of a report's runs ((name, tables) pairs), once where they say the same."""
+    texts = [gate_text(tables.provenance.extra.get("findings")) for _, tables in runs]
+    if len(set(texts)) <= 1:
+        return texts[0] if texts else gate_text()
+    return " ".join(f"{name}: {text}" for (name, _), text in zip(runs, texts))
+
+
+def gate_text(findings: dict | None = None) -> str:
+    """The rule, in one sentence, as reports state it; `findings` (a run's ``provenance.extra["findings"]``,
+    `headscan.metrics.nulls.add_findings`) makes it the sweep's tested rule, with its family and counts.
+
+    >>> print(gate_text({"rule": "Benjamini-Hochberg", "q": 0.05, "family": {"m": 120, "m [random init]": 0},
+    ...                  "findings": {"m": 7, "m [random init]": 0}, "controls": {"m": ["m [random init]"]}}))
+    ... # doctest: +NORMALIZE_WHITESPACE
+    A claim about a head (a finding, a role, a place in a top-head list) is a row of heads, value or syntax that
+    the sweep tested and found: one-sided, by its 95% interval's SE, beyond its null (for every metric, the
+    range of the random-init controls' heads at the same layer, and uniform attention as well where the metric
+    is a mean of attention weights; without controls, uniform attention where it is one and no test where it is
+    not; syntax also beyond the best fixed offset on the same words), then Benjamini-Hochberg at q = 0.05 over
+    one family per model (every tested row of its heads, value and syntax tables), and not thin. Findings: m 7
+    of 120 tested rows (null from m [random init]); m [random init] none tested (no other random-init control to
+    hold it against).
+    """
+    if findings:
+        counts = []
+        for model, size in findings.get("family", {}).items():
+            pool = findings.get("controls", {}).get(model)
+            source = f" (null from {', '.join(pool)})" if pool else ""
+            counts.append(f"{model} {findings['findings'].get(model, 0)} of {size} tested rows{source}" if size else
+                          f"{model} none tested (no other random-init control to hold it against)"
+                          if "[random init" in model else f"{model} none tested")
+        return ("A claim about a head (a finding, a role, a place in a top-head list) is a row of heads, value or "
+                "syntax that the sweep tested and found: one-sided, by its 95% interval's SE, beyond its null "
+                "(for every metric, the range of the random-init controls' heads at the same layer, and uniform "
+                "attention as well where the metric is a mean of attention weights; without controls, uniform "
+                "attention where it is one and no test where it is not; syntax also beyond the best fixed offset "
+                f"on the same words), then {findings['rule']} at q = {findings['q']:g} over one family per model "
+                "(every tested row of its heads, value and syntax tables), and not thin. Findings: "
+                + "; ".join(counts) + ".")
     return ("A claim about a head (a finding, a role, a place in a top-head list) needs its 95% interval to rest "
             "on enough segments or documents (not thin) and to lie beyond chance, the value of uniform attention "
             "over the keys each query sees, on the metric's striking side: its low end above chance where high "

@@ -16,7 +16,18 @@ import pandas as pd
 
 from ..metrics import describe
 from ..tables import ModelProvenance
-from .claims import AT_CHANCE, NO_CHANCE, NO_INTERVAL, THIN, supported, why_not
+from .claims import (
+    AT_CHANCE,
+    NO_CHANCE,
+    NO_INTERVAL,
+    NO_NULL,
+    NOT_DISCOVERED,
+    THIN,
+    WITHIN_NULL,
+    null_text,
+    supported,
+    why_not,
+)
 from .formats import pct
 from .ranking import (
     WIDE_CI,
@@ -48,7 +59,9 @@ _ON = {
 _COUNTED = {"previous-token": "previous-token heads", "induction": "induction heads",
             "prefix-matching": "prefix-matching heads, attending like induction heads with no evidence that they copy"}
 _FAILS = {AT_CHANCE: "is at chance", "below chance": "lies below chance", "above chance": "lies above chance",
-          THIN: "rests on thin support", NO_INTERVAL: "has no interval", NO_CHANCE: "has no chance level recorded"}
+          THIN: "rests on thin support", NO_INTERVAL: "has no interval", NO_CHANCE: "has no chance level recorded",
+          WITHIN_NULL: "lies within its null", NOT_DISCOVERED: "is not a discovery at the false-discovery rate",
+          NO_NULL: "has no null in a run without random-init controls"}
 
 
 def _numbers(row, metric: str = "") -> str:
@@ -58,6 +71,8 @@ def _numbers(row, metric: str = "") -> str:
         parts.append(f"95% interval {_fmt(metric, row['ci_low'])} to {_fmt(metric, row['ci_high'])}")
     if "chance" in row and not pd.isna(row["chance"]):
         parts.append(f"chance {_fmt(metric, row['chance'])}")
+    if null_text(row):
+        parts.append(null_text(row))
     return f" ({'; '.join(parts)})" if parts else ""
 
 
@@ -72,7 +87,17 @@ def _failing(reason: str) -> str:
 
 # Where to say so of a thin row: its interval is not trusted, so neither is where it lies against chance.
 UNASSESSED = "cannot be assessed on this corpus"
-_AGAINST_CHANCE = (AT_CHANCE, "below chance", "above chance")
+_AGAINST_CHANCE = (AT_CHANCE, "below chance", "above chance", WITHIN_NULL, NOT_DISCOVERED)
+
+
+def _tested(rows: pd.DataFrame) -> bool:
+    """Whether the table records the sweep's verdicts (`headscan.metrics.nulls`): then the bar is the null."""
+    return "null_kind" in rows.columns and bool(rows["null_kind"].notna().any())
+
+
+def _beyond(rows: pd.DataFrame) -> str:
+    """How a sentence names the bar: the sweep's null where the table records verdicts, else chance."""
+    return "beyond its null" if _tested(rows) else "beyond chance"
 
 
 def _assessable(reason: str) -> bool:
@@ -211,12 +236,12 @@ def _strongest(model: str, rows: pd.DataFrame, family: str, provenance: ModelPro
                            f"{_control_clause(best, metric, controls)}")
         elif not _assessable(top.iloc[0]["unsupported"]):
             best = top.iloc[0]
-            out.append(f"Whether a head of {model} puts its attention on {_ON[metric]} beyond chance {UNASSESSED}: "
+            out.append(f"Whether a head of {model} puts its attention on {_ON[metric]} {_beyond(rows)} {UNASSESSED}: "
                        f"the strongest, {best['label']} with {pct(best['value'])}{_numbers(best)}, "
                        f"{_unassessed(best['unsupported'])}.")
         else:
             best = top.iloc[0]
-            out.append(f"No head of {model} puts its attention on {_ON[metric]} beyond chance: "
+            out.append(f"No head of {model} puts its attention on {_ON[metric]} {_beyond(rows)}: "
                        f"the strongest, {best['label']} with {pct(best['value'])}{_numbers(best)}, "
                        f"{_failing(best['unsupported'])}.")
     return out
@@ -238,7 +263,7 @@ def _role_counts(model: str, rows: pd.DataFrame, controls: list[tuple[str, pd.Da
             continue
         versus = "".join(f"; {c}: {sum(role_name in names for names in roles[roles['model'] == c]['roles'])}"
                          for c, _ in controls)
-        out.append(f"{many} of {n_heads} heads in {model} are {said} ({role.rule()}{versus}).")
+        out.append(f"{many} of {n_heads} heads in {model} are {said} ({role.rule(_tested(rows))}{versus}).")
     return out
 
 
@@ -299,6 +324,16 @@ def _support(model: str, rows: pd.DataFrame, family: str, provenance: ModelProve
     if recorded and len(measured):
         reasons = why_not(measured, striking=striking_of(measured))
         near = int((reasons.str.contains("chance") & reasons.map(_assessable)).sum())  # thin: said above
+        verdicts = {reason: int((reasons.map(lambda r, reason=reason: reason in r.split("; ")) & reasons.map(_assessable))
+                                .sum()) for reason in (WITHIN_NULL, NOT_DISCOVERED, NO_NULL)}
+        if any(verdicts.values()):
+            parts = [f"{verdicts[WITHIN_NULL]} lie within their null"] * bool(verdicts[WITHIN_NULL]) + \
+                [f"{verdicts[NOT_DISCOVERED]} lie beyond it but are not discoveries at the run's false-discovery "
+                 "rate"] * bool(verdicts[NOT_DISCOVERED]) + \
+                [f"{verdicts[NO_NULL]} have no null (metrics only random-init controls give one for; sweep with "
+                 "--control random-init)"] * bool(verdicts[NO_NULL])
+            out.append(f"{sum(verdicts.values())} of {len(measured)} scores of {model} are not findings: "
+                       f"{', '.join(parts)}; no finding here rests on them.")
         if near:
             out.append(f"{near} of {len(measured)} scores of {model} do not lie beyond chance on their striking side "
                        "(their 95% interval holds the value of uniform attention, or lies on its other side); no "
@@ -393,7 +428,7 @@ def family_findings(heads: pd.DataFrame) -> list[str]:
                       for r in summary.itertuples())
     many = ", ".join(f"{int(r.prev_token_above)} of {r.heads} in {r.model}" for r in summary.itertuples())
     return [f"The strongest previous-token heads: {where}.",
-            f"Previous-token heads ({role_for('prev_token').rule()}): {many}."]
+            f"Previous-token heads ({role_for('prev_token').rule(_tested(heads))}): {many}."]
 
 
 def run_pairs(models: list[str]) -> list[tuple[str, str]]:

@@ -95,7 +95,8 @@ def top_heads(heads: pd.DataFrame, metric: str, n: int = 10, *, model: str | Non
     -------
     DataFrame
         Columns ``model, rank, label, layer, head, value, ci_low, ci_high, chance, count, units, wide, thin,
-        unsupported`` (``wide``: see `ci_is_wide`; ``thin``: the value rests on thin support,
+        unsupported``, then the sweep's verdict columns where the table has them (``null_kind`` ... ``finding``,
+        `headscan.metrics.nulls`) (``wide``: see `ci_is_wide`; ``thin``: the value rests on thin support,
         `headscan.tables.thin_rows`: read it as unsure whatever its interval says; ``unsupported``: why the
         row cannot carry a claim, `headscan.analysis.claims.why_not`, "" where it can: "at chance", "thin
         support", ...), one block of up to `n` rows per model in the table's order, rank 1 first. The list
@@ -134,6 +135,7 @@ def top_heads(heads: pd.DataFrame, metric: str, n: int = 10, *, model: str | Non
     top["wide"] = ci_is_wide(top.assign(metric=metric))
     columns = ["model", "rank", "label", "layer", "head", "value", "ci_low", "ci_high", "chance", "count", "units",
                "wide", "thin", "unsupported"]
+    columns += [c for c in ("null_kind", "null_low", "null_high", "p_value", "q_value", "finding") if c in top.columns]
     return top[columns].astype({"model": str, "label": str, "thin": bool, "unsupported": object})
 
 

@@ -47,9 +47,12 @@ class Role:
     beyond_chance: bool = True  # the claim gate; False: support alone (a role that says "near chance")
     copying: bool | None = None  # True: needs copying evidence; False: holds only without it; None: either
 
-    def rule(self) -> str:
+    def rule(self, tested: bool = False) -> str:
+        """The role's rule in a few words; `tested`: the tables record the sweep's verdicts (a finding is beyond
+        its null, `headscan.metrics.nulls`), else the gate is chance."""
         names = " or ".join(f"`{m}`" for m in self.metrics)
-        gate = "beyond chance" if self.beyond_chance else "on support that is not thin (no chance gate)"
+        bar = "a finding beyond its null" if tested else "beyond chance"
+        gate = bar if self.beyond_chance else "on support that is not thin (no chance gate)"
         evidence = {True: ", with copying evidence", False: ", without copying evidence", None: ""}[self.copying]
         return f"{names} \u2265 {self.threshold:g} {gate}{evidence}"
 
@@ -77,10 +80,10 @@ ROLES = (
 )
 
 
-def role_rules() -> list[str]:
+def role_rules(tested: bool = False) -> list[str]:
     """One line per role: its name, its rule and what it means, as the page states them; then what counts as
     copying evidence."""
-    return [f"{role.name}: {role.rule()}; {role.meaning}." for role in ROLES] + [COPYING_EVIDENCE[:1].upper()
+    return [f"{role.name}: {role.rule(tested)}; {role.meaning}." for role in ROLES] + [COPYING_EVIDENCE[:1].upper()
                                                                                   + COPYING_EVIDENCE[1:] + "."]
 
 

@@ -60,6 +60,13 @@ class Comparison:
         return self["heads"]
 
     @property
+    def tested(self) -> bool:
+        """Whether the heads table records the sweep's verdicts against each row's null (`headscan.metrics.nulls`):
+        then a claim is a finding, else a row beyond chance."""
+        heads = self.heads
+        return "null_kind" in heads.columns and bool(heads["null_kind"].notna().any())
+
+    @property
     def offsets(self) -> pd.DataFrame:
         return self["offsets"]
 

@@ -44,6 +44,7 @@ from .moments import (
                       replicate_moments,
                       unit_moments,
 )
+from .pvalues import interval_se, t_p_value
 from .support import (
                       MIN_EFFECTIVE_UNITS,
                       MIN_SPARSE_EVENNESS,
@@ -87,4 +88,6 @@ __all__ = [
     "DISCOVERY_COLUMNS",
     "q_values",
     "add_discoveries",
+    "interval_se",
+    "t_p_value",
 ]

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
     from .batch import AttentionBatch
 
-__all__ = ["Axis", "Metric", "METRICS", "CONDITIONS", "CAPTURED", "DECODED", "DEFAULT_CHANCE", "register", "get_metric", "metric_names", "describe",
+__all__ = ["Axis", "Metric", "METRICS", "CONDITIONS", "CAPTURED", "DECODED", "DEFAULT_CHANCE", "NULLS", "register", "get_metric", "metric_names", "describe",
            "definitions_markdown"]
 
 
@@ -66,6 +66,10 @@ class Metric:
     # population's sum: `headscan.intervals.thin` trusts its interval only where the sum is spread evenly.
     sparse: bool = False
     signed: bool = False  # values may be negative (a logit, a change); else >= 0, and intervals are clipped there
+    # What a finding is tested against without random-init controls in the run (`headscan.metrics.nulls`):
+    # "uniform" (the row's chance) or "controls" (nothing: only untrained heads say what no learning gives)
+    null: str = "uniform"
+    null_why: str = ""
 
     def bounds(self) -> tuple[float, float]:
         """The range its values lie in, into which its intervals are clipped: (0, 1), (0, inf) or (-inf, inf)."""
@@ -86,6 +90,15 @@ METRICS: dict[str, Metric] = {}
 # Optional AttentionBatch fields a metric may need: what a sweep captures, then what only decoding fills.
 CAPTURED = ("value_norms", "logit_contributions", "final_scale", "needle", "generated")
 DECODED = ("needle", "generated")  # filled by `headscan retrieval`'s decoding steps: such metrics are never swept
+NULLS = ("uniform", "controls")
+# Why a metric's findings are tested against the null they are, where the metric does not say more.
+DEFAULT_NULL_WHY = {
+    "uniform": "a mean of attention weights: without random-init controls, uniform attention (the row's chance) is "
+               "the null; with them, the range of the controls' heads at the same layer, and chance as well",
+    "controls": "not a mean of attention weights, so uniform attention's value is not what an untrained head "
+                "scores (random weights spread such scores far around it): only the range of random-init "
+                "controls' heads at the same layer is a null, and without controls no row is tested",
+}
 DEFAULT_CHANCE = ("The metric itself on the null head (uniform attention over the keys each query sees, "
                   "value-weighted for value.parquet).")
 
@@ -103,6 +116,8 @@ def register(
     chance: Callable | None = None,
     sparse: bool = False,
     signed: bool = False,
+    null: str = "uniform",
+    null_why: str = "",
 ):
     """Register a metric function under `name`; its docstring becomes its definition.
 
@@ -115,6 +130,10 @@ def register(
     `sparse` marks a metric whose queries the text's content picks (a repeated token), so that a few rare units
     can hold most of its sum (`headscan.intervals.thin`); `signed` one whose values can be negative (else its
     intervals are clipped at 0, and at 1 where `bounded`).
+
+    `null` says what its findings are tested against when a run has no random-init controls: "uniform" (the
+    row's chance, right for a mean of attention weights) or "controls" (nothing but untrained heads can say, so
+    no row is tested without them); `null_why` says why, where `DEFAULT_NULL_WHY` does not (`headscan.metrics.nulls`).
 
     `table` names a table of `headscan.tables.TABLES`: the metric's rows go there, keyed by the metric's
     name where the table has a ``metric`` column and by `axis` for the rest of its keys. `needs` names the
@@ -142,11 +161,14 @@ def register(
         unknown = sorted(set(needs) - set(CAPTURED))
         if unknown:
             raise MetricError(f"metric {name!r}: needs {unknown[0]!r}, which no sweep captures (choose from {CAPTURED})")
+        if null not in NULLS:
+            raise MetricError(f"metric {name!r}: null is one of {', '.join(NULLS)}, got {null!r}")
         chance_definition = inspect.cleandoc(chance.__doc__ or "") if chance is not None else DEFAULT_CHANCE
         if not chance_definition:
             raise MetricError(f"metric {name!r}: its chance function has no docstring; say how chance is defined")
         METRICS[name] = Metric(name, function, definition, table, unit, bounded, striking, dict(structural or {}), axis,
-                               tuple(needs), chance, chance_definition, bool(sparse), bool(signed))
+                               tuple(needs), chance, chance_definition, bool(sparse), bool(signed), null,
+                               null_why or DEFAULT_NULL_WHY[null])
         return function
 
     return decorate
@@ -190,7 +212,8 @@ def describe(name: str) -> Metric:
     """
     if name in METRICS:
         return METRICS[name]
-    return Metric(name, _unknown, "", "heads", "value", True, "high", {})
+    return Metric(name, _unknown, "", "heads", "value", True, "high", {}, null="controls",
+                  null_why=DEFAULT_NULL_WHY["controls"])
 
 
 def definitions_markdown() -> str:
@@ -202,5 +225,6 @@ def definitions_markdown() -> str:
             where += ", low is striking"
         body = " ".join(metric.definition.split())
         chance = " ".join(metric.chance_definition.split())
-        lines.append(f"- **`{metric.name}`** ({where}): {body} *Chance:* {chance}")
+        null = " ".join(metric.null_why.split())
+        lines.append(f"- **`{metric.name}`** ({where}): {body} *Chance:* {chance} *Null of its findings:* {null}.")
     return "\n".join(lines) + "\n"

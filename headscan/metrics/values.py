@@ -281,7 +281,7 @@ def _moved_chance(batch: AttentionBatch):
     return mean_over_queries(ratio, batch.query_mask & (batch.n_visible() >= 2))[0]
 
 
-@register("moved", table="value", unit="times the mean value norm", bounded=False, needs=("value_norms",),
+@register("moved", table="value", unit="times the mean value norm", bounded=False, needs=("value_norms",), null="controls",
           chance=_moved_chance)
 def moved(batch: AttentionBatch):
     """How much a head moves: the mean over real queries q of sum_k A[q, k] ||f(x_k)|| divided by the mean of
@@ -341,7 +341,9 @@ def _dla_positive_chance(batch: AttentionBatch):
     return _dla(batch, dla_positive, batch.null_logit_contributions)[1][0]
 
 
-@register("dla", unit="logit", bounded=False, signed=True, structural={"bidirectional": _NO_LOGIT},
+@register("dla", unit="logit", bounded=False, signed=True, structural={"bidirectional": _NO_LOGIT}, null="controls",
+          null_why="the same values under uniform attention still write to the logits (they put the strongest "
+                   "direct-effect head of smollm2 below its chance), so only random-init controls' heads are a null",
           needs=("logit_contributions", "final_scale"), chance=_dla_chance)
 def dla(batch: AttentionBatch):
     """Direct logit attribution: the mean over real queries q whose next token t is real of the head's output
@@ -354,7 +356,7 @@ def dla(batch: AttentionBatch):
     return _dla(batch, dla)[0]
 
 
-@register("dla_positive", unit="share of queries", structural={"bidirectional": _NO_LOGIT},
+@register("dla_positive", unit="share of queries", structural={"bidirectional": _NO_LOGIT}, null="controls",
           needs=("logit_contributions", "final_scale"), chance=_dla_positive_chance)
 def dla_positive(batch: AttentionBatch):
     """Share of the queries that count for dla where the head's direct logit attribution is positive."""

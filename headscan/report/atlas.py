@@ -364,7 +364,7 @@ def atlas_data(comparison: Comparison, examples: Examples | None = None) -> dict
         "cut": families.CLUSTER_CUT,
         "series": _series(comparison),
         "controls": comparison.control_map(),
-        "roles": [{"name": r.name, "rule": r.rule().replace("`", ""), "colour": r.colour, "meaning": r.meaning}
+        "roles": [{"name": r.name, "rule": r.rule(comparison.tested).replace("`", ""), "colour": r.colour, "meaning": r.meaning}
                   for r in ROLES],
         "models": models,
         "initial": "prev_token" if "prev_token" in comparison.metrics else comparison.metrics[0],

@@ -18,7 +18,7 @@ This module does not score heads.
 
 from __future__ import annotations
 
-from ..config import SweepConfig, control_name, split_control
+from ..config import SweepConfig, control_name, control_number, split_control
 from ..corpus import Corpus, shuffle_words
 from ..models import HookedModel, load_model
 
@@ -30,16 +30,23 @@ def swept_names(models: list[str], config: SweepConfig) -> list[str]:
 
     >>> swept_names(["minilm", "gpt2"], SweepConfig(control=("shuffled-words", "random-init")))
     ['minilm', 'minilm [random init]', 'minilm [shuffled words]', 'gpt2', 'gpt2 [random init]', 'gpt2 [shuffled words]']
+    >>> swept_names(["gpt2"], SweepConfig(control=("random-init",), control_seeds=3))
+    ['gpt2', 'gpt2 [random init]', 'gpt2 [random init 2]', 'gpt2 [random init 3]']
     """
-    controls = [c for c in ("random-init", "shuffled-words") if c in config.control]
-    return [control_name(spec, control) for spec in models for control in (None, *controls)]
+    numbers = {"random-init": range(1, config.control_seeds + 1), "shuffled-words": range(1, 2)}
+    controls = [(c, n) for c in ("random-init", "shuffled-words") if c in config.control for n in numbers[c]]
+    return [control_name(spec, *control) for spec in models for control in ((None, 1), *controls)]
 
 
 def load_swept(name: str, config: SweepConfig) -> HookedModel:
     """The model a swept `name` stands for: a model spec, or a control of one (`swept_names`)."""
     spec, control = split_control(name)
-    return load_model(spec, device=config.device, dtype=config.dtype, prepend_bos=config.prepend_bos,
-                      device_map=config.device_map, control=control, control_seed=config.controls_seed)
+    # the n-th random-init control draws its weights with the controls' seed + n - 1
+    model = load_model(spec, device=config.device, dtype=config.dtype, prepend_bos=config.prepend_bos,
+                       device_map=config.device_map, control=control,
+                       control_seed=config.controls_seed + control_number(name) - 1)
+    model.name = name
+    return model
 
 
 def corpus_for(name: str, corpus: Corpus, config: SweepConfig) -> Corpus:

@@ -25,6 +25,7 @@ from .. import __version__
 from ..config import IMPORTANCE_METHODS, SweepConfig
 from ..corpus import Corpus
 from ..metrics import METRICS
+from ..metrics.nulls import add_findings
 from ..models import resolve_device
 from ..tables import (
     TABLES,
@@ -172,6 +173,11 @@ def publish(states: Sequence[PartialState], config: SweepConfig, provenance: Run
     tables = side_by_side(parts, dataclasses.replace(provenance, models=described))
     for name in dict.fromkeys(name for state in states for name in state.passes):  # tables over every model
         tables.frames.update(PASSES[name].across(list(states)))
+    # each row's verdict against its null, over every model's family: only now are the controls all in
+    frames, summary = add_findings(tables.frames, q=config.fdr)
+    tables.frames.update(frames)
+    tables.provenance = dataclasses.replace(tables.provenance,
+                                            extra={**tables.provenance.extra, "findings": summary})
     if out is not None:
         tables.path = write(tables, out, overwrite=overwrite, extra=extra)
         if partial is not None:

@@ -17,7 +17,7 @@ import signal
 import threading
 from pathlib import Path
 
-from ..config import split_control
+from ..config import control_number, split_control
 from ..errors import TablesError
 from ..tables.folders import fitting, where
 from .state import PartialState, Shard, fingerprint_differences
@@ -57,10 +57,13 @@ def spec_stem(spec: str) -> str:
 
     >>> spec_stem("meta-llama/Llama-3.2-1B"), spec_stem("/tmp/my model/"), spec_stem("minilm [random init]")
     ('meta-llama--Llama-3.2-1B', 'tmp--my_model', 'minilm.random-init')
+    >>> spec_stem("minilm [random init 2]")
+    'minilm.random-init-2'
     """
+    number = control_number(spec)
     spec, control = split_control(spec)
     stem = re.sub(r"[^A-Za-z0-9._-]+", "_", spec.strip("/").replace("/", "--")) or "model"
-    stem = stem if control is None else f"{stem}.{control}"
+    stem = stem if control is None else f"{stem}.{control}" + (f"-{number}" if number > 1 else "")
     return fitting(stem, 200)  # a long path as a spec: room left for the shard and the temporary file's additions
 
 

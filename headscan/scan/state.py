@@ -221,7 +221,9 @@ class PartialState:
         units, top_share = intervals.support(self.moments)
         n_eff = intervals.effective_units(self.moments)
         # without the replicates' power sums (no replicates, or a state built by hand) the previous rule
-        thin = (intervals.thin(n_eff, df, units, sparse=sparse) if replicated and power is not None
+        # (a value at an end of its range with all units agreeing is not thin for lack of variance: `at_bound`)
+        ceiling = {} if bounds is None else {"value": value, "low": low, "high": high, "bounds": bounds}
+        thin = (intervals.thin(n_eff, df, units, sparse=sparse, **ceiling) if replicated and power is not None
                 else intervals.thin_support(self.moments))
         nan = np.nan
         return {

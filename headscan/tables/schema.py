@@ -21,7 +21,7 @@ import pandas as pd
 
 from ..errors import TablesError
 
-__all__ = ["HEAD_COLUMNS", "VALUE_COLUMNS", "ADDED_LATER", "Table", "TABLES", "register_table", "tables_markdown",
+__all__ = ["HEAD_COLUMNS", "VALUE_COLUMNS", "ADDED_LATER", "FINDING_EXTRA", "Table", "TABLES", "register_table", "tables_markdown",
            "head_label", "head_columns"]
 
 # The columns every table starts with: which head a row is about. Column name -> pandas dtype.
@@ -52,7 +52,12 @@ VALUE_COLUMNS: dict[str, str] = {
 # Columns a table written by an older headscan may lack; they read back as NaN or <NA> ("not recorded").
 ADDED_LATER = ("units", "top_unit_share", "chance", "n_eff", "variance_df", "thin")
 # Extra columns of one table that its older files may lack; read back as NaN ("not recorded") like ADDED_LATER.
-EXTRA_ADDED_LATER = ("vs_baseline", "vs_baseline_low", "vs_baseline_high")
+EXTRA_ADDED_LATER = ("vs_baseline", "vs_baseline_low", "vs_baseline_high", "null_kind", "null_low", "null_high",
+                     "p_value", "q_value", "finding")
+# The verdict columns of the tables findings are made from (`headscan.metrics.nulls`): the row's null, its range,
+# its one-sided p-value against it, its q-value over the model's family, and whether it is a finding.
+FINDING_EXTRA = {"null_kind": "string", "null_low": "float64", "null_high": "float64", "p_value": "float64",
+                 "q_value": "float64", "finding": "boolean"}
 
 
 @dataclass(frozen=True)
@@ -112,7 +117,9 @@ def register_table(name: str, keys: dict[str, str], description: str, extra: dic
     return TABLES[name]
 
 
-register_table("heads", {"metric": "string"}, "one row per (model, layer, head, metric)")
+_VERDICT = ("; null_kind, null_low, null_high, p_value, q_value and finding: the row's test against what heads "
+            "that learned nothing score, corrected over the model's family (headscan.metrics.nulls)")
+register_table("heads", {"metric": "string"}, "one row per (model, layer, head, metric)" + _VERDICT, extra=FINDING_EXTRA)
 register_table("offsets", {"offset": "int64"}, "one row per (model, layer, head, offset): A[q, q + offset]")
 register_table("positions", {"metric": "string", "bucket": "int64"},
                "one row per (model, layer, head, metric, bucket): a metric over the queries whose position lies in "
@@ -122,12 +129,12 @@ register_table("syntax", {"relation": "string", "direction": "string"},
                "head's attention picks (CoNLL-U corpora; Clark et al. 2019); directions ending in _visible count "
                "only the dependents whose gold pair the attending word can see (a causal query sees no later word); "
                "vs_baseline is the head's accuracy minus the best fixed offset's on the same dependents, with its "
-               "95% interval over the units (vs_baseline_low, vs_baseline_high)",
+               "95% interval over the units (vs_baseline_low, vs_baseline_high)" + _VERDICT,
                extra={"baseline": "float64", "baseline_offset": "Int64", "vs_baseline": "float64",
-                      "vs_baseline_low": "float64", "vs_baseline_high": "float64"})
+                      "vs_baseline_low": "float64", "vs_baseline_high": "float64", **FINDING_EXTRA})
 register_table("value", {"metric": "string"},
                "one row per (model, layer, head, metric): the heads.parquet metrics on value-weighted attention, "
-               "A[q, k] ||f(x_k)|| renormalised per query (Kobayashi et al. 2020)")
+               "A[q, k] ||f(x_k)|| renormalised per query (Kobayashi et al. 2020)" + _VERDICT, extra=FINDING_EXTRA)
 register_table("weights", {"metric": "string"},
                "one row per (model, layer, head, metric): scores read off the weights alone, no corpus "
                "(no sum or count, NaN and <NA>: nothing is summed; chance of copying is 0: negating W_V negates "

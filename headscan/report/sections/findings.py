@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ...analysis.claims import gate_text
+from ...analysis.claims import run_gate_text
 from ...analysis.findings import family_findings, family_summary, findings_by_model
 from ...analysis.ranking import fmt_score
 from ...analysis.roles import role_for
@@ -20,8 +20,9 @@ __all__ = ["findings_section", "summary_section"]
 
 def findings_section(comparison: Comparison) -> list:
     blocks = [Heading(2, "Findings"),
-              Text("Generated from the tables; each sentence states a number in them, with its 95% interval and its "
-                   "chance level (uniform attention over the keys each query sees, on the same queries). " + gate_text()
+              Text("Generated from the tables; each sentence states a number in them, with its 95% interval, its "
+                   "chance level (uniform attention over the keys each query sees, on the same queries) and, where "
+                   "the sweep tested it, its null and q-value. " + run_gate_text(comparison.runs)
                    + " Where a model has a control (an untrained copy, or the corpus with its words shuffled), each "
                    "sentence about a head says whether the control shows it too.")]
     provenance = {m.name: m.provenance for m in comparison.models}
@@ -47,6 +48,7 @@ def summary_section(comparison: Comparison) -> list:
     if not metrics:
         return []
     summary = family_summary(comparison.heads, metrics=metrics)
+    tested = comparison.tested
     names = {"prev_token": "previous-token", "next_token": "next-token"}
     frame = pd.DataFrame({"model": summary["model"], "family": summary["family"],
                           "layers": summary["layers"].astype(str), "heads": summary["heads"].astype(str)})
@@ -65,9 +67,9 @@ def summary_section(comparison: Comparison) -> list:
              else "Strongest heads by model")
     return [Heading(2, title),
             Text("Each model's strongest previous-token and next-token head among those whose value may carry a "
-                 "claim (not thin, beyond chance), where it sits by relative depth (layer / (layers - 1): 0 the first "
+                 f"claim (not thin, {'a finding beyond its null' if tested else 'beyond chance'}), where it sits by relative depth (layer / (layers - 1): 0 the first "
                  "layer, 1 the last), and how many of the model's heads hold the role ("
-                 + "; ".join(f"{role_for(m).name}: {role_for(m).rule()}" for m in metrics) + ")."),
+                 + "; ".join(f"{role_for(m).name}: {role_for(m).rule(tested)}" for m in metrics) + ")."),
             Table(frame, numeric=numeric, sortable=True, note=" ".join(notes))]
 
 

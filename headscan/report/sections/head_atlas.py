@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ...analysis.claims import gate_text
+from ...analysis.claims import run_gate_text
 from ...analysis.runs import Comparison
 from ...metrics import describe
 from .. import atlas
@@ -56,8 +56,8 @@ def atlas_section(comparison: Comparison, examples: Examples | None) -> list:
              "threshold and the value beyond chance (its 95% interval's low end above uniform attention's value, "
              "support not thin); colouring by role shows a head's first role in this order. The atlas can also be "
              "coloured by lift over chance: value \u2212 chance, or value / chance for shares."),
-        Bullets(atlas.role_rules()),
-        Text(gate_text()),
+        Bullets(atlas.role_rules(comparison.tested)),
+        Text(run_gate_text(comparison.runs)),
     ]
 
 

@@ -1,0 +1,180 @@
+"""Findings a network that learned nothing cannot make: each row's null, p-value, q-value and verdict.
+
+A row of ``heads``, ``value`` or ``syntax`` claims that a head does something. `add_findings` tests each row
+against what heads that learned nothing score, and corrects over every row tested, so that a count of findings
+is a count with a stated false-discovery rate:
+
+- **The null.** Where the run holds random-init controls of the row's model (`SweepConfig.control_seeds` of
+  them, `headscan.scan.controls`), the null is the range of their heads at the same layer on the same metric and
+  keys (``null_kind`` "controls", ``null_low`` and ``null_high`` that range); a metric whose registry null is
+  "uniform" (a mean of attention weights) takes the row's chance into the range as well. A row must lie beyond
+  that range *and* be unlikely as one more draw from the controls' heads (a Student prediction test on their
+  mean and SD, m - 1 degrees of freedom, the row's SE added): the range alone lets about one head in m + 1 of a
+  fresh control past it, so a metric with few true findings would carry an untrained network's. A random-init control
+  is tested against the *other* controls (with one control alone it is not tested at all: no draw is held out,
+  and uniform attention is the null an untrained network fails), so its findings are the check that an
+  untrained network passes the gate no more often than the rate allows.
+  Without controls, a "uniform" metric is tested against its chance (``null_kind`` "uniform") and any other
+  is not tested (``null_kind`` "none"): the registry's ``null_why`` says why, metric by metric.
+- **Syntax** must also beat the best fixed offset on the same words (``vs_baseline``, a paired interval): the
+  p-value is the larger of the two tests (an intersection-union test), ``null_kind`` "controls+baseline",
+  or "baseline" without controls.
+- **The test.** One-sided, by the row's SE (from its interval) and its bootstrap degrees of freedom, beyond the
+  null's end on the metric's striking side (`headscan.intervals.t_p_value`): beyond every untrained head; with
+  controls, the larger of that p-value and the prediction test's (an intersection-union test).
+- **The correction.** Benjamini-Hochberg (or Benjamini-Yekutieli) over one family per model: every row of the
+  three tables with a p-value. ``finding`` is q-value <= q and the row not thin (a thin row's interval cannot
+  be assessed; it stays in the family).
+
+This module runs no model and imports no torch: it takes a run's tables.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..config import split_control
+from ..intervals import interval_se, q_values, t_p_value
+from ..tables import FINDING_EXTRA, TABLES
+from .registry import METRICS, describe
+
+__all__ = ["FINDING_TABLES", "FINDING_COLUMNS", "add_findings", "control_pool"]
+
+FINDING_TABLES = ("heads", "value", "syntax")
+FINDING_COLUMNS = ("null_kind", "null_low", "null_high", "p_value", "q_value", "finding")
+
+
+def control_pool(models) -> dict[str, list[str]]:
+    """For each model of a run, the random-init controls its null is built from: its spec's random-init
+    controls, less itself (a control is held out from its own null).
+
+    >>> control_pool(["m", "m [random init]", "m [random init 2]", "m [shuffled words]", "g"])["m [random init]"]
+    ['m [random init 2]']
+    >>> control_pool(["m", "m [random init]", "m [random init 2]", "m [shuffled words]", "g"])["m [shuffled words]"]
+    ['m [random init]', 'm [random init 2]']
+    """
+    models = list(dict.fromkeys(models))
+    untrained: dict[str, list[str]] = {}
+    for name in models:
+        spec, control = split_control(name)
+        if control == "random-init":
+            untrained.setdefault(spec, []).append(name)
+    return {name: [c for c in untrained.get(split_control(name)[0], []) if c != name] for name in models}
+
+
+def _metric_of(table: str, rows: pd.DataFrame) -> np.ndarray:
+    if "metric" in rows.columns:
+        return rows["metric"].astype(object).to_numpy()
+    own = [m.name for m in METRICS.values() if m.table == table]
+    return np.full(len(rows), own[0] if own else table, dtype=object)
+
+
+def _control_sample(rows: pd.DataFrame, controls: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """The control values at each row's layer and keys: their smallest, largest, mean, SD and number (NaN where no
+    control has one), in `rows`' order."""
+    on = [*keys, "layer"]
+    sample = (controls[controls["value"].notna()].groupby(on, sort=False, dropna=False)["value"]
+              .agg(["min", "max", "mean", "std", "count"]).reset_index())
+    return rows[on].merge(sample, on=on, how="left")  # a left merge keeps `rows`' order
+
+
+def _tested(table: str, rows: pd.DataFrame, controls: pd.DataFrame | None, *, untrained: bool = False) -> pd.DataFrame:
+    """`rows` (one model's, one table's) with their null and p-value, before any correction; an `untrained`
+    model (a random-init control) is tested against its fellow controls alone, never against uniform attention."""
+    n = len(rows)
+    metric = _metric_of(table, rows)
+    names = pd.Series(metric)
+    side = names.map({m: describe(m).striking for m in set(metric)}).to_numpy(dtype=object)
+    uniform = names.map({m: describe(m).null == "uniform" and not untrained for m in set(metric)}).to_numpy(dtype=bool)
+    chance = rows["chance"].to_numpy(dtype=np.float64)
+    kind = np.where(uniform, "uniform", "none").astype(object)
+    low, high = np.where(uniform, chance, np.nan), np.where(uniform, chance, np.nan)
+    value = rows["value"].to_numpy(dtype=np.float64)
+    ci_low, ci_high = (rows[c].to_numpy(dtype=np.float64) for c in ("ci_low", "ci_high"))
+    df = rows["variance_df"].to_numpy(dtype=np.float64)
+    df = np.where(np.isnan(df), np.inf, df)  # an interval without a recorded df: the normal's quantile
+    se = interval_se(value, ci_low, ci_high, df)
+    predictive = np.full(n, np.nan)
+    if controls is not None and len(controls):
+        sample = _control_sample(rows, controls, list(TABLES[table].keys))
+        has = sample["count"].notna().to_numpy()
+        c_low, c_high = sample["min"].to_numpy(dtype=np.float64), sample["max"].to_numpy(dtype=np.float64)
+        # a "uniform" metric's null takes its chance in too: beyond every untrained head and beyond uniform
+        low = np.where(has, np.where(uniform, np.fmin(c_low, chance), c_low), low)
+        high = np.where(has, np.where(uniform, np.fmax(c_high, chance), c_high), high)
+        kind = np.where(has, "controls", kind)
+        # and unlikely as one more draw of an untrained head: the sample's range alone lets about one head in
+        # m + 1 of a fresh control past it (Student's prediction interval, the row's own SE added)
+        m = sample["count"].to_numpy(dtype=np.float64)
+        spread = np.sqrt(sample["std"].to_numpy(dtype=np.float64) ** 2 * (1 + 1 / m) + se ** 2)
+        mean = sample["mean"].to_numpy(dtype=np.float64)
+        predictive = np.where(has & (m > 1), t_p_value(value, spread, m - 1, mean, side=side), np.nan)
+    p = np.fmax(t_p_value(value, se, df, low, high, side=side), predictive)  # fmax: NaN where there is no sample
+    p = np.where(kind == "none", np.nan, p)
+    if table == "syntax":  # and beyond the best fixed offset on the same words (a paired interval)
+        delta, d_low, d_high = (rows[c].to_numpy(dtype=np.float64) for c in ("vs_baseline", "vs_baseline_low",
+                                                                             "vs_baseline_high"))
+        p_base = t_p_value(delta, interval_se(delta, d_low, d_high, np.inf), np.inf, 0.0, side="high")
+        p = np.where(kind == "controls", np.fmax(p, p_base), p_base)  # NaN where either is not a test
+        kind = np.where(kind == "controls", "controls+baseline", "baseline")
+    return rows.assign(null_kind=pd.array(kind, dtype="string"), null_low=np.where(kind == "none", np.nan, low),
+                       null_high=np.where(kind == "none", np.nan, high), p_value=p)
+
+
+def add_findings(frames: dict[str, pd.DataFrame], *, q: float = 0.05, method: str = "bh"
+                 ) -> tuple[dict[str, pd.DataFrame], dict]:
+    """A run's tables with `FINDING_COLUMNS` filled in ``heads``, ``value`` and ``syntax`` (the module's rules),
+    and a summary of the rule, its q, each model's family size and findings, for the run's provenance.
+
+    Examples
+    --------
+    Four heads of a model and of its random-init control; the control's heads at layer 0 range over [0.10, 0.12]
+    on ``entropy_norm``'s striking (low) side, so only the trained head far below them is a finding:
+
+    >>> rows = pd.DataFrame({"model": ["m"] * 4 + ["m [random init]"] * 4, "layer": 0, "head": [0, 1, 2, 3] * 2,
+    ...                      "metric": "entropy_norm", "value": [0.02, 0.11, 0.115, 0.105, 0.10, 0.11, 0.12, 0.11]})
+    >>> rows = rows.assign(ci_low=rows["value"] - 0.005, ci_high=rows["value"] + 0.005, variance_df=50.0,
+    ...                    chance=1.0, thin=False)
+    >>> out, summary = add_findings({"heads": rows})
+    >>> print(out["heads"][["model", "head", "null_kind", "null_low", "null_high", "finding"]].head(5).to_string(index=False))
+              model  head null_kind  null_low  null_high  finding
+                  m     0  controls       0.1       0.12     True
+                  m     1  controls       0.1       0.12    False
+                  m     2  controls       0.1       0.12    False
+                  m     3  controls       0.1       0.12    False
+    m [random init]     0      none       NaN        NaN    False
+    >>> summary["findings"], summary["family"]
+    ({'m': 1, 'm [random init]': 0}, {'m': 4, 'm [random init]': 0})
+    """
+    out = dict(frames)
+    tables = [t for t in FINDING_TABLES if t in frames and len(frames[t])]
+    models = list(dict.fromkeys(m for t in tables for m in frames[t]["model"].astype(str)))
+    pool = control_pool(models)
+    tested = {t: [] for t in tables}
+    family, found = {}, {}
+    for model in models:  # a loop over the run's models: each is its own family
+        parts = {}
+        for table in tables:
+            frame = frames[table]
+            rows = frame[frame["model"].astype(str) == model]
+            controls = frame[frame["model"].astype(str).isin(pool[model])] if pool[model] else None
+            parts[table] = _tested(table, rows, controls, untrained=split_control(model)[1] == "random-init")
+        p = np.concatenate([part["p_value"].to_numpy(dtype=np.float64) for part in parts.values()])
+        qs = q_values(p, method=method)
+        start = 0
+        for table, part in parts.items():
+            mine = qs[start:start + len(part)]
+            start += len(part)
+            thin = part["thin"].astype("boolean").fillna(False).to_numpy(dtype=bool)
+            tested[table].append(part.assign(q_value=mine, finding=(mine <= q) & ~thin))
+        family[model] = int(np.isfinite(p).sum())
+        found[model] = int(sum(int(part["finding"].sum()) for part in (t[-1] for t in tested.values())))
+    for table in tables:
+        whole = pd.concat(tested[table]).loc[frames[table].index] if tested[table] else frames[table]
+        out[table] = whole.astype({c: FINDING_EXTRA[c] for c in FINDING_COLUMNS})
+    rule = {"bh": "Benjamini-Hochberg", "by": "Benjamini-Yekutieli"}[method]
+    summary = {"rule": rule, "q": float(q), "tables": list(tables), "family": family, "findings": found,
+               "controls": {m: c for m, c in pool.items() if c},
+               "nulls": {name: metric.null for name, metric in METRICS.items() if metric.table in FINDING_TABLES}}
+    return out, summary
