@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 import torch
 
-from headscan.analysis import findings
+from headscan.analysis import across, findings
 from headscan.analysis.runs import Comparison
 
 
@@ -62,7 +62,7 @@ def test_two_runs_are_apart_only_where_one_interval_ends_before_the_other_begins
     for head, ((low_a, high_a), (low_b, high_b)) in enumerate(cases):
         rows += [head_row("a:m", 0, head, "self", (low_a + high_a) / 2, low_a, high_a, 0.1),
                  head_row("b:m", 0, head, "self", 0.25, low_b, high_b, 0.1)]
-    pair = findings.run_differences(pd.DataFrame(rows), "a:m", "b:m")
+    pair = across.run_differences(pd.DataFrame(rows), "a:m", "b:m")
 
     def apart(a, b):  # disjoint: no number lies in both
         return bool(max(a[0], b[0]) > min(a[1], b[1]))  # False for NaN

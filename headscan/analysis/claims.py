@@ -29,7 +29,7 @@ import pandas as pd
 from .. import tables
 
 __all__ = ["THIN", "NO_INTERVAL", "NO_CHANCE", "AT_CHANCE", "WITHIN_NULL", "NOT_DISCOVERED", "NO_NULL", "why_not",
-           "supported", "gate_text", "run_gate_text", "null_text"]
+           "supported", "has_verdicts", "gate_text", "run_gate_text", "null_text"]
 
 THIN = "thin support"
 NO_INTERVAL = "no interval"
@@ -88,6 +88,12 @@ def why_not(rows: pd.DataFrame, *, striking="high") -> pd.Series:
             said.append(_WRONG_SIDE.get(side.iloc[i], "below chance") if wrong[i] else AT_CHANCE)
         reasons.append("; ".join(said))
     return pd.Series(reasons, index=rows.index, dtype=object)
+
+
+def has_verdicts(rows: pd.DataFrame) -> bool:
+    """Whether `rows` record the sweep's verdicts against their null (`headscan.metrics.nulls`): then a claim is
+    a finding, else a row beyond chance (a table written before headscan tested rows, or one it does not test)."""
+    return "null_kind" in rows.columns and bool(rows["null_kind"].notna().any())
 
 
 def _verdicts(rows: pd.DataFrame, side: pd.Series) -> list:

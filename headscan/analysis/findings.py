@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-import numpy as np
 import pandas as pd
 
 from ..metrics import describe
 from ..tables import ModelProvenance
+from .across import agreement_sentences
 from .claims import (
     AT_CHANCE,
     NO_CHANCE,
@@ -24,8 +24,8 @@ from .claims import (
     NOT_DISCOVERED,
     THIN,
     WITHIN_NULL,
+    has_verdicts,
     null_text,
-    supported,
     why_not,
 )
 from .formats import pct
@@ -42,8 +42,7 @@ from .ranking import (
 )
 from .roles import ROLES, head_roles, role_for
 
-__all__ = ["findings", "findings_by_model", "relative_depth", "family_summary", "family_findings", "run_pairs",
-           "run_differences"]
+__all__ = ["findings", "findings_by_model"]
 
 # What a share of attention is on, for the findings' sentences.
 _ON = {
@@ -90,14 +89,9 @@ UNASSESSED = "cannot be assessed on this corpus"
 _AGAINST_CHANCE = (AT_CHANCE, "below chance", "above chance", WITHIN_NULL, NOT_DISCOVERED)
 
 
-def _tested(rows: pd.DataFrame) -> bool:
-    """Whether the table records the sweep's verdicts (`headscan.metrics.nulls`): then the bar is the null."""
-    return "null_kind" in rows.columns and bool(rows["null_kind"].notna().any())
-
-
 def _beyond(rows: pd.DataFrame) -> str:
     """How a sentence names the bar: the sweep's null where the table records verdicts, else chance."""
-    return "beyond its null" if _tested(rows) else "beyond chance"
+    return "beyond its null" if has_verdicts(rows) else "beyond chance"
 
 
 def _assessable(reason: str) -> bool:
@@ -153,7 +147,7 @@ def findings_by_model(heads: pd.DataFrame, *, provenance: Mapping[str, ModelProv
         rows = heads[heads["model"] == model]
         mine = [(c, heads[heads["model"] == c]) for c in (controls or {}).get(model, ())]
         by_model[model] = _model_findings(model, rows, (provenance or {}).get(model), mine, roles)
-    agreement = _agreement(heads)
+    agreement = agreement_sentences(heads)
     if agreement:
         by_model[""] = agreement
     return by_model
@@ -263,7 +257,7 @@ def _role_counts(model: str, rows: pd.DataFrame, controls: list[tuple[str, pd.Da
             continue
         versus = "".join(f"; {c}: {sum(role_name in names for names in roles[roles['model'] == c]['roles'])}"
                          for c, _ in controls)
-        out.append(f"{many} of {n_heads} heads in {model} are {said} ({role.rule(_tested(rows))}{versus}).")
+        out.append(f"{many} of {n_heads} heads in {model} are {said} ({role.rule(has_verdicts(rows))}{versus}).")
     return out
 
 
@@ -339,129 +333,3 @@ def _support(model: str, rows: pd.DataFrame, family: str, provenance: ModelProve
                        "(their 95% interval holds the value of uniform attention, or lies on its other side); no "
                        "finding here rests on them.")
     return out
-
-
-def _agreement(heads: pd.DataFrame) -> list[str]:
-    """A sentence for each pair of runs of the same model: how far apart their 0-1 scores are."""
-    by_model: dict[str, list[str]] = {}
-    for name in dict.fromkeys(heads["model"]):
-        if ":" in name:
-            by_model.setdefault(name.split(":", 1)[1], []).append(name)
-    out = []
-    for shown in by_model.values():
-        for i, first in enumerate(shown):
-            for second in shown[i + 1:]:
-                keys = ["layer", "head", "label", "metric"]
-                pair = heads[heads["model"] == first].merge(heads[heads["model"] == second], on=keys,
-                                                            suffixes=("_a", "_b"))
-                pair = pair[pair["metric"].map(bounded).astype(bool)]
-                gap = (pair["value_a"] - pair["value_b"]).abs().dropna()
-                if gap.empty:
-                    continue
-                if gap.max() < 5e-4:
-                    out.append(f"{first} and {second} give every head the same 0-1 scores, to within 0.0005.")
-                    continue
-                worst = pair.loc[gap.idxmax()]
-                out.append(f"{first} and {second} agree within {gap.max():.3f} on every 0-1 score of every head "
-                           f"(the largest gap: `{worst['metric']}` of {worst['label']}).")
-    return out
-
-
-# --- families side by side, runs against each other --------------------------------------------------------
-
-
-def relative_depth(layer, n_layers):
-    """A layer's relative depth: 0 for the first layer, 1 for the last (0 in a one-layer model).
-
-    >>> relative_depth(2, 6), relative_depth(29, 30)
-    (0.4, 1.0)
-    """
-    return layer / (n_layers - 1) if n_layers > 1 else 0 * layer
-
-
-def family_summary(heads: pd.DataFrame, *, metrics: tuple[str, ...] = ("prev_token", "next_token")) -> pd.DataFrame:
-    """Per model: its family, shape and, for each of `metrics`, its strongest head among the rows that may carry
-    a claim (`headscan.analysis.claims`), that head's value, chance and relative depth, and how many heads reach
-    the metric's role threshold beyond chance (`headscan.analysis.roles.role_for`).
-
-    Returns
-    -------
-    DataFrame
-        Columns ``model, family, layers, heads`` then ``{metric}_head, {metric}, {metric}_chance,
-        {metric}_depth, {metric}_above`` per metric; the head is "" and the numbers NaN where the model has no
-        such head (all its heads score the same, as a causal model's next_token does, or none is beyond chance).
-    """
-    rows = []
-    for model in dict.fromkeys(heads["model"]):
-        part = heads[heads["model"] == model]
-        n_layers = int(part["layer"].max()) + 1
-        row = {"model": model, "family": str(part["family"].iloc[0]), "layers": n_layers,
-               "heads": len(part[["layer", "head"]].drop_duplicates())}
-        for metric in metrics:
-            scores = part[part["metric"] == metric]
-            top = top_heads(scores, metric=metric, n=len(scores)) if len(scores) else scores.iloc[:0]
-            top = top[top["unsupported"] == ""] if len(top) else top
-            best = top.iloc[0] if len(top) else None
-            row[f"{metric}_head"] = best["label"] if best is not None else ""
-            row[metric] = float(best["value"]) if best is not None else np.nan
-            row[f"{metric}_chance"] = float(best["chance"]) if best is not None else np.nan
-            row[f"{metric}_depth"] = relative_depth(int(best["layer"]), n_layers) if best is not None else np.nan
-            threshold = role_for(metric).threshold
-            row[f"{metric}_above"] = (int(((scores["value"] >= threshold) & supported(scores)).sum())
-                                      if len(scores) else np.nan)
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
-def family_findings(heads: pd.DataFrame) -> list[str]:
-    """Sentences comparing the models' strongest previous-token heads (beyond chance, not thin): where they sit
-    by relative depth and how many previous-token heads each model has, when the report has models of both
-    families."""
-    if "prev_token" not in set(heads["metric"]) or heads["family"].nunique() < 2:
-        return []
-    summary = family_summary(heads, metrics=("prev_token",))
-    summary = summary[summary["prev_token_head"] != ""]
-    if len(summary) < 2:
-        return []
-    where = "; ".join(f"{r.model} ({r.family}) {r.prev_token_head}, {pct(r.prev_token)} (chance "
-                      f"{pct(r.prev_token_chance)}), at relative depth {r.prev_token_depth:.2f}"
-                      for r in summary.itertuples())
-    many = ", ".join(f"{int(r.prev_token_above)} of {r.heads} in {r.model}" for r in summary.itertuples())
-    return [f"The strongest previous-token heads: {where}.",
-            f"Previous-token heads ({role_for('prev_token').rule(_tested(heads))}): {many}."]
-
-
-def run_pairs(models: list[str]) -> list[tuple[str, str]]:
-    """Pairs of report names that are the same model in two runs (``runA:m`` and ``runB:m``), in order.
-
-    >>> run_pairs(["a:gpt", "bert", "b:gpt", "c:gpt"])
-    [('a:gpt', 'b:gpt'), ('a:gpt', 'c:gpt'), ('b:gpt', 'c:gpt')]
-    """
-    by_model: dict[str, list[str]] = {}
-    for name in models:
-        if ":" in name:
-            by_model.setdefault(name.split(":", 1)[1], []).append(name)
-    return [(first, second) for shown in by_model.values() for i, first in enumerate(shown)
-            for second in shown[i + 1:]]
-
-
-def run_differences(heads: pd.DataFrame, first: str, second: str) -> pd.DataFrame:
-    """Every head's scores in two runs of one model side by side, with ``difference`` (second - first) and
-    ``apart``: both 95% intervals exist and do not overlap.
-
-    Returns
-    -------
-    DataFrame
-        Columns ``metric, layer, head, label, value_a, ci_low_a, ci_high_a, value_b, ci_low_b, ci_high_b,
-        difference, apart``, in the table's order.
-    """
-    keys = ["layer", "head", "label", "metric"]
-    columns = [*keys, "value", "ci_low", "ci_high"]
-    pair = heads.loc[heads["model"] == first, columns].merge(heads.loc[heads["model"] == second, columns],
-                                                              on=keys, suffixes=("_a", "_b"))
-    pair["difference"] = pair["value_b"] - pair["value_a"]
-    apart = (pair["ci_high_a"] < pair["ci_low_b"]) | (pair["ci_high_b"] < pair["ci_low_a"])
-    pair["apart"] = apart.fillna(False).astype(bool)
-    order = ["metric", "layer", "head", "label", "value_a", "ci_low_a", "ci_high_a", "value_b", "ci_low_b",
-             "ci_high_b", "difference", "apart"]
-    return pair[order].astype({"label": str, "metric": str})

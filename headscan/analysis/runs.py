@@ -25,6 +25,7 @@ import pandas as pd
 from ..errors import TablesError
 from ..metrics import METRICS
 from ..tables import TABLES, ModelProvenance, RunProvenance, SweepTables
+from .claims import has_verdicts
 from .formats import code
 
 __all__ = ["ReportModel", "Comparison", "run_names", "compare_runs", "model_shapes", "run_summary", "model_sources"]
@@ -63,8 +64,7 @@ class Comparison:
     def tested(self) -> bool:
         """Whether the heads table records the sweep's verdicts against each row's null (`headscan.metrics.nulls`):
         then a claim is a finding, else a row beyond chance."""
-        heads = self.heads
-        return "null_kind" in heads.columns and bool(heads["null_kind"].notna().any())
+        return has_verdicts(self.heads)
 
     @property
     def offsets(self) -> pd.DataFrame:

@@ -231,7 +231,7 @@ def difference_heatmap(
     Parameters
     ----------
     differences : DataFrame
-        `headscan.analysis.findings.run_differences` of the two runs (columns ``metric, layer, head, difference,
+        `headscan.analysis.across.run_differences` of the two runs (columns ``metric, layer, head, difference,
         apart``); only the rows of `metric` are drawn.
     metric : str
         Which metric.

@@ -9,7 +9,7 @@ import math
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ...analysis.findings import run_differences, run_pairs
+from ...analysis.across import run_differences, run_pairs
 from ...analysis.runs import Comparison
 from ...metrics import describe
 from ...plots import heatmaps

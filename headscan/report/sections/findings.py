@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pandas as pd
 
+from ...analysis.across import family_findings, family_summary
 from ...analysis.claims import run_gate_text
-from ...analysis.findings import family_findings, family_summary, findings_by_model
+from ...analysis.findings import findings_by_model
 from ...analysis.ranking import fmt_score
 from ...analysis.roles import role_for
 from ...analysis.runs import Comparison
