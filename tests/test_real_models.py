@@ -98,3 +98,10 @@ def test_both_embedded_models_sweep_at_max_len_1024(tmp_path):
     assert (minilm.max_len, smollm2.max_len, smollm2.max_len_note) == (512, 1024, None)
     buckets = run.frames["positions"].groupby("model")["bucket"].max().to_dict()
     assert buckets == {"minilm": 256, "smollm2": 512}
+
+
+def test_each_embedded_model_carries_its_caveat_and_its_untrained_control_does_not(minilm):
+    from headscan.models import load_model
+
+    assert "distilled" in minilm.extra["caveat"] and "contrastively" in minilm.extra["caveat"]
+    assert "caveat" not in load_model("minilm", control="random-init").extra

@@ -90,3 +90,16 @@ def test_the_built_in_sections_keep_the_report_s_order():
                         "top heads", "offset profiles", "scatter and entropy", "syntactic heads",
                         "attention along the context", "which heads need the whole context", "what heads move",
                         "does the head matter", "head families", "heads over training", "provenance"]
+
+
+def test_the_header_states_each_embedded_model_s_caveat_once_for_it_and_its_controls():
+    from headscan.tables import ModelProvenance, RunProvenance
+
+    caveat = "a sentence encoder distilled from a larger model"
+    models = (ModelProvenance("gpt", extra={"caveat": caveat}),
+              ModelProvenance("gpt [shuffled words]", extra={"caveat": caveat}), ModelProvenance("other"))
+    heads = pd.concat([heads_table(), heads_table("gpt [shuffled words]"), heads_table("other")], ignore_index=True)
+    document = build_report(compare_runs([SweepTables({"heads": heads}, RunProvenance(models=models))]))
+    markdown = to_markdown(document)
+    assert markdown.count(caveat) == 1
+    assert f"Caveat (gpt, gpt [shuffled words]): {caveat}." in markdown

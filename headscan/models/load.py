@@ -340,7 +340,9 @@ def load_model(
     # A checkpoint of a series: the step its revision's or folder's name holds, and a named revision's commit.
     path, named = found.path, found.named
     step = checkpoint_step(named if named is not None else path.name if path is not None else None)
-    model.extra.update(({"step": step} if step is not None else {})
+    # of the trained weights: an untrained control's come from the initialiser
+    caveat = ALIASES[spec].caveat if found.source == "alias" and control != "random-init" else ""
+    model.extra.update(({"step": step} if step is not None else {}) | ({"caveat": caveat} if caveat else {})
                        | ({"commit": path.name} if named is not None else {}))
     if control is not None:
         model.extra.update({"control": control, "control_of": spec, "control_seed": control_seed}

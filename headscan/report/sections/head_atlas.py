@@ -36,8 +36,20 @@ def header(comparison: Comparison, title: str) -> list:
         Text("Heads are labelled L{layer}H{head}, both 0-indexed (the TransformerLens convention): Clark et al.'s "
              "(2019) 1-indexed BERT \u201chead 3-1\u201d is L2H0 here. Metrics that run from 0 to 1 share one colour "
              "scale throughout" + (f"; the others keep their units: {', '.join(units)}" if units else "") + "."),
+        *([Bullets(caveats)] if (caveats := _caveats(comparison)) else []),
         Contents(),
     ]
+
+
+def _caveats(comparison: Comparison) -> list[str]:
+    """What a reader must know of each embedded model before reading its heads (its provenance's ``caveat``),
+    once per model and its controls."""
+    said = {}
+    for model in comparison.models:
+        caveat = model.provenance.extra.get("caveat") if model.provenance is not None else None
+        if caveat:
+            said.setdefault(caveat, []).append(model.name)
+    return [f"Caveat ({', '.join(names)}): {caveat}." for caveat, names in said.items()]
 
 
 def atlas_section(comparison: Comparison, examples: Examples | None) -> list:
