@@ -161,6 +161,10 @@ def run_gate_text(runs) -> str:
     return " ".join(f"{name}: {text}" for (name, _), text in zip(runs, texts))
 
 
+def _controls(pool: list[str]) -> str:
+    return pool[0] if len(pool) == 1 else f"its {len(pool)} random-init controls"
+
+
 def gate_text(findings: dict | None = None) -> str:
     """The rule, in one sentence, as reports state it; `findings` (a run's ``provenance.extra["findings"]``,
     `headscan.metrics.nulls.add_findings`) makes it the sweep's tested rule, with its family and counts.
@@ -180,11 +184,13 @@ def gate_text(findings: dict | None = None) -> str:
     if findings:
         counts = []
         for model, size in findings.get("family", {}).items():
-            pool = findings.get("controls", {}).get(model)
-            source = f" (null from {', '.join(pool)})" if pool else ""
-            counts.append(f"{model} {findings['findings'].get(model, 0)} of {size} tested rows{source}" if size else
+            pool = findings.get("controls", {}).get(model) or []
+            untrained = "[random init" in model
+            source = ("" if not pool else f" (against the other {len(pool)} random-init controls)" if untrained
+                      else f" (null from {_controls(pool)})")
+            counts.append(f"{model} {findings['findings'].get(model, 0)} of {size:,} tested rows{source}" if size else
                           f"{model} none tested (no other random-init control to hold it against)"
-                          if "[random init" in model else f"{model} none tested")
+                          if untrained else f"{model} none tested")
         return ("A claim about a head (a finding, a role, a place in a top-head list) is a row of heads, value or "
                 "syntax that the sweep tested and found: one-sided, by its 95% interval's SE, beyond its null "
                 "(for every metric, the range of the random-init controls' heads at the same layer, and uniform "

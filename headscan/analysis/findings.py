@@ -169,8 +169,9 @@ def _what_it_is(best: pd.Series, metric: str, roles: pd.DataFrame | None) -> str
 
 
 def _control_clause(best: pd.Series, metric: str, controls: list[tuple[str, pd.DataFrame]]) -> str:
-    """Whether each control shows what `best` (a top_heads row of a trained model) shows, in a sentence each."""
-    out = []
+    """Whether each control shows what `best` (a top_heads row of a trained model) shows, in a sentence each;
+    several random-init controls in one sentence."""
+    out, untrained = [], []
     for name, rows in controls:
         row = rows[(rows["metric"] == metric) & (rows["layer"] == best["layer"]) & (rows["head"] == best["head"])]
         if row.empty or row["value"].isna().all():
@@ -178,10 +179,18 @@ def _control_clause(best: pd.Series, metric: str, controls: list[tuple[str, pd.D
             continue
         row = row.iloc[0]
         reason = why_not(row.to_frame().T, striking=describe(metric).striking).iloc[0]
+        if "[random init" in name and len([c for c, _ in controls if "[random init" in c]) > 1:
+            untrained.append((row, reason))
+            continue
         verdict = "also shows it" if not reason and row["value"] >= best["value"] * 0.5 else (
             "shows it weaker" if not reason else f"does not: it {_failing(reason)}" if _assessable(reason)
             else f"{UNASSESSED}: it {_unassessed(reason)}")
         out.append(f" {name} {verdict}: {best['label']} {_fmt(metric, row['value'])}{_numbers(row, metric)}.")
+    if untrained:
+        values = [row["value"] for row, _ in untrained]
+        found = sum(not reason for _, reason in untrained)
+        out.append(f" In its {len(untrained)} random-init controls {best['label']} scores {_fmt(metric, min(values))} "
+                   f"to {_fmt(metric, max(values))}, a finding in {found} (each tested against the others).")
     return "".join(out)
 
 
