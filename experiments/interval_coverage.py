@@ -48,6 +48,7 @@ import numpy as np
 import pandas as pd
 
 from headscan import intervals
+from headscan.metrics import describe
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "reports" / "experiments" / "interval_coverage"
@@ -74,7 +75,9 @@ def load(path: Path, tables=("heads", "offsets")):
         keep = [i for i, (_, _, table) in enumerate(columns) if table in tables]
         sums, counts = data["sums"][..., keep], data["counts"][..., keep]
     n, layers, heads, k = sums.shape
-    names = np.array([columns[i][0] if columns[i][2] != "offsets" else "offsets" for i in keep], dtype=object)
+    # a value.parquet row is named value:METRIC, apart from the heads.parquet row of the same metric
+    names = np.array([{"offsets": "offsets", "value": f"value:{columns[i][0]}"}.get(columns[i][2], columns[i][0])
+                      for i in keep], dtype=object)
     metric = np.broadcast_to(names, (layers, heads, k)).reshape(-1)
     return sums.reshape(n, -1), counts.reshape(n, -1), metric
 
@@ -104,7 +107,7 @@ def part_state(sums: np.ndarray, counts: np.ndarray) -> dict:
             "moments": intervals.unit_moments(sums, counts)}
 
 
-def part_rows(state: dict, sparse: np.ndarray, methods=METHODS) -> dict:
+def part_rows(state: dict, sparse: np.ndarray, methods=METHODS, bounds=(0.0, np.inf)) -> dict:
     """Each method's interval and each rule's flag for one part's state, (row,) arrays."""
     moments = state["moments"]
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -112,12 +115,18 @@ def part_rows(state: dict, sparse: np.ndarray, methods=METHODS) -> dict:
     out = {"value": value, "defined": moments[_C] > 0}
     for method in methods:
         out[method] = intervals.interval(value, state["replicate_sums"], state["replicate_counts"], moments,
-                                         method=method, replicate_power=state["replicate_power"])
+                                         method=method, replicate_power=state["replicate_power"], bounds=bounds)
     contributing, _ = intervals.support(moments)
     n_eff = intervals.effective_units(moments)
     df = intervals.variance_df(state["replicate_sums"], state["replicate_counts"], state["replicate_power"])
+    # as the sweep flags rows: ceiling-aware, on the default method's interval, within each metric's own range
+    low, high = intervals.interval(value, state["replicate_sums"], state["replicate_counts"], moments,
+                                   method="studentized_symmetric", replicate_power=state["replicate_power"],
+                                   bounds=bounds)
     out.update(n_eff=n_eff, df=df, contributing=contributing,
-               thin=intervals.thin(n_eff, df, contributing, sparse=sparse), thin_support=intervals.thin_support(moments))
+               thin=intervals.thin(n_eff, df, contributing, sparse=sparse, value=value, low=low, high=high,
+                                   bounds=bounds),
+               thin_support=intervals.thin_support(moments))
     return out
 
 
@@ -128,9 +137,11 @@ def coverage_of(sums, counts, metric, parts, *, methods=METHODS) -> pd.DataFrame
     structural = ~(np.abs(sums).sum(0) > 0)
     names, code = np.unique(metric, return_inverse=True)
     sparse = np.isin(metric, SPARSE)
+    ranges = {name: describe(name.split(":", 1)[-1] if name != "offsets" else "offsets").bounds() for name in names}
+    bounds = tuple(np.array([ranges[name][end] for name in metric]) for end in (0, 1))  # each row's metric's range
     frames = []
     for index, part in enumerate(parts):
-        rows = part_rows(part_state(sums[part], counts[part]), sparse, methods)
+        rows = part_rows(part_state(sums[part], counts[part]), sparse, methods, bounds)
         keep = rows["defined"] & ~structural & np.isfinite(truth)
         count = lambda mask: np.bincount(code[keep & mask], minlength=len(names))  # noqa: E731
         frame = {"part": index, "metric": names, "rows": count(keep)}
@@ -213,7 +224,8 @@ def report(table: pd.DataFrame, datasets: list[str], args, seconds: float) -> st
         "",
         "Each cell: the share of 95% intervals that hold the whole split's value, among the rows the rule trusts, "
         "and the share of rows it flags. `default`: `studentized_symmetric` + `thin`, headscan's default; `bca`: `bca` + "
-        "`thin_support`. Rows: heads.parquet and offsets.parquet, count > 0, structural zeros left out; `all` pools "
+        "`thin_support`. Rows: heads.parquet, offsets.parquet, value.parquet (`value:METRIC`) and syntax.parquet "
+        f"(`syntax`; `--tables {' '.join(args.tables)}`), count > 0, structural zeros left out; `all` pools "
         "them. Parts of N documents are drawn without replacement from about 318, so an exact method covers "
         "about 0.952 (N = 10), 0.955 (30) and 0.981 (100) of the time. Monte Carlo error of a pooled cell "
         "(parts as clusters) in the CSV: about 0.01 for 200 random parts of 30, 0.03-0.04 for the ten disjoint "
@@ -246,7 +258,7 @@ def main(argv=None) -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     parser.add_argument("--draws", type=int, default=200, help="random parts per N")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--tables", nargs="+", default=["heads", "offsets"])
+    parser.add_argument("--tables", nargs="+", default=["heads", "offsets", "value", "syntax"])
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore", category=RuntimeWarning)
