@@ -33,7 +33,8 @@ LINES = [line for paragraph in PARAGRAPHS for line in paragraph]
 DOCUMENT_OF = [d for d, paragraph in enumerate(PARAGRAPHS) for _ in paragraph]  # (segment,)
 VALUES = ["value", "sum", "count", "ci_low", "ci_high", "units", "top_unit_share"]
 # columns that differ from one segment's sweep to another's but are not resampled: the row's chance and support
-NOT_KEYS = VALUES + ["chance", "n_eff", "variance_df", "thin"]
+NOT_KEYS = VALUES + ["chance", "n_eff", "variance_df", "thin", "null_kind", "null_low", "null_high", "p_value",
+                     "q_value", "finding"]
 
 
 def settings(unit: str) -> SweepConfig:

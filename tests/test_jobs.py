@@ -232,6 +232,8 @@ NOT_FINGERPRINTED = {
     "attention_budget": "only chooses eager or chunked; the choice itself is the fingerprinted 'attention'",
     "control": "adds models: each control is swept as a model of its own, fingerprinted as model.control",
     "control_seed": "the controls' seed, fingerprinted per control model as model.control_seed",
+    "control_seeds": "adds random-init controls, each fingerprinted per control model as model.control_seed",
+    "fdr": "applied when the tables are published, over every model of the run (headscan.metrics.nulls)",
 }
 # One other valid value for every setting that does change the sums.
 CHANGED = {"max_len": 64, "long": "split", "limit": 5, "dtype": "bfloat16", "specials": "exclude", "max_offset": 3,
