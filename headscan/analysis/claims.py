@@ -67,9 +67,9 @@ def why_not(rows: pd.DataFrame, *, striking="high") -> pd.Series:
     ['above chance', 'at chance', '', 'thin support; above chance']
     """
     side = striking if isinstance(striking, pd.Series) else pd.Series(striking, index=rows.index)
-    verdict = _verdicts(rows, side)
     low, high, chance = _column(rows, "ci_low"), _column(rows, "ci_high"), _column(rows, "chance")
     thin = tables.thin_rows(rows) if len(rows) else pd.Series(False, index=rows.index)
+    verdict = _verdicts(rows, side, thin.to_numpy(dtype=bool))
     no_interval = low.isna() | high.isna()
     no_chance = chance.isna()
     ranks_high = side == "high"
@@ -96,9 +96,9 @@ def has_verdicts(rows: pd.DataFrame) -> bool:
     return "null_kind" in rows.columns and bool(rows["null_kind"].notna().any())
 
 
-def _verdicts(rows: pd.DataFrame, side: pd.Series) -> list:
+def _verdicts(rows: pd.DataFrame, side: pd.Series, thin: np.ndarray) -> list:
     """Per row, None where the table records no verdict (old tables, other tables), else the reason the sweep's
-    verdict gives ("" for a finding)."""
+    verdict gives ("" for a finding, and for a thin row: its thin support is the reason, said once)."""
     if "null_kind" not in rows.columns or "finding" not in rows.columns:
         return [None] * len(rows)
     kind = rows["null_kind"].astype(object).where(rows["null_kind"].notna(), None).to_numpy()
@@ -111,7 +111,7 @@ def _verdicts(rows: pd.DataFrame, side: pd.Series) -> list:
     for i in range(len(rows)):  # a loop over rows to say why, as `why_not`'s own
         if kind[i] is None:
             out.append(None)
-        elif finding[i]:
+        elif finding[i] or thin[i]:
             out.append("")
         elif kind[i] == "none":
             out.append(NO_NULL)
