@@ -251,3 +251,43 @@ def test_a_sweep_with_three_controls_finds_the_planted_heads_and_no_control_head
         label = sentence.split(", ", 1)[1].split(" ", 1)[0]
         rows = trained[trained["label"] == label]
         assert len(rows), sentence
+
+
+# --- simultaneous intervals over the heads ----------------------------------------------------------------------
+
+
+def test_the_joint_interval_is_the_max_t_quantile_computed_by_hand():
+    from headscan.intervals import joint_interval
+
+    rng = np.random.default_rng(7)
+    n_rep, layers, heads, columns = 400, 2, 3, 2
+    value = rng.uniform(0.2, 0.8, (layers, heads, columns))
+    se = rng.uniform(0.01, 0.05, (layers, heads, columns))
+    counts = rng.uniform(5, 10, (n_rep, layers, heads, columns))
+    ratios = value + se * rng.standard_normal((n_rep, layers, heads, columns))
+    se[1, 2, 1] = np.nan  # an undefined head drops out of its column's maximum
+    low, high = joint_interval(value, ratios * counts, counts, se)
+    for column in range(columns):
+        largest = []
+        for b in range(n_rep):
+            deviations = [abs(ratios[b, l, h, column] - value[l, h, column]) / se[l, h, column]
+                          for l in range(layers) for h in range(heads) if not math.isnan(se[l, h, column])]
+            largest.append(max(deviations))
+        factor = float(np.quantile(largest, 0.95))
+        for l in range(layers):
+            for h in range(heads):
+                if math.isnan(se[l, h, column]):
+                    assert math.isnan(low[l, h, column]) and math.isnan(high[l, h, column])
+                    continue
+                assert low[l, h, column] == pytest.approx(value[l, h, column] - factor * se[l, h, column], rel=1e-12)
+                assert high[l, h, column] == pytest.approx(value[l, h, column] + factor * se[l, h, column], rel=1e-12)
+        assert 2.2 < factor < 3.2  # about the 95% point of the largest of 6 independent |z|: 2.63
+
+
+def test_a_sweep_records_joint_intervals_that_hold_each_row_s_own(tiny_gpt2):
+    run = headscan.sweep(str(tiny_gpt2), ["the cat sat on the mat and the dog ran far away"] * 3
+                         + ["a bird flew over the house while it rained"] * 3, bootstrap=50, bootstrap_unit="segment")
+    for table in ("heads", "value"):
+        rows = run[table][run[table]["ci_low"].notna()]
+        assert len(rows) and rows["joint_low"].notna().all(), table
+        assert (rows["joint_low"] <= rows["ci_low"] + 1e-12).all() and (rows["joint_high"] >= rows["ci_high"] - 1e-12).all()

@@ -96,7 +96,8 @@ def top_heads(heads: pd.DataFrame, metric: str, n: int = 10, *, model: str | Non
     DataFrame
         Columns ``model, rank, label, layer, head, value, ci_low, ci_high, chance, count, units, wide, thin,
         unsupported``, then the sweep's verdict columns where the table has them (``null_kind`` ... ``finding``,
-        `headscan.metrics.nulls`) (``wide``: see `ci_is_wide`; ``thin``: the value rests on thin support,
+        `headscan.metrics.nulls`) and ``joint_low``, ``joint_high``, the interval over all heads at once that a
+        head picked as the top may claim (``wide``: see `ci_is_wide`; ``thin``: the value rests on thin support,
         `headscan.tables.thin_rows`: read it as unsure whatever its interval says; ``unsupported``: why the
         row cannot carry a claim, `headscan.analysis.claims.why_not`, "" where it can: "at chance", "thin
         support", ...), one block of up to `n` rows per model in the table's order, rank 1 first. The list
@@ -135,7 +136,8 @@ def top_heads(heads: pd.DataFrame, metric: str, n: int = 10, *, model: str | Non
     top["wide"] = ci_is_wide(top.assign(metric=metric))
     columns = ["model", "rank", "label", "layer", "head", "value", "ci_low", "ci_high", "chance", "count", "units",
                "wide", "thin", "unsupported"]
-    columns += [c for c in ("null_kind", "null_low", "null_high", "p_value", "q_value", "finding") if c in top.columns]
+    columns += [c for c in ("null_kind", "null_low", "null_high", "p_value", "q_value", "finding", "joint_low",
+                            "joint_high") if c in top.columns]
     return top[columns].astype({"model": str, "label": str, "thin": bool, "unsupported": object})
 
 

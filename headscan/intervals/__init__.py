@@ -26,6 +26,7 @@ This module does not run models or know about heads: it takes arrays whose trail
 from __future__ import annotations
 
 from .discoveries import DISCOVERY_COLUMNS, add_discoveries, q_values
+from .joint import joint_interval
 from .methods import (
                       DEFAULT_METHOD,
                       METHODS,
@@ -90,4 +91,5 @@ __all__ = [
     "add_discoveries",
     "interval_se",
     "t_p_value",
+    "joint_interval",
 ]

@@ -172,7 +172,7 @@ def add_findings(frames: dict[str, pd.DataFrame], *, q: float = 0.05, method: st
         found[model] = int(sum(int(part["finding"].sum()) for part in (t[-1] for t in tested.values())))
     for table in tables:
         whole = pd.concat(tested[table]).loc[frames[table].index] if tested[table] else frames[table]
-        out[table] = whole.astype({c: FINDING_EXTRA[c] for c in FINDING_COLUMNS})
+        out[table] = whole.astype({c: FINDING_EXTRA[c] for c in FINDING_COLUMNS})  # joint_* come from the sweep
     rule = {"bh": "Benjamini-Hochberg", "by": "Benjamini-Yekutieli"}[method]
     summary = {"rule": rule, "q": float(q), "tables": list(tables), "family": family, "findings": found,
                "controls": {m: c for m, c in pool.items() if c},

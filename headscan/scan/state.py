@@ -200,7 +200,8 @@ class PartialState:
 
     def values(self, method: str, level: float = 0.95, *, bounds=None, sparse=False) -> dict[str, np.ndarray]:
         """The table's value columns, each (layer, head, column): value, sum, count, ci_low, ci_high, units,
-        top_unit_share, n_eff, variance_df, thin, chance. NaN where a score is undefined (count 0).
+        top_unit_share, n_eff, variance_df, thin, chance, and joint_low and joint_high (the interval that holds for
+        every head of the column at once, `headscan.intervals.joint_interval`). NaN where a score is undefined.
 
         `bounds` (low, high), each broadcastable to (layer, head, column), is each column's own range, into which
         the interval is clipped; `sparse` marks the columns `headscan.intervals.thin` holds to an even spread.
@@ -216,8 +217,15 @@ class PartialState:
                                            method=method, level=level, replicate_power=power, bounds=bounds)
             df = (intervals.variance_df(self.replicate_sums, self.replicate_counts, power) if power is not None
                   else np.full_like(value, np.nan))
+            # every head of a column at once (max-t): what a head picked as the top may claim
+            joint_low, joint_high = intervals.joint_interval(value, self.replicate_sums, self.replicate_counts,
+                                                             intervals.standard_error(value, self.moments),
+                                                             level=level, bounds=bounds)
+            # never narrower than the row's own: where heads move together (near-uniform heads of one layer, whose
+            # values follow the segments' lengths) the largest deviation is one head's, read off plain replicates
+            joint_low, joint_high = np.fmin(joint_low, low), np.fmax(joint_high, high)
         else:
-            low = high = df = np.full_like(value, np.nan)
+            low = high = df = joint_low = joint_high = np.full_like(value, np.nan)
         units, top_share = intervals.support(self.moments)
         n_eff = intervals.effective_units(self.moments)
         # without the replicates' power sums (no replicates, or a state built by hand) the previous rule
@@ -231,7 +239,7 @@ class PartialState:
             "ci_low": np.where(defined, low, nan), "ci_high": np.where(defined, high, nan),
             "units": units, "top_unit_share": np.where(defined, top_share, nan),
             "n_eff": np.where(defined, n_eff, nan), "variance_df": np.where(defined, df, nan),
-            "thin": thin | ~defined, "chance": chance,
+            "thin": thin | ~defined, "chance": chance, "joint_low": joint_low, "joint_high": joint_high,
         }
 
 

@@ -51,6 +51,9 @@ def _top_table(comparison: Comparison, metric: str, n: int) -> Table:
                      "value": fmt_score(metric, row.value), "95% low": fmt_score(metric, row.ci_low, row.value),
                      "95% high": fmt_score(metric, row.ci_high, row.value),
                      "chance": fmt_score(metric, row.chance, row.value),
+                     # the interval that holds for all heads at once: a head picked as the top may claim this one
+                     "all heads, low": fmt_score(metric, getattr(row, "joint_low", float("nan")), row.value),
+                     "all heads, high": fmt_score(metric, getattr(row, "joint_high", float("nan")), row.value),
                      "no claim": row.unsupported, "mark": ("†" if row.wide else "") + ("‡" if row.thin else "")}
             for control in controls.get(m.name, []):
                 value = heads["value"].get((control, row.layer, row.head), float("nan"))
@@ -61,16 +64,19 @@ def _top_table(comparison: Comparison, metric: str, n: int) -> Table:
             same = "undefined" if values.empty else fmt_score(metric, values.iloc[0])
             reason = structural(comparison, m.name, metric)
             notes.append(f"{m.name}: {same} for every head" + (f"; {reason}." if reason else "."))
-    columns = ["model", "rank", "head", "value", "95% low", "95% high", "chance", *dict.fromkeys(kinds.values()),
-               "no claim", "mark"]
+    columns = ["model", "rank", "head", "value", "95% low", "95% high", "all heads, low", "all heads, high", "chance",
+               *dict.fromkeys(kinds.values()), "no claim", "mark"]
     frame = pd.DataFrame(rows, columns=columns).fillna("")
+    if "joint_low" not in top.columns or top["joint_low"].isna().all():  # a table written before, or no bootstrap
+        frame = frame.drop(columns=["all heads, low", "all heads, high"])
     if len(comparison.models) == 1:
         frame = frame.drop(columns="model")
     if not frame["mark"].astype(bool).any():
         frame = frame.drop(columns="mark")
     if not frame["no claim"].astype(bool).any():
         frame = frame.drop(columns="no claim")
-    numeric = ("rank", "value", "95% low", "95% high", "chance", *dict.fromkeys(kinds.values()))
+    numeric = tuple(c for c in ("rank", "value", "95% low", "95% high", "all heads, low", "all heads, high", "chance",
+                                *dict.fromkeys(kinds.values())) if c in frame.columns)
     return Table(frame, numeric=numeric, note=" ".join(notes), sortable=True)
 
 
