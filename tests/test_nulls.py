@@ -270,17 +270,17 @@ def test_the_joint_interval_is_the_max_t_quantile_computed_by_hand():
     for column in range(columns):
         largest = []
         for b in range(n_rep):
-            deviations = [abs(ratios[b, l, h, column] - value[l, h, column]) / se[l, h, column]
-                          for l in range(layers) for h in range(heads) if not math.isnan(se[l, h, column])]
+            deviations = [abs(ratios[b, layer, h, column] - value[layer, h, column]) / se[layer, h, column]
+                          for layer in range(layers) for h in range(heads) if not math.isnan(se[layer, h, column])]
             largest.append(max(deviations))
         factor = float(np.quantile(largest, 0.95))
-        for l in range(layers):
+        for layer in range(layers):
             for h in range(heads):
-                if math.isnan(se[l, h, column]):
-                    assert math.isnan(low[l, h, column]) and math.isnan(high[l, h, column])
+                if math.isnan(se[layer, h, column]):
+                    assert math.isnan(low[layer, h, column]) and math.isnan(high[layer, h, column])
                     continue
-                assert low[l, h, column] == pytest.approx(value[l, h, column] - factor * se[l, h, column], rel=1e-12)
-                assert high[l, h, column] == pytest.approx(value[l, h, column] + factor * se[l, h, column], rel=1e-12)
+                assert low[layer, h, column] == pytest.approx(value[layer, h, column] - factor * se[layer, h, column], rel=1e-12)
+                assert high[layer, h, column] == pytest.approx(value[layer, h, column] + factor * se[layer, h, column], rel=1e-12)
         assert 2.2 < factor < 3.2  # about the 95% point of the largest of 6 independent |z|: 2.63
 
 
