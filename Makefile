@@ -45,7 +45,7 @@ deps: setup
 reports: setup
 	@test -f "$(EWT)" || { echo "make reports: no EWT treebank at $(EWT); pass its dev file: make reports EWT=path/to/en_ewt-ud-dev.conllu"; exit 1; }
 	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --corpus $(EWT) --similarity-sample 64 --out reports/runs/ewt-dev --device cpu -q --overwrite
-	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --corpus $(EWT) --control random-init --importance ablate --ablate-top 10 --importance-sample 256 --out reports/runs/ewt-dev-controls --device cpu -q --overwrite
+	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --corpus $(EWT) --control random-init --control-seeds 5 --out reports/runs/ewt-dev-controls --device cpu -q --overwrite
 	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --corpus repeat-random --out reports/runs/repeat-random --device cpu -q --overwrite
 	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep -m smollm2 --corpus $(EWT) --limit 2001 --pack sentences --max-len 2048 --attention chunked --batch-size 1 --out reports/runs/ewt-long --device cpu -q --overwrite
 	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/ewt-dev --out reports/ewt-dev --overwrite

@@ -136,7 +136,7 @@ def coverage_of(sums, counts, metric, parts, *, methods=METHODS) -> pd.DataFrame
         truth = sums.sum(0) / counts.sum(0)
     structural = ~(np.abs(sums).sum(0) > 0)
     names, code = np.unique(metric, return_inverse=True)
-    sparse = np.isin(metric, SPARSE)
+    sparse = np.isin([name.split(":", 1)[-1] for name in metric], SPARSE)  # value:induction too, as the sweep does
     ranges = {name: describe(name.split(":", 1)[-1] if name != "offsets" else "offsets").bounds() for name in names}
     bounds = tuple(np.array([ranges[name][end] for name in metric]) for end in (0, 1))  # each row's metric's range
     frames = []
