@@ -103,3 +103,10 @@ def test_the_header_states_each_embedded_model_s_caveat_once_for_it_and_its_cont
     markdown = to_markdown(document)
     assert markdown.count(caveat) == 1
     assert f"Caveat (gpt, gpt [shuffled words]): {caveat}." in markdown
+
+
+def test_findings_warn_where_intervals_rest_on_fewer_than_100_units():
+    few = build_report(compare_runs([SweepTables({"heads": heads_table().assign(units=20.0)})]))
+    many = build_report(compare_runs([SweepTables({"heads": heads_table()})]))  # 400 units
+    assert "rest on at most 20 bootstrap units" in to_markdown(few)
+    assert "bootstrap units" not in to_markdown(many)
