@@ -63,6 +63,11 @@ def control_pool(models) -> dict[str, list[str]]:
     return {name: [c for c in untrained.get(split_control(name)[0], []) if c != name] for name in models}
 
 
+def _column(rows: pd.DataFrame, name: str) -> np.ndarray:
+    """A column as float64, NaN where the table does not record it (a row without it is not a test)."""
+    return rows[name].to_numpy(dtype=np.float64) if name in rows.columns else np.full(len(rows), np.nan)
+
+
 def _metric_of(table: str, rows: pd.DataFrame) -> np.ndarray:
     if "metric" in rows.columns:
         return rows["metric"].astype(object).to_numpy()
@@ -87,12 +92,12 @@ def _tested(table: str, rows: pd.DataFrame, controls: pd.DataFrame | None, *, un
     names = pd.Series(metric)
     side = names.map({m: describe(m).striking for m in set(metric)}).to_numpy(dtype=object)
     uniform = names.map({m: describe(m).null == "uniform" and not untrained for m in set(metric)}).to_numpy(dtype=bool)
-    chance = rows["chance"].to_numpy(dtype=np.float64)
+    chance = _column(rows, "chance")
     kind = np.where(uniform, "uniform", "none").astype(object)
     low, high = np.where(uniform, chance, np.nan), np.where(uniform, chance, np.nan)
     value = rows["value"].to_numpy(dtype=np.float64)
-    ci_low, ci_high = (rows[c].to_numpy(dtype=np.float64) for c in ("ci_low", "ci_high"))
-    df = rows["variance_df"].to_numpy(dtype=np.float64)
+    ci_low, ci_high = _column(rows, "ci_low"), _column(rows, "ci_high")
+    df = _column(rows, "variance_df")
     df = np.where(np.isnan(df), np.inf, df)  # an interval without a recorded df: the normal's quantile
     se = interval_se(value, ci_low, ci_high, df)
     predictive = np.full(n, np.nan)
@@ -113,8 +118,7 @@ def _tested(table: str, rows: pd.DataFrame, controls: pd.DataFrame | None, *, un
     p = np.fmax(t_p_value(value, se, df, low, high, side=side), predictive)  # fmax: NaN where there is no sample
     p = np.where(kind == "none", np.nan, p)
     if table == "syntax":  # and beyond the best fixed offset on the same words (a paired interval)
-        delta, d_low, d_high = (rows[c].to_numpy(dtype=np.float64) for c in ("vs_baseline", "vs_baseline_low",
-                                                                             "vs_baseline_high"))
+        delta, d_low, d_high = (_column(rows, c) for c in ("vs_baseline", "vs_baseline_low", "vs_baseline_high"))
         p_base = t_p_value(delta, interval_se(delta, d_low, d_high, np.inf), np.inf, 0.0, side="high")
         p = np.where(kind == "controls", np.fmax(p, p_base), p_base)  # NaN where either is not a test
         kind = np.where(kind == "controls", "controls+baseline", "baseline")
@@ -166,7 +170,8 @@ def add_findings(frames: dict[str, pd.DataFrame], *, q: float = 0.05, method: st
         for table, part in parts.items():
             mine = qs[start:start + len(part)]
             start += len(part)
-            thin = part["thin"].astype("boolean").fillna(False).to_numpy(dtype=bool)
+            thin = (part["thin"].astype("boolean").fillna(False).to_numpy(dtype=bool) if "thin" in part.columns
+                    else np.zeros(len(part), dtype=bool))
             tested[table].append(part.assign(q_value=mine, finding=(mine <= q) & ~thin))
         family[model] = int(np.isfinite(p).sum())
         found[model] = int(sum(int(part["finding"].sum()) for part in (t[-1] for t in tested.values())))
