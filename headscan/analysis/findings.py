@@ -75,6 +75,14 @@ def _numbers(row, metric: str = "") -> str:
     return f" ({'; '.join(parts)})" if parts else ""
 
 
+def _joint(best) -> str:
+    """The interval over all heads at once that a head picked as the strongest may claim, where recorded."""
+    low, high = best.get("joint_low", float("nan")), best.get("joint_high", float("nan"))
+    if pd.isna(low) or pd.isna(high):
+        return ""
+    return f"; picked from all heads, {pct(low)} to {pct(high)} holds for every head at once"
+
+
 def _fmt(metric: str, value: float) -> str:
     return pct(value) if not metric or bounded(metric) else f"{value:.2f} {describe(metric).unit}"
 
@@ -235,7 +243,7 @@ def _strongest(model: str, rows: pd.DataFrame, family: str, provenance: ModelPro
             best = good.iloc[0]
             if wanted or best["value"] >= threshold:
                 out.append(f"In {model}, {best['label']} puts {pct(best['value'])} of its attention on {_ON[metric]}"
-                           f"{_numbers(best)}{_what_it_is(best, metric, roles)}."
+                           f"{_numbers(best)}{_joint(best)}{_what_it_is(best, metric, roles)}."
                            f"{_control_clause(best, metric, controls)}")
         elif not _assessable(top.iloc[0]["unsupported"]):
             best = top.iloc[0]

@@ -49,7 +49,7 @@ FREQUENT = ("nsubj", "obj", "det", "amod", "advmod", "case", "nmod", "aux", "mar
 MIN_SHARE = 0.01  # any other relation is shown when it has at least this share of all dependents
 
 BEST_COLUMNS = ["model", "relation", "direction", "visible", "label", "layer", "head", "accuracy", "ci_low", "ci_high",
-                "count", "baseline", "baseline_offset", "vs_baseline", "vs_baseline_low", "vs_baseline_high", "margin",
+                "joint_low", "joint_high", "count", "baseline", "baseline_offset", "vs_baseline", "vs_baseline_low", "vs_baseline_high", "margin",
                 "beats", "thin", "chance", "unsupported"]
 
 _DIRECTION_TEXT = {"dependent_to_head": "dependent \u2192 head", "head_to_dependent": "head \u2192 dependent",
@@ -189,7 +189,11 @@ def best_heads(syntax: pd.DataFrame, *, relations=None, min_share: float = MIN_S
         "label": best["label"].astype(str),
         "layer": best["layer"].astype(int), "head": best["head"].astype(int),
         "accuracy": best["value"].astype(float), "ci_low": best["ci_low"].astype(float),
-        "ci_high": best["ci_high"].astype(float), "count": best["count"].astype(float),
+        "ci_high": best["ci_high"].astype(float),
+        # the interval over every head of the relation at once: the best head was picked from them
+        **{c: best[c].astype(float) if c in best.columns else pd.Series(np.nan, index=best.index, dtype=float)
+           for c in ("joint_low", "joint_high")},
+        "count": best["count"].astype(float),
         "baseline": best["baseline"].astype(float), "baseline_offset": best["baseline_offset"].astype("Int64"),
         **paired, "margin": margin, "beats": (margin > 0).fillna(False).astype(bool), "thin": best["thin"].astype(bool),
         "chance": best["chance"].astype(float) if "chance" in best.columns else np.nan,
@@ -213,6 +217,9 @@ def _sentence(row) -> str:
     paired = ("" if pd.isna(low) or pd.isna(high) else
               f", {100 * row.vs_baseline:+.1f} points [{100 * low:+.1f}, {100 * high:+.1f}] on the same words")
     visible = bool(getattr(row, "visible", False))
+    joint_low, joint_high = getattr(row, "joint_low", np.nan), getattr(row, "joint_high", np.nan)
+    if not (pd.isna(joint_low) or pd.isna(joint_high)):  # picked as the best of its relation's heads: say what holds
+        chance += f" ({100 * joint_low:.1f} to {100 * joint_high:.1f} over all heads at once)"
     if row.direction == "head_to_dependent":
         seen = " its head can see" if visible else ""
         return (f"In {row.model} {row.label}, the word attending most to each {code(row.relation)} dependent{seen} is "
