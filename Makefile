@@ -49,7 +49,7 @@ reports: setup
 	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --corpus repeat-random --out reports/runs/repeat-random --device cpu -q --overwrite
 	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep -m smollm2 --corpus $(EWT) --limit 2001 --pack sentences --max-len 2048 --attention chunked --batch-size 1 --out reports/runs/ewt-long --device cpu -q --overwrite
 	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/ewt-dev --out reports/ewt-dev --overwrite
-	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/ewt-dev-controls --out reports/ewt-dev-controls --overwrite
+	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/ewt-dev-controls --out reports/ewt-dev-controls --overwrite --no-models
 	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/ewt-long --out reports/ewt-long --overwrite
 	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/repeat-random --out reports/repeat-random --overwrite
 	$(BIN)/python experiments/atlas_screenshots.py reports/ewt-dev/index.html reports/screenshots/ewt-dev minilm:L0H2 smollm2:L16H0

@@ -188,7 +188,7 @@ def gate_text(findings: dict | None = None) -> str:
             untrained = "[random init" in model
             source = ("" if not pool else f" (against the other {len(pool)} random-init controls)" if untrained
                       else f" (null from {_controls(pool)})")
-            counts.append(f"{model} {findings['findings'].get(model, 0)} of {size:,} tested rows{source}" if size else
+            counts.append(f"{model} {findings['findings'].get(model, 0):,} of {size:,} tested rows{source}" if size else
                           f"{model} none tested (no other random-init control to hold it against)"
                           if untrained else f"{model} none tested")
         return ("A claim about a head (a finding, a role, a place in a top-head list) is a row of heads, value or "
