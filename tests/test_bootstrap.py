@@ -34,7 +34,7 @@ DOCUMENT_OF = [d for d, paragraph in enumerate(PARAGRAPHS) for _ in paragraph]  
 VALUES = ["value", "sum", "count", "ci_low", "ci_high", "units", "top_unit_share"]
 # columns that differ from one segment's sweep to another's but are not resampled: the row's chance and support
 NOT_KEYS = VALUES + ["chance", "n_eff", "variance_df", "thin", "null_kind", "null_low", "null_high", "p_value",
-                     "q_value", "finding"]
+                     "q_value", "finding", "joint_low", "joint_high"]
 
 
 def settings(unit: str) -> SweepConfig:
