@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from .. import tables
+from ..config import split_control
 
 __all__ = ["THIN", "NO_INTERVAL", "NO_CHANCE", "AT_CHANCE", "WITHIN_NULL", "NOT_DISCOVERED", "NO_NULL", "why_not",
            "supported", "has_verdicts", "gate_text", "run_gate_text", "null_text"]
@@ -185,7 +186,7 @@ def gate_text(findings: dict | None = None) -> str:
         counts = []
         for model, size in findings.get("family", {}).items():
             pool = findings.get("controls", {}).get(model) or []
-            untrained = "[random init" in model
+            untrained = split_control(model)[1] == "random-init"
             source = ("" if not pool else f" (against the other {len(pool)} random-init controls)" if untrained
                       else f" (null from {_controls(pool)})")
             counts.append(f"{model} {findings['findings'].get(model, 0):,} of {size:,} tested rows{source}" if size else

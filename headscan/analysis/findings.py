@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 
 import pandas as pd
 
+from ..config import split_control
 from ..metrics import describe
 from ..tables import ModelProvenance
 from .across import agreement_sentences
@@ -180,6 +181,7 @@ def _control_clause(best: pd.Series, metric: str, controls: list[tuple[str, pd.D
     """Whether each control shows what `best` (a top_heads row of a trained model) shows, in a sentence each;
     several random-init controls in one sentence."""
     out, untrained = [], []
+    several = sum(split_control(c)[1] == "random-init" for c, _ in controls) > 1  # said in one clause together
     for name, rows in controls:
         row = rows[(rows["metric"] == metric) & (rows["layer"] == best["layer"]) & (rows["head"] == best["head"])]
         if row.empty or row["value"].isna().all():
@@ -187,7 +189,7 @@ def _control_clause(best: pd.Series, metric: str, controls: list[tuple[str, pd.D
             continue
         row = row.iloc[0]
         reason = why_not(row.to_frame().T, striking=describe(metric).striking).iloc[0]
-        if "[random init" in name and len([c for c, _ in controls if "[random init" in c]) > 1:
+        if several and split_control(name)[1] == "random-init":
             untrained.append((row, reason))
             continue
         verdict = "also shows it" if not reason and row["value"] >= best["value"] * 0.5 else (
