@@ -9,6 +9,8 @@ The public API is small:
 - ``headscan.report(runs, out=None, **settings)`` writes the report of one or more sweeps (the `headscan report`
   command, without the example attention unless given ``examples``);
 - ``headscan.METRICS`` and ``headscan.TABLES`` are the metric and table registries;
+- ``headscan.pattern(name)`` and ``headscan.metric(name)`` register your own head scores (decorators;
+  `headscan.metrics.custom`), swept like headscan's own;
 - ``headscan.SweepConfig`` holds the settings, ``headscan.load_model`` loads one hooked model.
 
 Importing headscan imports neither torch nor transformers; the first sweep does.
@@ -30,10 +32,11 @@ from .errors import HeadscanError
 from .tables import TABLES, SweepTables, load
 
 __all__ = ["__version__", "HeadscanError", "METRICS", "TABLES", "SweepTables", "SweepConfig", "RetrievalConfig", "load",
-           "load_model", "merge", "report", "retrieval", "sweep"]
+           "load_model", "merge", "metric", "pattern", "report", "retrieval", "sweep"]
 
 # Loaded on first use: these import torch and transformers.
-_LAZY = {"sweep": "headscan.scan", "merge": "headscan.scan", "retrieval": "headscan.scan", "load_model": "headscan.models", "METRICS": "headscan.metrics"}
+_LAZY = {"sweep": "headscan.scan", "merge": "headscan.scan", "retrieval": "headscan.scan", "load_model": "headscan.models", "METRICS": "headscan.metrics",
+         "pattern": "headscan.metrics.custom", "metric": "headscan.metrics.custom"}
 
 
 def __getattr__(name):

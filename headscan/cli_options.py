@@ -117,6 +117,8 @@ def _from_config(config: type, name: str) -> Opt:
         kwargs |= {"type": click.Choice(list(TRISTATE)), "default": "auto"}
     elif get_origin(hint) is tuple and get_origin(args[0]) is Literal:
         kwargs = {"multiple": True, "type": click.Choice(get_args(args[0]))}
+    elif get_origin(hint) is tuple and args[0] is str:
+        kwargs = {"multiple": True, "type": click.STRING} | ({"metavar": setting.metavar} if setting.metavar else {})
     elif get_origin(hint) is tuple:
         kwargs |= {"default": ",".join(f"{value:g}" for value in default), "callback": _numbers(args[0], name)}
     else:
@@ -166,7 +168,7 @@ OPTIONS: dict[str, list[Opt]] = {
                                                  "control", "control_seed", "control_seeds", "importance", "ablate_top",
                                                  "ablate_first",
                                                  "importance_sample", "mask_rate", "similarity_sample", "sink",
-                                                 "recent")),
+                                                 "recent", "metric_modules")),
         Opt(("save_every", "--save-every"), "run", "Save the partial state at the first window end after this many "
             "seconds.", {"default": 120.0, "show_default": True, "metavar": "SECONDS"}),
         Opt(("shard", "--shard"), "run", "Sweep only the K-th of N disjoint parts of the corpus (K from 0); combine "

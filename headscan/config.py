@@ -157,6 +157,11 @@ class SweepConfig:
     fdr: float = _field(0.05, "intervals", "False-discovery rate of the findings: Benjamini-Hochberg over every "
                         "tested row of heads, value and syntax, one family per model (headscan.metrics.nulls).",
                         metavar="Q")
+    # read, hashed and executed once per process (`headscan.metrics.custom`): their metrics are swept like headscan's
+    metric_modules: tuple[str, ...] = _field(
+        (), "scores", "A Python file (or dotted module) of your own metrics, made with @headscan.pattern or "
+        "@headscan.metric: swept like headscan's own, with chance, null and intervals, its text's sha256 in run.json. "
+        "Repeat for several.", metavar="FILE", flag="--metric-module")
     # one random-init control is one draw of what an untrained network scores: the findings' null is the range
     # of several draws' heads, and with two or more each draw is checked against the others (held out)
     control_seeds: int = _field(1, "scores", "How many random-init controls, seeds --control-seed, +1, ... (named "
@@ -226,6 +231,11 @@ class SweepConfig:
             raise ConfigError(f"control must be a set of {', '.join(CONTROLS)} (each at most once), got {self.control!r}",
                               setting="control")
         object.__setattr__(self, "control", tuple(control))  # a list read back from run.json, or one name
+        modules = (self.metric_modules,) if isinstance(self.metric_modules, str) else self.metric_modules
+        if not isinstance(modules, (tuple, list)) or not all(isinstance(m, str) and m.strip() for m in modules):
+            raise ConfigError(f"metric_modules must be file paths or module names, got {self.metric_modules!r}",
+                              setting="metric_modules")
+        object.__setattr__(self, "metric_modules", tuple(modules))
         if self.control_seed is not None:
             _whole("control_seed", self.control_seed, 0)
         _whole("control_seeds", self.control_seeds, 1)
@@ -245,7 +255,7 @@ class SweepConfig:
             raise ConfigError(f"prepend_bos must be None, True or False, got {self.prepend_bos!r}", setting="prepend_bos")
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self) | {"control": list(self.control)}
+        return dataclasses.asdict(self) | {"control": list(self.control), "metric_modules": list(self.metric_modules)}
 
     @property
     def controls_seed(self) -> int:

@@ -234,6 +234,7 @@ NOT_FINGERPRINTED = {
     "control_seed": "the controls' seed, fingerprinted per control model as model.control_seed",
     "control_seeds": "adds random-init controls, each fingerprinted per control model as model.control_seed",
     "fdr": "applied when the tables are published, over every model of the run (headscan.metrics.nulls)",
+    "metric_modules": "adds metrics: each is fingerprinted by its columns and its text's sha256 (custom_metrics)",
 }
 # One other valid value for every setting that does change the sums.
 CHANGED = {"max_len": 64, "long": "split", "limit": 5, "dtype": "bfloat16", "specials": "exclude", "max_offset": 3,

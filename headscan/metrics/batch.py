@@ -59,6 +59,8 @@ class AttentionBatch:
     # A sliding-window layer's reach: the largest |q - k| a query sees (`headscan.models.windows`); None: the
     # causal mask alone (or nothing, bidirectional) limits what it sees.
     window: int | None = None
+    # The model's tokenizer's strings (`headscan.metrics.custom.Vocabulary`), for patterns that read token text.
+    vocabulary: object = None
 
     def __post_init__(self):
         if self.max_offset < 1:

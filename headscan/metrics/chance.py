@@ -164,13 +164,14 @@ class NullHead:
         return self.share(before)
 
     def on(self, targets: torch.Tensor) -> torch.Tensor:
-        """(batch, H, q) the null head's share on the keys where `targets` (batch, q, k) is True (targets are
-        keys the query sees: other occurrences, induction targets)."""
+        """(batch, H, q) the null head's share on the keys where `targets` (batch, q, k) is True, or weighted by
+        it (targets are keys the query sees: other occurrences, induction targets, a pattern's)."""
         weights = self.weights.to(torch.float32)  # the (batch, q, k) contraction in float32, like the metric's
+        targets = targets.to(torch.float32)  # bool targets, or a pattern's weights in [0, 1]
         if self.batch.window is not None:  # only what the window shows
             keys = torch.arange(targets.shape[-1], device=targets.device)
-            targets = targets & self.batch.sees(self._positions[:, None] - keys[None, :])
-        amount = torch.einsum("bqk,bhk->bhq", targets.to(torch.float32), weights)
+            targets = targets * self.batch.sees(self._positions[:, None] - keys[None, :])
+        amount = torch.einsum("bqk,bhk->bhq", targets, weights)
         return self.share(amount.to(self.dtype))
 
     def pattern(self) -> torch.Tensor:

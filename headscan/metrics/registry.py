@@ -70,6 +70,9 @@ class Metric:
     # "uniform" (the row's chance) or "controls" (nothing: only untrained heads say what no learning gives)
     null: str = "uniform"
     null_why: str = ""
+    # Where a metric defined outside headscan came from (`headscan.metrics.custom`): its module or function and
+    # the sha256 of its text, for run.json and the fingerprint; None for headscan's own.
+    origin: dict | None = None
 
     def bounds(self) -> tuple[float, float]:
         """The range its values lie in, into which its intervals are clipped: (0, 1), (0, inf) or (-inf, inf)."""
@@ -118,6 +121,7 @@ def register(
     signed: bool = False,
     null: str = "uniform",
     null_why: str = "",
+    origin: dict | None = None,
 ):
     """Register a metric function under `name`; its docstring becomes its definition.
 
@@ -168,7 +172,7 @@ def register(
             raise MetricError(f"metric {name!r}: its chance function has no docstring; say how chance is defined")
         METRICS[name] = Metric(name, function, definition, table, unit, bounded, striking, dict(structural or {}), axis,
                                tuple(needs), chance, chance_definition, bool(sparse), bool(signed), null,
-                               null_why or DEFAULT_NULL_WHY[null])
+                               null_why or DEFAULT_NULL_WHY[null], origin)
         return function
 
     return decorate

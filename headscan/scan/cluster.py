@@ -53,6 +53,7 @@ import numpy as np
 from ..config import SweepConfig
 from ..corpus import Corpus
 from ..errors import ConfigError, HeadscanError, ModelLoadError, SweepInterrupted, TablesError
+from ..metrics.custom import custom_metrics, install, load_metric_modules
 from ..tables import SweepTables
 from .controls import corpus_for, load_swept
 from .finish import publish, run_provenance
@@ -92,9 +93,11 @@ class _Worker:
     """The actor on one worker: holds one loaded model at a time and sweeps the shards it is handed."""
 
     def __init__(self, corpus: Corpus, config: SweepConfig, cwd: str | None, threads: int | None = None,
-                 unit_why: str | None = None):
+                 unit_why: str | None = None, metric_sources: tuple = ()):
         if cwd and os.path.isdir(cwd):
             os.chdir(cwd)  # relative model paths mean what they meant to the driver
+        for source in metric_sources:  # the user's metrics: the very text the driver read, not this node's file
+            install(source)
         if threads:  # the CPUs Ray gave this actor (Ray sets OMP_NUM_THREADS to them too; torch may have read it late)
             import torch
 
@@ -325,7 +328,13 @@ def sweep_on_ray(
         actor = ray.remote(_Worker).options(max_restarts=0, max_task_retries=0, **resources)
         corpus_ref = ray.put(_portable(corpus, cluster))
         threads = None if "num_gpus" in resources else resources["num_cpus"]
-        slots = [_Slot(lambda: actor.remote(corpus_ref, config, cwd, threads, unit_why))
+        sources = tuple(load_metric_modules(config.metric_modules))
+        unsent = [name for name, origin in custom_metrics().items() if origin.get("kind") != "module"]
+        if unsent:
+            raise ConfigError(f"metric {unsent[0]!r} was defined in this Python process, which Ray workers cannot "
+                              "see; define it in a file and pass metric_modules=[FILE] (--metric-module FILE)",
+                              setting="metric_modules")
+        slots = [_Slot(lambda: actor.remote(corpus_ref, config, cwd, threads, unit_why, sources))
                  for _ in range(min(workers, len(tasks)))]
         try:
             with stop_requests() as should_stop:

@@ -25,6 +25,7 @@ from .. import __version__
 from ..config import IMPORTANCE_METHODS, SweepConfig
 from ..corpus import Corpus
 from ..metrics import METRICS
+from ..metrics.custom import custom_provenance
 from ..metrics.nulls import add_findings
 from ..models import resolve_device
 from ..tables import (
@@ -158,7 +159,8 @@ def run_provenance(corpus: Corpus, config: SweepConfig, models: Sequence[ModelPr
         config=config.to_json() | {"device": resolve_device(config.device)},
         versions=dict(_versions()),  # a copy: the cached dict stays as it was
         models=tuple(models),
-        extra={"bootstrap_unit": unit_why} | ({} if shard is None else {"shard": str(shard)}),
+        extra={"bootstrap_unit": unit_why} | ({} if shard is None else {"shard": str(shard)})
+        | ({"custom_metrics": custom} if (custom := custom_provenance()) else {}),
     )
 
 

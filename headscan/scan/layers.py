@@ -34,6 +34,7 @@ import torch
 
 from ..config import SweepConfig
 from ..metrics import METRICS, AttentionBatch, Metric, syntax, values
+from ..metrics.custom import Vocabulary
 from ..models import HookedModel
 from ..models.chunked import BLOCK_BYTES, block_rows
 from ..models.hooks import QueryBlock
@@ -123,6 +124,21 @@ def batch_masks(input_ids: torch.Tensor, real: torch.Tensor, model: HookedModel,
     return BatchMasks(input_ids, counts, sep_mask, words, next_tokens)
 
 
+_VOCABULARIES: dict[int, tuple[object, Vocabulary]] = {}  # id(tokenizer) -> (tokenizer, its vocabulary)
+
+
+def vocabulary_of(model: HookedModel) -> Vocabulary | None:
+    """The vocabulary of `model`'s tokenizer, one per tokenizer (its strings are read only if a pattern asks)."""
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is None:
+        return None
+    held = _VOCABULARIES.get(id(tokenizer))
+    if held is None or held[0] is not tokenizer:  # an id reused by a new tokenizer: a new vocabulary
+        _VOCABULARIES.clear()  # one model is swept at a time: keep no released tokenizer alive
+        held = _VOCABULARIES[id(tokenizer)] = (tokenizer, Vocabulary.of_tokenizer(tokenizer))
+    return held[1]
+
+
 def _attention_batch(pattern: torch.Tensor, masks: BatchMasks, model: HookedModel, config: SweepConfig,
                      query_start: int = 0, norms: torch.Tensor | None = None,
                      window: int | None = None) -> AttentionBatch:
@@ -137,7 +153,8 @@ def _attention_batch(pattern: torch.Tensor, masks: BatchMasks, model: HookedMode
     return AttentionBatch(pattern, queries, counts, masks.ids, masks.sep, model.causal, config.max_offset,
                           words=masks.words, raw_pattern=raw if raw is not pattern else None,
                           query_start=query_start, max_len=config.max_len, value_norms=norms,
-                          sink=config.sink, recent=config.recent, window=window)
+                          sink=config.sink, recent=config.recent, window=window,
+                          vocabulary=vocabulary_of(model))
 
 
 def _value_batch(batch: AttentionBatch) -> AttentionBatch:
@@ -145,7 +162,7 @@ def _value_batch(batch: AttentionBatch) -> AttentionBatch:
     the keys that count (`headscan.metrics.values.value_weighted`), for the value table's columns."""
     weighted = values.value_weighted(batch.pattern, batch.value_norms, batch.key_mask)  # (batch, head, q, k), new
     # its null head is value-weighted too: A'[q, k] proportional to ||f(x_k)|| over the keys q sees
-    return dataclasses.replace(batch, pattern=weighted, raw_pattern=None, words=None, key_weights=batch.value_norms)
+    return dataclasses.replace(batch, pattern=weighted, raw_pattern=None, key_weights=batch.value_norms)
 
 
 def _logit_batch(contributions: torch.Tensor, scale: torch.Tensor, masks: BatchMasks, model: HookedModel,

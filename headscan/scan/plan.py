@@ -117,6 +117,10 @@ def plan_sweep(model: HookedModel, corpus: Corpus, config: SweepConfig, shard: S
         "settings": {name: getattr(config, name) for name in FINGERPRINT_FIELDS},
         "columns": [_column_name(column) for column in columns],
     }
+    # a metric defined outside headscan: its text's hash, so a state swept with another definition never mixes in
+    custom = {metric.name: metric.origin["sha256"] for metric, _, _ in columns if metric.origin is not None}
+    if custom:
+        marks["custom_metrics"] = custom
     plan = SweepPlan(config, unit_why, clamped, shard, words, columns, windows, marks)
     passes = tuple(name for name, one in PASSES.items() if one.wanted(plan))
     marks["passes"] = list(passes)  # a state swept without a pass cannot resume or merge into a sweep with it

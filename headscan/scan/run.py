@@ -26,6 +26,7 @@ from pathlib import Path
 from ..config import SweepConfig, control_name
 from ..corpus import Corpus, pack_corpus, read_corpus, texts_corpus
 from ..errors import ConfigError, ModelLoadError, SweepInterrupted, TablesError
+from ..metrics.custom import check_custom, load_metric_modules
 from ..models import DEFAULT_MODELS, check_spec
 from ..tables import SweepTables, check_out, load
 from ..tables.folders import holding_out
@@ -103,6 +104,7 @@ def sweep(
     shard = Shard.parse(shard) if isinstance(shard, str) else shard
     if command is None:
         command = _python_call(models, corpus, out, config, shard)
+    load_metric_modules(config.metric_modules)  # the user's own metrics, registered before anything is planned
     text = _checked(models, corpus, out, config, overwrite=overwrite, save_every=save_every)
     config, unit_why = resolve_unit(text, config)  # the unit used, everywhere from here on: the fingerprint too
     if shard is not None and shard.count > text.n_documents:
@@ -235,6 +237,9 @@ def merge(outs: list[str | Path], out: str | Path | None = None, *, overwrite: b
             raise TablesError(f"{path}: has models {run.models}, but {outs[0]} has {models}; merge shards of one sweep")
     config = SweepConfig(**{k: v for k, v in runs[0].provenance.config.items()
                             if k in {f.name for f in dataclasses.fields(SweepConfig)} and k != "device"})
+    # the shards' own metrics, registered as they were swept (the states' fingerprints hold their hashes)
+    check_custom(load_metric_modules(config.metric_modules), runs[0].provenance.extra.get("custom_metrics", {}),
+                 str(outs[0]))
     totals = []
     for name in models:
         states = []

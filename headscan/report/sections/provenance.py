@@ -40,8 +40,17 @@ def definitions_section(comparison: Comparison) -> list:
                          "report, so they match the code.")]
     shown = comparison.metrics + [name for name, entry in METRICS.items()
                                   if entry.table != "heads" and entry.table in comparison.frames]
+    recorded = {name: origin for _, tables in comparison.runs
+                for name, origin in tables.provenance.extra.get("custom_metrics", {}).items()}
     for name in shown:
         entry = METRICS.get(name)
+        if entry is None and name in recorded:  # a user's metric, defined in a module this process did not load
+            origin = recorded[name]
+            where = origin.get("module") or "Python"
+            blocks.append(Definition(name, f"your own metric, from {where} (sha256 {str(origin.get('sha256'))[:12]})",
+                                     f"{origin.get('definition', '')}\n\nChance: {origin.get('chance', '')}",
+                                     anchor=f"metric-{name}"))
+            continue
         if entry is None:
             blocks.append(Definition(name, "not in this headscan's registry",
                                      "No definition: this metric is not registered in the installed headscan, so it "
@@ -49,6 +58,7 @@ def definitions_section(comparison: Comparison) -> list:
             continue
         kind = entry.unit + (", 0 to 1" if entry.bounded else "") + f"; {entry.table} table"
         kind += "; low is striking" if not entry.ranks_high() else ""
+        kind += f"; your own, from {entry.origin.get('module') or 'Python'}" if entry.origin else ""
         body = f"{entry.definition}\n\nChance: {entry.chance_definition}"
         blocks.append(Definition(name, kind, body, anchor=f"metric-{name}"))
     return blocks
