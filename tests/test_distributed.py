@@ -112,6 +112,28 @@ def test_a_ray_sweep_equals_a_local_sweep(cluster, models, corpus_file, local, t
     assert len(handed) > 2 * 8 and any(windows for _, _, windows, _ in handed)  # shards went out again
 
 
+def test_a_ray_sweep_runs_a_metric_module_the_driver_read(cluster, models, corpus_file, tmp_path):
+    """The workers, processes of their own, execute the module's text the driver sent them: their rows of its
+    metric equal a local sweep's, under the same hash."""
+    from headscan.metrics.custom import clear_custom
+
+    module = tmp_path / "mine.py"
+    module.write_text("import headscan\n@headscan.pattern('two_back')\ndef two_back(s):\n"
+                      "    'Attention on the token two before the query.'\n"
+                      "    return (s.key_positions[None, :] == s.query_positions[:, None] - 2)[None]"
+                      ".expand(len(s.tokens), -1, -1)\n")
+    try:
+        here = sweep(models, corpus_file, None, metric_modules=[str(module)], **SETTINGS)
+        there = sweep(models, corpus_file, None, metric_modules=[str(module)], ray=True, **SETTINGS)
+    finally:
+        clear_custom()
+    mine = lambda t: t.heads[t.heads["metric"] == "two_back"].reset_index(drop=True)  # noqa: E731
+    assert len(mine(there)) == len(mine(here)) > 0 and mine(there)["count"].min() > 0
+    np.testing.assert_allclose(mine(there)["value"], mine(here)["value"], rtol=0, atol=1e-6)
+    assert there.provenance.extra["custom_metrics"]["two_back"]["sha256"] == \
+        here.provenance.extra["custom_metrics"]["two_back"]["sha256"]
+
+
 def test_a_ray_sweep_carries_head_importance(cluster, models, corpus_file, tmp_path):
     import torch
 
