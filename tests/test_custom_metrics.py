@@ -211,6 +211,7 @@ def test_a_module_that_cannot_be_loaded_is_refused_in_one_line_and_leaves_nothin
      r"weights must lie in \[0, 1\], got 2 to 2"),
     ("return torch.ones(len(s.tokens), len(s.query_positions), len(s.key_positions), dtype=torch.long)",
      r"returned torch.int64"),
+    ("return s.token_flags(lambda text: 1 / 0)", r"ZeroDivisionError: division by zero"),
 ])
 def test_a_pattern_that_returns_the_wrong_thing_is_named_with_what_it_must_return(tiny_bert, tmp_path, body, match):
     module = _module(tmp_path, f"import torch, headscan\n@headscan.pattern('bad')\ndef bad(s):\n    'Bad.'\n    {body}\n")
@@ -255,3 +256,7 @@ def test_the_report_defines_a_users_metric_from_run_json_without_its_module(tiny
     text = (write_report([out], tmp_path / "report") / "report.md").read_text()
     assert "prev_punct" in text and "closest punctuation mark before the query" in text
     assert "patterns.py (sha256" in text
+    result = CliRunner().invoke(cli, ["show", str(out), "--metric", "prev_punct", "--top", "2"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].split()[:5] == ["model", "label", "layer", "head", "value"] and len(lines) == 4  # + bootstrap unit

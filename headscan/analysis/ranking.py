@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import TablesError
-from ..metrics import describe, get_metric
+from ..metrics import METRICS, describe, get_metric
 from ..tables import TABLES, ModelProvenance, RunProvenance, thin_rows
 from .claims import why_not
 from .formats import fmt_bucket, pct  # noqa: F401  (re-exported)
@@ -111,7 +111,9 @@ def top_heads(heads: pd.DataFrame, metric: str, n: int = 10, *, model: str | Non
     TablesError
         `metric` is not a head score, or `n` is below 1.
     """
-    entry = get_metric(metric)  # an unknown name gets "did you mean"
+    # a name the table holds but this process does not register (a user's metric whose module is not loaded) is
+    # ranked as `describe` reads it; any other unknown name gets "did you mean"
+    entry = describe(metric) if metric not in METRICS and (heads["metric"] == metric).any() else get_metric(metric)
     if list(TABLES[entry.table].keys) != ["metric"]:
         raise TablesError(f"{metric!r} is a profile in {entry.table}.parquet, not a head score; "
                           f"pick a metric of heads.parquet")

@@ -72,7 +72,9 @@ def top_heads_text(run: SweepTables, metric: str | None = None, n: int = 10) -> 
         metric = "prev_token" if "heads" in run.frames else "retrieval"
     if n < 1:
         raise TablesError(f"top must be at least 1, got {n}")
-    table = _table_of(metric)  # an unknown name gets "did you mean", among every metric show takes
+    # a user's metric (--metric-module) that this process has not loaded: run.json says which table holds it
+    custom = run.provenance.extra.get("custom_metrics", {}).get(metric) if metric not in METRICS else None
+    table = custom.get("table", "heads") if custom else _table_of(metric)  # else "did you mean", among show's metrics
     if table not in run.frames:
         how = _HOW_TO_GET.get(table, "sweep a corpus with headscan sweep to get one")
         raise TablesError(f"this run has no {table}.parquet, so no {metric!r}; {how}")
@@ -80,7 +82,7 @@ def top_heads_text(run: SweepTables, metric: str | None = None, n: int = 10) -> 
         return _syntax_text(run["syntax"], n)
     if metric == "importance":
         return _importance_text(run["importance"], n)
-    if metric not in METRICS:
+    if metric not in METRICS and not custom:
         return _unregistered_text(run, metric, n)
     if list(TABLES[table].keys) != ["metric"]:
         return _profile_text(run[table], metric, n)

@@ -150,7 +150,7 @@ def custom_metrics() -> dict[str, dict]:
 def custom_provenance() -> dict[str, dict]:
     """{name: origin, definition and chance's definition} of every metric defined outside headscan: run.json's
     ``custom_metrics``, which says what a column of a run meant where the module is not at hand."""
-    return {name: dict(m.origin) | {"definition": m.definition, "chance": m.chance_definition}
+    return {name: dict(m.origin) | {"definition": m.definition, "chance": m.chance_definition, "table": m.table}
             for name, m in METRICS.items() if m.origin is not None}
 
 
@@ -227,7 +227,12 @@ def pattern(name: str, target: Callable[[Segments], torch.Tensor] | None = None,
 
 def _targets(name: str, target, batch: AttentionBatch) -> torch.Tensor:
     """The user's targets for `batch`, checked: (batch, q, k), bool or weights in [0, 1], as float32."""
-    found = target(_segments(batch))
+    try:
+        found = target(_segments(batch))
+    except MetricError:
+        raise
+    except Exception as error:  # the user's code: one line that names the pattern, the cause chained
+        raise MetricError(f"pattern {name!r}: {type(error).__name__}: {error}") from error
     b, _, n_q, n_k = batch.pattern.shape
     if not isinstance(found, torch.Tensor) or tuple(found.shape) != (b, n_q, n_k):
         shape = tuple(found.shape) if isinstance(found, torch.Tensor) else type(found).__name__
