@@ -20,7 +20,7 @@ Importing headscan imports neither torch nor transformers; the first sweep does.
 ['prev_token', 'next_token', 'self']
 >>> list(headscan.TABLES)  # doctest: +NORMALIZE_WHITESPACE
 ['heads', 'offsets', 'positions', 'syntax', 'value', 'weights', 'importance', 'similarity', 'similarity_across',
- 'retrieval', 'retrieval_trials']
+ 'examples', 'retrieval', 'retrieval_trials']
 """
 
 import importlib

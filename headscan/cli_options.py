@@ -168,7 +168,7 @@ OPTIONS: dict[str, list[Opt]] = {
                                                  "control", "control_seed", "control_seeds", "importance", "ablate_top",
                                                  "ablate_first",
                                                  "importance_sample", "mask_rate", "similarity_sample", "sink",
-                                                 "recent", "metric_modules")),
+                                                 "recent", "examples", "metric_modules")),
         Opt(("save_every", "--save-every"), "run", "Save the partial state at the first window end after this many "
             "seconds.", {"default": 120.0, "show_default": True, "metavar": "SECONDS"}),
         Opt(("shard", "--shard"), "run", "Sweep only the K-th of N disjoint parts of the corpus (K from 0); combine "

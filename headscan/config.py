@@ -157,6 +157,9 @@ class SweepConfig:
     fdr: float = _field(0.05, "intervals", "False-discovery rate of the findings: Benjamini-Hochberg over every "
                         "tested row of heads, value and syntax, one family per model (headscan.metrics.nulls).",
                         metavar="Q")
+    examples: int = _field(5, "scores", "Keep each head's K highest- and K lowest-scoring units (segments or "
+                           "documents) of every heads.parquet metric, with their text, in examples.parquet (0: none).",
+                           metavar="K")
     # read, hashed and executed once per process (`headscan.metrics.custom`): their metrics are swept like headscan's
     metric_modules: tuple[str, ...] = _field(
         (), "scores", "A Python file (or dotted module) of your own metrics, made with @headscan.pattern or "
@@ -231,6 +234,7 @@ class SweepConfig:
             raise ConfigError(f"control must be a set of {', '.join(CONTROLS)} (each at most once), got {self.control!r}",
                               setting="control")
         object.__setattr__(self, "control", tuple(control))  # a list read back from run.json, or one name
+        _whole("examples", self.examples, 0)
         modules = (self.metric_modules,) if isinstance(self.metric_modules, str) else self.metric_modules
         if not isinstance(modules, (tuple, list)) or not all(isinstance(m, str) and m.strip() for m in modules):
             raise ConfigError(f"metric_modules must be file paths or module names, got {self.metric_modules!r}",

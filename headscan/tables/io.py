@@ -268,6 +268,9 @@ def merge_tables(parts: list[SweepTables]) -> SweepTables:
                                          .drop_duplicates(table.row_key))
             continue
         rows = pd.concat([table.conform(part.frames[name]) for part in parts if name in part.frames])
+        if name == "examples":  # not sums: each part's extremes, of which the combined extremes are the extremes
+            frames[name] = _combined_examples(rows, table)
+            continue
         counted = rows["count"] > 0  # chance is a ratio over the same counts: chance * count adds up
         rows = rows.assign(chance_sum=(rows["chance"] * rows["count"]).where(counted, 0.0),
                            chance_missing=(counted & rows["chance"].isna()).astype(int))
@@ -281,6 +284,21 @@ def merge_tables(parts: list[SweepTables]) -> SweepTables:
         total = total.assign(**{column: float("nan") for column in table.extra})  # not sums: cannot be added up
         frames[name] = table.conform(total)
     return SweepTables(frames, RunProvenance(extra={"combined_from": [p.provenance.to_json() for p in parts]}))
+
+
+def _combined_examples(rows: pd.DataFrame, table) -> pd.DataFrame:
+    """The examples of runs over disjoint parts of a corpus: per head, metric and end, the highest (top) or lowest
+    (bottom) of the parts' own, as many as a part keeps; each part numbered its units from 0, so ``unit`` is <NA>."""
+    k = int(rows["rank"].max()) if len(rows) else 0
+    keys = ["model", "layer", "head", "metric", "end"]
+    top = rows["end"] == "top"
+    ordered = pd.concat([rows[top].sort_values("value", ascending=False, kind="stable"),
+                         rows[~top].sort_values("value", ascending=True, kind="stable")])
+    kept = ordered.groupby(keys, sort=False, observed=True).head(k)
+    kept = kept.assign(rank=kept.groupby(keys, sort=False, observed=True).cumcount() + 1, unit=pd.NA)
+    order = {key: i for i, key in enumerate(dict.fromkeys(map(tuple, rows[keys].to_numpy().tolist())))}
+    position = kept[keys].apply(tuple, axis=1).map(order)
+    return table.conform(kept.assign(_order=position).sort_values(["_order", "rank"], kind="stable"))
 
 
 def _scoring_settings(run: RunProvenance) -> dict:

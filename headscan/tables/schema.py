@@ -159,6 +159,14 @@ register_table("similarity_across", {"other_model": "string", "other_layer": "in
                "sweep in its order (model first): the mean Jensen-Shannon divergence (nats) between the two heads' "
                "word-level attention (Clark et al.'s, with a sink key for tokens of no word) over the word queries of "
                "the similarity sample (CoNLL-U corpora; count: word queries; units: segments; no interval, no chance)")
+register_table("examples", {"metric": "string", "end": "string", "rank": "int64"},
+               "one row per (model, layer, head, metric, end, rank): of every heads.parquet metric, the bootstrap "
+               "units (segments or documents) where the head scores highest (end 'top', rank 1 the highest) and "
+               "lowest ('bottom'); value, sum and count are the unit's own (units 1; no interval, no chance: NaN); "
+               "unit is its index (a document's or a segment's, as the sweep resampled; <NA> where runs of different "
+               "parts of a corpus were combined), text the unit's text; "
+               "written with --examples K (default 5)",
+               extra={"unit": "Int64", "text": "string"})
 
 register_table("retrieval", {"metric": "string"},
                "one row per (model, layer, head, metric): the retrieval score of needle-in-a-haystack trials (Wu et "
