@@ -229,6 +229,11 @@ def test_add_discoveries_columns_families_and_verdicts():
     assert out["finding"].tolist() == [True, False, True, False, True, False, False, False]
     assert out["q_value"][5] == pytest.approx(min(1.0, 2 * out["p_value"][5] / 2))
     assert "one family per model (3, 2 rows)" in out.attrs["discoveries"]["family"]
+    # Benjamini-Yekutieli: the same tests, q-values larger by the harmonic sum of each family's size
+    by = add_discoveries(rows, {"prev_token": "uniform", "entropy": (1.5, 2.0)}, striking={"entropy": "low"},
+                         by="model", method="by")
+    assert "Benjamini-Yekutieli" in by.attrs["discoveries"]["rule"]
+    assert (by["q_value"].dropna() >= out["q_value"].dropna() - 1e-15).all()
 
 
 def test_add_discoveries_controls_at_the_nearest_depth_equal_a_plain_loop():
@@ -265,8 +270,9 @@ def test_a_t_test_against_the_control_range_goes_below_the_rank_resolution():
 
 def test_add_discoveries_refuses_what_it_cannot_test():
     rows = pd.DataFrame({"model": "m", "layer": 0, "head": [0], "metric": ["prev_token"], "value": [0.5]})
-    with pytest.raises(ConfigError, match="q must be between 0 and 1"):
-        add_discoveries(rows, {"prev_token": (0.0, 0.1)}, q=5)
+    for q in (5, 1, 1.0, 0):  # a rate of 1 would call every tested row a finding
+        with pytest.raises(ConfigError, match="q must be between 0 and 1"):
+            add_discoveries(rows, {"prev_token": (0.0, 0.1)}, q=q)
     with pytest.raises(ConfigError, match="no chance column; sweep again"):
         add_discoveries(rows, {"prev_token": "uniform"})
     with pytest.raises(ConfigError, match="must be 'uniform', a \\(low, high\\) pair or a DataFrame"):

@@ -590,4 +590,13 @@ def test_the_report_section_names_each_model_with_a_control_on_its_trained_scale
         in section
     assert "of the 2 exactly ablated heads matter" in section and "AtP estimates count in neither" in section
     assert "top 20 shared" in section
+    # how each model's effects were measured: 2 of its heads exactly, the rest by AtP, first position left alone
+    heads = 2 * 4
+    assert (f"(`next_token_loss`; exact mean ablation for 2 of {heads} heads, AtP's estimate for the rest, the first "
+            "position left alone)") in section
+    # the agreement table states each Spearman correlation as a number
+    agreement = section.split("### AtP against exact ablation")[1]
+    row = next(line for line in agreement.splitlines() if line.startswith(f"| {trained} |"))
+    spearman = row.split("|")[5].strip()
+    assert spearman == "–" or -1 <= float(spearman) <= 1, row
     assert (tmp_path / "report" / "figures" / "importance_against_pattern.png").stat().st_size > 0

@@ -444,6 +444,7 @@ def test_the_report_joins_a_retrieval_run_to_the_sweep_of_its_model(planted, tmp
     Path(tmp_path / "section.md").write_text(section)
     # two trials are thin support (fewer than 15 units): the copying head is shown, but not named a retrieval head
     assert "| L0H0 | retrieval | 1.000 | 1.000 | 1.000 | 2 |" in section
+    assert "| model | head | score | value | 95% low | 95% high | trials | chance | mark |" in section
     assert "no head's 95% interval clears 0.1 and chance" in section
     assert "Llama-2-7B-80K (Wu et al.)" in section and "### Key/value budget" in section
     assert "### Streaming heads" in section and "sink 4, window 8" in section

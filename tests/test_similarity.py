@@ -382,3 +382,17 @@ def test_similarity_across_models_equals_a_plain_loop_over_words(tiny_gpt2, tiny
     second = next(m for m in atlas_data(both)["models"] if m["name"] == f"b:{tiny_bert}")
     rows = next(o for o in second["other"] if o["table"] == "similarity_across")
     assert len(rows["at"]) == NEAREST * size_b and {c[0] for c in rows["cells"]} == {f"b:{tiny_gpt2}"}
+
+
+def test_the_similarity_budget_counts_every_key_of_a_bidirectional_model_and_half_of_a_causal_one():
+    """check_memory's bytes against a hand count: layers x heads x entries x 4 bytes x segments of a batch, with
+    n(n + 1) / 2 entries of a causal pattern (keys at or before the query) and n^2 of a bidirectional one."""
+    from headscan.scan.similarity import check_memory, sample_of
+
+    config = headscan.SweepConfig(max_len=10, batch_size=3, similarity_sample=8)
+    assert check_memory("m", 2, 4, True, config, 10**6) == 2 * 4 * 55 * 4 * 3
+    assert check_memory("m", 2, 4, False, config, 10**6) == 2 * 4 * 100 * 4 * 3
+    # a sample is a draw without replacement: every segment at most once
+    for seed in range(20):
+        drawn = sample_of(12, 10, seed)
+        assert len(set(drawn)) == 10 and drawn == sorted(drawn)

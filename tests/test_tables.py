@@ -44,6 +44,14 @@ def toy_table():
     del metrics.METRICS["toy_halves"], tables.TABLES["toy"]
 
 
+def test_a_table_whose_columns_clash_with_the_shared_ones_is_refused():
+    for keys, extra in (({"value": "float64"}, None), ({"layer": "int64"}, None), ({"half": "int64"}, {"ci_low": "float64"}),
+                        ({"half": "int64"}, {"half": "int64"})):
+        with pytest.raises(TablesError, match="clash with the shared columns or each other"):
+            tables.register_table("clashing", keys, "one row per nothing", extra)
+        assert "clashing" not in tables.TABLES
+
+
 def test_a_registered_table_is_swept_written_loaded_and_combined(toy_table, tiny_models, tiny_bert, tmp_path):
     out = tmp_path / "out"
     swept = sweep([str(tiny_bert)], "builtin", out, headscan.SweepConfig(device="cpu", limit=6, bootstrap=20))
