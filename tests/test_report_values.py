@@ -113,6 +113,17 @@ def test_copying_heads_and_counts():
     assert top["embedding"].tolist() == ["untied", "untied", "tied", "tied"]
     counts = movement.copying_counts(t["weights"]).set_index("model")
     assert counts.loc["gpt", ["heads", "positive", "high"]].tolist() == [6, 3, 1]
+    # many heads of two models, interleaved: each model's block keeps its own order, highest first (a sort by
+    # model alone that is not stable would shuffle the heads within a block)
+    rng = np.random.default_rng(0)
+    many = pd.DataFrame({"model": np.tile(["b", "a"], 60), "metric": "copying", "value": rng.permutation(120) / 120,
+                         "layer": np.repeat(np.arange(12), 10), "head": np.tile(np.arange(10), 12)})
+    many["label"] = [f"L{layer}H{head}" for layer, head in zip(many["layer"], many["head"])]
+    top = movement.copying_heads(many, n=40)
+    assert top["model"].tolist() == ["b"] * 40 + ["a"] * 40
+    for model in ("a", "b"):
+        values = top[top["model"] == model]["value"].tolist()
+        assert values == sorted(values, reverse=True)
 
 
 def test_dla_heads_of_causal_models_with_their_positive_share():

@@ -351,6 +351,9 @@ def test_the_command_line_runs_trials_and_says_what_passed(planted, tmp_path):
     assert result.exit_code == 0, result.output
     assert "2 of 2 trials passed the answer gate" in result.output
     assert "retrieval above 0.1: 1 of 4 heads (25.0%)" in result.output
+    # the top heads, highest first, ties (the three heads that never copy) to the lower head
+    listed = [line.split()[0] for line in result.output.splitlines() if line.startswith("  ") and " trials" in line]
+    assert listed == ["L0H0", "L0H1", "L0H2", "L0H3"], result.output
     shown = CliRunner().invoke(cli, ["show", str(tmp_path / "out")])
     assert shown.exit_code == 0 and "L0H0" in shown.output.splitlines()[1]
     bad = CliRunner().invoke(cli, ["retrieval", "-m", planted["folder"], "--haystack", planted["haystack"],
@@ -446,7 +449,7 @@ def test_the_report_joins_a_retrieval_run_to_the_sweep_of_its_model(planted, tmp
     assert "| L0H0 | retrieval | 1.000 | 1.000 | 1.000 | 2 |" in section
     assert "| model | head | score | value | 95% low | 95% high | trials | chance | mark |" in section
     assert "no head's 95% interval clears 0.1 and chance" in section
-    assert "Llama-2-7B-80K (Wu et al.)" in section and "### Key/value budget" in section
+    assert "| Llama-2-7B-80K (Wu et al.) | retrieval |" in section and "### Key/value budget" in section
     assert "### Streaming heads" in section and "sink 4, window 8" in section
     with pytest.raises(TablesError, match="none of the sweeps given swept"):
         compare_runs([retrieval, sweep.__class__(sweep.frames, sweep.provenance)] if False else [retrieval])

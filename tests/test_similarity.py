@@ -359,6 +359,9 @@ def test_similarity_across_models_equals_a_plain_loop_over_words(tiny_gpt2, tiny
     got = table.pivot(index=["layer", "head"], columns=["other_layer", "other_head"], values="value").to_numpy()
     np.testing.assert_allclose(got, sums / queries, rtol=0, atol=1e-9)
     assert (table["count"] == queries).all() and (table["model"] == str(tiny_gpt2)).all()
+    # each row's own and other head by label too, as every table labels heads: L{layer}H{head}
+    assert (table["label"] == "L" + table["layer"].astype(str) + "H" + table["head"].astype(str)).all()
+    assert (table["other_label"] == "L" + table["other_layer"].astype(str) + "H" + table["other_head"].astype(str)).all()
     blocks = families_section(compare_runs([run]), Pngs())
     assert "The same heads in two models" in [b.text for b in blocks if isinstance(b, Heading)]
     closest = families.closest_across(table, top=3)
@@ -396,3 +399,12 @@ def test_the_similarity_budget_counts_every_key_of_a_bidirectional_model_and_hal
     for seed in range(20):
         drawn = sample_of(12, 10, seed)
         assert len(set(drawn)) == 10 and drawn == sorted(drawn)
+
+
+def test_pattern_types_at_the_thresholds_take_the_type_the_rule_says():
+    """The rule's thresholds are inclusive ("sink + offset >= 0.5 with each >= 0.2"): heads exactly at them."""
+    heads = pd.DataFrame({"model": "m", "layer": 0, "head": np.repeat(np.arange(4), 2),
+                          "metric": ["first_token", "prev_token"] * 4,
+                          "value": [0.2, 0.3, 0.3, 0.2, 0.5, 0.0, 0.19, 0.31]})
+    assert families.pattern_types(heads)["pattern_type"].tolist() == ["vertical+diagonal", "vertical+diagonal",
+                                                                      "vertical", "heterogeneous"]
