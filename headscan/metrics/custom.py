@@ -45,7 +45,8 @@ from .batch import AttentionBatch, mean_over_queries
 from .registry import METRICS, register
 
 __all__ = ["Segments", "Vocabulary", "ModuleSource", "pattern", "metric", "read_module", "install",
-           "load_metric_modules", "custom_metrics", "custom_provenance", "check_custom", "clear_custom"]
+           "load_metric_modules", "sources_for_workers", "vocabulary_of", "custom_metrics", "custom_provenance",
+           "check_custom", "clear_custom"]
 
 
 class Vocabulary:
@@ -129,6 +130,7 @@ def _segments(batch: AttentionBatch) -> Segments:
 # Set while `load_metric_modules` executes a module: the origin every metric it defines records.
 _LOADING: list[dict] = []
 _INSTALLED: dict[str, str] = {}  # spec -> sha256 of every module installed in this process
+_VOCABULARIES: dict[int, tuple[object, Vocabulary]] = {}  # id(tokenizer) -> (tokenizer, its vocabulary)
 
 
 def _origin(function) -> dict:
@@ -301,9 +303,13 @@ def read_module(spec: str) -> ModuleSource:
     return ModuleSource(spec, text, hashlib.sha256(text.encode()).hexdigest(), str(file))
 
 
-def install(source: ModuleSource) -> list[str]:
-    """Execute `source` once in this process (again: nothing; a different text under the same spec: refused),
-    registering its metrics with their origin; the names it registered."""
+def install(*sources: ModuleSource) -> list[str]:
+    """Execute each of `sources` once in this process (again: nothing; a different text under the same spec:
+    refused), registering its metrics with their origin; the names they registered."""
+    return [name for source in sources for name in _install(source)]
+
+
+def _install(source: ModuleSource) -> list[str]:
     if source.spec in _INSTALLED:
         if _INSTALLED[source.spec] != source.sha256:
             raise MetricError(f"--metric-module {source.spec} changed since this process loaded it; start a new "
@@ -330,6 +336,30 @@ def install(source: ModuleSource) -> list[str]:
                           "@headscan.pattern(...) or @headscan.metric(...)")
     _INSTALLED[source.spec] = source.sha256
     return added
+
+
+def sources_for_workers(specs) -> tuple[ModuleSource, ...]:
+    """The modules of `specs`, read and installed here, to send to workers of other processes; refuses a metric
+    defined in this process outside a module, which no worker could run."""
+    sources = tuple(load_metric_modules(specs))
+    unsent = [name for name, origin in custom_metrics().items() if origin.get("kind") != "module"]
+    if unsent:
+        raise MetricError(f"metric {unsent[0]!r} was defined in this Python process, which workers cannot see; "
+                          "define it in a file and pass metric_modules=[FILE] (--metric-module FILE)")
+    return sources
+
+
+def vocabulary_of(model) -> Vocabulary | None:
+    """The vocabulary of `model`'s tokenizer (a `headscan.models.HookedModel`'s), one per tokenizer; its strings
+    are read only if a pattern asks."""
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is None:
+        return None
+    held = _VOCABULARIES.get(id(tokenizer))
+    if held is None or held[0] is not tokenizer:  # an id reused by a new tokenizer: a new vocabulary
+        _VOCABULARIES.clear()  # one model is swept at a time: keep no released tokenizer alive
+        held = _VOCABULARIES[id(tokenizer)] = (tokenizer, Vocabulary.of_tokenizer(tokenizer))
+    return held[1]
 
 
 def load_metric_modules(specs) -> list[ModuleSource]:

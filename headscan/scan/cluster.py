@@ -14,13 +14,12 @@
    memory holds: on CPUs a node's CPUs are shared out among them (torch runs that many threads in each); on
    GPUs each takes one GPU, or with ``device_map`` every GPU of its node (`plan_workers`).
    A task sweeps whole windows for about `save_every` seconds, then hands the shard's `PartialState` back,
-   finished or not. The driver saves it as ``OUT.partial/MODEL.shard-K-of-S.npz`` (the name
-   `headscan.scan.resume.state_file` gives a shard's state) and hands the rest of the shard out again.
-4. A task whose worker is lost (its actor or process killed, its node gone, an out-of-memory kill) goes to a
-   new actor, from the shard's last state, up to `RETRIES` times. Rerunning the same command sweeps only
-   what ``OUT.partial`` does not hold, from where each shard stopped.
-5. The driver adds each model's shards up (`headscan.scan.state.merge_states`), finishes them into tables and
-   publishes them as one set. They are a local sweep's tables up to the float32 forward pass: a segment's
+   finished or not; the driver saves it as ``OUT.partial/MODEL.shard-K-of-S.npz`` (`state_file`) and hands
+   the rest of the shard out again.
+4. A task whose worker is lost (actor or process killed, node gone, out of memory) goes to a new actor, from
+   the shard's last state, up to `RETRIES` times; rerunning the command sweeps only what ``OUT.partial`` lacks.
+5. The driver adds each model's shards up (`merge_states`), finishes and publishes them as one set. They are
+   a local sweep's tables up to the float32 forward pass: a segment's
    forward can differ by ~1e-8 with the batch it is in, and with the number of torch threads (MKL's matrix
    products split their sums by thread for short inputs); with ``batch_size=1`` and the workers running as many
    threads as the local sweep, they agree to 1e-12, intervals included. Provenance records ``ray``
@@ -28,10 +27,9 @@
    each asked for (``worker``: ``num_cpus`` or ``num_gpus``, and ``memory`` in bytes) and the retries.
 
 On a one-machine cluster the workers read a corpus file themselves; on several machines (or through Ray
-Client) its segments travel with the tasks. Model paths must name the same files on every machine.
-
-This module does not score heads (`headscan.scan.reduce`), check inputs (`headscan.scan.run`) or manage clusters
-(``ray start``, ``ray up``).
+Client) its segments travel with the tasks, as do the texts of ``--metric-module`` files. Model paths must name
+the same files on every machine. This module does not score heads (`headscan.scan.reduce`), check inputs
+(`headscan.scan.run`) or manage clusters (``ray start``, ``ray up``).
 """
 
 from __future__ import annotations
@@ -53,7 +51,7 @@ import numpy as np
 from ..config import SweepConfig
 from ..corpus import Corpus
 from ..errors import ConfigError, HeadscanError, ModelLoadError, SweepInterrupted, TablesError
-from ..metrics.custom import custom_metrics, install, load_metric_modules
+from ..metrics.custom import install, sources_for_workers
 from ..tables import SweepTables
 from .controls import corpus_for, load_swept
 from .finish import publish, run_provenance
@@ -96,8 +94,7 @@ class _Worker:
                  unit_why: str | None = None, metric_sources: tuple = ()):
         if cwd and os.path.isdir(cwd):
             os.chdir(cwd)  # relative model paths mean what they meant to the driver
-        for source in metric_sources:  # the user's metrics: the very text the driver read, not this node's file
-            install(source)
+        install(*metric_sources)  # the user's metrics: the very text the driver read, not this node's file
         if threads:  # the CPUs Ray gave this actor (Ray sets OMP_NUM_THREADS to them too; torch may have read it late)
             import torch
 
@@ -326,14 +323,8 @@ def sweep_on_ray(
                           heading)
         cwd = None if cluster.client else os.getcwd()
         actor = ray.remote(_Worker).options(max_restarts=0, max_task_retries=0, **resources)
-        corpus_ref = ray.put(_portable(corpus, cluster))
+        corpus_ref, sources = ray.put(_portable(corpus, cluster)), sources_for_workers(config.metric_modules)
         threads = None if "num_gpus" in resources else resources["num_cpus"]
-        sources = tuple(load_metric_modules(config.metric_modules))
-        unsent = [name for name, origin in custom_metrics().items() if origin.get("kind") != "module"]
-        if unsent:
-            raise ConfigError(f"metric {unsent[0]!r} was defined in this Python process, which Ray workers cannot "
-                              "see; define it in a file and pass metric_modules=[FILE] (--metric-module FILE)",
-                              setting="metric_modules")
         slots = [_Slot(lambda: actor.remote(corpus_ref, config, cwd, threads, unit_why, sources))
                  for _ in range(min(workers, len(tasks)))]
         try:

@@ -10,18 +10,16 @@ Eager mode scores layers together: each layer's pattern waits in `Gathered.waiti
 reach `STACK_BYTES` (or the last layer, or a layer on another device, comes), and the waiting layers are then
 scored as one batch, stacked along the batch axis. So does chunked mode where a layer's queries fit in one block
 (ordinary lengths: `headscan.models.chunked.block_rows`); scored one layer at a time, minilm's chunked sweep
-took 1.3 times eager's. Every metric is a function of each segment's rows alone, so
-stacking changes no score beyond float32 rounding; it runs each metric's few dozen tensor operations, and their
-fixed cost, once per group of layers instead of once per layer (a minilm batch's pattern is about 1 MB, so that
-cost is a large part of each operation's).
+took 1.3 times eager's. Every metric is a function of each segment's rows alone, so stacking changes no score
+beyond float32 rounding; it runs each metric's few dozen tensor operations, and their fixed cost, once per group
+of layers (a minilm batch's pattern is about 1 MB, so that cost is a large part of each operation's).
 
 Chance (`headscan.metrics.chance`): each column's null-head sums come with its sums, from the same batch and
 queries. The null head of plain attention depends on the masks alone, not on the layer or the head, so its
-sums are computed on the first layer of a batch (or on each block of it, chunked) and reused for the others
-with the same sliding window (a layer whose window hides keys is scored in a group of its own window);
-the value-weighted null head and the null head of dla depend on each layer's values.
-
-This module does not read corpora or keep running totals (see `headscan.scan.reduce`).
+sums are computed on the first layer of a batch (or each block of it) and reused for the others with the same
+sliding window (a layer whose window hides keys is scored in a group of its own window); the value-weighted null
+head and the null head of dla depend on each layer's values. This module does not read corpora or keep running
+totals (see `headscan.scan.reduce`).
 """
 
 from __future__ import annotations
@@ -34,7 +32,7 @@ import torch
 
 from ..config import SweepConfig
 from ..metrics import METRICS, AttentionBatch, Metric, syntax, values
-from ..metrics.custom import Vocabulary
+from ..metrics.custom import vocabulary_of
 from ..models import HookedModel
 from ..models.chunked import BLOCK_BYTES, block_rows
 from ..models.hooks import QueryBlock
@@ -122,21 +120,6 @@ def batch_masks(input_ids: torch.Tensor, real: torch.Tensor, model: HookedModel,
     words = words.to(input_ids.device) if words is not None else None
     next_tokens, _ = values.next_token_targets(input_ids, counts, real)  # (batch, seq): the token each query predicts
     return BatchMasks(input_ids, counts, sep_mask, words, next_tokens)
-
-
-_VOCABULARIES: dict[int, tuple[object, Vocabulary]] = {}  # id(tokenizer) -> (tokenizer, its vocabulary)
-
-
-def vocabulary_of(model: HookedModel) -> Vocabulary | None:
-    """The vocabulary of `model`'s tokenizer, one per tokenizer (its strings are read only if a pattern asks)."""
-    tokenizer = getattr(model, "tokenizer", None)
-    if tokenizer is None:
-        return None
-    held = _VOCABULARIES.get(id(tokenizer))
-    if held is None or held[0] is not tokenizer:  # an id reused by a new tokenizer: a new vocabulary
-        _VOCABULARIES.clear()  # one model is swept at a time: keep no released tokenizer alive
-        held = _VOCABULARIES[id(tokenizer)] = (tokenizer, Vocabulary.of_tokenizer(tokenizer))
-    return held[1]
 
 
 def _attention_batch(pattern: torch.Tensor, masks: BatchMasks, model: HookedModel, config: SweepConfig,

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from ..errors import TablesError
@@ -286,14 +287,33 @@ def merge_tables(parts: list[SweepTables]) -> SweepTables:
     return SweepTables(frames, RunProvenance(extra={"combined_from": [p.provenance.to_json() for p in parts]}))
 
 
+SIGNIFICANT = 5  # digits of a unit's value that rank it among examples: float32 sums of thousands of terms keep ~6
+
+
+def significant(value: np.ndarray, digits: int = SIGNIFICANT) -> np.ndarray:
+    """`value` rounded to `digits` significant digits (0, NaN and inf as they are): how examples.parquet ranks a
+    unit's value, a ratio of float32 sums whose last digits depend on how its batch was cut and on thread counts.
+
+    >>> significant(np.array([0.123456789, 98765.4321, 0.0, np.nan]), 5).tolist()[:3]
+    [0.12346, 98765.0, 0.0]
+    """
+    value = np.asarray(value, dtype=np.float64)
+    finite = np.isfinite(value) & (value != 0)
+    magnitude = np.floor(np.log10(np.abs(np.where(finite, value, 1.0))))
+    scale = 10.0 ** (digits - 1 - magnitude)
+    return np.where(finite, np.round(value * scale) / scale, value)
+
+
 def _combined_examples(rows: pd.DataFrame, table) -> pd.DataFrame:
     """The examples of runs over disjoint parts of a corpus: per head, metric and end, the highest (top) or lowest
     (bottom) of the parts' own, as many as a part keeps; each part numbered its units from 0, so ``unit`` is <NA>."""
     k = int(rows["rank"].max()) if len(rows) else 0
     keys = ["model", "layer", "head", "metric", "end"]
+    rows = rows.assign(_rank=significant(rows["value"].to_numpy(dtype=float, na_value=np.nan)))
     top = rows["end"] == "top"
-    ordered = pd.concat([rows[top].sort_values("value", ascending=False, kind="stable"),
-                         rows[~top].sort_values("value", ascending=True, kind="stable")])
+    # parts in order, each in rank order: a stable sort leaves ties in the order of the parts' units
+    ordered = pd.concat([rows[top].sort_values("_rank", ascending=False, kind="stable"),
+                         rows[~top].sort_values("_rank", ascending=True, kind="stable")])
     kept = ordered.groupby(keys, sort=False, observed=True).head(k)
     kept = kept.assign(rank=kept.groupby(keys, sort=False, observed=True).cumcount() + 1, unit=pd.NA)
     order = {key: i for i, key in enumerate(dict.fromkeys(map(tuple, rows[keys].to_numpy().tolist())))}

@@ -6,7 +6,9 @@ A head's score is a mean over the whole corpus; its examples say what that mean 
 value is its sum over its count (the unit's queries that count for the metric); units with no such query are no
 example. The pass reads the per-unit sums the sweep keeps for its intervals (`headscan.scan.reduce.Window`), so
 it costs no forward pass: after each window it keeps, per (layer, head, metric), the K highest and K lowest
-units so far. Ties go to the lower unit index, so the kept units of a corpus do not depend on how it was cut:
+units so far. Values are ranked to 5 significant digits (a unit's sums are float32 sums whose last digits depend
+on how its batch was cut) and ties go to the lower unit index, so the kept units of a corpus do not depend on how
+it was cut:
 shards merge (the top K of the shards' top K) and a resumed sweep continues to exactly the units of a sweep
 that never stopped.
 """
@@ -19,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from ...tables import TABLES
+from ...tables.io import significant
 from .base import Pass, PassRun
 
 __all__ = ["ExamplesPass", "ExamplesState", "keep_extremes", "extremes_of_kept", "examples_frame", "ENDS"]
@@ -37,7 +40,8 @@ class ExamplesState:
 
 def keep_extremes(units: np.ndarray, sums: np.ndarray, counts: np.ndarray, k: int) -> tuple[np.ndarray, ...]:
     """Of candidate units along the last axis (unit ids, sums, counts; -1 and count 0 for none), the `k` with the
-    highest value sum / count and the `k` with the lowest, ties to the lower unit: (units, sums, counts), each
+    highest value sum / count and the `k` with the lowest, ties (`significant` digits) to the lower unit:
+    (units, sums, counts), each
     (2, ..., k), top first. Ranks beyond the candidates with a count hold -1, NaN and 0.
 
     >>> u, s, c = keep_extremes(np.array([4, 2, 9, 7]), np.array([1.0, 3.0, 0.0, 1.0]), np.array([2.0, 4.0, 0, 1]), 2)
@@ -54,8 +58,9 @@ def keep_extremes(units: np.ndarray, sums: np.ndarray, counts: np.ndarray, k: in
         value = np.where((counts > 0) & (units >= 0), sums / counts, np.nan)
     by_unit = np.argsort(np.where(units >= 0, units, np.iinfo(np.int64).max), axis=-1, kind="stable")
     value, units, sums, counts = (np.take_along_axis(a, by_unit, -1) for a in (value, units, sums, counts))
+    ranked = significant(value)  # values equal to float32's rounding are ties, which the lower unit wins
     kept = []
-    for key in (-value, value):  # NaN sorts last either way: a unit without a count is never an example
+    for key in (-ranked, ranked):  # NaN sorts last either way: a unit without a count is never an example
         order = np.argsort(key, axis=-1, kind="stable")[..., :k]
         defined = np.take_along_axis(np.isfinite(value), order, -1)
         kept.append([np.where(defined, np.take_along_axis(a, order, -1), empty)
