@@ -22,7 +22,7 @@ from headscan.analysis import findings, ranking
 from headscan.analysis import runs as runs_module
 from headscan.cli import cli
 from headscan.corpus import Corpus, Segment, encode
-from headscan.errors import ConfigError, ModelNotFoundError, TablesError
+from headscan.errors import ConfigError, HeadscanError, ModelNotFoundError, TablesError
 from headscan.plots import heatmaps as figures
 from headscan.report import build as report
 from headscan.report import document
@@ -661,6 +661,22 @@ def test_cli_report_says_what_it_is_doing(runs, tmp_path, monkeypatch):
     quiet = CliRunner().invoke(cli, ["report", str(runs[0]), "--out", str(tmp_path / "r"), "--no-models", "-q",
                                      "--overwrite"])
     assert quiet.exit_code == 0 and quiet.stderr == ""
+
+
+def test_the_python_report_refuses_to_write_over_a_report_without_overwrite(runs, tmp_path, monkeypatch):
+    """headscan.report checks its folder itself, as the command does before loading models."""
+    monkeypatch.setattr(report, "build_report", stub_build())
+    headscan.report([runs[0]], out=tmp_path / "r")
+    with pytest.raises(ConfigError, match=r"already holds a report; pass --overwrite to replace it"):
+        headscan.report([runs[0]], out=tmp_path / "r")
+    # before any run is read: a run that is not there is not what it says first
+    with pytest.raises(ConfigError, match=r"already holds a report"):
+        headscan.report([tmp_path / "no-such-run"], out=tmp_path / "r")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    with pytest.raises(HeadscanError, match=r"notes\.txt"):
+        headscan.report([runs[0]], out=tmp_path / "mine", overwrite=True)
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "mine"
 
 
 def test_build_report_reports_progress_part_by_part(runs):
