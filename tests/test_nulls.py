@@ -244,6 +244,10 @@ def test_a_sweep_with_three_controls_finds_the_planted_heads_and_no_control_head
     # the report's findings name only rows that are findings, with their null
     from headscan.analysis.findings import findings_by_model
 
+    from headscan.analysis.claims import run_gate_text
+
+    gate = run_gate_text([("out", run)])  # the rule the report states above its findings: this sweep's own
+    assert "Benjamini-Hochberg at q = 0.05" in gate and f"{str(folder)} {summary['findings'][str(folder)]:,} of" in gate
     sentences = findings_by_model(heads)[str(folder)]
     claims = [s for s in sentences if " puts " in s and s.startswith("In ")]
     assert claims and all("null: " in s for s in claims)
