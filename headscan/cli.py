@@ -202,6 +202,25 @@ def merge(shards, out, overwrite):
     click.echo(f"merged {len(shards)} shards into {out}")
 
 
+@cli.command(cls=GroupedCommand, short_help="Write a run as a Hugging Face dataset folder, one config per table.")
+@click.argument("run", type=click.Path(path_type=Path))
+@options("export")
+@_one_line_errors
+def export(run, out, overwrite):
+    """Write a sweep (or retrieval) output as a dataset folder that datasets.load_dataset reads, one config per
+    table (data/TABLE.parquet), with run.json and a dataset card (README.md), ready for huggingface-cli upload.
+
+    Example:
+
+    \b
+        headscan export out/ewt --out out/ewt-dataset
+    """
+    from .tables import export_dataset
+
+    folder = export_dataset(run, out, overwrite=overwrite)
+    click.echo(f"wrote {folder}: load it with datasets.load_dataset({str(folder)!r}, 'heads')")
+
+
 @cli.command(cls=GroupedCommand, short_help="List the embedded models, or say how each SPEC would be hooked.")
 @click.argument("specs", nargs=-1, metavar="[SPEC]...")
 @options("models")

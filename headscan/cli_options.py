@@ -197,6 +197,9 @@ OPTIONS: dict[str, list[Opt]] = {
     ],
     "merge": [OUT.but(help="Folder for the merged tables.", required=True, default=DROP, show_default=DROP),
               OVERWRITE],
+    "export": [OUT.but(help="Folder for the dataset (data/TABLE.parquet, run.json, README.md).", required=True,
+                       default=DROP, show_default=DROP),
+               OVERWRITE.but(help="Replace OUT if it already holds a dataset export.")],
     "models": [],
     "show": [
         Opt(("metric", "--metric"), "report", "What to rank heads by: a metric of heads.parquet or value.parquet, a "

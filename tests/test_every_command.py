@@ -112,6 +112,7 @@ def base_arguments(command: str, tiny_gpt2, runs, out) -> list:
         "models": [tiny_gpt2],
         "show": [runs["plain"]],
         "report": [runs["plain"], "--no-models", "-q", "--out", out],
+        "export": [runs["plain"], "--out", out, "--overwrite"],
     }[command]
 
 
@@ -169,13 +170,14 @@ def test_every_option_at_a_bad_value_is_taken_or_refused_in_one_line(name, flag,
             result.output  # a choice --help lists is never called unknown
 
 
-@pytest.mark.parametrize("command", ["show", "report", "merge"])
+@pytest.mark.parametrize("command", ["show", "report", "merge", "export"])
 def test_the_commands_that_read_runs_work_or_refuse_in_one_line_on_every_run(command, runs, tmp_path):
     cases = [*runs.items(), ("sweep and retrieval", f"{runs['plain']} {runs['retrieval']}")]
     for i, (name, run) in enumerate(cases):
         arguments = {"show": ["show", run],
                      "report": ["report", run, "--no-models", "-q", "--out", tmp_path / f"report-{i}"],
-                     "merge": ["merge", run, "--out", tmp_path / f"merged-{i}"]}[command]
+                     "merge": ["merge", run, "--out", tmp_path / f"merged-{i}"],
+                     "export": ["export", run, "--out", tmp_path / f"export-{i}"]}[command]
         arguments = [part for a in arguments for part in (str(a).split(" ") if a == run else [a])]
         result = invoke(arguments)
         check_refusal(result, arguments)

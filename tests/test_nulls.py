@@ -242,9 +242,8 @@ def test_a_sweep_with_three_controls_finds_the_planted_heads_and_no_control_head
     assert summary["findings"][str(folder)] == sum(int(run[t][run[t]["model"] == str(folder)]["finding"].sum())
                                                    for t in ("heads", "value", "syntax"))
     # the report's findings name only rows that are findings, with their null
-    from headscan.analysis.findings import findings_by_model
-
     from headscan.analysis.claims import run_gate_text
+    from headscan.analysis.findings import findings_by_model
 
     gate = run_gate_text([("out", run)])  # the rule the report states above its findings: this sweep's own
     assert "Benjamini-Hochberg at q = 0.05" in gate and f"{str(folder)} {summary['findings'][str(folder)]:,} of" in gate
