@@ -389,6 +389,12 @@ def test_importance_rows_have_intervals_and_the_top_heads_by_atp_are_ablated(tin
     notes = run.provenance.models[0].extra["importance"]
     assert sorted(map(tuple, notes["ablated"])) == sorted(zip(ablated["layer"], ablated["head"]))
     assert "largest |atp_mean|" in notes["ablated_heads"]
+    # headscan show --metric importance lists the exactly ablated heads, largest |effect| first
+    from headscan.analysis.show import top_heads_text
+
+    shown = top_heads_text(run, "importance", 3)
+    largest = ablated.reindex(ablated["value"].abs().sort_values(ascending=False).index)["label"].tolist()
+    assert [label for label in largest if label in shown] == largest and "mean_ablation" in shown
 
 
 def test_atp_alone_fills_only_the_atp_rows_and_off_writes_no_table(tiny_gpt2):

@@ -412,6 +412,7 @@ def test_a_table_the_report_does_not_know_gets_its_top_rows(tmp_path):
     finally:
         TABLES.pop("toyrel")
     assert "## Other tables" in md and "### toyrel (toyrel.parquet)" in md
+    assert "\nOne row per (model, layer, head, metric, relation).\n" in md  # the registry's description, capitalised
     assert ("| model | metric | head | relation | value | 95% interval | chance |\n"
             "| --- | --- | --- | --- | ---: | --- | --- |\n"
             "| gpt | toy\\_score | L1H2 | obj | 0.7 |  |  |\n| gpt | toy\\_score | L0H1 | nsubj | 0.4 |  |  |\n") in md
@@ -789,3 +790,19 @@ def test_figures_are_palette_pngs_that_look_like_the_full_colour_ones():
     assert len(small) < 0.6 * len(full.getvalue())
     assert np.abs(pixels - reference).mean() < 1.0  # of 255, per channel
     assert np.percentile(np.abs(pixels - reference).max(-1), 99) < 24
+
+
+def test_the_example_attention_figure_has_one_colour_bar_and_centres_a_note_in_its_slot():
+    """Matplotlib objects, not pixels: two panels and a note, one shared colour bar (none per panel), the note
+    centred in its empty slot."""
+    from headscan.report.examples import ExampleAttention
+    from headscan.report.sections.example_attention import _attention_figure
+
+    pattern = np.tril(np.ones((4, 4))) / np.arange(1, 5)[:, None]
+    panels = [ExampleAttention("gpt", "causal", "prev_token", f"L0H{h}", 0, h, 0.5, ("a", "b", "c", "d"), pattern)
+              for h in range(2)] + ["no example for bert: it could not be loaded"]
+    fig = _attention_figure(panels, columns=2)
+    colour_bars = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
+    assert len(colour_bars) == 1 and colour_bars[0].get_ylabel() == "share of attention"
+    note = next(t for ax in fig.axes for t in ax.texts if t.get_text().startswith("no example"))
+    assert (note.get_ha(), note.get_va()) == ("center", "center")

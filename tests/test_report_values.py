@@ -7,7 +7,9 @@ Expected numbers are written out by hand from the synthetic rows below.
 import numpy as np
 import pandas as pd
 import pytest
+import seaborn as sns
 from click.testing import CliRunner
+from matplotlib.collections import QuadMesh
 from matplotlib.figure import Figure
 
 from headscan.analysis import movement
@@ -19,7 +21,7 @@ from headscan.plots import profiles as charts
 from headscan.plots.style import SIGNED_CMAP
 from headscan.report import atlas
 from headscan.report import build as report
-from headscan.report.document import Bullets, Heading
+from headscan.report.document import Bullets, Figures, Heading
 from headscan.report.figures import Pngs
 from headscan.report.sections.movement import movement_section
 from headscan.tables import TABLES, ModelProvenance, RunProvenance, SweepTables, load, write
@@ -147,11 +149,26 @@ def test_charts_draw_two_lines_per_model_and_a_point_per_head():
     assert [text.get_text() for text in ax.texts] == ["L1H1", "L0H0"]  # each model's largest fall
 
 
+class FiguresKept(Pngs):
+    """Pngs that also keeps each Figure, so a test reads matplotlib objects rather than pixels."""
+
+    def add(self, name, fig):
+        name = super().add(name, fig)
+        self.figures = {**getattr(self, "figures", {}), name: fig}
+        return name
+
+
 def test_copying_heatmap_is_diverging_from_minus_one_to_one():
     t = tables()
-    pngs = Pngs()
+    pngs = FiguresKept()
     blocks = movement_section(compare_runs([t]), {}, pngs)
     assert "copying.png" in pngs
+    drawn = [c for ax in pngs.figures["copying.png"].axes for c in ax.collections if isinstance(c, QuadMesh)]
+    signed = sns.color_palette(SIGNED_CMAP, as_cmap=True)  # seaborn hands the heatmap an unnamed copy of it
+    assert len(drawn) >= 2 and all(np.allclose(mesh.get_cmap()(np.linspace(0, 1, 5)), signed(np.linspace(0, 1, 5)))
+                                   for mesh in drawn)  # each model's heatmap and the colour bar
+    captions = [b.caption for b in blocks if isinstance(b, Figures)]
+    assert any(c.startswith("Left: per model, the mean share of a layer's heads on the sink") for c in captions)
     fig = Figure()
     ax = figures.value_heatmap(t["weights"], model="bert", label="copying", ax=fig.subplots(), vmin=-1, vmax=1,
                                cmap=SIGNED_CMAP, center=0.0)

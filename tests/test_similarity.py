@@ -21,7 +21,7 @@ from headscan.errors import ConfigError, TablesError
 from headscan.metrics.similarity import js_sums
 from headscan.plots.families import head_map as draw_head_map
 from headscan.report.atlas import NEAREST, atlas_data, atlas_html
-from headscan.report.document import Document, Heading, Raw, Table, to_html
+from headscan.report.document import Document, Figures, Heading, Raw, Table, to_html
 from headscan.report.figures import Pngs
 from headscan.report.sections.families import families_section
 from headscan.scan import merge
@@ -272,6 +272,10 @@ def test_head_map_figure_and_report_section(tiny_gpt2, tmp_path):
     tables = [b for b in blocks if isinstance(b, Table)]
     assert tables[-1].frame["model"].tolist() == [model]  # heads per pattern type
     assert tables[-1].frame.drop(columns="model").astype(int).sum(axis=1).tolist() == [len(mapped)]
+    assert set(tables[-1].numeric) == set(tables[-1].frame.columns) - {"model"}  # the counts, right-aligned
+    captions = [b.caption for b in blocks if isinstance(b, Figures)]
+    assert any(c.endswith("coloured by layer (left) and by pattern type (right); numbers are clusters.")
+               for c in captions), captions
 
 
 def test_a_stopped_sweep_resumes_to_the_same_similarity_sums(tiny_gpt2, tmp_path):

@@ -340,3 +340,22 @@ def test_value_norms_and_uniform_values_of_float64_inputs_stay_float64():
     mean = values.uniform_values(v, torch.ones(1, 5, dtype=torch.bool), causal=True, n_heads=4)  # (batch, q, head, d)
     assert mean.dtype == torch.float64
     torch.testing.assert_close(mean[0, 2, 3], v[0, :3, 1].mean(0), rtol=0, atol=1e-15)  # head 3 reads kv head 1
+
+
+def test_direct_logit_attribution_of_random_weights_equals_a_plain_loop():
+    """z_q^h W_O^h . d[:, t_{q+1}] / s_q, summed over the counted queries, and how often it is positive, one
+    head and one query at a time."""
+    generator = torch.Generator().manual_seed(0)
+    batch, n_q, heads, d_head, d_model, vocab = 2, 5, 3, 4, 6, 11
+    z = torch.randn(batch, n_q, heads, d_head, generator=generator, dtype=torch.float64)
+    W_O = torch.randn(heads, d_head, d_model, generator=generator, dtype=torch.float64)
+    W_U = torch.randn(d_model, vocab, generator=generator, dtype=torch.float64)
+    scale = torch.rand(batch, n_q, generator=generator, dtype=torch.float64) + 0.5
+    targets = torch.randint(0, vocab, (batch, n_q), generator=generator)
+    mask = torch.rand(batch, n_q, generator=generator) > 0.3
+    (sums, counts), (positive, _) = values.direct_logit_attribution(z, W_O, scale, W_U, targets, mask)
+    for b in range(batch):
+        for h in range(heads):
+            terms = [float(z[b, q, h] @ W_O[h] @ W_U[:, targets[b, q]] / scale[b, q]) for q in range(n_q) if mask[b, q]]
+            assert float(sums[b, h]) == pytest.approx(sum(terms), abs=1e-9)
+            assert float(counts[b, h]) == len(terms) and float(positive[b, h]) == sum(t > 0 for t in terms)
