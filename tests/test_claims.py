@@ -232,3 +232,16 @@ def test_the_report_shows_chance_and_the_control_beside_the_trained_model(contro
     assert scores["chance"][0] == pytest.approx(0.12) and scores["unsupported"]["0"] == "at chance"
     assert data["controls"] == {"net": ["net [random init]"]}
     assert data["metrics"][0]["lift"] == pytest.approx(0.85)  # prev_token: 0.95 - 0.1
+
+
+def test_top_heads_of_two_interleaved_models_keep_each_models_ranking():
+    """Each model's block, highest first: a sort by model alone that is not stable would reorder the blocks' rows."""
+    rng = np.random.default_rng(1)
+    values = rng.permutation(120) / 200 + 0.3
+    rows = pd.DataFrame([row(("b", "a")[i % 2], i // 10, i % 10, "prev_token", v, v - 0.01, v + 0.01, 0.1)
+                         for i, v in enumerate(values)])
+    top = ranking.top_heads(rows, metric="prev_token", n=40)
+    assert top["model"].tolist() == ["b"] * 40 + ["a"] * 40
+    for model in ("a", "b"):
+        assert top[top["model"] == model]["value"].tolist() == sorted(rows[rows["model"] == model]["value"],
+                                                                     reverse=True)[:40]

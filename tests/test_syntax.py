@@ -592,3 +592,35 @@ def test_the_paired_difference_with_the_baseline_equals_a_plain_loop_over_docume
         assert row.vs_baseline_high == pytest.approx(min(1.0, mean + 1.959963984540054 * se), abs=1e-9)
         checked += 1
     assert checked >= 2 * 4 * 4 * 3 and len(set(documents)) == 4
+
+
+def test_the_paired_difference_of_one_row_is_that_rows_in_the_whole_table(tiny_bert, tmp_path):
+    """paired_difference reads each row alone: one row handed over gets what it gets among all the others."""
+    from conftest import treebank_corpus
+
+    import headscan
+    from headscan.models import load_model
+    from headscan.scan.passes.baseline import paired_difference
+    from headscan.scan.plan import plan_sweep
+    from headscan.scan.reduce import accumulate
+
+    path = treebank_corpus(tmp_path, 9, per_document=3)
+    syntax = headscan.sweep(str(tiny_bert), path, device="cpu", bootstrap=0)["syntax"]
+    model, corpus = load_model(str(tiny_bert), device="cpu"), read_corpus(path)
+    state = accumulate(model, corpus, plan_sweep(model, corpus, headscan.SweepConfig(device="cpu", bootstrap=0)))
+    rows = syntax[(syntax["count"] > 0) & syntax["vs_baseline"].notna()]
+    for index in rows.index[:3]:
+        value, low, high = paired_difference(syntax.loc[[index]], state.passes["baseline"])
+        assert (value[0], low[0], high[0]) == pytest.approx(
+            tuple(syntax.loc[index, ["vs_baseline", "vs_baseline_low", "vs_baseline_high"]]), abs=1e-12)
+
+
+@pytest.mark.parametrize(("text", "spans", "words", "want"), [
+    ("a ", [(0, 1), (1, 2)], [(0, 1)], [0, 0]),  # spaces at the end go to the last word, even one at character 0
+    ("ab  ", [(0, 2), (2, 4)], [(0, 2)], [0, 0]),
+    ("  ", [(0, 2)], [], [-1]),  # no word at all: no word to go to
+])
+def test_a_token_of_trailing_spaces_goes_to_the_last_word_before_it(text, spans, words, want):
+    from headscan.corpus.words import align_tokens
+
+    assert align_tokens(text, spans, words)[0] == want

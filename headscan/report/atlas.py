@@ -250,7 +250,9 @@ def _other_rows(comparison: Comparison, name: str, n_heads: int) -> list[dict]:
     table has no interval). Rows of dicts repeated every name and key cell, most of the atlas's size."""
     out = []
     for table, frame in comparison.frames.items():
-        if table in ("heads", "offsets", "retrieval", "retrieval_trials"):  # colours of the grid; one row per trial
+        # colours of the grid; one row per trial; one row per unit, which says nothing without its text (the
+        # examples, a tenth of a head's rows, are read in examples.parquet, not carried in the page)
+        if table in ("heads", "offsets", "retrieval", "retrieval_trials", "examples"):
             continue
         part = frame[(frame["model"] == name) & frame["value"].notna()]
         if table == "similarity_across":  # a run writes each pair of models once, under its first model
