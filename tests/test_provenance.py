@@ -103,6 +103,9 @@ def test_every_table_carries_run_json_in_its_metadata(run):
     assert files == sorted([table.file for table in written] + ["run.json"])
     for table in written:
         assert parquet_provenance(run / table.file) == recorded, table.file
+    # run.json is read and diffed by people (the committed reports'): one key a line, indented by two
+    text = (run / "run.json").read_text()
+    assert text.startswith('{\n  "schema_version": ') and text.count("\n") > 40
 
 
 def test_run_ids_match_across_files_and_differ_between_runs(run, tmp_path, tiny_bert, corpus_file):
