@@ -315,3 +315,15 @@ def test_shards_of_a_treebank_and_of_repeat_random_merge_to_the_unsharded_sweep(
     assert ("syntax" in merged.frames) == (kind == "conllu")
     if kind == "conllu":
         assert merged["syntax"]["baseline"].notna().any()
+
+
+def test_a_fingerprint_names_the_version_model_corpus_settings_columns_and_passes(tiny_models):
+    """The keys a saved state is read back by: a headscan that spells one otherwise cannot resume an older state."""
+    import headscan
+    from headscan.config import SweepConfig
+    from headscan.corpus import texts_corpus
+    from headscan.scan import fingerprint
+
+    marks = fingerprint(tiny_models["gpt2"], texts_corpus(["the cat sat"], None), SweepConfig(device="cpu"))
+    assert list(marks) == ["headscan", "model", "corpus", "settings", "columns", "passes"]
+    assert marks["headscan"] == headscan.__version__

@@ -294,3 +294,13 @@ def test_a_sweep_records_joint_intervals_that_hold_each_row_s_own(tiny_gpt2):
         rows = run[table][run[table]["ci_low"].notna()]
         assert len(rows) and rows["joint_low"].notna().all(), table
         assert (rows["joint_low"] <= rows["ci_low"] + 1e-12).all() and (rows["joint_high"] >= rows["ci_high"] - 1e-12).all()
+
+
+def test_the_verdict_columns_of_a_sweep_in_memory_have_the_tables_dtypes(tiny_gpt2):
+    """What headscan.sweep returns without --out is what a reader of the files gets: float64 nulls (NaN where
+    no null applies, never None in an object column), a boolean finding."""
+    import headscan
+
+    heads = headscan.sweep(str(tiny_gpt2), "builtin", limit=6, device="cpu", bootstrap=20).heads
+    assert heads["null_low"].dtype == "float64" and heads["null_high"].dtype == "float64"
+    assert str(heads["finding"].dtype) == "boolean" and (heads["null_kind"] == "none").any()

@@ -103,6 +103,14 @@ def test_every_table_carries_run_json_in_its_metadata(run):
     assert files == sorted([table.file for table in written] + ["run.json"])
     for table in written:
         assert parquet_provenance(run / table.file) == recorded, table.file
+    # what made the run: this headscan, and in a git checkout the commit as 40 hex digits
+    import re
+
+    import headscan
+
+    assert recorded["headscan_version"] == headscan.__version__
+    revision = recorded["git_revision"]
+    assert revision is None or re.fullmatch(r"[0-9a-f]{40}", revision), revision
     # run.json is read and diffed by people (the committed reports'): one key a line, indented by two
     text = (run / "run.json").read_text()
     assert text.startswith('{\n  "schema_version": ') and text.count("\n") > 40
