@@ -282,7 +282,7 @@ def test_counts_and_units_are_whole_numbers_however_a_table_is_made(runs, tmp_pa
     merged = tmp_path / "merged"
     assert invoke(["merge", runs["part-0"], runs["part-1"], "--out", merged]).exit_code == 0
     parts = [load(runs["part-0"]), load(runs["part-1"])]
-    old = Path(__file__).resolve().parents[1] / "reports" / "runs" / "ewt-dev"  # written with float64 counts
+    old = Path(__file__).resolve().parents[1] / "reports" / "runs" / "ewt-long"  # written with float64 counts
     made = {name: load(runs[name]) for name in ("plain", "treebank", "retrieval")}
     made |= {"merge": load(merged), "merge_tables": merge_tables(parts), "old": load(old)}
     for name, run in made.items():
