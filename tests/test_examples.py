@@ -10,7 +10,7 @@ from conftest import paragraph_corpus
 
 import headscan
 from headscan.corpus import read_corpus
-from headscan.scan.passes.examples import extremes_of_kept, keep_extremes
+from headscan.scan.passes.examples import keep_extremes
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def test_kept_extremes_are_a_plain_sort_and_the_extremes_of_parts_are_the_whole_
     # once): what merging shards relies on
     parts = np.array_split(rng.permutation(n), 3)
     each = [keep_extremes(units[p], sums[p], counts[p], k) for p in parts]
-    again = extremes_of_kept(*(np.concatenate([np.concatenate([e[i][0], e[i][1]]) for e in each]) for i in range(3)), k)
+    again = keep_extremes(*(np.concatenate([np.concatenate([e[i][0], e[i][1]]) for e in each]) for i in range(3)), k)
     assert again[0][0].tolist() == top and again[0][1].tolist() == bottom
 
 

@@ -309,16 +309,15 @@ def _combined_examples(rows: pd.DataFrame, table) -> pd.DataFrame:
     (bottom) of the parts' own, as many as a part keeps; each part numbered its units from 0, so ``unit`` is <NA>."""
     k = int(rows["rank"].max()) if len(rows) else 0
     keys = ["model", "layer", "head", "metric", "end"]
-    rows = rows.assign(_rank=significant(rows["value"].to_numpy(dtype=float, na_value=np.nan)))
+    rows = rows.assign(_rank=significant(rows["value"].to_numpy(dtype=float, na_value=np.nan)),
+                       _order=rows.groupby(keys, sort=False, observed=True).ngroup())  # keys in first-seen order
     top = rows["end"] == "top"
     # parts in order, each in rank order: a stable sort leaves ties in the order of the parts' units
     ordered = pd.concat([rows[top].sort_values("_rank", ascending=False, kind="stable"),
                          rows[~top].sort_values("_rank", ascending=True, kind="stable")])
     kept = ordered.groupby(keys, sort=False, observed=True).head(k)
     kept = kept.assign(rank=kept.groupby(keys, sort=False, observed=True).cumcount() + 1, unit=pd.NA)
-    order = {key: i for i, key in enumerate(dict.fromkeys(map(tuple, rows[keys].to_numpy().tolist())))}
-    position = kept[keys].apply(tuple, axis=1).map(order)
-    return table.conform(kept.assign(_order=position).sort_values(["_order", "rank"], kind="stable"))
+    return table.conform(kept.sort_values(["_order", "rank"], kind="stable"))
 
 
 def _scoring_settings(run: RunProvenance) -> dict:

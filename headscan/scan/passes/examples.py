@@ -24,7 +24,7 @@ from ...tables import TABLES
 from ...tables.io import significant
 from .base import Pass, PassRun
 
-__all__ = ["ExamplesPass", "ExamplesState", "keep_extremes", "extremes_of_kept", "examples_frame", "ENDS"]
+__all__ = ["ExamplesPass", "ExamplesState", "keep_extremes", "examples_frame", "ENDS"]
 
 ENDS = ("top", "bottom")  # the highest units first, then the lowest
 
@@ -39,10 +39,10 @@ class ExamplesState:
 
 
 def keep_extremes(units: np.ndarray, sums: np.ndarray, counts: np.ndarray, k: int) -> tuple[np.ndarray, ...]:
-    """Of candidate units along the last axis (unit ids, sums, counts; -1 and count 0 for none), the `k` with the
-    highest value sum / count and the `k` with the lowest, ties (`significant` digits) to the lower unit:
-    (units, sums, counts), each
-    (2, ..., k), top first. Ranks beyond the candidates with a count hold -1, NaN and 0.
+    """Of candidate units along the last axis (unit ids, sums, counts; -1 and count 0 for none; a unit given twice
+    counts once), the `k` with the highest value sum / count and the `k` with the lowest, ties (`significant`
+    digits) to the lower unit: (units, sums, counts), each (2, ..., k), top first. Ranks beyond the candidates
+    with a count hold -1, NaN and 0.
 
     >>> u, s, c = keep_extremes(np.array([4, 2, 9, 7]), np.array([1.0, 3.0, 0.0, 1.0]), np.array([2.0, 4.0, 0, 1]), 2)
     >>> u.tolist(), s.tolist()
@@ -58,6 +58,9 @@ def keep_extremes(units: np.ndarray, sums: np.ndarray, counts: np.ndarray, k: in
         value = np.where((counts > 0) & (units >= 0), sums / counts, np.nan)
     by_unit = np.argsort(np.where(units >= 0, units, np.iinfo(np.int64).max), axis=-1, kind="stable")
     value, units, sums, counts = (np.take_along_axis(a, by_unit, -1) for a in (value, units, sums, counts))
+    # a unit kept at both ends while fewer than 2k were seen comes twice: once is enough
+    repeat = np.concatenate([np.zeros((*units.shape[:-1], 1), bool), np.diff(units, axis=-1) == 0], -1) & (units >= 0)
+    value = np.where(repeat, np.nan, value)
     ranked = significant(value)  # values equal to float32's rounding are ties, which the lower unit wins
     kept = []
     for key in (-ranked, ranked):  # NaN sorts last either way: a unit without a count is never an example
@@ -68,13 +71,15 @@ def keep_extremes(units: np.ndarray, sums: np.ndarray, counts: np.ndarray, k: in
     return tuple(np.stack(part) for part in zip(*kept))
 
 
-def extremes_of_kept(units, sums, counts, k):
-    """`keep_extremes` over candidates in which a unit may appear twice (kept at both ends while fewer than 2k
-    units were seen): each unit once."""
-    by_unit = np.argsort(np.where(units >= 0, units, np.iinfo(np.int64).max), axis=-1, kind="stable")
-    units, sums, counts = (np.take_along_axis(a, by_unit, -1) for a in (units, sums, counts))
-    repeat = np.concatenate([np.zeros((*units.shape[:-1], 1), bool), np.diff(units, axis=-1) == 0], -1)
-    return keep_extremes(np.where(repeat, -1, units), np.where(repeat, 0.0, sums), np.where(repeat, 0.0, counts), k)
+def _both_ends(array: np.ndarray) -> np.ndarray:
+    """(end, ..., k) kept arrays as one row of 2k candidates, (..., 2k)."""
+    return np.concatenate([array[0], array[1]], -1)
+
+
+def _texts_kept(units: np.ndarray, texts: dict[int, str]) -> dict[int, str]:
+    """The texts of the units `units` keeps, and no others."""
+    kept = set(np.unique(units).tolist()) - {-1}
+    return {unit: text for unit, text in texts.items() if unit in kept}
 
 
 class _ExamplesRun(PassRun):
@@ -97,16 +102,14 @@ class _ExamplesRun(PassRun):
         shape = sums.shape[:-1]
         state = self.state
         # this window's units beside those kept so far (each end's), then the extremes of all of them
-        candidates = [np.concatenate([state.units[0], state.units[1], np.broadcast_to(ids, (*shape, len(ids)))], -1),
-                      np.concatenate([state.sums[0], state.sums[1], sums], -1),
-                      np.concatenate([state.counts[0], state.counts[1], counts], -1)]
-        state.units, state.sums, state.counts = extremes_of_kept(*candidates, self.k)
+        candidates = [np.concatenate([_both_ends(state.units), np.broadcast_to(ids, (*shape, len(ids)))], -1),
+                      np.concatenate([_both_ends(state.sums), sums], -1),
+                      np.concatenate([_both_ends(state.counts), counts], -1)]
+        state.units, state.sums, state.counts = keep_extremes(*candidates, self.k)
         text = {}
         for position, unit in zip(segments, units):
             text.setdefault(unit, []).append(self.corpus.segments[position].text)
-        kept = set(np.unique(state.units).tolist()) - {-1}
-        state.texts = {unit: state.texts[unit] for unit in kept if unit in state.texts} | \
-                      {unit: " ".join(parts) for unit, parts in text.items() if unit in kept}
+        state.texts = _texts_kept(state.units, state.texts | {unit: " ".join(parts) for unit, parts in text.items()})
 
 
 class ExamplesPass(Pass):
@@ -127,13 +130,11 @@ class ExamplesPass(Pass):
     def merge(self, states: list[ExamplesState], names: list[str]) -> ExamplesState:
         first = states[0]
         k = first.units.shape[-1]
-        merged = [np.concatenate([np.concatenate([s.units[0], s.units[1]], -1) for s in states], -1),
-                  np.concatenate([np.concatenate([s.sums[0], s.sums[1]], -1) for s in states], -1),
-                  np.concatenate([np.concatenate([s.counts[0], s.counts[1]], -1) for s in states], -1)]
-        units, sums, counts = extremes_of_kept(*merged, k)
+        merged = [np.concatenate([_both_ends(getattr(s, name)) for s in states], -1)
+                  for name in ("units", "sums", "counts")]
+        units, sums, counts = keep_extremes(*merged, k)
         texts = {unit: text for s in states for unit, text in s.texts.items()}
-        kept = set(np.unique(units).tolist()) - {-1}
-        return ExamplesState(first.metrics, units, sums, counts, {u: t for u, t in texts.items() if u in kept})
+        return ExamplesState(first.metrics, units, sums, counts, _texts_kept(units, texts))
 
     def save(self, state: ExamplesState):
         header = {"metrics": list(state.metrics), "texts": {str(unit): text for unit, text in state.texts.items()}}
