@@ -13,7 +13,7 @@ the softmax, so saturation does not enter, but cancellation and large effects do
 Pythia and activation patching between prompt pairs, not for mean ablation over a corpus, so the 0.8 here is
 this project's bar, not theirs.
 
-    python experiments/atp_vs_ablation.py                            # smollm2, 64 sentences: about an hour, 2 cores
+    python experiments/atp_vs_ablation.py                            # smollm2, 64 sentences: 2-3 hours, 2 cores
     python experiments/atp_vs_ablation.py --model minilm --limit 16   # no AtP (hidden_change): exact effects only
     python experiments/atp_vs_ablation.py --from-heads reports/experiments/atp_vs_ablation   # README again, no sweep
 
@@ -22,7 +22,7 @@ Writes ``reports/experiments/atp_vs_ablation/`` (or ``--out``):
 - ``heads.csv``: one row per head, columns ``model, layer, head, label`` and, for each method (``atp_mean``,
   ``atp_zero``, ``mean_ablation``, ``zero_ablation``), its value and ``<method>_ci_low``/``<method>_ci_high``;
 - ``run.json``: the run's settings (below);
-- ``scatter.png``: AtP against exact, mean and zero ablation;
+- ``scatter.png``: AtP against exact, mean and zero ablation (resample ablation has no AtP estimate);
 - ``README.md``: the check, the rank agreement, the agreement over subsets of heads (every head; layers 1 and
   up; layers 2 and up; heads whose mean-ablation 95% interval excludes 0; the fifth with the largest
   |mean_ablation|), the heads AtP misjudges most and their layers, and, where the bar is missed, by how much
@@ -67,7 +67,7 @@ from headscan.scan import sweep_model
 
 BAR = 0.8  # the Spearman correlation AtP must reach against exact mean ablation
 MISSES = 10  # heads listed where AtP and exact ablation differ most
-METHODS = ("atp_mean", "atp_zero", "mean_ablation", "zero_ablation")
+METHODS = ("atp_mean", "atp_zero", "mean_ablation", "zero_ablation", "resample_ablation")
 REQUIRED = ("model", "corpus", "limit", "max_len", "batch_size", "device", "minutes", "target")
 NOTES_OPEN, NOTES_CLOSE = "<!-- notes -->", "<!-- /notes -->"
 TOLD_FROM_0 = "exact effect's 95% interval excludes 0"
@@ -206,6 +206,15 @@ def checked_rho(agree: pd.DataFrame) -> float:
     return float(checks["spearman"].iloc[0]) if len(checks) else float("nan")
 
 
+def recall_line(agree: pd.DataFrame) -> str:
+    """AtP as a screen: how many of exact ablation's ten and twenty largest |effects| it puts in its own ten and
+    twenty, per pair of methods (`agreement`'s ``top_shared`` and ``top20_shared``)."""
+    parts = [f"`{row.estimate}` finds {row.top_shared} of `{row.exact}`'s top {row.top} and {row.top20_shared} of "
+             f"its top {row.top20}" for row in agree.itertuples()]
+    return ("Recall as a screen (exact ablation's largest |effects| that AtP also ranks in its own top k): "
+            + "; ".join(parts) + ".\n") if parts else ""
+
+
 def readme_text(heads: pd.DataFrame, settings: dict, notes: str = EMPTY_NOTES) -> str:
     """The README for `heads` (heads.csv's rows) and `settings` (run.json), with `notes` as its hand-written
     section."""
@@ -221,8 +230,11 @@ def readme_text(heads: pd.DataFrame, settings: dict, notes: str = EMPTY_NOTES) -
         f"Model `{settings['model']}`, corpus `{settings['corpus']}`, first {settings['limit']} sentences, max_len "
         f"{settings['max_len']}, batch size {settings['batch_size']}"
         + (f", {settings['bootstrap']} bootstrap resamples" if settings.get("bootstrap") is not None else "")
-        + f"; target `{settings['target']}`; every head ablated exactly, mean and zero, one at a time"
+        + f"; target `{settings['target']}`; every head ablated exactly ("
+        + ", ".join(m.removesuffix("_ablation") for m in METHODS if m.endswith("_ablation") and m in heads)
+        + "), one at a time"
         + (f" ({notes_run['ablation_passes']})" if notes_run.get("ablation_passes") else "")
+        + (f"; {notes_run['positions']}" if notes_run.get("positions") else "")
         + f"; means over {notes_run.get('sample', 'the corpus')}. The sweep took {float(settings['minutes']):.1f} "
         f"minutes on this machine ({settings['device']})" + (f", with{made_with}" if made_with else "") + ".\n",
     ]
@@ -230,6 +242,7 @@ def readme_text(heads: pd.DataFrame, settings: dict, notes: str = EMPTY_NOTES) -
         lines.append(f"    {settings['command']}\n")
     lines.append(f"Check: Spearman(atp_mean, mean_ablation) >= {BAR}: **{verdict(ok)}** ({rho:.3f})"
                  + (f", {BAR - rho:.3f} short of the bar" if rho < BAR else "") + ".\n")
+    lines.append(recall_line(agree))
     lines += ["## Rank agreement\n", markdown_table(agree)]
     parts = subsets(heads)
     lines += ["## Agreement over subsets of heads\n",
