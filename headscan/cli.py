@@ -221,6 +221,33 @@ def export(run, out, overwrite):
     click.echo(f"wrote {folder}: load it with datasets.load_dataset({str(folder)!r}, 'heads')")
 
 
+@cli.command("import-scores", cls=GroupedCommand,
+             short_help="Read a published retrieval-head score file (Retrieval_Head's JSON) as a retrieval run.")
+@click.argument("scores", type=click.Path(path_type=Path))
+@options("import-scores")
+@_one_line_errors
+def import_scores(scores, out, model, seed, bootstrap, interval, overwrite):
+    """Read SCORES, a Retrieval_Head head_score/MODEL.json ({"layer-head": [score of each trial]}), into OUT as the
+    retrieval.parquet of a retrieval run, intervals bootstrapped over its trials; headscan report shows it beside
+    your own runs, trial counts side by side.
+
+    Example:
+
+    \b
+        headscan import-scores head_score/llama-2-7b-80k.json --out out/llama-published
+        headscan report out/ewt out/retrieval out/llama-published --out out/report
+    """
+    from .scan.published import import_scores as read_published
+
+    run = read_published(scores, out, model=model, seed=seed, bootstrap=bootstrap, interval=interval,
+                         overwrite=overwrite, command=_effective_command(click.get_current_context()))
+    part = run["retrieval"]
+    top = part.sort_values(["value", "layer", "head"], ascending=[False, True, True], kind="stable").head(5)
+    click.echo(f"{run.models[0]}: {len(part)} heads, {int(part['count'].max())} trials each; top: "
+               + ", ".join(f"{r.label} {r.value:.2f}" for r in top.itertuples()))
+    click.echo(f"wrote {run.path}")
+
+
 @cli.command(cls=GroupedCommand, short_help="List the embedded models, or say how each SPEC would be hooked.")
 @click.argument("specs", nargs=-1, metavar="[SPEC]...")
 @options("models")

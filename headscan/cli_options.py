@@ -200,6 +200,12 @@ OPTIONS: dict[str, list[Opt]] = {
     "export": [OUT.but(help="Folder for the dataset (data/TABLE.parquet, run.json, README.md).", required=True,
                        default=DROP, show_default=DROP),
                OVERWRITE.but(help="Replace OUT if it already holds a dataset export.")],
+    "import-scores": [
+        OUT.but(help="Folder for retrieval.parquet and run.json.", required=True, default=DROP, show_default=DROP),
+        Opt(("model", "--model", "-m"), "input", "The model's name in the tables (default: the file's name without "
+            ".json).", {"default": None, "metavar": "NAME"}),
+        RETRIEVAL["seed"].but(help="Seed of the bootstrap over trials."), RETRIEVAL["bootstrap"], RETRIEVAL["interval"],
+        OVERWRITE],
     "models": [],
     "show": [
         Opt(("metric", "--metric"), "report", "What to rank heads by: a metric of heads.parquet or value.parquet, a "

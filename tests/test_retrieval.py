@@ -474,3 +474,87 @@ def test_the_answer_gate_is_passed_only_above_half_the_answers_words(planted, tm
     assert (trials["response"] == ANSWER).all() and trials["recall"].tolist() == pytest.approx(want)
     assert trials["passed"].tolist() == [False, False, True]
     assert run.provenance.models[0].extra["failed_gate"] == 2
+
+
+# --- published scores (Retrieval_Head's head_score/MODEL.json) -------------------------------------------------
+
+
+def published_file(path, n_layers=3, n_heads=4, trials=120, seed=0):
+    """A score file as Retrieval_Head writes it (json.dumps of {"layer-head": [score per trial]}, one line),
+    with L1H2 a retrieval head; returns the scores as an array (trial, layer, head)."""
+    rng = np.random.default_rng(seed)
+    scores = rng.uniform(0, 0.05, size=(trials, n_layers, n_heads)).round(3)
+    scores[:, 1, 2] = rng.choice([0.6, 0.8, 1.0], size=trials)
+    path.write_text(json.dumps({f"{layer}-{head}": scores[:, layer, head].tolist()
+                                for layer in range(n_layers) for head in range(n_heads)}))
+    return scores
+
+
+def test_published_scores_import_as_a_retrieval_table_with_intervals_over_trials(tmp_path):
+    scores = published_file(tmp_path / "llama-tiny.json")
+    run = headscan.import_scores(tmp_path / "llama-tiny.json", tmp_path / "out", bootstrap=400)
+    rows = run["retrieval"].set_index("label")
+    assert list(rows.index[:5]) == ["L0H0", "L0H1", "L0H2", "L0H3", "L1H0"] and (rows["metric"] == "retrieval").all()
+    mean = scores.mean(0).ravel()  # a plain mean over trials, head by head
+    np.testing.assert_allclose(rows["value"], mean, atol=1e-12)
+    np.testing.assert_allclose(rows["sum"], scores.sum(0).ravel(), atol=1e-9)
+    assert (rows["count"] == 120).all() and (rows["units"] == 120).all() and rows["chance"].isna().all()
+    # the interval over trials: about mean +- 1.96 standard errors (a plain normal interval, 400 replicates)
+    half = 1.96 * scores.std(0, ddof=1).ravel() / np.sqrt(120)
+    width = (rows["ci_high"] - rows["ci_low"]).to_numpy() / 2
+    np.testing.assert_allclose(width, half, rtol=0.25)
+    assert ((rows["ci_low"] <= rows["value"]) & (rows["value"] <= rows["ci_high"])).all()
+    loaded = headscan.load(tmp_path / "out")
+    pd.testing.assert_frame_equal(loaded["retrieval"], run["retrieval"])
+    model = loaded.provenance.models[0]
+    assert (model.name, model.source, model.n_layers, model.n_heads, model.extra["trials"]) == ("llama-tiny", "imported", 3, 4, 120)
+    import hashlib
+
+    assert model.revision == hashlib.sha256((tmp_path / "llama-tiny.json").read_bytes()).hexdigest()
+    assert loaded.provenance.git_revision and loaded.provenance.extra["imported"]["trials"] == 120
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{not json", "not JSON at line 1"),
+    ("[]", "not an object of heads"),
+    ('{"0_0": [0.5]}', "key '0_0' is not 'layer-head'"),
+    ('{"0-0": [1.5], "0-1": [0.5]}', "head '0-0' must hold a list of per-trial scores between 0 and 1"),
+    ('{"0-0": [0.5, 0.5], "0-1": [0.5]}', "heads hold different numbers of trials"),
+    ('{"0-0": [0.5], "1-1": [0.5]}', "2 of the 2 x 2 heads are missing \\(first '0-1'\\)"),
+])
+def test_a_malformed_score_file_is_refused_in_one_line_naming_it(tmp_path, content, message):
+    path = tmp_path / "scores.json"
+    path.write_text(content)
+    with pytest.raises(TablesError, match=message):
+        headscan.import_scores(path)
+    result = CliRunner().invoke(cli, ["import-scores", str(path), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 1 and "scores.json" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_published_scores_report_beside_a_headscan_retrieval_run_with_trial_counts_side_by_side(planted, tmp_path):
+    from headscan.report import write_report
+
+    text = " ".join(HAYSTACK.split() * 4)
+    headscan.sweep(planted["folder"], [text] * 16, tmp_path / "sweep", max_len=64, bootstrap=20)
+    headscan.retrieval(planted["folder"], planted["haystack"], tmp_path / "retrieval", needles=planted["needles"],
+                       lengths=(160,), depths=(0.0, 1.0), bootstrap=20)
+    published_file(tmp_path / "llama-tiny.json")
+    result = CliRunner().invoke(cli, ["import-scores", str(tmp_path / "llama-tiny.json"), "--out",
+                                      str(tmp_path / "published"), "--bootstrap", "100"])
+    assert result.exit_code == 0, result.output
+    assert "llama-tiny: 12 heads, 120 trials each; top: L1H2 0.8" in result.output
+    runs = [headscan.load(tmp_path / name) for name in ("sweep", "retrieval", "published")]
+    folder = write_report(runs, tmp_path / "report")
+    report = (folder / "report.md").read_text()
+    section = report[report.index("## Which heads need the whole context"):]
+    assert "2 of 2 trials passed the answer gate" in section  # headscan's own run
+    assert "llama-tiny: scores imported from the published file" in section and "120 trials per head" in section
+    shares = section[section.index("| model | score | trials | heads |"):].splitlines()[2:]  # after the header
+    ours = next(line for line in shares if line.startswith(f"| {planted['folder']} "))
+    theirs = next(line for line in shares if line.startswith("| llama-tiny "))
+    assert "| retrieval | 2 | 4 |" in ours and "| retrieval | 120 | 12 |" in theirs  # trial counts side by side
+    assert "llama-tiny: 1 head is a retrieval head with its whole 95% interval above 0.1: L1H2 0.81 [" in section
+    assert "| llama-tiny | L1H2 | retrieval |" in section
+    index = (folder / "index.html").read_text()
+    assert "llama-tiny" in index

@@ -24,7 +24,7 @@ import pandas as pd
 
 from ..errors import TablesError
 from ..metrics import METRICS
-from ..tables import TABLES, ModelProvenance, RunProvenance, SweepTables
+from ..tables import IMPORTED, TABLES, ModelProvenance, RunProvenance, SweepTables
 from .claims import has_verdicts
 from .formats import code
 
@@ -49,6 +49,8 @@ class Comparison:
     frames: dict[str, pd.DataFrame]  # table name (a key of TABLES) -> the rows of every run
     runs: list[tuple[str, SweepTables]]  # (run name, its tables as loaded)
     models: list[ReportModel]
+    # models whose scores were imported from a published file and that no sweep given holds -> their provenance
+    published: dict[str, ModelProvenance] = field(default_factory=dict)
 
     def __getitem__(self, name: str) -> pd.DataFrame:
         """Table `name`'s rows; no rows (with the table's columns) when no run has it."""
@@ -136,10 +138,13 @@ def compare_runs(runs: Sequence[SweepTables], names: Sequence[str] | None = None
         names = run_names([run.path or f"run{i + 1}" for i, run in enumerate(runs)])
     swept = [(name, run) for name, run in zip(names, runs) if "heads" in run.frames]
     seen = Counter(model for _, run in swept for model in run.models)
-    models, parts, joined = [], {}, set()
+    models, parts, joined, published = [], {}, set(), {}
     for name, run in zip(names, runs):
         if "heads" not in run.frames:  # a retrieval run's tables join the sweep of the same model
-            rename = {model: _joined_name(model, name, swept, seen, joined) for model in run.models}
+            alone = {model: run.provenance.model(model) for model in run.models if _published_alone(run, model, seen)}
+            published.update(alone)
+            rename = {model: model if model in alone else _joined_name(model, name, swept, seen, joined)
+                      for model in run.models}
         else:
             rename = {model: f"{name}:{model}" if seen[model] > 1 else model for model in run.models}
             for model, shown in rename.items():
@@ -152,7 +157,7 @@ def compare_runs(runs: Sequence[SweepTables], names: Sequence[str] | None = None
                     frame[column] = frame[column].map(lambda m, names=rename: names.get(m, m)).astype("string")
             parts.setdefault(table, []).append(frame)
     frames = {table: pd.concat(parts[table], ignore_index=True) for table in TABLES if table in parts}
-    return Comparison(frames, list(zip(names, runs)), _controls_beside(models))
+    return Comparison(frames, list(zip(names, runs)), _controls_beside(models), published)
 
 
 def _controls_beside(models: list[ReportModel]) -> list[ReportModel]:
@@ -164,6 +169,12 @@ def _controls_beside(models: list[ReportModel]) -> list[ReportModel]:
         out.append(m)
         out += [c for c in models if c is not m and c.run == m.run and c.provenance.control_of == m.model]
     return out + [m for m in models if m not in out]
+
+
+def _published_alone(run: SweepTables, model: str, seen: Counter) -> bool:
+    """Whether `model`'s scores were imported from a published file (``headscan import-scores``) for a model no
+    sweep given holds: they stand beside the others in the retrieval section, with no atlas grid of their own."""
+    return run.provenance.model(model).source == IMPORTED and not seen[model]
 
 
 def _joined_name(model: str, run: str, swept: list, seen: Counter, joined: set) -> str:

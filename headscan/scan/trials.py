@@ -272,13 +272,13 @@ def _tables(model, records: list[dict], config: RetrievalConfig) -> dict[str, pd
     ids = np.array([r["trial"] for r in records])
     rows = []
     for metric, chosen in (("retrieval", passed), ("retrieval_ungated", found)):
-        values = _over_trials(score[chosen], chance[chosen], ids[chosen], config)
+        values = over_trials(score[chosen], chance[chosen], ids[chosen], config)
         rows.append(pd.DataFrame(per_head | {"metric": metric} | {k: v.ravel() for k, v in values.items()}))
     return {"retrieval": TABLES["retrieval"].conform(pd.concat(rows, ignore_index=True)),
             "retrieval_trials": TABLES["retrieval_trials"].conform(pd.concat(trials, ignore_index=True))}
 
 
-def _over_trials(scores: np.ndarray, chance: np.ndarray, trial_ids: np.ndarray,
+def over_trials(scores: np.ndarray, chance: np.ndarray, trial_ids: np.ndarray,
                  config: RetrievalConfig) -> dict[str, np.ndarray]:
     """The value columns of the mean over trials of `scores` (trial, layer, head), each trial one bootstrap unit
     weighted by draws keyed on its index (`headscan.intervals`); `chance` (trial, layer) is each trial's chance

@@ -5,7 +5,7 @@ Torch-free: ``import headscan`` and ``headscan.load`` need nothing heavier than 
 
 from .export import export_dataset
 from .io import SweepTables, check_out, load, merge_tables, side_by_side, thin_rows, write
-from .provenance import CorpusProvenance, ModelProvenance, RunProvenance
+from .provenance import IMPORTED, CorpusProvenance, ModelProvenance, RunProvenance
 from .schema import (
     FINDING_EXTRA,
     HEAD_COLUMNS,
@@ -18,6 +18,6 @@ from .schema import (
     tables_markdown,
 )
 
-__all__ = ["export_dataset", "HEAD_COLUMNS", "VALUE_COLUMNS", "FINDING_EXTRA", "Table", "TABLES", "register_table", "tables_markdown", "head_label",
+__all__ = ["export_dataset", "IMPORTED", "HEAD_COLUMNS", "VALUE_COLUMNS", "FINDING_EXTRA", "Table", "TABLES", "register_table", "tables_markdown", "head_label",
            "head_columns", "SweepTables", "load", "write", "check_out", "merge_tables", "side_by_side", "thin_rows",
            "RunProvenance", "ModelProvenance", "CorpusProvenance"]

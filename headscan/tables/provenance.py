@@ -25,9 +25,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-__all__ = ["SCHEMA_VERSION", "ModelProvenance", "CorpusProvenance", "RunProvenance"]
+__all__ = ["SCHEMA_VERSION", "IMPORTED", "ModelProvenance", "CorpusProvenance", "RunProvenance"]
 
 SCHEMA_VERSION = 2  # 1: headscan 0.1's untyped run.json; 2: these dataclasses
+IMPORTED = "imported"  # ModelProvenance.source of scores read from a published file (headscan import-scores)
 
 
 def _split(cls, data: dict) -> tuple[dict, dict]:
@@ -48,7 +49,7 @@ class ModelProvenance:
     """One model of a run: where its weights came from, its shape, and what the sweep fed it."""
 
     name: str  # as given to the sweep: alias, Hugging Face id or folder
-    source: str | None = None  # "alias", "local", "gguf" or "huggingface"
+    source: str | None = None  # "alias", "local", "gguf", "huggingface" or IMPORTED
     id: str | None = None  # package==version, Hugging Face id or path the weights were read from
     revision: str | None = None  # the revision named (ID@step3000), else the Hugging Face commit or sha256 of the weights
     family: str | None = None  # "causal" or "bidirectional"

@@ -11,6 +11,7 @@ This module chooses no numbers itself and loads no model.
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
@@ -80,11 +81,15 @@ def _retrieval_part(comparison: Comparison, pngs: Pngs) -> list:
         metric = _chosen(retrieval, model)
         share = shares[(shares["model"] == model) & (shares["metric"] == metric)].iloc[0]
         gated = shares[(shares["model"] == model) & (shares["metric"] == "retrieval")].iloc[0]
-        failed = gated["trials_total"] - gated["trials_passed"]
-        findings.append(f"{model}: {gated['trials_passed']} of {gated['trials_total']} trials passed the answer gate "
-                        f"({failed} failed it or had no answer span; all are kept in retrieval_trials.parquet)."
-                        + ("" if metric == "retrieval" else " No trial passed, so the scores below are the "
-                           "ungated ones (every trial), not Wu et al.'s."))
+        if model in comparison.published:
+            findings.append(_published_line(model, comparison.published[model]))
+        else:
+            failed = gated["trials_total"] - gated["trials_passed"]
+            findings.append(f"{model}: {gated['trials_passed']} of {gated['trials_total']} trials passed the answer "
+                            f"gate ({failed} failed it or had no answer span; all are kept in "
+                            "retrieval_trials.parquet)." + ("" if metric == "retrieval" else " No trial passed, so the "
+                                                            "scores below are the ungated ones (every trial), not Wu "
+                                                            "et al.'s."))
         rows.append({"model": model, "score": metric, "trials": str(share["trials"]), "heads": str(share["heads"]),
                      "= 0": _pct(share["zero"], share["heads"]), f"(0, {RETRIEVAL_THRESHOLD:g}]":
                      _pct(share["low"], share["heads"]), f"> {RETRIEVAL_THRESHOLD:g}": _pct(share["above"], share["heads"]),
@@ -97,12 +102,20 @@ def _retrieval_part(comparison: Comparison, pngs: Pngs) -> list:
             tops.append({"model": model, "head": row.label, "score": metric, "value": fmt_score(metric, row.value),
                          "95% low": fmt_score(metric, row.ci_low, row.value),
                          "95% high": fmt_score(metric, row.ci_high, row.value), "trials": str(int(row.count)),
-                         "chance": f"{row.chance:.4f}", "mark": "‡" if row.thin else ""})
-        strong = top[(top["ci_low"] > RETRIEVAL_THRESHOLD) & (top["ci_low"] > top["chance"]) & ~top["thin"]]
+                         "chance": "\u2013" if pd.isna(row.chance) else f"{row.chance:.4f}",
+                         "mark": "‡" if row.thin else ""})
+        # an imported file defines no chance; every haystack it came from is thousands of tokens long, so a uniform
+        # head's score is far below the threshold and the threshold alone decides
+        above_chance = top["ci_low"] > top["chance"].fillna(-np.inf)
+        strong = top[(top["ci_low"] > RETRIEVAL_THRESHOLD) & above_chance & ~top["thin"]]
         if len(strong):
             named = ", ".join(f"{r.label} {r.value:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}]" for r in strong.head(TOP).itertuples())
-            findings.append(f"{model}: {len(strong)} heads are retrieval heads with their whole 95% interval above "
-                            f"{RETRIEVAL_THRESHOLD:g} and above chance ({strong['chance'].iloc[0]:.4f}): {named}.")
+            chance = strong["chance"].iloc[0]
+            findings.append(f"{model}: " + ("1 head is a retrieval head with its" if len(strong) == 1 else
+                                              f"{len(strong)} heads are retrieval heads with their")
+                            + " whole 95% interval above "
+                            f"{RETRIEVAL_THRESHOLD:g}" + ("" if pd.isna(chance) else f" and above chance ({chance:.4f})")
+                            + f": {named}.")
         else:
             findings.append(f"{model}: no head's 95% interval clears {RETRIEVAL_THRESHOLD:g} and chance, so none is "
                             "named a retrieval head here.")
@@ -128,6 +141,15 @@ def _retrieval_part(comparison: Comparison, pngs: Pngs) -> list:
         frame = frame.drop(columns="mark")
     blocks.append(Table(frame, numeric=("value", "95% low", "95% high", "trials", "chance"), sortable=True))
     return blocks
+
+
+def _published_line(model: str, provenance) -> str:
+    """What the rows of a model imported from a published score file rest on, in words."""
+    trials = provenance.extra.get("trials")
+    return (f"{model}: scores imported from the published file `{provenance.id}` (sha256 "
+            f"{str(provenance.revision)[:12]}), {trials} trials per head, every one a trial that passed the "
+            "publishers' answer gate (their file keeps no failed trial); intervals bootstrapped over those trials as "
+            "for headscan's own runs; chance is not defined (the file holds no haystack lengths).")
 
 
 def _pct(count, total) -> str:
