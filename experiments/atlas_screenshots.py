@@ -1,5 +1,5 @@
 """Screenshots of a report's head atlas in headless Chromium: the atlas, the atlas coloured by role, and the panel
-of each head named on the command line. `make reports` runs it for the committed reports.
+of each head named on the command line (and its examples from the corpus), and the scatter of heads. `make reports` runs it for the committed reports.
 
     python experiments/atlas_screenshots.py reports/ewt-dev/index.html reports/ewt-dev/screenshots minilm:L0H2 smollm2:L16H0
 
@@ -46,13 +46,22 @@ def main(argv: list[str] | None = None) -> int:
             page.locator(f'rect.atlas-cell[data-model="{model}"][data-label="{label}"]').click()
             page.mouse.move(5, 5)
             page.locator("#atlas").screenshot(path=str(args.out / f"atlas-panel-{model}-{label}.png"))
+            units = page.locator("#atlas-panel table.atlas-units")
+            if units.count():  # its examples from the corpus, on the metric colouring the grids
+                units.screenshot(path=str(args.out / f"atlas-examples-{model}-{label}.png"))
+        if page.locator("#atlas-scatter .atlas-scatter-plot").count():  # heads as points, by two head scores
+            page.select_option('#atlas-scatter select[data-axis="x"]', "prev_token")
+            page.select_option('#atlas-scatter select[data-axis="y"]', "first_token")
+            page.select_option('#atlas-scatter select[data-axis="colour"]', "@depth")
+            page.mouse.move(5, 5)
+            page.locator("#atlas-scatter").screenshot(path=str(args.out / "atlas-scatter.png"))
         page.select_option("#atlas-metric", "@role")
         page.mouse.move(5, 5)
         page.locator("#atlas").screenshot(path=str(args.out / "atlas-roles.png"))
         context.close()
     for problem in problems:
         print(problem, file=sys.stderr)
-    print(f"wrote {len(args.heads) + 2} screenshots to {args.out}")
+    print(f"wrote the screenshots of {len(args.heads)} heads, the atlas and its scatter to {args.out}")
     return 1 if problems else 0
 
 

@@ -157,16 +157,37 @@ def test_example_patterns_are_embedded_as_bytes(ewt):
     assert example["tokens"] == ["a", "b", "c"] and example["title"] == "the example sentence"
 
 
+def test_each_heads_corpus_examples_are_embedded_as_examples_parquet_keeps_them(ewt):
+    """Per head and metric, every kept unit of examples.parquet in rank order, top first: its text (written once
+    per model), its value (4 significant digits) and its count; a unit kept by many heads is one text."""
+    minilm = next(m for m in atlas.atlas_data(ewt)["models"] if m["name"] == "minilm")
+    shown = minilm["corpus_examples"]
+    table = load(EWT_RUN)["examples"]
+    table = table[table.model == "minilm"]
+    assert len(shown["texts"]) == table["text"].nunique() == len(set(shown["texts"]))
+    for metric, layer, head in (("prev_token", 0, 2), ("entropy", 3, 7), ("first_token", 5, 11)):
+        rows = table[(table.metric == metric) & (table.layer == layer) & (table["head"] == head)]
+        rows = rows.sort_values(["end", "rank"], ascending=[False, True])  # "top" before "bottom"
+        kept = shown["metrics"][metric][layer * 12 + head]
+        assert [(e, r) for e, r, *_ in kept] == [(int(e == "bottom"), int(r)) for e, r in zip(rows.end, rows["rank"])]
+        assert [shown["texts"][t] for _, _, t, _, _ in kept] == list(rows.text)
+        np.testing.assert_allclose([v for *_, v, _ in kept], rows.value, rtol=5e-4)
+        assert [c for *_, c in kept] == list(rows["count"])
+    assert sum(len(h) for per_metric in shown["metrics"].values() for h in per_metric) == len(table)
+
+
 def test_atlas_html_is_self_contained_and_cannot_be_closed_early(ewt):
     page = atlas.atlas_html(ewt)
-    assert "http://" not in page and "https://" not in page
     data = re.search(r'<script type="application/json" id="atlas-data">(.*?)</script>', page, re.S).group(1)
+    # the corpus's own text may hold addresses (EWT's web text does): data the page shows, nothing it loads
+    assert "http://" not in page.replace(data, "") and "https://" not in page.replace(data, "")
     assert "</" not in data
     assert json.loads(data)["initial"] == "prev_token"
     # every metric and role to colour by (and head family where the run has similarity.parquet); then the
     # scale: value, lift over chance, value / chance
     families = "similarity" in ewt.frames and len(ewt["similarity"]) > 0
-    assert page.count("<option") == len(ewt.metrics) + 1 + families + 3
+    controls = page.split("<script")[0]  # the page's own controls, not the options its script writes
+    assert controls.count("<option") == len(ewt.metrics) + 1 + families + 3
     assert ('value="@cluster"' in page) == families
 
 
@@ -243,6 +264,59 @@ def test_atlas_works_in_headless_chromium(atlas_page, tmp_path):
     assert errors == []
     assert [url for url in requests if not url.startswith(("file://", "data:"))] == []
     assert time.monotonic() - started < 60
+
+
+@pytest.mark.browser
+def test_the_panel_shows_the_heads_corpus_examples_and_the_scatter_opens_heads(atlas_page, tmp_path):
+    """In headless Chromium: a head's panel lists its top and bottom units of the corpus for the metric colouring
+    the grids (values and texts as examples.parquet has them); the scatter draws every head of each model with
+    both quantities, placed by value, and a point opens its head."""
+    from conftest import chromium_page
+
+    run = load(EWT_RUN)
+    examples, heads = run["examples"], run.heads
+    mine = examples[(examples.model == "minilm") & (examples.layer == 0) & (examples["head"] == 2)]
+    with chromium_page(atlas_page, tmp_path / "profile") as (page, errors):
+        page.locator('rect.atlas-cell[data-model="minilm"][data-label="L0H2"]').click()
+        panel = page.locator("#atlas-panel")
+        assert panel.locator("h4.atlas-units-title").inner_text() == "Where it does this most and least: prev_token"
+        rows = panel.locator("table.atlas-units tbody tr")
+        want = mine[mine.metric == "prev_token"].sort_values(["end", "rank"], ascending=[False, True])
+        assert rows.count() == len(want) == 10
+        first = rows.nth(0).locator("td")
+        assert first.nth(0).inner_text() == "top 1"
+        assert float(first.nth(1).inner_text()) == pytest.approx(want.value.iloc[0], abs=5e-4)
+        assert first.nth(2).inner_text() == str(want["count"].iloc[0])
+        assert first.nth(3).get_attribute("title") == want.text.iloc[0]
+        assert rows.nth(9).locator("td").nth(0).inner_text() == "bottom 5"
+        assert "not the head's attention on it" in panel.inner_text()
+        page.select_option("#atlas-metric", "entropy")  # the panel follows the grids' metric
+        assert panel.locator("h4.atlas-units-title").inner_text().endswith(": entropy")
+        page.select_option("#atlas-metric", "@role")  # no examples of a role: the metric the head ranks best on
+        assert "a metric without examples" in panel.inner_text()
+
+        plots = page.locator("#atlas-scatter .atlas-scatter-plot")
+        assert plots.count() == 2
+        page.select_option('#atlas-scatter select[data-axis="x"]', "prev_token")
+        page.select_option('#atlas-scatter select[data-axis="y"]', "positional_prev")
+        for k, (model, n_heads) in enumerate((("minilm", 72), ("smollm2", 270))):
+            wide = heads[heads.model == model].pivot(index="label", columns="metric", values="value")
+            both = wide[["prev_token", "positional_prev"]].dropna()
+            points = plots.nth(k).locator("circle.atlas-point")
+            assert points.count() == len(both) == n_heads
+            cx = {points.nth(i).get_attribute("data-label"): float(points.nth(i).get_attribute("cx"))
+                  for i in range(points.count())}
+            assert max(cx, key=cx.get) == both["prev_token"].idxmax()  # placed by value: the rightmost is the top head
+            assert min(cx, key=cx.get) == both["prev_token"].idxmin()
+        point = plots.nth(1).locator('circle.atlas-point[data-label="L18H6"]')
+        before = point.get_attribute("fill")
+        page.select_option('#atlas-scatter select[data-axis="colour"]', "lift:induction")
+        assert plots.nth(1).locator('circle.atlas-point[data-label="L18H6"]').get_attribute("fill") != before
+        # heads overlap where their values are close: a click event on the point itself, not at its pixel
+        plots.nth(1).locator('circle.atlas-point[data-label="L18H6"]').dispatch_event("click")
+        assert "smollm2 L18H6" in panel.locator("h3").inner_text()
+        page.screenshot(path=str(tmp_path / "atlas.png"), full_page=True)
+    assert errors == []
 
 
 @pytest.mark.browser

@@ -312,6 +312,7 @@ function showStep(g, at) {
   cellWidth = +grids.querySelector('.atlas-model[data-group="' + g + '"]').getAttribute("data-cw");
   drawGroup(g);
   recolour();
+  drawScatter();
   if (search.value.trim()) find(search.value);
   if (state.open && state.open[0] === before) {
     var old = D.models[before], model = D.models[shownModel(g)];
@@ -579,6 +580,7 @@ function openPanel(m, index) {
     "each query sees, on the same queries. No claim: why the value cannot carry one (its interval is thin, or does " +
     "not lie beyond chance on the striking side). \u2021: thin support.</p>";
   if (model.importance) s += '<p class="muted atlas-small">' + esc(model.importance) + "</p>";
+  s += corpusExamples(model, index);
   var controls = (D.controls || {})[model.name] || [];
   controls.forEach(function (name) {
     var other = D.models.filter(function (x) { return x.name === name; })[0];
@@ -621,9 +623,9 @@ function openPanel(m, index) {
 }
 
 function markOpen() {
-  grids.querySelectorAll(".atlas-cell.open, .atlas-point.open").forEach(function (c) { c.classList.remove("open"); });
+  root.querySelectorAll(".atlas-cell.open, .atlas-point.open").forEach(function (c) { c.classList.remove("open"); });
   if (!state.open) return;
-  grids.querySelectorAll('[data-m="' + state.open[0] + '"][data-index="' + state.open[1] + '"]').forEach(function (c) {
+  root.querySelectorAll('[data-m="' + state.open[0] + '"][data-index="' + state.open[1] + '"]').forEach(function (c) {
     c.classList.add("open");
   });
 }
@@ -676,8 +678,11 @@ if (scaleSelect) {
 }
 document.addEventListener("keydown", function (event) { if (event.key === "Escape") closePanel(); });
 
+/* atlas_views.js */
+
 select.value = state.metric;
 drawGrids();
 recolour();
+drawScatter();
 root.classList.add("ready");
 })();

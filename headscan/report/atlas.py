@@ -4,7 +4,10 @@ Per model a layer x head grid, coloured by any metric of heads.parquet (or retri
 joins the report) or by role, models of different depth
 side by side at the same height (so rows line up by relative depth). Hovering a head shows its value and 95%
 interval; clicking it opens a panel with all its scores, intervals and ranks, its offset profile, its roles,
-its rows in any other table, and its attention on the example sentences. A search box finds a head by label.
+its rows in any other table, the units of the corpus where it scores highest and lowest on the metric shown
+(examples.parquet, `headscan.report.atlas_units`), and its attention on the example sentences. A search box finds
+a head by label. Under the grids, a scatter of every head with any two per-head quantities as axes and a third as
+colour, one plot per model; a point opens its head.
 
 A checkpoint series (two steps or more, as `report_steps` finds them for the section "Heads over training") is one
 grid with a slider over its steps, the last step first; an open panel follows the slider to the same head, and the
@@ -47,6 +50,7 @@ from ..analysis.roles import ROLES, Role, head_roles, role_rules  # noqa: F401  
 from ..analysis.series import checkpoint_steps
 from ..analysis.syntax import direction_text, offset_text, relation_order
 from ..metrics import METRICS
+from .atlas_units import unit_examples
 from .document import page_script
 
 if TYPE_CHECKING:
@@ -356,6 +360,8 @@ def atlas_data(comparison: Comparison, examples: Examples | None = None) -> dict
             "roles": role_grid,
             "offsets": _offsets(comparison, m.name, n_layers, n_heads),
             "examples": _patterns(examples, m.name),
+            "corpus_examples": unit_examples(comparison["examples"], m.name, n_heads)
+            if "examples" in comparison.frames else None,
             "other": _other_rows(comparison, m.name, n_heads),
             "map": _head_map(comparison, m.name, n_heads) if maps else None,
         })
@@ -416,6 +422,7 @@ def atlas_html(comparison: Comparison, examples: Examples | None = None) -> str:
         '<div id="atlas-legend" class="atlas-legend"></div>'
         '<div class="atlas-body"><div id="atlas-grids" class="atlas-grids"></div>'
         '<aside id="atlas-panel" class="atlas-panel" hidden></aside></div>'
+        '<div id="atlas-scatter" class="atlas-scatter"></div>'
         '<div id="atlas-tip" class="atlas-tip" hidden></div>'
         '<noscript><p class="note">The atlas needs JavaScript; every number in it is also in the tables '
         'below.</p></noscript>'

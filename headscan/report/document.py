@@ -260,9 +260,10 @@ CSS = _resource("report.css").strip()  # the page's style
 
 
 def page_script() -> str:
-    """The page's script (``headscan/data/atlas.js``): it makes tables sortable and draws the head atlas, where the
-    page has one. One strict-mode function: it leaves nothing in the page's globals."""
-    return _resource("atlas.js")
+    """The page's script (``headscan/data/atlas.js``, with ``atlas_views.js``, the panel's corpus examples and the
+    scatter of heads, put in at its marker): it makes tables sortable and draws the head atlas, where the page has
+    one. One strict-mode function: it leaves nothing in the page's globals."""
+    return _resource("atlas.js").replace("/* atlas_views.js */", _resource("atlas_views.js"))
 
 
 def _table_html(block: Table) -> str:
