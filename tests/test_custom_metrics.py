@@ -260,3 +260,31 @@ def test_the_report_defines_a_users_metric_from_run_json_without_its_module(tiny
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert lines[0].split()[:5] == ["model", "label", "layer", "head", "value"] and len(lines) == 4  # + bootstrap unit
+
+
+def test_the_readme_pattern_runs_as_written_and_equals_a_plain_loop(tiny_gpt2, ewt_dev):
+    """The README's ``two_back`` block, executed as the README prints it, sweeps a causal checkpoint to the share
+    of attention on the key two before each query that has one, as a plain loop over Hugging Face's attentions."""
+    import re
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = re.search(r'(@headscan\.pattern\("two_back"\).*?)\n```', readme, re.S).group(1)
+    exec(compile(block, "README.md", "exec"), {"headscan": headscan})
+    tables = headscan.sweep(str(tiny_gpt2), ewt_dev, limit=10, device="cpu", bootstrap=0, prepend_bos=True)
+    rows = tables.heads[tables.heads["metric"] == "two_back"].set_index(["layer", "head"])
+    model = AutoModelForCausalLM.from_pretrained(tiny_gpt2, attn_implementation="eager").eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_gpt2)
+    sums, count = np.zeros((2, 4)), 0
+    for segment in read_corpus(ewt_dev, limit=10).segments:
+        ids, _ = text_word_ids(tokenizer, segment, specials=False, bos=tokenizer.bos_token_id)
+        with torch.no_grad():
+            attentions = model(torch.tensor([ids]), output_attentions=True).attentions  # layers x (1, head, n, n)
+        for q in range(2, len(ids)):  # every query with a key two before it
+            count += 1
+            for layer, attention in enumerate(attentions):
+                sums[layer] += attention[0, :, q, q - 2].double().numpy()
+    assert (rows["count"] == count).all()
+    np.testing.assert_allclose(rows["sum"].to_numpy().reshape(2, 4), sums, atol=1e-5 * count)
+    assert "two before the query" in tables.provenance.extra["custom_metrics"]["two_back"]["definition"]
