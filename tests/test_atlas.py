@@ -302,18 +302,18 @@ def test_the_panel_shows_the_heads_corpus_examples_and_the_scatter_opens_heads(a
         for k, (model, n_heads) in enumerate((("minilm", 72), ("smollm2", 270))):
             wide = heads[heads.model == model].pivot(index="label", columns="metric", values="value")
             both = wide[["prev_token", "positional_prev"]].dropna()
-            points = plots.nth(k).locator("circle.atlas-point")
+            points = plots.nth(k).locator("circle.atlas-scatter-point")
             assert points.count() == len(both) == n_heads
             cx = {points.nth(i).get_attribute("data-label"): float(points.nth(i).get_attribute("cx"))
                   for i in range(points.count())}
             assert max(cx, key=cx.get) == both["prev_token"].idxmax()  # placed by value: the rightmost is the top head
             assert min(cx, key=cx.get) == both["prev_token"].idxmin()
-        point = plots.nth(1).locator('circle.atlas-point[data-label="L18H6"]')
+        point = plots.nth(1).locator('circle.atlas-scatter-point[data-label="L18H6"]')
         before = point.get_attribute("fill")
         page.select_option('#atlas-scatter select[data-axis="colour"]', "lift:induction")
-        assert plots.nth(1).locator('circle.atlas-point[data-label="L18H6"]').get_attribute("fill") != before
+        assert plots.nth(1).locator('circle.atlas-scatter-point[data-label="L18H6"]').get_attribute("fill") != before
         # heads overlap where their values are close: a click event on the point itself, not at its pixel
-        plots.nth(1).locator('circle.atlas-point[data-label="L18H6"]').dispatch_event("click")
+        plots.nth(1).locator('circle.atlas-scatter-point[data-label="L18H6"]').dispatch_event("click")
         assert "smollm2 L18H6" in panel.locator("h3").inner_text()
         page.screenshot(path=str(tmp_path / "atlas.png"), full_page=True)
     assert errors == []

@@ -6,8 +6,10 @@ The grid is read off the click group itself, so a new command, option, choice or
 this file (a new table must be present in one of the runs below and absent from another: a test says so).
 """
 
+import json
 import math
 import re
+from pathlib import Path
 
 import click
 import pandas as pd
@@ -113,7 +115,15 @@ def base_arguments(command: str, tiny_gpt2, runs, out) -> list:
         "show": [runs["plain"]],
         "report": [runs["plain"], "--no-models", "-q", "--out", out],
         "export": [runs["plain"], "--out", out, "--overwrite"],
+        "import-scores": [published_scores(Path(out).parent), "--out", out, "--overwrite", "--bootstrap", "20"],
     }[command]
+
+
+def published_scores(folder: Path) -> Path:
+    """A Retrieval_Head head_score file of 2 layers x 2 heads over 3 trials."""
+    path = folder / "published.json"
+    path.write_text(json.dumps({f"{layer}-{head}": [0.1 * layer, 0.5, 0.2 * head] for layer in (0, 1) for head in (0, 1)}))
+    return path
 
 
 def option_cases():

@@ -47,7 +47,7 @@ def series(tmp_path_factory):
         build_planted_checkpoint(root / "run" / f"step-{step}")
     out, report = root / "out", root / "report"
     runner = CliRunner()
-    swept = runner.invoke(cli, ["sweep", "--checkpoints", str(root / "run"), "-c", "repeat-random:n=8,count=16",
+    swept = runner.invoke(cli, ["sweep", "--checkpoints", str(root / "run"), "-c", "repeat-random:n=8,count=100",
                                 "--max-len", "32", "--bootstrap", "50", "--out", str(out), "-q"])
     assert swept.exit_code == 0, swept.output
     with pytest.MonkeyPatch.context() as patch:  # the sections this file does not test take 40 of the report's 50 s

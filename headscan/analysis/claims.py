@@ -28,8 +28,9 @@ import pandas as pd
 
 from .. import tables
 from ..config import split_control
+from ..intervals.validated import unvalidated
 
-__all__ = ["THIN", "NO_INTERVAL", "NO_CHANCE", "AT_CHANCE", "WITHIN_NULL", "NOT_DISCOVERED", "NO_NULL", "why_not",
+__all__ = ["THIN", "NO_INTERVAL", "NO_CHANCE", "AT_CHANCE", "WITHIN_NULL", "NOT_DISCOVERED", "NO_NULL", "UNVALIDATED", "why_not",
            "supported", "has_verdicts", "gate_text", "run_gate_text", "null_text"]
 
 THIN = "thin support"
@@ -39,6 +40,8 @@ AT_CHANCE = "at chance"  # the interval holds the chance level
 WITHIN_NULL = "within its null"  # the value does not lie beyond its null's end (a verdict the sweep recorded)
 NOT_DISCOVERED = "not a discovery"  # beyond its null, but not at the false-discovery rate over the family
 NO_NULL = "no null"  # a metric only random-init controls give a null for, in a run without them
+# its interval family fell short of 95% coverage at this many units (headscan.intervals.validated)
+UNVALIDATED = "interval not validated at this size"
 # the interval lies wholly on the other side of chance: "below chance" for a high-striking metric, "above" for low
 _WRONG_SIDE = {"high": "below chance", "low": "above chance"}
 
@@ -47,7 +50,7 @@ def _column(rows: pd.DataFrame, name: str) -> pd.Series:
     return rows[name].astype(float) if name in rows.columns else pd.Series(np.nan, index=rows.index)
 
 
-def why_not(rows: pd.DataFrame, *, striking="high") -> pd.Series:
+def why_not(rows: pd.DataFrame, *, striking="high", table: str | None = None) -> pd.Series:
     """Why each row cannot carry a claim, in a few words ("" where it can); several reasons joined by "; ".
 
     Parameters
@@ -57,6 +60,9 @@ def why_not(rows: pd.DataFrame, *, striking="high") -> pd.Series:
         ``units`` and ``top_unit_share`` where recorded.
     striking : "high", "low", or a Series of them aligned with `rows`
         Which end of each row's metric is striking.
+    table : str, optional
+        The table the rows are of, for the coverage family of their intervals (`headscan.intervals.validated`):
+        "syntax" where they have a ``relation`` column, else "heads" unless told ("value").
 
     >>> rows = pd.DataFrame({"ci_low": [0.5, 0.1, 0.01, 0.5], "ci_high": [0.6, 0.2, 0.05, 0.6],
     ...                      "chance": [0.1, 0.15, 0.1, 0.1], "units": [400.0, 400, 400, 5],
@@ -70,7 +76,7 @@ def why_not(rows: pd.DataFrame, *, striking="high") -> pd.Series:
     side = striking if isinstance(striking, pd.Series) else pd.Series(striking, index=rows.index)
     low, high, chance = _column(rows, "ci_low"), _column(rows, "ci_high"), _column(rows, "chance")
     thin = tables.thin_rows(rows) if len(rows) else pd.Series(False, index=rows.index)
-    verdict = _verdicts(rows, side, thin.to_numpy(dtype=bool))
+    verdict = _verdicts(rows, side, thin.to_numpy(dtype=bool), table or ("syntax" if "relation" in rows else "heads"))
     no_interval = low.isna() | high.isna()
     no_chance = chance.isna()
     ranks_high = side == "high"
@@ -97,11 +103,13 @@ def has_verdicts(rows: pd.DataFrame) -> bool:
     return "null_kind" in rows.columns and bool(rows["null_kind"].notna().any())
 
 
-def _verdicts(rows: pd.DataFrame, side: pd.Series, thin: np.ndarray) -> list:
+def _verdicts(rows: pd.DataFrame, side: pd.Series, thin: np.ndarray, table: str) -> list:
     """Per row, None where the table records no verdict (old tables, other tables), else the reason the sweep's
     verdict gives ("" for a finding, and for a thin row: its thin support is the reason, said once)."""
     if "null_kind" not in rows.columns or "finding" not in rows.columns:
         return [None] * len(rows)
+    metric = rows["metric"] if "metric" in rows.columns else pd.Series("", index=rows.index)
+    short = unvalidated(table, metric.astype(str).to_numpy(), _column(rows, "units").to_numpy())
     kind = rows["null_kind"].astype(object).where(rows["null_kind"].notna(), None).to_numpy()
     finding = rows["finding"].astype("boolean").fillna(False).to_numpy(dtype=bool)
     p = _column(rows, "p_value").to_numpy()
@@ -114,6 +122,8 @@ def _verdicts(rows: pd.DataFrame, side: pd.Series, thin: np.ndarray) -> list:
             out.append(None)
         elif finding[i] or thin[i]:
             out.append("")
+        elif short[i]:
+            out.append(UNVALIDATED)
         elif kind[i] == "none":
             out.append(NO_NULL)
         elif np.isnan(p[i]):

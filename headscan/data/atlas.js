@@ -623,7 +623,7 @@ function openPanel(m, index) {
 }
 
 function markOpen() {
-  root.querySelectorAll(".atlas-cell.open, .atlas-point.open").forEach(function (c) { c.classList.remove("open"); });
+  root.querySelectorAll(".atlas-cell.open, .atlas-point.open, .atlas-scatter-point.open").forEach(function (c) { c.classList.remove("open"); });
   if (!state.open) return;
   root.querySelectorAll('[data-m="' + state.open[0] + '"][data-index="' + state.open[1] + '"]').forEach(function (c) {
     c.classList.add("open");

@@ -134,7 +134,7 @@ function scatterSvg(model, m) {
   s += text({ x: 10, y: (T + H - B) / 2, "text-anchor": "middle", "class": "atlas-axis",
     transform: "rotate(-90 10 " + (T + H - B) / 2 + ")" }, quantities[scatterState.y].name);
   points.forEach(function (p) {
-    s += "<circle" + attrs({ cx: X(p[1]).toFixed(1), cy: Y(p[2]).toFixed(1), r: 3.6, "class": "atlas-point",
+    s += "<circle" + attrs({ cx: X(p[1]).toFixed(1), cy: Y(p[2]).toFixed(1), r: 3.6, "class": "atlas-scatter-point",
       "data-model": model.name, "data-m": m, "data-index": p[0], "data-label": label(model, p[0]), tabindex: 0,
       fill: colour(p[3]) }) + "/>";
   });
@@ -159,7 +159,7 @@ function drawScatter() {
 
 function scatterPoint(event) {
   var t = event.target;
-  return t && t.classList && t.classList.contains("atlas-point") ? t : null;
+  return t && t.classList && t.classList.contains("atlas-scatter-point") ? t : null;
 }
 
 if (scatter) {

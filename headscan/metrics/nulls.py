@@ -9,8 +9,9 @@ is a count with a stated false-discovery rate:
   keys (``null_kind`` "controls", ``null_low`` and ``null_high`` that range); a metric whose registry null is
   "uniform" (a mean of attention weights) takes the row's chance into the range as well. A row must lie beyond
   that range *and* be unlikely as one more draw from the controls' heads (a Student prediction test on their
-  mean and SD, m - 1 degrees of freedom, the row's SE added): the range alone lets about one head in m + 1 of a
-  fresh control past it, so a metric with few true findings would carry an untrained network's. A random-init control
+  mean and SD, the row's SE added, with k - 1 degrees of freedom for k control seeds: a seed's heads move
+  together, so the seed is the unit; one seed alone: its m heads, m - 1): the range alone lets about one head
+  in m + 1 of a fresh control past it, so a metric with few true findings would carry an untrained network's. A random-init control
   is tested against the *other* controls (with one control alone it is not tested at all: no draw is held out,
   and uniform attention is the null an untrained network fails), so its findings are the check that an
   untrained network passes the gate no more often than the rate allows.
@@ -24,7 +25,8 @@ is a count with a stated false-discovery rate:
   controls, the larger of that p-value and the prediction test's (an intersection-union test).
 - **The correction.** Benjamini-Hochberg (or Benjamini-Yekutieli) over one family per model: every row of the
   three tables with a p-value. ``finding`` is q-value <= q and the row not thin (a thin row's interval cannot
-  be assessed; it stays in the family).
+  be assessed; it stays in the family) and its interval validated at its size (`headscan.intervals.validated`:
+  its metric family's measured coverage at that many units is at least 0.93).
 
 This module runs no model and imports no torch: it takes a run's tables.
 """
@@ -36,6 +38,7 @@ import pandas as pd
 
 from ..config import split_control
 from ..intervals import interval_se, q_values, t_p_value
+from ..intervals.validated import unvalidated, validation_rule
 from ..tables import FINDING_EXTRA, TABLES
 from .registry import METRICS, describe
 
@@ -79,8 +82,10 @@ def _control_sample(rows: pd.DataFrame, controls: pd.DataFrame, keys: list[str])
     """The control values at each row's layer and keys: their smallest, largest, mean, SD and number (NaN where no
     control has one), in `rows`' order."""
     on = [*keys, "layer"]
-    sample = (controls[controls["value"].notna()].groupby(on, sort=False, dropna=False)["value"]
-              .agg(["min", "max", "mean", "std", "count"]).reset_index())
+    measured = controls[controls["value"].notna()]
+    sample = measured.groupby(on, sort=False, dropna=False).agg(
+        min=("value", "min"), max=("value", "max"), mean=("value", "mean"), std=("value", "std"),
+        count=("value", "count"), seeds=("model", "nunique")).reset_index()
     return rows[on].merge(sample, on=on, how="left")  # a left merge keeps `rows`' order
 
 
@@ -110,11 +115,17 @@ def _tested(table: str, rows: pd.DataFrame, controls: pd.DataFrame | None, *, un
         high = np.where(has, np.where(uniform, np.fmax(c_high, chance), c_high), high)
         kind = np.where(has, "controls", kind)
         # and unlikely as one more draw of an untrained head: the sample's range alone lets about one head in
-        # m + 1 of a fresh control past it (Student's prediction interval, the row's own SE added)
-        m = sample["count"].to_numpy(dtype=np.float64)
-        spread = np.sqrt(sample["std"].to_numpy(dtype=np.float64) ** 2 * (1 + 1 / m) + se ** 2)
+        # m + 1 of a fresh control past it (Student's prediction interval, the row's own SE added). The unit is
+        # the seed, not the head: a seed's heads share its draw of every weight before them and move together
+        # (one seed's layer can sit apart from the others'), so the SD over every head of the other seeds is
+        # read with k - 1 degrees of freedom for k seeds, and the mean's own error as one seed's in k. One seed
+        # alone gives no spread between seeds: its m heads stand in (m - 1 df), which a seed apart from the rest
+        # can pass, so --control-seeds 5 is what the gate is checked with
+        k, m = sample["seeds"].to_numpy(dtype=np.float64), sample["count"].to_numpy(dtype=np.float64)
+        units = np.where(k > 1, k, m)
+        spread = np.sqrt(sample["std"].to_numpy(dtype=np.float64) ** 2 * (1 + 1 / units) + se ** 2)
         mean = sample["mean"].to_numpy(dtype=np.float64)
-        predictive = np.where(has & (m > 1), t_p_value(value, spread, m - 1, mean, side=side), np.nan)
+        predictive = np.where(has & (units > 1), t_p_value(value, spread, units - 1, mean, side=side), np.nan)
     p = np.fmax(t_p_value(value, se, df, low, high, side=side), predictive)  # fmax: NaN where there is no sample
     p = np.where(kind == "none", np.nan, p)
     if table == "syntax":  # and beyond the best fixed offset on the same words (a paired interval)
@@ -156,7 +167,7 @@ def add_findings(frames: dict[str, pd.DataFrame], *, q: float = 0.05, method: st
     models = list(dict.fromkeys(m for t in tables for m in frames[t]["model"].astype(str)))
     pool = control_pool(models)
     tested = {t: [] for t in tables}
-    family, found = {}, {}
+    family, found, unchecked = {}, {}, {}
     for model in models:  # a loop over the run's models: each is its own family
         parts = {}
         for table in tables:
@@ -172,7 +183,9 @@ def add_findings(frames: dict[str, pd.DataFrame], *, q: float = 0.05, method: st
             start += len(part)
             thin = (part["thin"].astype("boolean").fillna(False).to_numpy(dtype=bool) if "thin" in part.columns
                     else np.zeros(len(part), dtype=bool))
-            tested[table].append(part.assign(q_value=mine, finding=(mine <= q) & ~thin))
+            short = unvalidated(table, _metric_of(table, part), _column(part, "units"))
+            unchecked[model] = unchecked.get(model, 0) + int((short & ~thin).sum())
+            tested[table].append(part.assign(q_value=mine, finding=(mine <= q) & ~thin & ~short))
         family[model] = int(np.isfinite(p).sum())
         found[model] = int(sum(int(part["finding"].sum()) for part in (t[-1] for t in tested.values())))
     for table in tables:
@@ -180,6 +193,7 @@ def add_findings(frames: dict[str, pd.DataFrame], *, q: float = 0.05, method: st
         out[table] = whole.astype({c: FINDING_EXTRA[c] for c in FINDING_COLUMNS})  # joint_* come from the sweep
     rule = {"bh": "Benjamini-Hochberg", "by": "Benjamini-Yekutieli"}[method]
     summary = {"rule": rule, "q": float(q), "tables": list(tables), "family": family, "findings": found,
+               "validated": validation_rule(), "unvalidated": unchecked,
                "controls": {m: c for m, c in pool.items() if c},
                "nulls": {name: metric.null for name, metric in METRICS.items() if metric.table in FINDING_TABLES}}
     return out, summary

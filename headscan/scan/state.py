@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import tokenize
 import zipfile
 import zlib
 from dataclasses import dataclass, field
@@ -164,7 +165,9 @@ class PartialState:
             with np.load(path, allow_pickle=False) as data:
                 header = json.loads(data["header"].tobytes())
                 stored = {name: data[name] for name in data.files if name != "header"}
-        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as error:
+        # a flipped byte in an array's header reaches numpy's header parser: SyntaxError, or tokenize's error
+        except (OSError, ValueError, KeyError, EOFError, SyntaxError, tokenize.TokenError, zipfile.BadZipFile,
+                zlib.error) as error:
             raise damaged(type(error).__name__) from None
         if not isinstance(header, dict):
             raise damaged("its header is not a JSON object")

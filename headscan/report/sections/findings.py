@@ -12,6 +12,7 @@ from ...analysis.findings import findings_by_model
 from ...analysis.ranking import fmt_score
 from ...analysis.roles import role_for
 from ...analysis.runs import Comparison
+from ...intervals.validated import MIN_COVERAGE, coverage_at, measured_coverage
 from ..document import Bullets, Heading, Table, Text
 from ..figures import structural
 from . import Context, register_section
@@ -40,23 +41,33 @@ def findings_section(comparison: Comparison) -> list:
     return blocks
 
 
-# Measured by experiments/interval_coverage.py (minilm, EWT test, parts of whole documents; docs/intervals.md):
-# the default interval on the rows the thin rule trusts, overall and the weakest metric family.
-FEW_UNITS = 100
-_MEASURED = ("on parts of 30 documents the default intervals of the rows the thin rule trusts covered 0.95 overall "
-             "but 0.91 to 0.93 for distance, prev_token, self, positional_prev and sep; on parts of 10, 0.87 overall "
-             "and 0.25 for distance; from 100 documents on, at least 0.95 for every family")
+FEW_UNITS = 100  # from this many units on, every family's measured coverage is at least 0.95
 
 
 def _few_units(comparison: Comparison) -> list:
-    """A warning where a run's intervals rest on fewer than `FEW_UNITS` units: below that, measured coverage falls
-    short of 95% for some metrics, so the intervals quoted here are approximate."""
+    """Where a run's intervals rest on fewer than `FEW_UNITS` units: the measured coverage at that size
+    (`headscan.intervals.validated`), and which families' rows therefore carry no claim."""
     units = comparison.heads["units"] if "units" in comparison.heads.columns else pd.Series(dtype=float)
     most = units.max() if len(units) else float("nan")
     if pd.isna(most) or most >= FEW_UNITS:
         return []
-    return [Text(f"Read the intervals below as approximate: they rest on at most {int(most)} bootstrap units "
-                 f"(segments or documents), and {_MEASURED} (experiments/interval_coverage.py).")]
+    table = measured_coverage()
+    [size], _ = coverage_at(["all"], [most], table)
+    here = table[table["N"] == size]
+    short = here[here["coverage"] < MIN_COVERAGE].sort_values("coverage")
+    measured = (f"on parts of {int(size)} EWT documents (experiments/interval_coverage.py) the default intervals of the "
+                f"rows the thin rule trusts covered the truth for {here['coverage'].min():.2f} to "
+                f"{here['coverage'].max():.2f} of them, by family" if len(here) else
+                f"no size measured is as small (the smallest is {int(table['N'].min())} documents)")
+    named = ", ".join(f"{f} ({c:.3f})" for f, c in zip(short["family"], short["coverage"]))
+    return [Text(f"Read the intervals below with care: they rest on at most {int(most)} bootstrap units (segments "
+                 f"or documents), and {measured}. "
+                 + (f"Rows of the families below {MIN_COVERAGE:.2f} there carry no claim (\"interval not validated at "
+                    f"this size\"): {named}." if named else
+                    ("" if len(here) else "Rows of every family measured there carry no claim (\"interval not "
+                                          "validated at this size\"); a family never measured is judged by the "
+                                          "thin rule alone."))
+                 )]
 
 
 def _depth(value: float) -> str:
