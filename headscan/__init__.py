@@ -20,8 +20,8 @@ Importing headscan imports neither torch nor transformers; the first sweep does.
 >>> list(headscan.METRICS)[:3]
 ['prev_token', 'next_token', 'self']
 >>> list(headscan.TABLES)  # doctest: +NORMALIZE_WHITESPACE
-['heads', 'offsets', 'positions', 'syntax', 'value', 'weights', 'importance', 'similarity', 'similarity_across',
- 'examples', 'retrieval', 'retrieval_trials']
+['heads', 'offsets', 'positions', 'syntax', 'value', 'weights', 'composition', 'importance', 'similarity',
+ 'similarity_across', 'examples', 'retrieval', 'retrieval_trials']
 """
 
 import importlib

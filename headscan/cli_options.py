@@ -167,7 +167,7 @@ OPTIONS: dict[str, list[Opt]] = {
                                                  "pack", "attention", "query_chunk", "attention_budget", "values",
                                                  "control", "control_seed", "control_seeds", "importance", "ablate_top",
                                                  "ablate_first",
-                                                 "importance_sample", "mask_rate", "similarity_sample", "sink",
+                                                 "importance_sample", "mask_rate", "composition", "similarity_sample", "sink",
                                                  "recent", "examples", "metric_modules")),
         Opt(("save_every", "--save-every"), "run", "Save the partial state at the first window end after this many "
             "seconds.", {"default": 120.0, "show_default": True, "metavar": "SECONDS"}),

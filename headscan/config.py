@@ -40,6 +40,7 @@ IntervalMethod = Literal["studentized", "studentized_symmetric", "bca", "percent
 Attention = Literal["auto", "eager", "chunked"]
 Pack = Literal["none", "sentences", "documents"]
 Importance = Literal["off", "atp", "ablate"]
+Composition = Literal["auto", "on", "off"]
 Template = Literal["raw", "chat"]
 DEVICES: tuple[str, ...] = get_args(Device)
 DTYPES: tuple[str, ...] = get_args(DType)
@@ -186,6 +187,10 @@ class SweepConfig:
         "comes from the same sample. The other tables still cover the whole corpus.", metavar="N")
     mask_rate: float = _field(0.15, "scores", "Encoders with a trained masked-LM head: share of tokens masked for "
                               "the importance target (80% [MASK], 10% random, 10% kept, seeded per segment).")
+    composition: Composition = _field(
+        "auto", "scores", "Composition scores (composition.parquet): how much each head's output feeds each later "
+        "head's queries, keys and values, from the weights (Elhage et al. 2021), against random matrices of the same "
+        "shapes. 'auto': for models of at most 144 heads (GPT-2 small's); 'on': any model; 'off'.")
     similarity_sample: int | None = _field(
         None, "scores", "Head families (similarity.parquet): the mean Jensen-Shannon divergence between every pair "
         "of heads' attention over the queries of a seeded sample of N segments (Clark et al. 2019; default: off).",

@@ -157,8 +157,8 @@ def test_a_state_saved_without_the_pass_does_not_resume_into_a_sweep_with_it(tin
     finally:
         PASSES["segment_tokens"] = TokensPass()
     assert (partial_folder(out) / state_file(str(tiny_bert), None)).is_file()
-    with pytest.raises(TablesError, match=r"a stopped sweep of .* with other inputs \(passes: \['weights', 'examples'\] != "
-                                          r"\['weights', 'examples', 'segment_tokens'\]\); rerun that sweep to finish it, or "
+    with pytest.raises(TablesError, match=r"a stopped sweep of .* with other inputs \(passes: \['weights', 'composition', 'examples'\] != "
+                                          r"\['weights', 'composition', 'examples', 'segment_tokens'\]\); rerun that sweep to finish it, or "
                                           r"pass --restart to discard it"):
         headscan.sweep(str(tiny_bert), TEXTS, out, **SETTINGS)
 

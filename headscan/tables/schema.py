@@ -145,6 +145,13 @@ register_table("weights", {"metric": "string"},
                "(no sum or count, NaN and <NA>: nothing is summed; chance of copying is 0: negating W_V negates "
                "every eigenvalue, so OV weights drawn with either sign equally likely score 0 on average)",
                extra={"embedding": "string"})
+register_table("composition", {"mode": "string", "source_layer": "int64", "source_head": "int64"},
+               "one row per (model, layer, head, mode, source_layer, source_head): how much the source head's output "
+               "can move this later head's queries (mode Q), keys (K) or values (V), the Frobenius-norm ratio of "
+               "Elhage et al. (2021), from the weights alone (no sum or count); chance is the mean of the same score "
+               "over random Gaussian matrices of the same shapes, null_high their 99th percentile, beyond value > "
+               "null_high",
+               extra={"source_label": "string", "null_high": "float64", "beyond": "boolean"})
 register_table("importance", {"method": "string", "target": "string"},
                "one row per (model, layer, head, method, target): the change of the target (a loss) when the head's "
                "output is removed, ablated minus clean; 0 is a head that changes nothing")

@@ -1,0 +1,81 @@
+"""The composition pass: Q-, K- and V-composition between every pair of heads in different layers, read off the
+weights once per model (`headscan.models.composition`), into composition.parquet. No corpus, so nothing is summed:
+shards all read the same weights, and a resumed sweep keeps the scores it read when it started.
+
+``--composition auto`` (the default) scores models of at most `AUTO_HEADS` heads, GPT-2 small's 144 (about a
+second; the table has 3 x pairs rows, 31,104 for GPT-2 small); ``on`` scores any model, ``off`` none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from ...errors import HeadscanError
+from ...models.composition import NULL_DRAWS, composition_arrays, composition_rows
+from ...tables import TABLES
+from .base import Pass, PassRun, sums_array
+
+__all__ = ["CompositionPass", "CompositionState", "AUTO_HEADS"]
+
+AUTO_HEADS = 144  # --composition auto scores models of at most this many heads
+
+
+@dataclass
+class CompositionState:
+    scores: np.ndarray  # (mode, source layer, source head, layer, head); (0,) * 5 until read
+    null: np.ndarray  # (mode, draw): the score of random matrices of the same shapes
+    note: str | None = None  # why not scored, or how
+
+
+class CompositionPass(Pass):
+    name = "composition"
+    tables = ("composition",)
+
+    def wanted(self, plan) -> bool:
+        return plan.config.composition != "off"
+
+    def empty(self, plan, model) -> CompositionState:
+        return CompositionState(np.zeros((0,) * 5), np.zeros((0, 0)))
+
+    def open(self, run, state: CompositionState) -> PassRun:
+        if state.scores.size or state.note:  # a resumed state read the weights when it started
+            return PassRun()
+        model = run.model
+        heads = model.n_layers * model.n_heads
+        if run.plan.config.composition == "auto" and heads > AUTO_HEADS:
+            state.note = f"not scored: {heads} heads, more than {AUTO_HEADS} (--composition on scores them)"
+            return PassRun()
+        try:
+            state.scores, state.null = composition_arrays(model)
+            state.note = f"from the weights, norm gains folded; null: {NULL_DRAWS} random matrices of each shape"
+        except (HeadscanError, AttributeError, KeyError, RuntimeError, TypeError, ValueError) as error:
+            state.note = f"not scored: {error}"
+        return PassRun()
+
+    def merge(self, states: list[CompositionState], names: list[str]) -> CompositionState:
+        first = states[0]  # the same weights in every shard
+        return CompositionState(first.scores.copy(), first.null.copy(), first.note)
+
+    def save(self, state: CompositionState):
+        return {"note": state.note}, {"scores": state.scores, "null": state.null}
+
+    def load(self, header: dict, arrays: dict) -> CompositionState:
+        return CompositionState(sums_array(arrays["scores"], 5), sums_array(arrays["null"], 2), header.get("note"))
+
+    def frames(self, state: CompositionState, per_head: dict) -> dict:
+        if not state.scores.size:
+            return {}
+        rows = composition_rows(state.scores, state.null)
+        n_heads = state.scores.shape[-1]
+        at = (rows["layer"] * n_heads + rows["head"]).to_numpy()  # each row's receiver, in per_head's order
+        heads = pd.DataFrame({k: (np.asarray(v)[at] if np.ndim(v) else v) for k, v in per_head.items()})
+        frame = pd.concat([heads, rows.drop(columns=["layer", "head"])], axis=1)
+        nan = float("nan")
+        frame = frame.assign(sum=nan, count=nan, ci_low=nan, ci_high=nan, units=nan, top_unit_share=nan)
+        return {"composition": TABLES["composition"].conform(frame)}
+
+    def notes(self, state: CompositionState) -> dict:
+        return {"composition": state.note} if state.note else {}
