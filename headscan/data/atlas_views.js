@@ -20,7 +20,8 @@ var EXAMPLE_CHARS = 240; // characters of an example's text shown; the whole tex
 function corpusExamples(model, index) {
   var ex = model.corpus_examples;
   if (!ex) {
-    return '<p class="muted atlas-small">No examples from the corpus: the sweep kept none (--examples 0).</p>';
+    return '<p class="muted atlas-small">No examples from the corpus here: the sweep kept none (--examples 0), or ' +
+      "this is a control model, whose examples the page leaves out (they are in examples.parquet).</p>";
   }
   var metric = exampleMetric(model, index);
   var rows = metric ? ex.metrics[metric][index] || [] : [];

@@ -361,8 +361,9 @@ def atlas_data(comparison: Comparison, examples: Examples | None = None) -> dict
             "roles": role_grid,
             "offsets": _offsets(comparison, m.name, n_layers, n_heads),
             "examples": _patterns(examples, m.name),
+            # a control's examples stay in examples.parquet: ten of them would double the page of a controls run
             "corpus_examples": unit_examples(comparison["examples"], m.name, n_heads)
-            if "examples" in comparison.frames else None,
+            if "examples" in comparison.frames and m.provenance.control is None else None,
             "other": _other_rows(comparison, m.name, n_heads),
             "map": _head_map(comparison, m.name, n_heads) if maps else None,
         })
