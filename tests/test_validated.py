@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from headscan.analysis.claims import UNVALIDATED, why_not
+from headscan.analysis.claims import UNVALIDATED, WITHIN_NULL, why_not
 from headscan.intervals.validated import MIN_COVERAGE, coverage_table, measured_coverage, unvalidated
 from headscan.metrics.nulls import add_findings
 
@@ -60,6 +60,7 @@ def test_a_finding_needs_its_interval_validated_at_its_size_and_says_why_not():
     assert small["heads"]["q_value"].iloc[0] < 0.05  # the test itself passes: only the size withholds the claim
     reasons = why_not(small["heads"])
     assert reasons.iloc[0] == UNVALIDATED and why_not(validated["heads"]).iloc[0] == ""
+    assert (reasons.iloc[1:] == WITHIN_NULL).all()  # at chance says so, whatever the size
 
 
 def test_the_report_names_the_families_that_carry_no_claim_at_a_small_size():

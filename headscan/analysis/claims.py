@@ -122,14 +122,14 @@ def _verdicts(rows: pd.DataFrame, side: pd.Series, thin: np.ndarray, table: str)
             out.append(None)
         elif finding[i] or thin[i]:
             out.append("")
-        elif short[i]:
-            out.append(UNVALIDATED)
         elif kind[i] == "none":
             out.append(NO_NULL)
         elif np.isnan(p[i]):
             out.append(NO_INTERVAL)
-        else:
-            out.append(NOT_DISCOVERED if beyond[i] else WITHIN_NULL)
+        elif not beyond[i]:
+            out.append(WITHIN_NULL)
+        else:  # beyond its null: withheld for its interval's size, or not a discovery at the rate
+            out.append(UNVALIDATED if short[i] else NOT_DISCOVERED)
     return out
 
 
