@@ -282,17 +282,36 @@ def test_retrieval_refuses_lengths_whose_answer_would_pass_the_context(tiny_gpt2
                                      f"(128 tokens); use --lengths of at most 124 (or fewer --max-new-tokens)")
 
 
+def float_counts_copy(run, folder):
+    """A copy of `run` whose parquet files hold count and units as float64, as older headscan wrote them; each
+    file's metadata (its provenance) kept, so headscan still reads it as that run's."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    shutil.copytree(run, folder)
+    for path in folder.glob("*.parquet"):
+        table = pq.read_table(path)
+        for column in ("count", "units"):
+            at = table.schema.get_field_index(column)
+            table = table.set_column(at, pa.field(column, pa.float64()), table.column(column).cast(pa.float64()))
+        # headscan's own metadata kept; pandas' (which would read the floats back as Int64) left out
+        metadata = {k: v for k, v in pq.read_schema(path).metadata.items() if k != b"pandas"}
+        pq.write_table(table.replace_schema_metadata(metadata), path)
+    return folder
+
+
 def test_counts_and_units_are_whole_numbers_however_a_table_is_made(runs, tmp_path):
     """count and units were float64 (4602.0 in show and in every parquet file); now Int64 in what sweep, retrieval,
     merge, merge_tables and load give, and a run written with float counts still loads, its numbers unchanged."""
-    from pathlib import Path
 
     from headscan.tables import load, merge_tables
 
     merged = tmp_path / "merged"
     assert invoke(["merge", runs["part-0"], runs["part-1"], "--out", merged]).exit_code == 0
     parts = [load(runs["part-0"]), load(runs["part-1"])]
-    old = Path(__file__).resolve().parents[1] / "reports" / "runs" / "ewt-long"  # written with float64 counts
+    old = float_counts_copy(runs["treebank"], tmp_path / "old")  # as headscan wrote counts before they were whole
     made = {name: load(runs[name]) for name in ("plain", "treebank", "retrieval")}
     made |= {"merge": load(merged), "merge_tables": merge_tables(parts), "old": load(old)}
     for name, run in made.items():
