@@ -87,7 +87,7 @@ def test_headscan_report_writes_the_report_with_the_registered_section(head_coun
 def test_the_built_in_sections_keep_the_report_s_order():
     built_in = [s.name for s in sorted(SECTIONS.values(), key=lambda s: s.order)]
     assert built_in == ["the atlas", "findings", "example attention", "differences between runs", "heatmaps",
-                        "top heads", "offset profiles", "scatter and entropy", "syntactic heads",
+                        "top heads", "offset profiles", "composition", "scatter and entropy", "syntactic heads",
                         "attention along the context", "which heads need the whole context", "what heads move",
                         "does the head matter", "head families", "heads over training", "provenance"]
 

@@ -208,7 +208,7 @@ def test_a_state_with_a_pass_this_headscan_lacks_is_refused_in_one_line(tmp_path
     data["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
     np.savez(path, **data)
     with pytest.raises(TablesError, match=rf"^{path}: holds the state of a pass 'tokens' this headscan does not have "
-                                          r"\(it has weights, baseline, importance, similarity, examples\); register that pass, "
+                                          r"\(it has weights, composition, baseline, importance, similarity, examples\); register that pass, "
                                           r"or delete the state \(or pass --restart\) to start that part again$"):
         PartialState.load(path)
 

@@ -56,7 +56,7 @@ _CORE = ("sums", "counts", "replicate_sums", "replicate_counts", "moments", "cha
 FINGERPRINT_FIELDS = ("max_len", "long", "limit", "dtype", "specials", "max_offset", "bootstrap", "seed", "prepend_bos",
                       "bootstrap_unit", "window", "pack", "attention", "query_chunk", "values", "document_field",
                       "importance", "ablate_top", "ablate_first", "importance_sample", "mask_rate", "sink", "recent",
-                      "similarity_sample", "examples")
+                      "similarity_sample", "examples", "composition")
 
 
 @dataclass(frozen=True)
