@@ -116,12 +116,11 @@ def composition_null(d_model: int, d_head: int, *, draws: int = NULL_DRAWS, seed
     V_s, O_s = gaussian(d_model, d_head), gaussian(d_head, d_model)  # the sender's
     Q_r, K_r, V_r, O_r = gaussian(d_model, d_head), gaussian(d_model, d_head), gaussian(d_model, d_head), \
         gaussian(d_head, d_model)  # the receiver's
-    R_V = _r(V_s)
+    R_V, R_Q, R_K, R_O = _r(V_s), _r(Q_r), _r(K_r), _r(O_r.transpose(-1, -2))
     norm_ov_s = torch.linalg.matrix_norm(R_V @ _r(O_s.transpose(-1, -2)).transpose(-1, -2))  # (draw,)
-    norm_qk = torch.linalg.matrix_norm(_r(Q_r) @ _r(K_r).transpose(-1, -2))
-    norm_ov_r = torch.linalg.matrix_norm(_r(V_r) @ _r(O_r.transpose(-1, -2)).transpose(-1, -2))
-    receivers = {"Q": (Q_r, _r(K_r), norm_qk), "K": (K_r, _r(Q_r), norm_qk),
-                 "V": (V_r, _r(O_r.transpose(-1, -2)), norm_ov_r)}
+    norm_qk = torch.linalg.matrix_norm(R_Q @ R_K.transpose(-1, -2))
+    norm_ov_r = torch.linalg.matrix_norm(_r(V_r) @ R_O.transpose(-1, -2))
+    receivers = {"Q": (Q_r, R_K, norm_qk), "K": (K_r, R_Q, norm_qk), "V": (V_r, R_O, norm_ov_r)}
     out = {}
     for mode, (inner, outer, norm_r) in receivers.items():
         product = R_V @ (O_s @ inner) @ outer.transpose(-1, -2)  # (draw, d_head, d_head)
@@ -129,11 +128,12 @@ def composition_null(d_model: int, d_head: int, *, draws: int = NULL_DRAWS, seed
     return out
 
 
-def composition_arrays(model, *, draws: int = NULL_DRAWS) -> tuple[np.ndarray, np.ndarray]:
+def composition_arrays(model, weights=None, *, draws: int = NULL_DRAWS) -> tuple[np.ndarray, np.ndarray]:
     """`model`'s scores as one array (mode, source layer, source head, layer, head), modes in `MODES` order, NaN
-    where the source is not earlier, and the null's draws (mode, draw), both float64."""
+    where the source is not earlier, and the null's draws (mode, draw), both float64. `weights`: the model's
+    `HeadWeights` where already read (a sweep reads them once per model), else read here."""
     W_Q, W_K = head_qk(model)
-    weights = head_weights(model)
+    weights = head_weights(model) if weights is None else weights
     scores = composition_scores(W_Q, W_K, weights.W_V, weights.W_O)
     null = composition_null(model.d_model, W_Q.shape[-1], draws=draws)
     return np.stack([scores[m].numpy() for m in MODES]), np.stack([null[m] for m in MODES])

@@ -48,8 +48,11 @@ class CompositionPass(Pass):
         if run.plan.config.composition == "auto" and heads > AUTO_HEADS:
             state.note = f"not scored: {heads} heads, more than {AUTO_HEADS} (--composition on scores them)"
             return PassRun()
+        if run.head_weights is None:
+            state.note = f"not scored: {run.unread}"
+            return PassRun()
         try:
-            state.scores, state.null = composition_arrays(model)
+            state.scores, state.null = composition_arrays(model, run.head_weights)
             state.note = f"from the weights, norm gains folded; null: {NULL_DRAWS} random matrices of each shape"
         except (HeadscanError, AttributeError, KeyError, RuntimeError, TypeError, ValueError) as error:
             state.note = f"not scored: {error}"
