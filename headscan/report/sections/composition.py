@@ -27,7 +27,9 @@ def composition_section(comparison: Comparison) -> list:
              "later head's queries (Q), keys (K) or values (V), the Frobenius norm of the product of the two heads' "
              "circuits over the product of their norms, from 0 to 1. The null is the same score for random "
              "Gaussian matrices of the same shapes: a pair is beyond it above its 99th percentile, so about 1 pair "
-             "in 100 of random weights passes, and a count is read against that rate. K-composition of a "
+             "in 100 of random weights passes, and a count is read against that rate. Trained heads share "
+             "directions that random matrices do not, so on a trained model many pairs pass and a pair's rank among "
+             "the model's own pairs says more than passing. K-composition of a "
              "previous-token head into an induction head is the two-head induction circuit (Olsson et al. 2022); "
              "a score says the weights allow it, not that the model uses it (patching says that)."),
     ]
