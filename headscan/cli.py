@@ -179,6 +179,58 @@ def retrieval(models, corpus, needles, out, overwrite, restart, quiet, **setting
     click.echo(retrieval_summary(result))
 
 
+@cli.command(cls=GroupedCommand, short_help="Patch every head (and paths between heads) between prompt pairs.")
+@options("patch")
+@_one_line_errors
+def patch(models, pairs, out, overwrite, quiet, **settings):
+    """Contrastive activation patching: each head's output moved between the
+    clean and corrupted prompts of PAIRS, read as the logit difference between
+    the answer and the wrong answer at the last token. Writes
+    OUT/patching.parquet (per head: denoising, noising and their AtP
+    estimates, as the fraction of the difference restored and in logits, with
+    95% intervals over pairs), OUT/paths.parquet (with --path-top or --paths:
+    a sender's effect through a receiver's queries, keys or values) and
+    OUT/run.json.
+
+    Example:
+
+    \b
+        headscan pairs ioi --n 64 -m smollm2 --out pairs.jsonl
+        headscan patch -m smollm2 --pairs pairs.jsonl --path-top 4 --out out/patch
+    """
+    from .analysis.patching import patching_summary
+    from .patching_config import PatchConfig
+    from .scan.patching import patch as run_patch
+
+    config = config_from(PatchConfig, settings)
+    result = run_patch(list(models), pairs, out, config, overwrite=overwrite, progress=not quiet,
+                       command=_effective_command(click.get_current_context()))
+    click.echo(f"wrote {result.path}")
+    click.echo(patching_summary(result))
+
+
+@cli.command(cls=GroupedCommand, short_help="Write prompt pairs for headscan patch from word lists (ioi, induction, "
+             "capitals).")
+@click.argument("kind", type=click.Choice(["ioi", "induction", "capitals"]))
+@options("pairs")
+@_one_line_errors
+def pairs(kind, n, seed, model, out, overwrite):
+    """Write N seeded prompt pairs of KIND into OUT (JSON lines): ioi (Wang et
+    al.'s indirect object task, ABC corruption), induction (a repeated run of
+    words, corrupted where the repeat continues from) or capitals (factual
+    recall). With --model, only words that are one token for it are used.
+
+    Example:
+
+    \b
+        headscan pairs ioi --n 64 -m smollm2 --out pairs.jsonl
+    """
+    from .scan.patching import write_generated_pairs
+
+    path = write_generated_pairs(kind, n, out, seed=seed, model=model, overwrite=overwrite)
+    click.echo(f"wrote {n} {kind} pairs to {path}")
+
+
 @cli.command(cls=GroupedCommand, short_help="Merge the outputs of a sweep's shards into its unsharded tables.")
 @click.argument("shards", nargs=-1, required=True, type=click.Path(path_type=Path))
 @options("merge")

@@ -19,6 +19,7 @@ from typing import Literal, Union, get_args, get_origin, get_type_hints
 import click
 
 from .config import RetrievalConfig, SweepConfig, settings
+from .patching_config import PatchConfig
 
 __all__ = ["Opt", "OPTIONS", "TITLES", "GroupedCommand", "options", "config_from", "flag_of", "shown_opts",
            "options_markdown"]
@@ -141,7 +142,7 @@ def _config_options(config: type) -> dict[str, Opt]:
     return {name: SHARED.get(name) or _from_config(config, name) for name in settings(config)}
 
 
-SWEEP, RETRIEVAL = _config_options(SweepConfig), _config_options(RetrievalConfig)
+SWEEP, RETRIEVAL, PATCH = _config_options(SweepConfig), _config_options(RetrievalConfig), _config_options(PatchConfig)
 
 _PATH = click.Path(file_okay=False, path_type=Path)
 MODEL = Opt(("models", "--model", "-m"), "input", "Alias (minilm, smollm2), local checkpoint folder, .gguf file or "
@@ -195,6 +196,24 @@ OPTIONS: dict[str, list[Opt]] = {
         OUT.but(help="Folder for the tables and run.json.", default="out/retrieval"),
         *RETRIEVAL.values(), OVERWRITE, RESTART, QUIET,
     ],
+    "patch": [
+        MODEL.but(help="A causal language model: alias (smollm2), local checkpoint folder, .gguf file or Hugging Face "
+                  "id; repeat for several.", required=True),
+        Opt(("pairs", "--pairs"), "input", 'JSONL of {"clean", "corrupted", "answer", "wrong"}, one pair a line '
+            "(headscan pairs writes some).", {"required": True, "type": click.Path(dir_okay=False, path_type=Path)}),
+        OUT.but(help="Folder for patching.parquet, paths.parquet and run.json.", default="out/patch"),
+        *PATCH.values(), OVERWRITE, QUIET,
+    ],
+    "pairs": [
+        Opt(("n", "--n"), "input", "How many pairs.", {"default": 64, "show_default": True, "type": click.IntRange(min=1)}),
+        Opt(("seed", "--seed"), "input", "Seed of the draws from the word lists.",
+            {"default": 0, "show_default": True, "type": click.IntRange(min=0)}),
+        Opt(("model", "--model", "-m"), "input", "Keep only words that are one token for this model, so each pair's "
+            "prompts have the same number of tokens.", {"default": None, "metavar": "SPEC"}),
+        OUT.but(help="The JSONL file to write.", required=True, default=DROP, show_default=DROP,
+                type=click.Path(dir_okay=False, path_type=Path)),
+        OVERWRITE.but(help="Replace OUT if it exists."),
+    ],
     "merge": [OUT.but(help="Folder for the merged tables.", required=True, default=DROP, show_default=DROP),
               OVERWRITE],
     "export": [OUT.but(help="Folder for the dataset (data/TABLE.parquet, run.json, README.md).", required=True,
@@ -239,7 +258,8 @@ def options(command: str):
 
 
 def config_from(config: type, params: dict):
-    """`config` (`SweepConfig` or `RetrievalConfig`) from a command's parsed options; ConfigError if refused."""
+    """`config` (`SweepConfig`, `RetrievalConfig` or `PatchConfig`) from a command's parsed options; ConfigError if
+    refused."""
     hints = get_type_hints(config)
     values = {name: params[name] for name in settings(config)}
     return config(**{name: TRISTATE[value] if _tristate(hints[name]) else value for name, value in values.items()})

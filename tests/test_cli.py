@@ -313,8 +313,8 @@ def test_show_on_a_run_json_that_is_not_an_object(runner, damaged):
 def test_show_on_a_run_without_its_heads_parquet(runner, damaged):
     (damaged / "heads.parquet").unlink()
     assert one_line(runner.invoke(cli, ["show", str(damaged)])) == (
-        "Error: run: has no heads.parquet or retrieval.parquet; is it the --out folder of a `headscan sweep` or "
-        "`headscan retrieval` run?")
+        "Error: run: has no heads.parquet, retrieval.parquet or patching.parquet; is it the --out folder of a "
+        "`headscan sweep`, `headscan retrieval` or `headscan patch` run?")
 
 
 def test_show_on_a_folder_that_is_not_a_run(runner, tmp_path, monkeypatch):
@@ -322,8 +322,8 @@ def test_show_on_a_folder_that_is_not_a_run(runner, tmp_path, monkeypatch):
     Path("photos").mkdir()
     Path("photos/cat.jpg").write_bytes(b"\xff\xd8")
     assert one_line(runner.invoke(cli, ["show", "photos"])) == (
-        "Error: photos: has no heads.parquet or retrieval.parquet; is it the --out folder of a `headscan sweep` or "
-        "`headscan retrieval` run?")
+        "Error: photos: has no heads.parquet, retrieval.parquet or patching.parquet; is it the --out folder of a "
+        "`headscan sweep`, `headscan retrieval` or `headscan patch` run?")
 
 
 def test_show_on_a_parquet_file_of_another_kind(runner, damaged):

@@ -185,7 +185,9 @@ class _Plan:
     """What the hooks do during the pass in progress."""
 
     capture: bool = False  # keep the heads' outputs and the blocks' outputs
-    replace: tuple | None = None  # (layer, head, value: (d_head,), (batch, seq, d_head) per position, or None: 0)
+    # each (layer, head, value): value (d_head,), (batch, seq, d_head) per position, or None: 0; head None puts
+    # value (batch, seq, head * d_head) in place of every head of the layer (a layer frozen to another pass's)
+    replace: tuple = ()
     positions: torch.Tensor | None = None  # (batch, seq) bool: where `replace` applies; None: every position
     calls: dict = field(default_factory=dict)  # id(module) -> calls so far in this pass (shared modules)
     heads: list = field(default_factory=list)
@@ -238,18 +240,24 @@ class Surgery:
         x = args[0]  # (batch, seq, head * d_head)
         if plan.capture:
             plan.heads.append(x)
-        if plan.replace is None or plan.replace[0] != layer:
+        here = [(head, value) for at, head, value in plan.replace if at == layer]
+        if not here:
             return None
-        _, head, value = plan.replace
+        for head, value in here:
+            x = self._replaced(x, head, value, plan.positions)
+        return (x, *args[1:])
+
+    def _replaced(self, x: torch.Tensor, head: int | None, value, positions) -> torch.Tensor:
+        """`x` (batch, seq, head * d_head) with one head's columns (or, head None, all) replaced: a new tensor."""
         d = self.cut.d_head
         columns = torch.zeros(x.shape[-1], dtype=torch.bool, device=x.device)
-        columns[head * d: (head + 1) * d] = True
+        columns[slice(None) if head is None else slice(head * d, (head + 1) * d)] = True
         per_position = value is not None and value.dim() > 1
         filler = torch.zeros(x.shape if per_position else x.shape[-1:], dtype=x.dtype, device=x.device)
         if value is not None:
-            filler[..., head * d: (head + 1) * d] = value.to(x.device, x.dtype)
-        where = columns if plan.positions is None else plan.positions.to(x.device)[..., None] & columns
-        return (torch.where(where, filler, x), *args[1:])  # a new tensor: `x` is never written into
+            filler[..., columns] = value.to(x.device, x.dtype)
+        where = columns if positions is None else positions.to(x.device)[..., None] & columns
+        return torch.where(where, filler, x)  # `x` is never written into
 
     def _after_block(self, layer: int, module, args, output):
         if self.plan is not None and self.plan.capture:
@@ -267,18 +275,22 @@ class Surgery:
         return hf_model(input_ids=input_ids, attention_mask=attention_mask, **kwargs).logits  # (batch, seq, vocab)
 
     def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, capture: bool = False, grad: bool = False,
-            replace: tuple | None = None, positions: torch.Tensor | None = None,
-            residuals: list | None = None) -> Pass:
+            replace: tuple | list | None = None, positions: torch.Tensor | None = None,
+            residuals: list | None = None, start: int | None = None) -> Pass:
         """One whole forward pass.
 
         `capture`: keep every layer's head outputs and block outputs (a clean pass); with `grad` the head outputs
         stay in the autograd graph, for `torch.autograd.grad`. `replace`: ``(layer, head, value)`` puts `value`
         ((d_head,) at every position, (batch, seq, d_head) one per position, or None for zeros) in place of that
-        head's output; `positions` ((batch, seq) bool) limits it to those positions. `residuals`: a clean pass's
-        block outputs; with `replace` the blocks before the ablated layer hand them back unrun.
+        head's output, or a list of such triples (head None: `value` (batch, seq, head * d_head) replaces the
+        whole layer's); `positions` ((batch, seq) bool) limits it to those positions. `residuals`: a clean pass's
+        block outputs; with `replace` the blocks before the first replaced layer (or before `start`, when hooks
+        of the caller's change that layer) hand them back unrun.
         """
+        replace = () if replace is None else (replace,) if isinstance(replace[0], int) else tuple(replace)
         self.plan = _Plan(capture=capture, replace=replace, positions=positions)
-        start = replace[0] if (replace is not None and residuals and self.reuse) else 0
+        first = [at for at, _, _ in replace] + ([start] if start is not None else [])
+        start = min(first) if (first and residuals and self.reuse) else 0
         try:
             with torch.set_grad_enabled(grad), self._skipping(start, residuals):
                 output = self._output(input_ids, attention_mask)

@@ -33,7 +33,7 @@ from .schema import HEAD_COLUMNS, TABLES
 __all__ = ["SweepTables", "load", "write", "check_out", "merge_tables", "side_by_side", "thin_rows"]
 
 PROVENANCE_KEY = b"headscan"
-RUN_TABLES = ("heads", "retrieval")  # a run holds one of these: a sweep's, or headscan retrieval's
+RUN_TABLES = ("heads", "retrieval", "patching")  # a run holds one of these: a sweep's, headscan retrieval's or patch's
 
 
 @dataclass
@@ -158,8 +158,8 @@ def load(out: str | os.PathLike) -> SweepTables:
     """Read a sweep output folder back as DataFrames plus its provenance.
 
     ``pd.read_parquet(out / "heads.parquet")`` works just as well; this adds the checks, the dtypes and
-    the provenance. Every registered table found in the folder is read; heads.parquet (a sweep) or
-    retrieval.parquet (``headscan retrieval``) must be there, and every file must come from the same run
+    the provenance. Every registered table found in the folder is read; heads.parquet (a sweep),
+    retrieval.parquet (``headscan retrieval``) or patching.parquet (``headscan patch``) must be there, and every file must come from the same run
     (their provenance carries the run's id).
     """
     out = Path(out)
@@ -167,8 +167,8 @@ def load(out: str | os.PathLike) -> SweepTables:
         raise TablesError(f"{out}: no such folder; pass the --out folder of a `headscan sweep` run")
     main = next((name for name in RUN_TABLES if (out / TABLES[name].file).is_file()), None)
     if main is None:
-        raise TablesError(f"{out}: has no heads.parquet or retrieval.parquet; is it the --out folder of a "
-                          f"`headscan sweep` or `headscan retrieval` run?")
+        raise TablesError(f"{out}: has no heads.parquet, retrieval.parquet or patching.parquet; is it the --out "
+                          f"folder of a `headscan sweep`, `headscan retrieval` or `headscan patch` run?")
     frames, stamps = {}, {}
     for name, table in TABLES.items():
         path = out / table.file

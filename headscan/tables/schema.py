@@ -155,6 +155,21 @@ register_table("composition", {"mode": "string", "source_layer": "int64", "sourc
 register_table("importance", {"method": "string", "target": "string"},
                "one row per (model, layer, head, method, target): the change of the target (a loss) when the head's "
                "output is removed, ablated minus clean; 0 is a head that changes nothing")
+register_table("patching", {"method": "string", "target": "string", "position": "Int64"},
+               "one row per (model, layer, head, method, target, position): contrastive activation patching over "
+               "prompt pairs (headscan patch); method denoise (the head's clean output into the corrupted run), noise "
+               "(the corrupted output into the clean run) or their attribution-patching estimates atp_denoise and "
+               "atp_noise; target fraction (sum over pairs of the logit-difference change over sum of LD(clean) - "
+               "LD(corrupted)) or logit_diff (its mean over pairs, logits); position: the head patched at that position "
+               "alone, <NA> at every position; count: pairs; full_difference: the sum over pairs of LD(clean) - "
+               "LD(corrupted), the fraction's denominator (its value is sum / full_difference); chance 0, a head that "
+               "carries none of the difference", extra={"full_difference": "float64"})
+register_table("paths", {"sender_layer": "int64", "sender_head": "int64", "sender_label": "string", "path": "string",
+                         "target": "string"},
+               "one row per (model, layer, head, sender_layer, sender_head, path, target): path patching from the "
+               "sender head to this (receiver) head through its queries (path q), keys (k) or values (v) over prompt "
+               "pairs (headscan patch --path-top / --paths); targets, count and full_difference as in patching.parquet",
+               extra={"full_difference": "float64"})
 register_table("similarity", {"other_layer": "int64", "other_head": "int64", "other_label": "string"},
                "one row per (model, layer, head, other_layer, other_head), both orders and the diagonal: the mean "
                "Jensen-Shannon divergence (nats) between the two heads' attention over the same queries of the "

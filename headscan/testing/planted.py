@@ -138,10 +138,10 @@ def _plant(model, arch: str, n_pos: int, seed: int) -> None:
         _set_qk(model, arch, head, w_q, w_k)
 
 
-def _position_codes(n_pos: int, omega: np.ndarray) -> torch.Tensor:
+def _position_codes(n_pos: int, omega: np.ndarray, d_model: int = _D_MODEL) -> torch.Tensor:
     """Position embeddings: sinusoids and the first-position flag in the position block, zeros elsewhere."""
     pos = np.arange(n_pos)[:, None]
-    codes = np.zeros((n_pos, _D_MODEL))  # (pos, d_model)
+    codes = np.zeros((n_pos, d_model))  # (pos, d_model)
     waves = np.concatenate([np.cos(omega * pos), np.sin(omega * pos)], axis=1)  # (pos, 2 * n_freq)
     codes[:, _SIN] = np.concatenate([waves, -waves], axis=1)
     first = (pos[:, 0] == 0).astype(float)
@@ -155,9 +155,10 @@ def _sinusoid_gap(omega: np.ndarray, n_pos: int) -> float:
     return float(len(omega) - np.cos(omega * delta).sum(1).max())
 
 
-def _offset_qk(omega: np.ndarray, offset: int, alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _offset_qk(omega: np.ndarray, offset: int, alpha: float, d_model: int = _D_MODEL,
+               d_head: int = _D_HEAD) -> tuple[torch.Tensor, torch.Tensor]:
     """W_Q, W_K (d_model, d_head) whose scores peak at key ``q + offset``: W_Q rotates by ``omega * offset``."""
-    w_q, w_k = torch.zeros(_D_MODEL, _D_HEAD), torch.zeros(_D_MODEL, _D_HEAD)
+    w_q, w_k = torch.zeros(d_model, d_head), torch.zeros(d_model, d_head)
     for f, w in enumerate(omega):
         cos, sin = f, _N_FREQ + f  # residual dims of +cos(w p) and +sin(w p)
         c, s = np.cos(w * offset), np.sin(w * offset)

@@ -1,0 +1,275 @@
+"""Contrastive activation patching: a head's output, or one head's path into another, moved between the runs of a
+clean and a corrupted prompt, read as a logit difference.
+
+For a batch of pairs (clean and corrupted prompts of the same length, right-padded; `PairBatch`), with LD the
+logit of the answer minus that of the wrong answer at each prompt's last token:
+
+- **denoising** (`patch_heads`): the corrupted run with one head's output z (every position, or one position)
+  taken from the clean run; its effect is LD(patched) - LD(corrupted), which, over LD(clean) - LD(corrupted), is
+  the fraction of the difference the head restores (Wang et al. 2022; Heimersheim and Nanda 2024 on
+  denoising and noising);
+- **noising**: the clean run with the head's output from the corrupted one; effect LD(clean) - LD(patched);
+- **attribution patching** (AtP, Nanda 2023; Kramár et al. 2024): each of those to first order, for every head
+  from one backward pass: sum over positions of (z_other - z) . dLD/dz;
+- **path patching** (`patch_paths`, Wang et al. 2022; Goldowsky-Dill et al. 2023): the effect of a sender head on
+  a later receiver head through the receiver's queries, keys or values only. Run 1: the corrupted prompt, the
+  sender's output from the clean run, every head of the layers after the sender frozen at its corrupted output
+  (MLPs and norms recomputed, as Wang et al.), the receiver's query, key or value projection recorded. Run 2:
+  the corrupted prompt with only that projection of the receiver replaced by the recorded one, everything
+  after it recomputed; the effect is LD(run 2) - LD(corrupted). A grouped-query receiver's key or value is its
+  key/value head's, which the other query heads of its group read as well.
+
+Heads are cut where `headscan.models.ablation` cuts them (the output projection's input); queries, keys and
+values at the output of the model's own q/k/v projections (before rotary embeddings, which are applied to what
+is recorded as to what is replaced). Nothing here writes into a tensor it was handed; no loop runs over heads
+inside a pass (one pass per head is the method, not a loop in a metric). This module does not read pairs files
+or keep tables (`headscan.scan.patching`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import ModelLoadError
+from .ablation import Surgery, _name_of
+
+__all__ = ["PairBatch", "logit_difference", "patch_heads", "patch_paths", "projection_sites", "Projections",
+           "PATHS"]
+
+PATHS = ("q", "k", "v")
+# Separate query, key and value projections, by architecture's names (Llama and kin, BERT, DistilBERT; a
+# TransformerLens bridge splits even a fused one into q, k and v).
+_SEPARATE = (("q_proj", "k_proj", "v_proj"), ("query", "key", "value"), ("q_lin", "k_lin", "v_lin"), ("q", "k", "v"))
+# One projection whose output is [queries | keys | values] side by side (GPT-2, ModernBERT).
+_FUSED = ("c_attn", "Wqkv")
+
+
+@dataclass
+class PairBatch:
+    """Clean and corrupted prompts of a batch of pairs, token for token, right-padded."""
+
+    clean: torch.Tensor  # (batch, seq) token ids
+    corrupted: torch.Tensor  # (batch, seq)
+    mask: torch.Tensor  # (batch, seq) 1 on real tokens, the same for both
+    last: torch.Tensor  # (batch,) the last real position, where the answer is read
+    answer: torch.Tensor  # (batch,) token id
+    wrong: torch.Tensor  # (batch,) token id
+
+
+def logit_difference(logits: torch.Tensor, batch: PairBatch) -> torch.Tensor:
+    """(batch,) logit of the answer minus logit of the wrong answer at each prompt's last position."""
+    rows = torch.arange(logits.shape[0], device=logits.device)
+    at = logits[rows, batch.last.to(logits.device)].double()  # (batch, vocab); float64 whatever the model ran in
+    return at[rows, batch.answer.to(logits.device)] - at[rows, batch.wrong.to(logits.device)]
+
+
+def _runs(surgery: Surgery, batch: PairBatch, grad: bool):
+    """The clean and corrupted runs, their head outputs and LDs; with `grad`, dLD/dz of each run's heads."""
+    out = {}
+    for name, ids in (("clean", batch.clean), ("corrupted", batch.corrupted)):
+        run = surgery.run(ids, batch.mask, capture=True, grad=grad)
+        ld = logit_difference(run.output, batch)
+        grads = torch.autograd.grad(ld.sum(), run.heads) if grad else None
+        out[name] = (run, ld.detach(), grads)
+    return out
+
+
+def patch_heads(surgery: Surgery, batch: PairBatch, *, n_heads: int, by_position: bool = False,
+                attribution: bool = True, only: list[tuple[int, int]] | None = None) -> dict[str, torch.Tensor]:
+    """Every head (or the (layer, head) pairs of `only`; the others' exact effects stay 0) patched in both
+    directions, exactly and (with `attribution`) to first order.
+
+    Returns float64 CPU tensors: ``clean`` and ``corrupted`` LDs (batch,), and per method an effect (layer,
+    batch, head) named ``denoise``, ``noise``, ``atp_denoise``, ``atp_noise``; with `by_position` also
+    ``denoise_position`` and ``noise_position`` (layer, batch, head, position), the head patched at one position
+    alone. Effects are signed so that a head carrying the difference scores positive in both directions.
+    """
+    runs = _runs(surgery, batch, grad=attribution)
+    (clean, ld_clean, g_clean), (corrupt, ld_corrupt, g_corrupt) = runs["clean"], runs["corrupted"]
+    d = surgery.cut.d_head
+    n_layers, (b, seq) = len(clean.heads), batch.clean.shape
+    real = batch.mask.bool()
+    where = {"": [None]} | ({"_position": _one_position(real, seq)} if by_position else {})
+    out = {f"{method}{suffix}": torch.zeros((n_layers, b, n_heads) + ((seq,) if suffix else ()), dtype=torch.float64)
+           for method in ("denoise", "noise") for suffix in where}
+    directions = (("denoise", batch.corrupted, corrupt, clean, ld_corrupt, 1.0),
+                  ("noise", batch.clean, clean, corrupt, ld_clean, -1.0))
+    chosen = only if only is not None else [(layer, head) for layer in range(n_layers) for head in range(n_heads)]
+    with torch.no_grad():
+        for layer, head in chosen:
+            cols = slice(head * d, (head + 1) * d)
+            for method, ids, base, donor, ld_base, sign in directions:
+                value = donor.heads[layer][..., cols].detach()  # (batch, seq, d_head)
+                for suffix, masks in where.items():
+                    for p, positions in enumerate(masks):
+                        run = surgery.run(ids, batch.mask, replace=(layer, head, value), positions=positions,
+                                          residuals=base.residuals)
+                        effect = (sign * (logit_difference(run.output, batch) - ld_base)).double().cpu()
+                        if suffix:
+                            out[method + suffix][layer, :, head, p] = effect
+                        else:
+                            out[method][layer, :, head] = effect
+    if attribution:
+        out["atp_denoise"] = _attribution(corrupt.heads, g_corrupt, clean.heads, real, n_heads)
+        out["atp_noise"] = -_attribution(clean.heads, g_clean, corrupt.heads, real, n_heads)
+    out.update(clean=ld_clean.double().cpu(), corrupted=ld_corrupt.double().cpu())
+    return out
+
+
+def _one_position(real: torch.Tensor, seq: int) -> list[torch.Tensor]:
+    """(batch, seq) masks of each single position (where it is real)."""
+    eye = torch.eye(seq, dtype=torch.bool, device=real.device)
+    return [real & eye[p] for p in range(seq)]
+
+
+def _attribution(heads, grads, others, real: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """(layer, batch, head): sum over real positions of (z_other - z) . dLD/dz, every head at once."""
+    rows = []
+    for z, g, other in zip(heads, grads, others):  # per layer: (batch, seq, head * d_head)
+        b, n, width = z.shape
+        delta = (other.detach() - z.detach()).float().view(b, n, n_heads, width // n_heads)
+        per_position = (delta * g.float().view_as(delta)).sum(-1)  # (batch, seq, head)
+        rows.append(torch.where(real[..., None], per_position, 0).sum(1))
+    return torch.stack(rows).double().cpu()
+
+
+# --- paths -------------------------------------------------------------------------------------------------------
+
+
+def projection_sites(surgery: Surgery) -> list[dict[str, tuple[torch.nn.Module, int]]]:
+    """Per layer, for "q", "k" and "v": the module whose output holds it and the column where it starts (0 for a
+    separate projection; the fused one's thirds). A model whose projections headscan cannot find is refused."""
+    model = surgery.model
+    by_name = dict(model.hf_model.named_modules(remove_duplicate=False))  # a bridge lists a module twice
+    sites = []
+    for layer, cut in enumerate(surgery.cut.modules):
+        name = _name_of(model.hf_model, cut)
+        found = None
+        for depth in (1, 2, 3):  # the cut's attention module, or BERT's attention.self beside attention.output
+            parent = by_name.get(name.rsplit(".", depth)[0]) if name.count(".") >= depth else None
+            if parent is None:
+                continue
+            found = _projections_in(parent) or _projections_in(getattr(parent, "self", None))
+            if found:
+                break
+        if not found:
+            raise ModelLoadError(
+                f"model {model.name!r} ({type(model.hf_model).__name__}), layer {layer}: headscan cannot find its "
+                f"query, key and value projections (looked for {', '.join('/'.join(n) for n in _SEPARATE)} and "
+                f"the fused {', '.join(_FUSED)}), so it cannot patch paths; patch heads without --paths")
+        sites.append(found)
+    return sites
+
+
+def _projections_in(module) -> dict | None:
+    if not isinstance(module, torch.nn.Module):
+        return None
+    for names in _SEPARATE:
+        parts = [getattr(module, n, None) for n in names]
+        if all(isinstance(p, torch.nn.Module) for p in parts):
+            return {kind: (part, 0) for kind, part in zip(PATHS, parts)}
+    for name in _FUSED:
+        fused = getattr(module, name, None)
+        if isinstance(fused, torch.nn.Module):
+            width = _out_features(fused) // 3
+            return {kind: (fused, i * width) for i, kind in enumerate(PATHS)}
+    return None
+
+
+def _out_features(module) -> int:
+    if hasattr(module, "out_features"):
+        return int(module.out_features)
+    return int(module.weight.shape[1])  # GPT-2's Conv1D: weight (in, out)
+
+
+class Projections:
+    """Forward hooks on every layer's q/k/v projections that record chosen columns or put others in their
+    place (use as a context manager, inside the `Surgery`'s)."""
+
+    def __init__(self, sites: list[dict], d_head: int):
+        self.sites, self.d_head = sites, d_head
+        self.record: set[tuple[int, str]] = set()  # (layer, kind): keep that projection's whole output
+        self.recorded: dict[tuple[int, str], torch.Tensor] = {}
+        self.replace: dict[tuple[int, str], tuple[int, torch.Tensor]] = {}  # -> (column, (batch, seq, d_head))
+        self._handles = []
+
+    def __enter__(self) -> Projections:
+        for layer, kinds in enumerate(self.sites):
+            by_module: dict[int, list[str]] = {}
+            for kind, (module, _) in kinds.items():
+                by_module.setdefault(id(module), []).append(kind)
+            for kind, (module, _) in kinds.items():
+                if by_module[id(module)][0] == kind:  # one hook per module (a fused projection serves all three)
+                    self._handles.append(module.register_forward_hook(self._hook(layer, by_module[id(module)])))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def _hook(self, layer: int, kinds: list[str]):
+        def hook(module, args, output):
+            for kind in kinds:
+                if (layer, kind) in self.record:
+                    self.recorded[(layer, kind)] = output.detach()
+            changes = [self.replace[(layer, kind)] for kind in kinds if (layer, kind) in self.replace]
+            if not changes:
+                return None
+            columns = torch.zeros(output.shape[-1], dtype=torch.bool, device=output.device)
+            filler = torch.zeros_like(output)
+            for start, value in changes:
+                columns[start: start + self.d_head] = True
+                filler[..., start: start + self.d_head] = value.to(output.device, output.dtype)
+            return torch.where(columns, filler, output)  # a new tensor: `output` is never written into
+        return hook
+
+    def column(self, layer: int, kind: str, head: int) -> int:
+        """Where (query or key/value) head `head` starts in that projection's output."""
+        return self.sites[layer][kind][1] + head * self.d_head
+
+
+@contextlib.contextmanager
+def _recording(projections: Projections, keys):
+    projections.record, projections.recorded = set(keys), {}
+    try:
+        yield projections.recorded
+    finally:
+        projections.record = set()
+
+
+def patch_paths(surgery: Surgery, projections: Projections, batch: PairBatch, pairs, kv_group) -> dict:
+    """The effect of each (sender, receiver, path) of `pairs` (((layer, head), (layer, head), "q"|"k"|"v"), the
+    receiver in a later layer), as LD(run 2) - LD(corrupted) per pair of prompts: {key: (batch,) float64}, with
+    ``clean`` and ``corrupted`` LDs. `kv_group(head)` maps a query head to its key/value head."""
+    with torch.no_grad():
+        runs = _runs(surgery, batch, grad=False)
+    (clean, ld_clean, _), (corrupt, ld_corrupt, _) = runs["clean"], runs["corrupted"]
+    d = surgery.cut.d_head
+    n_layers = len(clean.heads)
+    out = {"clean": ld_clean.double().cpu(), "corrupted": ld_corrupt.double().cpu()}
+    senders = sorted({sender for sender, _, _ in pairs})
+    with torch.no_grad():
+        for sender in senders:
+            layer, head = sender
+            mine = [(r, kind) for s, r, kind in pairs if s == sender]
+            frozen = [(later, None, corrupt.heads[later].detach()) for later in range(layer + 1, n_layers)]
+            replace = [(layer, head, clean.heads[layer][..., head * d: (head + 1) * d].detach()), *frozen]
+            wanted = {(r[0], kind) for r, kind in mine}
+            with _recording(projections, wanted) as recorded:
+                surgery.run(batch.corrupted, batch.mask, replace=replace, residuals=corrupt.residuals)
+            for receiver, kind in mine:
+                unit = receiver[1] if kind == "q" else int(kv_group(receiver[1]))
+                start = projections.column(receiver[0], kind, unit)
+                key = (receiver[0], kind)
+                projections.replace = {key: (start, recorded[key][..., start: start + d])}
+                try:
+                    run = surgery.run(batch.corrupted, batch.mask, start=receiver[0], residuals=corrupt.residuals)
+                finally:
+                    projections.replace = {}
+                out[(sender, receiver, kind)] = (logit_difference(run.output, batch) - ld_corrupt).double().cpu()
+    return out
+
