@@ -16,8 +16,9 @@ from .config import RetrievalConfig, SweepConfig
 from .errors import ConfigError, HeadscanError, SweepInterrupted
 from .tables import TABLES
 
-# What `headscan retrieval` writes; a sweep fills the other tables of the registry.
+# What `headscan retrieval` and `headscan patch` write; a sweep fills the other tables of the registry.
 RETRIEVAL_TABLES = ("retrieval", "retrieval_trials")
+PATCH_TABLES = ("patching", "paths")
 
 
 def _one_line_errors(command):
@@ -75,7 +76,7 @@ def cli():
 
 def _table_list() -> str:
     """The tables a sweep fills, one line each, as its help lists them (kept as written: click's \\b)."""
-    tables = [table for table in TABLES.values() if table.name not in RETRIEVAL_TABLES]
+    tables = [table for table in TABLES.values() if table.name not in RETRIEVAL_TABLES + PATCH_TABLES]
     width = max(len(table.file) for table in tables)
     # "one row per (model, layer, head, metric)": the description's opening, up to its key
     lines = [f"  {table.file:{width}} {table.description[:table.description.find(')') + 1]}" for table in tables]

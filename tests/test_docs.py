@@ -55,11 +55,12 @@ def test_every_command_s_help_shows_each_example_on_its_own_line(name):
 def test_sweep_help_names_every_table_a_sweep_fills_and_no_other():
     import re
 
-    from headscan.cli import RETRIEVAL_TABLES
+    from headscan.cli import PATCH_TABLES, RETRIEVAL_TABLES
 
     shown = CliRunner().invoke(cli, ["sweep", "--help"], terminal_width=80).output
     listed = set(re.findall(r"^ +(\w+\.parquet) ", shown, re.M))  # the table list, one file a line
-    assert listed == {table.file for name, table in TABLES.items() if name not in RETRIEVAL_TABLES}
+    assert listed == {table.file for name, table in TABLES.items() if name not in RETRIEVAL_TABLES + PATCH_TABLES}
+    assert not {"patching.parquet", "paths.parquet"} & listed  # `headscan patch` writes these
     assert not {"retrieval.parquet", "retrieval_trials.parquet"} & listed  # `headscan retrieval` writes these
 
 

@@ -89,7 +89,7 @@ def test_the_built_in_sections_keep_the_report_s_order():
     assert built_in == ["the atlas", "findings", "example attention", "differences between runs", "heatmaps",
                         "top heads", "offset profiles", "composition", "scatter and entropy", "syntactic heads",
                         "attention along the context", "which heads need the whole context", "what heads move",
-                        "does the head matter", "head families", "heads over training", "provenance"]
+                        "does the head matter", "what carries the answer", "head families", "heads over training", "provenance"]
 
 
 def test_the_header_states_each_embedded_model_s_caveat_once_for_it_and_its_controls():

@@ -140,10 +140,11 @@ def compare_runs(runs: Sequence[SweepTables], names: Sequence[str] | None = None
     seen = Counter(model for _, run in swept for model in run.models)
     models, parts, joined, published = [], {}, set(), {}
     for name, run in zip(names, runs):
-        if "heads" not in run.frames:  # a retrieval run's tables join the sweep of the same model
+        if "heads" not in run.frames:  # a retrieval or patching run's tables join the sweep of the same model
             alone = {model: run.provenance.model(model) for model in run.models if _published_alone(run, model, seen)}
             published.update(alone)
-            rename = {model: model if model in alone else _joined_name(model, name, swept, seen, joined)
+            kind = "patching" if "patching" in run.frames else "retrieval"
+            rename = {model: model if model in alone else _joined_name(model, name, swept, seen, joined, kind)
                       for model in run.models}
         else:
             rename = {model: f"{name}:{model}" if seen[model] > 1 else model for model in run.models}
@@ -177,16 +178,16 @@ def _published_alone(run: SweepTables, model: str, seen: Counter) -> bool:
     return run.provenance.model(model).source == IMPORTED and not seen[model]
 
 
-def _joined_name(model: str, run: str, swept: list, seen: Counter, joined: set) -> str:
-    """The report name of the swept model that a retrieval run's `model` joins; refused when none is, or when
-    it is ambiguous, or already joined by another retrieval run."""
+def _joined_name(model: str, run: str, swept: list, seen: Counter, joined: set, kind: str = "retrieval") -> str:
+    """The report name of the swept model that a retrieval (or patching) run's `model` joins; refused when none
+    is, or when it is ambiguous, or already joined by another run of the same kind."""
     if seen[model] != 1:
         where = "none of the sweeps given" if not seen[model] else f"{seen[model]} of the sweeps given"
-        raise TablesError(f"{run}: holds retrieval tables of {model}, which {where} swept; report it beside exactly "
+        raise TablesError(f"{run}: holds {kind} tables of {model}, which {where} swept; report it beside exactly "
                           f"one sweep of {model} (headscan report SWEEP_OUT {run})")
-    if model in joined:
-        raise TablesError(f"{run}: a second retrieval run of {model}; report one retrieval run per model")
-    joined.add(model)
+    if (model, kind) in joined:
+        raise TablesError(f"{run}: a second {kind} run of {model}; report one {kind} run per model")
+    joined.add((model, kind))
     return model
 
 

@@ -224,7 +224,8 @@ def _other_keys(table: str, frame: pd.DataFrame, part: pd.DataFrame) -> tuple[li
     keys = list(tables.TABLES[table].keys)
     if table == "weights" and "embedding" in part.columns and part["embedding"].notna().any():
         keys.append("embedding")
-    columns = [part[k].map(fmt_bucket) if k == "bucket" else part[k].astype(str) for k in keys]
+    columns = [part[k].map(fmt_bucket) if k == "bucket" else part[k].astype(object).where(part[k].notna(), "all")
+               .astype(str) for k in keys]  # an undefined key (patching's position) covers every one
     names = ["positions" if k == "bucket" else k for k in keys]
     return names, [list(cells) for cells in zip(*columns)] if len(part) else [], part
 
@@ -266,6 +267,8 @@ def _other_rows(comparison: Comparison, name: str, n_heads: int) -> list[dict]:
             part = pd.concat([part, _mirrored(back)])
         if table in ("similarity", "similarity_across"):  # heads^2 rows: each head's nearest heads only
             part = _nearest(part)
+        if table == "patching":  # a head at each position alone is the section's, not the panel's
+            part = part[part["position"].isna()]
         keys, cells, part = _other_keys(table, frame, part)
         distinct: dict[tuple, int] = {}
         key = [distinct.setdefault(tuple(c), len(distinct)) for c in cells]

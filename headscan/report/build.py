@@ -37,7 +37,7 @@ from .sections import Context, shown_sections
 # The built-in sections register themselves when imported; their order is each one's own.
 from .sections import (  # noqa: F401  isort: skip
     head_atlas, findings, example_attention, differences, heatmaps, top_heads, offsets, scatter, syntax, context,
-    whole_context, movement, importance, families, training, provenance, composition,
+    whole_context, movement, importance, families, training, provenance, composition, patching,
 )
 
 if TYPE_CHECKING:  # the report only reads what headscan.report.examples computed; it never imports the models
