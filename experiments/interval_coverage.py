@@ -76,7 +76,9 @@ def load(path: Path, tables=("heads", "offsets")):
         sums, counts = data["sums"][..., keep], data["counts"][..., keep]
     n, layers, heads, k = sums.shape
     # a value.parquet row is named value:METRIC, apart from the heads.parquet row of the same metric
-    names = np.array([{"offsets": "offsets", "value": f"value:{columns[i][0]}"}.get(columns[i][2], columns[i][0])
+    # and an importance.parquet row importance:METHOD (a file of unit_sums.py --importance)
+    names = np.array([{"offsets": "offsets", "value": f"value:{columns[i][0]}",
+                       "importance": f"importance:{columns[i][1][0]}"}.get(columns[i][2], columns[i][0])
                       for i in keep], dtype=object)
     metric = np.broadcast_to(names, (layers, heads, k)).reshape(-1)
     return sums.reshape(n, -1), counts.reshape(n, -1), metric
@@ -137,7 +139,8 @@ def coverage_of(sums, counts, metric, parts, *, methods=METHODS) -> pd.DataFrame
     structural = ~(np.abs(sums).sum(0) > 0)
     names, code = np.unique(metric, return_inverse=True)
     sparse = np.isin([name.split(":", 1)[-1] for name in metric], SPARSE)  # value:induction too, as the sweep does
-    ranges = {name: describe(name.split(":", 1)[-1] if name != "offsets" else "offsets").bounds() for name in names}
+    ranges = {name: describe("importance" if name.startswith("importance:") else name.split(":", 1)[-1]
+                             if name != "offsets" else "offsets").bounds() for name in names}
     bounds = tuple(np.array([ranges[name][end] for name in metric]) for end in (0, 1))  # each row's metric's range
     frames = []
     for index, part in enumerate(parts):
@@ -258,7 +261,8 @@ def main(argv=None) -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     parser.add_argument("--draws", type=int, default=200, help="random parts per N")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--tables", nargs="+", default=["heads", "offsets", "value", "syntax"])
+    parser.add_argument("--tables", nargs="+", default=["heads", "offsets", "value", "syntax"],
+                        help="tables whose rows are checked; importance for the files of unit_sums.py --importance")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore", category=RuntimeWarning)

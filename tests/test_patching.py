@@ -306,3 +306,13 @@ def test_the_cli_writes_pairs_and_patches(circuit, tmp_path):
                                  str(tmp_path / "x")])
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert result.output.strip().splitlines()[-1].startswith("Error: pairs file")
+
+
+def test_show_prints_a_patching_run_s_top_heads(circuit, tmp_path):
+    path, _, pairs = circuit
+    patch(str(path), pairs[:6], tmp_path / "out", device="cpu", bootstrap=50, attribution=False)
+    result = CliRunner().invoke(cli, ["show", str(tmp_path / "out"), "--top", "2"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert {lines[1].split()[1], lines[2].split()[1]} == {"L0H0", "L1H0"}
+    assert lines[-1].startswith("intervals resample pairs")

@@ -255,11 +255,14 @@ def unit_note(run: RunProvenance) -> str:
     'intervals resample segments, as asked'
     >>> unit_note(RunProvenance(config={}, extra={"bootstrap_unit": "trial: each trial is one unit"}))
     'intervals resample trials: each trial is one unit'
+    >>> unit_note(RunProvenance(config={}, extra={"bootstrap_unit": "pair: each prompt pair is one unit"}))
+    'intervals resample pairs: each prompt pair is one unit'
     >>> unit_note(RunProvenance(config={"bootstrap_unit": "segment"}))  # a run from before "auto"
     'intervals resample segments'
     """
     why = run.extra.get("bootstrap_unit") or ""
-    unit = run.config.get("bootstrap_unit") or ("trial" if why.startswith("trial:") else "segment")
+    unit = run.config.get("bootstrap_unit") or next((u for u in ("trial", "pair") if why.startswith(f"{u}:")),
+                                                    "segment")
     said = f"intervals resample {unit}s"
     for prefix, joint in ((f"auto: {unit}s, ", " (auto), "), (f"{unit}, ", ", "), (f"{unit}: ", ": ")):
         if why.startswith(prefix):

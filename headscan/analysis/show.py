@@ -19,6 +19,7 @@ from ..metrics import METRICS, describe
 from ..tables import TABLES, SweepTables
 from .claims import why_not
 from .importance import effects
+from .patching import top_patched
 from .ranking import structural_reason, top_heads, why_structural
 from .syntax import best_heads, offset_text, relation_order
 
@@ -31,7 +32,8 @@ SHOWN = ["model", "label", "layer", "head", "value", "ci_low", "ci_high", "chanc
 NO_CLAIM = {"unsupported": "no claim"}
 
 # Scores a sweep may write that the metric registry does not hold: metric -> the table it is in.
-_UNREGISTERED = {"copying": ("weights", "copying"), "dla": ("heads", "dla"), "dla_positive": ("heads", "dla_positive")}
+_UNREGISTERED = {"copying": ("weights", "copying"), "dla": ("heads", "dla"), "dla_positive": ("heads", "dla_positive"),
+                 "patching": ("patching", "denoise")}
 
 # What to run for a table a run lacks, said when `headscan show` is asked for one of its metrics.
 _HOW_TO_GET = {
@@ -40,6 +42,7 @@ _HOW_TO_GET = {
     "importance": "sweep with headscan sweep --importance atp (or ablate) to get one",
     "value": "sweep with headscan sweep --values to get one",
     "retrieval": "run headscan retrieval to get one",
+    "patching": "run headscan patch over prompt pairs to get one",
 }
 
 
@@ -68,8 +71,8 @@ def top_heads_text(run: SweepTables, metric: str | None = None, n: int = 10) -> 
     TablesError
         The run has no table of `metric` (the message says how to get one), or `n` is below 1.
     """
-    if metric is None:  # a sweep's previous-token heads, a retrieval run's retrieval heads
-        metric = "prev_token" if "heads" in run.frames else "retrieval"
+    if metric is None:  # a sweep's previous-token heads, a retrieval run's retrieval heads, a patching run's
+        metric = "prev_token" if "heads" in run.frames else "patching" if "patching" in run.frames else "retrieval"
     if n < 1:
         raise TablesError(f"top must be at least 1, got {n}")
     # a user's metric (--metric-module) that this process has not loaded: run.json says which table holds it
@@ -82,6 +85,10 @@ def top_heads_text(run: SweepTables, metric: str | None = None, n: int = 10) -> 
         return _syntax_text(run["syntax"], n)
     if metric == "importance":
         return _importance_text(run["importance"], n)
+    if metric == "patching":  # the heads that restore the most of the logit difference, exact denoising
+        top = top_patched(run["patching"], "denoise", n)
+        return top[["model", "label", "layer", "head", "value", "ci_low", "ci_high", "count"]].rename(
+            columns={"value": "fraction restored", "count": "pairs"}).to_string(index=False)
     if metric not in METRICS and not custom:
         return _unregistered_text(run, metric, n)
     if list(TABLES[table].keys) != ["metric"]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -174,7 +175,7 @@ def _one_model(spec: str, pairs: list[Pair], config: PatchConfig, progress: bool
         cut = head_cut(model)
         with Surgery(model, cut, "next_token_loss") as surgery:
             surgery.check()
-            heads = _patch_all(surgery, batches, model.n_heads, config)
+            heads = _patch_all(surgery, batches, model.n_heads, config, progress)
             paths = _path_list(heads, config, model.n_layers)
             path_results = _paths(surgery, batches, paths, model) if paths else None
         tables = {"patching": _heads_table(model, heads, config)}
@@ -192,10 +193,23 @@ def _one_model(spec: str, pairs: list[Pair], config: PatchConfig, progress: bool
         gc.collect()
 
 
-def _patch_all(surgery: Surgery, batches: list[PairBatch], n_heads: int, config: PatchConfig) -> dict:
+def _patch_all(surgery: Surgery, batches: list[PairBatch], n_heads: int, config: PatchConfig,
+               progress: bool = False) -> dict:
     """Every batch's `patch_heads`, joined along the pair axis: methods (layer, pair, head[, position])."""
-    parts = [patch_heads(surgery, batch, n_heads=n_heads, by_position=config.by_position,
-                         attribution=config.attribution) for batch in batches]
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=sum(len(b.last) for b in batches), desc=f"patch {surgery.model.name}", unit="pair",
+                   file=sys.stderr, dynamic_ncols=True)
+    parts = []
+    for batch in batches:
+        parts.append(patch_heads(surgery, batch, n_heads=n_heads, by_position=config.by_position,
+                                 attribution=config.attribution))
+        if bar is not None:
+            bar.update(len(batch.last))
+    if bar is not None:
+        bar.close()
     joined = {name: torch.cat([p[name] for p in parts], dim=0 if name in ("clean", "corrupted") else 1).numpy()
               for name in parts[0]}
     return joined
