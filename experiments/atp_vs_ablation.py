@@ -496,7 +496,7 @@ def main(argv=None) -> int:
             settings = read_settings(out)
             settings["atp_star"] = add_atp_star(out, settings, argv)
             (out / "run.json").write_text(json.dumps(settings, indent=2, ensure_ascii=False) + "\n")
-        rho = from_heads(out, out)
+        rho = from_heads(out if args.add_atp_star else folder, out)
         print(f"{verdict(rho >= BAR)}: Spearman(atp_mean, mean_ablation) = {rho:.3f}; wrote {out / 'README.md'}")
         return 0 if rho >= BAR else 1
     out = out_folder("atp_vs_ablation", args.out)
