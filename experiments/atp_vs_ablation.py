@@ -16,11 +16,14 @@ this project's bar, not theirs.
     python experiments/atp_vs_ablation.py                            # smollm2, 64 sentences: 2-3 hours, 2 cores
     python experiments/atp_vs_ablation.py --model minilm --limit 16   # no AtP (hidden_change): exact effects only
     python experiments/atp_vs_ablation.py --from-heads reports/experiments/atp_vs_ablation   # README again, no sweep
+    python experiments/atp_vs_ablation.py --from-heads reports/experiments/atp_vs_ablation --add-atp-star
+        # AtP* (GradDrop, mean ablation) on run.json's sentences and settings, added to heads.csv: ~20 min
 
 Writes ``reports/experiments/atp_vs_ablation/`` (or ``--out``):
 
 - ``heads.csv``: one row per head, columns ``model, layer, head, label`` and, for each method (``atp_mean``,
   ``atp_zero``, ``mean_ablation``, ``zero_ablation``), its value and ``<method>_ci_low``/``<method>_ci_high``;
+  and ``atp_star`` (AtP* of mean ablation, `headscan.models.atp_star`: a size per token, no interval);
 - ``run.json``: the run's settings (below);
 - ``scatter.png``: AtP against exact, mean and zero ablation (resample ablation has no AtP estimate);
 - ``README.md``: the check, the rank agreement, the agreement over subsets of heads (every head; layers 1 and
