@@ -16,11 +16,14 @@ this project's bar, not theirs.
     python experiments/atp_vs_ablation.py                            # smollm2, 64 sentences: 2-3 hours, 2 cores
     python experiments/atp_vs_ablation.py --model minilm --limit 16   # no AtP (hidden_change): exact effects only
     python experiments/atp_vs_ablation.py --from-heads reports/experiments/atp_vs_ablation   # README again, no sweep
+    python experiments/atp_vs_ablation.py --from-heads reports/experiments/atp_vs_ablation --add-atp-star
+        # AtP* (GradDrop, mean ablation) on run.json's sentences and settings, added to heads.csv: ~20 min
 
 Writes ``reports/experiments/atp_vs_ablation/`` (or ``--out``):
 
 - ``heads.csv``: one row per head, columns ``model, layer, head, label`` and, for each method (``atp_mean``,
   ``atp_zero``, ``mean_ablation``, ``zero_ablation``), its value and ``<method>_ci_low``/``<method>_ci_high``;
+  and ``atp_star`` (AtP* of mean ablation, `headscan.models.atp_star`: a size per token, no interval);
 - ``run.json``: the run's settings (below);
 - ``scatter.png``: AtP against exact, mean and zero ablation (resample ablation has no AtP estimate);
 - ``README.md``: the check, the rank agreement, the agreement over subsets of heads (every head; layers 1 and
@@ -56,6 +59,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from _common import corpus_name, ewt_dev, markdown_table, out_folder, verdict, weights_present
 
@@ -87,6 +91,9 @@ def parse(argv):
                                                     "(with --from-heads: that folder)")
     parser.add_argument("--from-heads", default=None, metavar="FOLDER",
                         help="no sweep: write README.md and scatter.png again from FOLDER's heads.csv and run.json")
+    parser.add_argument("--add-atp-star", action="store_true",
+                        help="with --from-heads: first compute AtP* on the sentences and settings of FOLDER's "
+                             "run.json and add its column to heads.csv (no exact sweep)")
     return parser.parse_args(argv)
 
 
@@ -172,6 +179,105 @@ def by_layer(misses: pd.DataFrame) -> pd.DataFrame:
                          "largest abs(miss)": groups["miss"].agg(lambda m: float(m.abs().max())).to_list()})
 
 
+# --- AtP* -----------------------------------------------------------------------------------------------------
+
+
+def atp_star_heads(model, corpus, config) -> pd.DataFrame:
+    """AtP* of mean ablation per head (`headscan.models.atp_star`: GradDrop, no QK fix), on the sweep's own
+    sample, means, positions and batches: the mean pass of `headscan.scan.importance` gives each head's mean,
+    the replaced positions are the sweep's (each segment's first left alone unless ``ablate_first``). Per head
+    ``atp_star``: the sum over sequences of the paper's per-prompt score (1/(L-1) sum over dropped layers of
+    |estimate|) over the target's token count, a size in the target's units; ``atp_star_check``: plain AtP from
+    the same passes, which must equal the sweep's ``atp_mean``."""
+    import torch
+
+    from headscan.corpus import batches, encode
+    from headscan.metrics.importance import importance_keys, target_sums
+    from headscan.models.atp_star import atp_star
+    from headscan.scan.importance import ImportanceRun, ImportanceState, replaced
+
+    columns = [(None, key, "importance") for key in importance_keys(config)]
+    with ImportanceRun(model, corpus, config, columns) as run:
+        run.prepare(ImportanceState(np.zeros((0, 0, 0))), lambda: False, lambda: None)
+        encoded = encode(corpus, model, config.max_len, indices=run.sample, long=config.long)
+        pad = model.special_token_ids["pad"]
+        star = torch.zeros((model.n_layers, model.n_heads), dtype=torch.float64)
+        atp = torch.zeros_like(star)
+        tokens = 0.0
+        for batch in batches(encoded, config.batch_size, pad if pad is not None else 0):
+            ids, mask = batch.input_ids.to(model.device), batch.attention_mask.to(model.device)
+            real = mask.bool()
+            sums = {}
+
+            def target(output, ids=ids, real=real, sums=sums):
+                sums["total"], sums["count"] = target_sums(run.target, output, tokens=ids, real=real)
+                return sums["total"]
+
+            result = atp_star(run.surgery, ids, mask, run.means, target,
+                              positions=replaced(real, config.ablate_first))
+            star += result.star.double().sum(0).cpu()
+            atp += result.atp.double().sum(0).cpu()
+            tokens += float(sums["count"].sum())
+    layer, head = np.meshgrid(np.arange(model.n_layers), np.arange(model.n_heads), indexing="ij")
+    return pd.DataFrame({"layer": layer.ravel(), "head": head.ravel(),
+                         "atp_star": (star / tokens).numpy().ravel(), "atp_star_check": (atp / tokens).numpy().ravel()})
+
+
+def with_atp_star(heads: pd.DataFrame, star: pd.DataFrame) -> tuple[pd.DataFrame, float]:
+    """heads.csv with the ``atp_star`` column (replaced if there), and the largest |atp_star_check - atp_mean|:
+    0 up to rounding when AtP* ran on the sweep's sentences and settings."""
+    merged = heads.drop(columns=["atp_star"], errors="ignore").merge(star, on=["layer", "head"], how="left")
+    gap = float((merged["atp_star_check"] - merged["atp_mean"]).abs().max()) if "atp_mean" in merged else float("nan")
+    return merged.drop(columns=["atp_star_check"]), gap
+
+
+def recall(estimate: pd.Series, exact: pd.Series, k: int) -> tuple[int, int]:
+    """(k, how many of exact's k largest |values| are among estimate's k largest |values|), over heads with both."""
+    both = pd.DataFrame({"estimate": estimate, "exact": exact}).dropna()
+    k = min(k, len(both))
+    return k, len(set(both["exact"].abs().nlargest(k).index) & set(both["estimate"].abs().nlargest(k).index))
+
+
+def star_table(heads: pd.DataFrame) -> pd.DataFrame:
+    """AtP and AtP* against exact mean ablation: Spearman and recall of the exact top 10 and top 20. AtP* is a
+    size, so it is ranked against |mean_ablation|; AtP both signed and as a size."""
+    exact = heads["mean_ablation"]
+    rows = []
+    for name, estimate, against, target in (
+            ("AtP (atp_mean)", heads["atp_mean"], "mean_ablation", exact),
+            ("abs(AtP)", heads["atp_mean"].abs(), "abs(mean_ablation)", exact.abs()),
+            ("AtP* (atp_star)", heads["atp_star"], "abs(mean_ablation)", exact.abs())):
+        (top, shared), (top20, shared20) = recall(estimate, exact, 10), recall(estimate, exact, 20)
+        rows.append({"estimate": name, "against": against, "Spearman": spearman(estimate, target),
+                     "top-10 recall": f"{shared} of {top}", "top-20 recall": f"{shared20} of {top20}"})
+    return pd.DataFrame(rows)
+
+
+def star_section(heads: pd.DataFrame, settings: dict) -> list[str]:
+    """The README's AtP* section, empty without an ``atp_star`` column."""
+    if "atp_star" not in heads or heads["atp_star"].isna().all():
+        return []
+    ran = settings.get("atp_star") or {}
+    how = (f" It took {float(ran['minutes']):.1f} minutes ({ran.get('device', settings['device'])})"
+           + (f", with headscan git {ran['git_revision'][:12]}" if ran.get("git_revision") else "") + "."
+           if ran.get("minutes") is not None else "")
+    lines = ["## AtP* (GradDrop) beside AtP\n",
+             "AtP* (Kramár et al. 2024) for each head's output, mean ablation as the replacement, on the same "
+             "sentences, means, replaced positions and batches: for each layer l one backward pass with the "
+             "gradient through block l's contribution to the residual stream dropped, and per sentence the mean "
+             "over the other L - 1 layers of the estimates' sizes, summed over sentences and divided by the "
+             "token count (`headscan.models.atp_star`). No QK fix: it concerns query and key nodes, and a head's "
+             "output is taken after its own softmax. AtP* is a size, so it is ranked against |mean_ablation|; "
+             "recall counts how many of the exact top k by |effect| are in the estimate's own top k." + how
+             + "\n"]
+    if ran.get("command"):
+        lines.append(f"    {ran['command']}\n")
+    if ran.get("atp_check") is not None:
+        lines.append(f"Plain AtP from the same passes differs from the sweep's `atp_mean` by at most "
+                     f"{float(ran['atp_check']):.1e} per token.\n")
+    return lines + [markdown_table(star_table(heads))]
+
+
 # --- run.json and README -----------------------------------------------------------------------------------
 
 
@@ -244,6 +350,7 @@ def readme_text(heads: pd.DataFrame, settings: dict, notes: str = EMPTY_NOTES) -
                  + (f", {BAR - rho:.3f} short of the bar" if rho < BAR else "") + ".\n")
     lines.append(recall_line(agree))
     lines += ["## Rank agreement\n", markdown_table(agree)]
+    lines += star_section(heads, settings)
     parts = subsets(heads)
     lines += ["## Agreement over subsets of heads\n",
               "Spearman (mean): atp_mean against mean_ablation; Spearman (zero): atp_zero against zero_ablation; "
@@ -276,15 +383,44 @@ def readme_text(heads: pd.DataFrame, settings: dict, notes: str = EMPTY_NOTES) -
     return "\n".join(lines)
 
 
-def draw(table: pd.DataFrame, model: str, path) -> None:
+def git_revision() -> str | None:
+    """This checkout's commit, for run.json; None outside a git checkout."""
+    import subprocess
+
+    try:
+        found = subprocess.run(["git", "-C", str(Path(__file__).resolve().parent), "rev-parse", "HEAD"],
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return found.stdout.strip() or None
+
+
+def draw_star(heads: pd.DataFrame, ax) -> None:
+    """|AtP| and AtP* (y) against |exact mean ablation| (x), log-log: a screen finds the heads on the right."""
+    both = heads.dropna(subset=["atp_mean", "atp_star", "mean_ablation"])
+    exact = both["mean_ablation"].abs()
+    for values, label, marker in ((both["atp_mean"].abs(), "|atp_mean|", "o"), (both["atp_star"], "atp_star", "x")):
+        ax.scatter(exact, values, s=10, marker=marker, alpha=0.6, label=label)
+    low = max(float(min(exact.min(), both["atp_star"].min())), 1e-6)
+    high = float(max(exact.max(), both["atp_star"].max(), both["atp_mean"].abs().max()))
+    ax.plot([low, high], [low, high], color="grey", linewidth=0.8)
+    ax.set(xscale="log", yscale="log", xlabel="|mean_ablation|", ylabel="estimate",
+           title="AtP* and |AtP| against |exact|")
+    ax.legend(fontsize=8)
+
+
+def draw(table: pd.DataFrame, model: str, path, heads: pd.DataFrame | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(8.5, 4.0), layout="constrained")
+    star = heads is not None and "atp_star" in heads and heads["atp_star"].notna().any()
+    fig, axes = plt.subplots(1, 3 if star else 2, figsize=(12.5 if star else 8.5, 4.0), layout="constrained")
     for ax, (estimate, exact) in zip(axes, (("atp_mean", "mean_ablation"), ("atp_zero", "zero_ablation"))):
         atp_against_exact(table, model=model, estimate=estimate, exact=exact, ax=ax)
+    if star:
+        draw_star(heads, axes[2])
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
@@ -297,7 +433,7 @@ def write_outputs(folder: Path) -> float:
     readme = folder / "README.md"
     notes = notes_of(readme)  # first: a README it may not rewrite leaves the scatter untouched too
     rows = importance_rows(heads, settings["target"])
-    draw(rows, str(heads["model"].iloc[0]), folder / "scatter.png")
+    draw(rows, str(heads["model"].iloc[0]), folder / "scatter.png", heads)
     readme.write_text(readme_text(heads, settings, notes))
     return checked_rho(agreement(rows))
 
@@ -313,6 +449,30 @@ def settings_of(args, run, source, seconds: float, argv) -> dict:
             "command": shlex.join(["python", "experiments/atp_vs_ablation.py", *argv]),
             "headscan_version": run.provenance.headscan_version, "git_revision": run.provenance.git_revision,
             "importance": notes}
+
+
+def add_atp_star(folder: Path, settings: dict, argv, corpus=None, model=None) -> dict:
+    """Compute AtP* on the sentences and settings of `settings` (run.json's), add its column to `folder`'s
+    heads.csv and return run.json's ``atp_star`` record (how long, which revision, which command, the check)."""
+    if settings["target"] == "hidden_change":
+        return {"note": "none: the first-order change of hidden_change is 0"}
+    if corpus is None:
+        source = settings["corpus"] if settings["corpus"] == "builtin" else ewt_dev()
+        if corpus_name(source) != settings["corpus"]:
+            raise FileNotFoundError(f"run.json's corpus is {settings['corpus']!r}, this machine has {source!r}")
+        corpus = read_corpus(source, limit=settings["limit"])
+    model = model or headscan.load_model(settings["model"], device=settings["device"])
+    config = headscan.SweepConfig(device=settings["device"], max_len=settings["max_len"],
+                                  batch_size=settings["batch_size"], importance="ablate", values=False,
+                                  ablate_first=bool((settings.get("importance") or {}).get("ablate_first", False)))
+    started = time.perf_counter()
+    star = atp_star_heads(model, corpus, config)
+    seconds = time.perf_counter() - started
+    heads, gap = with_atp_star(pd.read_csv(folder / "heads.csv"), star)
+    heads.to_csv(folder / "heads.csv", index=False)
+    return {"method": "GradDrop (Kramár et al. 2024, eq. 11) of mean ablation, no QK fix", "device": settings["device"],
+            "minutes": round(seconds / 60, 2), "seconds": round(seconds, 1), "atp_check": gap,
+            "git_revision": git_revision(), "command": shlex.join(["python", "experiments/atp_vs_ablation.py", *argv])}
 
 
 def from_heads(folder: Path, out: Path) -> float:
@@ -332,7 +492,14 @@ def main(argv=None) -> int:
     if args.from_heads:
         folder = Path(args.from_heads)
         out = out_folder("atp_vs_ablation", args.out or folder)
-        rho = from_heads(folder, out)
+        if args.add_atp_star:
+            if out.resolve() != folder.resolve():
+                for name in ("heads.csv", "run.json"):
+                    shutil.copyfile(folder / name, out / name)
+            settings = read_settings(out)
+            settings["atp_star"] = add_atp_star(out, settings, argv)
+            (out / "run.json").write_text(json.dumps(settings, indent=2, ensure_ascii=False) + "\n")
+        rho = from_heads(out if args.add_atp_star else folder, out)
         print(f"{verdict(rho >= BAR)}: Spearman(atp_mean, mean_ablation) = {rho:.3f}; wrote {out / 'README.md'}")
         return 0 if rho >= BAR else 1
     out = out_folder("atp_vs_ablation", args.out)
@@ -348,7 +515,9 @@ def main(argv=None) -> int:
     run = sweep_model(model, corpus, config)
     seconds = time.perf_counter() - started
     per_head(run["importance"]).to_csv(out / "heads.csv", index=False)
-    (out / "run.json").write_text(json.dumps(settings_of(args, run, source, seconds, argv), indent=2) + "\n")
+    settings = settings_of(args, run, source, seconds, argv)
+    settings["atp_star"] = add_atp_star(out, settings, argv, corpus=corpus, model=model)
+    (out / "run.json").write_text(json.dumps(settings, indent=2, ensure_ascii=False) + "\n")
     rho = write_outputs(out)
     heads = pd.read_csv(out / "heads.csv")
     ok = rho >= BAR

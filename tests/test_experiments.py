@@ -190,6 +190,9 @@ def test_atp_vs_ablation_writes_run_json_and_from_heads_rewrites_the_same_readme
                                                           "target": "next_token_loss"}
     assert settings["model"] == heads["model"].iloc[0] and settings["headscan_version"]
     assert settings["command"].endswith("--bootstrap 20 --out " + str(run)) and "ablated" not in settings["importance"]
+    # AtP* ran on the sweep's own sentences, means and positions: its plain AtP is the sweep's atp_mean
+    assert heads["atp_star"].notna().all() and (heads["atp_star"] >= 0).all()
+    assert settings["atp_star"]["atp_check"] <= 1e-6 * heads["atp_mean"].abs().max()
     written = (run / "README.md").read_text()
     assert "| every head | 8 |" in written and "| layers 1 and up | 4 |" in written
     assert script.EMPTY_NOTES in written
@@ -267,6 +270,34 @@ def test_atp_agreement_over_subsets_equals_a_plain_computation(experiment):
         }
         for column, value in expected.items():
             assert got.loc[name, column] == pytest.approx(value, abs=1e-12), (name, column)
+
+
+def test_atp_star_recall_and_ranks_equal_a_plain_computation(experiment):
+    import numpy as np
+
+    script = experiment("atp_vs_ablation")
+    heads = _heads_table(seed=3)
+    heads["atp_star"] = np.abs(heads["mean_ablation"]) + np.abs(np.random.default_rng(1).normal(0, 0.03, len(heads)))
+    got = script.star_table(heads).set_index("estimate")
+    records = heads.to_dict("records")
+
+    def top(key, k):
+        return set(sorted(range(len(records)), key=lambda i: -abs(records[i][key]))[:k])
+
+    for name, key, signed in (("AtP (atp_mean)", "atp_mean", True), ("abs(AtP)", "atp_mean", False),
+                              ("AtP* (atp_star)", "atp_star", False)):
+        estimate = [r[key] if signed else abs(r[key]) for r in records]
+        exact = [r["mean_ablation"] if signed else abs(r["mean_ablation"]) for r in records]
+        rho = _plain_pearson(_plain_ranks(estimate), _plain_ranks(exact))
+        assert got.loc[name, "Spearman"] == pytest.approx(rho, abs=1e-12), name
+        for k, column in ((10, "top-10 recall"), (20, "top-20 recall")):
+            n = min(k, len(records))
+            assert got.loc[name, column] == f"{len(top(key, n) & top('mean_ablation', n))} of {n}", (name, k)
+    settings = {"model": "m", "corpus": "builtin", "limit": 4, "max_len": 32, "batch_size": 16, "device": "cpu",
+                "minutes": 0.5, "target": "next_token_loss", "atp_star": {"minutes": 0.2, "atp_check": 1e-9}}
+    text = script.readme_text(heads, settings)
+    assert "## AtP* (GradDrop) beside AtP" in text and "| AtP* (atp_star) | abs(mean_ablation) |" in text
+    assert "## AtP* (GradDrop)" not in script.readme_text(heads.drop(columns="atp_star"), settings)
 
 
 def test_atp_readme_says_by_how_much_and_which_layers_where_the_bar_is_missed(experiment):
