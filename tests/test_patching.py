@@ -234,7 +234,7 @@ def test_the_run_loads_back_and_names_its_rules(circuit, tmp_path):
     back = headscan.load(tmp_path / "out")
     assert set(back.frames) == {"patching"}
     assert back.provenance.extra["bootstrap_unit"].startswith("pair")
-    assert set(back["patching"]["method"]) == {"denoise", "noise"}
+    assert set(back["patching"]["method"]) == {"denoise", "noise"}  # no AtP, nor AtP*, when attribution is off
     assert len(back["patching"]) == len(run["patching"]) == 2 * 2 * 8
 
 
@@ -316,3 +316,16 @@ def test_show_prints_a_patching_run_s_top_heads(circuit, tmp_path):
     lines = result.output.splitlines()
     assert {lines[1].split()[1], lines[2].split()[1]} == {"L0H0", "L1H0"}
     assert lines[-1].startswith("intervals resample pairs")
+
+
+def test_atp_star_is_a_size_and_is_reported_beside_atp(circuit_run):
+    """On two layers GradDrop has one term for a layer-0 head, its estimate with layer 1's gradient dropped, and
+    the planted L0H0 acts only through layer 1: its AtP* is 0 by construction, the method's, not a fault here."""
+    rows = circuit_run["patching"]
+    star = rows[(rows["method"] == "atp_star_denoise") & (rows["target"] == "logit_diff")].set_index("label")
+    assert (star["value"] >= 0).all()
+    assert star["value"].idxmax() == "L1H0"
+    assert star.loc["L0H0", "value"] < 1e-6 * star["value"].max()
+    recall = circuit_run.provenance.models[0].extra["patching"]["atp_recall"]
+    assert set(recall) == {"denoise", "noise", "atp_star_denoise", "atp_star_noise"}
+    assert recall["atp_star_denoise"]["top_10"] == "8 of 8"

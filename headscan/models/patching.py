@@ -10,7 +10,8 @@ logit of the answer minus that of the wrong answer at each prompt's last token:
   denoising and noising);
 - **noising**: the clean run with the head's output from the corrupted one; effect LD(clean) - LD(patched);
 - **attribution patching** (AtP, Nanda 2023; Kramár et al. 2024): each of those to first order, for every head
-  from one backward pass: sum over positions of (z_other - z) . dLD/dz;
+  from one backward pass: sum over positions of (z_other - z) . dLD/dz; and AtP* (`headscan.models.atp_star`:
+  GradDrop, L more backward passes), a size per pair against cancellation between a head's paths;
 - **path patching** (`patch_paths`, Wang et al. 2022; Goldowsky-Dill et al. 2023): the effect of a sender head on
   a later receiver head through the receiver's queries, keys or values only. Run 1: the corrupted prompt, the
   sender's output from the clean run, every head of the layers after the sender frozen at its corrupted output
@@ -35,6 +36,7 @@ import torch
 
 from ..errors import ModelLoadError
 from .ablation import Surgery, _name_of
+from .atp_star import atp_star
 
 __all__ = ["PairBatch", "logit_difference", "patch_heads", "patch_paths", "projection_sites", "Projections",
            "PATHS"]
@@ -83,7 +85,8 @@ def patch_heads(surgery: Surgery, batch: PairBatch, *, n_heads: int, by_position
     directions, exactly and (with `attribution`) to first order.
 
     Returns float64 CPU tensors: ``clean`` and ``corrupted`` LDs (batch,), and per method an effect (layer,
-    batch, head) named ``denoise``, ``noise``, ``atp_denoise``, ``atp_noise``; with `by_position` also
+    batch, head) named ``denoise``, ``noise``, ``atp_denoise``, ``atp_noise`` (and ``atp_star_denoise``,
+    ``atp_star_noise``, sizes, where the model's blocks are known); with `by_position` also
     ``denoise_position`` and ``noise_position`` (layer, batch, head, position), the head patched at one position
     alone. Effects are signed so that a head carrying the difference scores positive in both directions.
     """
@@ -115,7 +118,21 @@ def patch_heads(surgery: Surgery, batch: PairBatch, *, n_heads: int, by_position
     if attribution:
         out["atp_denoise"] = _attribution(corrupt.heads, g_corrupt, clean.heads, real, n_heads)
         out["atp_noise"] = -_attribution(clean.heads, g_clean, corrupt.heads, real, n_heads)
+        if surgery.cut.blocks is not None and n_layers > 1:  # GradDrop drops one block's gradient at a time
+            out.update(_atp_star(surgery, batch, clean, corrupt, n_heads))
     out.update(clean=ld_clean.double().cpu(), corrupted=ld_corrupt.double().cpu())
+    return out
+
+
+def _atp_star(surgery: Surgery, batch: PairBatch, clean, corrupt, n_heads: int) -> dict[str, torch.Tensor]:
+    """AtP* (GradDrop; `headscan.models.atp_star`) of both directions, (layer, batch, head): a size per pair,
+    never negative, to be read against the size of the exact effect."""
+    out = {}
+    for method, ids, donor in (("atp_star_denoise", batch.corrupted, clean), ("atp_star_noise", batch.clean, corrupt)):
+        b, n, width = donor.heads[0].shape
+        replacement = torch.stack([z.detach().view(b, n, n_heads, width // n_heads) for z in donor.heads])
+        star = atp_star(surgery, ids, batch.mask, replacement, lambda output: logit_difference(output, batch))
+        out[method] = star.star.transpose(0, 1).double().cpu()  # (layer, batch, head)
     return out
 
 

@@ -40,7 +40,7 @@ from .state import PartialState
 __all__ = ["patch", "encode_pairs", "unit_values", "recall_at", "write_generated_pairs", "PAIR_UNIT"]
 
 PAIR_UNIT = "pair: each clean/corrupted prompt pair is one unit"
-_METHODS = ("denoise", "noise", "atp_denoise", "atp_noise")
+_METHODS = ("denoise", "noise", "atp_denoise", "atp_noise", "atp_star_denoise", "atp_star_noise")
 
 
 def encode_pairs(model, pairs: list[Pair], batch_size: int) -> list[PairBatch]:
@@ -153,6 +153,8 @@ def _rules() -> dict:
         "denoise": "corrupted run, the head's output at every position from the clean run: LD(patched) - LD(corrupted)",
         "noise": "clean run, the head's output from the corrupted run: LD(clean) - LD(patched)",
         "atp": "attribution patching: sum over positions of (z_other - z) . dLD/dz, one backward pass per run",
+        "atp_star": "AtP* (Kramar et al. 2024) without the QK fix: GradDrop, the mean over dropped layers of |AtP with "
+                    "that layer's gradient dropped|, a size per pair (headscan.models.atp_star)",
         "fraction": "sum over pairs of the effect / sum over pairs of LD(clean) - LD(corrupted)",
         "paths": "sender's clean output into the corrupted run, heads of later layers frozen at their corrupted "
                  "outputs (MLPs and norms recomputed); the receiver's q, k or v recorded, then put alone into the "
@@ -218,12 +220,19 @@ def _patch_all(surgery: Surgery, batches: list[PairBatch], n_heads: int, config:
 def _recall(heads: dict) -> dict:
     """AtP against the exact patches of the same direction: Spearman and recall of the exact top 10 and 20."""
     out = {}
+    ranks = lambda v: pd.Series(v.ravel()).rank().to_numpy()  # noqa: E731
     for method in ("denoise", "noise"):
-        exact, atp = heads[method].sum(1), heads[f"atp_{method}"].sum(1)  # (layer, head) summed over pairs
-        ranks = lambda v: pd.Series(v.ravel()).rank().to_numpy()  # noqa: E731
-        out[method] = {"spearman": float(np.corrcoef(ranks(exact), ranks(atp))[0, 1]),
-                       **{f"top_{k}": f"{recall_at(atp.ravel(), exact.ravel(), k)} of {min(k, exact.size)}"
-                          for k in (10, 20)}}
+        exact = heads[method].sum(1)  # (layer, head) summed over pairs
+        # AtP is signed, against the signed effect; AtP* is a size, against the effect's size
+        for name, estimate, against in (("atp", heads[f"atp_{method}"].sum(1), exact),
+                                        ("atp_star", heads.get(f"atp_star_{method}"), np.abs(exact))):
+            if estimate is None:
+                continue
+            estimate = estimate.sum(1) if estimate.ndim == 3 else estimate
+            key = method if name == "atp" else f"{name}_{method}"
+            out[key] = {"spearman": float(np.corrcoef(ranks(against), ranks(estimate))[0, 1]),
+                        **{f"top_{k}": f"{recall_at(estimate.ravel(), against.ravel(), k)} of {min(k, exact.size)}"
+                           for k in (10, 20)}}
     return out
 
 
