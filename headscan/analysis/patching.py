@@ -34,10 +34,11 @@ def patching_summary(result) -> str:
                      f"corrupted {about.get('mean_logit_difference', {}).get('corrupted', float('nan')):.2f})")
         lines.append("  fraction of the logit difference restored (denoising): "
                      + ", ".join(f"{r.label} {_interval(r)}" for r in top.itertuples()))
-        recall = (about.get("atp_recall") or {}).get("denoise")
-        if recall:
-            lines.append(f"  AtP (a screen): Spearman {recall['spearman']:.2f} with exact denoising; recall of its "
-                         f"top 10 {recall['top_10']}, top 20 {recall['top_20']}")
+        for key, name in (("denoise", "AtP"), ("atp_star_denoise", "AtP*")):
+            recall = (about.get("atp_recall") or {}).get(key)
+            if recall:
+                lines.append(f"  {name} (a screen): Spearman {recall['spearman']:.2f} with exact denoising; recall "
+                             f"of its top 10 {recall['top_10']}, top 20 {recall['top_20']}")
     if "paths" in result.frames:
         paths = result["paths"]
         paths = paths[paths["target"] == "fraction"].sort_values("value", ascending=False, kind="stable").head(5)

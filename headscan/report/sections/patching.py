@@ -35,10 +35,13 @@ def _model_lines(comparison: Comparison, patching: pd.DataFrame) -> list[str]:
         line = (f"{model}: {about.get('clean_right', '?')} of {about.get('pairs', '?')} clean prompts give the answer "
                 f"the larger logit (mean logit difference {mean.get('clean', float('nan')):.2f} clean, "
                 f"{mean.get('corrupted', float('nan')):.2f} corrupted).")
-        recall = (about.get("atp_recall") or {}).get("denoise")
-        if recall:
-            line += (f" AtP, as a screen: Spearman {recall['spearman']:.2f} with exact denoising; it recalls "
-                     f"{recall['top_10']} of the exact top 10 and {recall['top_20']} of the top 20.")
+        recalls = about.get("atp_recall") or {}
+        for key, name, against in (("denoise", "AtP", "exact denoising"),
+                                   ("atp_star_denoise", "AtP*", "the size of exact denoising")):
+            recall = recalls.get(key)
+            if recall:
+                line += (f" {name}, as a screen: Spearman {recall['spearman']:.2f} with {against}; it recalls "
+                         f"{recall['top_10']} of the exact top 10 and {recall['top_20']} of the top 20.")
         lines.append(line)
     return lines
 
