@@ -329,3 +329,23 @@ def test_atp_star_is_a_size_and_is_reported_beside_atp(circuit_run):
     recall = circuit_run.provenance.models[0].extra["patching"]["atp_recall"]
     assert set(recall) == {"denoise", "noise", "atp_star_denoise", "atp_star_noise"}
     assert recall["atp_star_denoise"]["top_10"] == "8 of 8"
+
+
+def test_paths_patch_a_grouped_query_receiver_s_key_value_head(tmp_path):
+    """Llama with grouped queries (4 query heads reading 2 key/value heads), through a TransformerLens bridge: the
+    key path into query heads 0 and 1 patches the same key/value head, so it has the same effect; their query
+    paths are their own."""
+    from headscan.testing import build_architecture_checkpoint
+
+    folder = build_architecture_checkpoint(tmp_path / "llama", "llama", seed=5)
+    model = load_model(str(folder), device="cpu")
+    words = [w for w in ("dog", "tree", "house", "river", "king", "song", "water", "door", "fish", "ship")
+             if len(model.tokenizer(" " + w, add_special_tokens=False)["input_ids"]) == 1][:7]
+    clean = " " + " ".join(words[:5] + [words[1]])
+    corrupted = " " + " ".join([words[0], words[6]] + words[2:5] + [words[1]])
+    run = patch(str(folder), [Pair(clean, corrupted, " " + words[2], " " + words[3])] * 2, device="cpu",
+                bootstrap=0, attribution=False, paths=("L0H0>L1H0", "L0H0>L1H1"))
+    paths = run["paths"][run["paths"]["target"] == "logit_diff"].set_index(["label", "path"])["value"]
+    assert paths.loc[("L1H0", "k")] == pytest.approx(paths.loc[("L1H1", "k")], abs=1e-9)
+    assert paths.loc[("L1H0", "v")] == pytest.approx(paths.loc[("L1H1", "v")], abs=1e-9)
+    assert paths.loc[("L1H0", "q")] != pytest.approx(paths.loc[("L1H1", "q")], abs=1e-9)

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import ModelLoadError
-from .ablation import Surgery, _name_of
+from .ablation import Surgery
 from .atp_star import atp_star
 
 __all__ = ["PairBatch", "logit_difference", "patch_heads", "patch_paths", "projection_sites", "Projections",
@@ -158,18 +158,21 @@ def _attribution(heads, grads, others, real: torch.Tensor, n_heads: int) -> torc
 
 def projection_sites(surgery: Surgery) -> list[dict[str, tuple[torch.nn.Module, int]]]:
     """Per layer, for "q", "k" and "v": the module whose output holds it and the column where it starts (0 for a
-    separate projection; the fused one's thirds). A model whose projections headscan cannot find is refused."""
+    separate projection; the fused one's thirds). They are looked for in the modules above each layer's cut (its
+    attention module, a TransformerLens bridge around it, BERT's attention.self beside attention.output). A model
+    whose projections headscan cannot find is refused."""
     model = surgery.model
-    by_name = dict(model.hf_model.named_modules(remove_duplicate=False))  # a bridge lists a module twice
+    parents: dict[int, list[torch.nn.Module]] = {}
+    for module in model.hf_model.modules():
+        for child in module.children():
+            parents.setdefault(id(child), []).append(module)
     sites = []
     for layer, cut in enumerate(surgery.cut.modules):
-        name = _name_of(model.hf_model, cut)
-        found = None
-        for depth in (1, 2, 3):  # the cut's attention module, or BERT's attention.self beside attention.output
-            parent = by_name.get(name.rsplit(".", depth)[0]) if name.count(".") >= depth else None
-            if parent is None:
-                continue
-            found = _projections_in(parent) or _projections_in(getattr(parent, "self", None))
+        found, level = None, [cut]
+        for _ in range(3):  # the cut's wrapper, its attention module, and the one above (BERT's attention)
+            level = [parent for module in level for parent in parents.get(id(module), [])]
+            found = next((f for m in level for f in (_projections_in(m), _projections_in(getattr(m, "self", None)))
+                          if f), None)
             if found:
                 break
         if not found:
@@ -278,6 +281,9 @@ def patch_paths(surgery: Surgery, projections: Projections, batch: PairBatch, pa
             wanted = {(r[0], kind) for r, kind in mine}
             with _recording(projections, wanted) as recorded:
                 surgery.run(batch.corrupted, batch.mask, replace=replace, residuals=corrupt.residuals)
+            if set(recorded) != wanted:
+                raise ModelLoadError(f"model {surgery.model.name!r}: its query, key and value projections were found "
+                                     f"but not run in a forward pass, so headscan cannot patch paths in it")
             for receiver, kind in mine:
                 unit = receiver[1] if kind == "q" else int(kv_group(receiver[1]))
                 start = projections.column(receiver[0], kind, unit)
