@@ -14,18 +14,24 @@ from headscan.metrics.nulls import add_findings
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENT = ROOT / "reports" / "experiments" / "interval_coverage" / "sizes" / "coverage.csv"
+IMPORTANCE = ROOT / "reports" / "experiments" / "interval_coverage" / "importance" / "coverage.csv"
 
 
 def test_the_packaged_table_is_the_committed_experiment_condensed():
     packaged = measured_coverage()
-    pd.testing.assert_frame_equal(packaged, coverage_table(pd.read_csv(EXPERIMENT)), check_dtype=False)
+    both = pd.concat([pd.read_csv(EXPERIMENT), pd.read_csv(IMPORTANCE)], ignore_index=True)
+    pd.testing.assert_frame_equal(packaged, coverage_table(both), check_dtype=False)
     raw = pd.read_csv(EXPERIMENT)
     raw = raw[(raw.design == "random") & (raw.method == "studentized_symmetric") & (raw.rule == "thin")]
     # by hand: prev_token at 30 documents is the lower of minilm's and smollm2's coverage
     both = raw[(raw.metric == "prev_token") & (raw.N == 30)]["coverage"]
     row = packaged[(packaged.family == "prev_token") & (packaged.N == 30)].iloc[0]
     assert len(both) == 2 and row.coverage == pytest.approx(both.min(), abs=1e-4) and row.coverage < MIN_COVERAGE
-    assert (packaged[packaged.N == 100]["coverage"] >= 0.94).all()  # every family validated from 100 units on
+    patterns = packaged[~packaged.family.str.startswith("importance:")]
+    assert (patterns[patterns.N == 100]["coverage"] >= 0.94).all()  # every pattern family validated from 100 units on
+    # minilm's mean ablation (1 - cosine of its final hidden states) held 0.92 even on 100 documents
+    ablation = packaged[(packaged.family == "importance:mean_ablation:hidden_change") & (packaged.N == 100)].iloc[0]
+    assert ablation.coverage < MIN_COVERAGE
 
 
 @pytest.mark.parametrize("table, metric, units, short", [
@@ -73,3 +79,17 @@ def test_the_report_names_the_families_that_carry_no_claim_at_a_small_size():
     assert "prev_token (0.920)" in said and "distance (0.906)" in said and "value:first_token (0.928)" in said
     assert not re.search(r"(?<!:)first_token \(", said)  # heads' first_token held 0.94 at 30
     assert _few_units(Comparison({"heads": rows(318)}, [], [])) == []
+
+
+def test_an_importance_row_matters_only_where_its_method_was_validated_at_its_size():
+    from headscan.analysis.importance import matter_table
+
+    heads = pd.DataFrame({"model": "m", "layer": 0, "head": [0, 1], "metric": "prev_token", "value": [0.5, 0.5],
+                          "ci_low": [0.4, 0.4], "ci_high": [0.6, 0.6]})
+    rows = pd.DataFrame({"model": "m", "layer": 0, "head": [0, 1], "label": ["L0H0", "L0H1"], "value": [0.5, 0.5],
+                         "ci_low": [0.4, 0.4], "ci_high": [0.6, 0.6], "units": [316, 316],
+                         "method": "mean_ablation", "target": ["hidden_change", "next_token_loss"]})
+    table = matter_table(heads, rows).set_index("label")
+    # minilm's hidden_change covered 0.92 at 100 documents: withheld; next_token_loss was never measured: judged
+    assert not table.loc["L0H0", "matters"] and table.loc["L0H0", "unvalidated"]
+    assert table.loc["L0H1", "matters"] and not table.loc["L0H1", "unvalidated"]

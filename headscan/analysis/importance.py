@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ..intervals.validated import unvalidated
 from ..tables import thin_rows
 
 __all__ = ["PATTERN_METRICS", "PAIRS", "STRIKING", "MATTERS", "NEGLIGIBLE", "FLAGS", "spearman", "effects",
@@ -97,7 +98,11 @@ def matter_table(heads: pd.DataFrame, importance: pd.DataFrame, scale_of: dict[s
     scale = {model: (scale_of or {}).get(model, model) for model in largest_of.index}
     largest = table["model"].map({model: largest_of.get(scale[model], largest_of[model]) for model in scale})
     clear = (table["ci_low"] > 0) | (table["ci_high"] < 0)
-    sure = table["exact"] & ~table["thin"]
+    # an exact ablation's interval carries a claim where its family's coverage was validated at its size
+    validated = ~unvalidated("importance", table["method"] + ":" + table["target"],
+                             table["units"] if "units" in table else np.full(len(table), np.nan))
+    table["unvalidated"] = table["exact"] & ~validated
+    sure = table["exact"] & ~table["thin"] & validated
     table["matters"] = clear & (table["value"].abs() >= MATTERS * largest) & sure
     table["nil"] = (table[["ci_low", "ci_high"]].abs().max(axis=1) <= NEGLIGIBLE * largest) & sure
     sure = ~table["pattern_thin"].fillna(True).astype(bool)

@@ -6,7 +6,9 @@ per size, minilm and smollm2) and counts how often each family's default interva
 on the rows the ``thin`` rule trusts) held the value over the whole of EWT test. `coverage_table` condenses its
 ``coverage.csv`` into ``headscan/data/interval_coverage.csv``: per family and size, the *lower* of the two models'
 coverage (a family measured on one model only keeps that one). A family is ``heads`` metric's name, ``value:``
-and the metric for value.parquet, and ``syntax``.
+and the metric for value.parquet, ``syntax``, and ``importance:METHOD:TARGET`` for exact ablations (measured on
+minilm's ``hidden_change`` only, from ``experiments/unit_sums.py --importance``; the packaged table condenses both
+committed coverage.csv files).
 
 `unvalidated` marks a row whose interval cannot carry a claim at its size: its family's coverage at the largest
 measured size not above the row's ``units`` is below `MIN_COVERAGE`, or the row rests on fewer units than the
@@ -64,10 +66,13 @@ def measured_coverage() -> pd.DataFrame:
 
 
 def family_of(table: str, metric) -> np.ndarray:
-    """Each row's coverage family: the metric's name for heads, ``value:`` and its name for value, ``syntax``."""
+    """Each row's coverage family: the metric's name for heads, ``value:`` and its name for value, ``syntax``;
+    for importance, `metric` holds ``METHOD:TARGET`` and the family is ``importance:METHOD:TARGET``."""
     metric = np.asarray(metric, dtype=object)
     if table == "syntax":
         return np.full(len(metric), "syntax", dtype=object)
+    if table == "importance":
+        return np.array([f"importance:{m}" for m in metric], dtype=object)
     return np.array([f"value:{m}" for m in metric], dtype=object) if table == "value" else metric
 
 

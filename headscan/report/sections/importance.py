@@ -13,6 +13,7 @@ from matplotlib.figure import Figure
 
 from ...analysis.importance import MATTERS, NEGLIGIBLE, STRIKING, agreement, matter_table
 from ...analysis.runs import Comparison
+from ...intervals.validated import MIN_COVERAGE
 from ...plots.importance import atp_against_exact, effect_against_pattern
 from ..document import Bullets, Figures, Heading, Note, Table, Text
 from ..figures import MAX_WIDTH, Pngs
@@ -62,6 +63,11 @@ def _model_lines(comparison: Comparison, table: pd.DataFrame, scale_of: dict[str
             verdict = (f"{int(part['matters'].sum())} of the {exact} exactly ablated heads matter (interval clear "
                        f"of 0, at least {MATTERS:.0%} of {largest}), {int(part['nil'].sum())} have none (interval "
                        f"within {NEGLIGIBLE:.0%} of {largest} around 0); AtP estimates count in neither.")
+            withheld = int(part["unvalidated"].sum()) if "unvalidated" in part else 0
+            if withheld:
+                verdict += (f" {withheld} exact rows are judged neither way: their 95% intervals were not validated "
+                            f"at their size (this method and target covered less than {MIN_COVERAGE:.2f} on parts of "
+                            f"that many EWT test documents; experiments/interval_coverage.py).")
         else:
             verdict = ("No head was ablated exactly, so none is said to matter: AtP only screens (sweep with "
                        "--importance ablate).")
