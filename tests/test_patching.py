@@ -349,3 +349,24 @@ def test_paths_patch_a_grouped_query_receiver_s_key_value_head(tmp_path):
     assert paths.loc[("L1H0", "k")] == pytest.approx(paths.loc[("L1H1", "k")], abs=1e-9)
     assert paths.loc[("L1H0", "v")] == pytest.approx(paths.loc[("L1H1", "v")], abs=1e-9)
     assert paths.loc[("L1H0", "q")] != pytest.approx(paths.loc[("L1H1", "q")], abs=1e-9)
+
+
+def test_the_report_section_lists_the_planted_heads_and_path(circuit, circuit_run, tmp_path):
+    from headscan.analysis.runs import compare_runs
+    from headscan.report.document import Bullets, Table
+    from headscan.report.figures import Pngs
+    from headscan.report.sections.patching import patching_section
+
+    path, _, _ = circuit
+    sweep = headscan.sweep(str(path), ["the dog saw the tree", "a king and a song"], device="cpu", bootstrap=0)
+    comparison = compare_runs([sweep, circuit_run], ["sweep", "patch"])
+    pngs = Pngs()
+    blocks = patching_section(comparison, pngs)
+    assert list(pngs) == ["patching.png"]
+    heads, paths = [b.frame for b in blocks if isinstance(b, Table)]
+    assert set(heads["head"][:2]) == {"L0H0", "L1H0"}
+    first = paths.iloc[0]
+    assert (first["sender"], first["receiver"], first["through"], first["above 0"]) == ("L0H0", "L1H0", "keys", "yes")
+    assert (paths["above 0"] == "yes").sum() == 1
+    said = next(b for b in blocks if isinstance(b, Bullets)).items[0]
+    assert "16 of 16 clean prompts" in said and "AtP*" in said

@@ -37,6 +37,7 @@ import torch
 from ..errors import ModelLoadError
 from .ablation import Surgery
 from .atp_star import atp_star
+from .hooked import PROBE
 
 __all__ = ["PairBatch", "logit_difference", "patch_heads", "patch_paths", "projection_sites", "Projections",
            "PATHS"]
@@ -159,29 +160,47 @@ def _attribution(heads, grads, others, real: torch.Tensor, n_heads: int) -> torc
 def projection_sites(surgery: Surgery) -> list[dict[str, tuple[torch.nn.Module, int]]]:
     """Per layer, for "q", "k" and "v": the module whose output holds it and the column where it starts (0 for a
     separate projection; the fused one's thirds). They are looked for in the modules above each layer's cut (its
-    attention module, a TransformerLens bridge around it, BERT's attention.self beside attention.output). A model
-    whose projections headscan cannot find is refused."""
+    attention module, a TransformerLens bridge around it, BERT's attention.self beside attention.output), and
+    the ones a probe forward pass runs are kept: a bridge holds both the model's own fused projection and the
+    split ones it calls instead. A model whose projections headscan cannot find is refused."""
     model = surgery.model
     parents: dict[int, list[torch.nn.Module]] = {}
     for module in model.hf_model.modules():
         for child in module.children():
             parents.setdefault(id(child), []).append(module)
-    sites = []
-    for layer, cut in enumerate(surgery.cut.modules):
-        found, level = None, [cut]
+    candidates = []
+    for cut in surgery.cut.modules:
+        found, level = [], [cut]
         for _ in range(3):  # the cut's wrapper, its attention module, and the one above (BERT's attention)
             level = [parent for module in level for parent in parents.get(id(module), [])]
-            found = next((f for m in level for f in (_projections_in(m), _projections_in(getattr(m, "self", None)))
-                          if f), None)
-            if found:
-                break
-        if not found:
+            found += [f for m in level for f in (_projections_in(m), _projections_in(getattr(m, "self", None))) if f]
+        candidates.append(found)
+    ran = _modules_run(surgery, {id(m): m for found in candidates for site in found for m, _ in site.values()})
+    sites = []
+    for layer, found in enumerate(candidates):
+        site = next((f for f in found if all(id(m) in ran for m, _ in f.values())), None)
+        if site is None:
             raise ModelLoadError(
-                f"model {model.name!r} ({type(model.hf_model).__name__}), layer {layer}: headscan cannot find its "
-                f"query, key and value projections (looked for {', '.join('/'.join(n) for n in _SEPARATE)} and "
-                f"the fused {', '.join(_FUSED)}), so it cannot patch paths; patch heads without --paths")
-        sites.append(found)
+                f"model {model.name!r} ({type(model.hf_model).__name__}), layer {layer}: headscan cannot find "
+                f"query, key and value projections that its forward pass runs (looked for "
+                f"{', '.join('/'.join(n) for n in _SEPARATE)} and the fused {', '.join(_FUSED)}), so it cannot "
+                f"patch paths; patch heads without --paths")
+        sites.append(site)
     return sites
+
+
+def _modules_run(surgery: Surgery, modules: dict[int, torch.nn.Module]) -> set[int]:
+    """Which of `modules` a forward pass on the probe sentence calls."""
+    ran: set[int] = set()
+    handles = [m.register_forward_hook(lambda module, args, output: ran.add(id(module))) for m in modules.values()]
+    ids = torch.tensor([surgery.model.token_ids([PROBE])[0]], dtype=torch.long, device=surgery.model.device)
+    try:
+        with torch.no_grad():
+            surgery.run(ids, torch.ones_like(ids))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return ran
 
 
 def _projections_in(module) -> dict | None:

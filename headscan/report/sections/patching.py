@@ -26,11 +26,19 @@ def _interval(value, low, high) -> str:
     return f"{value:+.2f}" + ("" if pd.isna(low) else f" [{low:+.2f}, {high:+.2f}]")
 
 
+def _about(comparison: Comparison, model: str) -> dict:
+    """What the patching run recorded of `model` (its provenance's ``patching``): a patching run joins its model's
+    sweep under the model's own name."""
+    for _, run in comparison.runs:
+        if "patching" in run.frames and model in run.models:
+            return run.provenance.model(model).extra.get("patching", {})
+    return {}
+
+
 def _model_lines(comparison: Comparison, patching: pd.DataFrame) -> list[str]:
     lines = []
     for model in dict.fromkeys(patching["model"]):
-        about = comparison.model(model).provenance.extra.get("patching", {}) if any(
-            m.name == model for m in comparison.models) else {}
+        about = _about(comparison, model)
         mean = about.get("mean_logit_difference", {})
         line = (f"{model}: {about.get('clean_right', '?')} of {about.get('pairs', '?')} clean prompts give the answer "
                 f"the larger logit (mean logit difference {mean.get('clean', float('nan')):.2f} clean, "
