@@ -13,7 +13,8 @@ masked trial's recall minus the same trial's unmasked one, with a bootstrap inte
 pooled interval is over trials too.
 
 The heads are ranked by the gated ``retrieval`` score of the run's own trials, or of an earlier run's
-``retrieval.parquet`` (``--mask-from``); ties go to the lower layer, then head. What differs from the reference
+``retrieval.parquet`` (``--mask-from``); ties go to the lower layer, then head. Where no trial passed the gate,
+the ungated score ranks them instead (the provenance says which). What differs from the reference
 code, on purpose: Wu et al. mask only while decoding (their prefill runs unmasked) and draw random heads
 uniformly over the model; here the mask holds in the prefill too, and the random heads match the top heads'
 layers.
@@ -56,10 +57,14 @@ OVERLAP_NOTE = ("a retrieval run scores no sink or induction metric, so their ov
 
 
 def ranked_heads(retrieval: pd.DataFrame, model_name: str, n_layers: int, n_heads: int,
-                 source: str = "this run") -> list[tuple[int, int, float]]:
-    """(layer, head, score) of every head of `model_name` with a gated ``retrieval`` score in the retrieval table,
-    highest first, ties to the lower layer, then head."""
-    part = retrieval[(retrieval["model"] == model_name) & (retrieval["metric"] == "retrieval")]
+                 source: str = "this run") -> tuple[list[tuple[int, int, float]], str]:
+    """(layer, head, score) of every head of `model_name` with a score in the retrieval table, highest first, ties
+    to the lower layer, then head; and the score ranked by: the gated ``retrieval`` where any trial passed the
+    gate, else ``retrieval_ungated`` (as the report does)."""
+    mine = retrieval[retrieval["model"] == model_name]
+    gated = mine["metric"] == "retrieval"
+    metric = "retrieval" if mine.loc[gated, "value"].notna().any() else "retrieval_ungated"
+    part = mine[mine["metric"] == metric]
     if part.empty:
         there = ", ".join(dict.fromkeys(retrieval["model"])) or "none"
         raise ConfigError(f"mask_from: {source} has no retrieval scores of {model_name} (its models: {there}); "
@@ -69,7 +74,7 @@ def ranked_heads(retrieval: pd.DataFrame, model_name: str, n_layers: int, n_head
                           f"heads: another model of that name", setting="mask_from")
     part = part[part["value"].notna()].sort_values(["layer", "head"]).sort_values("value", ascending=False,
                                                                                   kind="stable")
-    return [(int(r.layer), int(r.head), float(r.value)) for r in part.itertuples()]
+    return [(int(r.layer), int(r.head), float(r.value)) for r in part.itertuples()], metric
 
 
 def random_heads(top: list[tuple[int, int]], excluded: set, n_heads: int, seed: int, draw: int) -> list[tuple[int, int]]:
@@ -97,7 +102,7 @@ def _conditions(ranked, n_heads: int, config: RetrievalConfig) -> list[tuple[str
     wanted = max(config.mask_top, config.mask_random)
     if len(ranked) < wanted:
         raise ConfigError(f"mask_top: {wanted} heads asked for, but only {len(ranked)} heads have a retrieval score "
-                          f"(a score needs a trial that passes the answer gate); use fewer heads, more trials, or "
+                          f"(a score needs a trial whose answer span was found); use fewer heads, more trials, or "
                           f"--mask-from an earlier run", setting="mask_top")
     heads = [(layer, head) for layer, head, _ in ranked]
     conditions = [("top", None, heads[:config.mask_top])] if config.mask_top else []
@@ -111,16 +116,16 @@ def _conditions(ranked, n_heads: int, config: RetrievalConfig) -> list[tuple[str
 def _ranking(model, config: RetrievalConfig, retrieval: pd.DataFrame) -> tuple[list, dict]:
     """The ranked heads and where their scores come from (provenance and fingerprint)."""
     if config.mask_from is None:
-        return (ranked_heads(retrieval, model.name, model.n_layers, model.n_heads),
-                {"ranked_by": "the gated retrieval score of this run's trials"})
+        ranked, metric = ranked_heads(retrieval, model.name, model.n_layers, model.n_heads)
+        return ranked, {"ranked_by": f"{metric} of this run's trials"}
     folder = Path(config.mask_from)
     other = load(folder)
     if "retrieval" not in other.frames:
         raise ConfigError(f"mask_from: {folder} holds no retrieval.parquet; name a headscan retrieval output folder",
                           setting="mask_from")
     digest = hashlib.sha256((folder / TABLES["retrieval"].file).read_bytes()).hexdigest()
-    ranked = ranked_heads(other["retrieval"], model.name, model.n_layers, model.n_heads, source=str(folder))
-    return ranked, {"ranked_by": f"the gated retrieval score of {folder}", "run_id": other.provenance.run_id,
+    ranked, metric = ranked_heads(other["retrieval"], model.name, model.n_layers, model.n_heads, source=str(folder))
+    return ranked, {"ranked_by": f"{metric} of {folder}", "run_id": other.provenance.run_id,
                     "sha256": digest}
 
 
