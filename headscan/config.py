@@ -262,21 +262,6 @@ class SweepConfig:
             raise ConfigError(f"values must be True or False, got {self.values!r}", setting="values")
         if self.prepend_bos not in (None, True, False):
             raise ConfigError(f"prepend_bos must be None, True or False, got {self.prepend_bos!r}", setting="prepend_bos")
-        self._check_masking()
-
-    def _check_masking(self) -> None:
-        for name, low in (("mask_top", 0), ("mask_random", 0), ("mask_draws", 1)):
-            _whole(name, getattr(self, name), low)
-        if self.mask_from is not None and not (isinstance(self.mask_from, str) and self.mask_from):
-            raise ConfigError(f"mask_from must be a folder, got {self.mask_from!r}", setting="mask_from")
-        if self.mask_from is not None and not self.masking:
-            raise ConfigError("mask_from names the scores to rank heads by, but nothing is masked; add --mask-top K "
-                              "or --mask-random K", setting="mask_from")
-
-    @property
-    def masking(self) -> bool:
-        """Whether the run adds the masking test (`headscan.scan.masking`)."""
-        return self.mask_top > 0 or self.mask_random > 0
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self) | {"control": list(self.control), "metric_modules": list(self.metric_modules)}

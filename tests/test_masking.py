@@ -68,7 +68,8 @@ def test_masking_the_planted_retrieval_head_breaks_the_answer_and_a_random_other
     none = trials[trials["condition"] == "none"]
     assert (none["value"] == 1.0).all() and (none["response"] == ANSWER).all()
     summary = masked_run["retrieval_masking"]
-    pooled = summary[summary["length"].isna()].set_index(["condition", summary["draw"].fillna(-1)])
+    pooled = summary[summary["length"].isna()].assign(draw=lambda f: f["draw"].fillna(-1))
+    pooled = pooled.set_index(["condition", "draw"])
     assert pooled.loc[("none", -1), "value"] == 1.0 and np.isnan(pooled.loc[("none", -1), "drop"])
     assert pooled.loc[("top", -1), ["value", "drop", "drop_low", "drop_high"]].tolist() == [0.0, -1.0, -1.0, -1.0]
     assert pooled.loc[("random", -1), ["value", "drop"]].tolist() == [1.0, 0.0]
@@ -130,7 +131,7 @@ def test_the_mask_zeroes_exactly_the_chosen_heads_as_a_plain_hugging_face_hook_d
         handles = []
         for layer in {layer for layer, _ in chosen}:
             projection = layers[layer].self_attn.o_proj if name == "llama" else layers[layer].attn.c_proj
-            handles.append(projection.register_forward_pre_hook(zero([h for l, h in chosen if l == layer])))
+            handles.append(projection.register_forward_pre_hook(zero([h for at, h in chosen if at == layer])))
         with torch.no_grad():
             expected = reference(ids).logits
         for handle in handles:
@@ -218,3 +219,27 @@ def test_bad_mask_options_are_one_line(planted, tmp_path, extra, message):
     lines = [line for line in result.output.strip().splitlines() if line.startswith("Error")]
     assert len(lines) == 1 and message in lines[0], result.output
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())  # no half-written output
+
+
+def test_the_report_shows_accuracy_by_condition_with_the_drops_and_the_overlap_with_sink_and_induction(planted,
+                                                                                                        masked_run,
+                                                                                                        tmp_path):
+    from headscan.report import write_report
+
+    text = " ".join(HAYSTACK.split() * 4)
+    headscan.sweep(planted["folder"], [text] * 16, tmp_path / "sweep", max_len=64, bootstrap=20)
+    sweep = headscan.load(tmp_path / "sweep")
+    folder = write_report([sweep, headscan.load(masked_run.path)], tmp_path / "report")
+    section = (folder / "report.md").read_text()
+    section = section[section.index("### Masking the retrieval heads"):]
+    section = section[:section.index("\n## ")] if "\n## " in section else section
+    assert "every trial (3): none 1.00 [1.00, 1.00]; top 1 masked 0.00 [0.00, 0.00], drop -1.00 [-1.00, -1.00]" in section
+    assert "random 1 masked 1.00 [1.00, 1.00], drop 0.00 [0.00, 0.00]" in section
+    heads = sweep.heads
+    for metric in ("first_token", "induction"):  # the overlap, counted here from heads.parquet
+        ranked = heads[heads["metric"] == metric].sort_values("value", ascending=False, kind="stable")
+        expected = int(ranked["label"].iloc[0] == "L0H0")
+        name = "sink (first\\_token)" if metric == "first_token" else "induction"  # Markdown escapes the _
+        assert f"{expected} among its 1 highest {name} heads" in section
+    assert "| 160 | 0 | top | 1 | 0.00 [0.00, 0.00] | -1.00 [-1.00, -1.00] | 0% | 1 |" in section
+    assert list(folder.glob("**/retrieval_masking_*.png"))
