@@ -188,8 +188,8 @@ def _masking_part(comparison: Comparison, pngs: Pngs) -> list:
         drop=[("" if pd.isna(r.drop) else _interval(r.drop, r.drop_low, r.drop_high, signed=True))
               for r in rows.itertuples()],
         passed=rows["passed"].map(lambda v: f"{v:.0%}"), trials=rows["count"].astype(int).astype(str),
-        heads=rows["k"].astype(int).astype(str))
-    table = shown[["model", "length", "depth", "condition", "heads", "accuracy", "drop", "passed", "trials"]]
+        masked=rows["k"].astype(int).astype(str))
+    table = shown[["model", "length", "depth", "condition", "masked", "accuracy", "drop", "passed", "trials"]]
     return [Heading(3, "Masking the retrieval heads"),
             Text("Every trial decoded again with heads masked (their output zeroed before the output projection, at "
                  "every position of the prefill and of the answer): the top retrieval heads (top), and as many random "
@@ -201,7 +201,9 @@ def _masking_part(comparison: Comparison, pngs: Pngs) -> list:
             Bullets(sentences),
             Figures(files, "Needle accuracy by depth with no head, the top retrieval heads and random heads of their "
                            "layers masked; bars: 95% intervals over trials."),
-            Table(table, numeric=("heads", "trials"))]
+            Table(table, numeric=("masked", "trials")),
+            Note("masked: heads masked; passed: share of trials whose answer passes the gate; drop: the condition's "
+                 "accuracy minus none's on the same trials.")]
 
 
 def _interval(value, low, high, signed: bool = False) -> str:
