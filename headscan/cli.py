@@ -17,7 +17,7 @@ from .errors import ConfigError, HeadscanError, SweepInterrupted
 from .tables import TABLES
 
 # What `headscan retrieval` and `headscan patch` write; a sweep fills the other tables of the registry.
-RETRIEVAL_TABLES = ("retrieval", "retrieval_trials")
+RETRIEVAL_TABLES = ("retrieval", "retrieval_trials", "retrieval_masking", "retrieval_masking_trials")
 PATCH_TABLES = ("patching", "paths")
 
 
@@ -163,10 +163,19 @@ def retrieval(models, corpus, needles, out, overwrite, restart, quiet, **setting
     (every trial, failed ones included) and OUT/run.json. Stopped, it keeps
     finished trials in OUT.partial/; the same command resumes.
 
+    With --mask-top K and --mask-random K, every trial is decoded again with
+    the top K retrieval heads masked (output zeroed at every position), and
+    with K random heads of the same layers in --mask-draws seeded draws:
+    OUT/retrieval_masking.parquet has the needle accuracy (ROUGE-1 recall)
+    per condition and depth, and its paired drop from the unmasked trials,
+    with 95% intervals over trials.
+
     Example:
 
     \b
         headscan retrieval -m smollm2 --corpus en_ewt-ud-dev.conllu --lengths 1024,2048 --out out/retrieval
+        headscan retrieval -m smollm2 --corpus en_ewt-ud-dev.conllu --lengths 1024 --mask-top 10 \\
+            --mask-random 10 --mask-draws 3 --out out/retrieval-mask
     """
     from .analysis.whole_context import retrieval_summary
     from .scan import retrieval as run_retrieval
@@ -175,7 +184,7 @@ def retrieval(models, corpus, needles, out, overwrite, restart, quiet, **setting
     command = _effective_command(click.get_current_context())
     result = run_retrieval(list(models), corpus, out, config, needles=needles, overwrite=overwrite, restart=restart,
                            progress=not quiet, command=command)
-    files = ", ".join(f"{out}/{TABLES[name].file}" for name in RETRIEVAL_TABLES)
+    files = ", ".join(f"{out}/{TABLES[name].file}" for name in RETRIEVAL_TABLES if name in result.frames)
     click.echo(f"wrote {files} and {out}/run.json")
     click.echo(retrieval_summary(result))
 

@@ -342,6 +342,16 @@ class RetrievalConfig:
                                       "model's sweep default).", flag="--bos")
     # 128: less memory than 256 at 8k tokens (benchmarks/long_context.py --task retrieval)
     query_chunk: int = _field(128, "model", "Queries per block of the chunked prefill (scores do not depend on it).")
+    # the masking test (Wu et al.'s needle_in_haystack_with_mask.py): off unless one of the two counts is set
+    mask_top: int = _field(0, "trials", "Also decode every trial with the top K retrieval heads masked (their "
+                           "output z zeroed at every position, prefill and decoding); 0: no masking test.",
+                           metavar="K")
+    mask_random: int = _field(0, "trials", "Also decode every trial with K random heads masked, one from the layer of "
+                              "each of the top K retrieval heads, never a top head; 0: none.", metavar="K")
+    mask_draws: int = _field(3, "trials", "Seeded draws of --mask-random heads, each decoding every trial once.")
+    mask_from: str | None = _field(None, "trials", "Rank the heads to mask by the retrieval scores of this earlier "
+                                   "headscan retrieval output folder (default: this run's own trials).",
+                                   metavar="FOLDER")
 
     def __post_init__(self):
         for name, values in choices(RetrievalConfig).items():
@@ -369,6 +379,21 @@ class RetrievalConfig:
                               setting="bootstrap")
         if self.prepend_bos not in (None, True, False):
             raise ConfigError(f"prepend_bos must be None, True or False, got {self.prepend_bos!r}", setting="prepend_bos")
+        self._check_masking()
+
+    def _check_masking(self) -> None:
+        for name, low in (("mask_top", 0), ("mask_random", 0), ("mask_draws", 1)):
+            _whole(name, getattr(self, name), low)
+        if self.mask_from is not None and not (isinstance(self.mask_from, str) and self.mask_from):
+            raise ConfigError(f"mask_from must be a folder, got {self.mask_from!r}", setting="mask_from")
+        if self.mask_from is not None and not self.masking:
+            raise ConfigError("mask_from names the scores to rank heads by, but nothing is masked; add --mask-top K "
+                              "or --mask-random K", setting="mask_from")
+
+    @property
+    def masking(self) -> bool:
+        """Whether the run adds the masking test (`headscan.scan.masking`)."""
+        return self.mask_top > 0 or self.mask_random > 0
 
     def to_json(self) -> dict:
         return {name: list(value) if isinstance(value, tuple) else value

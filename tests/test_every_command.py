@@ -51,9 +51,11 @@ def runs(tmp_path_factory, tiny_gpt2, tiny_bert) -> dict:
         # every table a sweep writes: syntax (CoNLL-U), importance, similarity and similarity_across (two models)
         "treebank": ["sweep", "-m", tiny_gpt2, "-m", tiny_bert, "-c", treebank, "--importance", "atp",
                      "--similarity-sample", "3", *SWEEP],
-        # retrieval and retrieval_trials, and none of a sweep's tables; 124 + 5 - 1 tokens fill the 128 positions
+        # retrieval, retrieval_trials and the masking tables, and none of a sweep's tables; 124 + 5 - 1 tokens fill
+        # the 128 positions
         "retrieval": ["retrieval", "-m", tiny_gpt2, "-c", "builtin", "--lengths", "124", "--max-new-tokens", "5",
-                      "--depths", "0,1", "--bootstrap", "20", "-q", "--device", "cpu"],
+                      "--depths", "0,1", "--bootstrap", "20", "-q", "--device", "cpu", "--mask-top", "1",
+                      "--mask-random", "1", "--mask-draws", "1"],
         "part-0": ["sweep", "-m", tiny_gpt2, "--limit", "4", "--shard", "0/2", *SWEEP],
         "part-1": ["sweep", "-m", tiny_gpt2, "--limit", "4", "--shard", "1/2", *SWEEP],
     }

@@ -23,6 +23,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ..tables import SweepTables, thin_rows
+from .masking import masking_lines
 
 __all__ = ["RETRIEVAL_THRESHOLD", "WU_SHARES", "retrieval_shares", "kv_budget", "relations", "retrieval_summary"]
 
@@ -158,4 +159,7 @@ def retrieval_summary(run: SweepTables, n: int = 5) -> str:
         for row in part.itertuples():
             lines.append(f"  {row.label:>8} {row.value:.3f} [{row.ci_low:.3f}, {row.ci_high:.3f}] over "
                          f"{int(row.count)} trials" + (" (thin support)" if row.thin else ""))
+    if "retrieval_masking" in run.frames:  # the masking test: accuracy per condition over every trial, paired drops
+        lines += ["needle accuracy (ROUGE-1 recall) with heads masked, 95% intervals over trials:",
+                  *(f"  {line}" for line in masking_lines(run["retrieval_masking"]))]
     return "\n".join(lines)

@@ -37,7 +37,7 @@ from .hooks import backbone, unobserved_norms
 if TYPE_CHECKING:
     from .hooked import HookedModel
 
-__all__ = ["TARGETS", "HeadCut", "Pass", "Surgery", "head_cut", "target_of"]
+__all__ = ["TARGETS", "HeadCut", "Pass", "Surgery", "head_cut", "target_of", "zeroed_heads"]
 
 # What a head's removal is measured on, per kind of model (headscan.metrics.importance defines each).
 TARGETS = ("next_token_loss", "masked_loss", "hidden_change")
@@ -164,6 +164,67 @@ def target_of(model: HookedModel) -> tuple[str, str]:
         return "masked_loss", f"its checkpoint is a {saved[0]}: the masked-token loss of its trained head"
     why = f"its checkpoint is a {saved[0]}" if saved else "its checkpoint names no class"
     return "hidden_change", f"{why}, with no trained masked-LM head: the change of its final hidden states"
+
+
+@contextlib.contextmanager
+def zeroed_heads(model: HookedModel, cut: HeadCut, heads, *, within=None):
+    """While the block runs, every (layer, head) of `heads` has its output z set to 0 at every position, where
+    it enters the output projection of `within` (a model holding the same layers, such as the language model
+    `headscan.models.decode` runs; default `model`'s own): a forward pre-hook per masked layer hands the
+    projection a new tensor with those heads' columns zeroed. Yields the set of layers whose hook ran, so a
+    caller can check that the mask reached the pass it meant.
+
+    A model whose layers share one attention module (ALBERT) is refused: a hook could not tell its layers apart.
+    """
+    modules = _modules_in(model, cut, within)
+    by_layer: dict[int, list[int]] = {}
+    for layer, head in heads:
+        if not (0 <= layer < model.n_layers and 0 <= head < model.n_heads):
+            raise ValueError(f"head L{layer}H{head} is not one of {model.name}'s {model.n_layers}x{model.n_heads}")
+        by_layer.setdefault(int(layer), []).append(int(head))
+    if by_layer and len({id(m) for m in modules}) < len(modules):
+        raise ModelLoadError(f"model {model.name!r}: its layers share one attention module, so a head of one layer "
+                             f"cannot be masked alone")
+    fired: set[int] = set()
+
+    def hook_of(layer: int, columns: torch.Tensor):
+        def hook(module, args):
+            x = args[0]  # (batch, seq, head * d_head)
+            fired.add(layer)
+            return (x.masked_fill(columns.to(x.device), 0.0), *args[1:])  # a new tensor: `x` is not written into
+        return hook
+
+    handles = []
+    try:
+        for layer, chosen in by_layer.items():
+            columns = torch.zeros(model.n_heads * cut.d_head, dtype=torch.bool)  # (head * d_head,)
+            for head in chosen:
+                columns[head * cut.d_head:(head + 1) * cut.d_head] = True
+            handles.append(modules[layer].register_forward_pre_hook(hook_of(layer, columns)))
+        yield fired
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _modules_in(model: HookedModel, cut: HeadCut, within) -> tuple:
+    """`cut.modules` as they sit in `within`: the same modules where `within` holds them, else its modules of the
+    same names (a language model loaded beside the ``hf_hooks`` body names them with a prefix, ``model.``)."""
+    if within is None:
+        return cut.modules
+    held = {id(m) for m in within.modules()}
+    if all(id(m) in held for m in cut.modules):
+        return cut.modules
+    names = dict(within.named_modules())
+    found = []
+    for module in cut.modules:
+        name = _name_of(model.hf_model, module)
+        match = [names[n] for n in names if n == name or n.endswith("." + name)]
+        if len(match) != 1:
+            raise ModelLoadError(f"model {model.name!r}: the output projection {name} was not found once in the "
+                                 f"language model that decodes, so its heads cannot be masked there")
+        found.append(match[0])
+    return tuple(found)
 
 
 @functools.cache

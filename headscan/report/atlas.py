@@ -258,7 +258,8 @@ def _other_rows(comparison: Comparison, name: str, n_heads: int) -> list[dict]:
         # colours of the grid; one row per trial; one row per unit, which says nothing without its text (the
         # examples, a tenth of a head's rows, are read in examples.parquet, not carried in the page); a row per
         # pair of heads (composition: its own section lists the pairs that matter)
-        if table in ("heads", "offsets", "retrieval", "retrieval_trials", "examples", "composition"):
+        if table in ("heads", "offsets", "retrieval", "retrieval_trials", "examples", "composition") or \
+                not tables.TABLES[table].per_head:  # rows about a whole model (the masking test) fill no head's panel
             continue
         part = frame[(frame["model"] == name) & frame["value"].notna()]
         if table == "similarity_across":  # a run writes each pair of models once, under its first model

@@ -8,7 +8,10 @@ any corpus, at each length), the prompt is prefilled with chunked attention and 
 - ``retrieval_trials.parquet``: every trial of every head, failed ones included (``passed``, ``span_found``);
 - ``retrieval.parquet``: per head, ``retrieval`` (the mean over trials that pass the gate, Wu et al.'s number)
   and ``retrieval_ungated`` (over every trial whose answer span was found), each with a bootstrap interval
-  over trials and the score a head attending uniformly would get (``chance``).
+  over trials and the score a head attending uniformly would get (``chance``);
+- with ``mask_top`` or ``mask_random``, ``retrieval_masking.parquet`` and ``retrieval_masking_trials.parquet``:
+  needle accuracy with the top retrieval heads masked, and random heads of their layers
+  (`headscan.scan.masking`).
 
 What differs from the reference code, on purpose: trials that fail the gate are counted and kept, never
 dropped without a trace; a run writes a new output folder (never appends to old scores) and writes it whole,
@@ -23,8 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import json
-import os
 import shutil
 import sys
 import time
@@ -35,12 +36,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .. import __version__, intervals
+from .. import __version__
 from ..config import RetrievalConfig
 from ..corpus import read_corpus
 from ..corpus.needles import SENTENCE_RULE, SPAN_RULE, TEMPLATES, build_prompt, plan_trials, read_needles
 from ..corpus.rouge import GATE_RULE, rouge1_recall
-from ..errors import ConfigError, ModelLoadError, SweepInterrupted, TablesError
+from ..errors import ConfigError, ModelLoadError, SweepInterrupted
 from ..metrics import METRICS, AttentionBatch
 from ..metrics.retrieval import chance_steps
 from ..models import check_spec, load_model
@@ -49,8 +50,9 @@ from ..models.forward import chunked_refusal, refused
 from ..tables import TABLES, ModelProvenance, SweepTables, check_out, head_columns, write
 from ..tables.folders import holding_out
 from .finish import run_provenance
+from .kept_trials import keep_trial, kept_trials, over_trials
+from .masking import MASK_RULE, masking_test
 from .resume import partial_folder, spec_stem, stop_requests
-from .state import PartialState, fingerprint_differences
 
 __all__ = ["retrieval", "STOP_RULE", "METRICS_BY_TRIALS"]
 
@@ -133,7 +135,8 @@ def _rules(config: RetrievalConfig) -> dict:
         "decoding": f"{STOP_RULE}; prefill of every prompt token but the last with chunked attention, then a step "
                     f"that feeds the last; attention rows in float32, argmax ties to the earliest key",
         "trials": METRICS_BY_TRIALS,
-    }
+    } | ({"masking": f"{MASK_RULE}; accuracy: the answer's ROUGE-1 recall, the mean over trials; drops paired with "
+                     f"the unmasked decoding of the same trial"} if config.masking else {})
 
 
 def _python_call(models: list[str], haystack, config: RetrievalConfig) -> str:
@@ -165,7 +168,7 @@ def _one_model(spec, corpus, needles, about, plans, config, partial, should_stop
         bos = model.special_token_ids["bos"] if config.template == "raw" and model.prepend_bos else None
         expected = _fingerprint(model, corpus, about, config)
         path = partial / f"retrieval-{spec_stem(spec)}.jsonl" if partial is not None else None
-        done = _resume(path, expected, spec)
+        done = kept_trials(path, expected, spec)
         specials = set(getattr(model.tokenizer, "all_special_ids", []) or [])
         bar = _progress_bar(len(plans), len(done), spec, progress)
         for plan in plans:
@@ -177,14 +180,20 @@ def _one_model(spec, corpus, needles, about, plans, config, partial, should_stop
                     "nothing was kept (no out)"))
             done[plan.index] = _trial(model, corpus, needles[plan.needle], plan, config, bos, specials)
             if path is not None:
-                _append(path, done[plan.index], expected)
+                keep_trial(path, done[plan.index], expected)
             if bar is not None:
                 bar.update(1)
         if bar is not None:
             bar.close()
         records = [done[plan.index] for plan in plans]
-        described = ModelProvenance.from_json(model.provenance() | _summary(records, config, bos is not None))
-        return _tables(model, records, config), described
+        tables, summary = _tables(model, records, config), _summary(records, config, bos is not None)
+        if config.masking:
+            path = partial / f"masking-{spec_stem(spec)}.jsonl" if partial is not None else None
+            masked, summary["masking"] = masking_test(model, corpus, needles, plans, records, tables["retrieval"],
+                                                      config, path, expected, should_stop, progress, bos,
+                                                      _answer_ends(model, specials))
+            tables |= masked
+        return tables, ModelProvenance.from_json(model.provenance() | summary)
     finally:
         del model
         gc.collect()
@@ -218,11 +227,8 @@ def _trial(model, corpus, needle, plan, config: RetrievalConfig, bos, specials: 
             chance[layers_of] += float(chance_steps(dataclasses.replace(batch, window=window))[0])
         tokens.append(step.token)
 
-    def stop(token: int) -> bool:
-        return token in specials or "\n" in model.tokenizer.decode([token])
-
-    generated = greedy_decode(model, prompt.ids, each, max_new_tokens=config.max_new_tokens, stop=stop,
-                              query_chunk=config.query_chunk)
+    generated = greedy_decode(model, prompt.ids, each, max_new_tokens=config.max_new_tokens,
+                              stop=_answer_ends(model, specials), query_chunk=config.query_chunk)
     response = model.tokenizer.decode(generated, skip_special_tokens=True).strip()
     recall = rouge1_recall(needle.answer, response)
     return {"trial": plan.index, "length": plan.length, "depth": plan.depth, "needle": plan.needle, "start": plan.start,
@@ -230,6 +236,14 @@ def _trial(model, corpus, needle, plan, config: RetrievalConfig, bos, specials: 
             "answer": list(prompt.answer) if prompt.answer else None, "generated": generated, "response": response,
             "recall": recall, "passed": recall > config.gate, "hits": hits.to(torch.int64).tolist(),
             "chance": chance.tolist(), "seconds": round(time.perf_counter() - started, 3)}
+
+
+def _answer_ends(model, specials: set):
+    """The stop rule (`STOP_RULE`): whether a generated token ends the answer."""
+    def stop(token: int) -> bool:
+        return token in specials or "\n" in model.tokenizer.decode([token])
+
+    return stop
 
 
 def _summary(records: list[dict], config: RetrievalConfig, bos: bool) -> dict:
@@ -278,65 +292,19 @@ def _tables(model, records: list[dict], config: RetrievalConfig) -> dict[str, pd
             "retrieval_trials": TABLES["retrieval_trials"].conform(pd.concat(trials, ignore_index=True))}
 
 
-def over_trials(scores: np.ndarray, chance: np.ndarray, trial_ids: np.ndarray,
-                 config: RetrievalConfig) -> dict[str, np.ndarray]:
-    """The value columns of the mean over trials of `scores` (trial, layer, head), each trial one bootstrap unit
-    weighted by draws keyed on its index (`headscan.intervals`); `chance` (trial, layer) is each trial's chance
-    level, the same for every head of a layer, averaged over the same trials."""
-    counts = np.ones_like(scores)
-    chance_sums = np.broadcast_to(chance.sum(0)[:, None], scores.shape[1:]).copy()  # (layer, head)
-    weights = intervals.bootstrap_weights(trial_ids.tolist(), config.bootstrap, config.seed)  # (replicate, trial)
-    state = PartialState({}, None, scores.sum(0), counts.sum(0), np.einsum("rt,tlh->rlh", weights, scores),
-                         np.einsum("rt,tlh->rlh", weights, counts), intervals.unit_moments(scores, counts),
-                         chance_sums, intervals.replicate_moments(weights, scores, counts))
-    return state.values(config.interval, bounds=(0.0, 1.0))  # a share of answer tokens
-
-
 # --- resuming ---------------------------------------------------------------------------------------------
 
 
 def _fingerprint(model, corpus, about: dict, config: RetrievalConfig) -> dict:
     """What a kept trial must share with this run to be reused: all that changes a trial's prompt or decoding."""
-    settings = {k: v for k, v in config.to_json().items() if k not in ("device", "bootstrap", "interval", "query_chunk")}
+    # the mask settings change no unmasked trial: they are in the masked trials' fingerprint (headscan.scan.masking)
+    settings = {k: v for k, v in config.to_json().items()
+                if k not in ("device", "bootstrap", "interval", "query_chunk") and not k.startswith("mask_")}
     # windows: a trial decoded before sliding windows were read misplaced their rows; it is not reused
     return {"headscan": __version__, "model": {"name": model.name, "id": model.id, "revision": model.revision,
                                                **({"windows": list(model.windows)} if model.windows else {})},
             "corpus": {"source": corpus.source, "sha256": corpus.sha256}, "needles": about["sha256"],
             "settings": settings}
-
-
-def _resume(path: Path | None, expected: dict, spec: str) -> dict[int, dict]:
-    """The trials kept in `path` by a stopped run with the same fingerprint (a half-written last line is dropped)."""
-    if path is None or not path.is_file():
-        return {}
-    lines = path.read_text(encoding="utf-8").splitlines()
-    try:
-        header = json.loads(lines[0])
-    except (ValueError, IndexError):
-        return {}
-    differences = fingerprint_differences(header.get("fingerprint", {}), expected)
-    if differences:
-        raise TablesError(f"{path}: trials of {spec} kept by a run with other inputs ({'; '.join(differences[:3])}); "
-                          f"rerun that command to finish it, or pass --restart to discard them")
-    done = {}
-    for line in lines[1:]:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            break  # the run stopped while writing this line
-        done[record["trial"]] = record
-    return done
-
-
-def _append(path: Path, record: dict, fingerprint: dict) -> None:
-    """Keep one finished trial: a line of JSON, flushed to disk (the file opens with the run's fingerprint)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as handle:
-        if handle.tell() == 0:
-            handle.write(json.dumps({"fingerprint": fingerprint}) + "\n")
-        handle.write(json.dumps(record) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
 
 
 def _progress_bar(total: int, done: int, name: str, enabled: bool):

@@ -209,6 +209,8 @@ def _unsound(frame: pd.DataFrame, table) -> str | None:
     repeated = int(frame.duplicated(table.row_key).sum())
     if repeated:
         return f"{repeated} rows repeat another row's {', '.join(table.row_key)}"
+    if not table.per_head:
+        return None
     if bool((frame["layer"] < 0).any() or (frame["head"] < 0).any()):
         return "a negative layer or head"
     labels = "L" + frame["layer"].astype(str) + "H" + frame["head"].astype(str)

@@ -1,7 +1,7 @@
 """The registry of tables: the columns every table shares, each table's own keys, and how heads are labelled.
 
-Every table has the same head columns first (`HEAD_COLUMNS`), then its own key columns, then the same value
-columns (`VALUE_COLUMNS`). A new table is one `register_table` call; writing, loading, combining and
+Every table has the same head columns first (`HEAD_COLUMNS`; a table about whole models, `MODEL_COLUMNS`), then
+its own key columns, then the same value columns (`VALUE_COLUMNS`). A new table is one `register_table` call; writing, loading, combining and
 `headscan show` go through `TABLES`, so nothing else changes.
 
 Layers and heads are 0-indexed integers (the TransformerLens convention), and ``label`` spells them
@@ -21,7 +21,7 @@ import pandas as pd
 
 from ..errors import TablesError
 
-__all__ = ["HEAD_COLUMNS", "VALUE_COLUMNS", "ADDED_LATER", "FINDING_EXTRA", "Table", "TABLES", "register_table", "tables_markdown",
+__all__ = ["HEAD_COLUMNS", "MODEL_COLUMNS", "VALUE_COLUMNS", "ADDED_LATER", "FINDING_EXTRA", "Table", "TABLES", "register_table", "tables_markdown",
            "head_label", "head_columns"]
 
 # The columns every table starts with: which head a row is about. Column name -> pandas dtype.
@@ -33,6 +33,9 @@ HEAD_COLUMNS: dict[str, str] = {
     "label": "string",  # "L{layer}H{head}"
     "kv_group": "int64",  # key/value head this query head reads (grouped-query attention); == head without GQA
 }
+
+# The columns a table about whole models starts with instead (the masking test of headscan retrieval).
+MODEL_COLUMNS: dict[str, str] = {c: HEAD_COLUMNS[c] for c in ("model", "family")}
 
 # The columns every table ends with: the score and how sure it is.
 VALUE_COLUMNS: dict[str, str] = {
@@ -71,6 +74,7 @@ class Table:
     keys: dict[str, str]  # key columns after HEAD_COLUMNS, with dtypes; "metric" is filled with the metric's name
     description: str  # "one row per ...", shown by `headscan show` and docs/tables.md
     extra: dict[str, str] = field(default_factory=dict)  # columns after VALUE_COLUMNS that only this table has
+    per_head: bool = True  # False: a row is about a model as a whole (MODEL_COLUMNS instead of HEAD_COLUMNS)
 
     @property
     def file(self) -> str:
@@ -79,12 +83,17 @@ class Table:
     @property
     def columns(self) -> dict[str, str]:
         """The whole schema: column name -> pandas dtype, in order."""
-        return HEAD_COLUMNS | self.keys | VALUE_COLUMNS | self.extra
+        return self.leading | self.keys | VALUE_COLUMNS | self.extra
+
+    @property
+    def leading(self) -> dict[str, str]:
+        """The columns a row starts with: which head it is about, or only which model."""
+        return HEAD_COLUMNS if self.per_head else MODEL_COLUMNS
 
     @property
     def row_key(self) -> list[str]:
         """Columns that identify a row (the head's other columns follow from model, layer and head)."""
-        return [*HEAD_COLUMNS, *self.keys]
+        return [*self.leading, *self.keys]
 
     def conform(self, frame: pd.DataFrame) -> pd.DataFrame:
         """`frame` with exactly this table's columns, in order and with their dtypes."""
@@ -104,8 +113,10 @@ class Table:
 TABLES: dict[str, Table] = {}
 
 
-def register_table(name: str, keys: dict[str, str], description: str, extra: dict[str, str] | None = None) -> Table:
-    """Declare a table; metrics then name it in `headscan.metrics.register(table=...)`.
+def register_table(name: str, keys: dict[str, str], description: str, extra: dict[str, str] | None = None, *,
+                   per_head: bool = True) -> Table:
+    """Declare a table; metrics then name it in `headscan.metrics.register(table=...)`. A table whose rows are
+    about a whole model (`per_head` False) starts with `MODEL_COLUMNS` rather than `HEAD_COLUMNS`.
 
     `extra` columns follow the value columns; the sweep fills them (a table's baseline, say), and `combine`
     leaves them NaN, since they are not sums that add up.
@@ -116,7 +127,7 @@ def register_table(name: str, keys: dict[str, str], description: str, extra: dic
     if clash or set(keys) & set(extra or {}):
         raise TablesError(f"table {name!r}: columns {sorted(clash or set(keys) & set(extra or {}))} clash with "
                           f"the shared columns or each other")
-    TABLES[name] = Table(name, dict(keys), description, dict(extra or {}))
+    TABLES[name] = Table(name, dict(keys), description, dict(extra or {}), per_head)
     return TABLES[name]
 
 
@@ -199,6 +210,24 @@ register_table("retrieval_trials", {"trial": "int64"},
                extra={"length": "int64", "depth": "float64", "needle": "int64", "tokens": "int64",
                       "needle_position": "Int64", "steps": "int64", "response": "string", "recall": "float64",
                       "passed": "boolean", "span_found": "boolean"})
+_MASKED = ("condition 'none' (no head masked), 'top' (the top k retrieval heads) or 'random' (k random heads, one "
+           "from the layer of each top head, never a top head; draw numbers the seeded draw, <NA> pools every draw); "
+           "heads lists the L{layer}H{head} masked (a head masked has its output z zeroed at every position, prefill "
+           "and decoding)")
+register_table("retrieval_masking", {"condition": "string", "draw": "Int64", "length": "Int64", "depth": "float64"},
+               "one row per (model, condition, draw, length, depth): needle accuracy, the mean over trials (the "
+               "bootstrap unit) of the answer's ROUGE-1 recall, with heads masked; " + _MASKED + "; length <NA> and "
+               "depth NaN pool every trial; drop, drop_low, drop_high: the paired difference from condition none on "
+               "the same trials with its 95% interval (NaN for none); passed: the share of trials above the gate; "
+               "chance NaN; written by headscan retrieval --mask-top / --mask-random",
+               extra={"k": "Int64", "heads": "string", "passed": "float64", "drop": "float64", "drop_low": "float64",
+                      "drop_high": "float64"}, per_head=False)
+register_table("retrieval_masking_trials", {"trial": "int64", "condition": "string", "draw": "Int64"},
+               "one row per (model, trial, condition, draw): one trial decoded with heads masked (value and sum: the "
+               "answer's ROUGE-1 recall; count 1; no interval, no chance: NaN); " + _MASKED + "; written by "
+               "headscan retrieval --mask-top / --mask-random",
+               extra={"length": "int64", "depth": "float64", "needle": "int64", "k": "Int64", "heads": "string",
+                      "steps": "int64", "response": "string", "passed": "boolean"}, per_head=False)
 
 
 def tables_markdown() -> str:
@@ -207,7 +236,8 @@ def tables_markdown() -> str:
     for table in TABLES.values():
         own = ", ".join(f"`{name}`" for name in table.keys)
         extra = "".join(f", `{name}`" for name in table.extra)
-        lines.append(f"| `{table.file}` | {table.description.removeprefix('one row per ')} | head columns, {own}, "
+        leading = "head columns" if table.per_head else "`model`, `family`"
+        lines.append(f"| `{table.file}` | {table.description.removeprefix('one row per ')} | {leading}, {own}, "
                      f"value columns{extra} |")
     comments = _column_comments()
     lines.append("")

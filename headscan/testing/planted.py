@@ -259,7 +259,7 @@ def build_ov_checkpoint(path, *, tied: bool = True, n_layers: int = 1, seed: int
 RETRIEVAL_HEAD = (0, 0)  # the copying head of `build_retrieval_checkpoint`
 
 
-def build_retrieval_checkpoint(path, chain, *, max_positions: int = 512, seed: int = 0):
+def build_retrieval_checkpoint(path, chain, *, max_positions: int = 512, seed: int = 0, through_head: bool = False):
     """Write a one-layer GPT-2 (64 wide, 4 heads of 16) that decodes along `chain` and whose head 0 copies it.
 
     `chain` is a list of distinct token ids (at most 16 links). Greedy decoding after a prompt that ends with
@@ -270,6 +270,11 @@ def build_retrieval_checkpoint(path, chain, *, max_positions: int = 512, seed: i
     once, in a needle, its most-attended key at each step is the needle token just generated, so its
     retrieval score is 1 (the step that generates ``chain[-1]``, a newline say, finds it outside the needle).
     The other heads keep random queries and keys.
+
+    With `through_head`, the answer reaches the logits only through head 0's output: its values and output
+    projection carry the attended chain token's direction (twice the current token's), and the LM head reads each
+    chain token's direction as a logit for that same token. Decoding then follows the chain only while head 0
+    copies it; with head 0's output removed, the model repeats ``chain[0]``. The other heads' outputs stay 0.
 
     Chain tokens get orthonormal embedding directions, and every other token's embedding is made orthogonal
     to them, with mean 0 and the norm of the rest, so the LayerNorms are an exact constant scaling.
@@ -320,10 +325,25 @@ def build_retrieval_checkpoint(path, chain, *, max_positions: int = 512, seed: i
         cols = slice(RETRIEVAL_HEAD[1] * _D_HEAD, (RETRIEVAL_HEAD[1] + 1) * _D_HEAD)
         attn.c_attn.weight[:, cols] = w_q * scale
         attn.c_attn.weight[:, _D_MODEL + cols.start: _D_MODEL + cols.stop] = w_k * scale
-        # the LM head: chain[i]'s direction is a logit of 32 for chain[i + 1]; every other logit is 0
         model.lm_head.weight.zero_()
-        for i in range(len(chain) - 1):
-            model.lm_head.weight[chain[i + 1]] = directions[i] * 32.0 / _D_MODEL ** 0.5
+        if through_head:
+            _copy_through(attn, model.lm_head, chain, directions, cols)
+        else:
+            # the LM head: chain[i]'s direction is a logit of 32 for chain[i + 1]; every other logit is 0
+            for i in range(len(chain) - 1):
+                model.lm_head.weight[chain[i + 1]] = directions[i] * 32.0 / _D_MODEL ** 0.5
     model.config.tie_word_embeddings = False
     model.save_pretrained(path)
     return path, RETRIEVAL_HEAD
+
+
+def _copy_through(attn, lm_head, chain, directions: torch.Tensor, cols: slice) -> None:
+    """Head 0's value j holds chain[j + 1]'s direction, and its output writes it back at twice the current token's
+    size; the LM head reads each chain direction as a logit for its own token (a chain token's LayerNormed row is
+    its direction times sqrt(d_model), so value j is 1 on the key chain[j + 1] and 0 on every other token)."""
+    norm = _D_MODEL ** 0.5
+    for j in range(len(chain) - 1):
+        attn.c_attn.weight[:, 2 * _D_MODEL + cols.start + j] = directions[j + 1] / norm
+        attn.c_proj.weight[cols.start + j] = directions[j + 1] * 2.0 * norm  # Conv1D: weight (in, out)
+    for i, token in enumerate(chain):
+        lm_head.weight[token] = directions[i] * 32.0 / norm

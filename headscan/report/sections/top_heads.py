@@ -22,7 +22,7 @@ from . import Context, register_section
 __all__ = ["top_section", "other_tables_section", "shown_elsewhere"]
 
 SECTIONED = ("heads", "offsets", "syntax", "importance", "retrieval", "retrieval_trials", "similarity",  # with sections
-             "examples", "composition")  # of their own (examples: each head's units, read per head, not ranked across heads);
+             "examples", "composition", "retrieval_masking", "retrieval_masking_trials")  # of their own (examples: each head's units, read per head, not ranked across heads);
 # any other table gets its top rows
 # positions, value and weights rows get sections of their own where there is enough to draw (`shown_elsewhere`);
 # the rest of them are listed with the other tables.
