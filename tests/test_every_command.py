@@ -31,7 +31,7 @@ BAD = {
 }
 SWEEP = ["-q", "--device", "cpu", "--bootstrap", "20"]
 # Where each score `show` takes lives, written out here rather than read from headscan's own lookup.
-TABLE_OF = {**{name: metric.table for name, metric in METRICS.items()}, "copying": "weights"}
+TABLE_OF = {**{name: metric.table for name, metric in METRICS.items()}, "copying": "weights", "patching": "patching"}
 
 
 def invoke(arguments):
@@ -59,10 +59,17 @@ def runs(tmp_path_factory, tiny_gpt2, tiny_bert) -> dict:
         "part-0": ["sweep", "-m", tiny_gpt2, "--limit", "4", "--shard", "0/2", *SWEEP],
         "part-1": ["sweep", "-m", tiny_gpt2, "--limit", "4", "--shard", "1/2", *SWEEP],
     }
+    pairs = tmp / "pairs.jsonl"
+    result = invoke(["pairs", "induction", "--n", "4", "-m", tiny_gpt2, "--out", pairs])
+    assert result.exit_code == 0, result.output
+    # patching and paths, and none of a sweep's tables
+    made["patched"] = ["patch", "-m", tiny_gpt2, "--pairs", pairs, "--paths", "L0H0>L1H0:k", "--bootstrap", "20", "-q",
+                       "--device", "cpu"]
     for name, arguments in made.items():
         result = invoke([*arguments, "--out", tmp / name])
         assert result.exit_code == 0, f"{name}: {result.output}"
     return {name: tmp / name for name in made}
+
 
 
 def tables_of(run) -> set[str]:
@@ -107,7 +114,11 @@ def check_refusal(result, arguments) -> None:
 
 def base_arguments(command: str, tiny_gpt2, runs, out) -> list:
     """Arguments with which `command` does its work quickly (or refuses for a reason of its own)."""
+    pairs = runs["plain"].parent / "pairs.jsonl"
     return {
+        "patch": ["-m", tiny_gpt2, "--pairs", pairs, "--bootstrap", "20", "-q", "--device", "cpu", "--out", out,
+                  "--overwrite"],
+        "pairs": ["induction", "--n", "4", "-m", tiny_gpt2, "--out", out, "--overwrite"],
         "sweep": ["-m", tiny_gpt2, "-c", "builtin", "--limit", "2", *SWEEP, "--out", out, "--overwrite"],
         # 64 tokens cannot hold a needle: the command checks everything else, then refuses in one line, fast
         "retrieval": ["-m", tiny_gpt2, "-c", "builtin", "--lengths", "64", "--bootstrap", "20", "-q",
@@ -193,8 +204,8 @@ def test_the_commands_that_read_runs_work_or_refuse_in_one_line_on_every_run(com
         arguments = [part for a in arguments for part in (str(a).split(" ") if a == run else [a])]
         result = invoke(arguments)
         check_refusal(result, arguments)
-        # show takes every run; report every sweep, and a retrieval run beside a sweep of its model only
-        if command == "show" and " " not in name or command == "report" and name != "retrieval":
+        # show takes every run; report every sweep, and a retrieval or patching run beside a sweep of its model only
+        if command == "show" and " " not in name or command == "report" and name not in ("retrieval", "patched"):
             assert result.exit_code == 0, result.output
 
 
@@ -214,7 +225,7 @@ def test_show_lists_every_metric_its_help_names(runs):
     assert {"offsets", "syntax", "importance", "copying", "retrieval", "retrieval_ungated"} <= named & set(listed)
 
 
-@pytest.mark.parametrize("name", ["plain", "no-values", "treebank", "retrieval"])
+@pytest.mark.parametrize("name", ["plain", "no-values", "treebank", "retrieval", "patched"])
 def test_show_takes_every_metric_it_lists_on_every_run(name, runs):
     """A metric whose table the run holds prints; one whose table it lacks says so and how to get one."""
     run = runs[name]

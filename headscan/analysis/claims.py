@@ -165,7 +165,9 @@ def supported(rows: pd.DataFrame, *, striking="high") -> pd.Series:
 
 
 def run_gate_text(runs) -> str:
-    """`gate_text` for each of a report's runs ((name, tables) pairs), once where they say the same."""
+    """`gate_text` for each of a report's sweeps ((name, tables) pairs), once where they say the same; a retrieval
+    or patching run beside a sweep makes no findings of its own and is not named."""
+    runs = [(name, tables) for name, tables in runs if "heads" in tables.frames] or list(runs)
     texts = [gate_text(tables.provenance.extra.get("findings")) for _, tables in runs]
     if len(set(texts)) <= 1:
         return texts[0] if texts else gate_text()

@@ -48,8 +48,10 @@ def _model_lines(comparison: Comparison, patching: pd.DataFrame) -> list[str]:
                                    ("atp_star_denoise", "AtP*", "the size of exact denoising")):
             recall = recalls.get(key)
             if recall:
-                line += (f" {name}, as a screen: Spearman {recall['spearman']:.2f} with {against}; it recalls "
-                         f"{recall['top_10']} of the exact top 10 and {recall['top_20']} of the top 20.")
+                ten, twenty = (recall[f"top_{k}"].split(" of ") for k in (10, 20))
+                line += (f" {name}, as a screen: Spearman {recall['spearman']:.2f} with {against}; its top "
+                         f"{ten[1]} holds {ten[0]} of the exact top {ten[1]}, its top {twenty[1]} {twenty[0]} of the "
+                         f"exact top {twenty[1]}.")
         lines.append(line)
     return lines
 
