@@ -243,3 +243,74 @@ def chromium_page(page_file: Path, profile: Path):
         finally:
             browser.close()
     assert [url for url in requests if not url.startswith(("file://", "data:"))] == []
+
+
+def stop_after(n: int):
+    """A stand-in for `headscan.scan.resume.stop_requests` whose stop request turns true after `n` checks: a run
+    stopped part way, as by Ctrl-C, at a place the test chooses."""
+    calls = {"n": 0}
+
+    class StopAfter:
+        def __enter__(self):
+            def should_stop():
+                calls["n"] += 1
+                return calls["n"] > n
+            return should_stop
+
+        def __exit__(self, *args):
+            return False
+
+    return StopAfter
+
+
+NEEDLE_ANSWER = "river mountain machine"
+NEEDLE_QUESTION = "What are the three words?"
+NEEDLE_HAYSTACK = "The cat sat on the mat. A dog ran in the park. We like to read a good book in the morning.\n"
+
+
+def planted_needles(tmp: Path, *, through_head: bool = False) -> dict:
+    """A copying checkpoint (`headscan.testing.build_retrieval_checkpoint`) that decodes NEEDLE_ANSWER after the raw
+    template's question, its needles file and a haystack file (none of the answer's words in it)."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from headscan.corpus.needles import TEMPLATES
+    from headscan.testing import build_retrieval_checkpoint, build_tiny_checkpoint
+
+    tokenizer = AutoTokenizer.from_pretrained(build_tiny_checkpoint(tmp / "tokenizer", "gpt2"))
+
+    def ids(text):
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    last = ids(TEMPLATES["raw"].format(haystack="x", question=NEEDLE_QUESTION))[-1]  # the prompt's last token: ":"
+    chain = [last, *ids(" " + NEEDLE_ANSWER), *ids("\n")]
+    folder, head = build_retrieval_checkpoint(tmp / "model", chain, through_head=through_head)
+    needles = tmp / "needles.jsonl"
+    needles.write_text(json.dumps({"needle": f"The three words are {NEEDLE_ANSWER}.", "question": NEEDLE_QUESTION,
+                                   "answer": NEEDLE_ANSWER}) + "\n")
+    haystack = tmp / "haystack.txt"
+    haystack.write_text(NEEDLE_HAYSTACK * 40)
+    return {"folder": str(folder), "head": head, "needles": str(needles), "haystack": str(haystack)}
+
+
+def assert_a_stopped_run_resumes(run, changed, out: Path, *, stop_at: int, kept: str, expected, tables, monkeypatch):
+    """`run(out)` stopped after `stop_at` stop checks says what it kept (`kept`, a regex) and writes no `out`;
+    `changed(out)`, other
+    settings, is refused naming --restart; `run(out)` again resumes to `expected`'s `tables` and leaves no partial
+    folder."""
+    import pandas as pd
+
+    from headscan.errors import SweepInterrupted, TablesError
+
+    monkeypatch.setattr("headscan.scan.trials.stop_requests", stop_after(stop_at))
+    with pytest.raises(SweepInterrupted, match=kept):
+        run(out)
+    assert not out.exists()  # a stopped run writes no tables, only its partial folder
+    monkeypatch.undo()
+    with pytest.raises(TablesError, match="--restart"):  # other settings: refused, naming what differs
+        changed(out)
+    resumed = run(out)
+    for name in tables:
+        pd.testing.assert_frame_equal(resumed[name], expected[name])
+    assert not out.with_name(out.name + ".partial").exists()

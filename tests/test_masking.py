@@ -3,7 +3,6 @@ another head does not; the mask zeroes exactly the chosen heads (against a plain
 draws are seeded, from the top heads' layers and never a top head; the tables round-trip and resume; bad options
 are one line."""
 
-import json
 from collections import Counter
 
 import numpy as np
@@ -11,18 +10,16 @@ import pandas as pd
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import NEEDLE_ANSWER, NEEDLE_HAYSTACK, NEEDLE_QUESTION, assert_a_stopped_run_resumes, planted_needles
 
 import headscan
 from headscan.cli import cli
 from headscan.config import RetrievalConfig
-from headscan.corpus.needles import TEMPLATES
-from headscan.errors import ConfigError, SweepInterrupted, TablesError
+from headscan.errors import ConfigError
 from headscan.scan.masking import random_heads
-from headscan.testing import build_architecture_checkpoint, build_retrieval_checkpoint, build_tiny_checkpoint
+from headscan.testing import build_architecture_checkpoint
 
-ANSWER = "river mountain machine"
-QUESTION = "What are the three words?"
-HAYSTACK = "The cat sat on the mat. A dog ran in the park. We like to read a good book in the morning.\n"
+ANSWER, QUESTION, HAYSTACK = NEEDLE_ANSWER, NEEDLE_QUESTION, NEEDLE_HAYSTACK
 SMALL = {"lengths": (160,), "depths": (0.0, 0.5, 1.0), "bootstrap": 20}
 MASK = {"mask_top": 1, "mask_random": 1, "mask_draws": 3}
 
@@ -30,23 +27,7 @@ MASK = {"mask_top": 1, "mask_random": 1, "mask_draws": 3}
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory):
     """A checkpoint whose answer reaches the logits only through its copying head L0H0, needles and a haystack."""
-    from transformers import AutoTokenizer
-
-    tmp = tmp_path_factory.mktemp("masking")
-    tokenizer = AutoTokenizer.from_pretrained(build_tiny_checkpoint(tmp / "tokenizer", "gpt2"))
-
-    def ids(text):
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    last = ids(TEMPLATES["raw"].format(haystack="x", question=QUESTION))[-1]
-    chain = [last, *ids(" " + ANSWER), *ids("\n")]
-    folder, head = build_retrieval_checkpoint(tmp / "model", chain, through_head=True)
-    needles = tmp / "needles.jsonl"
-    needles.write_text(json.dumps({"needle": f"The three words are {ANSWER}.", "question": QUESTION,
-                                   "answer": ANSWER}) + "\n")
-    haystack = tmp / "haystack.txt"
-    haystack.write_text(HAYSTACK * 40)
-    return {"folder": str(folder), "head": head, "needles": str(needles), "haystack": str(haystack)}
+    return planted_needles(tmp_path_factory.mktemp("masking"), through_head=True)
 
 
 @pytest.fixture(scope="module")
@@ -167,31 +148,14 @@ def test_random_draws_are_seeded_from_the_top_heads_layers_and_never_a_top_head(
 
 def test_a_stopped_masking_run_resumes_to_the_same_tables_and_other_mask_settings_are_refused(planted, masked_run,
                                                                                                tmp_path, monkeypatch):
-    calls = {"n": 0}
+    def run(out, **more):
+        return headscan.retrieval(planted["folder"], planted["haystack"], out, needles=planted["needles"], **SMALL,
+                                  **(MASK | more))
 
-    class StopAfterFive:  # 3 unmasked trials, then 2 masked ones
-        def __enter__(self):
-            def should_stop():
-                calls["n"] += 1
-                return calls["n"] > 5
-            return should_stop
-
-        def __exit__(self, *args):
-            return False
-
-    monkeypatch.setattr("headscan.scan.trials.stop_requests", StopAfterFive)
-    with pytest.raises(SweepInterrupted, match="2 masked trials kept"):
-        headscan.retrieval(planted["folder"], planted["haystack"], tmp_path / "part", needles=planted["needles"],
-                           **SMALL, **MASK)
-    monkeypatch.undo()
-    with pytest.raises(TablesError, match="--restart"):
-        headscan.retrieval(planted["folder"], planted["haystack"], tmp_path / "part", needles=planted["needles"],
-                           **SMALL, **(MASK | {"mask_draws": 2}))
-    resumed = headscan.retrieval(planted["folder"], planted["haystack"], tmp_path / "part", needles=planted["needles"],
-                                 **SMALL, **MASK)
-    for name in ("retrieval_masking", "retrieval_masking_trials"):
-        pd.testing.assert_frame_equal(resumed[name], masked_run[name])
-    assert not (tmp_path / "part.partial").exists()
+    # 3 unmasked trials, then 2 masked ones
+    assert_a_stopped_run_resumes(run, lambda out: run(out, mask_draws=2), tmp_path / "part", stop_at=5,
+                                 kept="2 masked trials kept", expected=masked_run,
+                                 tables=("retrieval_masking", "retrieval_masking_trials"), monkeypatch=monkeypatch)
 
 
 def test_heads_ranked_by_an_earlier_run_are_the_ones_masked(planted, masked_run, tmp_path):

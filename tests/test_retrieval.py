@@ -19,43 +19,26 @@ import pandas as pd
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import NEEDLE_ANSWER, NEEDLE_HAYSTACK, NEEDLE_QUESTION, assert_a_stopped_run_resumes, planted_needles
 
 import headscan
 from headscan.cli import cli
 from headscan.config import RetrievalConfig
-from headscan.corpus.needles import TEMPLATES, read_needles, sentences
+from headscan.corpus.needles import read_needles, sentences
 from headscan.corpus.rouge import porter_stem, rouge1_recall
-from headscan.errors import ModelLoadError, SweepInterrupted, TablesError
+from headscan.errors import ModelLoadError, TablesError
 from headscan.metrics import AttentionBatch
 from headscan.metrics.retrieval import chance_steps
 from headscan.models.decode import PREFILL_CHUNK
-from headscan.testing import build_architecture_checkpoint, build_retrieval_checkpoint, build_tiny_checkpoint
+from headscan.testing import build_architecture_checkpoint, build_tiny_checkpoint
 
-ANSWER = "river mountain machine"
-QUESTION = "What are the three words?"
-HAYSTACK = "The cat sat on the mat. A dog ran in the park. We like to read a good book in the morning.\n"
+ANSWER, QUESTION, HAYSTACK = NEEDLE_ANSWER, NEEDLE_QUESTION, NEEDLE_HAYSTACK
 
 
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory):
     """A copying checkpoint, its needles file and a haystack file (none of the answer's words in it)."""
-    from transformers import AutoTokenizer
-
-    tmp = tmp_path_factory.mktemp("retrieval")
-    tokenizer = AutoTokenizer.from_pretrained(build_tiny_checkpoint(tmp / "tokenizer", "gpt2"))
-
-    def ids(text):
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    last = ids(TEMPLATES["raw"].format(haystack="x", question=QUESTION))[-1]  # the prompt's last token: ":"
-    chain = [last, *ids(" " + ANSWER), *ids("\n")]
-    folder, head = build_retrieval_checkpoint(tmp / "model", chain)
-    needles = tmp / "needles.jsonl"
-    needles.write_text(json.dumps({"needle": f"The three words are {ANSWER}.", "question": QUESTION,
-                                   "answer": ANSWER}) + "\n")
-    haystack = tmp / "haystack.txt"
-    haystack.write_text(HAYSTACK * 40)
-    return {"folder": str(folder), "head": head, "needles": str(needles), "haystack": str(haystack)}
+    return planted_needles(tmp_path_factory.mktemp("retrieval"), through_head=False)
 
 
 SMALL = {"lengths": (160, 320), "depths": (0.0, 0.5, 1.0), "bootstrap": 20}
@@ -307,31 +290,13 @@ def test_a_stopped_run_resumes_to_the_same_tables(planted, tmp_path, monkeypatch
     small = {"lengths": (160,), "depths": (0.0, 0.5, 1.0), "bootstrap": 20}
     whole = headscan.retrieval(planted["folder"], planted["haystack"], tmp_path / "whole", needles=planted["needles"],
                                **small)
-    calls = {"n": 0}
+    def run(out, **more):
+        return headscan.retrieval(planted["folder"], planted["haystack"], out, needles=planted["needles"],
+                                  **(small | more))
 
-    class StopAfterTwo:
-        def __enter__(self):
-            def should_stop():
-                calls["n"] += 1
-                return calls["n"] > 2
-            return should_stop
-
-        def __exit__(self, *args):
-            return False
-
-    monkeypatch.setattr("headscan.scan.trials.stop_requests", StopAfterTwo)
-    with pytest.raises(SweepInterrupted, match="2 trials kept"):
-        headscan.retrieval(planted["folder"], planted["haystack"], tmp_path / "part", needles=planted["needles"], **small)
-    assert not (tmp_path / "part").exists()
-    monkeypatch.undo()
-    with pytest.raises(TablesError, match="--restart"):  # other settings: refused, naming what differs
-        headscan.retrieval(planted["folder"], planted["haystack"], tmp_path / "part", needles=planted["needles"],
-                           **(small | {"depths": (0.0,)}))
-    resumed = headscan.retrieval(planted["folder"], planted["haystack"], tmp_path / "part", needles=planted["needles"],
-                                 **small)
-    for name in ("retrieval", "retrieval_trials"):
-        pd.testing.assert_frame_equal(resumed[name], whole[name])
-    assert not (tmp_path / "part.partial").exists()
+    assert_a_stopped_run_resumes(run, lambda out: run(out, depths=(0.0,)), tmp_path / "part", stop_at=2,
+                                 kept="2 trials kept", expected=whole, tables=("retrieval", "retrieval_trials"),
+                                 monkeypatch=monkeypatch)
 
 
 def test_encoders_and_alibi_models_are_refused_with_the_reason(tiny_bert, tmp_path, planted):

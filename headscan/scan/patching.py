@@ -32,9 +32,10 @@ from ..models import check_spec, load_model
 from ..models.ablation import Surgery, head_cut
 from ..models.patching import PairBatch, Projections, patch_heads, patch_paths, projection_sites
 from ..patching_config import PatchConfig
-from ..tables import TABLES, ModelProvenance, SweepTables, check_out, head_columns, write
+from ..tables import TABLES, ModelProvenance, SweepTables, head_columns, write
 from ..tables.provenance import CorpusProvenance, RunProvenance
 from .finish import _git_revision, _versions
+from .resume import checked_call
 from .state import PartialState
 
 __all__ = ["patch", "encode_pairs", "unit_values", "recall_at", "write_generated_pairs", "PAIR_UNIT"]
@@ -108,14 +109,7 @@ def patch(models: str | list[str], pairs: str | Path | list[Pair], out: str | Pa
 
     Example: ``headscan.patch("gpt2", "pairs.jsonl", "out/patch", path_top=3)``
     """
-    models = [models] if isinstance(models, str) else list(models)
-    config = dataclasses.replace(config or PatchConfig(), **settings) if settings else config or PatchConfig()
-    if not models or len(set(models)) != len(models):
-        raise ConfigError("models: name each model once (for example --model smollm2)", setting="models")
-    for spec in models:
-        check_spec(spec)
-    if out is not None:
-        check_out(out, overwrite=overwrite)
+    models, config = checked_call(models, config, PatchConfig, settings, out, overwrite)
     source = str(pairs) if not isinstance(pairs, list) else "pairs given in Python"
     pairs = read_pairs(pairs) if not isinstance(pairs, list) else pairs
     started = datetime.now(timezone.utc)

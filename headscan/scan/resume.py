@@ -11,6 +11,7 @@ This module runs no model.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import signal
@@ -18,11 +19,12 @@ import threading
 from pathlib import Path
 
 from ..config import control_number, split_control
-from ..errors import TablesError
+from ..errors import ConfigError, TablesError
 from ..tables.folders import fitting, where
 from .state import PartialState, Shard, fingerprint_differences
 
-__all__ = ["SAVE_EVERY", "partial_folder", "spec_stem", "state_file", "stop_requests", "check_resumable"]
+__all__ = ["SAVE_EVERY", "partial_folder", "spec_stem", "state_file", "stop_requests", "check_resumable",
+           "checked_call"]
 
 SAVE_EVERY = 120.0  # seconds between saves of a model's partial state
 
@@ -112,3 +114,21 @@ def stop_requests():
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+def checked_call(models, config, kind: type, settings: dict, out, overwrite: bool):
+    """A run's models as a list and its config (`config`, or `kind`'s defaults, with `settings` in place), each
+    model named once and each spec and `out` checked, before anything is loaded (``headscan retrieval`` and
+    ``headscan patch``)."""
+    from ..models import check_spec
+    from ..tables import check_out
+
+    models = [models] if isinstance(models, str) else list(models)
+    config = dataclasses.replace(config or kind(), **settings) if settings else config or kind()
+    if not models or len(set(models)) != len(models):
+        raise ConfigError("models: name each model once (for example --model smollm2)", setting="models")
+    for spec in models:
+        check_spec(spec)
+    if out is not None:
+        check_out(out, overwrite=overwrite)
+    return models, config

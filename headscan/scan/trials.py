@@ -44,15 +44,15 @@ from ..corpus.rouge import GATE_RULE, rouge1_recall
 from ..errors import ConfigError, ModelLoadError, SweepInterrupted
 from ..metrics import METRICS, AttentionBatch
 from ..metrics.retrieval import chance_steps
-from ..models import check_spec, load_model
+from ..models import load_model
 from ..models.decode import PREFILL_CHUNK, greedy_decode
 from ..models.forward import chunked_refusal, refused
-from ..tables import TABLES, ModelProvenance, SweepTables, check_out, head_columns, write
+from ..tables import TABLES, ModelProvenance, SweepTables, head_columns, write
 from ..tables.folders import holding_out
 from .finish import run_provenance
 from .kept_trials import keep_trial, kept_trials, over_trials
 from .masking import MASK_RULE, masking_test
-from .resume import partial_folder, spec_stem, stop_requests
+from .resume import checked_call, partial_folder, spec_stem, stop_requests
 
 __all__ = ["retrieval", "STOP_RULE", "METRICS_BY_TRIALS"]
 
@@ -78,14 +78,7 @@ def retrieval(models: str | list[str], haystack: str | Path, out: str | Path | N
 
     Example: ``headscan.retrieval("smollm2", "en_ewt-ud-dev.conllu", "out/retrieval", lengths=(1024, 2048))``
     """
-    models = [models] if isinstance(models, str) else list(models)
-    config = dataclasses.replace(config or RetrievalConfig(), **settings) if settings else config or RetrievalConfig()
-    if not models or len(set(models)) != len(models):
-        raise ConfigError("models: name each model once (for example --model smollm2)", setting="models")
-    for spec in models:
-        check_spec(spec)
-    if out is not None:
-        check_out(out, overwrite=overwrite)
+    models, config = checked_call(models, config, RetrievalConfig, settings, out, overwrite)
     corpus = read_corpus(haystack)
     needle_list, about = read_needles(needles)
     plans = plan_trials(corpus, len(needle_list), config.lengths, config.depths, config.seed)
