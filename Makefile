@@ -40,8 +40,8 @@ deps: setup
 	$(BIN)/deptry headscan
 
 # The committed reports: the embedded defaults over the EWT dev sentences (alone, and again beside their random-init
-# controls with head importance: ewt-dev-controls) and over repeated random tokens; smollm2 patched over IOI pairs,
-# reported beside its ewt-dev sweep.
+# controls with head importance: ewt-dev-controls) and over repeated random tokens; smollm2 patched over IOI pairs
+# and its retrieval heads masked, both reported beside its ewt-dev sweep.
 # Tables go to reports/runs/NAME, the report of each to reports/NAME.
 reports: setup
 	@test -f "$(EWT)" || { echo "make reports: no EWT treebank at $(EWT); pass its dev file: make reports EWT=path/to/en_ewt-ud-dev.conllu"; exit 1; }
@@ -51,7 +51,8 @@ reports: setup
 	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep -m smollm2 --corpus $(EWT) --limit 2001 --pack sentences --max-len 2048 --attention chunked --batch-size 1 --out reports/runs/ewt-long --device cpu -q --overwrite
 	HF_HUB_OFFLINE=1 $(BIN)/headscan pairs ioi --n 64 -m smollm2 --out reports/runs/patch-smollm2-ioi.pairs.jsonl --overwrite
 	HF_HUB_OFFLINE=1 $(BIN)/headscan patch -m smollm2 --pairs reports/runs/patch-smollm2-ioi.pairs.jsonl --path-top 5 --out reports/runs/patch-smollm2-ioi --device cpu -q --overwrite
-	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/ewt-dev reports/runs/patch-smollm2-ioi --out reports/ewt-dev --overwrite
+	HF_HUB_OFFLINE=1 $(BIN)/headscan retrieval -m smollm2 --corpus $(EWT) --lengths 1024 --depths 0,0.25,0.5,0.75,1 --template chat --mask-top 10 --mask-random 10 --mask-draws 1 --device cpu -q --out reports/runs/retrieval-mask-smollm2 --overwrite
+	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/ewt-dev reports/runs/patch-smollm2-ioi reports/runs/retrieval-mask-smollm2 --out reports/ewt-dev --overwrite
 	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/ewt-dev-controls --out reports/ewt-dev-controls --overwrite --no-models
 	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/ewt-long --out reports/ewt-long --overwrite
 	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/repeat-random --out reports/repeat-random --overwrite

@@ -33,6 +33,6 @@ def patching_heatmap(patching: pd.DataFrame, *, model: str, method: str = "denoi
     top = rows.sort_values(["value", "layer", "head"], ascending=[False, True, True], kind="stable").head(annotate_top)
     for row in top.itertuples():
         ax.text(list(grid.columns).index(row.head) + 0.5, list(grid.index).index(row.layer) + 0.5, f"{row.value:.2f}",
-                ha="center", va="center", fontsize=7)
+                ha="center", va="center", fontsize=7, color="white" if abs(row.value) > 0.6 * limit else "black")
     ax.set(xlabel="head", ylabel="layer", title=f"{model}: {method}")
     return ax
