@@ -20,8 +20,9 @@ Importing headscan imports neither torch nor transformers; the first sweep does.
 >>> list(headscan.METRICS)[:3]
 ['prev_token', 'next_token', 'self']
 >>> list(headscan.TABLES)  # doctest: +NORMALIZE_WHITESPACE
-['heads', 'offsets', 'positions', 'syntax', 'value', 'weights', 'composition', 'importance', 'similarity',
- 'similarity_across', 'examples', 'retrieval', 'retrieval_trials', 'retrieval_masking', 'retrieval_masking_trials']
+['heads', 'offsets', 'positions', 'syntax', 'value', 'weights', 'composition', 'importance', 'patching', 'paths',
+ 'similarity', 'similarity_across', 'examples', 'retrieval', 'retrieval_trials', 'retrieval_masking',
+ 'retrieval_masking_trials']
 """
 
 import importlib

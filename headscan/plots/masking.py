@@ -4,10 +4,11 @@ masked, and random heads of the same layers masked, each with its 95% interval o
 Takes the rows of `headscan.analysis.masking.masking_by_condition` and returns the Axes.
 
 >>> import pandas as pd
+>>> from matplotlib.figure import Figure
 >>> rows = pd.DataFrame({"model": "m", "condition": ["none", "top", "random"] * 2, "length": 1024,
 ...     "depth": [0.0] * 3 + [1.0] * 3, "value": [1.0, 0.2, 0.9, 0.9, 0.1, 0.8],
 ...     "ci_low": [0.9, 0.1, 0.8, 0.8, 0.0, 0.7], "ci_high": [1.0, 0.3, 1.0, 1.0, 0.2, 0.9], "k": [0, 10, 10] * 2})
->>> ax = accuracy_by_depth(rows, model="m")
+>>> ax = accuracy_by_depth(rows, model="m", ax=Figure().subplots())  # its own figure: pyplot's is shared
 >>> [line.get_label() for line in ax.lines[:3]], ax.lines[1].get_ydata().tolist()
 (['no head masked', 'top 10 retrieval heads masked', '10 random heads of their layers masked'], [0.2, 0.1])
 """

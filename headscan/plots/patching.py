@@ -17,9 +17,10 @@ def patching_heatmap(patching: pd.DataFrame, *, model: str, method: str = "denoi
     per head, every position at once, on a scale centred on 0; the `annotate_top` largest are written in.
 
     >>> import pandas as pd
+    >>> from matplotlib.figure import Figure
     >>> rows = pd.DataFrame({"model": "m", "method": "denoise", "target": "fraction", "position": pd.NA,
     ...                      "layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "value": [0.9, 0.0, 0.1, -0.2]})
-    >>> ax = patching_heatmap(rows, model="m")
+    >>> ax = patching_heatmap(rows, model="m", ax=Figure().subplots())
     >>> ax.get_ylabel(), [t.get_text() for t in ax.texts]
     ('layer', ['0.90', '0.10', '0.00'])
     """
