@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import CorpusError
 
-__all__ = ["Pair", "read_pairs", "write_pairs", "generate_pairs", "PAIR_KINDS"]
+__all__ = ["Pair", "read_pairs", "write_pairs", "pairs_text", "generate_pairs", "PAIR_KINDS"]
 
 _NAMES = ["Mary", "John", "Tom", "James", "Anna", "Paul", "Sarah", "David", "Laura", "Peter", "Kate", "Mark",
           "Emma", "Jack", "Lucy", "Sam", "Alice", "Daniel", "Rose", "Henry"]
@@ -89,12 +89,17 @@ def read_pairs(path: str | Path) -> list[Pair]:
     return pairs
 
 
+def pairs_text(pairs: list[Pair]) -> str:
+    """`pairs` as the JSON lines of a pairs file (what `write_pairs` writes and a run's sha256 is taken of)."""
+    return "".join(json.dumps(pair.to_json()) + "\n" for pair in pairs)
+
+
 def write_pairs(pairs: list[Pair], path: str | Path) -> Path:
     """Write `pairs` as JSON lines, whole or not at all."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
-    partial.write_text("".join(json.dumps(pair.to_json()) + "\n" for pair in pairs), encoding="utf-8")
+    partial.write_text(pairs_text(pairs), encoding="utf-8")
     partial.replace(path)
     return path
 

@@ -36,7 +36,7 @@ import torch
 
 from ..errors import ModelLoadError
 from .ablation import Surgery
-from .atp_star import atp_star
+from .atp_star import atp_star, head_attributions
 from .hooked import PROBE
 
 __all__ = ["PairBatch", "logit_difference", "patch_heads", "patch_paths", "projection_sites", "Projections",
@@ -130,9 +130,8 @@ def _atp_star(surgery: Surgery, batch: PairBatch, clean, corrupt, n_heads: int) 
     never negative, to be read against the size of the exact effect."""
     out = {}
     for method, ids, donor in (("atp_star_denoise", batch.corrupted, clean), ("atp_star_noise", batch.clean, corrupt)):
-        b, n, width = donor.heads[0].shape
-        replacement = torch.stack([z.detach().view(b, n, n_heads, width // n_heads) for z in donor.heads])
-        star = atp_star(surgery, ids, batch.mask, replacement, lambda output: logit_difference(output, batch))
+        star = atp_star(surgery, ids, batch.mask, _per_head(donor.heads, n_heads),
+                        lambda output: logit_difference(output, batch))
         out[method] = star.star.transpose(0, 1).double().cpu()  # (layer, batch, head)
     return out
 
@@ -143,15 +142,15 @@ def _one_position(real: torch.Tensor, seq: int) -> list[torch.Tensor]:
     return [real & eye[p] for p in range(seq)]
 
 
+def _per_head(heads: list[torch.Tensor], n_heads: int) -> torch.Tensor:
+    """(layer, batch, seq, head, d_head): a run's head outputs, each layer's (batch, seq, head * d_head), stacked."""
+    b, n, width = heads[0].shape
+    return torch.stack([z.detach().view(b, n, n_heads, width // n_heads) for z in heads])
+
+
 def _attribution(heads, grads, others, real: torch.Tensor, n_heads: int) -> torch.Tensor:
     """(layer, batch, head): sum over real positions of (z_other - z) . dLD/dz, every head at once."""
-    rows = []
-    for z, g, other in zip(heads, grads, others):  # per layer: (batch, seq, head * d_head)
-        b, n, width = z.shape
-        delta = (other.detach() - z.detach()).float().view(b, n, n_heads, width // n_heads)
-        per_position = (delta * g.float().view_as(delta)).sum(-1)  # (batch, seq, head)
-        rows.append(torch.where(real[..., None], per_position, 0).sum(1))
-    return torch.stack(rows).double().cpu()
+    return head_attributions(heads, grads, _per_head(others, n_heads), real).transpose(0, 1).double().cpu()
 
 
 # --- paths -------------------------------------------------------------------------------------------------------

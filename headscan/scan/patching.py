@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import hashlib
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -26,7 +27,7 @@ import pandas as pd
 import torch
 
 from .. import intervals
-from ..corpus.pairs import Pair, generate_pairs, read_pairs, write_pairs
+from ..corpus.pairs import Pair, generate_pairs, pairs_text, read_pairs, write_pairs
 from ..errors import ConfigError, CorpusError, ModelLoadError
 from ..models import check_spec, load_model
 from ..models.ablation import Surgery, head_cut
@@ -121,7 +122,7 @@ def patch(models: str | list[str], pairs: str | Path | list[Pair], out: str | Pa
             frames.setdefault(name, []).append(frame)
         described.append(about)
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    digest = _digest(pairs)
+    digest = hashlib.sha256(pairs_text(pairs).encode()).hexdigest()
     provenance = RunProvenance(
         git_revision=_git_revision(), command=command or f"headscan.patch({models!r}, {source!r})",
         started=started.isoformat(timespec="seconds"), finished=now,
@@ -135,10 +136,6 @@ def patch(models: str | list[str], pairs: str | Path | list[Pair], out: str | Pa
     return result
 
 
-def _digest(pairs: list[Pair]) -> str:
-    import hashlib
-    import json
-    return hashlib.sha256("".join(json.dumps(p.to_json()) + "\n" for p in pairs).encode()).hexdigest()
 
 
 def _rules() -> dict:
