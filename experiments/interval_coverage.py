@@ -77,10 +77,16 @@ def load(path: Path, tables=("heads", "offsets")):
     n, layers, heads, k = sums.shape
     # a value.parquet row is named value:METRIC, apart from the heads.parquet row of the same metric
     # and an importance.parquet row importance:METHOD:TARGET (a file of unit_sums.py --importance)
-    names = np.array([{"offsets": "offsets", "value": f"value:{columns[i][0]}",
-                       "importance": f"importance:{columns[i][1][0]}:{columns[i][1][1]}"}.get(columns[i][2],
-                                                                                                columns[i][0])
-                      for i in keep], dtype=object)
+    def name(metric, key, table):
+        if table == "offsets":
+            return "offsets"
+        if table == "value":
+            return f"value:{metric}"
+        if table == "importance":
+            return f"importance:{key[0]}:{key[1]}"
+        return "syntax" if table == "syntax" else metric
+
+    names = np.array([name(*columns[i]) for i in keep], dtype=object)
     metric = np.broadcast_to(names, (layers, heads, k)).reshape(-1)
     return sums.reshape(n, -1), counts.reshape(n, -1), metric
 
