@@ -12,7 +12,9 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from ...analysis import movement
+from ...analysis.claims import NO_NULL
 from ...analysis.runs import Comparison
+from ...config import split_control
 from ...plots import heatmaps, profiles
 from ...plots.style import SIGNED_CMAP, model_palette
 from ..document import Bullets, Figures, Heading, Table, Text
@@ -116,7 +118,8 @@ def _copying_part(comparison: Comparison, pngs: Pngs) -> list:
         named = ", ".join(f"{r.label} {r.value:.2f}" for r in mine.itertuples())
         items.append(f"{row.model}: {row.high} of {row.heads} heads score above {movement.COPYING_HIGH:g} "
                      f"({row.positive} above 0, mean {row.mean:.2f}); the highest: {named}"
-                     + (f" (embedding {embedding.iloc[0]})" if len(embedding) else "") + ".")
+                     + (f" (embedding {embedding.iloc[0]})" if len(embedding) else "") + "."
+                     + (f" {null}" if (null := _copying_null(row.model, counts)) else ""))
     blocks.append(Bullets(items + why))
     drawable = [(m.name, rows[rows["model"] == m.name]) for m in comparison.models if (rows["model"] == m.name).any()]
 
@@ -154,8 +157,15 @@ def _dla_part(comparison: Comparison) -> list:
     for model, part in top.groupby("model", sort=False):
         claimed = part[part["unsupported"] == ""]
         if claimed.empty:
-            items.append(f"{model}: no head's attribution lies beyond chance ({part.iloc[0]['label']}: "
-                         f"{part.iloc[0]['unsupported']}).")
+            first = part.iloc[0]
+            numbers = (f"{first['label']} {first['dla']:+.2f} [{first['ci_low']:+.2f}, {first['ci_high']:+.2f}] "
+                       "logits")
+            if NO_NULL in str(first["unsupported"]).split("; "):  # never tested: say so, claim nothing either way
+                items.append(f"{model}: not tested, `dla` has no null in a run without random-init controls "
+                             f"(sweep with --control random-init); the largest, {numbers}, is a description only.")
+            else:
+                items.append(f"{model}: no head's attribution is a finding; the largest, {numbers}, "
+                             f"{first['unsupported']}.")
             continue
         best = claimed.iloc[0]
         share = "" if pd.isna(best["positive"]) else f", positive at {best['positive']:.0%} of queries"
@@ -200,3 +210,17 @@ def _moves(comparison: Comparison) -> bool:
 @register_section("what heads move", order=120, shown=_moves)
 def what_heads_move(context: Context) -> list:
     return movement_section(context.comparison, context.palette, context.pngs)
+
+
+
+def _copying_null(model: str, counts: pd.DataFrame) -> str:
+    """What the copying counts are measured against: the model's random-init controls where the run has them
+    (their counts above the same threshold), else nothing, which the sentence says."""
+    if split_control(model)[1] is not None:  # a control is itself the null
+        return ""
+    untrained = counts[counts["model"].map(lambda m: split_control(m) == (model, "random-init"))]
+    if untrained.empty:
+        return ("A description of the weights, not a finding: no null was measured (a sweep with --control "
+                "random-init counts its untrained copies' heads the same way).")
+    return ("Against its untrained copies: " + ", ".join(f"{r.model} {r.high} of {r.heads}" for r in
+                                                         untrained.itertuples()) + f" above {movement.COPYING_HIGH:g}.")
