@@ -11,6 +11,7 @@
 """
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -26,6 +27,8 @@ from headscan.metrics.nulls import FINDING_COLUMNS, add_findings, control_pool
 from headscan.scan.controls import swept_names
 
 Z975 = 1.959963984540054
+
+CALIBRATION = Path(__file__).resolve().parents[1] / "headscan" / "data" / "interval_calibration.csv"
 
 
 def student_tail(t: float, df: float) -> float:
@@ -70,7 +73,8 @@ def run_frame(seed: int, *, n_layers=3, n_heads=8, controls=3, planted=((0, 1, "
                     se = spread / 6
                     rows.append({"model": model, "layer": layer, "head": head, "metric": metric, "value": value,
                                  "ci_low": value - Z975 * se, "ci_high": value + Z975 * se, "variance_df": np.inf,
-                                 "chance": 0.069 if metric == "prev_token" else 3.1, "thin": False})
+                                 "chance": 0.069 if metric == "prev_token" else 3.1, "thin": False,
+                                 "units": 318.0})
     return pd.DataFrame(rows)
 
 
@@ -79,7 +83,10 @@ def expected_by_loop(frame: pd.DataFrame, model: str, pool: list[str]) -> pd.Dat
     out = []
     for _, row in frame[frame["model"] == model].iterrows():
         metric = METRICS[row["metric"]]
-        se = (row["ci_high"] - row["ci_low"]) / 2 / Z975
+        # the interval widened by its family's calibrated factor: from 100 units on, the packaged factor at 100
+        table = pd.read_csv(CALIBRATION)
+        factor = table[(table["family"] == row["metric"]) & (table["N"] == 100)]["factor"].iloc[0]
+        se = (row["ci_high"] - row["ci_low"]) / 2 / Z975 * factor
         at_layer = frame[frame["model"].isin(pool) & (frame["metric"] == row["metric"]) & (frame["layer"] == row["layer"])]
         sample, seeds = at_layer["value"].tolist(), at_layer["model"].nunique()
         uniform = metric.null == "uniform" and "[random init" not in model  # an untrained model: its fellows alone

@@ -28,20 +28,25 @@ import pandas as pd
 
 from .. import tables
 from ..config import split_control
-from ..intervals.validated import unvalidated
+from ..intervals.verdicts import (
+    FOUND,
+    NO_EMPIRICAL,
+    NO_INTERVAL,
+    NO_NULL,
+    NOT_DISCOVERED,
+    THIN,
+    TOO_FEW,
+    WITHIN_NULL,
+)
 
-__all__ = ["THIN", "NO_INTERVAL", "NO_CHANCE", "AT_CHANCE", "WITHIN_NULL", "NOT_DISCOVERED", "NO_NULL", "UNVALIDATED", "why_not",
+__all__ = ["THIN", "NO_INTERVAL", "NO_CHANCE", "AT_CHANCE", "WITHIN_NULL", "NOT_DISCOVERED", "NO_NULL", "TOO_FEW",
+           "NO_EMPIRICAL", "OLDER_RULE", "why_not",
            "supported", "has_verdicts", "gate_text", "run_gate_text", "null_text"]
 
-THIN = "thin support"
-NO_INTERVAL = "no interval"
 NO_CHANCE = "no chance level"
 AT_CHANCE = "at chance"  # the interval holds the chance level
-WITHIN_NULL = "within its null"  # the value does not lie beyond its null's end (a verdict the sweep recorded)
-NOT_DISCOVERED = "not a discovery"  # beyond its null, but not at the false-discovery rate over the family
-NO_NULL = "no null"  # a metric only random-init controls give a null for, in a run without them
-# its interval family fell short of 95% coverage at this many units (headscan.intervals.validated)
-UNVALIDATED = "interval not validated at this size"
+# a table written before verdicts were recorded in words: beyond its null, yet no finding by the rule of its day
+OLDER_RULE = "not a finding by the rule of the headscan that wrote it (sweep again)"
 # the interval lies wholly on the other side of chance: "below chance" for a high-striking metric, "above" for low
 _WRONG_SIDE = {"high": "below chance", "low": "above chance"}
 
@@ -105,12 +110,15 @@ def has_verdicts(rows: pd.DataFrame) -> bool:
 
 def _verdicts(rows: pd.DataFrame, side: pd.Series, thin: np.ndarray, table: str) -> list:
     """Per row, None where the table records no verdict (old tables, other tables), else the reason the sweep's
-    verdict gives ("" for a finding, and for a thin row: its thin support is the reason, said once)."""
+    verdict gives ("" for a finding, and for a thin row: its thin support is the reason, said once). A table that
+    records ``verdict`` (`headscan.metrics.nulls.VERDICTS`) says it in words; an older one is read from its columns."""
     if "null_kind" not in rows.columns or "finding" not in rows.columns:
         return [None] * len(rows)
-    metric = rows["metric"] if "metric" in rows.columns else pd.Series("", index=rows.index)
-    short = unvalidated(table, metric.astype(str).to_numpy(), _column(rows, "units").to_numpy())
     kind = rows["null_kind"].astype(object).where(rows["null_kind"].notna(), None).to_numpy()
+    if "verdict" in rows.columns:
+        said = rows["verdict"].astype(object).where(rows["verdict"].notna(), None).to_numpy()
+        return [None if k is None else "" if v in (FOUND, THIN) or thin[i] else (v or NO_INTERVAL)
+                for i, (k, v) in enumerate(zip(kind, said))]
     finding = rows["finding"].astype("boolean").fillna(False).to_numpy(dtype=bool)
     p = _column(rows, "p_value").to_numpy()
     value = _column(rows, "value").to_numpy()
@@ -128,8 +136,8 @@ def _verdicts(rows: pd.DataFrame, side: pd.Series, thin: np.ndarray, table: str)
             out.append(NO_INTERVAL)
         elif not beyond[i]:
             out.append(WITHIN_NULL)
-        else:  # beyond its null: withheld for its interval's size, or not a discovery at the rate
-            out.append(UNVALIDATED if short[i] else NOT_DISCOVERED)
+        else:  # beyond its null, but not a finding by the rule of the headscan that wrote it
+            out.append(OLDER_RULE)
     return out
 
 
@@ -180,38 +188,51 @@ def _controls(pool: list[str]) -> str:
 
 def gate_text(findings: dict | None = None) -> str:
     """The rule, in one sentence, as reports state it; `findings` (a run's ``provenance.extra["findings"]``,
-    `headscan.metrics.nulls.add_findings`) makes it the sweep's tested rule, with its family and counts.
+    `headscan.metrics.nulls.add_findings`) makes it the sweep's tested rule, with its families and counts.
 
     >>> print(gate_text({"rule": "Benjamini-Hochberg", "q": 0.05, "family": {"m": 120, "m [random init]": 0},
-    ...                  "findings": {"m": 7, "m [random init]": 0}, "controls": {"m": ["m [random init]"]}}))
+    ...                  "findings": {"m": 7, "m [random init]": 0}, "controls": {"m": ["m [random init]"]},
+    ...                  "by_table": {"m": {"heads": {"tested": 100, "findings": 5, "kept_by_calibration": 2},
+    ...                                     "syntax": {"tested": 20, "findings": 2, "kept_by_calibration": 0}}}}))
     ... # doctest: +NORMALIZE_WHITESPACE
-    A claim about a head (a finding, a role, a place in a top-head list) is a row of heads, value or syntax that
-    the sweep tested and found: one-sided, by its 95% interval's SE, beyond its null (for every metric, the
-    range of the random-init controls' heads at the same layer, and uniform attention as well where the metric
-    is a mean of attention weights; without controls, uniform attention where it is one and no test where it is
-    not; syntax also beyond the best fixed offset on the same words), then Benjamini-Hochberg at q = 0.05 over
-    one family per model (every tested row of its heads, value and syntax tables), and not thin. Findings: m 7
-    of 120 tested rows (null from m [random init]); m [random init] none tested (no other random-init control to
-    hold it against).
+    A finding is a row of heads, value or syntax that the sweep tested and found: one-sided, on its 95% interval
+    widened by what its family needed to hold 95% at its number of units (calibrated on real text; a family never
+    measured takes the widest factor; fewer units than any size measured: too few to assess), beyond an empirical
+    null (the range of the random-init controls' heads at the same layer, with uniform attention as well where
+    the metric is a mean of attention weights; syntax also beyond the best fixed offset on the same words), then
+    Benjamini-Hochberg at q = 0.05 within each model's table (value.parquet repeats heads' questions, so it is a
+    family of its own), and not thin. A run without random-init controls tests attention shares against uniform
+    attention only, which untrained heads leave too: such rows are "beyond uniform attention only", never
+    findings. Findings: m 7 of 120 tested rows (null from m [random init]; heads 5 of 100, 2 more beyond the null
+    by the bootstrap's own interval but not by the calibrated one; syntax 2 of 20); m [random init] none tested
+    (no other random-init control to hold it against).
     """
     if findings:
         counts = []
         for model, size in findings.get("family", {}).items():
             pool = findings.get("controls", {}).get(model) or []
             untrained = split_control(model)[1] == "random-init"
-            source = ("" if not pool else f" (against the other {len(pool)} random-init controls)" if untrained
-                      else f" (null from {_controls(pool)})")
-            counts.append(f"{model} {findings['findings'].get(model, 0):,} of {size:,} tested rows{source}" if size else
+            source = ("" if not pool else f"against the other {len(pool)} random-init controls" if untrained
+                      else f"null from {_controls(pool)}")
+            tables = [f"{name} {t['findings']:,} of {t['tested']:,}" + (
+                f", {t['kept_by_calibration']:,} more beyond the null by the bootstrap's own interval but not by the "
+                "calibrated one" if t.get("kept_by_calibration") else "")
+                for name, t in findings.get("by_table", {}).get(model, {}).items() if t["tested"]]
+            detail = "; ".join([source] * bool(source) + tables)
+            counts.append(f"{model} {findings['findings'].get(model, 0):,} of {size:,} tested rows"
+                          + (f" ({detail})" if detail else "") if size else
                           f"{model} none tested (no other random-init control to hold it against)"
                           if untrained else f"{model} none tested")
-        return ("A claim about a head (a finding, a role, a place in a top-head list) is a row of heads, value or "
-                "syntax that the sweep tested and found: one-sided, by its 95% interval's SE, beyond its null "
-                "(for every metric, the range of the random-init controls' heads at the same layer, and uniform "
-                "attention as well where the metric is a mean of attention weights; without controls, uniform "
-                "attention where it is one and no test where it is not; syntax also beyond the best fixed offset "
-                f"on the same words), then {findings['rule']} at q = {findings['q']:g} over one family per model "
-                "(every tested row of its heads, value and syntax tables), and not thin. Findings: "
-                + "; ".join(counts) + ".")
+        return ("A finding is a row of heads, value or syntax that the sweep tested and found: one-sided, on its 95% "
+                "interval widened by what its family needed to hold 95% at its number of units (calibrated on real "
+                "text; a family never measured takes the widest factor; fewer units than any size measured: too few "
+                "to assess), beyond an empirical null (the range of the random-init controls' heads at the same "
+                "layer, with uniform attention as well where the metric is a mean of attention weights; syntax also "
+                f"beyond the best fixed offset on the same words), then {findings['rule']} at q = {findings['q']:g} "
+                "within each model's table (value.parquet repeats heads' questions, so it is a family of its own), "
+                "and not thin. A run without random-init controls tests attention shares against uniform attention "
+                "only, which untrained heads leave too: such rows are \"beyond uniform attention only\", never "
+                "findings. Findings: " + "; ".join(counts) + ".")
     return ("A claim about a head (a finding, a role, a place in a top-head list) needs its 95% interval to rest "
             "on enough segments or documents (not thin) and to lie beyond chance, the value of uniform attention "
             "over the keys each query sees, on the metric's striking side: its low end above chance where high "

@@ -20,10 +20,13 @@ from .across import agreement_sentences
 from .claims import (
     AT_CHANCE,
     NO_CHANCE,
+    NO_EMPIRICAL,
     NO_INTERVAL,
     NO_NULL,
     NOT_DISCOVERED,
+    OLDER_RULE,
     THIN,
+    TOO_FEW,
     WITHIN_NULL,
     has_verdicts,
     null_text,
@@ -61,7 +64,10 @@ _COUNTED = {"previous-token": "previous-token heads", "induction": "induction he
 _FAILS = {AT_CHANCE: "is at chance", "below chance": "lies below chance", "above chance": "lies above chance",
           THIN: "rests on thin support", NO_INTERVAL: "has no interval", NO_CHANCE: "has no chance level recorded",
           WITHIN_NULL: "lies within its null", NOT_DISCOVERED: "is not a discovery at the false-discovery rate",
-          NO_NULL: "has no null in a run without random-init controls"}
+          NO_NULL: "has no null in a run without random-init controls", TOO_FEW: "rests on too few units to assess",
+          NO_EMPIRICAL: "lies beyond uniform attention only, which untrained heads leave too; this run has no "
+                        "random-init controls to test it against (sweep with --control random-init)",
+          OLDER_RULE: "is no finding by the rule of the headscan that wrote the table (sweep again)"}
 
 
 def _numbers(row, metric: str = "") -> str:
@@ -69,6 +75,10 @@ def _numbers(row, metric: str = "") -> str:
     parts = []
     if not (pd.isna(row["ci_low"]) or pd.isna(row["ci_high"])):
         parts.append(f"95% interval {_fmt(metric, row['ci_low'])} to {_fmt(metric, row['ci_high'])}")
+        factor = row.get("cal_factor", float("nan"))
+        if not pd.isna(factor) and factor > 1.005:  # the interval the test read, where it is wider
+            parts.append(f"calibrated for its size x{factor:.2f}: {_fmt(metric, row['cal_low'])} to "
+                         f"{_fmt(metric, row['cal_high'])}")
     if "chance" in row and not pd.isna(row["chance"]):
         parts.append(f"chance {_fmt(metric, row['chance'])}")
     if null_text(row):
@@ -104,8 +114,9 @@ def _beyond(rows: pd.DataFrame) -> str:
 
 
 def _assessable(reason: str) -> bool:
-    """False where the thin rule flags the row (`why_not`'s reasons hold THIN)."""
-    return THIN not in reason.split("; ")
+    """False where the row's interval cannot be assessed: the thin rule flags it, or it rests on fewer units than
+    any calibration measured (`why_not`'s reasons hold THIN or TOO_FEW)."""
+    return not {THIN, TOO_FEW} & set(reason.split("; "))
 
 
 def _unassessed(reason: str) -> str:
@@ -247,6 +258,12 @@ def _strongest(model: str, rows: pd.DataFrame, family: str, provenance: ModelPro
                 out.append(f"In {model}, {best['label']} puts {pct(best['value'])} of its attention on {_ON[metric]}"
                            f"{_numbers(best)}{_joint(best)}{_what_it_is(best, metric, roles)}."
                            f"{_control_clause(best, metric, controls)}")
+        elif NO_EMPIRICAL in top.iloc[0]["unsupported"].split("; "):
+            best = top.iloc[0]
+            out.append(f"In {model}, {best['label']} puts {pct(best['value'])} of its attention on {_ON[metric]}"
+                       f"{_numbers(best)}: beyond uniform attention, but no finding, since untrained heads leave "
+                       "uniform attention too and this run has no random-init controls to test it against (sweep "
+                       "with --control random-init).")
         elif not _assessable(top.iloc[0]["unsupported"]):
             best = top.iloc[0]
             out.append(f"Whether a head of {model} puts its attention on {_ON[metric]} {_beyond(rows)} {UNASSESSED}: "
@@ -338,15 +355,21 @@ def _support(model: str, rows: pd.DataFrame, family: str, provenance: ModelProve
         reasons = why_not(measured, striking=striking_of(measured))
         near = int((reasons.str.contains("chance") & reasons.map(_assessable)).sum())  # thin: said above
         verdicts = {reason: int((reasons.map(lambda r, reason=reason: reason in r.split("; ")) & reasons.map(_assessable))
-                                .sum()) for reason in (WITHIN_NULL, NOT_DISCOVERED, NO_NULL)}
+                                .sum()) for reason in (WITHIN_NULL, NOT_DISCOVERED, NO_NULL, NO_EMPIRICAL)}
+        too_few = int(reasons.map(lambda r: TOO_FEW in r.split("; ")).sum())
         if any(verdicts.values()):
             parts = [f"{verdicts[WITHIN_NULL]} lie within their null"] * bool(verdicts[WITHIN_NULL]) + \
                 [f"{verdicts[NOT_DISCOVERED]} lie beyond it but are not discoveries at the run's false-discovery "
                  "rate"] * bool(verdicts[NOT_DISCOVERED]) + \
                 [f"{verdicts[NO_NULL]} have no null (metrics only random-init controls give one for; sweep with "
-                 "--control random-init)"] * bool(verdicts[NO_NULL])
+                 "--control random-init)"] * bool(verdicts[NO_NULL]) + \
+                [f"{verdicts[NO_EMPIRICAL]} lie beyond uniform attention only, which untrained heads leave too (no "
+                 "random-init controls in this run)"] * bool(verdicts[NO_EMPIRICAL])
             out.append(f"{sum(verdicts.values())} of {len(measured)} scores of {model} are not findings: "
                        f"{', '.join(parts)}; no finding here rests on them.")
+        if too_few:
+            out.append(f"{too_few} of {len(measured)} scores of {model} rest on too few units to assess (fewer than "
+                       "any size whose coverage was measured): neither findings nor shown not to be.")
         if near:
             out.append(f"{near} of {len(measured)} scores of {model} do not lie beyond chance on their striking side "
                        "(their 95% interval holds the value of uniform attention, or lies on its other side); no "

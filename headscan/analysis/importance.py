@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..intervals.validated import unvalidated
+from ..intervals.calibration import BASES, calibrate, calibrated_interval
 from ..tables import thin_rows
 
 __all__ = ["PATTERN_METRICS", "PAIRS", "STRIKING", "MATTERS", "NEGLIGIBLE", "FLAGS", "spearman", "effects",
@@ -97,14 +97,17 @@ def matter_table(heads: pd.DataFrame, importance: pd.DataFrame, scale_of: dict[s
     largest_of = table["value"].abs().where(table["exact"]).groupby(table["model"]).max()  # NaN: none exact
     scale = {model: (scale_of or {}).get(model, model) for model in largest_of.index}
     largest = table["model"].map({model: largest_of.get(scale[model], largest_of[model]) for model in scale})
-    clear = (table["ci_low"] > 0) | (table["ci_high"] < 0)
-    # an exact ablation's interval carries a claim where its family's coverage was validated at its size
-    validated = ~unvalidated("importance", table["method"] + ":" + table["target"],
-                             table["units"] if "units" in table else np.full(len(table), np.nan))
-    table["unvalidated"] = table["exact"] & ~validated
-    sure = table["exact"] & ~table["thin"] & validated
+    # an exact ablation's claim reads its interval widened by what its family needed at its size
+    # (headscan.intervals.calibration); on fewer units than any size measured it makes none
+    factor, basis = calibrate("importance", (table["method"] + ":" + table["target"]).to_numpy(dtype=object),
+                              table["units"] if "units" in table else np.full(len(table), np.nan))
+    table["cal_low"], table["cal_high"] = calibrated_interval(table["value"], table["ci_low"], table["ci_high"], factor)
+    table["cal_basis"] = basis
+    table["too_few_units"] = table["exact"] & (basis == BASES[2])
+    clear = (table["cal_low"] > 0) | (table["cal_high"] < 0)
+    sure = table["exact"] & ~table["thin"] & ~table["too_few_units"]
     table["matters"] = clear & (table["value"].abs() >= MATTERS * largest) & sure
-    table["nil"] = (table[["ci_low", "ci_high"]].abs().max(axis=1) <= NEGLIGIBLE * largest) & sure
+    table["nil"] = (table[["cal_low", "cal_high"]].abs().max(axis=1) <= NEGLIGIBLE * largest) & sure
     sure = ~table["pattern_thin"].fillna(True).astype(bool)
     table["striking"] = (table["pattern_low"] >= STRIKING) & sure
     faint = (table["pattern_high"] < STRIKING) & sure

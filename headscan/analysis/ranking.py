@@ -139,7 +139,7 @@ def top_heads(heads: pd.DataFrame, metric: str, n: int = 10, *, model: str | Non
     columns = ["model", "rank", "label", "layer", "head", "value", "ci_low", "ci_high", "chance", "count", "units",
                "wide", "thin", "unsupported"]
     columns += [c for c in ("null_kind", "null_low", "null_high", "p_value", "q_value", "finding", "joint_low",
-                            "joint_high") if c in top.columns]
+                            "joint_high", "cal_low", "cal_high", "cal_factor", "cal_basis", "verdict") if c in top.columns]
     return top[columns].astype({"model": str, "label": str, "thin": bool, "unsupported": object})
 
 

@@ -38,14 +38,30 @@ import pandas as pd
 
 from ..config import split_control
 from ..intervals import interval_se, q_values, t_p_value
-from ..intervals.validated import unvalidated, validation_rule
+from ..intervals.calibration import BASES, calibrate, calibrated_interval, calibration_rule
+from ..intervals.verdicts import (
+    FOUND,
+    NO_EMPIRICAL,
+    NO_INTERVAL,
+    NO_NULL,
+    NOT_DISCOVERED,
+    THIN,
+    TOO_FEW,
+    VERDICTS,
+    WITHIN_NULL,
+)
 from ..tables import FINDING_EXTRA, TABLES
 from .registry import METRICS, describe
 
-__all__ = ["FINDING_TABLES", "FINDING_COLUMNS", "add_findings", "control_pool"]
+__all__ = ["FINDING_TABLES", "FINDING_COLUMNS", "CALIBRATION_COLUMNS", "VERDICTS", "add_findings",
+           "control_pool"]
 
 FINDING_TABLES = ("heads", "value", "syntax")
 FINDING_COLUMNS = ("null_kind", "null_low", "null_high", "p_value", "q_value", "finding")
+# the calibrated interval the test used (headscan.intervals.calibration) and the verdict in words
+CALIBRATION_COLUMNS = ("cal_low", "cal_high", "cal_factor", "cal_basis", "verdict")
+FAMILY_RULE = ("one false-discovery family per model and table (heads, value, syntax): value.parquet asks heads'"
+               " questions again on value-weighted attention and would count each one twice in a shared family")
 
 
 def control_pool(models) -> dict[str, list[str]]:
@@ -104,7 +120,14 @@ def _tested(table: str, rows: pd.DataFrame, controls: pd.DataFrame | None, *, un
     ci_low, ci_high = _column(rows, "ci_low"), _column(rows, "ci_high")
     df = _column(rows, "variance_df")
     df = np.where(np.isnan(df), np.inf, df)  # an interval without a recorded df: the normal's quantile
-    se = interval_se(value, ci_low, ci_high, df)
+    # the interval widened by what its family needed to hold 95% at this many units (headscan.intervals.calibration);
+    # the test reads the widened one, the row keeps both
+    factor, basis = calibrate(table, metric, _column(rows, "units"))
+    bounds = [names.map({m: describe(m).bounds()[end] for m in set(metric)}).to_numpy(dtype=np.float64)
+              for end in (0, 1)]
+    cal_low, cal_high = calibrated_interval(value, ci_low, ci_high, factor, bounds)
+    raw_se = interval_se(value, ci_low, ci_high, df)
+    se = raw_se * factor
     predictive = np.full(n, np.nan)
     if controls is not None and len(controls):
         sample = _control_sample(rows, controls, list(TABLES[table].keys))
@@ -127,14 +150,47 @@ def _tested(table: str, rows: pd.DataFrame, controls: pd.DataFrame | None, *, un
         mean = sample["mean"].to_numpy(dtype=np.float64)
         predictive = np.where(has & (units > 1), t_p_value(value, spread, units - 1, mean, side=side), np.nan)
     p = np.fmax(t_p_value(value, se, df, low, high, side=side), predictive)  # fmax: NaN where there is no sample
-    p = np.where(kind == "none", np.nan, p)
+    # the same test on the interval as the bootstrap gave it: how many rows calibration keeps from being findings
+    raw = np.fmax(t_p_value(value, raw_se, df, low, high, side=side), predictive)
     if table == "syntax":  # and beyond the best fixed offset on the same words (a paired interval)
         delta, d_low, d_high = (_column(rows, c) for c in ("vs_baseline", "vs_baseline_low", "vs_baseline_high"))
-        p_base = t_p_value(delta, interval_se(delta, d_low, d_high, np.inf), np.inf, 0.0, side="high")
+        # a paired difference's coverage was never measured: the widest family's factor at this size
+        paired, _ = calibrate("heads", np.full(n, "vs_baseline", dtype=object), _column(rows, "units"))
+        base_se = interval_se(delta, d_low, d_high, np.inf)
+        p_base = t_p_value(delta, base_se * paired, np.inf, 0.0, side="high")
+        raw_base = t_p_value(delta, base_se, np.inf, 0.0, side="high")
         p = np.where(kind == "controls", np.fmax(p, p_base), p_base)  # NaN where either is not a test
+        raw = np.where(kind == "controls", np.fmax(raw, raw_base), raw_base)
         kind = np.where(kind == "controls", "controls+baseline", "baseline")
+    untested = (kind == "none") | (basis == BASES[2])  # no null, or too few units to assess
     return rows.assign(null_kind=pd.array(kind, dtype="string"), null_low=np.where(kind == "none", np.nan, low),
-                       null_high=np.where(kind == "none", np.nan, high), p_value=p)
+                       null_high=np.where(kind == "none", np.nan, high), p_value=np.where(untested, np.nan, p),
+                       cal_low=cal_low, cal_high=cal_high, cal_factor=factor,
+                       cal_basis=pd.array(basis, dtype="string"), _p_default=np.where(untested, np.nan, raw))
+
+
+def _verdicts(part: pd.DataFrame, q_value: np.ndarray, q: float) -> tuple[np.ndarray, pd.arrays.BooleanArray]:
+    """Each row's verdict (`VERDICTS`) and ``finding``: True or False where the row was tested against an empirical
+    null (random-init controls, or syntax's best fixed offset), <NA> where it could not be (no such null in the
+    run, or too few units): the row is then neither a finding nor shown not to be one."""
+    n = len(part)
+    kind = part["null_kind"].astype(object).to_numpy()
+    thin = (part["thin"].astype("boolean").fillna(False).to_numpy(dtype=bool) if "thin" in part.columns
+            else np.zeros(n, dtype=bool))
+    too_few = part["cal_basis"].astype(object).to_numpy() == BASES[2]
+    value, p = part["value"].to_numpy(dtype=np.float64), part["p_value"].to_numpy(dtype=np.float64)
+    metric = pd.Series(_metric_of("heads", part)) if "metric" in part.columns else pd.Series("", index=range(n))
+    side = metric.map({m: describe(m).striking if m else "high" for m in set(metric)}).to_numpy(dtype=object)
+    end = np.where(side == "high", part["null_high"].to_numpy(dtype=np.float64),
+                   part["null_low"].to_numpy(dtype=np.float64))
+    beyond = np.where(side == "high", value > end, value < end)
+    discovered = q_value <= q
+    verdict = np.select(
+        [thin, too_few, kind == "none", np.isnan(p), ~beyond, ~discovered, kind == "uniform"],
+        [THIN, TOO_FEW, NO_NULL, NO_INTERVAL, WITHIN_NULL, NOT_DISCOVERED, NO_EMPIRICAL], default=FOUND)
+    finding = pd.array(verdict == FOUND, dtype="boolean")
+    finding[np.isin(verdict, (TOO_FEW, NO_NULL, NO_INTERVAL, NO_EMPIRICAL))] = pd.NA
+    return verdict.astype(object), finding
 
 
 def add_findings(frames: dict[str, pd.DataFrame], *, q: float = 0.05, method: str = "bh"
@@ -167,33 +223,31 @@ def add_findings(frames: dict[str, pd.DataFrame], *, q: float = 0.05, method: st
     models = list(dict.fromkeys(m for t in tables for m in frames[t]["model"].astype(str)))
     pool = control_pool(models)
     tested = {t: [] for t in tables}
-    family, found, unchecked = {}, {}, {}
-    for model in models:  # a loop over the run's models: each is its own family
-        parts = {}
+    family, found, by_table = {}, {}, {}
+    for model in models:  # a loop over the run's models and tables: each pair is its own family
+        by_table[model] = {}
         for table in tables:
             frame = frames[table]
             rows = frame[frame["model"].astype(str) == model]
             controls = frame[frame["model"].astype(str).isin(pool[model])] if pool[model] else None
-            parts[table] = _tested(table, rows, controls, untrained=split_control(model)[1] == "random-init")
-        p = np.concatenate([part["p_value"].to_numpy(dtype=np.float64) for part in parts.values()])
-        qs = q_values(p, method=method)
-        start = 0
-        for table, part in parts.items():
-            mine = qs[start:start + len(part)]
-            start += len(part)
-            thin = (part["thin"].astype("boolean").fillna(False).to_numpy(dtype=bool) if "thin" in part.columns
-                    else np.zeros(len(part), dtype=bool))
-            short = unvalidated(table, _metric_of(table, part), _column(part, "units"))
-            unchecked[model] = unchecked.get(model, 0) + int((short & ~thin).sum())
-            tested[table].append(part.assign(q_value=mine, finding=(mine <= q) & ~thin & ~short))
-        family[model] = int(np.isfinite(p).sum())
-        found[model] = int(sum(int(part["finding"].sum()) for part in (t[-1] for t in tested.values())))
+            part = _tested(table, rows, controls, untrained=split_control(model)[1] == "random-init")
+            p = part["p_value"].to_numpy(dtype=np.float64)
+            mine, by_default = q_values(p, method=method), q_values(part.pop("_p_default").to_numpy(), method=method)
+            verdict, finding = _verdicts(part, mine, q)
+            # beyond an empirical null and a discovery by the bootstrap's own interval, not by the calibrated one
+            kept = (by_default <= q) & (verdict == NOT_DISCOVERED) & (part["null_kind"].to_numpy(dtype=object) != "uniform")
+            tested[table].append(part.assign(q_value=mine, finding=finding, verdict=pd.array(verdict, dtype="string")))
+            by_table[model][table] = {"tested": int(np.isfinite(p).sum()), "findings": int((verdict == FOUND).sum()),
+                                      "kept_by_calibration": int(kept.sum()),
+                                      "too_few_units": int((verdict == TOO_FEW).sum())}
+        family[model] = sum(t["tested"] for t in by_table[model].values())
+        found[model] = sum(t["findings"] for t in by_table[model].values())
     for table in tables:
         whole = pd.concat(tested[table]).loc[frames[table].index] if tested[table] else frames[table]
-        out[table] = whole.astype({c: FINDING_EXTRA[c] for c in FINDING_COLUMNS})  # joint_* come from the sweep
+        out[table] = whole.astype({c: FINDING_EXTRA[c] for c in (*FINDING_COLUMNS, *CALIBRATION_COLUMNS)})
     rule = {"bh": "Benjamini-Hochberg", "by": "Benjamini-Yekutieli"}[method]
     summary = {"rule": rule, "q": float(q), "tables": list(tables), "family": family, "findings": found,
-               "validated": validation_rule(), "unvalidated": unchecked,
+               "by_table": by_table, "families": FAMILY_RULE, "calibration": calibration_rule(),
                "controls": {m: c for m, c in pool.items() if c},
                "nulls": {name: metric.null for name, metric in METRICS.items() if metric.table in FINDING_TABLES}}
     return out, summary

@@ -56,11 +56,17 @@ VALUE_COLUMNS: dict[str, str] = {
 ADDED_LATER = ("units", "top_unit_share", "chance", "n_eff", "variance_df", "thin")
 # Extra columns of one table that its older files may lack; read back as NaN ("not recorded") like ADDED_LATER.
 EXTRA_ADDED_LATER = ("vs_baseline", "vs_baseline_low", "vs_baseline_high", "null_kind", "null_low", "null_high",
-                     "p_value", "q_value", "finding", "joint_low", "joint_high")
+                     "p_value", "q_value", "finding", "joint_low", "joint_high", "cal_low", "cal_high", "cal_factor",
+                     "cal_basis", "verdict")
 # The verdict columns of the tables findings are made from (`headscan.metrics.nulls`): the row's null, its range,
 # its one-sided p-value against it, its q-value over the model's family, and whether it is a finding.
 FINDING_EXTRA = {"null_kind": "string", "null_low": "float64", "null_high": "float64", "p_value": "float64",
                  "q_value": "float64", "finding": "boolean",
+                 # the interval the test read: ci_low/ci_high widened by cal_factor, what the row's family needed to
+                 # hold 95% at its units (cal_basis: measured, widest measured, too few units); headscan.intervals.calibration
+                 "cal_low": "float64", "cal_high": "float64", "cal_factor": "float64", "cal_basis": "string",
+                 # "finding", or why the row is not one (headscan.metrics.nulls.VERDICTS)
+                 "verdict": "string",
                  # the 95% interval that holds for every head of the model at once on this metric and key (max-t):
                  # what a head picked as the top may claim (headscan.intervals.joint_interval)
                  "joint_low": "float64", "joint_high": "float64"}
@@ -132,9 +138,11 @@ def register_table(name: str, keys: dict[str, str], description: str, extra: dic
 
 
 _VERDICT = ("; null_kind, null_low, null_high, p_value, q_value and finding: the row's test against what heads "
-            "that learned nothing score, corrected over the model's family (headscan.metrics.nulls); joint_low and "
-            "joint_high: the 95% interval that holds for all the model's heads at once (max-t), what a top head may "
-            "claim")
+            "that learned nothing score, corrected over the model's rows of this table (headscan.metrics.nulls); "
+            "cal_low, cal_high: the calibrated interval the test read (ci_low, ci_high widened by cal_factor, "
+            "cal_basis saying what the factor rests on; headscan.intervals.calibration); verdict: 'finding' or why "
+            "not; joint_low and joint_high: the 95% interval that holds for all the model's heads at once (max-t), "
+            "what a top head may claim")
 register_table("heads", {"metric": "string"}, "one row per (model, layer, head, metric)" + _VERDICT, extra=FINDING_EXTRA)
 register_table("offsets", {"offset": "int64"}, "one row per (model, layer, head, offset): A[q, q + offset]")
 register_table("positions", {"metric": "string", "bucket": "int64"},

@@ -13,7 +13,6 @@ from matplotlib.figure import Figure
 
 from ...analysis.importance import MATTERS, NEGLIGIBLE, STRIKING, agreement, matter_table
 from ...analysis.runs import Comparison
-from ...intervals.validated import MIN_COVERAGE
 from ...plots.importance import atp_against_exact, effect_against_pattern
 from ..document import Bullets, Figures, Heading, Note, Table, Text
 from ..figures import MAX_WIDTH, Pngs
@@ -60,14 +59,15 @@ def _model_lines(comparison: Comparison, table: pd.DataFrame, scale_of: dict[str
         yardstick = scale_of.get(model)
         largest = f"{yardstick}'s largest exact effect" if yardstick else "the largest exact effect"
         if exact:  # findings come from exact ablations only: AtP screens, it does not decide
-            verdict = (f"{int(part['matters'].sum())} of the {exact} exactly ablated heads matter (interval clear "
-                       f"of 0, at least {MATTERS:.0%} of {largest}), {int(part['nil'].sum())} have none (interval "
-                       f"within {NEGLIGIBLE:.0%} of {largest} around 0); AtP estimates count in neither.")
-            withheld = int(part["unvalidated"].sum()) if "unvalidated" in part else 0
+            verdict = (f"{int(part['matters'].sum())} of the {exact} exactly ablated heads matter (calibrated interval "
+                       f"clear of 0, at least {MATTERS:.0%} of {largest}), {int(part['nil'].sum())} have none "
+                       f"(calibrated interval within {NEGLIGIBLE:.0%} of {largest} around 0); AtP estimates count in "
+                       "neither. Each interval is widened by what its method and target needed to hold 95% at its "
+                       "size (" + _calibration_basis(part) + ").")
+            withheld = int(part["too_few_units"].sum()) if "too_few_units" in part else 0
             if withheld:
-                verdict += (f" {withheld} exact rows are judged neither way: their 95% intervals were not validated "
-                            f"at their size (this method and target covered less than {MIN_COVERAGE:.2f} on parts of "
-                            f"that many EWT test documents; experiments/interval_coverage.py).")
+                verdict += (f" {withheld} exact rows rest on fewer units than any size measured and are judged "
+                            "neither way: too few units to assess.")
         else:
             verdict = ("No head was ablated exactly, so none is said to matter: AtP only screens (sweep with "
                        "--importance ablate).")
@@ -180,3 +180,13 @@ def importance_section(comparison: Comparison, pngs: Pngs) -> list:
 @register_section("does the head matter", order=130, shown=lambda comparison: "importance" in comparison.frames)
 def does_the_head_matter(context: Context) -> list:
     return importance_section(context.comparison, context.pngs)
+
+
+def _calibration_basis(part: pd.DataFrame) -> str:
+    """Which of the rows' factors were measured for their method and target, and which are the widest measured."""
+    exact = part[part["exact"]] if "exact" in part else part
+    widest = int((exact.get("cal_basis", pd.Series(dtype=object)) == "widest measured").sum())
+    if not widest:
+        return "measured for each, experiments/interval_calibration.py"
+    return (f"{widest} of {len(exact)} exact rows' method and target were never measured and take the widest "
+            "factor measured at their size; experiments/interval_calibration.py")
