@@ -153,3 +153,23 @@ def test_units_count_a_pair_whose_corruption_has_the_larger_difference(circuit):
     assert about["difference_not_positive"] == "1 (1 pairs)"
     rows = run["patching"]
     assert (rows["units"] == len(pairs)).all() and (rows["count"] == len(pairs)).all()
+
+
+def test_the_command_line_says_how_to_resume_and_exits_130(circuit, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from headscan.cli import cli
+    from headscan.corpus.pairs import write_pairs
+
+    path, pairs = circuit
+    file = write_pairs(pairs, tmp_path / "pairs.jsonl")
+    command = ["patch", "-m", path, "--pairs", str(file), "--path-top", "3", "--bootstrap", "50", "--batch-size", "2",
+               "--device", "cpu", "--out", str(tmp_path / "out"), "-q"]
+    _interrupting(monkeypatch, "patch_layer", 2)
+    result = CliRunner().invoke(cli, command)
+    monkeypatch.undo()
+    assert result.exit_code == 130 and "Aborted" not in result.output
+    assert "run the same command again to resume" in result.output.splitlines()[-1]
+    result = CliRunner().invoke(cli, command)
+    assert result.exit_code == 0, result.output
+    assert not (tmp_path / "out.partial").exists()
