@@ -35,7 +35,7 @@ def circuit(tmp_path_factory):
     return str(path), generate_pairs("induction", 8, seed=2, single_token=single)
 
 
-SETTINGS = dict(device="cpu", path_top=3, bootstrap=50, batch_size=2)
+SETTINGS = dict(device="cpu", path_top=3, position_top=2, bootstrap=50, batch_size=2)
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,8 @@ def _interrupting(monkeypatch, name: str, after: int) -> None:
     monkeypatch.setattr(patch_steps, name, wrapped)
 
 
-@pytest.mark.parametrize("name, after", [("patch_layer", 3), ("patch_sender", 2)], ids=["heads", "paths"])
+@pytest.mark.parametrize("name, after", [("patch_layer", 3), ("patch_layer", 14), ("patch_sender", 2)],
+                         ids=["heads", "positions", "paths"])
 def test_a_run_stopped_by_sigint_resumes_to_the_same_tables(circuit, whole, tmp_path, monkeypatch, name, after):
     path, pairs = circuit
     out = tmp_path / "out"
@@ -69,7 +70,7 @@ def test_a_run_stopped_by_sigint_resumes_to_the_same_tables(circuit, whole, tmp_
     kept = out.with_name("out.partial") / f"patch-{spec_stem(path)}.jsonl"
     assert len(kept.read_text().splitlines()) > 2  # the fingerprint and the steps finished before the stop
     with pytest.raises(TablesError, match="--restart"):  # other settings: refused, naming what differs
-        patch(path, pairs, out, **(SETTINGS | {"by_position": True}))
+        patch(path, pairs, out, **(SETTINGS | {"attribution": False}))
     resumed = patch(path, pairs, out, **SETTINGS)
     assert resumed.provenance.models[0].extra["patching"]["steps_resumed"] > 0
     for table in ("patching", "paths"):
@@ -97,8 +98,19 @@ def test_the_bar_moves_per_head_and_per_path(circuit, monkeypatch):
     run = patch(path, pairs, progress=True, **SETTINGS)
     n_heads = len(run["patching"]["label"].unique())  # 8: 2 layers x 4
     n_paths = len(run["paths"]) // 2  # two targets a path
-    # 4 batches of 2 pairs: one move per head per batch, then one per path per batch of the 4 estimating pairs
-    assert moves == [2] * (4 * n_heads) + [2] * (2 * n_paths)
+    # 4 batches of 2 pairs: one move per head per batch, one per top head patched by position per batch, then one
+    # per path per batch of the 4 estimating pairs
+    assert moves == [2] * (4 * n_heads) + [2] * (4 * 2) + [2] * (2 * n_paths)
+
+
+def test_position_top_patches_only_the_top_heads_at_each_position(whole):
+    rows = whole["patching"]
+    at = rows[rows["position"].notna() & (rows["target"] == "fraction")]
+    assert set(at["label"]) == {"L0H0", "L1H0"}  # the planted pair, the top two by denoising
+    l0h0 = at[(at["label"] == "L0H0") & (at["method"] == "denoise")].set_index("position")["value"]
+    # the previous-token head matters where it wrote the earlier occurrence's successor: position 3 of BOS w0 w1 w2
+    assert l0h0.idxmax() == 3 and l0h0.max() > 0.9
+    assert l0h0.drop(3).abs().max() < 1e-3
 
 
 def _nothing(pair: Pair) -> Pair:

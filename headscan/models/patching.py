@@ -126,14 +126,15 @@ def patch_heads(surgery: Surgery, batch: PairBatch, *, n_heads: int, by_position
 
 def patch_layer(surgery: Surgery, runs: PairRuns, batch: PairBatch, layer: int, *, heads: list[int] | None = None,
                 n_heads: int, by_position: bool = False, methods: tuple[str, ...] = ("denoise", "noise"),
-                step=None) -> dict[str, torch.Tensor]:
+                whole: bool = True, step=None) -> dict[str, torch.Tensor]:
     """The exact patches of `heads` (None: every head) of one layer: per method of `methods` an effect (batch,
-    head), 0 for a head not patched, and with `by_position` (batch, head, position) named ``METHOD_position``;
-    float64 CPU. `step(n)`, if given, is called after each head with the number of pairs it patched."""
+    head) (unless `whole` is False: by position only), 0 for a head not patched, and with `by_position` (batch,
+    head, position) named ``METHOD_position``; float64 CPU. `step(n)`, if given, is called after each head with
+    the number of pairs it patched."""
     d = surgery.cut.d_head
     b, seq = batch.clean.shape
     real = batch.mask.bool()
-    where = {"": [None]} | ({"_position": _one_position(real, seq)} if by_position else {})
+    where = ({"": [None]} if whole else {}) | ({"_position": _one_position(real, seq)} if by_position else {})
     out = {f"{method}{suffix}": torch.zeros((b, n_heads) + ((seq,) if suffix else ()), dtype=torch.float64)
            for method in methods for suffix in where}
     directions = {"denoise": (batch.corrupted, runs.corrupted, runs.clean, runs.ld_corrupted, 1.0),

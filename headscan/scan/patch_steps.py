@@ -32,7 +32,7 @@ from ..errors import SweepInterrupted
 from ..models.patching import attributions, pair_runs, patch_layer, patch_sender
 from .kept_trials import keep_trial, kept_trials
 
-__all__ = ["KeptSteps", "head_effects", "path_effects", "split_pairs", "top_heads", "patch_fingerprint", "SPLIT_RULE"]
+__all__ = ["KeptSteps", "head_effects", "position_effects", "path_effects", "split_pairs", "top_heads", "patch_fingerprint", "SPLIT_RULE"]
 
 SPLIT_RULE = ("path candidates: the top heads by exact denoising summed over the pairs on odd lines of the pairs file "
               "(1, 3, 5, ...); their paths estimated on the pairs on even lines (2, 4, 6, ...); with a file of "
@@ -151,6 +151,36 @@ def head_effects(surgery, batches: list, steps: KeptSteps, *, n_heads: int, by_p
         parts = [np.asarray(r[name], dtype=np.float64) for r in per_batch]
         joined[name] = np.concatenate(parts, axis=0 if name in ("clean", "corrupted") else 1)
     return joined
+
+
+def position_effects(surgery, batches: list, steps: KeptSteps, heads: list[tuple[int, int]], *,
+                     n_heads: int) -> dict[str, np.ndarray]:
+    """The (layer, head) of `heads` patched at each position alone, both directions: ``denoise_position`` and
+    ``noise_position`` (layer, pair, head, position), 0 for a head not patched; ``position_heads`` (layer, head)
+    True where patched."""
+    n_layers = len(surgery.cut.modules)
+    steps.expect(sum(len(b.last) for b in batches) * len(heads))
+    per_batch = []
+    for b, batch in enumerate(batches):
+        runs = _Once(lambda batch=batch: pair_runs(surgery, batch))
+        seq = batch.clean.shape[1]
+        out = {name: np.zeros((n_layers, len(batch.last), n_heads, seq)) for name in ("denoise_position",
+                                                                                    "noise_position")}
+        for layer, head in heads:
+            def one(runs=runs, batch=batch, layer=layer, head=head, b=b):
+                steps.note(f"by position: batch {b + 1}/{len(batches)}, L{layer}H{head}")
+                with torch.no_grad():
+                    made = runs()
+                return _lists(patch_layer(surgery, made, batch, layer, heads=[head], n_heads=n_heads,
+                                          by_position=True, whole=False, step=steps.advance))
+            record = steps(f"positions/{b}/L{layer}H{head}", one, patches=len(batch.last))
+            for name in out:
+                out[name][layer, :, head] = np.asarray(record[name], dtype=np.float64)[:, head]
+        per_batch.append(out)
+    joined = {name: np.concatenate([part[name] for part in per_batch], axis=1) for name in per_batch[0]}
+    patched = np.zeros((n_layers, n_heads), dtype=bool)
+    patched[tuple(np.array(heads).T)] = True
+    return joined | {"position_heads": patched}
 
 
 def split_pairs(n_pairs: int, selecting: bool, has_select_file: bool) -> tuple[np.ndarray, np.ndarray]:

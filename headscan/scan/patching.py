@@ -37,7 +37,16 @@ from ..tables import TABLES, ModelProvenance, SweepTables, head_columns, write
 from ..tables.folders import holding_out
 from ..tables.provenance import CorpusProvenance, RunProvenance
 from .finish import _git_revision, _versions
-from .patch_steps import SPLIT_RULE, KeptSteps, head_effects, patch_fingerprint, path_effects, split_pairs, top_heads
+from .patch_steps import (
+    SPLIT_RULE,
+    KeptSteps,
+    head_effects,
+    patch_fingerprint,
+    path_effects,
+    position_effects,
+    split_pairs,
+    top_heads,
+)
 from .resume import checked_call, partial_folder, spec_stem, stop_requests
 from .state import PartialState
 
@@ -208,11 +217,12 @@ def _one_model(spec: str, pairs: list[Pair], chooser: list[Pair] | None, config:
             raise ModelLoadError(f"model {spec!r} is bidirectional: contrastive patching reads the next-token logits "
                                  f"at a prompt's last token; use a causal language model")
         batches = encode_pairs(model, pairs, config.batch_size)
-        if config.by_position and len({int(b.mask.sum(1).max()) for b in batches} |
-                                      {int(b.mask.sum(1).min()) for b in batches}) != 1:
-            raise ConfigError("by_position: the pairs have different numbers of tokens, so a position means "
-                              "different words in different pairs; patch by position pairs of one template",
-                              setting="by_position")
+        lengths = {int(b.mask.sum(1).max()) for b in batches} | {int(b.mask.sum(1).min()) for b in batches}
+        for setting in ("by_position", "position_top"):
+            if getattr(config, setting) and len(lengths) != 1:
+                raise ConfigError(f"{setting}: the pairs have {min(lengths)} to {max(lengths)} tokens, so a position "
+                                  f"means different words in different pairs; patch by position pairs of one "
+                                  f"template", setting=setting)
         chosen_on, estimated_on = split_pairs(len(pairs), bool(config.path_top), chooser is not None)
         expected = patch_fingerprint(model, _digest(pairs), _digest(chooser) if chooser is not None else None, config)
         path = partial / f"patch-{spec_stem(spec)}.jsonl" if partial is not None else None
@@ -223,6 +233,9 @@ def _one_model(spec: str, pairs: list[Pair], chooser: list[Pair] | None, config:
                 surgery.check()
                 heads = head_effects(surgery, batches, steps, n_heads=model.n_heads, by_position=config.by_position,
                                      attribution=config.attribution)
+                if config.position_top:
+                    heads |= position_effects(surgery, batches, steps, top_heads(heads["denoise"], config.position_top),
+                                              n_heads=model.n_heads)
                 restored = heads["denoise"][:, chosen_on]
                 if chooser is not None:
                     restored = head_effects(surgery, encode_pairs(model, chooser, config.batch_size), steps,
@@ -317,11 +330,18 @@ def _heads_table(model, heads: dict, config: PatchConfig) -> pd.DataFrame:
                                                         if f"{m}_position" in heads]:
         effect = np.moveaxis(heads[name], 1, 0)  # (pair, layer, head[, position])
         method = name.removesuffix("_position")
+        patched = heads.get("position_heads") if name.endswith("_position") else None
+        if patched is not None:  # position_top: only the top heads were patched by position
+            effect = effect[:, patched]  # (pair, patched head, position), in (layer, head) order
         for target, counts in _differences(heads["clean"], heads["corrupted"], effect.shape).items():
             values = _as_rows(unit_values(effect, np.ascontiguousarray(counts), config), counts, heads, effect.shape)
             grid = np.meshgrid(*(np.arange(n) for n in effect.shape[1:]), indexing="ij")
-            layer, head = grid[0].ravel(), grid[1].ravel()
-            position = grid[2].ravel() if len(grid) > 2 else pd.array([pd.NA] * layer.size, dtype="Int64")
+            if patched is not None:
+                layer, head = (axis[grid[0]].ravel() for axis in np.nonzero(patched))
+                position = grid[1].ravel()
+            else:
+                layer, head = grid[0].ravel(), grid[1].ravel()
+                position = grid[2].ravel() if len(grid) > 2 else pd.array([pd.NA] * layer.size, dtype="Int64")
             rows.append(pd.DataFrame(head_columns(model.name, model.family, layer, head, model.kv_group(head))
                                      | {"method": method, "target": target, "position": position}
                                      | {k: v.ravel() for k, v in values.items()}))
