@@ -4,11 +4,17 @@ file of prompt pairs (`headscan.corpus.pairs`), into ``patching.parquet`` and ``
 Each pair is one bootstrap unit. For a head and method, a pair gives an effect s_u on the logit difference
 (`headscan.models.patching`) and its own full difference c_u = LD(clean) - LD(corrupted); the table holds two
 targets per (method, head): ``fraction``, sum_u s_u / sum_u c_u (the share of the clean-minus-corrupted logit
-difference the head restores, denoising, or destroys, noising: the normalisation of Wang et al. 2022 over the
-whole set of pairs), and ``logit_diff``, the mean of s_u (logits). Both have 95% intervals over pairs from the
-same bootstrap as every other table (`headscan.intervals`). ``chance`` is 0: a head that carries none of the
-difference. The run's provenance records how many pairs the model gets right (LD(clean) > 0), and AtP's recall of
-the exact top heads beside Spearman's rank correlation.
+difference the head restores, denoising: its sufficiency, or destroys, noising: its necessity; the
+normalisation of Wang et al. 2022 over the whole set of pairs; heads' fractions do not add up to 1), and
+``logit_diff``, the mean of s_u (logits). Both have 95% intervals over pairs from the same bootstrap as every
+other table (`headscan.intervals`). ``chance`` is 0, no effect, which a head can score and still take part (a
+backup under noising, a head that needs others under denoising). The run's provenance records how many pairs
+the model gets right (LD(clean) > 0), and AtP's recall of the exact top heads beside Spearman's rank
+correlation.
+
+Path candidates are chosen on other pairs than those their paths are estimated on, and each path carries a
+p-value and a Benjamini-Hochberg q-value over the paths tested (`headscan.scan.patch_steps`, which also keeps
+the run's steps so a stopped run resumes).
 
 This module does not draw or parse command lines.
 """
