@@ -101,7 +101,8 @@ def patching_summary(result) -> str:
         lines.append(f"{name}: {about.get('clean_right', '?')} of {about.get('pairs', '?')} clean prompts right "
                      f"(mean LD clean {about.get('mean_logit_difference', {}).get('clean', float('nan')):.2f}, "
                      f"corrupted {about.get('mean_logit_difference', {}).get('corrupted', float('nan')):.2f})")
-        lines.append("  fraction of the logit difference restored (denoising; fractions overlap and do not add): "
+        lines.append("  fraction of the logit difference restored (denoising; ranked on the pairs it is estimated on; "
+                     "fractions overlap and do not add): "
                      + ", ".join(f"{r.label} {_interval(r)}" for r in top.itertuples()))
         for key, name in (("denoise", "AtP"), ("atp_star_denoise", "AtP*")):
             recall = (about.get("atp_recall") or {}).get(key)

@@ -277,9 +277,15 @@ def _one_model(spec: str, pairs: list[Pair], chooser: list[Pair] | None, config:
 
 
 def _lines(indices) -> str:
-    """0-indexed pairs as the 1-indexed lines of the pairs file they are on, e.g. "1, 3, 5 (3 pairs)"."""
-    indices = [int(i) + 1 for i in indices]
-    return (", ".join(map(str, indices)) if indices else "none") + f" ({len(indices)} pairs)"
+    """0-indexed pairs as the 1-indexed lines of the pairs file they are on, a run of even steps shortened.
+
+    >>> _lines([0, 2, 4]), _lines(range(1, 64, 2)), _lines([])
+    ('1, 3, 5 (3 pairs)', '2, 4, 6, ..., 64 (32 pairs)', 'none (0 pairs)')
+    """
+    lines = [int(i) + 1 for i in indices]
+    steps = {b - a for a, b in zip(lines, lines[1:])}
+    shown = lines if len(lines) <= 4 or len(steps) != 1 else [*lines[:3], "...", lines[-1]]
+    return (", ".join(map(str, shown)) if lines else "none") + f" ({len(lines)} pairs)"
 
 
 def _recall(heads: dict) -> dict:

@@ -182,8 +182,8 @@ register_table("paths", {"sender_layer": "int64", "sender_head": "int64", "sende
                          "target": "string"},
                "one row per (model, layer, head, sender_layer, sender_head, path, target): path patching from the "
                "sender head to this (receiver) head through its queries (path q), keys (k) or values (v) over prompt "
-               "pairs (headscan patch --path-top / --paths), the candidates chosen on other pairs than these (run.json "
-               "says which); a key or value path of a grouped-query receiver is its key/value head's (kv_group), "
+               "pairs (headscan patch --path-top / --paths; --path-top's candidates chosen on other pairs than these, "
+               "run.json says which); a key or value path of a grouped-query receiver is its key/value head's (kv_group), "
                "which every query head of that group reads; targets, count, units and full_difference as in "
                "patching.parquet; p_value: one-sided that the path restores more than 0 (Student's t on the "
                "bootstrap's degrees of freedom); q_value: Benjamini-Hochberg over the paths tested, per model and "
