@@ -57,7 +57,7 @@ def _interrupting(monkeypatch, name: str, after: int) -> None:
     monkeypatch.setattr(patch_steps, name, wrapped)
 
 
-@pytest.mark.parametrize("name, after", [("patch_layer", 3), ("patch_layer", 14), ("patch_sender", 2)],
+@pytest.mark.parametrize("name, after", [("patch_layer", 3), ("patch_layer", 35), ("patch_sender", 2)],
                          ids=["heads", "positions", "paths"])
 def test_a_run_stopped_by_sigint_resumes_to_the_same_tables(circuit, whole, tmp_path, monkeypatch, name, after):
     path, pairs = circuit

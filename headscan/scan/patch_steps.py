@@ -2,7 +2,7 @@
 candidates on pairs it does not estimate them on.
 
 A step is one batch's clean and corrupted runs (their logit differences, and AtP and AtP* of every head), one
-layer's exact patches over one batch (every head, both directions), or one sender's paths over one batch. Each
+head's exact patches over one batch (both directions), or one sender's paths over one batch. Each
 finished step is a line of ``OUT.partial/patch-SPEC.jsonl`` (`headscan.scan.kept_trials`, the machinery that
 keeps retrieval's trials): the file opens with the run's fingerprint, a step's numbers are float64 written as
 JSON (which reads back to the same bits), and a run stopped by SIGINT or SIGTERM (`headscan.scan.resume.
@@ -133,16 +133,20 @@ def head_effects(surgery, batches: list, steps: KeptSteps, *, n_heads: int, by_p
             return _lists(lds | (attributions(surgery, made, batch, n_heads) if attribution else {}))
 
         record = dict(steps(f"{prefix}/{b}/runs", first))
-        layers = []
+        width = batch.clean.shape[1]
+        shapes = {f"{method}{suffix}": (n_layers, len(batch.last), n_heads) + ((width,) if suffix else ())
+                  for method in methods for suffix in ("", "_position")[: 1 + by_position]}
+        record |= {name: np.zeros(shape) for name, shape in shapes.items()}  # (layer, pair, head[, position])
         for layer in range(n_layers):
-            def one(runs=runs, batch=batch, layer=layer, b=b):
-                steps.note(f"batch {b + 1}/{len(batches)}, layer {layer}")
-                return _lists(patch_layer(surgery, runs(), batch, layer, n_heads=n_heads, by_position=by_position,
-                                          methods=methods, step=steps.advance))
-            layers.append(steps(f"{prefix}/{b}/L{layer}", one, patches=len(batch.last) * n_heads))
-        for name in layers[0]:
-            if name != "step":
-                record[name] = np.stack([np.asarray(r[name], dtype=np.float64) for r in layers])  # (layer, pair, head..)
+            for head in range(n_heads):
+                def one(runs=runs, batch=batch, layer=layer, head=head, b=b):
+                    steps.note(f"batch {b + 1}/{len(batches)}, L{layer}H{head}")
+                    made = patch_layer(surgery, runs(), batch, layer, heads=[head], n_heads=n_heads,
+                                       by_position=by_position, methods=methods, step=steps.advance)
+                    return _lists({name: effect[:, head] for name, effect in made.items()})
+                kept = steps(f"{prefix}/{b}/L{layer}H{head}", one, patches=len(batch.last))
+                for name in shapes:
+                    record[name][layer, :, head] = np.asarray(kept[name], dtype=np.float64)
         per_batch.append(record)
     joined = {}
     for name in per_batch[0]:
