@@ -6,6 +6,8 @@ The public API is small:
 - ``headscan.retrieval(models, haystack, out=None, **settings)`` finds retrieval heads by needle-in-a-haystack
   decoding (the `headscan retrieval` command); ``headscan.import_scores(file, out=None)`` reads published
   retrieval-head scores (Retrieval_Head's JSON) as such a run (`headscan import-scores`);
+- ``headscan.patch(models, pairs, out=None, **settings)`` patches every head, and paths between heads, between
+  clean and corrupted prompts (the `headscan patch` command);
 - ``headscan.load(out)`` reads a sweep's tables back (``pd.read_parquet`` works too);
 - ``headscan.report(runs, out=None, **settings)`` writes the report of one or more sweeps (the `headscan report`
   command, without the example attention unless given ``examples``);
@@ -34,11 +36,12 @@ from .errors import HeadscanError
 from .tables import TABLES, SweepTables, load
 
 __all__ = ["__version__", "HeadscanError", "METRICS", "TABLES", "SweepTables", "SweepConfig", "RetrievalConfig", "load",
-           "import_scores", "load_model", "merge", "metric", "pattern", "report", "retrieval", "sweep"]
+           "import_scores", "load_model", "merge", "metric", "patch", "pattern", "report", "retrieval", "sweep"]
 
 # Loaded on first use: these import torch and transformers.
 _LAZY = {"sweep": "headscan.scan", "merge": "headscan.scan", "retrieval": "headscan.scan",
-         "import_scores": "headscan.scan.published", "load_model": "headscan.models", "METRICS": "headscan.metrics",
+         "import_scores": "headscan.scan.published",
+         "patch": "headscan.scan.patching", "load_model": "headscan.models", "METRICS": "headscan.metrics",
          "pattern": "headscan.metrics.custom", "metric": "headscan.metrics.custom"}
 
 

@@ -192,7 +192,7 @@ def retrieval(models, corpus, needles, out, overwrite, restart, quiet, **setting
 @cli.command(cls=GroupedCommand, short_help="Patch every head (and paths between heads) between prompt pairs.")
 @options("patch")
 @_one_line_errors
-def patch(models, pairs, out, overwrite, quiet, **settings):
+def patch(models, pairs, select_pairs, out, overwrite, restart, quiet, **settings):
     """Contrastive activation patching: each head's output moved between the
     clean and corrupted prompts of PAIRS, read as the logit difference between
     the answer and the wrong answer at the last token. Writes
@@ -200,7 +200,9 @@ def patch(models, pairs, out, overwrite, quiet, **settings):
     estimates, as the fraction of the difference restored and in logits, with
     95% intervals over pairs), OUT/paths.parquet (with --path-top or --paths:
     a sender's effect through a receiver's queries, keys or values) and
-    OUT/run.json.
+    OUT/run.json. Path candidates are chosen on other pairs than those their
+    paths are estimated on (--select-pairs, or half of PAIRS). Stopped, it
+    keeps finished steps in OUT.partial/; the same command resumes.
 
     Example:
 
@@ -213,8 +215,8 @@ def patch(models, pairs, out, overwrite, quiet, **settings):
     from .scan.patching import patch as run_patch
 
     config = config_from(PatchConfig, settings)
-    result = run_patch(list(models), pairs, out, config, overwrite=overwrite, progress=not quiet,
-                       command=_effective_command(click.get_current_context()))
+    result = run_patch(list(models), pairs, out, config, select_pairs=select_pairs, overwrite=overwrite,
+                       restart=restart, progress=not quiet, command=_effective_command(click.get_current_context()))
     click.echo(f"wrote {result.path}")
     click.echo(patching_summary(result))
 

@@ -201,8 +201,11 @@ OPTIONS: dict[str, list[Opt]] = {
                   "id; repeat for several.", required=True),
         Opt(("pairs", "--pairs"), "input", 'JSONL of {"clean", "corrupted", "answer", "wrong"}, one pair a line '
             "(headscan pairs writes some).", {"required": True, "type": click.Path(dir_okay=False, path_type=Path)}),
+        Opt(("select_pairs", "--select-pairs"), "input", "Choose --path-top's candidates on these pairs (same "
+            "format) and estimate the paths on every pair of --pairs (default: the odd lines of --pairs choose, the "
+            "even lines estimate).", {"default": None, "type": click.Path(dir_okay=False, path_type=Path)}),
         OUT.but(help="Folder for patching.parquet, paths.parquet and run.json.", default="out/patch"),
-        *PATCH.values(), OVERWRITE, QUIET,
+        *PATCH.values(), OVERWRITE, RESTART, QUIET,
     ],
     "pairs": [
         Opt(("n", "--n"), "input", "How many pairs.", {"default": 64, "show_default": True, "type": click.IntRange(min=1)}),

@@ -55,6 +55,9 @@ class PatchConfig:
     batch_size: int = _field(8, "model", "Pairs per forward pass.")
     by_position: bool = _field(False, "scores", "Also patch each head at each position alone (pairs must all have "
                                "the same number of tokens; one pass per head and position).")
+    position_top: int = _field(0, "scores", "Also patch the N heads that restore the most (exact denoising over "
+                               "every pair) at each position alone (pairs of one length; 2 passes per head, position "
+                               "and batch; 0: none).", metavar="N")
     attribution: bool = _field(True, "scores", "Estimate every head's effect by attribution patching (AtP), beside "
                                "the exact patches, with its recall of their top heads.")
     path_top: int = _field(0, "scores", "Path patching between the N heads that restore the most (exact "
@@ -69,7 +72,7 @@ class PatchConfig:
     dtype: DType = _field("float32", DTYPE)
 
     def __post_init__(self):
-        for name, low in (("batch_size", 1), ("path_top", 0), ("seed", 0), ("bootstrap", 0)):
+        for name, low in (("batch_size", 1), ("path_top", 0), ("position_top", 0), ("seed", 0), ("bootstrap", 0)):
             _whole(name, getattr(self, name), low)
         if 0 < self.bootstrap < MIN_BOOTSTRAP:
             raise ConfigError(f"bootstrap must be 0 (no intervals) or at least {MIN_BOOTSTRAP}, got {self.bootstrap}",
@@ -77,6 +80,9 @@ class PatchConfig:
         for name in ("by_position", "attribution"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}", setting=name)
+        if self.by_position and self.position_top:
+            raise ConfigError("position_top: --by-position already patches every head at each position; use one of "
+                              "them", setting="position_top")
         if not isinstance(self.paths, tuple):
             raise ConfigError(f"paths must be a tuple of SENDER>RECEIVER strings, got {self.paths!r}", setting="paths")
         for text in self.paths:

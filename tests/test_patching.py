@@ -366,7 +366,7 @@ def test_the_report_section_lists_the_planted_heads_and_path(circuit, circuit_ru
     heads, paths = [b.frame for b in blocks if isinstance(b, Table)]
     assert set(heads["head"][:2]) == {"L0H0", "L1H0"}
     first = paths.iloc[0]
-    assert (first["sender"], first["receiver"], first["through"], first["above 0"]) == ("L0H0", "L1H0", "keys", "yes")
-    assert (paths["above 0"] == "yes").sum() == 1
+    assert (first["sender"], first["receiver"], first["through"], first["q ≤ 0.05"]) == ("L0H0", "L1H0", "keys", "yes")
+    assert (paths["q ≤ 0.05"] == "yes").sum() == 1
     said = next(b for b in blocks if isinstance(b, Bullets)).items[0]
     assert "16 of 16 clean prompts" in said and "AtP*" in said

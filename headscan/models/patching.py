@@ -39,8 +39,8 @@ from .ablation import Surgery
 from .atp_star import atp_star, head_attributions
 from .hooked import PROBE
 
-__all__ = ["PairBatch", "logit_difference", "patch_heads", "patch_paths", "projection_sites", "Projections",
-           "PATHS"]
+__all__ = ["PairBatch", "PairRuns", "logit_difference", "pair_runs", "patch_heads", "patch_layer", "attributions",
+           "patch_paths", "patch_sender", "projection_sites", "Projections", "PATHS"]
 
 PATHS = ("q", "k", "v")
 # Separate query, key and value projections, by architecture's names (Llama and kin, BERT, DistilBERT; a
@@ -69,15 +69,29 @@ def logit_difference(logits: torch.Tensor, batch: PairBatch) -> torch.Tensor:
     return at[rows, batch.answer.to(logits.device)] - at[rows, batch.wrong.to(logits.device)]
 
 
-def _runs(surgery: Surgery, batch: PairBatch, grad: bool):
-    """The clean and corrupted runs, their head outputs and LDs; with `grad`, dLD/dz of each run's heads."""
+@dataclass
+class PairRuns:
+    """The clean and corrupted runs of one batch of pairs: each a `Pass` (head outputs and block outputs), its LDs
+    (batch,) and, where attribution asked for them, dLD/dz of its heads."""
+
+    clean: object
+    corrupted: object
+    ld_clean: torch.Tensor
+    ld_corrupted: torch.Tensor
+    grad_clean: tuple | None = None
+    grad_corrupted: tuple | None = None
+
+
+def pair_runs(surgery: Surgery, batch: PairBatch, *, grad: bool = False) -> PairRuns:
+    """The clean and corrupted runs of `batch` and their LDs; with `grad`, dLD/dz of each run's heads."""
     out = {}
     for name, ids in (("clean", batch.clean), ("corrupted", batch.corrupted)):
         run = surgery.run(ids, batch.mask, capture=True, grad=grad)
         ld = logit_difference(run.output, batch)
         grads = torch.autograd.grad(ld.sum(), run.heads) if grad else None
         out[name] = (run, ld.detach(), grads)
-    return out
+    (clean, ld_clean, g_clean), (corrupt, ld_corrupt, g_corrupt) = out["clean"], out["corrupted"]
+    return PairRuns(clean, corrupt, ld_clean, ld_corrupt, g_clean, g_corrupt)
 
 
 def patch_heads(surgery: Surgery, batch: PairBatch, *, n_heads: int, by_position: bool = False,
@@ -90,22 +104,46 @@ def patch_heads(surgery: Surgery, batch: PairBatch, *, n_heads: int, by_position
     ``atp_star_noise``, sizes, where the model's blocks are known); with `by_position` also
     ``denoise_position`` and ``noise_position`` (layer, batch, head, position), the head patched at one position
     alone. Effects are signed so that a head carrying the difference scores positive in both directions.
+
+    The same work in steps a run can keep and resume between: `pair_runs` once per batch, `patch_layer` per
+    layer, `attributions` once per batch.
     """
-    runs = _runs(surgery, batch, grad=attribution)
-    (clean, ld_clean, g_clean), (corrupt, ld_corrupt, g_corrupt) = runs["clean"], runs["corrupted"]
-    d = surgery.cut.d_head
-    n_layers, (b, seq) = len(clean.heads), batch.clean.shape
-    real = batch.mask.bool()
-    where = {"": [None]} | ({"_position": _one_position(real, seq)} if by_position else {})
-    out = {f"{method}{suffix}": torch.zeros((n_layers, b, n_heads) + ((seq,) if suffix else ()), dtype=torch.float64)
-           for method in ("denoise", "noise") for suffix in where}
-    directions = (("denoise", batch.corrupted, corrupt, clean, ld_corrupt, 1.0),
-                  ("noise", batch.clean, clean, corrupt, ld_clean, -1.0))
+    runs = pair_runs(surgery, batch, grad=attribution)
+    n_layers, (b, seq) = len(runs.clean.heads), batch.clean.shape
     chosen = only if only is not None else [(layer, head) for layer in range(n_layers) for head in range(n_heads)]
+    out = {f"{method}{suffix}": torch.zeros((n_layers, b, n_heads) + ((seq,) if suffix else ()), dtype=torch.float64)
+           for method in ("denoise", "noise") for suffix in ("", "_position")[: 1 + by_position]}
+    for layer in sorted({layer for layer, _ in chosen}):
+        heads = [head for at, head in chosen if at == layer]
+        for name, effect in patch_layer(surgery, runs, batch, layer, heads=heads, n_heads=n_heads,
+                                        by_position=by_position).items():
+            out[name][layer] = effect
+    if attribution:
+        out.update(attributions(surgery, runs, batch, n_heads))
+    out.update(clean=runs.ld_clean.double().cpu(), corrupted=runs.ld_corrupted.double().cpu())
+    return out
+
+
+def patch_layer(surgery: Surgery, runs: PairRuns, batch: PairBatch, layer: int, *, heads: list[int] | None = None,
+                n_heads: int, by_position: bool = False, methods: tuple[str, ...] = ("denoise", "noise"),
+                whole: bool = True, step=None) -> dict[str, torch.Tensor]:
+    """The exact patches of `heads` (None: every head) of one layer: per method of `methods` an effect (batch,
+    head) (unless `whole` is False: by position only), 0 for a head not patched, and with `by_position` (batch,
+    head, position) named ``METHOD_position``; float64 CPU. `step(n)`, if given, is called after each head with
+    the number of pairs it patched."""
+    d = surgery.cut.d_head
+    b, seq = batch.clean.shape
+    real = batch.mask.bool()
+    where = ({"": [None]} if whole else {}) | ({"_position": _one_position(real, seq)} if by_position else {})
+    out = {f"{method}{suffix}": torch.zeros((b, n_heads) + ((seq,) if suffix else ()), dtype=torch.float64)
+           for method in methods for suffix in where}
+    directions = {"denoise": (batch.corrupted, runs.corrupted, runs.clean, runs.ld_corrupted, 1.0),
+                  "noise": (batch.clean, runs.clean, runs.corrupted, runs.ld_clean, -1.0)}
     with torch.no_grad():
-        for layer, head in chosen:
+        for head in range(n_heads) if heads is None else heads:
             cols = slice(head * d, (head + 1) * d)
-            for method, ids, base, donor, ld_base, sign in directions:
+            for method in methods:
+                ids, base, donor, ld_base, sign = directions[method]
                 value = donor.heads[layer][..., cols].detach()  # (batch, seq, d_head)
                 for suffix, masks in where.items():
                     for p, positions in enumerate(masks):
@@ -113,15 +151,23 @@ def patch_heads(surgery: Surgery, batch: PairBatch, *, n_heads: int, by_position
                                           residuals=base.residuals)
                         effect = (sign * (logit_difference(run.output, batch) - ld_base)).double().cpu()
                         if suffix:
-                            out[method + suffix][layer, :, head, p] = effect
+                            out[method + suffix][:, head, p] = effect
                         else:
-                            out[method][layer, :, head] = effect
-    if attribution:
-        out["atp_denoise"] = _attribution(corrupt.heads, g_corrupt, clean.heads, real, n_heads)
-        out["atp_noise"] = -_attribution(clean.heads, g_clean, corrupt.heads, real, n_heads)
-        if surgery.cut.blocks is not None and n_layers > 1:  # GradDrop drops one block's gradient at a time
-            out.update(_atp_star(surgery, batch, clean, corrupt, n_heads))
-    out.update(clean=ld_clean.double().cpu(), corrupted=ld_corrupt.double().cpu())
+                            out[method][:, head] = effect
+            if step is not None:
+                step(b)
+    return out
+
+
+def attributions(surgery: Surgery, runs: PairRuns, batch: PairBatch, n_heads: int) -> dict[str, torch.Tensor]:
+    """AtP of both directions, and AtP* where the model's blocks are known: (layer, batch, head) float64 CPU;
+    `runs` made with ``grad=True``."""
+    real = batch.mask.bool()
+    clean, corrupt = runs.clean, runs.corrupted
+    out = {"atp_denoise": _attribution(corrupt.heads, runs.grad_corrupted, clean.heads, real, n_heads),
+           "atp_noise": -_attribution(clean.heads, runs.grad_clean, corrupt.heads, real, n_heads)}
+    if surgery.cut.blocks is not None and len(clean.heads) > 1:  # GradDrop drops one block's gradient at a time
+        out.update(_atp_star(surgery, batch, clean, corrupt, n_heads))
     return out
 
 
@@ -282,35 +328,45 @@ def _recording(projections: Projections, keys):
 def patch_paths(surgery: Surgery, projections: Projections, batch: PairBatch, pairs, kv_group) -> dict:
     """The effect of each (sender, receiver, path) of `pairs` (((layer, head), (layer, head), "q"|"k"|"v"), the
     receiver in a later layer), as LD(run 2) - LD(corrupted) per pair of prompts: {key: (batch,) float64}, with
-    ``clean`` and ``corrupted`` LDs. `kv_group(head)` maps a query head to its key/value head."""
+    ``clean`` and ``corrupted`` LDs. `kv_group(head)` maps a query head to its key/value head. The same work in
+    steps: `pair_runs` once per batch, `patch_sender` per sender."""
     with torch.no_grad():
-        runs = _runs(surgery, batch, grad=False)
-    (clean, ld_clean, _), (corrupt, ld_corrupt, _) = runs["clean"], runs["corrupted"]
-    d = surgery.cut.d_head
-    n_layers = len(clean.heads)
-    out = {"clean": ld_clean.double().cpu(), "corrupted": ld_corrupt.double().cpu()}
-    senders = sorted({sender for sender, _, _ in pairs})
-    with torch.no_grad():
-        for sender in senders:
-            layer, head = sender
-            mine = [(r, kind) for s, r, kind in pairs if s == sender]
-            frozen = [(later, None, corrupt.heads[later].detach()) for later in range(layer + 1, n_layers)]
-            replace = [(layer, head, clean.heads[layer][..., head * d: (head + 1) * d].detach()), *frozen]
-            wanted = {(r[0], kind) for r, kind in mine}
-            with _recording(projections, wanted) as recorded:
-                surgery.run(batch.corrupted, batch.mask, replace=replace, residuals=corrupt.residuals)
-            if set(recorded) != wanted:
-                raise ModelLoadError(f"model {surgery.model.name!r}: its query, key and value projections were found "
-                                     f"but not run in a forward pass, so headscan cannot patch paths in it")
-            for receiver, kind in mine:
-                unit = receiver[1] if kind == "q" else int(kv_group(receiver[1]))
-                start = projections.column(receiver[0], kind, unit)
-                key = (receiver[0], kind)
-                projections.replace = {key: (start, recorded[key][..., start: start + d])}
-                try:
-                    run = surgery.run(batch.corrupted, batch.mask, start=receiver[0], residuals=corrupt.residuals)
-                finally:
-                    projections.replace = {}
-                out[(sender, receiver, kind)] = (logit_difference(run.output, batch) - ld_corrupt).double().cpu()
+        runs = pair_runs(surgery, batch)
+    out = {"clean": runs.ld_clean.double().cpu(), "corrupted": runs.ld_corrupted.double().cpu()}
+    for sender in sorted({sender for sender, _, _ in pairs}):
+        mine = [(receiver, kind) for s, receiver, kind in pairs if s == sender]
+        out.update(patch_sender(surgery, projections, runs, batch, sender, mine, kv_group))
     return out
 
+
+def patch_sender(surgery: Surgery, projections: Projections, runs: PairRuns, batch: PairBatch, sender, receivers,
+                 kv_group, step=None) -> dict:
+    """The paths from one `sender` (layer, head) to each (receiver, "q"|"k"|"v") of `receivers`: {(sender,
+    receiver, kind): (batch,) float64}. `step(n)`, if given, is called after each path with the batch's pairs."""
+    clean, corrupt, ld_corrupt = runs.clean, runs.corrupted, runs.ld_corrupted
+    d = surgery.cut.d_head
+    n_layers = len(clean.heads)
+    layer, head = sender
+    out = {}
+    with torch.no_grad():
+        frozen = [(later, None, corrupt.heads[later].detach()) for later in range(layer + 1, n_layers)]
+        replace = [(layer, head, clean.heads[layer][..., head * d: (head + 1) * d].detach()), *frozen]
+        wanted = {(r[0], kind) for r, kind in receivers}
+        with _recording(projections, wanted) as recorded:
+            surgery.run(batch.corrupted, batch.mask, replace=replace, residuals=corrupt.residuals)
+        if set(recorded) != wanted:
+            raise ModelLoadError(f"model {surgery.model.name!r}: its query, key and value projections were found "
+                                 f"but not run in a forward pass, so headscan cannot patch paths in it")
+        for receiver, kind in receivers:
+            unit = receiver[1] if kind == "q" else int(kv_group(receiver[1]))
+            start = projections.column(receiver[0], kind, unit)
+            key = (receiver[0], kind)
+            projections.replace = {key: (start, recorded[key][..., start: start + d])}
+            try:
+                run = surgery.run(batch.corrupted, batch.mask, start=receiver[0], residuals=corrupt.residuals)
+            finally:
+                projections.replace = {}
+            out[(tuple(sender), tuple(receiver), kind)] = (logit_difference(run.output, batch) - ld_corrupt).double().cpu()
+            if step is not None:
+                step(len(batch.last))
+    return out

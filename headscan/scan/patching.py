@@ -4,11 +4,17 @@ file of prompt pairs (`headscan.corpus.pairs`), into ``patching.parquet`` and ``
 Each pair is one bootstrap unit. For a head and method, a pair gives an effect s_u on the logit difference
 (`headscan.models.patching`) and its own full difference c_u = LD(clean) - LD(corrupted); the table holds two
 targets per (method, head): ``fraction``, sum_u s_u / sum_u c_u (the share of the clean-minus-corrupted logit
-difference the head restores, denoising, or destroys, noising: the normalisation of Wang et al. 2022 over the
-whole set of pairs), and ``logit_diff``, the mean of s_u (logits). Both have 95% intervals over pairs from the
-same bootstrap as every other table (`headscan.intervals`). ``chance`` is 0: a head that carries none of the
-difference. The run's provenance records how many pairs the model gets right (LD(clean) > 0), and AtP's recall of
-the exact top heads beside Spearman's rank correlation.
+difference the head restores, denoising: its sufficiency, or destroys, noising: its necessity; the
+normalisation of Wang et al. 2022 over the whole set of pairs; heads' fractions do not add up to 1), and
+``logit_diff``, the mean of s_u (logits). Both have 95% intervals over pairs from the same bootstrap as every
+other table (`headscan.intervals`). ``chance`` is 0, no effect, which a head can score and still take part (a
+backup under noising, a head that needs others under denoising). The run's provenance records how many pairs
+the model gets right (LD(clean) > 0), and AtP's recall of the exact top heads beside Spearman's rank
+correlation.
+
+Path candidates are chosen on other pairs than those their paths are estimated on, and each path carries a
+p-value and a Benjamini-Hochberg q-value over the paths tested (`headscan.scan.patch_steps`, which also keeps
+the run's steps so a stopped run resumes).
 
 This module does not draw or parse command lines.
 """
@@ -18,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import hashlib
-import sys
+import shutil
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -31,12 +37,23 @@ from ..corpus.pairs import Pair, generate_pairs, pairs_text, read_pairs, write_p
 from ..errors import ConfigError, CorpusError, ModelLoadError
 from ..models import check_spec, load_model
 from ..models.ablation import Surgery, head_cut
-from ..models.patching import PairBatch, Projections, patch_heads, patch_paths, projection_sites
+from ..models.patching import PairBatch, Projections, projection_sites
 from ..patching_config import PatchConfig
 from ..tables import TABLES, ModelProvenance, SweepTables, head_columns, write
+from ..tables.folders import holding_out
 from ..tables.provenance import CorpusProvenance, RunProvenance
 from .finish import _git_revision, _versions
-from .resume import checked_call
+from .patch_steps import (
+    SPLIT_RULE,
+    KeptSteps,
+    head_effects,
+    patch_fingerprint,
+    path_effects,
+    position_effects,
+    split_pairs,
+    top_heads,
+)
+from .resume import checked_call, partial_folder, spec_stem, stop_requests
 from .state import PartialState
 
 __all__ = ["patch", "encode_pairs", "unit_values", "recall_at", "write_generated_pairs", "PAIR_UNIT"]
@@ -75,9 +92,12 @@ def encode_pairs(model, pairs: list[Pair], batch_size: int) -> list[PairBatch]:
     return batches
 
 
-def unit_values(sums: np.ndarray, counts: np.ndarray, config: PatchConfig) -> dict[str, np.ndarray]:
+def unit_values(sums: np.ndarray, counts: np.ndarray, config: PatchConfig, *,
+                p_values: bool = False) -> dict[str, np.ndarray]:
     """The value columns of sum_u s_u / sum_u c_u over units (axis 0 of `sums` and `counts`), each unit (a pair)
-    weighted by bootstrap draws keyed on its index, as every table's intervals are."""
+    weighted by bootstrap draws keyed on its index, as every table's intervals are; with `p_values`, also
+    ``p_value``, one-sided that the value is above 0 (Student's t of the value over its standard error on the
+    bootstrap's degrees of freedom, `headscan.intervals.t_p_value`; NaN without a bootstrap)."""
     weights = intervals.bootstrap_weights(list(range(len(sums))), config.bootstrap, config.seed)  # (replicate, unit)
     shape = sums.shape[1:]
     flat_s, flat_c = sums.reshape(len(sums), -1), counts.reshape(len(counts), -1)  # (unit, row)
@@ -87,6 +107,9 @@ def unit_values(sums: np.ndarray, counts: np.ndarray, config: PatchConfig) -> di
                          intervals.unit_moments(flat_s, flat_c).reshape(-1, *grid), np.zeros(grid),
                          intervals.replicate_moments(weights, flat_s, flat_c).reshape(3, -1, *grid))
     values = state.values(config.interval)
+    if p_values:
+        se = intervals.standard_error(values["value"], state.moments)
+        values["p_value"] = intervals.t_p_value(values["value"], se, values["variance_df"], 0.0)
     # the max-t interval over every row of a run of pairs is not a claim this table makes
     return {k: v.reshape(shape) for k, v in values.items() if k not in ("joint_low", "joint_high")}
 
@@ -101,84 +124,151 @@ def recall_at(estimate: np.ndarray, exact: np.ndarray, k: int) -> int:
     return len(top(estimate) & top(exact))
 
 
+@holding_out
 def patch(models: str | list[str], pairs: str | Path | list[Pair], out: str | Path | None = None,
-          config: PatchConfig | None = None, *, overwrite: bool = False, progress: bool = False,
-          command: str | None = None, **settings) -> SweepTables:
+          config: PatchConfig | None = None, *, select_pairs: str | Path | list[Pair] | None = None,
+          overwrite: bool = False, restart: bool = False, progress: bool = False, command: str | None = None,
+          **settings) -> SweepTables:
     """Patch every head of each causal model in `models` between the clean and corrupted prompts of `pairs` (a
     JSON-lines file or a list of `Pair`), and the paths `config` names; publish ``patching.parquet``,
     ``paths.parquet`` and ``run.json`` into `out` if given.
+
+    With ``path_top`` the path candidates are chosen on pairs the paths are not estimated on: the odd lines of
+    `pairs` choose and the even lines estimate, or `select_pairs` (another pairs file) chooses and every pair
+    estimates. With `out`, each finished step is kept in ``OUT.partial/`` and the same call resumes a stopped
+    run (`restart` discards it).
 
     Example: ``headscan.patch("gpt2", "pairs.jsonl", "out/patch", path_top=3)``
     """
     models, config = checked_call(models, config, PatchConfig, settings, out, overwrite)
     source = str(pairs) if not isinstance(pairs, list) else "pairs given in Python"
     pairs = read_pairs(pairs) if not isinstance(pairs, list) else pairs
+    chooser = None
+    if select_pairs is not None:
+        chooser = read_pairs(select_pairs) if not isinstance(select_pairs, list) else select_pairs
+        if not config.path_top:
+            raise ConfigError("select_pairs: the selection pairs choose path candidates, which only --path-top "
+                              "asks for; add --path-top N or drop --select-pairs", setting="select_pairs")
+    partial = partial_folder(out) if out is not None else None
+    if partial is not None and restart:
+        shutil.rmtree(partial, ignore_errors=True)
     started = datetime.now(timezone.utc)
     frames: dict[str, list[pd.DataFrame]] = {}
     described = []
-    for spec in models:
-        tables, about = _one_model(spec, pairs, config, progress)
-        for name, frame in tables.items():
-            frames.setdefault(name, []).append(frame)
-        described.append(about)
+    with stop_requests() as should_stop:
+        for spec in models:
+            tables, about = _one_model(spec, pairs, chooser, config, partial, should_stop, progress, restart)
+            for name, frame in tables.items():
+                frames.setdefault(name, []).append(frame)
+            described.append(about)
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    digest = hashlib.sha256(pairs_text(pairs).encode()).hexdigest()
+    digest = _digest(pairs)
     provenance = RunProvenance(
-        git_revision=_git_revision(), command=command or f"headscan.patch({models!r}, {source!r})",
+        git_revision=_git_revision(), command=command or _python_call(models, source, select_pairs, config),
         started=started.isoformat(timespec="seconds"), finished=now,
         corpus=CorpusProvenance(source=source, kind="prompt pairs", sha256=digest, n_segments=len(pairs)),
         config=config.to_json(), versions=dict(_versions()), models=tuple(described),
-        extra={"bootstrap_unit": PAIR_UNIT, "patching": _rules()})
+        extra={"bootstrap_unit": PAIR_UNIT, "patching": _rules()}
+        | ({"select_pairs": {"source": str(select_pairs) if not isinstance(select_pairs, list) else
+                             "pairs given in Python", "sha256": _digest(chooser), "n": len(chooser)}}
+           if chooser is not None else {}))
     provenance = dataclasses.replace(provenance, headscan_version=provenance.versions.get("headscan"))
     result = SweepTables({name: pd.concat(parts, ignore_index=True) for name, parts in frames.items()}, provenance)
     if out is not None:
         result.path = write(result, out, overwrite=overwrite)
+        shutil.rmtree(partial, ignore_errors=True)
     return result
 
 
+def _digest(pairs: list[Pair]) -> str:
+    return hashlib.sha256(pairs_text(pairs).encode()).hexdigest()
+
+
+def _python_call(models: list[str], source: str, select_pairs, config: PatchConfig) -> str:
+    changed = [f"{f.name}={getattr(config, f.name)!r}" for f in dataclasses.fields(config)
+               if getattr(config, f.name) != f.default]
+    chooser = [f"select_pairs={str(select_pairs)!r}"] if select_pairs is not None else []
+    return f"headscan.patch({', '.join([repr(models), repr(source), *changed, *chooser])})"
 
 
 def _rules() -> dict:
     return {
         "logit_difference": "logit(answer) - logit(wrong) at the prompt's last token, first token of each answer",
-        "denoise": "corrupted run, the head's output at every position from the clean run: LD(patched) - LD(corrupted)",
-        "noise": "clean run, the head's output from the corrupted run: LD(clean) - LD(patched)",
+        "denoise": "corrupted run, the head's output at every position from the clean run: LD(patched) - "
+                   "LD(corrupted); what the head suffices to restore",
+        "noise": "clean run, the head's output from the corrupted run: LD(clean) - LD(patched); what is lost "
+                 "without the head's clean output (its necessity)",
         "atp": "attribution patching: sum over positions of (z_other - z) . dLD/dz, one backward pass per run",
         "atp_star": "AtP* (Kramar et al. 2024) without the QK fix: GradDrop, the mean over dropped layers of |AtP with "
                     "that layer's gradient dropped|, a size per pair (headscan.models.atp_star)",
-        "fraction": "sum over pairs of the effect / sum over pairs of LD(clean) - LD(corrupted)",
+        "fraction": "sum over pairs of the effect / sum over pairs of LD(clean) - LD(corrupted); heads' fractions "
+                    "do not add up to 1 (heads overlap, back each other up, and interact)",
+        "units": "pairs whose own LD(clean) - LD(corrupted) is not 0 (fraction), every pair (logit_diff)",
         "paths": "sender's clean output into the corrupted run, heads of later layers frozen at their corrupted "
                  "outputs (MLPs and norms recomputed); the receiver's q, k or v recorded, then put alone into the "
-                 "corrupted run; a grouped-query receiver's k and v are its key/value head's",
+                 "corrupted run; a grouped-query receiver's k and v are its key/value head's (kv_group), which the "
+                 "other query heads of that group read too",
+        "path_selection": SPLIT_RULE,
+        "path_p_value": "one-sided, that the path restores more than 0: Student's t of the value over its "
+                        "standard error on the bootstrap's degrees of freedom (headscan.intervals.t_p_value)",
+        "path_q_value": "Benjamini-Hochberg over the paths tested, per model and target (headscan.intervals.q_values)",
     }
 
 
-def _one_model(spec: str, pairs: list[Pair], config: PatchConfig, progress: bool):
+def _one_model(spec: str, pairs: list[Pair], chooser: list[Pair] | None, config: PatchConfig, partial: Path | None,
+               should_stop, progress: bool, restart: bool = False):
     model = load_model(spec, device=config.device, dtype=config.dtype)
     try:
         if not model.causal:
             raise ModelLoadError(f"model {spec!r} is bidirectional: contrastive patching reads the next-token logits "
                                  f"at a prompt's last token; use a causal language model")
         batches = encode_pairs(model, pairs, config.batch_size)
-        if config.by_position and len({int(b.mask.sum(1).max()) for b in batches} |
-                                      {int(b.mask.sum(1).min()) for b in batches}) != 1:
-            raise ConfigError("by_position: the pairs have different numbers of tokens, so a position means "
-                              "different words in different pairs; patch by position pairs of one template",
-                              setting="by_position")
+        lengths = {int(b.mask.sum(1).max()) for b in batches} | {int(b.mask.sum(1).min()) for b in batches}
+        for setting in ("by_position", "position_top"):
+            if getattr(config, setting) and len(lengths) != 1:
+                raise ConfigError(f"{setting}: the pairs have {min(lengths)} to {max(lengths)} tokens, so a position "
+                                  f"means different words in different pairs; patch by position pairs of one "
+                                  f"template", setting=setting)
+        chosen_on, estimated_on = split_pairs(len(pairs), bool(config.path_top), chooser is not None)
+        expected = patch_fingerprint(model, _digest(pairs), _digest(chooser) if chooser is not None else None, config)
+        path = partial / f"patch-{spec_stem(spec)}.jsonl" if partial is not None else None
+        steps = KeptSteps(path, expected, spec, should_stop, progress, restarted=restart)
         cut = head_cut(model)
-        with Surgery(model, cut, "next_token_loss") as surgery:
-            surgery.check()
-            heads = _patch_all(surgery, batches, model.n_heads, config, progress)
-            paths = _path_list(heads, config, model.n_layers)
-            path_results = _paths(surgery, batches, paths, model) if paths else None
+        try:
+            with Surgery(model, cut, "next_token_loss") as surgery:
+                surgery.check()
+                heads = head_effects(surgery, batches, steps, n_heads=model.n_heads, by_position=config.by_position,
+                                     attribution=config.attribution)
+                if config.position_top:
+                    heads |= position_effects(surgery, batches, steps, top_heads(heads["denoise"], config.position_top),
+                                              n_heads=model.n_heads)
+                restored = heads["denoise"][:, chosen_on]
+                if chooser is not None:
+                    restored = head_effects(surgery, encode_pairs(model, chooser, config.batch_size), steps,
+                                            n_heads=model.n_heads, by_position=False, attribution=False,
+                                            methods=("denoise",), prefix="select")["denoise"]
+                candidates = top_heads(restored, config.path_top) if config.path_top else []
+                paths = _path_list(candidates, config, model.n_layers)
+                path_results = None
+                if paths:
+                    estimating = encode_pairs(model, [pairs[i] for i in estimated_on], config.batch_size)
+                    with Projections(projection_sites(surgery), surgery.cut.d_head) as projections:
+                        path_results = path_effects(surgery, projections, estimating, paths, model.kv_group, steps)
+        finally:
+            steps.close()
         tables = {"patching": _heads_table(model, heads, config)}
         if path_results is not None:
             tables["paths"] = _paths_table(model, path_results, config)
         clean, corrupted = heads["clean"], heads["corrupted"]
+        selection = {"rule": SPLIT_RULE, "candidates": [f"L{a}H{b}" for a, b in candidates],
+                     "chosen_on": "selection pairs file" if chooser is not None else _lines(chosen_on),
+                     "estimated_on": _lines(estimated_on)} if config.path_top else None
         extra = {"pairs": len(pairs), "clean_right": int((clean > 0).sum()), "corrupted_right": int((corrupted > 0).sum()),
+                 "difference_not_positive": _lines(np.flatnonzero(clean - corrupted <= 0)),
                  "mean_logit_difference": {"clean": float(clean.mean()), "corrupted": float(corrupted.mean())},
                  "atp_recall": _recall(heads) if config.attribution else None, "paths": len(paths),
-                 "ablation_passes": surgery.reuse_note}
+                 "path_selection": selection, "ablation_passes": surgery.reuse_note,
+                 "steps_resumed": steps.kept_before}
         about = ModelProvenance.from_json(model.provenance() | {"patching": extra})
         return tables, about
     finally:
@@ -186,26 +276,16 @@ def _one_model(spec: str, pairs: list[Pair], config: PatchConfig, progress: bool
         gc.collect()
 
 
-def _patch_all(surgery: Surgery, batches: list[PairBatch], n_heads: int, config: PatchConfig,
-               progress: bool = False) -> dict:
-    """Every batch's `patch_heads`, joined along the pair axis: methods (layer, pair, head[, position])."""
-    bar = None
-    if progress:
-        from tqdm import tqdm
+def _lines(indices) -> str:
+    """0-indexed pairs as the 1-indexed lines of the pairs file they are on, a run of even steps shortened.
 
-        bar = tqdm(total=sum(len(b.last) for b in batches), desc=f"patch {surgery.model.name}", unit="pair",
-                   file=sys.stderr, dynamic_ncols=True)
-    parts = []
-    for batch in batches:
-        parts.append(patch_heads(surgery, batch, n_heads=n_heads, by_position=config.by_position,
-                                 attribution=config.attribution))
-        if bar is not None:
-            bar.update(len(batch.last))
-    if bar is not None:
-        bar.close()
-    joined = {name: torch.cat([p[name] for p in parts], dim=0 if name in ("clean", "corrupted") else 1).numpy()
-              for name in parts[0]}
-    return joined
+    >>> _lines([0, 2, 4]), _lines(range(1, 64, 2)), _lines([])
+    ('1, 3, 5 (3 pairs)', '2, 4, 6, ..., 64 (32 pairs)', 'none (0 pairs)')
+    """
+    lines = [int(i) + 1 for i in indices]
+    steps = {b - a for a, b in zip(lines, lines[1:])}
+    shown = lines if len(lines) <= 4 or len(steps) != 1 else [*lines[:3], "...", lines[-1]]
+    return (", ".join(map(str, shown)) if lines else "none") + f" ({len(lines)} pairs)"
 
 
 def _recall(heads: dict) -> dict:
@@ -227,28 +307,16 @@ def _recall(heads: dict) -> dict:
     return out
 
 
-def _path_list(heads: dict, config: PatchConfig, n_layers: int) -> list:
-    """The paths to patch: those `config` names, then (``path_top``) every path from one of the top-N heads by
-    exact denoising to a later one of them, through q, k and v; each once, in order."""
+def _path_list(candidates: list[tuple[int, int]], config: PatchConfig, n_layers: int) -> list:
+    """The paths to patch: those `config` names, then every path from one of the `candidates` (the top heads,
+    chosen by `split_pairs`' rule) to a later one of them, through q, k and v; each once, in order."""
     paths = config.named_paths()
     for (sender, receiver, _) in paths:
         if max(sender[0], receiver[0]) >= n_layers:
             raise ConfigError(f"paths: L{sender[0]}H{sender[1]}>L{receiver[0]}H{receiver[1]} names a layer the "
                               f"model has not (it has {n_layers})", setting="paths")
-    if config.path_top:
-        restored = heads["denoise"].sum(1)  # (layer, head) summed over pairs
-        order = np.argsort(-restored.ravel(), kind="stable")[: config.path_top]
-        top = sorted((int(i) // restored.shape[1], int(i) % restored.shape[1]) for i in order)
-        paths += [(s, r, kind) for s in top for r in top if r[0] > s[0] for kind in ("q", "k", "v")]
+    paths += [(s, r, kind) for s in candidates for r in candidates if r[0] > s[0] for kind in ("q", "k", "v")]
     return list(dict.fromkeys(paths))
-
-
-def _paths(surgery: Surgery, batches: list[PairBatch], paths: list, model) -> dict:
-    """Every path's effect per pair, (pair,) arrays, with the clean and corrupted LDs."""
-    projections = Projections(projection_sites(surgery), surgery.cut.d_head)
-    with projections:
-        parts = [patch_paths(surgery, projections, batch, paths, model.kv_group) for batch in batches]
-    return {key: torch.cat([p[key] for p in parts]).numpy() for key in parts[0]}
 
 
 def _differences(clean: np.ndarray, corrupted: np.ndarray, shape: tuple) -> dict[str, np.ndarray]:
@@ -258,11 +326,14 @@ def _differences(clean: np.ndarray, corrupted: np.ndarray, shape: tuple) -> dict
     return {"fraction": np.broadcast_to(per_pair, shape), "logit_diff": np.ones(shape)}
 
 
-def _as_rows(values: dict, run: dict, shape: tuple) -> dict:
+def _as_rows(values: dict, counts: np.ndarray, run: dict, shape: tuple) -> dict:
     """`unit_values`' columns as the tables hold them: ``count`` the pairs, ``full_difference`` the sum over pairs
-    of LD(clean) - LD(corrupted), the fraction's denominator (a count must be a whole number)."""
+    of LD(clean) - LD(corrupted), the fraction's denominator (a count must be a whole number), and ``units`` the
+    pairs whose own denominator is not 0: a pair whose corrupted prompt has the larger difference has a negative
+    one, and counts in the ratio like any other (the intervals' `support` counts only positive ones)."""
     full = float((run["clean"] - run["corrupted"]).sum())
-    return values | {"count": np.full(shape[1:], shape[0]), "full_difference": np.full(shape[1:], full)}
+    return values | {"count": np.full(shape[1:], shape[0]), "full_difference": np.full(shape[1:], full),
+                     "units": (counts != 0).sum(0)}
 
 
 def _heads_table(model, heads: dict, config: PatchConfig) -> pd.DataFrame:
@@ -271,11 +342,18 @@ def _heads_table(model, heads: dict, config: PatchConfig) -> pd.DataFrame:
                                                         if f"{m}_position" in heads]:
         effect = np.moveaxis(heads[name], 1, 0)  # (pair, layer, head[, position])
         method = name.removesuffix("_position")
+        patched = heads.get("position_heads") if name.endswith("_position") else None
+        if patched is not None:  # position_top: only the top heads were patched by position
+            effect = effect[:, patched]  # (pair, patched head, position), in (layer, head) order
         for target, counts in _differences(heads["clean"], heads["corrupted"], effect.shape).items():
-            values = _as_rows(unit_values(effect, np.ascontiguousarray(counts), config), heads, effect.shape)
+            values = _as_rows(unit_values(effect, np.ascontiguousarray(counts), config), counts, heads, effect.shape)
             grid = np.meshgrid(*(np.arange(n) for n in effect.shape[1:]), indexing="ij")
-            layer, head = grid[0].ravel(), grid[1].ravel()
-            position = grid[2].ravel() if len(grid) > 2 else pd.array([pd.NA] * layer.size, dtype="Int64")
+            if patched is not None:
+                layer, head = (axis[grid[0]].ravel() for axis in np.nonzero(patched))
+                position = grid[1].ravel()
+            else:
+                layer, head = grid[0].ravel(), grid[1].ravel()
+                position = grid[2].ravel() if len(grid) > 2 else pd.array([pd.NA] * layer.size, dtype="Int64")
             rows.append(pd.DataFrame(head_columns(model.name, model.family, layer, head, model.kv_group(head))
                                      | {"method": method, "target": target, "position": position}
                                      | {k: v.ravel() for k, v in values.items()}))
@@ -287,7 +365,9 @@ def _paths_table(model, results: dict, config: PatchConfig) -> pd.DataFrame:
     effect = np.stack([results[k] for k in keys], axis=1)  # (pair, path)
     rows = []
     for target, counts in _differences(results["clean"], results["corrupted"], effect.shape).items():
-        values = _as_rows(unit_values(effect, np.ascontiguousarray(counts), config), results, effect.shape)
+        values = _as_rows(unit_values(effect, np.ascontiguousarray(counts), config, p_values=True), counts, results,
+                          effect.shape)
+        values["q_value"] = intervals.q_values(values["p_value"])  # over the paths tested, this model and target
         receivers = np.array([r for _, r, _ in keys])
         senders = np.array([s for s, _, _ in keys])
         rows.append(pd.DataFrame(

@@ -29,9 +29,9 @@ __all__ = ["SAVE_EVERY", "partial_folder", "spec_stem", "state_file", "stop_requ
 SAVE_EVERY = 120.0  # seconds between saves of a model's partial state
 
 
-# All that a sweep (`state_file`, saved through a hidden temporary file) or a retrieval run (its trials, and its
-# masked trials) keeps in OUT.partial/
-_PARTIAL_ENTRY = re.compile(r"[^.].*\.npz|(retrieval|masking)-.+\.jsonl|\..+\.tmp")
+# All that a sweep (`state_file`, saved through a hidden temporary file), a retrieval run (its trials, and its
+# masked trials) or a patch run (its steps) keeps in OUT.partial/
+_PARTIAL_ENTRY = re.compile(r"[^.].*\.npz|(retrieval|masking|patch)-.+\.jsonl|\..+\.tmp")
 
 
 def partial_folder(out: str | Path) -> Path:

@@ -176,19 +176,29 @@ register_table("importance", {"method": "string", "target": "string"},
                "output is removed, ablated minus clean; 0 is a head that changes nothing")
 register_table("patching", {"method": "string", "target": "string", "position": "Int64"},
                "one row per (model, layer, head, method, target, position): contrastive activation patching over "
-               "prompt pairs (headscan patch); method denoise (the head's clean output into the corrupted run), noise "
-               "(the corrupted output into the clean run) or their attribution-patching estimates atp_denoise and "
-               "atp_noise; target fraction (sum over pairs of the logit-difference change over sum of LD(clean) - "
-               "LD(corrupted)) or logit_diff (its mean over pairs, logits); position: the head patched at that position "
-               "alone, <NA> at every position; count: pairs; full_difference: the sum over pairs of LD(clean) - "
-               "LD(corrupted), the fraction's denominator (its value is sum / full_difference); chance 0, a head that "
-               "carries none of the difference", extra={"full_difference": "float64"})
+               "prompt pairs (headscan patch); method denoise (the head's clean output into the corrupted run: what "
+               "it suffices to restore), noise (the corrupted output into the clean run: what is lost without it, its "
+               "necessity) or their attribution-patching estimates atp_denoise and atp_noise; target fraction (sum "
+               "over pairs of the logit-difference change over sum of LD(clean) - LD(corrupted); heads' fractions do "
+               "not add up to 1) or logit_diff (its mean over pairs, logits); position: the head patched at that "
+               "position alone, <NA> at every position; count: pairs; units: pairs whose own LD(clean) - "
+               "LD(corrupted) is not 0 (fraction), every pair (logit_diff); full_difference: the sum over pairs of "
+               "LD(clean) - LD(corrupted), the fraction's denominator (its value is sum / full_difference); chance 0, "
+               "no effect, which a head scores whether it carries nothing or its part is also carried by others "
+               "(denoising scores a redundant head 0)", extra={"full_difference": "float64"})
 register_table("paths", {"sender_layer": "int64", "sender_head": "int64", "sender_label": "string", "path": "string",
                          "target": "string"},
                "one row per (model, layer, head, sender_layer, sender_head, path, target): path patching from the "
                "sender head to this (receiver) head through its queries (path q), keys (k) or values (v) over prompt "
-               "pairs (headscan patch --path-top / --paths); targets, count and full_difference as in patching.parquet",
-               extra={"full_difference": "float64"})
+               "pairs (headscan patch --path-top / --paths; --path-top's candidates chosen on other pairs than these, "
+               "run.json says which); a key or value path of a grouped-query receiver is its key/value head's (kv_group), "
+               "which every query head of that group reads; targets, count, units and full_difference as in "
+               "patching.parquet; p_value: one-sided that the path restores more than 0 (Student's t on the "
+               "bootstrap's degrees of freedom); q_value: Benjamini-Hochberg over the paths tested, per model and "
+               "target",
+               extra={"full_difference": "float64",
+                      "p_value": "float64",  # one-sided, that the path restores more than 0
+                      "q_value": "float64"})  # Benjamini-Hochberg over the model's paths tested, per target
 register_table("similarity", {"other_layer": "int64", "other_head": "int64", "other_label": "string"},
                "one row per (model, layer, head, other_layer, other_head), both orders and the diagonal: the mean "
                "Jensen-Shannon divergence (nats) between the two heads' attention over the same queries of the "
