@@ -110,6 +110,35 @@ def fit(per_row: pd.DataFrame) -> pd.DataFrame:
                          "trusted": by["trusted"].sum().astype(int)}).reset_index()
 
 
+def coverage_factor(coverage, n, documents: int):
+    """The factor a measured coverage implies under a normal error model: the default interval's half-width is
+    z_0.975 SE, and it held the truth for `coverage` of parts of `n` of `documents` (whose errors are smaller by
+    the finite-population correction), so the SE it needed was z_0.975 / (z_((1 + coverage) / 2) x correction)
+    times its own; at least 1."""
+    from scipy import stats
+
+    fpc = np.sqrt((documents - np.asarray(n, float)) / (documents - 1))
+    z = stats.norm.ppf((1 + np.asarray(coverage, float)) / 2)
+    return np.maximum(1.0, stats.norm.ppf(0.975) / (z * fpc))
+
+
+def with_coverage(table: pd.DataFrame, coverage: pd.DataFrame, models, documents: int) -> pd.DataFrame:
+    """`table` with the factors `coverage_factor` gives `models`' measured coverage (interval_coverage.py's random
+    parts, the default method and rule) taken in: the larger factor of a family and size wins."""
+    rows = coverage[(coverage["design"] == "random") & (coverage["method"] == "studentized_symmetric")
+                    & (coverage["rule"] == "thin") & coverage["model"].isin(models)
+                    & (coverage["trusted"] >= MIN_TRUSTED) & ~coverage["metric"].isin(["all", "offsets"])]
+    extra = pd.DataFrame({"family": rows["metric"], "N": rows["N"],
+                          "factor": coverage_factor(rows["coverage"], rows["N"], documents).round(4),
+                          "coverage": rows["coverage"].round(4), "models": rows["model"] + " (from coverage)",
+                          "trusted": rows["trusted"].astype(int)})
+    both = pd.concat([table, extra], ignore_index=True)
+    by = both.groupby(["family", "N"])
+    return pd.DataFrame({"factor": by["factor"].max(), "coverage": by["coverage"].min(),
+                         "models": by["models"].agg(lambda m: " ".join(sorted(m))),
+                         "trusted": by["trusted"].sum().astype(int)}).reset_index()
+
+
 def check(per_row: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
     """Per model, family and N: the share of trusted rows the default and the calibrated interval hold."""
     tables = np.where(per_row["family"].str.startswith("value:"), "value", "heads")
@@ -169,6 +198,10 @@ def main(argv=None) -> None:
     parser.add_argument("--tables", nargs="+", default=["heads", "value", "syntax"])
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--package", action="store_true", help=f"also write the factors to {PACKAGED}")
+    parser.add_argument("--from-coverage", nargs="+", default=[], metavar="CSV:MODEL[,MODEL]",
+                        help="interval_coverage.py's coverage.csv and the models to take from it, for models whose "
+                             "unit sums are not at hand")
+    parser.add_argument("--documents", type=int, default=316, help="documents of the split --from-coverage used")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore", category=RuntimeWarning)
     started = time.perf_counter()
@@ -179,14 +212,25 @@ def main(argv=None) -> None:
             if not path.is_file():
                 print(f"skipped {model} {corpus}: no {path} (experiments/unit_sums.py makes it)", file=sys.stderr)
                 continue
-            sums, counts, metric = load(path, tuple(args.tables))
+            sums, counts, metric = None, None, None
             for size in args.sizes:
+                cached = args.data / f"ratios-{model}-{corpus}-{size}-{args.draws}-{args.seed}.parquet"
+                if cached.is_file():  # the ratios of these parts, from an earlier run on the same unit sums
+                    per_row.append(pd.read_parquet(cached))
+                    continue
+                if sums is None:
+                    sums, counts, metric = load(path, tuple(args.tables))
                 parts = parts_of(len(sums), size, "random", args.draws, args.seed)
-                per_row.append(ratios(sums, counts, metric, parts).assign(model=model, corpus=corpus, N=size))
+                frame = ratios(sums, counts, metric, parts).assign(model=model, corpus=corpus, N=size)
+                frame.to_parquet(cached)
+                per_row.append(frame)
                 print(f"{model} {corpus}: {len(parts)} parts of {size} ({time.perf_counter() - started:.0f} s)",
                       file=sys.stderr)
     per_row = pd.concat(per_row, ignore_index=True)
     table = fit(per_row[per_row["corpus"].isin(args.fit)])
+    for given in args.from_coverage:
+        path, models = given.rsplit(":", 1)
+        table = with_coverage(table, pd.read_csv(path), models.split(","), args.documents)
     checked = check(per_row, table)
     args.out.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out / "calibration.csv", index=False)

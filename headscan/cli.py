@@ -116,6 +116,9 @@ def sweep(models, corpus, out, save_every, shard, overwrite, restart, ray, quiet
         headscan sweep --checkpoints runs/tiny -c repeat-random:n=25,count=32 --out out/tiny-series
         headscan sweep -m EleutherAI/pythia-70m@step3000 -m EleutherAI/pythia-70m@step143000 -c repeat-random
     """
+    import pandas as pd
+
+    from .analysis.claims import findings_note
     from .analysis.ranking import unit_note
     from .analysis.show import top_heads_text
     from .models import DEFAULT_MODELS
@@ -142,6 +145,9 @@ def sweep(models, corpus, out, save_every, shard, overwrite, restart, ray, quiet
                        f"--long split keeps them)", err=True)
     files = ", ".join(f"{out}/{TABLES[name].file}" for name in result.frames)
     click.echo(f"wrote {files} and {out}/run.json")
+    units = result.heads["units"].max() if "units" in result.heads.columns and len(result.heads) else None
+    if note := findings_note(result.provenance.extra.get("findings"), None if pd.isna(units) else float(units)):
+        click.echo(note)
     for metric in ("prev_token", "next_token") + (("importance",) if "importance" in result.frames else ()):
         click.echo(f"\ntop heads by {metric}:")
         click.echo(top_heads_text(result, metric, 3))

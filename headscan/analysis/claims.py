@@ -23,6 +23,10 @@ the caller (`headscan.analysis.ranking.striking_of` reads it from the metric reg
 
 from __future__ import annotations
 
+import functools
+import io
+from importlib import resources
+
 import numpy as np
 import pandas as pd
 
@@ -40,7 +44,7 @@ from ..intervals.verdicts import (
 )
 
 __all__ = ["THIN", "NO_INTERVAL", "NO_CHANCE", "AT_CHANCE", "WITHIN_NULL", "NOT_DISCOVERED", "NO_NULL", "TOO_FEW",
-           "NO_EMPIRICAL", "OLDER_RULE", "why_not",
+           "NO_EMPIRICAL", "OLDER_RULE", "no_controls_text", "untrained_beyond_uniform", "findings_note", "why_not",
            "supported", "has_verdicts", "gate_text", "run_gate_text", "null_text"]
 
 NO_CHANCE = "no chance level"
@@ -237,3 +241,74 @@ def gate_text(findings: dict | None = None) -> str:
             "on enough segments or documents (not thin) and to lie beyond chance, the value of uniform attention "
             "over the keys each query sees, on the metric's striking side: its low end above chance where high "
             "is striking, its high end below chance where low is.")
+
+
+@functools.cache
+def untrained_beyond_uniform() -> pd.DataFrame:
+    """How many random-init heads lie beyond uniform attention, per model and metric, in a committed sweep with
+    controls (``headscan/data/untrained_vs_uniform.csv``, from ``experiments/untrained_vs_uniform.py``)."""
+    text = resources.files("headscan").joinpath("data/untrained_vs_uniform.csv").read_text(encoding="utf-8")
+    return pd.read_csv(io.StringIO(text))
+
+
+def no_controls_text(models) -> str:
+    """Why a run without random-init controls makes no finding, with what untrained heads were measured to do
+    ("" where every trained model of `models` has controls).
+
+    >>> print(no_controls_text(["minilm"]))  # doctest: +ELLIPSIS
+    minilm was swept without random-init controls, so it makes no findings: ... entropy_norm 360 of 360, ...
+    """
+    models = list(dict.fromkeys(models))
+    pool = {split_control(m)[0] for m in models if split_control(m)[1] == "random-init"}
+    bare = [m for m in models if split_control(m)[1] is None and m not in pool]
+    if not bare:
+        return ""
+    measured = untrained_beyond_uniform()
+    said = []
+    for model in bare:
+        mine = measured[(measured["model"] == model) & (measured["beyond"] > 0)].sort_values("share", ascending=False)
+        if len(mine):
+            said.append(f"untrained {model} heads lie beyond it on " + ", ".join(
+                f"{r.metric} {r.beyond} of {r.heads}" for r in mine.itertuples()) + f" ({mine['run'].iloc[0]})")
+    measured_text = ("; ".join(said) if said else "how often they do was measured for minilm and smollm2 only "
+                     "(experiments/untrained_vs_uniform.py)")
+    return (f"{', '.join(bare)} {'was' if len(bare) == 1 else 'were'} swept without random-init controls, so "
+            f"{'it makes' if len(bare) == 1 else 'they make'} no findings: {'its' if len(bare) == 1 else 'their'} "
+            "shares of attention are tested against uniform attention only, which heads that learned nothing leave "
+            f"too: {measured_text}. Rows beyond uniform attention are said to be so, never findings; sweep with "
+            "--control random-init --control-seeds 5 for a null.")
+
+
+def findings_note(summary: dict | None, units: float | None = None) -> str:
+    """What a sweep prints of its findings: per model, its findings per table, and why it has none where the run
+    cannot make any (no random-init controls; fewer units than any calibration measured).
+
+    >>> print(findings_note({"family": {"m": 10}, "findings": {"m": 2}, "controls": {"m": ["m [random init]"]},
+    ...                      "by_table": {"m": {"heads": {"tested": 10, "findings": 2, "too_few_units": 0}}}}, 318))
+    findings: m 2 (heads 2 of 10 tested; null from m [random init])
+    >>> print(findings_note({"family": {"m": 10}, "findings": {"m": 0}, "controls": {}}, 8))  # doctest: +ELLIPSIS
+    findings: m none: its rows rest on at most 8 units, fewer than the 10 ... to assess any (sweep more documents...)
+    """
+    if not summary:
+        return ""
+    from ..intervals.calibration import smallest_size
+
+    smallest = smallest_size()
+    lines = []
+    for model in summary.get("family", {}):
+        if split_control(model)[1] is not None:
+            continue  # a control: its own verdicts are the check of the gate, in run.json and the report
+        pool = summary.get("controls", {}).get(model) or []
+        tables = summary.get("by_table", {}).get(model, {})
+        if units is not None and units < smallest:
+            lines.append(f"{model} none: its rows rest on at most {int(units)} units, fewer than the {smallest} at "
+                         "which any interval's coverage was measured, too few to assess any (sweep more documents "
+                         "or segments)")
+        elif not pool:
+            lines.append(f"{model} none: swept without random-init controls, so no row has a null untrained heads "
+                         "do not also pass (add --control random-init --control-seeds 5)")
+        else:
+            parts = [f"{name} {t['findings']:,} of {t['tested']:,} tested" for name, t in tables.items() if t["tested"]]
+            lines.append(f"{model} {summary['findings'].get(model, 0):,} ({'; '.join(parts)}; null from "
+                         f"{_controls(pool)})")
+    return "findings: " + "\n          ".join(lines) if lines else ""

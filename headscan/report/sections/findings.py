@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from ...analysis.across import family_findings, family_summary
-from ...analysis.claims import run_gate_text
+from ...analysis.claims import no_controls_text, run_gate_text
 from ...analysis.findings import findings_by_model
 from ...analysis.ranking import fmt_score
 from ...analysis.roles import role_for
@@ -30,6 +30,8 @@ def findings_section(comparison: Comparison) -> list:
                    + " Where a model has a control (an untrained copy, or the corpus with its words shuffled), each "
                    "sentence about a head says whether the control shows it too.")]
     blocks += _few_units(comparison)
+    if comparison.tested and (bare := no_controls_text(comparison.heads["model"].astype(str))):
+        blocks.append(Text(bare))
     provenance = {m.name: m.provenance for m in comparison.models}
     by_model = findings_by_model(comparison.heads, provenance=provenance, controls=comparison.control_map(),
                                  weights=comparison.frames.get("weights"))
