@@ -178,9 +178,14 @@ def report(table: pd.DataFrame, checked: pd.DataFrame, args, seconds: float) -> 
             cells = [rows[rows["N"] == n] for n in args.sizes]
             lines.append(f"| {model} | {family} | " + " | ".join(
                 f"{c['default'].iloc[0]:.3f} → {c['calibrated'].iloc[0]:.3f}" if len(c) else "–" for c in cells) + " |")
-        held = part.groupby("N").apply(lambda g: (g["calibrated"].min(), g.loc[g["calibrated"].idxmin(), "family"]
-                                                 + " " + g.loc[g["calibrated"].idxmin(), "model"]))
-        lines += ["", "Lowest calibrated coverage per N: " + "; ".join(
+        measured = part[part["trusted"] >= MIN_TRUSTED]  # a few trusted rows are no measurement (sparse metrics)
+        held = measured.groupby("N").apply(lambda g: (g["calibrated"].min(), g.loc[g["calibrated"].idxmin(), "family"]
+                                                     + " " + g.loc[g["calibrated"].idxmin(), "model"]))
+        sparse = part[part["trusted"] < MIN_TRUSTED]
+        if len(sparse):
+            lines += ["", f"Fewer than {MIN_TRUSTED} trusted rows (no measurement): " + ", ".join(
+                f"{r.family} {r.model} N={r.N} ({r.trusted})" for r in sparse.itertuples()) + "."]
+        lines += ["", f"Lowest calibrated coverage per N, over cells of at least {MIN_TRUSTED} trusted rows: " + "; ".join(
             f"N={n}: {low:.3f} ({where})" for n, (low, where) in held.items()) + "."]
     return "\n".join(lines)
 
