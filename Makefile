@@ -21,7 +21,7 @@ $(BIN)/headscan: pyproject.toml
 setup: $(BIN)/headscan
 
 demo: setup
-	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --out out/demo --overwrite
+	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --control random-init --control-seeds 3 --out out/demo --overwrite
 	$(BIN)/headscan show out/demo --metric next_token --top 5
 	$(BIN)/headscan report out/demo --out reports/demo --overwrite
 	@echo "open reports/demo/index.html; for the headscan command itself: . $(VENV)/bin/activate"
@@ -39,25 +39,24 @@ lint: setup
 deps: setup
 	$(BIN)/deptry headscan
 
-# The committed reports: the embedded defaults over the EWT dev sentences (alone, and again beside their random-init
-# controls with head importance: ewt-dev-controls) and over repeated random tokens; smollm2 patched over IOI pairs
-# and its retrieval heads masked, both reported beside its ewt-dev sweep.
+# The committed reports: the embedded defaults over the EWT dev sentences beside five random-init controls and a
+# shuffled-words control each (what untrained heads score: the findings' null), and over repeated random tokens
+# likewise; smollm2 over long packed EWT documents (no controls: hours on 2 cores, so its report makes no findings);
+# smollm2 patched over IOI pairs and its retrieval heads masked, both reported beside its ewt-dev sweep.
 # Tables go to reports/runs/NAME, the report of each to reports/NAME.
 reports: setup
 	@test -f "$(EWT)" || { echo "make reports: no EWT treebank at $(EWT); pass its dev file: make reports EWT=path/to/en_ewt-ud-dev.conllu"; exit 1; }
-	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --corpus $(EWT) --similarity-sample 64 --out reports/runs/ewt-dev --device cpu -q --overwrite
-	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --corpus $(EWT) --control random-init --control-seeds 5 --out reports/runs/ewt-dev-controls --device cpu -q --overwrite
-	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --corpus repeat-random --out reports/runs/repeat-random --device cpu -q --overwrite
+	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --corpus $(EWT) --control random-init --control-seeds 5 --control shuffled-words --similarity-sample 64 --out reports/runs/ewt-dev --device cpu -q --overwrite
+	$(BIN)/python experiments/untrained_vs_uniform.py reports/runs/ewt-dev --package
+	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --corpus repeat-random --control random-init --control-seeds 5 --out reports/runs/repeat-random --device cpu -q --overwrite
 	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep -m smollm2 --corpus $(EWT) --limit 2001 --pack sentences --max-len 2048 --attention chunked --batch-size 1 --out reports/runs/ewt-long --device cpu -q --overwrite
 	HF_HUB_OFFLINE=1 $(BIN)/headscan pairs ioi --n 64 -m smollm2 --out reports/runs/patch-smollm2-ioi.pairs.jsonl --overwrite
 	HF_HUB_OFFLINE=1 $(BIN)/headscan patch -m smollm2 --pairs reports/runs/patch-smollm2-ioi.pairs.jsonl --path-top 5 --out reports/runs/patch-smollm2-ioi --device cpu -q --overwrite
 	HF_HUB_OFFLINE=1 $(BIN)/headscan retrieval -m smollm2 --corpus $(EWT) --lengths 1024 --depths 0,0.25,0.5,0.75,1 --template chat --mask-top 10 --mask-random 10 --mask-draws 1 --device cpu -q --out reports/runs/retrieval-mask-smollm2 --overwrite
 	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/ewt-dev reports/runs/patch-smollm2-ioi reports/runs/retrieval-mask-smollm2 --out reports/ewt-dev --overwrite
-	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/ewt-dev-controls --out reports/ewt-dev-controls --overwrite --no-models
 	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/ewt-long --out reports/ewt-long --overwrite
 	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/repeat-random --out reports/repeat-random --overwrite
 	$(BIN)/python experiments/atlas_screenshots.py reports/ewt-dev/index.html reports/screenshots/ewt-dev minilm:L0H2 smollm2:L16H0
-	$(BIN)/python experiments/atlas_screenshots.py reports/ewt-dev-controls/index.html reports/screenshots/ewt-dev-controls minilm:L0H2 smollm2:L16H0
 	$(BIN)/python experiments/atlas_screenshots.py reports/repeat-random/index.html reports/screenshots/repeat-random smollm2:L18H6
 
 benchmark: setup

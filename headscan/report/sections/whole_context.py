@@ -227,14 +227,25 @@ def _streaming_part(comparison: Comparison, pngs: Pngs) -> list:
         part = rows[rows["model"] == model]
         sink, recent, length = _settings(comparison, model)
         drawable.append((model, part))
-        ok = part[~thin(part)]
-        small = int((ok["ci_high"] < 0.01).sum())
-        needs = ok.sort_values("value", ascending=False)
-        chance = needs["chance"] if "chance" in needs else pd.Series(0.0, index=needs.index)
-        needs = needs[needs["ci_low"] > chance.fillna(0.0)]
-        named = ", ".join(f"{r.label} {r.value:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]" for r in needs.head(TOP).itertuples())
+        # claims read the interval calibrated for the rows' size where the sweep recorded it (a family never
+        # measured, as streaming is, takes the widest factor at its size; too few units: no claim either way)
+        too_few = part["cal_basis"].astype(object).eq("too few units") if "cal_basis" in part else \
+            pd.Series(False, index=part.index)
+        low = part["cal_low"] if "cal_low" in part else part["ci_low"]
+        high = part["cal_high"] if "cal_high" in part else part["ci_high"]
+        ok = ~thin(part) & ~too_few
+        small = int((ok & (high < 0.01)).sum())
+        chance = part["chance"].fillna(0.0) if "chance" in part else pd.Series(0.0, index=part.index)
+        needs = part[ok & (low > chance)].sort_values("value", ascending=False)
+        named = ", ".join(f"{r.label} {r.value:.3f} [{low[r.Index]:.3f}, {high[r.Index]:.3f}]"
+                          for r in needs.head(TOP).itertuples())
+        if too_few.all():
+            sentences.append(f"{model} (sink {sink}, window {recent}, segments of {length} tokens): too few units to "
+                             "assess which heads lose what to such a cache; the map below describes this run only.")
+            continue
         sentences.append(f"{model} (sink {sink}, window {recent}, segments of {length} tokens): {small} of {len(part)} "
-                         f"heads lose less than 1% of their attention to such a cache (whole interval below 0.01)"
+                         "heads lose less than 1% of their attention to such a cache (whole calibrated interval below "
+                         "0.01; never measured for coverage, so it takes the widest factor at its size)"
                          + (f"; the heads that lose most: {named}." if named else "."))
 
     def draw(part, name, ax, cbar):
