@@ -56,7 +56,7 @@ VALUE_COLUMNS: dict[str, str] = {
 ADDED_LATER = ("units", "top_unit_share", "chance", "n_eff", "variance_df", "thin")
 # Extra columns of one table that its older files may lack; read back as NaN ("not recorded") like ADDED_LATER.
 EXTRA_ADDED_LATER = ("vs_baseline", "vs_baseline_low", "vs_baseline_high", "null_kind", "null_low", "null_high",
-                     "p_value", "q_value", "finding", "joint_low", "joint_high")
+                     "p_value", "q_value", "finding", "joint_low", "joint_high", "null_se")
 # The verdict columns of the tables findings are made from (`headscan.metrics.nulls`): the row's null, its range,
 # its one-sided p-value against it, its q-value over the model's family, and whether it is a finding.
 FINDING_EXTRA = {"null_kind": "string", "null_low": "float64", "null_high": "float64", "p_value": "float64",
@@ -159,10 +159,12 @@ register_table("weights", {"metric": "string"},
 register_table("composition", {"mode": "string", "source_layer": "int64", "source_head": "int64"},
                "one row per (model, layer, head, mode, source_layer, source_head): how much the source head's output "
                "can move this later head's queries (mode Q), keys (K) or values (V), the Frobenius-norm ratio of "
-               "Elhage et al. (2021), from the weights alone (no sum or count); chance is the mean of the same score "
-               "over random Gaussian matrices of the same shapes, null_high their 99th percentile, beyond value > "
-               "null_high",
-               extra={"source_label": "string", "null_high": "float64", "beyond": "boolean"})
+               "Elhage et al. (2021) on the weights as TransformerLens' default processing leaves them (norm gain "
+               "folded; LayerNorm models centred), from the weights alone (no sum or count); chance is the mean of "
+               "the same score over the model's own pairs with the residual basis between them turned by a "
+               "Haar-random rotation (each matrix's spectrum kept), null_high that null's 99th percentile, null_se "
+               "its bootstrap standard error over the draws, beyond value > null_high",
+               extra={"source_label": "string", "null_high": "float64", "null_se": "float64", "beyond": "boolean"})
 register_table("importance", {"method": "string", "target": "string"},
                "one row per (model, layer, head, method, target): the change of the target (a loss) when the head's "
                "output is removed, ablated minus clean; 0 is a head that changes nothing")
