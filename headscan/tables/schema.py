@@ -217,13 +217,16 @@ _MASKED = ("condition 'none' (no head masked), 'top' (the top k retrieval heads)
            "heads lists the L{layer}H{head} masked (a head masked has its output z zeroed at every position, prefill "
            "and decoding)")
 register_table("retrieval_masking", {"condition": "string", "draw": "Int64", "length": "Int64", "depth": "float64"},
-               "one row per (model, condition, draw, length, depth): needle accuracy, the mean over trials (the "
-               "bootstrap unit) of the answer's ROUGE-1 recall, with heads masked; " + _MASKED + "; length <NA> and "
-               "depth NaN pool every trial; drop, drop_low, drop_high: the paired difference from condition none on "
-               "the same trials with its 95% interval (NaN for none); passed: the share of trials above the gate; "
-               "chance NaN; written by headscan retrieval --mask-top / --mask-random",
+               "one row per (model, condition, draw, length, depth): needle accuracy, the mean over trials of the "
+               "answer's ROUGE-1 recall, with heads masked, its 95% interval resampling needles (a needle's trials "
+               "are one unit); " + _MASKED + "; length <NA> and depth NaN pool every trial; drop, drop_low, "
+               "drop_high: the paired difference from condition none on the same trials with its 95% interval (NaN "
+               "for none); p_value (condition top): the top set's drop ranked among the random draws' drops, "
+               "(1 + #draws whose drop is at least as large) / (draws + 1); passed: the share of trials above the "
+               "gate; chance NaN; written by headscan retrieval --mask-top / --mask-random, on trials of needles "
+               "that did not choose the top heads",
                extra={"k": "Int64", "heads": "string", "passed": "float64", "drop": "float64", "drop_low": "float64",
-                      "drop_high": "float64"}, per_head=False)
+                      "drop_high": "float64", "p_value": "float64"}, per_head=False)
 register_table("retrieval_masking_trials", {"trial": "int64", "condition": "string", "draw": "Int64"},
                "one row per (model, trial, condition, draw): one trial decoded with heads masked (value and sum: the "
                "answer's ROUGE-1 recall; count 1; no interval, no chance: NaN); " + _MASKED + "; written by "

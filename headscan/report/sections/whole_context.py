@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ...analysis.masking import masked_heads, masking_by_condition, masking_lines, overlap
+from ...analysis.masking import draw_overlap, masked_heads, masking_by_condition, masking_lines, overlap
 from ...analysis.ranking import fmt_score, thin
 from ...analysis.runs import Comparison
 from ...analysis.whole_context import RETRIEVAL_THRESHOLD, WU_SHARES, kv_budget, relations, retrieval_shares
@@ -163,10 +163,31 @@ def _pct(count, total) -> str:
 # --- masking ------------------------------------------------------------------------------------------------
 
 
+def _chosen_on(comparison: Comparison) -> list[str]:
+    """Which needles chose the masked heads and which were masked, per model of each masking run's provenance."""
+    lines = []
+    for _, run in comparison.runs:
+        if "retrieval_masking" not in run.frames:
+            continue
+        for model in run.provenance.models:
+            about = model.extra.get("masking") or {}
+            if about.get("mask_needles") is not None:
+                lines.append(f"{model.name}: heads chosen on needles {about.get('choose_needles')}, masked on the "
+                             f"trials of needles {about['mask_needles']} (the run's needles split by index).")
+            elif about.get("ranked_by"):
+                lines.append(f"{model.name}: heads ranked by {about['ranked_by']}.")
+            else:
+                lines.append(f"{model.name}: the run does not record which needles chose its heads (a run before "
+                             "the split): they may have been chosen on the trials that test them.")
+    return lines
+
+
 def _masking_part(comparison: Comparison, pngs: Pngs) -> list:
     masking, trials = comparison["retrieval_masking"], comparison["retrieval_masking_trials"]
     rows = masking_by_condition(masking)
     sentences = masking_lines(masking)
+    overlaps = []
+    sentences += _chosen_on(comparison)
     for model in dict.fromkeys(masking["model"]):
         masked = masked_heads(trials, model)
         if not masked:
@@ -176,6 +197,9 @@ def _masking_part(comparison: Comparison, pngs: Pngs) -> list:
                 (("sink (first_token)", found["first_token"]), ("induction", found["induction"])) if n is not None]
         sentences.append(f"{model}: masked {', '.join(masked)}; of these, " + ("; ".join(said) if said else
                          "no overlap with sink or induction heads can be stated (the sweep scored neither)") + ".")
+        sets = draw_overlap(masking, trials, model, retrieval=comparison.frames.get("retrieval"),
+                            heads=comparison.heads if len(comparison.heads) else None)
+        overlaps.append(sets.assign(model=model))
     files = []
     for model in dict.fromkeys(rows["model"]):
         fig = Figure(figsize=(6.0, 3.6), layout="constrained")
@@ -190,20 +214,37 @@ def _masking_part(comparison: Comparison, pngs: Pngs) -> list:
         passed=rows["passed"].map(lambda v: f"{v:.0%}"), trials=rows["count"].astype(int).astype(str),
         masked=rows["k"].astype(int).astype(str))
     table = shown[["model", "length", "depth", "condition", "masked", "accuracy", "drop", "passed", "trials"]]
-    return [Heading(3, "Masking the retrieval heads"),
-            Text("Every trial decoded again with heads masked (their output zeroed before the output projection, at "
-                 "every position of the prefill and of the answer): the top retrieval heads (top), and as many random "
-                 "heads drawn from the same layers, never a top head (random, pooled over the seeded draws). "
-                 "Accuracy is the answer's ROUGE-1 recall, the answer gate's number, averaged over trials; the drop "
-                 "is paired, each masked trial against the same trial unmasked (none), with its 95% interval over "
-                 "trials. Retrieval heads matter to the answer when the top drop's interval lies below the random "
-                 "one's."),
-            Bullets(sentences),
-            Figures(files, "Needle accuracy by depth with no head, the top retrieval heads and random heads of their "
-                           "layers masked; bars: 95% intervals over trials."),
-            Table(table, numeric=("masked", "trials")),
-            Note("masked: heads masked; passed: share of trials whose answer passes the gate; drop: the condition's "
-                 "accuracy minus none's on the same trials.")]
+    blocks = [Heading(3, "Masking the retrieval heads"),
+              Text("Trials decoded again with heads masked (their output zeroed before the output projection, at "
+                   "every position of the prefill and of the answer): the top retrieval heads (top), and as many "
+                   "random heads drawn from the same layers, never a top head, in seeded draws (random: each draw, and "
+                   "pooled). The heads are chosen on needles other than those of the masked trials (half the run's "
+                   "needles, or an earlier run on other needles), so the test does not reuse what chose them. "
+                   "Accuracy is the answer's ROUGE-1 recall, the answer gate's number, averaged over trials; the drop "
+                   "is paired, each masked trial against the same trial unmasked (none), with its 95% interval "
+                   "resampling needles (a needle's trials share its words, so they are one unit). The top set's drop "
+                   "is ranked among the random draws' drops: its permutation p-value is (1 + draws with a drop at "
+                   "least as large) / (draws + 1), so N draws cannot give less than 1/(N + 1). Retrieval heads matter "
+                   "to the answer beyond heads of their layers when that p-value is small."),
+              Bullets(sentences),
+              Figures(files, "Needle accuracy by depth with no head, the top retrieval heads and random heads of "
+                             "their layers masked; bars: 95% intervals over needles."),
+              Table(table, numeric=("masked", "trials")),
+              Note("masked: heads masked; passed: share of trials whose answer passes the gate; drop: the "
+                   "condition's accuracy minus none's on the same trials.")]
+    if overlaps:
+        sets = pd.concat(overlaps, ignore_index=True)
+        frame = pd.DataFrame({"model": sets["model"], "set": sets["set"], "heads": sets["heads"],
+                              "drop": sets["drop"].map(lambda v: "" if pd.isna(v) else f"{v:+.2f}")})
+        for column, name in (("run_top", "in the run's top"), ("sink", "sink"), ("induction", "induction")):
+            if sets[column].notna().any():
+                frame[name] = sets[column].map(lambda v: "" if pd.isna(v) else str(int(v)))
+        blocks += [Table(frame, sortable=True),
+                   Note("Each masked set and its drop over every masked trial; in the run's top: how many of its "
+                        "heads are among the run's own top retrieval heads (as many as the top set, scored on all "
+                        "its trials, the masked ones included); sink and induction: among the sweep's as many highest "
+                        "first_token and induction heads. A random draw that hits important heads drops more.")]
+    return blocks
 
 
 def _interval(value, low, high, signed: bool = False) -> str:
