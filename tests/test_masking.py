@@ -274,3 +274,30 @@ def test_the_report_shows_accuracy_by_condition_with_the_drops_and_the_overlap_w
     assert "| 160 | 0 | top | 1 | 0.00 [0.00, 0.00] | -1.00 [-1.00, -1.00] | 0% | 2 |" in section
     assert "| random 0 |" in section and "in the run's top" in section
     assert list(folder.glob("**/retrieval_masking_*.png"))
+
+
+def test_retrieval_head_counts_rest_on_needles_with_a_t_test_and_benjamini_hochberg_as_scipy_computes_them():
+    """retrieval_head_tests against scipy: a one-sided one-sample t-test over each head's needle means, and
+    false_discovery_control (BH) over the heads; the needle means by a plain loop."""
+    from scipy.stats import false_discovery_control, ttest_1samp
+
+    from headscan.analysis.whole_context import retrieval_head_tests
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for trial in range(40):  # 8 needles x 5 depths, 6 heads of rising strength
+        for head in range(6):
+            rows.append({"model": "m", "layer": 1, "head": head, "label": f"L1H{head}", "trial": trial,
+                         "needle": trial % 8, "value": float(np.clip(rng.normal(0.04 * head, 0.1), 0, 1)),
+                         "passed": trial % 7 != 0, "span_found": trial % 11 != 0})
+    trials = pd.DataFrame(rows)
+    tests = retrieval_head_tests(trials, "m").set_index("label")
+    kept = trials[trials["passed"] & trials["span_found"]]
+    p = []
+    for head in range(6):
+        means = [kept[(kept["head"] == head) & (kept["needle"] == n)]["value"].mean() for n in range(8)]
+        assert tests.loc[f"L1H{head}", "value"] == pytest.approx(np.mean(means))
+        p.append(ttest_1samp(means, 0.1, alternative="greater").pvalue)
+    np.testing.assert_allclose(tests["p_value"].to_numpy(), p, rtol=1e-6)
+    np.testing.assert_allclose(tests["q_value"].to_numpy(), false_discovery_control(p), rtol=1e-6)
+    assert (tests["ci_low"] <= tests["value"]).all() and (tests["value"] <= tests["ci_high"]).all()

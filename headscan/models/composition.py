@@ -248,23 +248,16 @@ def quantile_se(values: np.ndarray, q: float = NULL_QUANTILE, *, replicates: int
     """The bootstrap standard error of the `q` quantile (the ceil(q n)-th smallest of n values) of `values`: its
     standard deviation over `replicates` resamples of the n values with replacement.
 
-    Only the largest values can become a high quantile, so a resample is drawn as its counts of the largest few
-    values and one count for the rest (the same multinomial as a full resample, restricted to what decides).
+    A resample's quantile is drawn without drawing the resample: with the values sorted from the largest, it is
+    the m-th largest resampled value (m = n - ceil(q n) + 1), whose index is the smallest of m uniform indices of
+    n, ``floor(n U_(m))`` with U_(m) the m-th smallest of n uniforms, a Beta(m, n - m + 1) draw.
     """
     values = np.asarray(values, dtype=np.float64)
     n = len(values)
     beyond = n - math.ceil(q * n) + 1  # the quantile is the beyond-th largest
-    rng = np.random.default_rng(seed)
-    top = min(n, 4 * beyond + 64)
     ordered = -np.sort(-values)
-    while True:
-        largest = ordered[:top]
-        probabilities = np.append(np.full(top, 1.0 / n), max(0.0, 1.0 - top / n))
-        counts = rng.multinomial(n, probabilities / probabilities.sum(), size=replicates)[:, :top]  # (rep, top)
-        reached = counts.cumsum(1) >= beyond
-        if reached[:, -1].all() or top == n:
-            return float(largest[reached.argmax(1)].std(ddof=1))
-        top = min(n, 2 * top)
+    u = np.random.default_rng(seed).beta(beyond, n - beyond + 1, size=replicates)  # U_(m) of each resample
+    return float(ordered[np.minimum((u * n).astype(np.int64), n - 1)].std(ddof=1))
 
 
 def _spectra(R_left, R_right) -> torch.Tensor:

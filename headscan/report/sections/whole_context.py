@@ -18,7 +18,14 @@ from matplotlib.figure import Figure
 from ...analysis.masking import draw_overlap, masked_heads, masking_by_condition, masking_lines, overlap
 from ...analysis.ranking import fmt_score, thin
 from ...analysis.runs import Comparison
-from ...analysis.whole_context import RETRIEVAL_THRESHOLD, WU_SHARES, kv_budget, relations, retrieval_shares
+from ...analysis.whole_context import (
+    RETRIEVAL_THRESHOLD,
+    WU_SHARES,
+    kv_budget,
+    relations,
+    retrieval_head_tests,
+    retrieval_shares,
+)
 from ...plots import heatmaps
 from ...plots.masking import accuracy_by_depth
 from ...plots.whole_context import kv_budget_curve, score_scatter
@@ -108,6 +115,10 @@ def _retrieval_part(comparison: Comparison, pngs: Pngs) -> list:
                          "95% high": fmt_score(metric, row.ci_high, row.value), "trials": str(int(row.count)),
                          "chance": "\u2013" if pd.isna(row.chance) else f"{row.chance:.4f}",
                          "mark": "‡" if row.thin else ""})
+        mine = trials[trials["model"] == model] if len(trials) else trials
+        if model not in comparison.published and "needle" in mine and mine["needle"].nunique() > 1:
+            findings.append(_needle_line(trials, model, gated=metric == "retrieval"))
+            continue
         # an imported file defines no chance; every haystack it came from is thousands of tokens long, so a uniform
         # head's score is far below the threshold and the threshold alone decides
         above_chance = top["ci_low"] > top["chance"].fillna(-np.inf)
@@ -145,6 +156,20 @@ def _retrieval_part(comparison: Comparison, pngs: Pngs) -> list:
         frame = frame.drop(columns="mark")
     blocks.append(Table(frame, numeric=("value", "95% low", "95% high", "trials", "chance"), sortable=True))
     return blocks
+
+
+def _needle_line(trials: pd.DataFrame, model: str, *, gated: bool) -> str:
+    """How many heads are retrieval heads with needles as the unit and Benjamini-Hochberg over the model's heads."""
+    tests = retrieval_head_tests(trials, model, gated=gated)
+    found = tests[tests["q_value"] <= 0.05].sort_values(["value", "layer", "head"], ascending=[False, True, True])
+    needles = int(tests["needles"].max()) if len(tests) else 0
+    rule = (f"its mean over {needles} needles above {RETRIEVAL_THRESHOLD:g} by a one-sided t-test over the needles' "
+            f"means, at a 5% false-discovery rate (Benjamini-Hochberg over all {len(tests)} heads)")
+    if found.empty:
+        return f"{model}: no head is a retrieval head by this rule ({rule})."
+    named = ", ".join(f"{r.label} {r.value:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}]" for r in found.head(TOP).itertuples())
+    return (f"{model}: {len(found)} head{'s are retrieval heads' if len(found) > 1 else ' is a retrieval head'}, "
+            f"{rule}; 95% intervals resample needles: {named}.")
 
 
 def _published_line(model: str, provenance) -> str:
