@@ -200,6 +200,12 @@ def test_a_post_layer_norm_model_is_refused_in_one_line_and_its_sweep_says_why(t
         assert "composition" not in run.frames
         note = run.provenance.models[0].extra["composition"]
         assert note.startswith("not scored: ") and "post-LayerNorm" in note and "\n" not in note
+    from headscan.analysis.runs import compare_runs
+    from headscan.report.sections.composition import composition_section, shown
+
+    comparison = compare_runs([run])
+    said = [str(getattr(b, "items", "")) for b in composition_section(comparison)]
+    assert shown(comparison) and any("is post-LayerNorm" in line for line in said)  # the report says why too
 
 
 def test_haar_corners_are_distributed_as_corners_of_scipys_haar_rotations():

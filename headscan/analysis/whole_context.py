@@ -209,6 +209,6 @@ def retrieval_summary(run: SweepTables, n: int = 5) -> str:
             lines.append(f"  {row.label:>8} {row.value:.3f} [{row.ci_low:.3f}, {row.ci_high:.3f}] over "
                          f"{int(row.count)} trials" + (" (thin support)" if row.thin else ""))
     if "retrieval_masking" in run.frames:  # the masking test: accuracy per condition over every trial, paired drops
-        lines += ["needle accuracy (ROUGE-1 recall) with heads masked, 95% intervals over trials:",
+        lines += ["needle accuracy (ROUGE-1 recall) with heads masked, 95% intervals over needles:",
                   *(f"  {line}" for line in masking_lines(run["retrieval_masking"]))]
     return "\n".join(lines)

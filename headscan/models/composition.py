@@ -281,16 +281,24 @@ def composition_null(W_Q, W_K, W_V, W_O, d_residual: int, *, draws: int | None =
     receivers["K"] = receivers["Q"]
     layer = torch.arange(n_layers).repeat_interleave(n_heads)
     usable = ~sender.isnan().any(-1)
-    out = {}
+    pairs = {}  # per mode: (sender, receiver) of each possible draw, seeded
+    for mode in MODES:
+        ok = (layer[:, None] < layer[None, :]) & usable[:, None] & ~receivers[mode].isnan().any(-1)[None, :]
+        s, r = ok.nonzero(as_tuple=True)  # the model's own pairs
+        pick = torch.from_numpy(np.random.default_rng([NULL_SEED, len(s)]).integers(0, len(s), NULL_MAX_DRAWS))
+        pairs[mode] = (sender[s[pick]].float(), receivers[mode][r[pick]].float())  # (draw, d_head) each
+    out = {mode: np.zeros(0) for mode in MODES}
     n = draws or NULL_MIN_DRAWS
     while True:
-        corners = haar_corners(d_residual, d_head, n).double()  # (draw, d_head, d_head)
         for mode in MODES:
-            ok = (layer[:, None] < layer[None, :]) & usable[:, None] & ~receivers[mode].isnan().any(-1)[None, :]
-            s, r = ok.nonzero(as_tuple=True)  # the model's own pairs
-            pick = torch.from_numpy(np.random.default_rng([NULL_SEED, len(s)]).integers(0, len(s), NULL_MAX_DRAWS)[:n])
-            squared = torch.einsum("ti,tij,tj->t", sender[s[pick]], corners, receivers[mode][r[pick]])
-            out[mode] = squared.clamp(min=0).sqrt().numpy()
+            done = len(out[mode])
+            parts = [out[mode]]
+            for start in range(done, n, _CHUNK):  # a chunk of cached corners at a time: no (draw, ...) copy of them
+                stop = min(n, start + _CHUNK)
+                corners = _corner_chunk(d_residual, d_head, start // _CHUNK)[:stop - start]  # (draw, d_head, d_head)
+                a, b = (side[start:stop] for side in pairs[mode])
+                parts.append(torch.einsum("ti,tij,tj->t", a, corners, b).clamp(min=0).sqrt().double().numpy())
+            out[mode] = np.concatenate(parts)
         if draws is not None or n >= NULL_MAX_DRAWS:
             return out
         # how far above its target each mode's standard error is (<= 1: on target)

@@ -256,7 +256,9 @@ def _masking_part(comparison: Comparison, pngs: Pngs) -> list:
                              "their layers masked; bars: 95% intervals over needles."),
               Table(table, numeric=("masked", "trials")),
               Note("masked: heads masked; passed: share of trials whose answer passes the gate; drop: the "
-                   "condition's accuracy minus none's on the same trials.")]
+                   "condition's accuracy minus none's on the same trials. The rows per length and depth rest on few "
+                   "needles each and are not corrected for how many there are: read them as a description, and the "
+                   "row over every trial as the test.")]
     if overlaps:
         sets = pd.concat(overlaps, ignore_index=True)
         frame = pd.DataFrame({"model": sets["model"], "set": sets["set"], "heads": sets["heads"],
