@@ -169,19 +169,21 @@ def retrieval(models, corpus, needles, out, overwrite, restart, quiet, **setting
     (every trial, failed ones included) and OUT/run.json. Stopped, it keeps
     finished trials in OUT.partial/; the same command resumes.
 
-    With --mask-top K and --mask-random K, every trial is decoded again with
-    the top K retrieval heads masked (output zeroed at every position), and
-    with K random heads of the same layers in --mask-draws seeded draws:
-    OUT/retrieval_masking.parquet has the needle accuracy (ROUGE-1 recall)
-    per condition and depth, and its paired drop from the unmasked trials,
-    with 95% intervals over trials.
+    With --mask-top K and --mask-random K, the trials of the odd needles are
+    decoded again with the top K retrieval heads of the even needles' trials
+    masked (output zeroed at every position; --mask-from ranks them by a run
+    on other needles instead), and with K random heads of the same layers in
+    --mask-draws seeded draws (20): OUT/retrieval_masking.parquet has the
+    needle accuracy (ROUGE-1 recall) per condition and depth, its paired drop
+    from the unmasked trials with 95% intervals over needles, and the top
+    drop's rank among the draws' (a permutation p-value).
 
     Example:
 
     \b
         headscan retrieval -m smollm2 --corpus en_ewt-ud-dev.conllu --lengths 1024,2048 --out out/retrieval
         headscan retrieval -m smollm2 --corpus en_ewt-ud-dev.conllu --lengths 1024 --mask-top 10 \\
-            --mask-random 10 --mask-draws 3 --out out/retrieval-mask
+            --mask-random 10 --out out/retrieval-mask
     """
     from .analysis.whole_context import retrieval_summary
     from .scan import retrieval as run_retrieval

@@ -348,9 +348,12 @@ class RetrievalConfig:
                            metavar="K")
     mask_random: int = _field(0, "trials", "Also decode every trial with K random heads masked, one from the layer of "
                               "each of the top K retrieval heads, never a top head; 0: none.", metavar="K")
-    mask_draws: int = _field(3, "trials", "Seeded draws of --mask-random heads, each decoding every trial once.")
+    mask_draws: int = _field(20, "trials", "Seeded draws of --mask-random heads, each decoding every masked trial "
+                             "once; the top set's drop is ranked among theirs, so N draws allow a p-value down to "
+                             "1/(N+1) (19: 0.05).")
     mask_from: str | None = _field(None, "trials", "Rank the heads to mask by the retrieval scores of this earlier "
-                                   "headscan retrieval output folder (default: this run's own trials).",
+                                   "headscan retrieval output folder, run on other needles, and mask every trial "
+                                   "(default: rank on this run's even needles, mask its odd ones' trials).",
                                    metavar="FOLDER")
 
     def __post_init__(self):

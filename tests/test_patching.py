@@ -3,7 +3,7 @@
 - A hand-built GPT-2 with a planted induction circuit (`headscan.testing.circuit`: a previous-token head L0H0
   whose output the induction head L1H0 reads through its keys): patching ranks the two planted heads first and
   each restores the whole logit difference; path patching finds L0H0 > L1H0 through keys and no other path above
-  0; K-composition puts the same pair first, beyond its random-matrix null.
+  0; K-composition puts the same pair first, beyond its rotation null.
 - Every exact patch equals a plain Hugging Face run with a forward pre-hook on the model's own output projection
   (GPT-2 on the planted model; smollm2, float64, for one head); AtP equals the plain model's own gradient.
 - Pairs files, the pair generator, and the refusals (prompts of different lengths, encoders, bad paths).

@@ -1,5 +1,5 @@
 """Which heads feed which, from composition.parquet (`headscan.models.composition`): each model's strongest pairs
-per mode, how many pass the random-matrix null, and the links a circuit reading asks for first: previous-token
+per mode, how many pass the rotation null, and the links a circuit reading asks for first: previous-token
 heads whose output the keys of induction (or prefix-matching) heads read (K-composition, Olsson et al. 2022).
 
 >>> rows = pd.DataFrame({"model": "m", "mode": "K", "layer": 1, "head": [0, 0, 1], "label": ["L1H0", "L1H0", "L1H1"],
@@ -23,10 +23,12 @@ RECEIVER_ROLES = ("induction", "prefix-matching")
 
 
 def composition_summary(composition: pd.DataFrame) -> pd.DataFrame:
-    """Per model and mode: pairs scored, the null's mean and 99th percentile, and pairs beyond it."""
+    """Per model and mode: pairs scored, the null's mean, 99th percentile and that percentile's bootstrap standard
+    error (NaN in a table written before it was recorded), and pairs beyond it."""
     groups = composition.groupby(["model", "mode"], sort=False)
+    se = groups["null_se"].first() if "null_se" in composition else groups["chance"].first() * float("nan")
     return pd.DataFrame({"pairs": groups.size(), "null_mean": groups["chance"].first(),
-                         "null_high": groups["null_high"].first(),
+                         "null_high": groups["null_high"].first(), "null_se": se,
                          "beyond": groups["beyond"].sum().astype(int)}).reset_index()
 
 

@@ -5,6 +5,9 @@ of ``headscan retrieval`` (retrieval.parquet, retrieval_trials.parquet):
 
 - `retrieval_shares`: how many heads are retrieval heads by Wu et al.'s (2024) rule (score above 0.1), beside
   how many clear 0.1 with their whole 95% interval, and the trials behind them;
+- `retrieval_head_tests`: which heads are retrieval heads when needles, not trials, are the unit: each head's
+  mean over needles, a one-sided t-test over the needles that it lies above 0.1, Benjamini-Hochberg over every
+  head of the model (`RETRIEVAL_RULE`);
 - `kv_budget`: with the key/value heads sorted by the attention mass a sink-and-window cache would take from
   their query heads, the share of the mass kept as k of them keep the whole context, and the cache memory;
 - `relations`: each head's retrieval, streaming, induction and copying scores side by side, and their rank
@@ -20,12 +23,15 @@ This module draws nothing and loads no model.
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
+from ..intervals.discoveries import q_values
+from ..intervals.pvalues import t_p_value
 from ..tables import SweepTables, thin_rows
 from .masking import masking_lines
 
-__all__ = ["RETRIEVAL_THRESHOLD", "WU_SHARES", "retrieval_shares", "kv_budget", "relations", "retrieval_summary"]
+__all__ = ["RETRIEVAL_THRESHOLD", "WU_SHARES", "RETRIEVAL_RULE", "retrieval_shares", "retrieval_head_tests", "kv_budget", "relations", "retrieval_summary"]
 
 RETRIEVAL_THRESHOLD = 0.1  # Wu et al. (2024): "as long as the head performs copy-paste in 10% of the times"
 # Wu et al.'s Figure 3: share of heads with a retrieval score above 0.1, per model (their Section 3.1: 3% to 6%).
@@ -60,6 +66,49 @@ def retrieval_shares(retrieval: pd.DataFrame, trials: pd.DataFrame | None = None
             row["trials_passed"] = int((mine["passed"] & mine["span_found"]).sum())
         out.append(row)
     return pd.DataFrame(out)
+
+
+RETRIEVAL_RULE = ("a head is a retrieval head when its mean over needles of its mean score over each needle's trials "
+                  "lies above 0.1 by a one-sided t-test over the needles (df: needles - 1), at a false-discovery rate "
+                  "of 5% by Benjamini-Hochberg over every head of the model; its interval resamples needles")
+
+
+def retrieval_head_tests(trials: pd.DataFrame, model: str, *, gated: bool = True, threshold: float = RETRIEVAL_THRESHOLD,
+                         replicates: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Per head of `model`, from retrieval_trials.parquet: ``value``, the mean over needles of the head's mean over
+    that needle's trials (those that passed the gate and found the answer span; `gated` False: every trial that
+    found it), ``ci_low`` and ``ci_high``, its 95% percentile interval over `replicates` resamples of the needles,
+    ``p_value``, one-sided that it lies above `threshold` (Student's t over the needles' means), ``q_value`` by
+    Benjamini-Hochberg over all the model's heads, and ``needles``. The trials of a needle share its words, so
+    the needle is the unit (`RETRIEVAL_RULE`); with one needle no test is made (NaN).
+
+    >>> trials = pd.DataFrame({"model": "m", "layer": 0, "head": [0, 1] * 6, "label": ["L0H0", "L0H1"] * 6,
+    ...     "needle": np.repeat([0, 1, 2], 4), "value": [0.9, 0.0, 0.8, 0.1] * 3, "passed": True, "span_found": True})
+    >>> tests = retrieval_head_tests(trials, "m")
+    >>> tests["label"].tolist(), tests["value"].round(2).tolist(), tests["needles"].tolist(), bool(tests["q_value"][0] < 0.05)
+    (['L0H0', 'L0H1'], [0.85, 0.05], [3, 3], True)
+    """
+    part = trials[(trials["model"] == model) & trials["span_found"].astype(bool)]
+    if gated:
+        part = part[part["passed"].astype(bool)]
+    wide = part.groupby(["layer", "head", "label", "needle"], sort=True)["value"].mean().unstack("needle")
+    means = wide.to_numpy(np.float64)  # (head, needle): each needle's mean over its trials
+    n = np.isfinite(means).sum(1)
+    value = np.nanmean(means, 1) if means.size else np.zeros(0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        se = np.nanstd(means, 1, ddof=1) / np.sqrt(n) if means.shape[1] > 1 else np.full(len(means), np.nan)
+    p = t_p_value(value, se, (n - 1).astype(np.float64), threshold) if len(means) else np.zeros(0)
+    p = np.where(n > 1, p, np.nan)
+    rng = np.random.default_rng(seed)
+    if means.shape[1] > 1:  # needles resampled with replacement; the same resample for every head
+        picks = rng.integers(0, means.shape[1], (replicates, means.shape[1]))
+        replicate = np.nanmean(means[:, picks], 2)  # (head, replicate)
+        low, high = np.nanpercentile(replicate, [2.5, 97.5], axis=1)
+    else:
+        low = high = np.full(len(means), np.nan)
+    index = wide.index.to_frame(index=False)
+    return pd.DataFrame({"layer": index["layer"], "head": index["head"], "label": index["label"], "value": value,
+                         "ci_low": low, "ci_high": high, "p_value": p, "q_value": q_values(p), "needles": n})
 
 
 def kv_budget(heads: pd.DataFrame, *, sink: int, recent: int, length: int) -> pd.DataFrame:
@@ -160,6 +209,6 @@ def retrieval_summary(run: SweepTables, n: int = 5) -> str:
             lines.append(f"  {row.label:>8} {row.value:.3f} [{row.ci_low:.3f}, {row.ci_high:.3f}] over "
                          f"{int(row.count)} trials" + (" (thin support)" if row.thin else ""))
     if "retrieval_masking" in run.frames:  # the masking test: accuracy per condition over every trial, paired drops
-        lines += ["needle accuracy (ROUGE-1 recall) with heads masked, 95% intervals over trials:",
+        lines += ["needle accuracy (ROUGE-1 recall) with heads masked, 95% intervals over needles:",
                   *(f"  {line}" for line in masking_lines(run["retrieval_masking"]))]
     return "\n".join(lines)

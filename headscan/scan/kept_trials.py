@@ -21,11 +21,12 @@ __all__ = ["over_trials", "kept_trials", "keep_trial"]
 
 
 def over_trials(scores: np.ndarray, chance: np.ndarray, trial_ids: np.ndarray, config: RetrievalConfig, *,
-                bounds=(0.0, 1.0)) -> dict[str, np.ndarray]:
+                bounds=(0.0, 1.0), counts: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """The value columns of the mean over trials of `scores` (trial, layer, head), each trial one bootstrap unit
     weighted by draws keyed on its index (`headscan.intervals`); `chance` (trial, layer) is each trial's chance
-    level, the same for every head of a layer, averaged over the same trials."""
-    counts = np.ones_like(scores)
+    level, the same for every head of a layer, averaged over the same trials. With `counts` (the shape of
+    `scores`), each row is a unit holding that many trials and `scores` their sums (the masking test's needles)."""
+    counts = np.ones_like(scores) if counts is None else counts
     chance_sums = np.broadcast_to(chance.sum(0)[:, None], scores.shape[1:]).copy()  # (layer, head)
     weights = intervals.bootstrap_weights(trial_ids.tolist(), config.bootstrap, config.seed)  # (replicate, trial)
     state = PartialState({}, None, scores.sum(0), counts.sum(0), np.einsum("rt,tlh->rlh", weights, scores),

@@ -57,7 +57,7 @@ ADDED_LATER = ("units", "top_unit_share", "chance", "n_eff", "variance_df", "thi
 # Extra columns of one table that its older files may lack; read back as NaN ("not recorded") like ADDED_LATER.
 EXTRA_ADDED_LATER = ("vs_baseline", "vs_baseline_low", "vs_baseline_high", "null_kind", "null_low", "null_high",
                      "p_value", "q_value", "finding", "joint_low", "joint_high", "cal_low", "cal_high", "cal_factor",
-                     "cal_basis", "verdict")
+                     "cal_basis", "verdict", "null_se")
 # The verdict columns of the tables findings are made from (`headscan.metrics.nulls`): the row's null, its range,
 # its one-sided p-value against it, its q-value over the model's family, and whether it is a finding.
 FINDING_EXTRA = {"null_kind": "string", "null_low": "float64", "null_high": "float64", "p_value": "float64",
@@ -167,10 +167,12 @@ register_table("weights", {"metric": "string"},
 register_table("composition", {"mode": "string", "source_layer": "int64", "source_head": "int64"},
                "one row per (model, layer, head, mode, source_layer, source_head): how much the source head's output "
                "can move this later head's queries (mode Q), keys (K) or values (V), the Frobenius-norm ratio of "
-               "Elhage et al. (2021), from the weights alone (no sum or count); chance is the mean of the same score "
-               "over random Gaussian matrices of the same shapes, null_high their 99th percentile, beyond value > "
-               "null_high",
-               extra={"source_label": "string", "null_high": "float64", "beyond": "boolean"})
+               "Elhage et al. (2021) on the weights as TransformerLens' default processing leaves them (norm gain "
+               "folded; LayerNorm models centred), from the weights alone (no sum or count); chance is the mean of "
+               "the same score over the model's own pairs with the residual basis between them turned by a "
+               "Haar-random rotation (each matrix's spectrum kept), null_high that null's 99th percentile, null_se "
+               "its bootstrap standard error over the draws, beyond value > null_high",
+               extra={"source_label": "string", "null_high": "float64", "null_se": "float64", "beyond": "boolean"})
 register_table("importance", {"method": "string", "target": "string"},
                "one row per (model, layer, head, method, target): the change of the target (a loss) when the head's "
                "output is removed, ablated minus clean; 0 is a head that changes nothing")
@@ -233,13 +235,16 @@ _MASKED = ("condition 'none' (no head masked), 'top' (the top k retrieval heads)
            "heads lists the L{layer}H{head} masked (a head masked has its output z zeroed at every position, prefill "
            "and decoding)")
 register_table("retrieval_masking", {"condition": "string", "draw": "Int64", "length": "Int64", "depth": "float64"},
-               "one row per (model, condition, draw, length, depth): needle accuracy, the mean over trials (the "
-               "bootstrap unit) of the answer's ROUGE-1 recall, with heads masked; " + _MASKED + "; length <NA> and "
-               "depth NaN pool every trial; drop, drop_low, drop_high: the paired difference from condition none on "
-               "the same trials with its 95% interval (NaN for none); passed: the share of trials above the gate; "
-               "chance NaN; written by headscan retrieval --mask-top / --mask-random",
+               "one row per (model, condition, draw, length, depth): needle accuracy, the mean over trials of the "
+               "answer's ROUGE-1 recall, with heads masked, its 95% interval resampling needles (a needle's trials "
+               "are one unit); " + _MASKED + "; length <NA> and depth NaN pool every trial; drop, drop_low, "
+               "drop_high: the paired difference from condition none on the same trials with its 95% interval (NaN "
+               "for none); p_value (condition top): the top set's drop ranked among the random draws' drops, "
+               "(1 + #draws whose drop is at least as large) / (draws + 1); passed: the share of trials above the "
+               "gate; chance NaN; written by headscan retrieval --mask-top / --mask-random, on trials of needles "
+               "that did not choose the top heads",
                extra={"k": "Int64", "heads": "string", "passed": "float64", "drop": "float64", "drop_low": "float64",
-                      "drop_high": "float64"}, per_head=False)
+                      "drop_high": "float64", "p_value": "float64"}, per_head=False)
 register_table("retrieval_masking_trials", {"trial": "int64", "condition": "string", "draw": "Int64"},
                "one row per (model, trial, condition, draw): one trial decoded with heads masked (value and sum: the "
                "answer's ROUGE-1 recall; count 1; no interval, no chance: NaN); " + _MASKED + "; written by "

@@ -15,10 +15,17 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ...analysis.masking import masked_heads, masking_by_condition, masking_lines, overlap
+from ...analysis.masking import draw_overlap, masked_heads, masking_by_condition, masking_lines, overlap
 from ...analysis.ranking import fmt_score, thin
 from ...analysis.runs import Comparison
-from ...analysis.whole_context import RETRIEVAL_THRESHOLD, WU_SHARES, kv_budget, relations, retrieval_shares
+from ...analysis.whole_context import (
+    RETRIEVAL_THRESHOLD,
+    WU_SHARES,
+    kv_budget,
+    relations,
+    retrieval_head_tests,
+    retrieval_shares,
+)
 from ...plots import heatmaps
 from ...plots.masking import accuracy_by_depth
 from ...plots.whole_context import kv_budget_curve, score_scatter
@@ -108,6 +115,10 @@ def _retrieval_part(comparison: Comparison, pngs: Pngs) -> list:
                          "95% high": fmt_score(metric, row.ci_high, row.value), "trials": str(int(row.count)),
                          "chance": "\u2013" if pd.isna(row.chance) else f"{row.chance:.4f}",
                          "mark": "‡" if row.thin else ""})
+        mine = trials[trials["model"] == model] if len(trials) else trials
+        if model not in comparison.published and "needle" in mine and mine["needle"].nunique() > 1:
+            findings.append(_needle_line(trials, model, gated=metric == "retrieval"))
+            continue
         # an imported file defines no chance; every haystack it came from is thousands of tokens long, so a uniform
         # head's score is far below the threshold and the threshold alone decides
         above_chance = top["ci_low"] > top["chance"].fillna(-np.inf)
@@ -147,6 +158,20 @@ def _retrieval_part(comparison: Comparison, pngs: Pngs) -> list:
     return blocks
 
 
+def _needle_line(trials: pd.DataFrame, model: str, *, gated: bool) -> str:
+    """How many heads are retrieval heads with needles as the unit and Benjamini-Hochberg over the model's heads."""
+    tests = retrieval_head_tests(trials, model, gated=gated)
+    found = tests[tests["q_value"] <= 0.05].sort_values(["value", "layer", "head"], ascending=[False, True, True])
+    needles = int(tests["needles"].max()) if len(tests) else 0
+    rule = (f"its mean over {needles} needles above {RETRIEVAL_THRESHOLD:g} by a one-sided t-test over the needles' "
+            f"means, at a 5% false-discovery rate (Benjamini-Hochberg over all {len(tests)} heads)")
+    if found.empty:
+        return f"{model}: no head is a retrieval head by this rule ({rule})."
+    named = ", ".join(f"{r.label} {r.value:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}]" for r in found.head(TOP).itertuples())
+    return (f"{model}: {len(found)} head{'s are retrieval heads' if len(found) > 1 else ' is a retrieval head'}, "
+            f"{rule}; 95% intervals resample needles: {named}.")
+
+
 def _published_line(model: str, provenance) -> str:
     """What the rows of a model imported from a published score file rest on, in words."""
     trials = provenance.extra.get("trials")
@@ -163,10 +188,31 @@ def _pct(count, total) -> str:
 # --- masking ------------------------------------------------------------------------------------------------
 
 
+def _chosen_on(comparison: Comparison) -> list[str]:
+    """Which needles chose the masked heads and which were masked, per model of each masking run's provenance."""
+    lines = []
+    for _, run in comparison.runs:
+        if "retrieval_masking" not in run.frames:
+            continue
+        for model in run.provenance.models:
+            about = model.extra.get("masking") or {}
+            if about.get("mask_needles") is not None:
+                lines.append(f"{model.name}: heads chosen on needles {about.get('choose_needles')}, masked on the "
+                             f"trials of needles {about['mask_needles']} (the run's needles split by index).")
+            elif about.get("ranked_by"):
+                lines.append(f"{model.name}: heads ranked by {about['ranked_by']}.")
+            else:
+                lines.append(f"{model.name}: the run does not record which needles chose its heads (a run before "
+                             "the split): they may have been chosen on the trials that test them.")
+    return lines
+
+
 def _masking_part(comparison: Comparison, pngs: Pngs) -> list:
     masking, trials = comparison["retrieval_masking"], comparison["retrieval_masking_trials"]
     rows = masking_by_condition(masking)
     sentences = masking_lines(masking)
+    overlaps = []
+    sentences += _chosen_on(comparison)
     for model in dict.fromkeys(masking["model"]):
         masked = masked_heads(trials, model)
         if not masked:
@@ -176,6 +222,9 @@ def _masking_part(comparison: Comparison, pngs: Pngs) -> list:
                 (("sink (first_token)", found["first_token"]), ("induction", found["induction"])) if n is not None]
         sentences.append(f"{model}: masked {', '.join(masked)}; of these, " + ("; ".join(said) if said else
                          "no overlap with sink or induction heads can be stated (the sweep scored neither)") + ".")
+        sets = draw_overlap(masking, trials, model, retrieval=comparison.frames.get("retrieval"),
+                            heads=comparison.heads if len(comparison.heads) else None)
+        overlaps.append(sets.assign(model=model))
     files = []
     for model in dict.fromkeys(rows["model"]):
         fig = Figure(figsize=(6.0, 3.6), layout="constrained")
@@ -190,20 +239,39 @@ def _masking_part(comparison: Comparison, pngs: Pngs) -> list:
         passed=rows["passed"].map(lambda v: f"{v:.0%}"), trials=rows["count"].astype(int).astype(str),
         masked=rows["k"].astype(int).astype(str))
     table = shown[["model", "length", "depth", "condition", "masked", "accuracy", "drop", "passed", "trials"]]
-    return [Heading(3, "Masking the retrieval heads"),
-            Text("Every trial decoded again with heads masked (their output zeroed before the output projection, at "
-                 "every position of the prefill and of the answer): the top retrieval heads (top), and as many random "
-                 "heads drawn from the same layers, never a top head (random, pooled over the seeded draws). "
-                 "Accuracy is the answer's ROUGE-1 recall, the answer gate's number, averaged over trials; the drop "
-                 "is paired, each masked trial against the same trial unmasked (none), with its 95% interval over "
-                 "trials. Retrieval heads matter to the answer when the top drop's interval lies below the random "
-                 "one's."),
-            Bullets(sentences),
-            Figures(files, "Needle accuracy by depth with no head, the top retrieval heads and random heads of their "
-                           "layers masked; bars: 95% intervals over trials."),
-            Table(table, numeric=("masked", "trials")),
-            Note("masked: heads masked; passed: share of trials whose answer passes the gate; drop: the condition's "
-                 "accuracy minus none's on the same trials.")]
+    blocks = [Heading(3, "Masking the retrieval heads"),
+              Text("Trials decoded again with heads masked (their output zeroed before the output projection, at "
+                   "every position of the prefill and of the answer): the top retrieval heads (top), and as many "
+                   "random heads drawn from the same layers, never a top head, in seeded draws (random: each draw, and "
+                   "pooled). The heads are chosen on needles other than those of the masked trials (half the run's "
+                   "needles, or an earlier run on other needles), so the test does not reuse what chose them. "
+                   "Accuracy is the answer's ROUGE-1 recall, the answer gate's number, averaged over trials; the drop "
+                   "is paired, each masked trial against the same trial unmasked (none), with its 95% interval "
+                   "resampling needles (a needle's trials share its words, so they are one unit). The top set's drop "
+                   "is ranked among the random draws' drops: its permutation p-value is (1 + draws with a drop at "
+                   "least as large) / (draws + 1), so N draws cannot give less than 1/(N + 1). Retrieval heads matter "
+                   "to the answer beyond heads of their layers when that p-value is small."),
+              Bullets(sentences),
+              Figures(files, "Needle accuracy by depth with no head, the top retrieval heads and random heads of "
+                             "their layers masked; bars: 95% intervals over needles."),
+              Table(table, numeric=("masked", "trials")),
+              Note("masked: heads masked; passed: share of trials whose answer passes the gate; drop: the "
+                   "condition's accuracy minus none's on the same trials. The rows per length and depth rest on few "
+                   "needles each and are not corrected for how many there are: read them as a description, and the "
+                   "row over every trial as the test.")]
+    if overlaps:
+        sets = pd.concat(overlaps, ignore_index=True)
+        frame = pd.DataFrame({"model": sets["model"], "set": sets["set"], "heads": sets["heads"],
+                              "drop": sets["drop"].map(lambda v: "" if pd.isna(v) else f"{v:+.2f}")})
+        for column, name in (("run_top", "in the run's top"), ("sink", "sink"), ("induction", "induction")):
+            if sets[column].notna().any():
+                frame[name] = sets[column].map(lambda v: "" if pd.isna(v) else str(int(v)))
+        blocks += [Table(frame, sortable=True),
+                   Note("Each masked set and its drop over every masked trial; in the run's top: how many of its "
+                        "heads are among the run's own top retrieval heads (as many as the top set, scored on all "
+                        "its trials, the masked ones included); sink and induction: among the sweep's as many highest "
+                        "first_token and induction heads. A random draw that hits important heads drops more.")]
+    return blocks
 
 
 def _interval(value, low, high, signed: bool = False) -> str:

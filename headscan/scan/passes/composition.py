@@ -2,8 +2,11 @@
 weights once per model (`headscan.models.composition`), into composition.parquet. No corpus, so nothing is summed:
 shards all read the same weights, and a resumed sweep keeps the scores it read when it started.
 
-``--composition auto`` (the default) scores models of at most `AUTO_HEADS` heads, GPT-2 small's 144 (about a
-second; the table has 3 x pairs rows, 31,104 for GPT-2 small); ``on`` scores any model, ``off`` none.
+``--composition auto`` (the default) scores models of at most `AUTO_HEADS` heads, GPT-2 small's 144 (the table has
+3 x pairs rows, 28,512 for GPT-2 small); ``on`` scores any model, ``off`` none. A post-LayerNorm model (BERT) is
+scored by neither: its provenance says why (``not scored: ... post-LayerNorm``), and so does the report. Where
+scores are written, the provenance says how the weights were processed and the null drawn
+(`headscan.models.composition.composition_arrays`).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from ...errors import HeadscanError
-from ...models.composition import NULL_DRAWS, composition_arrays, composition_rows
+from ...models.composition import composition_arrays, composition_refusal, composition_rows
 from ...tables import TABLES
 from .base import Pass, PassRun, sums_array
 
@@ -26,7 +29,7 @@ AUTO_HEADS = 144  # --composition auto scores models of at most this many heads
 @dataclass
 class CompositionState:
     scores: np.ndarray  # (mode, source layer, source head, layer, head); (0,) * 5 until read
-    null: np.ndarray  # (mode, draw): the score of random matrices of the same shapes
+    null: np.ndarray  # (mode, draw): the scores of the model's pairs with the residual basis rotated at random
     note: str | None = None  # why not scored, or how
 
 
@@ -44,6 +47,10 @@ class CompositionPass(Pass):
         if state.scores.size or state.note:  # a resumed state read the weights when it started
             return PassRun()
         model = run.model
+        refusal = composition_refusal(model)
+        if refusal is not None:  # before the head count: a post-LayerNorm model is never scored, so say that
+            state.note = f"not scored: {refusal}"
+            return PassRun()
         heads = model.n_layers * model.n_heads
         if run.plan.config.composition == "auto" and heads > AUTO_HEADS:
             state.note = f"not scored: {heads} heads, more than {AUTO_HEADS} (--composition on scores them)"
@@ -52,8 +59,7 @@ class CompositionPass(Pass):
             state.note = f"not scored: {run.unread}"
             return PassRun()
         try:
-            state.scores, state.null = composition_arrays(model, run.head_weights)
-            state.note = f"from the weights, norm gains folded; null: {NULL_DRAWS} random matrices of each shape"
+            state.scores, state.null, state.note = composition_arrays(model)
         except (HeadscanError, AttributeError, KeyError, RuntimeError, TypeError, ValueError) as error:
             state.note = f"not scored: {error}"
         return PassRun()
