@@ -52,7 +52,7 @@ reports: setup
 	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep -m smollm2 --corpus $(EWT) --limit 2001 --pack sentences --max-len 2048 --attention chunked --batch-size 1 --out reports/runs/ewt-long --device cpu -q --overwrite
 	HF_HUB_OFFLINE=1 $(BIN)/headscan pairs ioi --n 64 -m smollm2 --out reports/runs/patch-smollm2-ioi.pairs.jsonl --overwrite
 	HF_HUB_OFFLINE=1 $(BIN)/headscan patch -m smollm2 --pairs reports/runs/patch-smollm2-ioi.pairs.jsonl --path-top 5 --out reports/runs/patch-smollm2-ioi --device cpu -q --overwrite
-	HF_HUB_OFFLINE=1 $(BIN)/headscan retrieval -m smollm2 --corpus $(EWT) --lengths 1024 --depths 0,0.25,0.5,0.75,1 --template chat --mask-top 10 --mask-random 10 --mask-draws 1 --device cpu -q --out reports/runs/retrieval-mask-smollm2 --overwrite
+	HF_HUB_OFFLINE=1 $(BIN)/headscan retrieval -m smollm2 --corpus $(EWT) --lengths 1024 --depths 0,0.25,0.5,0.75,1 --template chat --mask-top 10 --mask-random 10 --device cpu -q --out reports/runs/retrieval-mask-smollm2 --overwrite
 	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/ewt-dev reports/runs/patch-smollm2-ioi reports/runs/retrieval-mask-smollm2 --out reports/ewt-dev --overwrite
 	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/ewt-long --out reports/ewt-long --overwrite
 	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/repeat-random --out reports/repeat-random --overwrite
