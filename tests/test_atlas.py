@@ -247,6 +247,8 @@ def test_atlas_works_in_headless_chromium(atlas_page, tmp_path):
             shown = panel.locator('tr[data-metric="prev_token"] td.chance').inner_text()
             assert float(shown) == pytest.approx(chance["chance"].iloc[0], abs=5e-4)
             assert "positions" in panel.locator("h4").all_inner_texts()  # the other tables' rows of this head
+            # folded under its name (15 rows); a click opens it
+            panel.locator("details.atlas-more summary", has_text="positions").click()
             positions = load(EWT_RUN)["positions"]
             first = positions[(positions.model == "minilm") & (positions.layer == 0) & (positions["head"] == 2) &
                               (positions.metric == "first_token_by_position") & positions.value.notna()].iloc[0]
@@ -353,4 +355,29 @@ def test_tables_sort_by_a_click_with_the_page_script_once(ewt, with_atlas, tmp_p
             assert heads.all_inner_texts() == ["L1H1", "L0H1", "L1H0", "L0H2"]
         finally:
             browser.close()
+    assert errors == []
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("model, label", [("minilm", "L0H2"), ("smollm2", "L16H0")])
+def test_a_heads_panel_over_the_ewt_run_fits_one_screen_and_keeps_every_syntax_row(atlas_page, tmp_path, model,
+                                                                                    label):
+    """The committed EWT run's panel was about 5,300 px at 1,400 px wide, most of it a syntax table of 80-odd rows;
+    folded, it fits 1,600 px (tests/test_report_layout.py states why), and the fold holds every row of the head's
+    syntax.parquet that the section shows."""
+    from conftest import chromium_page
+
+    from headscan.analysis.syntax import relation_order
+
+    syntax = load(EWT_RUN)["syntax"]
+    shown = syntax[syntax["relation"].isin(relation_order(syntax)) & syntax["value"].notna()]
+    layer, head = (int(x) for x in label[1:].split("H"))
+    mine = shown[(shown.model == model) & (shown.layer == layer) & (shown["head"] == head)]
+    with chromium_page(atlas_page, tmp_path / "profile") as (page, errors):
+        page.set_viewport_size({"width": 1400, "height": 1000})
+        page.locator(f'rect.atlas-cell[data-model="{model}"][data-label="{label}"]').click()
+        panel = page.locator("#atlas-panel")
+        assert panel.bounding_box()["height"] <= 1600
+        fold = panel.locator("h4.atlas-other", has_text="syntax").locator("xpath=following-sibling::details[1]")
+        assert fold.locator("tbody tr").count() == len(mine) > 50
     assert errors == []

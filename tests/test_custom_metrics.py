@@ -259,7 +259,7 @@ def test_the_report_defines_a_users_metric_from_run_json_without_its_module(tiny
     result = CliRunner().invoke(cli, ["show", str(out), "--metric", "prev_punct", "--top", "2"])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert lines[0].split()[:5] == ["model", "label", "layer", "head", "value"] and len(lines) == 4  # + bootstrap unit
+    assert lines[0].split()[:5] == ["model", "label", "layer", "head", "value"] and len(lines) == 5  # + columns, unit
 
 
 def test_the_readme_pattern_runs_as_written_and_equals_a_plain_loop(tiny_gpt2, ewt_dev):

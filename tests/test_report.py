@@ -352,8 +352,10 @@ def test_markdown_tables_and_headings(one_report):
     assert (f"| bert | 8 | L1H0 | 0.000 | -0.010 | 0.010 | 0.050 | below chance |\n\n*gpt: 0.000 for every head; "
             f"{NEXT_IN_CAUSAL}.*") in md
     assert f"*gpt: undefined for every head; {NO_SEP}.*" in md
-    # a value resting on thin support is marked, and the mark explained
-    assert "| bert | 1 | L1H2 | 0.999 | 0.989 | 1.009 | 0.050 | thin support | ‡ |" in md
+    # a value resting on thin support is marked, ranks after every supported head (bert has 8), and the mark explained
+    assert "| bert | 1 | L0H1 | 0.800 | 0.790 | 0.810 | 0.050 |  |  |" in md
+    assert "| bert | 8 | L1H2 | 0.999 | 0.989 | 1.009 | 0.050 | thin support | ‡ |" in md
+    assert "bert: L1H2 (0.999, 1st on its value alone) rests on thin support, so it ranks after every supported head." in md
     assert "‡ marks a value resting on thin support: its sum rests on fewer than 5 effective segments" in md
 
 

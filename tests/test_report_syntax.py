@@ -378,9 +378,11 @@ def test_show_prints_the_best_heads_per_relation_and_heads_metrics_as_before(ewt
     result = runner.invoke(cli, ["show", str(ewt_with_syntax), "--metric", "syntax", "--top", "3"])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert lines[0].split() == ["model", "relation", "direction", "label", "accuracy", "ci_low", "ci_high", "count",
-                                "baseline", "baseline_offset", "margin", "beats", "no", "claim"]
-    assert len(lines) == 1 + 2 * 3 * 2 + 2  # 2 models x 3 relations x 2 directions, and the notes (baseline, unit)
+    assert lines[0].split() == ["model", "relation", "direction", "label", "accuracy", "ci_low", "ci_high",
+                                "dependents", "baseline", "baseline_offset", "vs_baseline", "vs_low", "vs_high", "beats",
+                                "no", "claim"]
+    assert len(lines) == 1 + 2 * 3 * 2 + 2  # 2 models x 3 relations x 2 directions, the columns' line, the unit
+    assert lines[-2].startswith("columns | accuracy: ")
     assert lines[5].split()[:5] == ["minilm", "det", D2H, "L2H5", "0.930"] and lines[5].split()[-1] == "True"
     with_syntax = runner.invoke(cli, ["show", str(ewt_with_syntax), "--metric", "prev_token"])
     without = runner.invoke(cli, ["show", str(EWT_RUN), "--metric", "prev_token"])

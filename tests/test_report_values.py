@@ -235,8 +235,9 @@ def test_show_says_why_a_model_has_no_copying_or_dla_scores():
                                          ModelProvenance("bert", family="bidirectional", extra={"weights": why})))
     lines = top_heads_text(t, "copying", 1).splitlines()
     assert lines[0].split() == ["model", "label", "layer", "head", "value", "embedding"]
-    assert lines[1].split()[:2] == ["gpt", "L0H1"] and lines[2:] == [f"bert: copying: {why}"]
-    assert top_heads_text(t, "dla", 1).splitlines()[2:] == [
+    assert lines[1].split()[:2] == ["gpt", "L0H1"] and lines[3:] == [f"bert: copying: {why}"]
+    assert lines[2].startswith("columns | value: copying: ")
+    assert top_heads_text(t, "dla", 1).splitlines()[3:] == [
         "bert: dla: an encoder has no next-token logit; NaN for every head"]
 
 

@@ -25,7 +25,8 @@ from ..tables import TABLES, ModelProvenance, RunProvenance, thin_rows
 from .claims import why_not
 from .formats import fmt_bucket, pct  # noqa: F401  (re-exported)
 
-__all__ = ["WIDE_CI", "bounded", "striking_order", "striking_of", "ci_is_wide", "top_heads", "thin", "top_rows",
+__all__ = ["WIDE_CI", "bounded", "striking_order", "striking_of", "ci_is_wide", "top_heads", "thin_passed", "thin_note", "thin",
+           "top_rows",
            "fmt_score", "fmt_bucket", "pct", "structural_reason", "why_structural", "unit_note", "controls_note"]
 
 WIDE_CI = 0.1  # an interval wider than this (0-1 metrics) or than this fraction of the value (others) is wide
@@ -81,7 +82,7 @@ def ci_is_wide(rows: pd.DataFrame, *, threshold: float = WIDE_CI) -> pd.Series:
 
 
 def top_heads(heads: pd.DataFrame, metric: str, n: int = 10, *, model: str | None = None,
-              keep_flat: bool = False) -> pd.DataFrame:
+              keep_flat: bool = False, thin_last: bool = False) -> pd.DataFrame:
     """The `n` most striking heads of each model on `metric`, ranked, with their 95% intervals and support.
 
     `heads` holds the rows of the metric's table (heads.parquet, or retrieval.parquet for ``retrieval``).
@@ -89,7 +90,10 @@ def top_heads(heads: pd.DataFrame, metric: str, n: int = 10, *, model: str | Non
     The highest values come first, or the lowest where the registry marks low as striking (entropy: the
     most focused heads). Undefined (NaN) heads are left out; ties go to the lower layer, then head. A model
     whose heads all score the same has no top heads and is left out too, unless `keep_flat` (``headscan
-    show`` keeps it; the report says why instead, see `headscan.analysis.findings`).
+    show`` keeps it; the report says why instead, see `headscan.analysis.findings`). With `thin_last` (the
+    report's "Top heads" and ``headscan show``), the heads on thin support rank after every supported head, so
+    that a value no interval can be trusted for never ranks first above one that can; `thin_passed` names the
+    ones that their value alone would have put among the `n`.
 
     Returns
     -------
@@ -128,8 +132,9 @@ def top_heads(heads: pd.DataFrame, metric: str, n: int = 10, *, model: str | Non
         varied = scores.max() > scores.min()  # False where every head scores the same, or none is defined
         rows = rows[rows["model"].isin(varied.index[varied])]
     rows = rows[rows["value"].notna()]
-    rows = rows.sort_values(["value", "layer", "head"], ascending=[not entry.ranks_high(), True, True], kind="stable")
     rows = rows.assign(thin=thin_rows(rows))
+    order_by = ["thin"] * thin_last + ["value", "layer", "head"]
+    rows = rows.sort_values(order_by, ascending=[True] * thin_last + [not entry.ranks_high(), True, True], kind="stable")
     top = rows.groupby("model", sort=False).head(n)
     top = top.assign(chance=top["chance"] if "chance" in top.columns else np.nan)
     top = top.assign(unsupported=why_not(top, striking=entry.striking) if len(top) else pd.Series(dtype=object))
@@ -141,6 +146,43 @@ def top_heads(heads: pd.DataFrame, metric: str, n: int = 10, *, model: str | Non
     columns += [c for c in ("null_kind", "null_low", "null_high", "p_value", "q_value", "finding", "joint_low",
                             "joint_high", "cal_low", "cal_high", "cal_factor", "cal_basis", "verdict") if c in top.columns]
     return top[columns].astype({"model": str, "label": str, "thin": bool, "unsupported": object})
+
+
+def thin_passed(heads: pd.DataFrame, metric: str, n: int = 10) -> dict[str, pd.DataFrame]:
+    """Per model, the heads on thin support that their value alone ranks among the `n` most striking: those that
+    `top_heads` with `thin_last` ranks after the supported heads (or leaves out of the `n`). Models without such a
+    head are left out. Rows as `top_heads` gives them, ``rank`` their rank on value alone.
+
+    >>> heads = pd.DataFrame({"model": "m", "family": "causal", "layer": 0, "head": [0, 1, 2],
+    ...     "label": ["L0H0", "L0H1", "L0H2"], "metric": "entropy", "value": [0.009, 0.5, 1.0], "count": 10.0,
+    ...     "ci_low": [0.0, 0.4, 0.9], "ci_high": [4.85, 0.6, 1.1], "thin": [True, False, False]})
+    >>> top_heads(heads, "entropy", 2, thin_last=True)["label"].tolist(), top_heads(heads, "entropy", 2)["label"].tolist()
+    (['L0H1', 'L0H2'], ['L0H0', 'L0H1'])
+    >>> {model: rows["label"].tolist() for model, rows in thin_passed(heads, "entropy", 2).items()}
+    {'m': ['L0H0']}
+    """
+    plain = top_heads(heads, metric, n)
+    thin = plain[plain["thin"]]
+    return {model: part for model, part in thin.groupby("model", sort=False)}
+
+
+def thin_note(model: str, metric: str, thin: pd.DataFrame) -> str:
+    """One line: the heads of `model` on thin support that their value alone would rank among the top, ranked
+    after the supported heads instead (`headscan.analysis.ranking.thin_passed`).
+
+    >>> thin = pd.DataFrame({"label": ["L18H8"], "value": [0.009], "rank": [1]})
+    >>> thin_note("smollm2", "entropy", thin)
+    'smollm2: L18H8 (0.009, 1st on its value alone) rests on thin support, so it ranks after every supported head.'
+    """
+    heads = ", ".join(f"{row.label} ({fmt_score(metric, row.value)}, {_ordinal(int(row.rank))} on its value alone)"
+                      for row in thin.itertuples())
+    verb = "rests" if len(thin) == 1 else "rest"
+    return f"{model}: {heads} {verb} on thin support, so {'it ranks' if len(thin) == 1 else 'they rank'} " \
+           f"after every supported head."
+
+
+def _ordinal(k: int) -> str:
+    return f"{k}{'th' if 10 <= k % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(k % 10, 'th')}"
 
 
 def _with_support(rows: pd.DataFrame) -> pd.DataFrame:

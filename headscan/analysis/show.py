@@ -3,7 +3,8 @@
 Heads tables (`headscan.analysis.ranking.top_heads`), with a model whose metric is 0 or undefined by
 construction said in one line; profiles (offsets, positions) each head at its peak; the scores the metric
 registry does not hold (``copying``, ``dla``); head importance; syntactic heads against the fixed-offset
-baseline.
+baseline. Under each table one line says what its columns hold, every one but the self-evident (`footer`): the
+table registry's description where it has one (`headscan.tables.column_notes`), else this module's.
 
 This module draws nothing and loads no model.
 """
@@ -17,19 +18,47 @@ import pandas as pd
 from ..errors import MetricError, TablesError
 from ..metrics import METRICS, describe
 from ..tables import TABLES, SweepTables
+from ..tables.schema import column_notes
 from .claims import why_not
 from .importance import effects
 from .patching import top_patched
-from .ranking import structural_reason, top_heads, why_structural
+from .ranking import structural_reason, thin_note, thin_passed, top_heads, why_structural
 from .syntax import best_heads, offset_text, relation_order
 
-__all__ = ["SHOWN", "top_heads_text", "show_metrics"]
+__all__ = ["SHOWN", "SELF_EVIDENT", "SHOW_NOTES", "top_heads_text", "show_metrics", "footer"]
 
 
 # The columns `headscan show` prints; ``unsupported`` (why a row carries no claim) under the reports' own word.
 SHOWN = ["model", "label", "layer", "head", "value", "ci_low", "ci_high", "chance", "count", "units", "unsupported"]
 
 NO_CLAIM = {"unsupported": "no claim"}
+
+# Columns whose name says what they hold: the footer under a table names every other one.
+SELF_EVIDENT = ("model", "label", "layer", "head", "relation", "direction", "target", "method")
+# What the columns `headscan show` prints hold where the table registry has no description of them (its own
+# names, or a table's key and extra columns), or where show prints them otherwise than the table holds them.
+SHOW_NOTES = {
+    "no claim": "why the row may carry no claim, empty where it may (thin support; at chance: its interval holds "
+                "chance; interval not validated at this size; ...)",
+    "offset": "d, the key at query + d (-1: the previous token)",
+    "bucket": "the query positions [b, 2b)",
+    "embedding": "which embedding the copying score reads",
+    "fraction restored": "the share of the clean-minus-corrupted logit difference that the head's clean output, "
+                         "patched into the corrupted run, restores (exact denoising; 1 is all of it)",
+    "pairs": "prompt pairs it rests on",
+    "accuracy": "share of the relation's dependents whose most-attended word is the right one (a causal model: "
+                "only the dependents whose target word the query can see)",
+    "dependents": "dependents the accuracy counts",
+    "baseline": "the best fixed offset's accuracy on the same dependents",
+    "baseline_offset": "that offset: always the word d away",
+    "vs_baseline": "accuracy minus baseline, on the same dependents",
+    "vs_low": "low end of vs_baseline's 95% interval, paired over the same units (where the table did not record "
+              "it: ci_low minus baseline)",
+    "vs_high": "its high end (where not recorded: ci_high minus baseline)",
+    "beats": "vs_low above 0: the head beats the best fixed offset",
+    "importance value": "the target's change when the head's output is replaced by its mean (ablated minus "
+                        "clean); 0 is no effect",
+}
 
 # Scores a sweep may write that the metric registry does not hold: metric -> the table it is in.
 _UNREGISTERED = {"copying": ("weights", "copying"), "dla": ("heads", "dla"), "dla_positive": ("heads", "dla_positive"),
@@ -87,8 +116,9 @@ def top_heads_text(run: SweepTables, metric: str | None = None, n: int = 10) -> 
         return _importance_text(run["importance"], n)
     if metric == "patching":  # the heads that restore the most of the logit difference, exact denoising
         top = top_patched(run["patching"], "denoise", n)
-        return top[["model", "label", "layer", "head", "value", "ci_low", "ci_high", "count"]].rename(
-            columns={"value": "fraction restored", "count": "pairs"}).to_string(index=False)
+        table = top[["model", "label", "layer", "head", "value", "ci_low", "ci_high", "count"]].rename(
+            columns={"value": "fraction restored", "count": "pairs"})
+        return table.to_string(index=False) + "\n" + footer(table.columns)
     if metric not in METRICS and not custom:
         return _unregistered_text(run, metric, n)
     if list(TABLES[table].keys) != ["metric"]:
@@ -106,9 +136,30 @@ def top_heads_text(run: SweepTables, metric: str | None = None, n: int = 10) -> 
             said.append(f"{model}: {metric}: {reason}")
         else:
             shown.append(model)
-    top = top_heads(heads[heads["model"].isin(shown)], metric, n, keep_flat=True)  # checks `n` even if none is shown
-    parts = [top[SHOWN].rename(columns=NO_CLAIM).to_string(index=False)] if shown else []
+    kept = heads[heads["model"].isin(shown)]
+    top = top_heads(kept, metric, n, keep_flat=True, thin_last=True)  # checks `n` even if none is shown
+    passed = [thin_note(model, metric, rows) for model, rows in thin_passed(kept, metric, n).items()]
+    table = top[SHOWN].rename(columns=NO_CLAIM)
+    entry = describe(metric)
+    parts = [table.to_string(index=False), *passed,
+             footer(table.columns, {"value": f"{metric} in {entry.unit}, {column_notes()['value']}"})] if shown else []
     return "\n".join(parts + said)
+
+
+def footer(columns, notes: dict[str, str] | None = None) -> str:
+    """One line under a printed table: what each of its `columns` holds, every one but `SELF_EVIDENT`, from
+    `notes`, else `SHOW_NOTES`, else the table registry (`headscan.tables.column_notes`).
+
+    >>> footer(["model", "label", "units", "no claim"])
+    'columns | units: bootstrap units (segments or documents) with count > 0: how many the value rests on | no claim: why the row may carry no claim, empty where it may (thin support; at chance: its interval holds chance; interval not validated at this size; ...)'
+
+    Raises
+    ------
+    KeyError
+        A column that nothing describes: give it a line in `SHOW_NOTES` (the tests ask this of every table shown).
+    """
+    known = column_notes() | SHOW_NOTES | (notes or {})
+    return " | ".join(["columns", *(f"{c}: {known[c]}" for c in columns if c not in SELF_EVIDENT)])
 
 
 def show_metrics() -> list[str]:
@@ -157,6 +208,7 @@ def _profile_text(frame: pd.DataFrame, metric: str, n: int) -> str:
     model label  layer  head  offset  value  ci_low  ci_high  count  units    no claim
         m  L0H0      0     0      -1    0.9     NaN      NaN      8      4 no interval
         m  L0H1      0     1       0    0.7     NaN      NaN      8      4 no interval
+    columns | offset: d, the key at query + d (-1: the previous token) | value: offsets in share of attention at that offset, sum / count; NaN where count == 0 | ci_low: lower end of the 95% bootstrap interval; NaN where undefined | ci_high: upper end | count: number of queries that count for this metric; <NA> in weights.parquet, which sums nothing | units: bootstrap units (segments or documents) with count > 0: how many the value rests on | no claim: why the row may carry no claim, empty where it may (thin support; at chance: its interval holds chance; interval not validated at this size; ...)
 
     For offsets that is the offset each head attends to most (-1: a previous-token head), the heads that put the
     most attention there first.
@@ -179,7 +231,9 @@ def _profile_text(frame: pd.DataFrame, metric: str, n: int) -> str:
     if top.empty:
         return f"{head}: no head differs from the others of its model at any point"
     top = top.assign(unsupported=why_not(top, striking=describe(metric).striking))
-    return head + "\n" + top[[*columns, "unsupported"]].rename(columns=NO_CLAIM).to_string(index=False)
+    table = top[[*columns, "unsupported"]].rename(columns=NO_CLAIM)
+    value = {"value": f"{metric} in {describe(metric).unit} at that {', '.join(axis)}, {column_notes()['value']}"}
+    return head + "\n" + table.to_string(index=False) + "\n" + footer(table.columns, value)
 
 
 def _unregistered_text(run: SweepTables, metric: str, n: int) -> str:
@@ -197,7 +251,10 @@ def _unregistered_text(run: SweepTables, metric: str, n: int) -> str:
                                                                ["ci_low", "ci_high", "count"])
     said = [f"{model}: {metric}: {_why_undefined(run, model, metric)}" for model in models
             if not (rows["model"] == model).any()]
-    return "\n".join(([rows[columns].to_string(index=False)] if len(rows) else []) + said)
+    value = {"value": f"{metric}: " + ("the copying score read off the weights" if metric == "copying" else
+                                       f"{describe(metric).unit}, {column_notes()['value']}")}
+    shown = [rows[columns].to_string(index=False), footer(columns, value)] if len(rows) else []
+    return "\n".join(shown + said)
 
 
 def _why_undefined(run: SweepTables, model: str, metric: str) -> str:
@@ -224,13 +281,14 @@ def _importance_text(importance: pd.DataFrame, n: int) -> str:
     rows = rows.groupby("model", sort=False).head(n).sort_values("model", key=lambda c: c.map(models), kind="stable")
     rows = rows.assign(units=rows["units"].astype("Int64"))
     columns = ["model", "label", "layer", "head", "target", "method", "value", "ci_low", "ci_high", "units", "thin"]
-    return (rows[columns].to_string(index=False, float_format=lambda v: f"{v:+.4g}")
-            + "\nvalue: the target's change when the head's output is replaced by its mean (ablated minus clean); "
-              "0 is no effect")
+    return (rows[columns].to_string(index=False, float_format=lambda v: f"{v:+.4g}") + "\n"
+            + footer(columns, {"value": SHOW_NOTES["importance value"]}))
 
 
 def _syntax_text(syntax: pd.DataFrame, n: int) -> str:
-    """`top_heads_text` for ``syntax``: the best heads of the `n` relations with most dependents (``all`` first)."""
+    """`top_heads_text` for ``syntax``: the best heads of the `n` relations with most dependents (``all`` first),
+    each against the best fixed offset on the same dependents: the difference, vs_baseline = accuracy - baseline,
+    with its paired 95% interval [vs_low, vs_high] (`headscan.analysis.syntax.best_heads`' margin is vs_low)."""
     if n < 1:
         raise TablesError(f"top must be at least 1, got {n}")
     best = best_heads(syntax, relations=relation_order(syntax)[:n])
@@ -238,8 +296,15 @@ def _syntax_text(syntax: pd.DataFrame, n: int) -> str:
         return "syntax: no scored dependent (the sweep scores relations on CoNLL-U treebanks only)"
     models = {name: i for i, name in enumerate(dict.fromkeys(syntax["model"]))}
     best = best.sort_values("model", key=lambda names: names.map(models), kind="stable")  # model by model
-    best = best.assign(count=best["count"].astype(int), baseline_offset=best["baseline_offset"].map(offset_text))
-    columns = ["model", "relation", "direction", "label", "accuracy", "ci_low", "ci_high", "count", "baseline",
-               "baseline_offset", "margin", "beats", "unsupported"]
-    return (best[columns].rename(columns=NO_CLAIM).to_string(index=False, float_format=lambda v: f"{v:.3f}")
-            + "\nbeats: the 95% interval's low end is above the best fixed-offset baseline (offset d in -3..2)")
+    # a table that did not record the paired difference: the difference itself is still accuracy - baseline, and
+    # its interval the head's own interval's ends minus the baseline (best_heads' margin does the same)
+    difference = best["vs_baseline"].fillna(best["accuracy"] - best["baseline"])
+    high = best["vs_baseline_high"].fillna(best["ci_high"] - best["baseline"])
+    table = pd.DataFrame({
+        "model": best["model"], "relation": best["relation"], "direction": best["direction"], "label": best["label"],
+        "accuracy": best["accuracy"], "ci_low": best["ci_low"], "ci_high": best["ci_high"],
+        "dependents": best["count"].astype(int), "baseline": best["baseline"],
+        "baseline_offset": best["baseline_offset"].map(offset_text), "vs_baseline": difference,
+        "vs_low": best["margin"], "vs_high": high, "beats": best["beats"], "no claim": best["unsupported"]})
+    return (table.to_string(index=False, float_format=lambda v: f"{v:.3f}") + "\n"
+            + footer(table.columns, {"ci_low": "low end of the accuracy's 95% interval", "ci_high": "its high end"}))

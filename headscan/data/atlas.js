@@ -512,21 +512,42 @@ function exampleSvg(model, example, index) {
   return s + "</svg>";
 }
 
+// A head's panel reads in one screen: a table of more than SHORT rows folds into a <details> under its name and
+// row count, except that one whose rows rank (syntax, by accuracy above the baseline) shows its PREVIEW best first.
+var SHORT = 3, PREVIEW = 5;
+
 function otherRows(model, index) {
   var out = "";
   (model.other || []).forEach(function (t) {
     var rows = [];
     t.at.forEach(function (at, i) { if (at === index) rows.push(i); });
     if (!rows.length) return;
-    out += "<h4>" + esc(t.table) + "</h4><table class=\"atlas-scores\"><thead><tr>" +
-      t.keys.map(function (k) { return "<th>" + esc(k) + "</th>"; }).join("") +
-      '<th class="num">value</th>' + (t.low ? '<th class="num">95% interval</th>' : "") +
-      "</tr></thead><tbody>" +
-      rows.map(function (i) {  // a table without intervals (similarity) has no interval column
-        return "<tr>" + t.cells[t.key[i]].map(function (k) { return "<td>" + esc(k) + "</td>"; }).join("") +
-          '<td class="num">' + fmt(t.value[i]) + "</td>" +
-          (t.low ? '<td class="num">' + interval(t.low[i], t.high[i]) + "</td>" : "") + "</tr>";
-      }).join("") + "</tbody></table>";
+    function table(list, sortable) {
+      return '<table class="atlas-scores' + (sortable ? " sortable" : "") + '"><thead><tr>' +
+        t.keys.map(function (k) { return "<th>" + esc(k) + "</th>"; }).join("") +
+        '<th class="num">value</th>' + (t.low ? '<th class="num">95% interval</th>' : "") +
+        "</tr></thead><tbody>" +
+        list.map(function (i) {  // a table without intervals (similarity) has no interval column
+          return "<tr>" + t.cells[t.key[i]].map(function (k) { return "<td>" + esc(k) + "</td>"; }).join("") +
+            '<td class="num">' + fmt(t.value[i]) + "</td>" +
+            (t.low ? '<td class="num">' + interval(t.low[i], t.high[i]) + "</td>" : "") + "</tr>";
+        }).join("") + "</tbody></table>";
+    }
+    var title = '<h4 class="atlas-other">' + esc(t.table) + "</h4>";
+    if (rows.length <= SHORT || (t.best && rows.length <= PREVIEW + 1)) {  // folding a row or two saves nothing
+      out += title + table(rows, false);
+    } else if (t.best) {
+      var first = rows.slice().sort(function (a, b) {
+        var x = t.best[a] === null ? -Infinity : t.best[a], y = t.best[b] === null ? -Infinity : t.best[b];
+        return y - x || a - b;
+      });
+      out += title + '<p class="muted atlas-small">The ' + PREVIEW + " of highest " + esc(t.best_is) + " of its " +
+        rows.length + " rows:</p>" + table(first.slice(0, PREVIEW), false) + '<details class="atlas-more"><summary>all ' +
+        rows.length + " rows of " + esc(t.table) + "</summary>" + table(rows, true) + "</details>";
+    } else {
+      out += '<details class="atlas-more"><summary>' + title + ' <span class="muted">' + rows.length + " rows</span>" +
+        "</summary>" + table(rows, true) + "</details>";
+    }
   });
   return out;
 }
@@ -561,31 +582,40 @@ function openPanel(m, index) {
   }).join("") : '<span class="muted">no role by the rules below the atlas</span>') + "</p>";
   s += '<table class="atlas-scores"><thead><tr><th>metric</th><th class="num">value</th><th class="num">95% interval</th>' +
     '<th class="num">chance</th><th class="num">rank</th><th>no claim</th></tr></thead><tbody>';
+  var undefinedHere = [];  // said in one line under the table, not a row of dashes each
   D.metrics.forEach(function (info) {
     var scores = model.metrics[info.name];
     if (!scores) return;
     var value = scores.value[index], rank = scores.rank[index];
+    if (value === null) {
+      undefinedHere.push(info.name);
+      return;
+    }
     s += '<tr data-metric="' + esc(info.name) + '"' + (info.name === state.metric ? ' class="current"' : "") + "><td>" +
       esc(info.name) + '</td><td class="num value" data-value="' + (value === null ? "" : value) + '">' +
       fmt(value, info.name) + (isThin(scores, index) ? ' <span class="atlas-thin" title="thin support">\u2021</span>' : "") +
       '</td><td class="num">' + interval(scores.low[index], scores.high[index], info.name) + '</td><td class="num chance">' +
       fmt(scores.chance ? scores.chance[index] : null, info.name) + '</td><td class="num"' +
-      ' title="' + esc(info.striking) + ' first">' + (rank === null ? "\u2013" : rank + " of " + scores.of +
-      ' <span class="muted">' + (info.striking === "lowest" ? "low" : "high") + "</span>") + '</td><td class="muted">' +
-      esc(value === null ? "" : unsupported(scores, index)) + "</td></tr>";
+      ' title="' + esc(info.striking) + ' first">' + (rank === null ? "\u2013" : rank + " of " + scores.of) +
+      '</td><td class="muted atlas-noclaim">' + esc(unsupported(scores, index)) + "</td></tr>";
   });
   s += "</tbody></table>";
-  s += '<p class="muted atlas-small">Rank 1 is the most striking head of the model: the highest value, or the lowest ' +
-    "where low is striking (entropy: the most focused head). Chance: the value of uniform attention over the keys " +
-    "each query sees, on the same queries. No claim: why the value cannot carry one (its interval is thin, or does " +
-    "not lie beyond chance on the striking side). \u2021: thin support.</p>";
+  if (undefinedHere.length) {
+    s += '<p class="muted atlas-small">Undefined for this head (no query counts for it): ' +
+      undefinedHere.map(esc).join(", ") + ".</p>";
+  }
+  s += '<p class="muted atlas-small">Rank 1: the model\'s highest value, or its lowest where low is striking (' +
+    D.metrics.filter(function (m) { return m.striking === "lowest"; }).map(function (m) { return esc(m.name); })
+      .join(", ") + "). Chance: uniform attention over the keys each query sees, on the same queries. No claim: why " +
+    "the value cannot carry one (thin, or not beyond chance on the striking side). \u2021: thin support.</p>";
   if (model.importance) s += '<p class="muted atlas-small">' + esc(model.importance) + "</p>";
   s += corpusExamples(model, index);
   var controls = (D.controls || {})[model.name] || [];
   controls.forEach(function (name) {
     var other = D.models.filter(function (x) { return x.name === name; })[0];
     if (!other || other.heads !== model.heads || other.layers !== model.layers) return;
-    s += "<h4>Beside its control: " + named(name) + '</h4><table class="atlas-scores atlas-control"><thead><tr><th>metric</th>' +
+    s += '<details class="atlas-more"><summary><h4>Beside its control: ' + named(name) + "</h4></summary>" +
+      '<table class="atlas-scores atlas-control"><thead><tr><th>metric</th>' +
       '<th class="num">' + named(model.name) + '</th><th class="num">control</th><th class="num">chance</th></tr></thead><tbody>';
     D.metrics.forEach(function (info) {
       var mine = model.metrics[info.name], theirs = other.metrics[info.name];
@@ -595,7 +625,7 @@ function openPanel(m, index) {
           ' <span class="muted" title="' + esc(unsupported(theirs, index)) + '">(no claim)</span>' : "") +
         '</td><td class="num">' + fmt(theirs.chance ? theirs.chance[index] : null, info.name) + "</td></tr>";
     });
-    s += "</tbody></table>";
+    s += "</tbody></table></details>";
   });
   var widest = 0;
   if (model.offsets) {
@@ -609,15 +639,17 @@ function openPanel(m, index) {
     (model.offsets && widest < 0.01 ? " (here at most " + widest.toFixed(3) + " wide: thinner than the line)" : "") +
     ".</p>";
   s += otherRows(model, index);
-  (model.examples || []).forEach(function (example, k) {
-    s += "<h4>Attention on " + esc(example.title || "example " + (k + 1)) + "</h4>" +
+  (model.examples || []).forEach(function (example, k) {  // folded: a grid as tall as the panel's scores
+    s += '<details class="atlas-more atlas-example-attention"><summary><h4>Attention on ' +
+      esc(example.title || "example " + (k + 1)) + "</h4></summary>" +
       '<p class="muted atlas-small">\u201c' + named(example.text) + "\u201d: rows are queries, columns the keys they attend to.</p>" +
-      '<div class="atlas-scroll">' + exampleSvg(model, example, index) + "</div>";
+      '<div class="atlas-scroll">' + exampleSvg(model, example, index) + "</div></details>";
   });
   if (!(model.examples || []).length) {
     s += '<p class="muted atlas-small">No example attention: the report was made without loading the models.</p>';
   }
   panel.innerHTML = s;
+  panel.querySelectorAll("table.sortable").forEach(sortable);
   panel.hidden = false;
   panel.querySelector(".atlas-close").addEventListener("click", closePanel);
 }

@@ -38,11 +38,11 @@ function corpusExamples(model, index) {
       '</td><td class="atlas-unit-text" title="' + esc(text) + '">' + named(shown) + "</td></tr>";
   });
   s += "</tbody></table>";
-  return s + '<p class="muted atlas-small">The units of the corpus (as the bootstrap resampled them) where this head ' +
-    "scores highest and lowest on " + esc(metric) + ": each unit's own value over its queries that count" +
-    (scores ? "; over the whole corpus it is " + fmt(scores.value[index], metric) : "") + ". The sweep keeps each " +
-    "example's text and value, not the head's attention on it" + ((model.examples || []).length ?
-      ": the attention drawn below is on the fixed example sentences." : ".") +
+  return s + '<p class="muted atlas-small">The units the bootstrap resampled where it scores highest and lowest on ' +
+    esc(metric) + ", each unit's own value" +
+    (scores ? " (the whole corpus: " + fmt(scores.value[index], metric) + ")" : "") + ". The sweep keeps their " +
+    "text and value, not the head's attention on it" + ((model.examples || []).length ?
+      ": the attention below is on fixed example sentences." : ".") +
     (ex.metrics[state.metric] ? "" : " The grids are coloured by a metric without examples, so these are for the " +
       "metric this head ranks best on.") + "</p>";
 }

@@ -28,6 +28,8 @@ This module does not run models or read corpora; see `headscan.scan`.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .batch import AttentionBatch, mean_over_queries, offset_range
@@ -204,8 +206,18 @@ def _entropy_norm_chance(batch: AttentionBatch):
     return mean_over_queries(normalised, batch.query_mask & (n_visible >= 2))[0]
 
 
+def _most_entropy(keys: int) -> float:
+    """ln keys: uniform attention's entropy over every key, the most any attention over `keys` keys has."""
+    return math.log(keys)
+
+
+def _farthest(keys: int) -> float:
+    """keys - 1: no key of a segment of `keys` tokens lies further than that from a query."""
+    return keys - 1.0
+
+
 @register("entropy", unit="nats", bounded=False, striking="low", chance=_entropy_chance, null="controls",
-          null_why=_ENTROPY_NULL)
+          null_why=_ENTROPY_NULL, ceiling=_most_entropy)
 def entropy(batch: AttentionBatch):
     """Mean over real queries of the entropy -sum_k A[q, k] log A[q, k] of the query's attention, in nats.
 
@@ -233,7 +245,7 @@ def _distance_chance(batch: AttentionBatch):
     return mean_over_queries(batch.null.distance(), batch.query_mask)[0]
 
 
-@register("distance", unit="tokens", bounded=False, chance=_distance_chance, null="controls",
+@register("distance", unit="tokens", bounded=False, chance=_distance_chance, null="controls", ceiling=_farthest,
           null_why="far keys are where sink heads (first_token) look, whatever they learned, and a random head's "
                    "mean distance spreads around uniform attention's: only untrained heads say what no learning gives")
 def distance(batch: AttentionBatch):
@@ -373,7 +385,7 @@ def _distance_by_position_chance(batch: AttentionBatch):
     return _by_bucket(batch.null.distance(skip_first=True), batch.query_mask, batch)[0]
 
 
-@register("distance_by_position", table="positions", unit="tokens", bounded=False,
+@register("distance_by_position", table="positions", unit="tokens", bounded=False, ceiling=_farthest,
           axis=Axis(("bucket",), _bucket_axis), chance=_distance_by_position_chance, null="controls")
 def distance_by_position(batch: AttentionBatch):
     """distance by query position, the first token left out: for each bucket b, the mean over real queries q in

@@ -73,10 +73,23 @@ class Metric:
     # Where a metric defined outside headscan came from (`headscan.metrics.custom`): its module or function and
     # the sha256 of its text, for run.json and the fingerprint; None for headscan's own.
     origin: dict | None = None
+    # The largest value it can take when no query sees more than `keys` keys, for a metric whose range grows with
+    # the context (entropy: ln keys nats); None where `bounded` and `signed` say all there is.
+    ceiling: Callable[[int], float] | None = None
 
-    def bounds(self) -> tuple[float, float]:
-        """The range its values lie in, into which its intervals are clipped: (0, 1), (0, inf) or (-inf, inf)."""
-        return (-np.inf if self.signed else 0.0, 1.0 if self.bounded else np.inf)
+    def bounds(self, keys: int | None = None) -> tuple[float, float]:
+        """The range its values lie in, into which its intervals are clipped: (0, 1), (0, inf) or (-inf, inf);
+        given `keys`, the most keys any query saw (a sweep's max_len), the top is `ceiling` of it where it has one.
+
+        >>> get_metric("entropy").bounds(), get_metric("entropy").bounds(keys=128)  # ln 128
+        ((0.0, inf), (0.0, 4.852030263919617))
+        >>> get_metric("prev_token").bounds(keys=128), get_metric("dla").bounds(keys=128)
+        ((0.0, 1.0), (-inf, inf))
+        """
+        high = 1.0 if self.bounded else np.inf
+        if keys is not None and self.ceiling is not None:
+            high = min(high, float(self.ceiling(keys)))
+        return (-np.inf if self.signed else 0.0, high)
 
     def ranks_high(self) -> bool:
         return self.striking == "high"
@@ -122,6 +135,7 @@ def register(
     null: str = "uniform",
     null_why: str = "",
     origin: dict | None = None,
+    ceiling: Callable[[int], float] | None = None,
 ):
     """Register a metric function under `name`; its docstring becomes its definition.
 
@@ -133,7 +147,9 @@ def register(
 
     `sparse` marks a metric whose queries the text's content picks (a repeated token), so that a few rare units
     can hold most of its sum (`headscan.intervals.thin`); `signed` one whose values can be negative (else its
-    intervals are clipped at 0, and at 1 where `bounded`).
+    intervals are clipped at 0, and at 1 where `bounded`); `ceiling`, for a metric whose largest value grows with
+    the number of keys a query sees, gives that value for a number of keys (`Metric.bounds`): the intervals of a
+    sweep whose segments hold at most max_len tokens are clipped there.
 
     `null` says what its findings are tested against when a run has no random-init controls: "uniform" (the
     row's chance, right for a mean of attention weights) or "controls" (nothing but untrained heads can say, so
@@ -172,7 +188,7 @@ def register(
             raise MetricError(f"metric {name!r}: its chance function has no docstring; say how chance is defined")
         METRICS[name] = Metric(name, function, definition, table, unit, bounded, striking, dict(structural or {}), axis,
                                tuple(needs), chance, chance_definition, bool(sparse), bool(signed), null,
-                               null_why or DEFAULT_NULL_WHY[null], origin)
+                               null_why or DEFAULT_NULL_WHY[null], origin, ceiling)
         return function
 
     return decorate

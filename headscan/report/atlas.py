@@ -252,7 +252,8 @@ def _other_rows(comparison: Comparison, name: str, n_heads: int) -> list[dict]:
 
     Column by column, as the tables are: row i is head ``at[i]``, its key cells ``cells[key[i]]`` (each distinct
     combination written once) and ``value[i]`` [``low[i]``, ``high[i]``] (no ``low`` and ``high`` where the
-    table has no interval). Rows of dicts repeated every name and key cell, most of the atlas's size."""
+    table has no interval). Rows of dicts repeated every name and key cell, most of the atlas's size. syntax has
+    ``best[i]``, accuracy minus the baseline, which orders the rows the panel shows before it folds the rest."""
     out = []
     for table, frame in comparison.frames.items():
         # colours of the grid; one row per trial; one row per unit, which says nothing without its text (the
@@ -280,6 +281,8 @@ def _other_rows(comparison: Comparison, name: str, n_heads: int) -> list[dict]:
                 "value": [_num(v) for v in part["value"]]}
         if low.notna().any() or high.notna().any():  # similarity's tables have no interval: no lists of nulls
             rows.update(low=[_num(v) for v in low], high=[_num(v) for v in high])
+        if table == "syntax" and "baseline" in part:  # the panel shows a head's best relations first
+            rows.update(best=[_num(v) for v in part["value"] - part["baseline"]], best_is="accuracy above the baseline")
         out.append(rows)
     return out
 

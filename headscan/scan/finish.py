@@ -54,6 +54,10 @@ def finish(state: PartialState, config: SweepConfig) -> dict[str, pd.DataFrame]:
     bounds = np.array([metric.bounds() for metric, _, _ in columns]).reshape(-1, 2).T  # (2, column)
     sparse = np.array([metric.sparse for metric, _, _ in columns], dtype=bool)
     values = state.values(config.interval, bounds=(bounds[0], bounds[1]), sparse=sparse)  # (layer, head, column)
+    # and under the most a metric can be when no query sees more than max_len keys (entropy: ln max_len nats):
+    # after `thin` has read the intervals against the metric's own bounds, so that its calibration stands
+    ceiling = np.array([metric.bounds(keys=config.max_len)[1] for metric, _, _ in columns])  # (column,)
+    values |= {end: np.minimum(values[end], ceiling) for end in ("ci_low", "ci_high", "joint_low", "joint_high")}
     n_layers, n_heads, _ = state.sums.shape
     layer, head = np.meshgrid(np.arange(n_layers), np.arange(n_heads), indexing="ij")  # (layer, head)
     group = n_heads // (model.n_kv_heads or n_heads)

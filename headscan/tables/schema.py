@@ -22,7 +22,7 @@ import pandas as pd
 from ..errors import TablesError
 
 __all__ = ["HEAD_COLUMNS", "MODEL_COLUMNS", "VALUE_COLUMNS", "ADDED_LATER", "FINDING_EXTRA", "Table", "TABLES", "register_table", "tables_markdown",
-           "head_label", "head_columns"]
+           "head_label", "head_columns", "column_notes"]
 
 # The columns every table starts with: which head a row is about. Column name -> pandas dtype.
 HEAD_COLUMNS: dict[str, str] = {
@@ -268,6 +268,16 @@ def tables_markdown() -> str:
     lines.append("")
     lines.append("Value columns: " + "; ".join(f"`{c}` ({comments.get(c, '')})" for c in VALUE_COLUMNS) + ".")
     return "\n".join(lines) + "\n"
+
+
+def column_notes() -> dict[str, str]:
+    """What each shared column (`HEAD_COLUMNS`, `VALUE_COLUMNS`, `FINDING_EXTRA`) holds, by name: its trailing
+    comment in this module, the one description that docs/tables.md and ``headscan show``'s footers read.
+
+    >>> column_notes()["units"]
+    'bootstrap units (segments or documents) with count > 0: how many the value rests on'
+    """
+    return _column_comments()
 
 
 def _column_comments() -> dict[str, str]:

@@ -10,7 +10,16 @@ import numpy as np
 import pandas as pd
 
 from ...analysis import movement, positions
-from ...analysis.ranking import WIDE_CI, fmt_bucket, fmt_score, striking_order, top_heads, top_rows
+from ...analysis.ranking import (
+    WIDE_CI,
+    fmt_bucket,
+    fmt_score,
+    striking_order,
+    thin_note,
+    thin_passed,
+    top_heads,
+    top_rows,
+)
 from ...analysis.runs import Comparison
 from ...intervals import MIN_EFFECTIVE_UNITS, MIN_SPARSE_EVENNESS, MIN_VARIANCE_DF, THIN_MAX_SHARE, THIN_MIN_UNITS
 from ...metrics import METRICS
@@ -39,8 +48,11 @@ def _ranked(comparison: Comparison) -> list[str]:
 
 def _top_table(comparison: Comparison, metric: str, n: int) -> Table:
     """One metric's top heads, model by model: value, interval ends and chance in columns of their own, so they
-    sort; why a head carries no claim ("at chance", "thin support"); each control's value for the same head."""
-    top = top_heads(comparison.heads, metric=metric, n=n)
+    sort; why a head carries no claim ("at chance", "thin support"); each control's value for the same head. Heads
+    on thin support rank after the supported ones, and the note names those that their value alone would rank
+    among the `n`."""
+    top = top_heads(comparison.heads, metric=metric, n=n, thin_last=True)
+    passed = thin_passed(comparison.heads, metric=metric, n=n)
     controls = comparison.control_map()
     kinds = {c: _control_kind(comparison, c) for names in controls.values() for c in names}
     heads = comparison.heads[comparison.heads["metric"] == metric].set_index(["model", "layer", "head"])
@@ -65,6 +77,8 @@ def _top_table(comparison: Comparison, metric: str, n: int) -> Table:
             same = "undefined" if values.empty else fmt_score(metric, values.iloc[0])
             reason = structural(comparison, m.name, metric)
             notes.append(f"{m.name}: {same} for every head" + (f"; {reason}." if reason else "."))
+        if m.name in passed:
+            notes.append(thin_note(m.name, metric, passed[m.name]))
     columns = ["model", "rank", "head", "value", "95% low", "95% high", "all heads, low", "all heads, high", "chance",
                *dict.fromkeys(kinds.values()), "no claim", "mark"]
     frame = pd.DataFrame(rows, columns=columns).fillna("")
@@ -105,7 +119,9 @@ def top_section(comparison: Comparison, top: int) -> list:
         Heading(2, "Top heads"),
         Text(f"The {top} most striking heads of each metric in each model: label, value and, where the sweep "
              f"bootstrapped it, the ends of the 95% interval, and chance, the value of uniform attention over the "
-             f"keys each query sees on the same queries. {order}. A head listed here is not a finding unless its "
+             f"keys each query sees on the same queries. {order}; but a head on thin support (‡) ranks after every "
+             "supported head whatever its value, and a line under its table names those whose value alone would "
+             "have ranked them higher. A head listed here is not a finding unless its "
              "value may carry a claim: \u201cno claim\u201d says why not (at chance: its interval holds chance; "
              "thin support). Where a model has a control, its value for the same head stands beside it. Click a "
              "column's heading to sort by it."),
