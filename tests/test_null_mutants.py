@@ -119,3 +119,15 @@ def test_a_pattern_that_looks_ahead_or_both_ways_equals_a_plain_loop(arch, tiny_
         np.testing.assert_allclose(rows["sum"].to_numpy().reshape(sums.shape), sums, atol=1e-5 * count,
                                    err_msg=metric)
     assert isinstance(tables.heads, pd.DataFrame)
+
+
+def test_an_interval_clipped_at_both_ends_is_no_evidence():
+    """A thin share whose interval was clipped to [0, 1]: its wider half says nothing of how wide it was, so its
+    p-value is 1, not the small one a t-test on half of [0, 1] would give (it stays in the family, untested)."""
+    from headscan.metrics.nulls import add_findings
+
+    rows = pd.DataFrame({"model": "m", "layer": 0, "head": [0, 1], "metric": "first_token", "value": [0.994, 0.9],
+                         "ci_low": [0.0, 0.88], "ci_high": [1.0, 0.92], "variance_df": 2.6, "chance": 0.05,
+                         "units": 80.0, "thin": [True, False]})
+    out, _ = add_findings({"heads": rows})
+    assert out["heads"]["p_value"].iloc[0] == 1.0 and out["heads"]["p_value"].iloc[1] < 0.01

@@ -150,8 +150,12 @@ def _tested(table: str, rows: pd.DataFrame, controls: pd.DataFrame | None, *, un
         mean = sample["mean"].to_numpy(dtype=np.float64)
         predictive = np.where(has & (units > 1), t_p_value(value, spread, units - 1, mean, side=side), np.nan)
     p = np.fmax(t_p_value(value, se, df, low, high, side=side), predictive)  # fmax: NaN where there is no sample
+    # an interval clipped at both ends of the metric's range spans all it can be: its half-width no longer says how
+    # wide it was, so it is no evidence either way (p = 1), never a small p read off a clipped half
+    whole_range = (ci_low <= bounds[0]) & (ci_high >= bounds[1])
+    p = np.where(whole_range & ~np.isnan(p), 1.0, p)
     # the same test on the interval as the bootstrap gave it: how many rows calibration keeps from being findings
-    raw = np.fmax(t_p_value(value, raw_se, df, low, high, side=side), predictive)
+    raw = np.where(whole_range & ~np.isnan(p), 1.0, np.fmax(t_p_value(value, raw_se, df, low, high, side=side), predictive))
     if table == "syntax":  # and beyond the best fixed offset on the same words (a paired interval)
         delta, d_low, d_high = (_column(rows, c) for c in ("vs_baseline", "vs_baseline_low", "vs_baseline_high"))
         # a paired difference's coverage was never measured: the widest family's factor at this size
