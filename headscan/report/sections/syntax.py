@@ -125,9 +125,10 @@ def syntax_section(comparison: Comparison, palette: dict, pngs: Pngs) -> list:
                    "not widened for the choice; and the baseline is itself the best of six offsets on these words.")
     blocks.append(Figures([name], "Per relation (most dependents first, `all` left of the dotted line), each "
                                   "model's most accurate head with its 95% interval, against the best fixed offset "
-                                  "(the light bar, its offset d written at its foot), one panel per direction. A "
-                                  "filled point beats the baseline (its paired difference's interval lies above 0); "
-                                  "a hollow one does not. Each point is labelled with its head."))
+                                  "(the light bar, cross-fitted, the offset d best on the whole corpus written at its "
+                                  "foot), one panel per direction. A filled point beats the baseline (its "
+                                  "cross-fitted paired difference's interval lies above 0, where the table records "
+                                  "it); a hollow one does not. Each point is labelled with its head."))
     blocks.append(Text(f"{len(beats)} of {len(best)} best heads {'beats' if len(beats) == 1 else 'beat'} the best "
                        "fixed offset beyond their 95% interval "
                        f"({rule}); {len(found)} of these "
