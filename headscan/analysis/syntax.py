@@ -190,20 +190,7 @@ def best_heads(syntax: pd.DataFrame, *, relations=None, min_share: float = MIN_S
     best = best.assign(_r=best["relation"].map(rank), _d=best["direction"].map(lambda d: way.get(d, len(way))),
                        _m=best["model"].map(models))
     best = best.sort_values(["_r", "_d", "_m"], kind="stable")
-    def floats(name: str, frame: pd.DataFrame = best) -> pd.Series:
-        return frame[name].astype(float) if name in frame.columns else pd.Series(np.nan, index=frame.index, dtype=float)
-
-    # the cross-fitted comparison of the best head (head and offset chosen on the other half of the units) where
-    # recorded; a table written before headscan cross-fitted holds only the named head's own, chosen in sample
-    held_out = floats("best_vs_baseline").notna()
-    row = {c: floats(c) for c in ("vs_baseline", "vs_baseline_low", "vs_baseline_high")}
-    recorded = floats("vs_baseline_in_sample").notna()
-    paired = {c: floats(f"best_{c}").where(held_out, row[c].where(~recorded)) for c in row}
-    in_sample = {f"{c}_in_sample{end}": floats(f"{c}_in_sample{end}").where(recorded, floats(f"{c}{end}"))
-                 for c, end in (("baseline", ""), ("vs_baseline", ""), ("vs_baseline", "_low"), ("vs_baseline", "_high"))}
-    # the paired interval's low end where recorded; an older table's best guess, the head's own interval's
-    margin = paired["vs_baseline_low"].where(paired["vs_baseline_low"].notna() | recorded,
-                                             (best["ci_low"] - best["baseline"]).astype(float))
+    paired, in_sample, margin, held_out = _comparison(best)
     out = pd.DataFrame({
         "model": best["model"].astype(str), "relation": best["relation"].astype(str),
         "direction": best["direction"].astype(str), "visible": best["visible"].astype(bool),
@@ -219,10 +206,33 @@ def best_heads(syntax: pd.DataFrame, *, relations=None, min_share: float = MIN_S
         **paired, "margin": margin, "beats": (margin > 0).fillna(False).astype(bool), "thin": best["thin"].astype(bool),
         "chance": best["chance"].astype(float) if "chance" in best.columns else np.nan,
         "unsupported": why_not(best) if len(best) else pd.Series(dtype=object),
-        "held_out": held_out.astype(bool), "accuracy_held_out": floats("best_held_out"),
+        "held_out": held_out.astype(bool), "accuracy_held_out": _floats(best, "best_held_out"),
         "halves": _halves(syntax, best), **in_sample,
     })
     return out[BEST_COLUMNS].reset_index(drop=True)
+
+
+def _floats(frame: pd.DataFrame, name: str) -> pd.Series:
+    """`frame`'s column as floats, NaN where the table does not record it."""
+    return frame[name].astype(float) if name in frame.columns else pd.Series(np.nan, index=frame.index, dtype=float)
+
+
+def _comparison(best: pd.DataFrame):
+    """The best rows' comparison with the baseline: the paired difference and interval the verdict rests on, the
+    in-sample one, the margin and whether the first is held out.
+
+    The cross-fitted comparison of the best head (head and offset chosen on the other half of the units) where
+    recorded; a table written before headscan cross-fitted holds only the named head's own, chosen in sample."""
+    held_out = _floats(best, "best_vs_baseline").notna()
+    row = {c: _floats(best, c) for c in ("vs_baseline", "vs_baseline_low", "vs_baseline_high")}
+    recorded = _floats(best, "vs_baseline_in_sample").notna()
+    paired = {c: _floats(best, f"best_{c}").where(held_out, row[c].where(~recorded)) for c in row}
+    in_sample = {f"{c}_in_sample{end}": _floats(best, f"{c}_in_sample{end}").where(recorded, _floats(best, f"{c}{end}"))
+                 for c, end in (("baseline", ""), ("vs_baseline", ""), ("vs_baseline", "_low"), ("vs_baseline", "_high"))}
+    # the paired interval's low end where recorded; an older table's best guess, the head's own interval's
+    margin = paired["vs_baseline_low"].where(paired["vs_baseline_low"].notna() | recorded,
+                                             (best["ci_low"] - best["baseline"]).astype(float))
+    return paired, in_sample, margin, held_out
 
 
 def _halves(syntax: pd.DataFrame, best: pd.DataFrame) -> pd.Series:
