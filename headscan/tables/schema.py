@@ -54,6 +54,17 @@ VALUE_COLUMNS: dict[str, str] = {
 
 # Columns a table written by an older headscan may lack; they read back as NaN or <NA> ("not recorded").
 ADDED_LATER = ("units", "top_unit_share", "chance", "n_eff", "variance_df", "thin")
+# Extra columns of one table that its older files may lack; read back as NaN ("not recorded") like ADDED_LATER.
+EXTRA_ADDED_LATER = ("vs_baseline", "vs_baseline_low", "vs_baseline_high", "null_kind", "null_low", "null_high",
+                     "p_value", "q_value", "finding", "joint_low", "joint_high")
+# The verdict columns of the tables findings are made from (`headscan.metrics.nulls`): the row's null, its range,
+# its one-sided p-value against it, its q-value over the model's family, and whether it is a finding.
+FINDING_EXTRA = {"null_kind": "string", "null_low": "float64", "null_high": "float64", "p_value": "float64",
+                 "q_value": "float64", "finding": "boolean",
+                 # the 95% interval that holds for every head of the model at once on this metric and key (max-t):
+                 # what a head picked as the top may claim (headscan.intervals.joint_interval)
+                 "joint_low": "float64", "joint_high": "float64"}
+
 # The syntax table's in-sample comparison with the baseline and its cross-fit's choices
 # (`headscan.scan.passes.baseline`): read back as NaN from tables written before headscan kept them.
 SYNTAX_CROSS_FIT = {"baseline_offset_even": "Int64", "baseline_offset_odd": "Int64",
@@ -62,16 +73,7 @@ SYNTAX_CROSS_FIT = {"baseline_offset_even": "Int64", "baseline_offset_odd": "Int
                     "best_even": "boolean", "best_odd": "boolean", "best_held_out": "float64",
                     "best_vs_baseline": "float64", "best_vs_baseline_low": "float64",
                     "best_vs_baseline_high": "float64"}
-# Extra columns of one table that its older files may lack; read back as NaN ("not recorded") like ADDED_LATER.
-EXTRA_ADDED_LATER = ("vs_baseline", "vs_baseline_low", "vs_baseline_high", "null_kind", "null_low", "null_high",
-                     "p_value", "q_value", "finding", "joint_low", "joint_high", *SYNTAX_CROSS_FIT)
-# The verdict columns of the tables findings are made from (`headscan.metrics.nulls`): the row's null, its range,
-# its one-sided p-value against it, its q-value over the model's family, and whether it is a finding.
-FINDING_EXTRA = {"null_kind": "string", "null_low": "float64", "null_high": "float64", "p_value": "float64",
-                 "q_value": "float64", "finding": "boolean",
-                 # the 95% interval that holds for every head of the model at once on this metric and key (max-t):
-                 # what a head picked as the top may claim (headscan.intervals.joint_interval)
-                 "joint_low": "float64", "joint_high": "float64"}
+EXTRA_ADDED_LATER += tuple(SYNTAX_CROSS_FIT)
 
 
 @dataclass(frozen=True)
