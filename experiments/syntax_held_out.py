@@ -14,7 +14,7 @@ the dev findings held out and, for comparison, in sample (the verdicts made agai
 headscan made them before it cross-fitted), and re-estimates each on test. Power and curse apart: a held-out dev
 estimate free of the curse should be about as large as the test one on average; an in-sample one larger.
 
-    python experiments/syntax_held_out.py                   # minilm: EWT dev -> test (320 sentences, and all)
+    python experiments/syntax_held_out.py                   # minilm (5 controls): EWT dev -> test (320, all)
     python experiments/syntax_held_out.py --test-limit 320  # only the 320 sentences
 
 Writes ``reports/experiments/syntax_held_out/``: ``findings.csv`` (per relation and direction that is a dev
@@ -56,6 +56,9 @@ def parse(argv):
     parser.add_argument("--test", default=None, help="the CoNLL-U file they are re-estimated on (default: EWT test)")
     parser.add_argument("--test-limit", type=int, action="append",
                         help="sentences of test (repeatable; default: 320 and the whole file)")
+    parser.add_argument("--control-seeds", type=int, default=5,
+                        help="random-init controls of the dev sweep, the findings' null (default 5, as the committed "
+                             "ewt-dev run; 0: none)")
     parser.add_argument("--max-len", type=int, default=128)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", default=None, help="default: reports/experiments/syntax_held_out")
@@ -110,10 +113,15 @@ def main(argv=None) -> int:
     limits = args.test_limit or [320, None]
     config = headscan.SweepConfig(device=args.device, max_len=args.max_len, examples=0)
     started = time.perf_counter()
-    tables, _, dev_corpus = swept(args.model, dev, dataclasses.replace(config, limit=args.dev_limit))
+    # the dev sweep with its random-init controls, the findings' null (models of their own in the tables)
+    controls = {"control": ("random-init",), "control_seeds": args.control_seeds} if args.control_seeds else {}
+    tables = headscan.sweep(args.model, dev, config=dataclasses.replace(config, limit=args.dev_limit, **controls))
+    dev_corpus = read_corpus(dev, limit=args.dev_limit)
     dev_seconds = time.perf_counter() - started
     best = best_heads(tables["syntax"])
+    best = best[best["model"] == args.model].reset_index(drop=True)
     old = in_sample_best(tables)
+    old = old[old["model"] == args.model].reset_index(drop=True)
     keys = ["model", "relation", "direction"]
     verdicts = old[keys].assign(finding_in_sample=findings(old).to_numpy())
     table = best.assign(finding_held_out=findings(best).to_numpy()).merge(verdicts, on=keys, how="left",
@@ -184,7 +192,8 @@ def _bias(result: pd.DataFrame, name: str) -> str:
 def write_readme(out: Path, result: pd.DataFrame, samples, timings, dev, test, dev_corpus, args) -> None:
     lines = ["# Syntax findings held out: EWT dev -> EWT test", "",
              f"`{args.model}` swept over `{corpus_name(dev)}` ({len(dev_corpus.segments)} sentences, "
-             f"{np.unique(dev_corpus.segment_documents).size} documents) and `{corpus_name(test)}`, max_len "
+             f"{np.unique(dev_corpus.segment_documents).size} documents; with {args.control_seeds} random-init "
+             f"controls, the findings' null) and `{corpus_name(test)}`, max_len "
              f"{args.max_len}, headscan's default settings otherwise; bootstrap unit: the document. A dev finding is a "
              "relation and direction whose best head beats the best fixed offset beyond its paired 95% interval and "
              "may carry a claim (the report's rule, `best_heads`): *held out*, by the cross-fitted difference (head "
@@ -206,7 +215,7 @@ def write_readme(out: Path, result: pd.DataFrame, samples, timings, dev, test, d
               "## Power or curse", ""]
     for name, *_ in samples:
         lines.append(f"- {name}: {_bias(result, name)}.")
-    split = result[result["finding_held_out"] & result["offset_halves"].str.contains("/")]
+    split = result[result["finding_held_out"] & result["offset_halves"].astype(str).str.contains("/")]
     if len(split):
         gap = 100 * (split["dev_vs"] - split["dev_vs_in_sample"]).mean()
         lines.append(f"- Where the halves chose different offsets ({', '.join(split['relation'] + ' ' + split['direction'])}), "
@@ -223,7 +232,7 @@ def write_readme(out: Path, result: pd.DataFrame, samples, timings, dev, test, d
               "its interval's low end; dev_vs_in_sample, dev_low_in_sample, the in-sample ones; per test sample, "
               "the head's accuracy, its paired difference from the offset with its interval, and kept (low > 0).",
               "", "Seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in timings.items()) + " (this machine, CPU).", "",
-              "    python experiments/syntax_held_out.py", ""]
+              f"    python experiments/syntax_held_out.py --control-seeds {args.control_seeds}", ""]
     (out / "README.md").write_text("\n".join(lines))
 
 

@@ -17,7 +17,7 @@ def test_syntax_held_out_on_the_same_sentences_finds_its_in_sample_differences(m
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     rc = script.main(["--dev", str(ewt_dev), "--dev-limit", "320", "--test", str(ewt_dev), "--test-limit", "320",
-                      "--out", str(tmp_path)])
+                      "--control-seeds", "1", "--out", str(tmp_path)])
     assert rc in (0, 1)
     found = pd.read_csv(tmp_path / "findings.csv")
     assert len(found) and found["finding_held_out"].any()
