@@ -192,8 +192,10 @@ def _bias(result: pd.DataFrame, name: str) -> str:
 def write_readme(out: Path, result: pd.DataFrame, samples, timings, dev, test, dev_corpus, args) -> None:
     lines = ["# Syntax findings held out: EWT dev -> EWT test", "",
              f"`{args.model}` swept over `{corpus_name(dev)}` ({len(dev_corpus.segments)} sentences, "
-             f"{np.unique(dev_corpus.segment_documents).size} documents; with {args.control_seeds} random-init "
-             f"controls, the findings' null) and `{corpus_name(test)}`, max_len "
+             f"{np.unique(dev_corpus.segment_documents).size} documents; "
+             + (f"with {args.control_seeds} random-init controls, the findings' null" if args.control_seeds else
+                "without random-init controls: the findings' null is the best offset alone")
+             + f") and `{corpus_name(test)}`, max_len "
              f"{args.max_len}, headscan's default settings otherwise; bootstrap unit: the document. A dev finding is a "
              "relation and direction whose best head beats the best fixed offset beyond its paired 95% interval and "
              "may carry a claim (the report's rule, `best_heads`): *held out*, by the cross-fitted difference (head "
