@@ -181,11 +181,17 @@ def test_the_sweeps_syntax_table_for_a_planted_previous_token_head_is_the_offset
     rows = syntax[(syntax["layer"] == layer) & (syntax["head"] == head) & (syntax["count"] > 0)]
     at_minus_one = rows[rows.baseline_offset == -1]
     assert {"all", "det", "amod", "compound"} <= set(at_minus_one.relation)
-    np.testing.assert_allclose(at_minus_one["value"], at_minus_one["baseline"], rtol=0, atol=1e-12)
-    assert (rows["value"] <= rows["baseline"] + 1e-12).all()
+    # in sample, the offset best on the whole corpus
+    np.testing.assert_allclose(at_minus_one["value"], at_minus_one["baseline_in_sample"], rtol=0, atol=1e-12)
+    assert (rows["value"] <= rows["baseline_in_sample"] + 1e-12).all()
+    # held out, where both halves chose -1 the cross-fitted baseline is the head too
+    both = rows[(rows.baseline_offset_even == -1) & (rows.baseline_offset_odd == -1)]
+    assert {"all", "det"} <= set(both.relation)
+    np.testing.assert_allclose(both["value"], both["baseline"], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(both["vs_baseline"], 0.0, rtol=0, atol=1e-12)
     random = [h for h in range(tables["heads"]["head"].max() + 1) if (layer, h) not in planted.values()]
     others = syntax[(syntax["layer"] == layer) & syntax["head"].isin(random) & (syntax.relation == "all")]
-    assert len(others) and ((others["value"] - others["baseline"]).abs() > 1e-3).all()
+    assert len(others) and ((others["value"] - others["baseline_in_sample"]).abs() > 1e-3).all()
     words = syntax[(syntax.relation == "all") & (syntax.direction == "dependent_to_head")]["count"]
     assert words.nunique() == 1 and words.iloc[0] > 500  # every head counts the same dependents
 
@@ -542,9 +548,10 @@ def test_a_bidirectional_models_visible_rows_are_its_plain_rows_without_the_root
 
 
 def test_the_paired_difference_with_the_baseline_equals_a_plain_loop_over_documents(tiny_bert, tmp_path):
-    """``vs_baseline`` is the head's accuracy minus its best offset's on the same dependents; its interval is the
-    delta method over documents: D +- 1.96 sqrt(n / (n - 1) sum_u (d_u - D c_u)^2) / C, clipped to [-1, 1],
-    with d_u the head's hits minus the offset's in document u. By loops over Hugging Face's attentions."""
+    """``vs_baseline_in_sample`` is the head's accuracy minus the offset best on the whole corpus, on the same
+    dependents; its interval is the delta method over documents: D +- 1.96 sqrt(n / (n - 1) sum_u (d_u - D c_u)^2)
+    / C, clipped to [-1, 1], with d_u the head's hits minus the offset's in document u. By loops over Hugging
+    Face's attentions (the cross-fitted ``vs_baseline``: tests/test_syntax_cross_fit.py)."""
     from conftest import treebank_corpus
     from transformers import AutoModel, AutoTokenizer
 
@@ -586,10 +593,10 @@ def test_the_paired_difference_with_the_baseline_equals_a_plain_loop_over_docume
         c = np.array([v[1] for v in per_unit.values()], dtype=float)
         mean = d.sum() / c.sum()
         se = math.sqrt(len(d) / (len(d) - 1) * ((d - mean * c) ** 2).sum()) / c.sum()
-        assert row.vs_baseline == pytest.approx(mean, abs=1e-12)
-        assert row.vs_baseline == pytest.approx(row.value - row.baseline, abs=1e-12)
-        assert row.vs_baseline_low == pytest.approx(max(-1.0, mean - 1.959963984540054 * se), abs=1e-9)
-        assert row.vs_baseline_high == pytest.approx(min(1.0, mean + 1.959963984540054 * se), abs=1e-9)
+        assert row.vs_baseline_in_sample == pytest.approx(mean, abs=1e-12)
+        assert row.vs_baseline_in_sample == pytest.approx(row.value - row.baseline_in_sample, abs=1e-12)
+        assert row.vs_baseline_in_sample_low == pytest.approx(max(-1.0, mean - 1.959963984540054 * se), abs=1e-9)
+        assert row.vs_baseline_in_sample_high == pytest.approx(min(1.0, mean + 1.959963984540054 * se), abs=1e-9)
         checked += 1
     assert checked >= 2 * 4 * 4 * 3 and len(set(documents)) == 4
 
@@ -608,11 +615,11 @@ def test_the_paired_difference_of_one_row_is_that_rows_in_the_whole_table(tiny_b
     syntax = headscan.sweep(str(tiny_bert), path, device="cpu", bootstrap=0)["syntax"]
     model, corpus = load_model(str(tiny_bert), device="cpu"), read_corpus(path)
     state = accumulate(model, corpus, plan_sweep(model, corpus, headscan.SweepConfig(device="cpu", bootstrap=0)))
-    rows = syntax[(syntax["count"] > 0) & syntax["vs_baseline"].notna()]
+    rows = syntax[(syntax["count"] > 0) & syntax["vs_baseline_in_sample"].notna()]
     for index in rows.index[:3]:
         value, low, high = paired_difference(syntax.loc[[index]], state.passes["baseline"])
-        assert (value[0], low[0], high[0]) == pytest.approx(
-            tuple(syntax.loc[index, ["vs_baseline", "vs_baseline_low", "vs_baseline_high"]]), abs=1e-12)
+        assert (value[0], low[0], high[0]) == pytest.approx(tuple(syntax.loc[index, [
+            "vs_baseline_in_sample", "vs_baseline_in_sample_low", "vs_baseline_in_sample_high"]]), abs=1e-12)
 
 
 @pytest.mark.parametrize(("text", "spans", "words", "want"), [

@@ -14,9 +14,14 @@ with ``visible`` true; a bidirectional model sees every word, and its plain rows
 relations a report shows, `syntax_findings` states the ones that beat it, and `syntax_display` is the
 sortable table's cells.
 
-Two cautions the report repeats: the best head is chosen among all of a model's heads on the same words, so
-its accuracy is the maximum of many and a little optimistic, and its interval is that head's own, not widened
-for the choice; and the baseline is itself the best of six offsets on the same words.
+The winner's curse: a head chosen as the best of a model's heads, against an offset chosen as the best of six,
+on the same words, looks a little better than it is. So the table's comparison is cross-fitted
+(`headscan.scan.passes.baseline.cross_fit`): the units are split in two by the parity of their index, and each
+half is scored with the head and the offset chosen on the other. `best_heads` names the head most accurate on the
+whole corpus, and judges it by the cross-fitted comparison (``best_vs_baseline``: on each half the head and offset
+the other half chose) where the table records it (``held_out``), with the in-sample one, head and offset chosen
+on the whole corpus, beside it (``vs_baseline_in_sample``); ``halves`` names the heads the halves chose. The
+head's own accuracy and interval are in sample; ``accuracy_held_out`` is the cross-fitted one.
 
 This module draws nothing (see `headscan.plots.syntax.syntax_best_heads`), lays out nothing (see
 `headscan.report.table_sections.syntax_section`) and imports no torch: it never imports `headscan.metrics`.
@@ -50,7 +55,8 @@ MIN_SHARE = 0.01  # any other relation is shown when it has at least this share 
 
 BEST_COLUMNS = ["model", "relation", "direction", "visible", "label", "layer", "head", "accuracy", "ci_low", "ci_high",
                 "joint_low", "joint_high", "count", "baseline", "baseline_offset", "vs_baseline", "vs_baseline_low", "vs_baseline_high", "margin",
-                "beats", "thin", "chance", "unsupported"]
+                "beats", "thin", "chance", "unsupported", "held_out", "accuracy_held_out", "halves",
+                "baseline_in_sample", "vs_baseline_in_sample", "vs_baseline_in_sample_low", "vs_baseline_in_sample_high"]
 
 _DIRECTION_TEXT = {"dependent_to_head": "dependent \u2192 head", "head_to_dependent": "head \u2192 dependent",
                    "dependent_to_head_visible": "dependent \u2192 head (seen)",
@@ -147,14 +153,20 @@ def best_heads(syntax: pd.DataFrame, *, relations=None, min_share: float = MIN_S
     DataFrame
         Columns `BEST_COLUMNS`: ``visible`` whether the row counts only the dependents whose head the query
         can see, ``accuracy`` is the head's value (share of dependents), ``count`` the number
-        of dependents, ``baseline`` and ``baseline_offset`` the best fixed offset's accuracy and offset
-        (NaN / <NA> where the table did not record them: tables added up by `headscan.tables.merge_tables`),
-        ``vs_baseline`` with its interval the paired difference with the baseline on the same dependents,
-        ``margin`` that interval's lower end (where not recorded: ``ci_low - baseline``) and ``beats = margin >
-        0`` (False where NaN),
+        of dependents, ``baseline`` the fixed-offset baseline's accuracy (cross-fitted where the table records
+        it: each half of the units scored with the offset best on the other) and ``baseline_offset`` the offset
+        best on the whole corpus (NaN / <NA> where the table did not record them: tables added up by
+        `headscan.tables.merge_tables`), ``vs_baseline`` with its interval the paired difference with the
+        baseline on the same dependents, cross-fitted for the choice of head and of offset where the table
+        records it (``held_out`` True), else the named head's in-sample one, ``margin`` that interval's lower end
+        (where not recorded: ``ci_low - baseline``) and ``beats = margin > 0`` (False where NaN),
         ``thin`` the head's value rests on thin support (`headscan.tables.thin_rows`), ``chance`` a uniformly
         random choice among the candidate words, ``unsupported`` why the row cannot carry a claim
-        (`headscan.analysis.claims.why_not`: thin, or its interval not above chance), "" where it can. One row per
+        (`headscan.analysis.claims.why_not`: thin, or its interval not above chance), "" where it can,
+        ``accuracy_held_out`` the cross-fitted accuracy of the best head (NaN where not recorded), ``halves`` the
+        heads the two halves chose ("L2H1", or "L2H1 / L2H8" for the even then the odd units' choice; "" where not
+        recorded), and ``baseline_in_sample``, ``vs_baseline_in_sample`` (``_low``, ``_high``) the named head's
+        comparison with the offset chosen on the whole corpus, in sample. One row per
         (model, relation, direction) with a defined value, relation by relation in the shown order, then
         direction, then model in the table's order.
 
@@ -178,11 +190,7 @@ def best_heads(syntax: pd.DataFrame, *, relations=None, min_share: float = MIN_S
     best = best.assign(_r=best["relation"].map(rank), _d=best["direction"].map(lambda d: way.get(d, len(way))),
                        _m=best["model"].map(models))
     best = best.sort_values(["_r", "_d", "_m"], kind="stable")
-    paired = {c: best[c].astype(float) if c in best.columns else pd.Series(np.nan, index=best.index, dtype=float)
-              for c in ("vs_baseline", "vs_baseline_low", "vs_baseline_high")}
-    # the paired interval's low end where recorded; an older table's best guess, the head's own interval's
-    margin = paired["vs_baseline_low"].where(paired["vs_baseline_low"].notna(),
-                                             (best["ci_low"] - best["baseline"]).astype(float))
+    paired, in_sample, margin, held_out = _comparison(best)
     out = pd.DataFrame({
         "model": best["model"].astype(str), "relation": best["relation"].astype(str),
         "direction": best["direction"].astype(str), "visible": best["visible"].astype(bool),
@@ -198,8 +206,48 @@ def best_heads(syntax: pd.DataFrame, *, relations=None, min_share: float = MIN_S
         **paired, "margin": margin, "beats": (margin > 0).fillna(False).astype(bool), "thin": best["thin"].astype(bool),
         "chance": best["chance"].astype(float) if "chance" in best.columns else np.nan,
         "unsupported": why_not(best) if len(best) else pd.Series(dtype=object),
+        "held_out": held_out.astype(bool), "accuracy_held_out": _floats(best, "best_held_out"),
+        "halves": _halves(syntax, best), **in_sample,
     })
     return out[BEST_COLUMNS].reset_index(drop=True)
+
+
+def _floats(frame: pd.DataFrame, name: str) -> pd.Series:
+    """`frame`'s column as floats, NaN where the table does not record it."""
+    return frame[name].astype(float) if name in frame.columns else pd.Series(np.nan, index=frame.index, dtype=float)
+
+
+def _comparison(best: pd.DataFrame):
+    """The best rows' comparison with the baseline: the paired difference and interval the verdict rests on, the
+    in-sample one, the margin and whether the first is held out.
+
+    The cross-fitted comparison of the best head (head and offset chosen on the other half of the units) where
+    recorded; a table written before headscan cross-fitted holds only the named head's own, chosen in sample."""
+    held_out = _floats(best, "best_vs_baseline").notna()
+    row = {c: _floats(best, c) for c in ("vs_baseline", "vs_baseline_low", "vs_baseline_high")}
+    recorded = _floats(best, "vs_baseline_in_sample").notna()
+    paired = {c: _floats(best, f"best_{c}").where(held_out, row[c].where(~recorded)) for c in row}
+    in_sample = {f"{c}_in_sample{end}": _floats(best, f"{c}_in_sample{end}").where(recorded, _floats(best, f"{c}{end}"))
+                 for c, end in (("baseline", ""), ("vs_baseline", ""), ("vs_baseline", "_low"), ("vs_baseline", "_high"))}
+    # the paired interval's low end where recorded; an older table's best guess, the head's own interval's
+    margin = paired["vs_baseline_low"].where(paired["vs_baseline_low"].notna() | recorded,
+                                             (best["ci_low"] - best["baseline"]).astype(float))
+    return paired, in_sample, margin, held_out
+
+
+def _halves(syntax: pd.DataFrame, best: pd.DataFrame) -> pd.Series:
+    """Per best row, the heads the cross-fit's halves chose ("L2H1" where both chose it, "L2H1 / L2H8" for the
+    even units' then the odd units' choice); "" where the table does not record them."""
+    if not {"best_even", "best_odd"} <= set(syntax.columns) or best.empty:
+        return pd.Series("", index=best.index, dtype=object)
+    keys = ["model", "relation", "direction"]
+    picked = {}
+    for flag in ("best_even", "best_odd"):
+        rows = syntax[syntax[flag].fillna(False).astype(bool)]
+        picked[flag] = best[keys].merge(rows[[*keys, "label"]].drop_duplicates(keys), on=keys, how="left")["label"]
+    even, odd = (picked[f].fillna("").astype(str).to_numpy() for f in ("best_even", "best_odd"))
+    text = [e if e == o else (f"{e} / {o}" if e and o else "") for e, o in zip(even, odd)]
+    return pd.Series(text, index=best.index, dtype=object)
 
 
 def _claimable(rows: pd.DataFrame) -> pd.Series:
@@ -216,19 +264,28 @@ def _sentence(row) -> str:
     low, high = getattr(row, "vs_baseline_low", np.nan), getattr(row, "vs_baseline_high", np.nan)
     paired = ("" if pd.isna(low) or pd.isna(high) else
               f", {100 * row.vs_baseline:+.1f} points [{100 * low:+.1f}, {100 * high:+.1f}] on the same words")
+    if paired and bool(getattr(row, "held_out", False)):  # say what was held out, and what in sample says
+        halves = getattr(row, "halves", "") or ""
+        chose = f"; the halves chose {halves.replace(' / ', ' and ')}" if " / " in halves else ""
+        in_sample = getattr(row, "vs_baseline_in_sample", np.nan)
+        said = "" if pd.isna(in_sample) else f", {100 * in_sample:+.1f} in sample"
+        paired += (f" held out (head and offset chosen on one half of the units, scored on the other"
+                   f"{chose}{said})")
     visible = bool(getattr(row, "visible", False))
     joint_low, joint_high = getattr(row, "joint_low", np.nan), getattr(row, "joint_high", np.nan)
     if not (pd.isna(joint_low) or pd.isna(joint_high)):  # picked as the best of its relation's heads: say what holds
         chance += f" ({100 * joint_low:.1f} to {100 * joint_high:.1f} over all heads at once)"
+    accuracy = f"{pct(row.accuracy)} [{100 * row.ci_low:.1f}, {100 * row.ci_high:.1f}]"
+    held = getattr(row, "accuracy_held_out", np.nan)
+    if not pd.isna(held) and bool(getattr(row, "held_out", False)):
+        accuracy += f" ({pct(held)} held out)"
     if row.direction == "head_to_dependent":
         seen = " its head can see" if visible else ""
         return (f"In {row.model} {row.label}, the word attending most to each {code(row.relation)} dependent{seen} is "
-                f"its head for {pct(row.accuracy)} [{100 * row.ci_low:.1f}, {100 * row.ci_high:.1f}] of them{chance}, "
-                f"against {pct(row.baseline)} for {offset}{paired}.")
+                f"its head for {accuracy} of them{chance}, against {pct(row.baseline)} for {offset}{paired}.")
     seen = " whose head it can see" if visible else ""
-    return (f"{row.model} {row.label} picks the head of {pct(row.accuracy)} [{100 * row.ci_low:.1f}, "
-            f"{100 * row.ci_high:.1f}] of {code(row.relation)} dependents{seen}{chance}, against {pct(row.baseline)} "
-            f"for {offset}{paired}.")
+    return (f"{row.model} {row.label} picks the head of {accuracy} of {code(row.relation)} dependents{seen}{chance}, "
+            f"against {pct(row.baseline)} for {offset}{paired}.")
 
 
 def syntax_findings(best: pd.DataFrame) -> dict[str, list[str]]:
@@ -287,13 +344,24 @@ def _fmt(value: float) -> str:
     return "\u2013" if pd.isna(value) else f"{value:.3f}"
 
 
+def _signed(value: float) -> str:
+    return "\u2013" if pd.isna(value) else f"{value:+.3f}"
+
+
+def _column(frame: pd.DataFrame, name: str, missing=np.nan) -> pd.Series:
+    """`frame`'s column, or `missing` on every row where it has none (a table written before headscan kept it)."""
+    return frame[name] if name in frame.columns else pd.Series(missing, index=frame.index, dtype=object)
+
+
 def syntax_display(best: pd.DataFrame, *, with_model: bool = True) -> pd.DataFrame:
     """`best_heads` as display strings, one row per (model, relation, direction), for a sortable table.
 
-    Columns ``model`` (unless not `with_model`), ``relation, direction, head, accuracy, 95% low, 95% high,
-    dependents, baseline, offset, vs baseline, margin, beats, chance, no claim``; dependents ends in "seen" where
-    only those whose head the query can see count; vs baseline is the paired difference, margin (signed) the low
-    end of its interval, beats is "yes" (‡
+    Columns ``model`` (unless not `with_model`), ``relation, direction, head, accuracy, held out, 95% low, 95% high,
+    dependents, baseline, offset, vs baseline, in sample, margin, beats, chance, no claim``; head adds the heads
+    the cross-fit's two halves chose where they differ; held out is the cross-fitted accuracy of the best head;
+    dependents ends in "seen" where only those whose head the query can see count; vs baseline is the paired
+    difference (cross-fitted where the table records it), in sample the same with head and offset chosen on the
+    whole corpus, margin (signed) the low end of vs baseline's interval, beats is "yes" (‡
     where on thin support, which no finding rests on) or "", no claim says why a row carries none (the word
     the head lists and ``headscan show`` use).
     """
@@ -301,17 +369,19 @@ def syntax_display(best: pd.DataFrame, *, with_model: bool = True) -> pd.DataFra
         "model": best["model"],
         "relation": best["relation"],
         "direction": best["direction"].map(lambda d: direction_text(d).replace(" ", "\u00a0")),  # one line
-        "head": best["label"],
+        "head": [label + (f" ({halves})" if " / " in halves else "") for label, halves in
+                 zip(best["label"], _column(best, "halves", "").fillna(""))],
         "accuracy": best["accuracy"].map(_fmt),
+        "held out": _column(best, "accuracy_held_out").map(_fmt),
         "95% low": best["ci_low"].map(_fmt),
         "95% high": best["ci_high"].map(_fmt),
         "dependents": [f"{int(n):,}" + (" seen" if seen else "") for n, seen in
                        zip(best["count"], best["visible"] if "visible" in best else [False] * len(best))],
         "baseline": best["baseline"].map(_fmt),
         "offset": best["baseline_offset"].map(offset_text),
-        "vs baseline": (best["vs_baseline"] if "vs_baseline" in best else pd.Series(np.nan, index=best.index)).map(
-            lambda v: "\u2013" if pd.isna(v) else f"{v:+.3f}"),
-        "margin": best["margin"].map(lambda v: "\u2013" if pd.isna(v) else f"{v:+.3f}"),
+        "vs baseline": _column(best, "vs_baseline").map(_signed),
+        "in sample": _column(best, "vs_baseline_in_sample").map(_signed),
+        "margin": best["margin"].map(_signed),
         "beats": [("yes" if beats else "") + ("\u2021" if thin else "")
                   for beats, thin in zip(best["beats"], best["thin"])],
         "chance": (best["chance"] if "chance" in best else pd.Series(np.nan, index=best.index)).map(_fmt),

@@ -33,8 +33,8 @@ def syntax_best_heads(
     Clark et al. (2019)'s comparison as a figure: relations along x, one slot per model within a relation. A
     light bar in the model's colour is the baseline (the best fixed offset's accuracy, its offset written at
     the bar's foot); the point with its error bar is the best head's accuracy and interval, filled where the
-    interval lies wholly above the baseline and hollow where it reaches down to it. Each point carries its
-    head's 0-indexed label (``L7H9``).
+    head beats the baseline (``beats``: the paired difference's interval, cross-fitted where the table records
+    it, lies above 0) and hollow where it does not. Each point carries its head's 0-indexed label (``L7H9``).
 
     Parameters
     ----------

@@ -71,6 +71,16 @@ FINDING_EXTRA = {"null_kind": "string", "null_low": "float64", "null_high": "flo
                  # what a head picked as the top may claim (headscan.intervals.joint_interval)
                  "joint_low": "float64", "joint_high": "float64"}
 
+# The syntax table's in-sample comparison with the baseline and its cross-fit's choices
+# (`headscan.scan.passes.baseline`): read back as NaN from tables written before headscan kept them.
+SYNTAX_CROSS_FIT = {"baseline_offset_even": "Int64", "baseline_offset_odd": "Int64",
+                    "baseline_in_sample": "float64", "vs_baseline_in_sample": "float64",
+                    "vs_baseline_in_sample_low": "float64", "vs_baseline_in_sample_high": "float64",
+                    "best_even": "boolean", "best_odd": "boolean", "best_held_out": "float64",
+                    "best_vs_baseline": "float64", "best_vs_baseline_low": "float64",
+                    "best_vs_baseline_high": "float64"}
+EXTRA_ADDED_LATER += tuple(SYNTAX_CROSS_FIT)
+
 
 @dataclass(frozen=True)
 class Table:
@@ -152,10 +162,21 @@ register_table("syntax", {"relation": "string", "direction": "string"},
                "one row per (model, layer, head, relation, direction): share of dependents whose gold head the "
                "head's attention picks (CoNLL-U corpora; Clark et al. 2019); directions ending in _visible count "
                "only the dependents whose gold pair the attending word can see (a causal query sees no later word); "
-               "vs_baseline is the head's accuracy minus the best fixed offset's on the same dependents, with its "
-               "95% interval over the units (vs_baseline_low, vs_baseline_high)" + _VERDICT,
+               "baseline and vs_baseline are cross-fitted (headscan.scan.passes.baseline.cross_fit): the units are "
+               "split by the parity of their index and each half scored with the best fixed offset of the other "
+               "half (baseline_offset_even: the offset best on the even units, used on the odd ones; "
+               "baseline_offset_odd the reverse); baseline is that held-out offset rule's accuracy, vs_baseline the "
+               "head's accuracy minus it on the same dependents, with its 95% interval over the units "
+               "(vs_baseline_low, vs_baseline_high), what findings rest on; baseline_offset is the offset best on "
+               "the whole corpus, and baseline_in_sample, vs_baseline_in_sample (_low, _high) the same comparison "
+               "with it, chosen and estimated on the same words (a little optimistic); best_even (best_odd): the "
+               "head is the relation and direction's most accurate on the even (odd) units; best_held_out: the "
+               "accuracy of the head most accurate on the other half, added up over both halves, and "
+               "best_vs_baseline (_low, _high) its cross-fitted difference from the offset, the same on every row "
+               "of the relation and direction; NaN or <NA> where a half has no dependent" + _VERDICT,
                extra={"baseline": "float64", "baseline_offset": "Int64", "vs_baseline": "float64",
-                      "vs_baseline_low": "float64", "vs_baseline_high": "float64", **FINDING_EXTRA})
+                      "vs_baseline_low": "float64", "vs_baseline_high": "float64", **SYNTAX_CROSS_FIT,
+                      **FINDING_EXTRA})
 register_table("value", {"metric": "string"},
                "one row per (model, layer, head, metric): the heads.parquet metrics on value-weighted attention, "
                "A[q, k] ||f(x_k)|| renormalised per query (Kobayashi et al. 2020)" + _VERDICT, extra=FINDING_EXTRA)

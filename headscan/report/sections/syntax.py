@@ -28,6 +28,33 @@ _SYNTAX_TITLES = {
 }
 
 
+# What the section says first: how accuracy, the baseline and "beats" are read
+_INTRO = ("Does a head attend from a word to its syntactic head? As Clark et al. (2019): attention between words "
+          "(to a word, the sum over its tokens; from a word, the mean over its tokens), with special tokens and "
+          "the word itself left out, and the most-attended word (argmax) as the prediction. In the direction "
+          "dependent \u2192 head a dependent is counted right when the word it attends to most is its gold head; "
+          "in head \u2192 dependent, when the word that attends most to it is its head. Accuracy is the share "
+          "of a relation's dependents counted right (UD relations, subtypes folded into their base, so "
+          "`nmod:poss` is `nmod`; `all` is every word, root words counted as misses as Clark et al. count them, "
+          "and `all_nonroot` every word but the root). The baseline is the best fixed offset d in -3..2 for "
+          "that relation and direction on the same words, among the offsets the model's queries can see (a "
+          "causal model's words see only earlier words: d \u2264 0); d = -1 is the previous word, whose "
+          "accuracy is what a perfect positional head would score. Chance is a uniformly random choice among "
+          "the words the dependent could pick. A causal model's word cannot attend to a word to its right, so "
+          "its plain accuracy counts dependents whose head it could never pick; a causal model is judged here on "
+          "the dependents whose head the attending word can see (the table's `_visible` directions; "
+          "\u201cseen\u201d beside the dependents), a bidirectional one on all. A head beats its baseline when "
+          "the paired difference between the two on the same dependents (head's hits minus the offset's, "
+          "per document) has its 95% interval above 0. Chosen and scored on the same words, the best of a "
+          "model's heads against the best of six offsets would look better than it is (the winner's curse), so "
+          "that difference is cross-fitted: the documents are split in two by the parity of their index, each "
+          "half is scored with the head and the offset chosen on the other half, and the two are added up, the "
+          "interval over every document with those choices held fixed; the in-sample difference (head and "
+          "offset chosen on the whole corpus) is shown beside it. Heads are 0-indexed L{layer}H{head}: Clark et "
+          "al.'s 1-indexed "
+          "BERT \u201chead 8-10\u201d is L7H9 here.")
+
+
 def _syntax_slot(models: int) -> float:
     """Inches per relation in the syntactic-heads figure: room for each model's point and rotated head label."""
     return max(0.36, 0.17 * models + 0.06)
@@ -61,6 +88,25 @@ def _syntax_figure(best: pd.DataFrame, models: list[str], palette: dict) -> Figu
     return fig
 
 
+def _rule_and_caution(best: pd.DataFrame, choice: str) -> tuple[str, str]:
+    """What "beats" means for `best` (`best_heads`), and the caution to read the count with; `choice` names how
+    many heads each model's best was chosen from."""
+    held = best["held_out"]
+    if held.any():
+        rule = f"the cross-fitted paired difference's interval above 0{'' if held.all() else ' where recorded'}"
+        in_sample = int((best["vs_baseline_in_sample_low"] > 0).sum())
+        return rule, (f"Held out, the head and the offset are chosen on the other half of the documents, so a head "
+                      f"that was only the luckiest of a model's heads ({choice}) on these words does not pass; in "
+                      f"sample, head and offset chosen on every document, {in_sample} would. The head's own "
+                      "accuracy and interval are in sample; its held-out accuracy is in the table.")
+    # tables written without the paired comparison are judged on the head's own interval
+    rule = ("the paired difference's interval above 0" if best["vs_baseline_low"].notna().any()
+            else "the interval's lower end above the baseline")
+    return rule, (f"Read them with two cautions: the best head is the most accurate of a model's heads ({choice}) "
+                  "on the same words, so its accuracy is a little optimistic and its interval is that head's own, "
+                  "not widened for the choice; and the baseline is itself the best of six offsets on these words.")
+
+
 def syntax_section(comparison: Comparison, palette: dict, pngs: Pngs) -> list:
     """Syntactic heads (Clark et al. 2019): per relation, each model's best head against the best fixed offset,
     as a figure, findings and a sortable table; nothing when no run has a syntax table."""
@@ -71,25 +117,7 @@ def syntax_section(comparison: Comparison, palette: dict, pngs: Pngs) -> list:
                            .drop_duplicates()) for m in comparison.models}
     blocks: list = [
         Heading(2, "Syntactic heads"),
-        Text("Does a head attend from a word to its syntactic head? As Clark et al. (2019): attention between words "
-             "(to a word, the sum over its tokens; from a word, the mean over its tokens), with special tokens and "
-             "the word itself left out, and the most-attended word (argmax) as the prediction. In the direction "
-             "dependent \u2192 head a dependent is counted right when the word it attends to most is its gold head; "
-             "in head \u2192 dependent, when the word that attends most to it is its head. Accuracy is the share "
-             "of a relation's dependents counted right (UD relations, subtypes folded into their base, so "
-             "`nmod:poss` is `nmod`; `all` is every word, root words counted as misses as Clark et al. count them, "
-             "and `all_nonroot` every word but the root). The baseline is the best fixed offset d in -3..2 for "
-             "that relation and direction on the same words, among the offsets the model's queries can see (a "
-             "causal model's words see only earlier words: d \u2264 0); d = -1 is the previous word, whose "
-             "accuracy is what a perfect positional head would score. Chance is a uniformly random choice among "
-             "the words the dependent could pick. A causal model's word cannot attend to a word to its right, so "
-             "its plain accuracy counts dependents whose head it could never pick; a causal model is judged here on "
-             "the dependents whose head the attending word can see (the table's `_visible` directions; "
-             "\u201cseen\u201d beside the dependents), a bidirectional one on all. A head beats its baseline when "
-             "the paired difference between the two on the same dependents (head's hits minus the offset's, "
-             "per document) has its 95% interval above 0; the offset is chosen on the whole corpus and held fixed "
-             "for that interval. Heads are 0-indexed L{layer}H{head}: Clark et al.'s 1-indexed "
-             "BERT \u201chead 8-10\u201d is L7H9 here."),
+        Text(_INTRO),
     ]
     best = best_heads(syntax)
     if best.empty:
@@ -103,23 +131,18 @@ def syntax_section(comparison: Comparison, palette: dict, pngs: Pngs) -> list:
     beats = best[best["beats"]]  # as the table's "beats" column counts them
     found = beats[beats["unsupported"] == ""]
     choice = ", ".join(f"{n_heads[m]} in {m}" for m in models)
-    # tables written without the paired comparison are judged on the head's own interval
-    rule = ("the paired difference's interval above 0" if best["vs_baseline_low"].notna().any()
-            else "the interval's lower end above the baseline")
+    rule, caution = _rule_and_caution(best, choice)
     blocks.append(Figures([name], "Per relation (most dependents first, `all` left of the dotted line), each "
                                   "model's most accurate head with its 95% interval, against the best fixed offset "
-                                  "(the light bar, its offset d written at its foot), one panel per direction. A "
-                                  "filled point beats the baseline (its paired difference's interval lies above 0); "
-                                  "a hollow one does not. Each point is labelled with its head."))
+                                  "(the light bar, cross-fitted, the offset d best on the whole corpus written at its "
+                                  "foot), one panel per direction. A filled point beats the baseline (its "
+                                  "cross-fitted paired difference's interval lies above 0, where the table records "
+                                  "it); a hollow one does not. Each point is labelled with its head."))
     blocks.append(Text(f"{len(beats)} of {len(best)} best heads {'beats' if len(beats) == 1 else 'beat'} the best "
                        "fixed offset beyond their 95% interval "
                        f"({rule}); {len(found)} of these "
                        + ("is a finding, which also needs" if len(found) == 1 else "are findings, which also need")
-                       + " the interval above chance and support that is not thin. Read them with two cautions: the "
-                       "best head is "
-                       f"the most accurate of a model's heads ({choice}) on the same words, so its accuracy is a "
-                       "little optimistic and its interval is that head's own, not widened for the choice; and the "
-                       "baseline is itself the best of six offsets on these words."))
+                       + f" the interval above chance and support that is not thin. {caution}"))
     sentences = syntax_findings(best)
     items = [sentence for model in models for sentence in sentences.get(model, [])]
     if items:
@@ -128,17 +151,22 @@ def syntax_section(comparison: Comparison, palette: dict, pngs: Pngs) -> list:
     left = sorted((r for r in counts.index if r not in relations), key=lambda r: (-counts[r], r))
     note = ("One row per model, relation and direction: the most accurate head (ties to the head whose interval "
             "starts higher, then the lower layer and head), its accuracy and 95% interval, the relation's "
-            "dependents (\u201cseen\u201d: only those whose head the query can see), the best fixed offset's "
-            "accuracy and offset d, vs baseline: the head's accuracy minus the offset's on the same dependents, and "
-            "margin: the low end of that difference's 95% interval over documents (tables without it: the head's "
-            "interval's low end minus the baseline); beats: the margin is above 0. Click a heading to sort.")
+            "dependents (\u201cseen\u201d: only those whose head the query can see), held out: the accuracy of the "
+            "head chosen on the other half of the documents, cross-fitted (the head column adds the two halves' "
+            "choices where they differ), the baseline (cross-fitted: each half scored with the offset best on the "
+            "other) and the offset d best on the whole corpus, vs baseline: the best head's accuracy minus the "
+            "offset's on the same dependents, cross-fitted, in sample: the same with head and offset chosen on "
+            "every document, and margin: the low end of the cross-fitted difference's 95% interval over documents "
+            "(tables without it: the in-sample one's, or the head's interval's low end minus the baseline); beats: "
+            "the margin is above 0. Click a heading to sort.")
     if best["thin"].any():
         note += " \u2021: resting on thin support; no finding rests on it."
     if left:
         note += (f" Left out, each under {MIN_SHARE:.0%} of all dependents: "
                  + ", ".join(f"{code(r)} ({int(counts[r]):,})" for r in left) + "; syntax.parquet has them.")
     frame = syntax_display(best, with_model=len(models) > 1)
-    numeric = ("accuracy", "95% low", "95% high", "dependents", "baseline", "offset", "vs baseline", "margin")
+    numeric = ("accuracy", "held out", "95% low", "95% high", "dependents", "baseline", "offset", "vs baseline",
+               "in sample", "margin")
     blocks.append(Table(frame, numeric=numeric, note=note, sortable=True))
     return blocks
 
