@@ -204,8 +204,8 @@ def gate_text(findings: dict | None = None) -> str:
     measured takes the widest factor; fewer units than any size measured: too few to assess), beyond an empirical
     null (the range of the random-init controls' heads at the same layer, with uniform attention as well where
     the metric is a mean of attention weights; syntax also beyond the best fixed offset on the same words), then
-    Benjamini-Hochberg at q = 0.05 within each model's table (value.parquet repeats heads' questions, so it is a
-    family of its own), and not thin. A run without random-init controls tests attention shares against uniform
+    Benjamini-Hochberg at q = 0.05 over each model's heads and syntax rows, and apart over its value rows
+    (value.parquet repeats heads' questions, so it is a family of its own), and not thin. A run without random-init controls tests attention shares against uniform
     attention only, which untrained heads leave too: such rows are "beyond uniform attention only", never
     findings. Findings: m 7 of 120 tested rows (null from m [random init]; heads 5 of 100, 2 more beyond the null
     by the bootstrap's own interval but not by the calibrated one; syntax 2 of 20); m [random init] none tested
@@ -233,8 +233,8 @@ def gate_text(findings: dict | None = None) -> str:
                 "to assess), beyond an empirical null (the range of the random-init controls' heads at the same "
                 "layer, with uniform attention as well where the metric is a mean of attention weights; syntax also "
                 f"beyond the best fixed offset on the same words), then {findings['rule']} at q = {findings['q']:g} "
-                "within each model's table (value.parquet repeats heads' questions, so it is a family of its own), "
-                "and not thin. A run without random-init controls tests attention shares against uniform attention "
+                "over each model's heads and syntax rows, and apart over its value rows (value.parquet repeats "
+                "heads' questions, so it is a family of its own), and not thin. A run without random-init controls tests attention shares against uniform attention "
                 "only, which untrained heads leave too: such rows are \"beyond uniform attention only\", never "
                 "findings. Findings: " + "; ".join(counts) + ".")
     return ("A claim about a head (a finding, a role, a place in a top-head list) needs its 95% interval to rest "
