@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 import torch
 
 from ... import intervals
@@ -99,8 +100,9 @@ def paired_difference(frame, state: BaselineState, level: float = 0.95):
     nan = np.full(n, np.nan)
     if state.paired is None or state.units is None or n == 0:
         return nan, nan, nan
-    index = {key: i for i, key in enumerate(syntax.COLUMNS)}
-    column = np.array([index.get((r, d), -1) for r, d in zip(frame["relation"], frame["direction"])])
+    # each row's syntax column, -1 for a (relation, direction) the sweep has none of
+    column = pd.MultiIndex.from_tuples(syntax.COLUMNS).get_indexer(
+        pd.MultiIndex.from_arrays([frame["relation"], frame["direction"]]))
     offsets = frame["baseline_offset"].to_numpy(dtype=float, na_value=np.nan)
     known = (column >= 0) & np.isfinite(offsets)
     column = np.where(known, column, 0)
