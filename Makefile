@@ -62,6 +62,17 @@ reports: setup
 benchmark: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/sweep_vs_hf.py --corpus $(EWT)
 
+# This checkout's sweep against previous revisions', side by side in one run on this machine
+# (benchmarks/previous.py): each revision's sweep_vs_hf.py over the EWT test sentences, both ratios to Hugging
+# Face's forward and their quotients. REV: one or more revisions (REV="7719a4e e6dbf21"); ARGS: more options
+# for sweep_vs_hf.py (ARGS="--plain --cpu-time"); ROUNDS: runs of each, the order reversed every other round.
+.PHONY: benchmark-previous
+EWT_TEST ?= ../shared/data/ud-english-ewt/en_ewt-ud-test.conllu
+ROUNDS ?= 1
+benchmark-previous: setup
+	@test -n "$(REV)" || { echo "make benchmark-previous: name the revision to compare with: make benchmark-previous REV=7719a4e"; exit 1; }
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/previous.py $(foreach r,$(REV),--rev $(r)) --rounds $(ROUNDS) -- --corpus $(EWT_TEST) $(ARGS)
+
 # The mutation score of the core modules ([tool.mutmut] in pyproject.toml): mutmut mutates them and runs, for each
 # mutant, the fast tests that call the mutated function; then the share killed. CPU-heavy: see docs/trusting.md.
 mutation: setup

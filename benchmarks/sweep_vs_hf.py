@@ -26,7 +26,10 @@ hf_attn and sweep / hf_full.
 shared machine, where other jobs take the cores (one thread can shift the ratios a little against two).
 
 `--plain` sweeps the same sentences as plain text (one per line, no syntax table); `--no-values` turns value
-weighting and direct logit attribution off.
+weighting and direct logit attribution off; `--composition off` leaves out the composition scores (their
+random-matrix null is a fixed cost per model, whatever the corpus).
+
+`benchmarks/previous.py` (`make benchmark-previous REV=...`) runs this script of two revisions side by side.
 
     python benchmarks/sweep_vs_hf.py --corpus ../shared/data/ud-english-ewt/en_ewt-ud-dev.conllu
     python benchmarks/sweep_vs_hf.py --model smollm2 --limit 128 --reps 2
@@ -90,13 +93,15 @@ def main() -> None:
     parser.add_argument("--plain", action="store_true", help="the same sentences as plain text: no syntax table")
     parser.add_argument("--no-values", action="store_true", help="no value weighting and no dla")
     parser.add_argument("--cpu-time", action="store_true", help="one thread, timed by the process's CPU time")
+    parser.add_argument("--composition", choices=("auto", "on", "off"), default="auto",
+                        help="composition scores, as the sweep's --composition (default: auto, the sweep's)")
     args = parser.parse_args()
     clock = time.process_time if args.cpu_time else time.perf_counter
     if args.cpu_time:
         torch.set_num_threads(1)
 
     config = SweepConfig(device="cpu", batch_size=args.batch_size, max_len=args.max_len, limit=args.limit,
-                         values=not args.no_values)
+                         values=not args.no_values, composition=args.composition)
     corpus = read_corpus(args.corpus, limit=args.limit)
     if args.plain:
         text = Path(tempfile.mkdtemp()) / "sentences.txt"

@@ -13,12 +13,18 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats
 
 from headscan.errors import ConfigError
 from headscan.intervals.discoveries import add_discoveries, q_values
-from headscan.intervals.pvalues import _student_sf, bootstrap_t_p_value, interval_se, rank_p_value, t_p_value
-
-stats = pytest.importorskip("scipy.stats")
+from headscan.intervals.pvalues import (
+    _student_quantile,
+    _student_sf,
+    bootstrap_t_p_value,
+    interval_se,
+    rank_p_value,
+    t_p_value,
+)
 
 CALIBRATION = Path(__file__).resolve().parents[1] / "benchmarks" / "discoveries_calibration.py"
 
@@ -78,9 +84,8 @@ def test_q_values_equal_a_plain_loop_and_scipy(seed):
     for method, factor in (("bh", 1.0), ("by", harmonic)):
         q = q_values(p, method=method)
         np.testing.assert_allclose(q, _q_loop(p, factor), rtol=1e-12, equal_nan=True)
-        if hasattr(stats, "false_discovery_control"):
-            finite = ~np.isnan(p)
-            np.testing.assert_allclose(q[finite], stats.false_discovery_control(p[finite], method=method), rtol=1e-12)
+        finite = ~np.isnan(p)
+        np.testing.assert_allclose(q[finite], stats.false_discovery_control(p[finite], method=method), rtol=1e-12)
         for alpha in (0.01, 0.05, 0.2):
             assert (q <= alpha).tolist() == _step_up_loop(p, alpha, factor), (method, alpha)
 
@@ -94,12 +99,33 @@ def test_q_values_of_ties_are_equal_and_nan_is_no_test():
         q_values([0.1], method="holm")
 
 
-def test_student_tail_equals_scipy():
-    t = np.array([-40.0, -3.0, -0.2, 0.0, 1e-4, 0.7, 2.5, 8.0, 30.0, np.inf])
-    for df in (0.5, 1.0, 1.9, 4.0, 17.3, 150.0, 1e4):
-        # 1e-8: lgamma(a + 1/2) - lgamma(a) of a large df loses digits
-        np.testing.assert_allclose(_student_sf(t, df), stats.t.sf(t, df), rtol=1e-8, atol=1e-300)
-    np.testing.assert_allclose(_student_sf(t, np.inf), stats.norm.sf(t), rtol=1e-9, atol=1e-300)
+def test_student_tail_equals_scipy_and_mpmath():
+    t = np.array([-40.0, -3.0, -0.2, 0.0, 1e-4, 0.7, 2.5, 8.0, 30.0, np.inf, np.nan])
+    dfs = (0.21, 0.5, 1.0, 1.9, 4.0, 17.3, 150.0, 1e4, 1e6)
+    for df in dfs:
+        np.testing.assert_allclose(_student_sf(t, df), stats.t.sf(t, df), rtol=1e-13, atol=1e-300)
+    np.testing.assert_allclose(_student_sf(t, np.inf), stats.norm.sf(t), rtol=1e-13, atol=1e-300)
+    assert np.isnan(_student_sf(t, 0.0)).all() and np.isnan(_student_sf(t, np.nan)).all()
+    # 40 digits by mpmath: P(T > t) = I_{df / (df + t^2)}(df / 2, 1 / 2) / 2 for t >= 0
+    mpmath = pytest.importorskip("mpmath")
+    mpmath.mp.dps = 40
+    for df in (*dfs, np.inf):
+        for x in t[np.isfinite(t)]:
+            if df == np.inf:
+                exact = mpmath.ncdf(-x)
+            else:
+                tail = mpmath.betainc(df / 2, 0.5, 0, mpmath.mpf(df) / (df + mpmath.mpf(x) ** 2), regularized=True) / 2
+                exact = tail if x >= 0 else 1 - tail
+            assert _student_sf(np.array(x), df) == pytest.approx(float(exact), rel=1e-12, abs=1e-300), (x, df)
+
+
+def test_student_quantile_equals_scipy_and_inverts_the_tail():
+    df = np.array([0.21, 0.5, 1.0, 3.0, 12.0, 97.4, 1e4, np.inf, 0.0, -1.0, np.nan])
+    for probability in (0.6, 0.975, 0.995):
+        q = _student_quantile(probability, df)
+        np.testing.assert_allclose(q[:8], stats.t.ppf(probability, df[:8]), rtol=1e-12)
+        np.testing.assert_allclose(_student_sf(q[:8], df[:8]), 1 - probability, rtol=1e-10)
+        assert np.isnan(q[8:]).all()
 
 
 def test_a_t_test_at_the_interval_end_gives_its_tail():

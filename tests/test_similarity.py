@@ -6,6 +6,7 @@ sharing a cluster, classical MDS against a hand computation, the pattern types, 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -30,6 +31,8 @@ from headscan.testing import build_planted_checkpoint
 
 TEXTS = ["The cat sat on the mat.", "It was tired, so it slept all day long.", "Dogs bark.",
          "A very small model reads these sentences one after another.", "Heads attend.", "Why not?"]
+
+RUNS = Path(__file__).resolve().parents[1] / "reports" / "runs"
 
 
 def _plain_js(p: list[float], q: list[float]) -> float:
@@ -247,6 +250,48 @@ def test_average_linkage_merges_by_mean_divergence_and_stops_at_the_cut():
     assert families.average_linkage(d, cut=0.25).tolist() == [0, 0, 0, 1]
     assert families.average_linkage(d, cut=0.24).tolist() == [0, 0, 1, 2]
     assert families.average_linkage(d, cut=0.0).tolist() == [0, 1, 2, 3]
+
+
+def _upgma_reference(divergence: np.ndarray, cut: float) -> list[int]:
+    """Average linkage by hand: merge the two clusters of smallest mean pairwise divergence (ties: the first pair
+    in row-major order) while it is at most `cut`; clusters numbered in the order of their first point."""
+    d = (divergence + divergence.T) / 2
+    clusters = [[i] for i in range(len(d))]
+    while len(clusters) > 1:
+        best, pair = np.inf, None
+        for a in range(len(clusters)):
+            for b in range(a + 1, len(clusters)):
+                mean = sum(d[i, j] for i in clusters[a] for j in clusters[b]) / (len(clusters[a]) * len(clusters[b]))
+                if mean < best:
+                    best, pair = mean, (a, b)
+        if not best <= cut:
+            break
+        a, b = pair
+        clusters[a] = sorted(clusters[a] + clusters.pop(b))
+    number = {i: k for k, c in enumerate(sorted(clusters, key=min)) for i in c}
+    return [number[i] for i in range(len(d))]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_average_linkage_equals_a_plain_upgma_at_every_cut(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(5, 40))
+    centres = rng.normal(size=(4, 3))
+    points = centres[rng.integers(0, 4, n)] + rng.normal(scale=0.4, size=(n, 3))  # a few loose families
+    d = np.linalg.norm(points[:, None] - points[None], axis=-1) ** 2 / 10
+    d = d + rng.uniform(0, 0.01, d.shape)  # not quite symmetric, as a table's two directions of a pair
+    np.fill_diagonal(d, 0.0)
+    for cut in (0.0, *np.quantile(d[np.triu_indices(n, 1)], [0.02, 0.1, 0.3, 0.6, 0.9]), 10.0):
+        assert families.average_linkage(d, cut).tolist() == _upgma_reference(d, cut), (seed, cut)
+
+
+def test_average_linkage_keeps_the_committed_families():
+    similarity = pd.read_parquet(RUNS / "ewt-dev" / "similarity.parquet")
+    for model in similarity["model"].unique():
+        _, matrix = families.divergences(similarity, model)
+        if len(matrix) <= 80:  # the plain loop is cubic in Python: minilm's 72 heads, not smollm2's 270
+            for cut in (0.05, families.CLUSTER_CUT, 0.2):
+                assert families.average_linkage(matrix, cut).tolist() == _upgma_reference(matrix, cut), (model, cut)
 
 
 def test_head_map_figure_and_report_section(tiny_gpt2, tmp_path):

@@ -10,9 +10,9 @@ and the pattern type of each head in Kovaleva et al.'s (2019) sense, read off he
   assumes, while the divergence itself breaks the triangle inequality. Clark et al. ran metric SMACOF
   (sklearn's, 5 random starts) on the summed divergences; their picture and this one agree in who sits near
   whom, not in the coordinates.
-- `average_linkage`: agglomerative clustering with average linkage (UPGMA) on the divergences, cut where the
-  average divergence between two clusters would pass `cut` nats (`CLUSTER_CUT`); deterministic (ties merge the
-  pair of smallest indices first), clusters numbered by their first head. headscan's addition: Clark et al.
+- `average_linkage`: agglomerative clustering with average linkage (UPGMA, scipy's) on the divergences, cut
+  where the average divergence between two clusters would pass `cut` nats (`CLUSTER_CUT`); deterministic,
+  clusters numbered by their first head. headscan's addition: Clark et al.
   show the map and do not cluster.
 - `pattern_types`: each head's type, headscan's rule over its point estimates (`PATTERN_RULE`).
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from scipy.cluster import hierarchy
 
 from ..errors import TablesError
 
@@ -93,38 +94,28 @@ def classical_mds(distances: np.ndarray, dims: int = 2) -> np.ndarray:
 
 def average_linkage(divergence: np.ndarray, cut: float = CLUSTER_CUT) -> np.ndarray:
     """(point,) cluster numbers from average-linkage agglomerative clustering of `divergence` (point, point):
-    the two clusters of smallest average pairwise divergence merge while it is at most `cut`. Deterministic;
-    clusters are numbered 0, 1, ... in the order of their first point.
+    the two clusters of smallest average pairwise divergence merge while it is at most `cut`. scipy's UPGMA
+    (`scipy.cluster.hierarchy.linkage`, cut by `fcluster` at the distance `cut`); clusters are numbered 0, 1, ...
+    in the order of their first point. Where two candidate merges tie exactly, scipy's order decides.
 
     >>> d = np.array([[0, .01, .6, .6], [.01, 0, .6, .6], [.6, .6, 0, .02], [.6, .6, .02, 0]])
     >>> average_linkage(d, cut=0.2).tolist()
     [0, 0, 1, 1]
     """
-    d = np.asarray(divergence, dtype=float).copy()
+    d = np.asarray(divergence, dtype=float)
     n = d.shape[0]
     if d.shape != (n, n) or not np.isfinite(d).all():
         raise TablesError(f"clustering needs a finite square matrix of divergences, got shape {d.shape}")
-    d = (d + d.T) / 2
-    np.fill_diagonal(d, np.inf)
-    size = np.ones(n)
-    members = np.arange(n)  # each point's cluster, named by a surviving row of d
-    alive = np.ones(n, dtype=bool)
-    for _ in range(n - 1):  # one merge per step
-        masked = np.where(alive[:, None] & alive[None, :], d, np.inf)
-        flat = int(np.argmin(masked))  # the first smallest: row-major, so the smallest indices win ties
-        i, j = divmod(flat, n)
-        if not masked[i, j] <= cut:
-            break
-        i, j = min(i, j), max(i, j)
-        merged = (size[i] * d[i] + size[j] * d[j]) / (size[i] + size[j])  # Lance-Williams, average linkage
-        d[i], d[:, i] = merged, merged
-        d[i, i] = np.inf
-        size[i] += size[j]
-        alive[j] = False
-        members[members == j] = i
-    _, first = np.unique(members, return_index=True)
-    order = {members[f]: k for k, f in enumerate(sorted(first))}
-    return np.array([order[m] for m in members])
+    if n < 2:
+        return np.zeros(n, dtype=int)
+    upper = np.triu_indices(n, 1)
+    condensed = (d[upper] + d.T[upper]) / 2  # (n (n - 1) / 2,): the symmetrised pairs, as squareform orders them
+    tree = hierarchy.linkage(condensed, method="average")
+    labels = hierarchy.fcluster(tree, t=cut, criterion="distance")  # merges at heights <= cut
+    _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
+    rank = np.empty(len(first), dtype=int)
+    rank[np.argsort(first)] = np.arange(len(first))  # numbered by their first point
+    return rank[inverse]
 
 
 def pattern_types(heads: pd.DataFrame, offsets: pd.DataFrame | None = None) -> pd.DataFrame:

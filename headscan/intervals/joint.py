@@ -21,6 +21,8 @@ import warnings
 
 import numpy as np
 
+from .methods import SLAB_BYTES
+
 __all__ = ["joint_interval"]
 
 
@@ -45,13 +47,31 @@ def joint_interval(value, replicate_sums, replicate_counts, se, *, level: float 
     >>> low.round(3).ravel().tolist(), high.round(3).ravel().tolist()
     ([0.2, 0.17], [0.8, 0.23])
     """
-    value, se = np.asarray(value, dtype=np.float64), np.asarray(se, dtype=np.float64)
+    value = np.asarray(value, dtype=np.float64)
+    se = np.broadcast_to(np.asarray(se, dtype=np.float64), value.shape)
+    sums, counts = np.asarray(replicate_sums), np.asarray(replicate_counts)
+    last = value.ndim - 1
+    # columns apart, in slabs whose replicate arrays stay within SLAB_BYTES (as `interval`'s): a column's
+    # factor reads that column alone, so the result is the same to the bit, with temporaries a fraction the size
+    width = SLAB_BYTES // (8 * max(sums[..., 0].size, 1)) if sums.shape[1:] == value.shape and value.ndim else 0
+    if last not in over and 0 < width < value.shape[-1]:
+        ends = (None if bounds is None else np.broadcast_to(bounds[0], value.shape),
+                None if bounds is None else np.broadcast_to(bounds[1], value.shape))
+        parts = [_joint(value[..., k], sums[..., k], counts[..., k], se[..., k], level,
+                        None if bounds is None else (ends[0][..., k], ends[1][..., k]), over)
+                 for k in (slice(i, i + width) for i in range(0, value.shape[-1], width))]
+        return np.concatenate([low for low, _ in parts], -1), np.concatenate([high for _, high in parts], -1)
+    return _joint(value, sums, counts, se, level, bounds, over)
+
+
+def _joint(value, replicate_sums, replicate_counts, se, level, bounds, over):
     with np.errstate(invalid="ignore", divide="ignore"):
-        ratios = np.asarray(replicate_sums, dtype=np.float64) / np.asarray(replicate_counts, dtype=np.float64)
-        deviation = np.abs(ratios - value) / se  # (replicate, layer, head, column)
-    deviation = np.where(np.isfinite(deviation), deviation, np.nan)
-    axes = tuple(a + 1 for a in over)
-    largest = np.fmax.reduce(np.where(np.isnan(deviation), -np.inf, deviation), axis=axes, keepdims=True)
+        deviation = np.asarray(replicate_sums, dtype=np.float64) / np.asarray(replicate_counts, dtype=np.float64)
+        deviation -= value  # in place: |R*_b - R| / SE, (replicate, layer, head, column)
+        np.abs(deviation, out=deviation)
+        deviation /= se
+    deviation[~np.isfinite(deviation)] = -np.inf  # an undefined head takes no part in the largest
+    largest = deviation.max(axis=tuple(a + 1 for a in over), keepdims=True)
     largest = np.where(np.isneginf(largest), np.nan, largest)  # (replicate, 1, 1, column)
     with warnings.catch_warnings():  # a column no head defines: NaN, said by the result
         warnings.simplefilter("ignore", RuntimeWarning)

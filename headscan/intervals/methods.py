@@ -8,9 +8,9 @@ from __future__ import annotations
 import difflib
 import numbers
 import warnings
-from statistics import NormalDist
 
 import numpy as np
+from scipy import special
 
 from ..errors import ConfigError
 from .moments import _TERM, MOMENT_TERMS, REPLICATE_TERMS, bootstrap_weights, replicate_moments, unit_moments  # noqa: F401 (doctests)
@@ -20,9 +20,6 @@ __all__ = ["METHODS", "DEFAULT_METHOD", "interval", "nan_percentile", "standard_
 
 METHODS = ("studentized", "studentized_symmetric", "bca", "percentile", "delta")
 DEFAULT_METHOD = "studentized_symmetric"
-
-_NORMAL = NormalDist()
-
 
 def nan_percentile(values, q):
     """Percentiles over the leading axis skipping NaN, vectorised: np.nanpercentile's linear interpolation.
@@ -64,15 +61,13 @@ def nan_percentile(values, q):
     return np.where(n > 0, point, np.nan)
 
 
-_normal_cdf = np.vectorize(_NORMAL.cdf, otypes=[np.float64])
+_normal_cdf = special.ndtr
 
 
 def _normal_quantile(p: np.ndarray) -> np.ndarray:
+    """The standard normal's quantile: -inf at 0 and below, inf at 1 and above, NaN for NaN."""
     p = np.asarray(p, dtype=np.float64)
-    inside = (p > 0) & (p < 1)
-    out = np.where(p >= 1, np.inf, np.where(p <= 0, -np.inf, np.nan))
-    out[inside] = np.vectorize(_NORMAL.inv_cdf, otypes=[np.float64])(p[inside])
-    return out
+    return special.ndtri(np.clip(p, 0.0, 1.0))
 
 
 def _influence_sums(value: np.ndarray, moments: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -199,7 +194,7 @@ def _by_slabs(slabs, value, replicate_sums, replicate_counts, moments, power, *,
 def _z_ends(level: float) -> tuple[float, float]:
     """The standard normal quantiles at (1 - level) / 2 and (1 + level) / 2."""
     lower_tail = (1 - level) / 2
-    return _NORMAL.inv_cdf(lower_tail), _NORMAL.inv_cdf(1 - lower_tail)
+    return float(special.ndtri(lower_tail)), float(special.ndtri(1 - lower_tail))
 
 
 def _delta(value, moments, level):

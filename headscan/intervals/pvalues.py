@@ -36,16 +36,14 @@ A rank p-value's smallest value is 1 / (m + 1), and a bootstrap-t one's 1 / (B +
 References
 ----------
 Phipson, B. & Smyth, G. K. (2010). Permutation p-values should never be zero. Stat. Appl. Genet. Mol. Biol. 9(1).
-Press, W. H. et al. (2007). Numerical Recipes, 3rd ed., 6.4 (the incomplete beta function).
 
 This module runs no model and knows nothing of tables: it takes arrays.
 """
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
+from scipy import special
 
 from ..errors import ConfigError
 from .methods import _variances_of, standard_error
@@ -55,59 +53,17 @@ __all__ = ["SIDES", "t_p_value", "bootstrap_t_p_value", "rank_p_value", "interva
 SIDES = ("high", "low")  # the striking side of a metric: where its values say "more than chance"
 
 
-def _incomplete_beta(a, b, x):
-    """The regularized incomplete beta function I_x(a, b), vectorised (Lentz's continued fraction; Numerical
-    Recipes 6.4), for a, b > 0 and 0 <= x <= 1. Accurate to about 1e-14 relative; headscan declares no scipy.
-
-    >>> round(float(_incomplete_beta(np.array(2.0), np.array(3.0), np.array(0.4))), 12)  # 1 - sum_{k<2} C(4,k)...
-    0.5248
-    """
-    a, b, x = np.broadcast_arrays(*(np.asarray(v, dtype=np.float64) for v in (a, b, x)))
-    # the fraction converges fast for x < (a + 1) / (a + b + 2); use the symmetry I_x(a, b) = 1 - I_{1-x}(b, a)
-    flip = x > (a + 1) / (a + b + 2)
-    a_, b_, x_ = np.where(flip, b, a), np.where(flip, a, b), np.where(flip, 1 - x, x)
-    lgamma = np.vectorize(math.lgamma, otypes=[np.float64])
-    with np.errstate(divide="ignore", invalid="ignore"):
-        front = np.exp(lgamma(a_ + b_) - lgamma(a_) - lgamma(b_) + a_ * np.log(x_) + b_ * np.log1p(-x_)) / a_
-    tiny = 1e-300
-    c = np.ones_like(x_)
-    d = 1 - (a_ + b_) * x_ / (a_ + 1)
-    d = 1 / np.where(np.abs(d) < tiny, tiny, d)
-    fraction = d.copy()
-    for m in range(1, 300):
-        for numerator in (m * (b_ - m) * x_ / ((a_ + 2 * m - 1) * (a_ + 2 * m)),
-                          -(a_ + m) * (a_ + b_ + m) * x_ / ((a_ + 2 * m) * (a_ + 2 * m + 1))):
-            d = 1 + numerator * d
-            d = 1 / np.where(np.abs(d) < tiny, tiny, d)
-            c = 1 + numerator / c
-            c = np.where(np.abs(c) < tiny, tiny, c)
-            step = c * d
-            fraction *= step
-        if np.all(~np.isfinite(step) | (np.abs(step - 1) < 1e-15)):
-            break
-    value = front * fraction
-    value = np.where(x_ <= 0, 0.0, np.where(x_ >= 1, 1.0, value))
-    return np.where(flip, 1 - value, value)
-
-
-def _student_sf(t, df):
-    """P(T > t) for Student's t with `df` degrees of freedom (df > 0; inf is the normal), vectorised.
-
-    P(T > t) = I_{df / (df + t^2)}(df / 2, 1 / 2) / 2 for t >= 0, and 1 minus that for t < 0.
+def _student_sf(t, df) -> np.ndarray:
+    """P(T > t) for Student's t with `df` degrees of freedom (df > 0; inf is the normal), vectorised; NaN where t
+    or df is NaN or df is not positive. scipy's `stdtr` (the incomplete beta) and `ndtr` (erfc: exact far out).
 
     >>> [round(float(p), 6) for p in _student_sf(np.array([0.0, 2.0, -2.0, 2.0]), np.array([5.0, 5.0, 5.0, np.inf]))]
     [0.5, 0.05097, 0.94903, 0.02275]
     """
     t, df = np.broadcast_arrays(np.asarray(t, dtype=np.float64), np.asarray(df, dtype=np.float64))
-    finite_df = np.isfinite(df) & (df > 0)
-    safe_df = np.where(finite_df, df, 1.0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        x = safe_df / (safe_df + t * t)
-    tail = 0.5 * _incomplete_beta(safe_df / 2, 0.5, np.where(np.isfinite(x), x, 0.0))
-    upper = np.where(t >= 0, tail, 1 - tail)
-    normal = np.vectorize(lambda z: 0.5 * math.erfc(z / math.sqrt(2)), otypes=[np.float64])  # erfc: exact far out
-    out = np.where(finite_df, upper, np.where(np.isposinf(df), normal(np.where(np.isnan(t), 0.0, t)), np.nan))
-    return np.where(np.isnan(t), np.nan, np.where(np.isposinf(t), 0.0, np.where(np.isneginf(t), 1.0, out)))
+    with np.errstate(invalid="ignore"):
+        finite = np.where(df > 0, df, np.nan)  # stdtr is NaN for NaN or non-positive df
+        return np.where(np.isposinf(df), special.ndtr(-t), special.stdtr(np.where(np.isposinf(df), 1.0, finite), -t))
 
 
 def _check_side(side) -> np.ndarray:
@@ -147,12 +103,16 @@ def t_p_value(value, se, df, null_low, null_high=None, *, side="high") -> np.nda
     null_low = np.asarray(null_low, dtype=np.float64)
     null_high = null_low if null_high is None else np.asarray(null_high, dtype=np.float64)
     end = np.where(high, null_high, null_low)
+    value, se, df, end, high = np.broadcast_arrays(value, se, df, end, high)
+    tested = ~(np.isnan(value) | np.isnan(se) | np.isnan(end)) & (df > 0)
+    # the tail only where the row is a test: a table's untested rows (no null) cost nothing
+    value, se, df, end, high = value[tested], se[tested], df[tested], end[tested], high[tested]
     beyond = np.where(high, value - end, end - value)  # > 0 on the striking side
     with np.errstate(divide="ignore", invalid="ignore"):
         t = np.where(se > 0, beyond / np.where(se > 0, se, 1.0), np.where(beyond > 0, np.inf, -np.inf))
-    p = _student_sf(t, np.where(df > 0, df, np.nan))
-    undefined = np.isnan(value) | np.isnan(se) | np.isnan(end) | ~(df > 0)
-    return np.where(undefined, np.nan, p)
+    p = np.full(tested.shape, np.nan)
+    p[tested] = _student_sf(t, df)
+    return p
 
 
 def bootstrap_t_p_value(value, replicate_sums, replicate_counts, replicate_power, moments, null_low,
@@ -262,17 +222,17 @@ def interval_se(value, low, high, df, *, level: float = 0.95) -> np.ndarray:
     """
     value, low, high, df = (np.asarray(v, dtype=np.float64) for v in (value, low, high, df))
     half = np.fmax(value - low, high - value)
-    t = _student_quantile((1 + level) / 2, df)
     with np.errstate(invalid="ignore", divide="ignore"):
-        return half / t
+        return half / _student_quantile((1 + level) / 2, df)
 
 
 def _student_quantile(probability: float, df) -> np.ndarray:
-    """t_{df, probability} for probability > 0.5, by bisection on `_student_sf` (vectorised over df)."""
+    """t_{df, probability} (inf df: the normal's), NaN where df is NaN or not positive: scipy's `stdtrit`, `ndtri`.
+
+    >>> _student_quantile(0.975, np.array([np.inf, 12.0, 0.0])).round(4).tolist()
+    [1.96, 2.1788, nan]
+    """
     df = np.asarray(df, dtype=np.float64)
-    low, high = np.zeros(df.shape), np.full(df.shape, 1e6)
-    for _ in range(80):
-        middle = (low + high) / 2
-        above = _student_sf(middle, df) > 1 - probability
-        low, high = np.where(above, middle, low), np.where(above, high, middle)
-    return np.where(df > 0, (low + high) / 2, np.nan)
+    with np.errstate(invalid="ignore"):
+        finite = np.where(np.isposinf(df), 1.0, np.where(df > 0, df, np.nan))
+        return np.where(np.isposinf(df), special.ndtri(probability), special.stdtrit(finite, probability))

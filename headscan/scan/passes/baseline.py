@@ -179,8 +179,9 @@ def _delta(difference_sum, count, n_units, ss, sc, cc, level: float):
 def _rows(frame) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Each row's syntax column (its index in `syntax.COLUMNS`; 0 where it is none of them), layer and head, and
     whether its column is one of them."""
-    index = {key: i for i, key in enumerate(syntax.COLUMNS)}
-    column = np.array([index.get((r, d), -1) for r, d in zip(frame["relation"], frame["direction"])], dtype=np.int64)
+    # one index look-up for every row, -1 for a (relation, direction) the sweep has none of
+    column = pd.MultiIndex.from_tuples(syntax.COLUMNS).get_indexer(
+        pd.MultiIndex.from_arrays([frame["relation"], frame["direction"]])).astype(np.int64)
     return np.where(column >= 0, column, 0), frame["layer"].to_numpy(int), frame["head"].to_numpy(int), column >= 0
 
 
