@@ -116,10 +116,8 @@ def sweep(models, corpus, out, save_every, shard, overwrite, restart, ray, quiet
         headscan sweep --checkpoints runs/tiny -c repeat-random:n=25,count=32 --out out/tiny-series
         headscan sweep -m EleutherAI/pythia-70m@step3000 -m EleutherAI/pythia-70m@step143000 -c repeat-random
     """
-    from .analysis.ranking import unit_note
-    from .analysis.show import top_heads_text
     from .models import DEFAULT_MODELS
-    from .scan import sweep as run_sweep
+    from .scan.inputs import check_sweep
 
     config = config_from(SweepConfig, settings)
     command = _effective_command(click.get_current_context())
@@ -127,8 +125,16 @@ def sweep(models, corpus, out, save_every, shard, overwrite, restart, ray, quiet
         from .models.series import checkpoint_series
 
         models = (*models, *checkpoint_series(checkpoints))
-    result = run_sweep(list(models) or DEFAULT_MODELS, corpus, out, config, shard=shard, overwrite=overwrite,
-                       restart=restart, progress=not quiet, command=command, save_every=save_every, ray=ray)
+    models = list(models) or list(DEFAULT_MODELS)
+    # every argument and path checked before torch is imported (the sweep checks them again, at no cost)
+    check_sweep(models, corpus, out, config, overwrite=overwrite, save_every=save_every, shard=shard)
+
+    from .analysis.ranking import unit_note
+    from .analysis.show import top_heads_text
+    from .scan import sweep as run_sweep
+
+    result = run_sweep(models, corpus, out, config, shard=shard, overwrite=overwrite, restart=restart,
+                       progress=not quiet, command=command, save_every=save_every, ray=ray)
     click.echo(unit_note(result.provenance), err=True)
     for model in result.provenance.models:
         if model.max_len_note:
@@ -177,11 +183,15 @@ def retrieval(models, corpus, needles, out, overwrite, restart, quiet, **setting
         headscan retrieval -m smollm2 --corpus en_ewt-ud-dev.conllu --lengths 1024 --mask-top 10 \\
             --mask-random 10 --mask-draws 3 --out out/retrieval-mask
     """
-    from .analysis.whole_context import retrieval_summary
-    from .scan import retrieval as run_retrieval
+    from .scan.inputs import check_retrieval
 
     config = config_from(RetrievalConfig, settings)
     command = _effective_command(click.get_current_context())
+    check_retrieval(list(models), corpus, out, needles=needles, overwrite=overwrite)  # before torch is imported
+
+    from .analysis.whole_context import retrieval_summary
+    from .scan import retrieval as run_retrieval
+
     result = run_retrieval(list(models), corpus, out, config, needles=needles, overwrite=overwrite, restart=restart,
                            progress=not quiet, command=command)
     files = ", ".join(f"{out}/{TABLES[name].file}" for name in RETRIEVAL_TABLES if name in result.frames)
@@ -369,11 +379,13 @@ def show(run, metric, top):
         headscan show out --metric next_token --top 5
         headscan show out --metric offsets
     """
-    from .analysis.ranking import controls_note, unit_note
-    from .analysis.show import top_heads_text
     from .tables import load
 
-    tables = load(run)
+    tables = load(run)  # a missing or damaged run is refused before the metrics (and torch) are imported
+
+    from .analysis.ranking import controls_note, unit_note
+    from .analysis.show import top_heads_text
+
     click.echo(top_heads_text(tables, metric, top))
     for line in [*controls_note(tables.provenance), unit_note(tables.provenance)]:
         click.echo(line)

@@ -46,7 +46,7 @@ def test_an_existing_output_is_replaced_only_with_overwrite(tmp_path, tiny_bert)
     out = tmp_path / "out"
     sweep(str(tiny_bert), "builtin", out, limit=3, **SETTINGS)
     before = (out / "run.json").read_bytes()
-    with pytest.raises(TablesError, match="already holds files; pass --overwrite to replace them"):
+    with pytest.raises(TablesError, match="already holds a headscan run; pass --overwrite to replace it"):
         sweep(str(tiny_bert), "builtin", out, limit=4, **SETTINGS)
     assert (out / "run.json").read_bytes() == before
     sweep(str(tiny_bert), "builtin", out, limit=4, overwrite=True, **SETTINGS)
@@ -92,7 +92,7 @@ def test_everything_is_checked_before_the_first_model_loads(tmp_path, tiny_bert,
         sweep(str(tiny_bert), "builtin", tmp_path / "out", bootstrap=1)
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("x")
-    with pytest.raises(TablesError, match="full: already holds files"):
+    with pytest.raises(TablesError, match="full: holds files but no run.json"):
         sweep(str(tiny_bert), "builtin", tmp_path / "full")
     with pytest.raises(headscan.HeadscanError, match="no such file"):
         sweep(str(tiny_bert), tmp_path / "missing.txt", tmp_path / "out")

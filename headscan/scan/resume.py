@@ -12,47 +12,21 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import re
 import signal
 import threading
 from pathlib import Path
 
 from ..config import control_number, split_control
-from ..errors import ConfigError, TablesError
-from ..tables.folders import fitting, where
-from .state import PartialState, Shard, fingerprint_differences
+from ..errors import TablesError
+from ..tables.folders import fitting
+from .inputs import Shard, check_models, partial_folder
+from .state import PartialState, fingerprint_differences
 
 __all__ = ["SAVE_EVERY", "partial_folder", "spec_stem", "state_file", "stop_requests", "check_resumable",
            "checked_call"]
 
 SAVE_EVERY = 120.0  # seconds between saves of a model's partial state
-
-
-# All that a sweep (`state_file`, saved through a hidden temporary file) or a retrieval run (its trials, and its
-# masked trials) keeps in OUT.partial/
-_PARTIAL_ENTRY = re.compile(r"[^.].*\.npz|(retrieval|masking)-.+\.jsonl|\..+\.tmp")
-
-
-def partial_folder(out: str | Path) -> Path:
-    """Where a sweep into `out` keeps its partial states until it finishes: ``OUT.partial`` beside it.
-
-    Refuses one that holds anything else, naming it: the sweep removes the folder whole once it finishes (or on
-    `restart`), which must never take a user's files with it. Call it before any work.
-    """
-    out = where(out)  # as the system resolves it: "." and "link/.." name the folder they stand for
-    partial = out.with_name(out.name + ".partial")
-    if partial.is_dir():
-        others = sorted(entry.name for entry in partial.iterdir() if not _PARTIAL_ENTRY.fullmatch(entry.name))
-        if others:
-            named = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
-            them = "it" if len(others) == 1 else "them"
-            raise TablesError(f"{partial}: holds {named}, which a stopped sweep does not keep there, and the sweep "
-                              f"removes the folder once it finishes; move {them} out, or choose another --out")
-    elif os.path.lexists(partial):
-        raise TablesError(f"{partial}: is not a folder, and a sweep into {out.name} keeps its partial states there; "
-                          f"move it, or choose another --out")
-    return partial
 
 
 def spec_stem(spec: str) -> str:
@@ -120,15 +94,10 @@ def checked_call(models, config, kind: type, settings: dict, out, overwrite: boo
     """A run's models as a list and its config (`config`, or `kind`'s defaults, with `settings` in place), each
     model named once and each spec and `out` checked, before anything is loaded (``headscan retrieval`` and
     ``headscan patch``)."""
-    from ..models import check_spec
     from ..tables import check_out
 
-    models = [models] if isinstance(models, str) else list(models)
     config = dataclasses.replace(config or kind(), **settings) if settings else config or kind()
-    if not models or len(set(models)) != len(models):
-        raise ConfigError("models: name each model once (for example --model smollm2)", setting="models")
-    for spec in models:
-        check_spec(spec)
+    models = check_models(models, example="--model smollm2")
     if out is not None:
         check_out(out, overwrite=overwrite)
     return models, config

@@ -27,15 +27,16 @@ from ..config import SweepConfig, control_name
 from ..corpus import Corpus, pack_corpus, read_corpus, texts_corpus
 from ..errors import ConfigError, ModelLoadError, SweepInterrupted, TablesError
 from ..metrics.custom import check_custom, load_metric_modules
-from ..models import DEFAULT_MODELS, check_spec
+from ..models import DEFAULT_MODELS
 from ..tables import SweepTables, check_out, load
 from ..tables.folders import holding_out
 from .controls import corpus_for, load_swept, swept_names
 from .finish import publish, run_provenance
+from .inputs import Shard, check_sweep
 from .plan import plan_sweep, resolve_unit
 from .reduce import accumulate
 from .resume import SAVE_EVERY, check_resumable, partial_folder, state_file, stop_requests
-from .state import PartialState, Shard, merge_states
+from .state import PartialState, merge_states
 
 __all__ = ["sweep", "merge", "SweepInterrupted"]
 
@@ -99,13 +100,12 @@ def sweep(
 
     Example (a notebook): ``tables = headscan.sweep("minilm", ["The cat sat.", "It slept."], max_len=32)``
     """
-    models = [models] if isinstance(models, str) else list(models)
     config = _resolve_settings(config, settings)
-    shard = Shard.parse(shard) if isinstance(shard, str) else shard
+    models, shard = check_sweep(models, corpus, out, config, overwrite=overwrite, save_every=save_every, shard=shard)
     if command is None:
         command = _python_call(models, corpus, out, config, shard)
     load_metric_modules(config.metric_modules)  # the user's own metrics, registered before anything is planned
-    text = _checked(models, corpus, out, config, overwrite=overwrite, save_every=save_every)
+    text = _read(corpus, config)
     config, unit_why = resolve_unit(text, config)  # the unit used, everywhere from here on: the fingerprint too
     if shard is not None and shard.count > text.n_documents:
         raise ConfigError(f"shard: {shard.count} shards of {text.n_documents} documents would leave some empty; "
@@ -153,22 +153,8 @@ def _sweep_each(names: list[str], corpus: Corpus, config: SweepConfig, unit_why:
     return states, skipped
 
 
-def _checked(models: list[str], corpus, out, config: SweepConfig, *, overwrite: bool, save_every: float) -> Corpus:
-    """The corpus, read and packed, once everything a user can get wrong is checked: before the first forward pass."""
-    if not models:
-        raise ConfigError("models: none to sweep; pass --model (for example --model minilm)", setting="models")
-    if len(set(models)) != len(models):
-        raise ConfigError(f"models: a model is named twice in {models}; each model's rows would collide", setting="models")
-    if not save_every >= 0:  # NaN too: it would never save, silently
-        raise ConfigError(f"save_every must be a number of seconds >= 0 (0 saves at every window's end, inf never), "
-                          f"got {save_every}", setting="save_every")
-    for spec in models:
-        check_spec(spec)
-    if out is not None:
-        check_out(out, overwrite=overwrite)
-    if config.document_field is not None and (isinstance(corpus, (Corpus, list, tuple))):
-        raise ConfigError("document_field names a field of a .jsonl file's lines; leave it out for a list of texts "
-                          "or a Corpus (give each Segment its document)", setting="document_field")
+def _read(corpus, config: SweepConfig) -> Corpus:
+    """The corpus, read and packed (`headscan.scan.inputs.check_sweep` has checked what a look can)."""
     if isinstance(corpus, Corpus):
         text = corpus
     elif isinstance(corpus, (list, tuple)):

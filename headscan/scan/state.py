@@ -41,6 +41,7 @@ import numpy as np
 
 from .. import intervals
 from ..errors import TablesError
+from .inputs import Shard
 from .passes.base import PASSES
 
 __all__ = ["PartialState", "FINGERPRINT_FIELDS", "merge_states", "add_tallies", "Shard"]
@@ -57,37 +58,6 @@ FINGERPRINT_FIELDS = ("max_len", "long", "limit", "dtype", "specials", "max_offs
                       "bootstrap_unit", "window", "pack", "attention", "query_chunk", "values", "document_field",
                       "importance", "ablate_top", "ablate_first", "importance_sample", "mask_rate", "sink", "recent",
                       "similarity_sample", "examples", "composition")
-
-
-@dataclass(frozen=True)
-class Shard:
-    """The K-th of N disjoint parts of a corpus (0-based K): the documents whose index is K modulo N.
-
-    >>> Shard.parse("2/4")
-    Shard(index=2, count=4)
-    >>> Shard.parse("4/4")
-    Traceback (most recent call last):
-    ...
-    headscan.errors.ConfigError: shard must be K/N with 0 <= K < N, got '4/4' (K counts from 0)
-    """
-
-    index: int
-    count: int
-
-    @classmethod
-    def parse(cls, text: str) -> Shard:
-        from ..errors import ConfigError
-
-        k, _, n = str(text).partition("/")
-        if not (k.strip().isdigit() and n.strip().isdigit()) or not 0 <= int(k) < int(n):
-            raise ConfigError(f"shard must be K/N with 0 <= K < N, got {text!r} (K counts from 0)", setting="shard")
-        return cls(int(k), int(n))
-
-    def __str__(self) -> str:
-        return f"{self.index}/{self.count}"
-
-    def holds(self, document: int) -> bool:
-        return document % self.count == self.index
 
 
 @dataclass
