@@ -5,28 +5,54 @@ into ``OUT`` keeps each model's state in ``OUT.partial/`` (`partial_folder`), in
 spec and the shard (`state_file`); SIGINT and SIGTERM become a request to stop between two batches
 (`stop_requests`); a saved state of another sweep is refused with what differs (`check_resumable`).
 
-This module runs no model.
+This module runs no model, and imports no torch: `headscan.scan.inputs` checks a run's inputs with it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import re
 import signal
 import threading
 from pathlib import Path
 
 from ..config import control_number, split_control
-from ..errors import TablesError
-from ..tables.folders import fitting
-from .inputs import Shard, check_models, partial_folder
-from .state import PartialState, fingerprint_differences
+from ..errors import ConfigError, TablesError
+from ..tables.folders import fitting, where
+from .state import PartialState, Shard, fingerprint_differences
 
 __all__ = ["SAVE_EVERY", "partial_folder", "spec_stem", "state_file", "stop_requests", "check_resumable",
-           "checked_call"]
+           "check_models", "checked_call"]
 
 SAVE_EVERY = 120.0  # seconds between saves of a model's partial state
+
+
+# All that a sweep (`state_file`, saved through a hidden temporary file) or a retrieval run (its trials, and its
+# masked trials) keeps in OUT.partial/
+_PARTIAL_ENTRY = re.compile(r"[^.].*\.npz|(retrieval|masking)-.+\.jsonl|\..+\.tmp")
+
+
+def partial_folder(out: str | Path) -> Path:
+    """Where a sweep into `out` keeps its partial states until it finishes: ``OUT.partial`` beside it.
+
+    Refuses one that holds anything else, naming it: the sweep removes the folder whole once it finishes (or on
+    `restart`), which must never take a user's files with it. Call it before any work.
+    """
+    out = where(out)  # as the system resolves it: "." and "link/.." name the folder they stand for
+    partial = out.with_name(out.name + ".partial")
+    if partial.is_dir():
+        others = sorted(entry.name for entry in partial.iterdir() if not _PARTIAL_ENTRY.fullmatch(entry.name))
+        if others:
+            named = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+            them = "it" if len(others) == 1 else "them"
+            raise TablesError(f"{partial}: holds {named}, which a stopped sweep does not keep there, and the sweep "
+                              f"removes the folder once it finishes; move {them} out, or choose another --out")
+    elif os.path.lexists(partial):
+        raise TablesError(f"{partial}: is not a folder, and a sweep into {out.name} keeps its partial states there; "
+                          f"move it, or choose another --out")
+    return partial
 
 
 def spec_stem(spec: str) -> str:
@@ -88,6 +114,24 @@ def stop_requests():
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+def check_models(models, example: str = "--model minilm") -> list[str]:
+    """`models` (one spec or several) as a list, each named once and each one found (`check_spec`: an installed
+    alias, a checkpoint, a cached Hugging Face id), or one clear error naming the model. Loads nothing, and
+    imports no torch."""
+    from ..models.specs import check_spec
+
+    models = [models] if isinstance(models, str) else list(models)
+    if not models:
+        raise ConfigError(f"models: none named; pass --model (for example {example})", setting="models")
+    if len(set(models)) != len(models):
+        twice = sorted({m for m in models if models.count(m) > 1})
+        raise ConfigError(f"models: {', '.join(twice)} named twice; name each model once (their rows would "
+                          f"collide)", setting="models")
+    for spec in models:
+        check_spec(spec)
+    return models
 
 
 def checked_call(models, config, kind: type, settings: dict, out, overwrite: bool):

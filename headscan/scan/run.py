@@ -32,11 +32,11 @@ from ..tables import SweepTables, check_out, load
 from ..tables.folders import holding_out
 from .controls import corpus_for, load_swept, swept_names
 from .finish import publish, run_provenance
-from .inputs import Shard, check_sweep
+from .inputs import check_sweep
 from .plan import plan_sweep, resolve_unit
 from .reduce import accumulate
 from .resume import SAVE_EVERY, check_resumable, partial_folder, state_file, stop_requests
-from .state import PartialState, merge_states
+from .state import PartialState, Shard, merge_states
 
 __all__ = ["sweep", "merge", "SweepInterrupted"]
 
