@@ -29,7 +29,10 @@ def _one_line_errors(command):
         try:
             return command(*args, **kwargs)
         except SweepInterrupted as error:
-            click.echo(f"Interrupted: {error}", err=True)
+            message = str(error)
+            if kwargs.get("restart"):  # the same command would discard again what it just kept
+                message = message.replace("run the same command again", "run the same command without --restart")
+            click.echo(f"Interrupted: {message}", err=True)
             raise SystemExit(130) from None  # the shell's convention for a SIGINT
         except ConfigError as error:
             message = str(error)
@@ -101,8 +104,9 @@ def sweep(models, corpus, out, save_every, shard, overwrite, restart, ray, quiet
 
     {tables}
 
-    Stopped (Ctrl-C, SIGTERM, a killed job), it keeps what it did in OUT.partial/;
-    the same command resumes from there.
+    Stopped (Ctrl-C, SIGTERM, a killed job), it keeps what it did in OUT.partial/,
+    as of the last end of a window of --window segments; the same command resumes
+    from there, and the stop message says from which segment.
 
     Example:
 

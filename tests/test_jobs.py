@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -137,13 +138,18 @@ def test_a_stopped_sweep_resumes_to_the_same_tables_bit_for_bit(sig, tmp_path, t
     _, stderr = process.communicate(timeout=120)
     if sig == signal.SIGINT:
         assert process.returncode == 130, stderr
-        assert f"Interrupted: stopped while sweeping {tiny_bert}: saved in {partial_folder(out)}; run the same " \
-               f"command again to resume" in stderr
+        said = re.search(rf"Interrupted: stopped while sweeping {re.escape(str(tiny_bert))} at segment (\d+) of "
+                         rf"\d+: the (\d+) segments of its (\d+) finished windows \(of \d+\) are kept in "
+                         rf"{re.escape(str(partial_folder(out)))}; run the same command again to resume from segment "
+                         rf"\2", stderr)
+        assert said, stderr
     else:
         assert process.returncode == -signal.SIGKILL
     assert not out.exists()
     saved = PartialState.load(state_file)
     assert saved.windows_done >= 2 and not saved.finished
+    if sig == signal.SIGINT:  # what the message said was kept is what was kept
+        assert (int(said[2]), int(said[3])) == (saved.n_segments, saved.windows_done)
     rerun = _cli("-m", tiny_bert, "--corpus", corpus_file, "--out", out)
     assert rerun.wait() == 0, rerun.communicate()
     assert not partial_folder(out).exists()
