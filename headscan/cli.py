@@ -50,6 +50,8 @@ def _effective_command(context: click.Context) -> str:
     words = [context.command_path]
     for parameter in context.command.params:
         flag, value = max(shown_opts(parameter), key=len), context.params.get(parameter.name)
+        if isinstance(value, tuple) and parameter.nargs == 1 and not parameter.multiple:  # --lengths 1024,2048: one option
+            value = ",".join(map(str, value)) if value else None
         for item in value if isinstance(value, tuple) else (value,):
             if item is False and getattr(parameter, "secondary_opts", None):  # --no-values: the off switch
                 words.append(max(parameter.secondary_opts, key=len))
