@@ -414,9 +414,12 @@ def report(runs, out, top, example, no_models, quiet, overwrite):
     \b
         headscan report out --out reports/demo
     """
+    from .tables import load
+
+    loaded = [load(run) for run in runs]  # a missing or damaged run is refused before the report (and torch) loads
+
     from .report import check_report_options, check_runs, report_folder, write_report
     from .report.examples import check_example
-    from .tables import load
     from .tables.folders import lock
 
     def progress(line: str) -> None:
@@ -427,8 +430,7 @@ def report(runs, out, top, example, no_models, quiet, overwrite):
     if not no_models:
         check_example(example)
     check_runs(runs)
-    progress(f"reading {len(runs)} run{'s' if len(runs) > 1 else ''}")
-    loaded = [load(run) for run in runs]
+    progress(f"read {len(runs)} run{'s' if len(runs) > 1 else ''}")
     check_runs(loaded)
     folder = report_folder(loaded, out)
     with lock(folder):  # held from here, so that a second writer is refused before the models load

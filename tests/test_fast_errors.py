@@ -64,6 +64,7 @@ def test_bad_inputs_are_refused_before_torch_loads_in_about_the_time_of_help(tmp
         "retrieval needles that are missing": (["retrieval", "-m", model, "-c", "builtin", "--needles", "n.jsonl",
                                                 "--out", "o"], "Error: n.jsonl: cannot read the needles"),
         "show of a missing run": (["show", "missing"], "Error: missing: no such folder"),
+        "a report of a missing run": (["report", "missing", "--no-models"], "Error: missing: no such folder"),
     }
     help_seconds, result = _fastest(["--help"], tmp_path)
     assert result.returncode == 0 and "sweep" in result.stdout
