@@ -5,7 +5,10 @@ BIN := $(VENV)/bin
 # On the CI machines a CPU build of torch 2.13.0 lies on disk; pinning it first keeps pip from fetching a
 # multi-GB CUDA build. Elsewhere pip downloads it (override with e.g. TORCH_SPEC="torch>=2.2").
 TORCH_SPEC ?= torch==2.13.0
-EWT ?= ../shared/data/ud-english-ewt/en_ewt-ud-dev.conllu
+# The EWT dev file `make reports` sweeps: EWT=FILE, else the one in HEADSCAN_EWT (its folder, or a file in it: as the
+# tests read it), else the one beside the checkout.
+EWT_FOLDER = $(if $(HEADSCAN_EWT),$(if $(wildcard $(HEADSCAN_EWT)/.),$(patsubst %/,%,$(HEADSCAN_EWT)),$(patsubst %/,%,$(dir $(HEADSCAN_EWT)))),../shared/data/ud-english-ewt)
+EWT ?= $(EWT_FOLDER)/en_ewt-ud-dev.conllu
 
 .PHONY: demo test lint deps setup reports benchmark mutation clean
 
@@ -20,9 +23,9 @@ $(BIN)/headscan: pyproject.toml
 
 setup: $(BIN)/headscan
 
+# The sweep prints its top previous- and next-token heads itself (`headscan show out/demo` prints more).
 demo: setup
 	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --control random-init --control-seeds 3 --out out/demo --overwrite
-	$(BIN)/headscan show out/demo --metric next_token --top 5
 	$(BIN)/headscan report out/demo --out reports/demo --overwrite
 	@echo "open reports/demo/index.html; for the headscan command itself: . $(VENV)/bin/activate"
 
@@ -45,7 +48,7 @@ deps: setup
 # smollm2 patched over IOI pairs and its retrieval heads masked, both reported beside its ewt-dev sweep.
 # Tables go to reports/runs/NAME, the report of each to reports/NAME.
 reports: setup
-	@test -f "$(EWT)" || { echo "make reports: no EWT treebank at $(EWT); pass its dev file: make reports EWT=path/to/en_ewt-ud-dev.conllu"; exit 1; }
+	@test -f "$(EWT)" || { echo "make reports: no EWT treebank at $(EWT); pass its dev file: make reports EWT=path/to/en_ewt-ud-dev.conllu, or set HEADSCAN_EWT to its folder"; exit 1; }
 	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --corpus $(EWT) --control random-init --control-seeds 5 --control shuffled-words --similarity-sample 64 --out reports/runs/ewt-dev --device cpu -q --overwrite
 	$(BIN)/python experiments/untrained_vs_uniform.py reports/runs/ewt-dev --package
 	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --corpus repeat-random --control random-init --control-seeds 5 --out reports/runs/repeat-random --device cpu -q --overwrite

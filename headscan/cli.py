@@ -29,7 +29,10 @@ def _one_line_errors(command):
         try:
             return command(*args, **kwargs)
         except SweepInterrupted as error:
-            click.echo(f"Interrupted: {error}", err=True)
+            message = str(error)
+            if kwargs.get("restart"):  # the same command would discard again what it just kept
+                message = message.replace("run the same command again", "run the same command without --restart")
+            click.echo(f"Interrupted: {message}", err=True)
             raise SystemExit(130) from None  # the shell's convention for a SIGINT
         except ConfigError as error:
             message = str(error)
@@ -47,6 +50,8 @@ def _effective_command(context: click.Context) -> str:
     words = [context.command_path]
     for parameter in context.command.params:
         flag, value = max(shown_opts(parameter), key=len), context.params.get(parameter.name)
+        if isinstance(value, tuple) and parameter.nargs == 1 and not parameter.multiple:  # --lengths 1024,2048: one option
+            value = ",".join(map(str, value)) if value else None
         for item in value if isinstance(value, tuple) else (value,):
             if item is False and getattr(parameter, "secondary_opts", None):  # --no-values: the off switch
                 words.append(max(parameter.secondary_opts, key=len))
@@ -101,8 +106,9 @@ def sweep(models, corpus, out, save_every, shard, overwrite, restart, ray, quiet
 
     {tables}
 
-    Stopped (Ctrl-C, SIGTERM, a killed job), it keeps what it did in OUT.partial/;
-    the same command resumes from there.
+    Stopped (Ctrl-C, SIGTERM, a killed job), it keeps what it did in OUT.partial/,
+    as of the last end of a window of --window segments; the same command resumes
+    from there, and the stop message says from which segment.
 
     Example:
 
@@ -116,13 +122,8 @@ def sweep(models, corpus, out, save_every, shard, overwrite, restart, ray, quiet
         headscan sweep --checkpoints runs/tiny -c repeat-random:n=25,count=32 --out out/tiny-series
         headscan sweep -m EleutherAI/pythia-70m@step3000 -m EleutherAI/pythia-70m@step143000 -c repeat-random
     """
-    import pandas as pd
-
-    from .analysis.claims import findings_note
-    from .analysis.ranking import unit_note
-    from .analysis.show import top_heads_text
     from .models import DEFAULT_MODELS
-    from .scan import sweep as run_sweep
+    from .scan.inputs import check_sweep
 
     config = config_from(SweepConfig, settings)
     command = _effective_command(click.get_current_context())
@@ -130,8 +131,19 @@ def sweep(models, corpus, out, save_every, shard, overwrite, restart, ray, quiet
         from .models.series import checkpoint_series
 
         models = (*models, *checkpoint_series(checkpoints))
-    result = run_sweep(list(models) or DEFAULT_MODELS, corpus, out, config, shard=shard, overwrite=overwrite,
-                       restart=restart, progress=not quiet, command=command, save_every=save_every, ray=ray)
+    models = list(models) or list(DEFAULT_MODELS)
+    # every argument and path checked before torch is imported (the sweep checks them again, at no cost)
+    check_sweep(models, corpus, out, config, overwrite=overwrite, save_every=save_every, shard=shard)
+
+    import pandas as pd
+
+    from .analysis.claims import findings_note
+    from .analysis.ranking import unit_note
+    from .analysis.show import top_heads_text
+    from .scan import sweep as run_sweep
+
+    result = run_sweep(models, corpus, out, config, shard=shard, overwrite=overwrite, restart=restart,
+                       progress=not quiet, command=command, save_every=save_every, ray=ray)
     click.echo(unit_note(result.provenance), err=True)
     for model in result.provenance.models:
         if model.max_len_note:
@@ -185,11 +197,15 @@ def retrieval(models, corpus, needles, out, overwrite, restart, quiet, **setting
         headscan retrieval -m smollm2 --corpus en_ewt-ud-dev.conllu --lengths 1024 --mask-top 10 \\
             --mask-random 10 --out out/retrieval-mask
     """
-    from .analysis.whole_context import retrieval_summary
-    from .scan import retrieval as run_retrieval
+    from .scan.inputs import check_retrieval
 
     config = config_from(RetrievalConfig, settings)
     command = _effective_command(click.get_current_context())
+    check_retrieval(list(models), corpus, out, needles=needles, overwrite=overwrite)  # before torch is imported
+
+    from .analysis.whole_context import retrieval_summary
+    from .scan import retrieval as run_retrieval
+
     result = run_retrieval(list(models), corpus, out, config, needles=needles, overwrite=overwrite, restart=restart,
                            progress=not quiet, command=command)
     files = ", ".join(f"{out}/{TABLES[name].file}" for name in RETRIEVAL_TABLES if name in result.frames)
@@ -379,11 +395,13 @@ def show(run, metric, top):
         headscan show out --metric next_token --top 5
         headscan show out --metric offsets
     """
-    from .analysis.ranking import controls_note, unit_note
-    from .analysis.show import top_heads_text
     from .tables import load
 
-    tables = load(run)
+    tables = load(run)  # a missing or damaged run is refused before the metrics (and torch) are imported
+
+    from .analysis.ranking import controls_note, unit_note
+    from .analysis.show import top_heads_text
+
     click.echo(top_heads_text(tables, metric, top))
     for line in [*controls_note(tables.provenance), unit_note(tables.provenance)]:
         click.echo(line)
@@ -406,9 +424,12 @@ def report(runs, out, top, example, no_models, quiet, overwrite):
     \b
         headscan report out --out reports/demo
     """
+    from .tables import load
+
+    loaded = [load(run) for run in runs]  # a missing or damaged run is refused before the report (and torch) loads
+
     from .report import check_report_options, check_runs, report_folder, write_report
     from .report.examples import check_example
-    from .tables import load
     from .tables.folders import lock
 
     def progress(line: str) -> None:
@@ -419,8 +440,7 @@ def report(runs, out, top, example, no_models, quiet, overwrite):
     if not no_models:
         check_example(example)
     check_runs(runs)
-    progress(f"reading {len(runs)} run{'s' if len(runs) > 1 else ''}")
-    loaded = [load(run) for run in runs]
+    progress(f"read {len(runs)} run{'s' if len(runs) > 1 else ''}")
     check_runs(loaded)
     folder = report_folder(loaded, out)
     with lock(folder):  # held from here, so that a second writer is refused before the models load

@@ -145,8 +145,8 @@ def test_bos_takes_only_its_choices(runner):
 
 def test_a_model_named_twice_is_refused(runner, tmp_path, tiny_bert, no_model_loads):
     result = runner.invoke(cli, ["sweep", "-m", str(tiny_bert), "-m", str(tiny_bert), "--out", str(tmp_path / "out"), *SWEEP])
-    assert one_line(result) == (f"Error: --model: a model is named twice in [{str(tiny_bert)!r}, {str(tiny_bert)!r}]; "
-                                f"each model's rows would collide")
+    assert one_line(result) == (f"Error: --model: {tiny_bert} named twice; name each model once (their rows would "
+                                f"collide)")
     assert not (tmp_path / "out").exists()
 
 
@@ -166,13 +166,12 @@ def test_a_folder_that_holds_files_is_replaced_only_with_overwrite(runner, tmp_p
     with monkeypatch.context() as patched:
         patched.setattr("headscan.scan.controls.load_model", lambda *a, **k: pytest.fail("loaded a model"))
         result = runner.invoke(cli, arguments)
-    assert one_line(result) == "Error: full: already holds files; pass --overwrite to replace them, or choose another --out"
-    assert [p.name for p in (tmp_path / "full").iterdir()] == ["notes.txt"]
-    # --overwrite replaces a run, never a folder of one's own files
-    result = runner.invoke(cli, [*arguments, "--overwrite"])
-    assert one_line(result) == ("Error: full: holds files but no run.json, so it is not a headscan run, and "
-                                "--overwrite replaces only a run; choose another --out")
-    assert [p.name for p in (tmp_path / "full").iterdir()] == ["notes.txt"]
+    # --overwrite replaces a run, never a folder of one's own files: the first refusal says so, not "pass --overwrite"
+    for overwrite in ([], ["--overwrite"]):
+        result = runner.invoke(cli, [*arguments, *overwrite])
+        assert one_line(result) == ("Error: full: holds files but no run.json, so it is not a headscan run, and "
+                                    "--overwrite replaces only a run; choose another --out, or empty the folder")
+        assert [p.name for p in (tmp_path / "full").iterdir()] == ["notes.txt"]
     (tmp_path / "full" / "notes.txt").unlink()
     assert runner.invoke(cli, arguments).exit_code == 0  # an empty folder takes a run
     (tmp_path / "full" / "extra.txt").write_text("left by hand in a run")

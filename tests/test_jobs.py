@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -46,7 +47,7 @@ def test_an_existing_output_is_replaced_only_with_overwrite(tmp_path, tiny_bert)
     out = tmp_path / "out"
     sweep(str(tiny_bert), "builtin", out, limit=3, **SETTINGS)
     before = (out / "run.json").read_bytes()
-    with pytest.raises(TablesError, match="already holds files; pass --overwrite to replace them"):
+    with pytest.raises(TablesError, match="already holds a headscan run; pass --overwrite to replace it"):
         sweep(str(tiny_bert), "builtin", out, limit=4, **SETTINGS)
     assert (out / "run.json").read_bytes() == before
     sweep(str(tiny_bert), "builtin", out, limit=4, overwrite=True, **SETTINGS)
@@ -92,7 +93,7 @@ def test_everything_is_checked_before_the_first_model_loads(tmp_path, tiny_bert,
         sweep(str(tiny_bert), "builtin", tmp_path / "out", bootstrap=1)
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("x")
-    with pytest.raises(TablesError, match="full: already holds files"):
+    with pytest.raises(TablesError, match="full: holds files but no run.json"):
         sweep(str(tiny_bert), "builtin", tmp_path / "full")
     with pytest.raises(headscan.HeadscanError, match="no such file"):
         sweep(str(tiny_bert), tmp_path / "missing.txt", tmp_path / "out")
@@ -137,13 +138,18 @@ def test_a_stopped_sweep_resumes_to_the_same_tables_bit_for_bit(sig, tmp_path, t
     _, stderr = process.communicate(timeout=120)
     if sig == signal.SIGINT:
         assert process.returncode == 130, stderr
-        assert f"Interrupted: stopped while sweeping {tiny_bert}: saved in {partial_folder(out)}; run the same " \
-               f"command again to resume" in stderr
+        said = re.search(rf"Interrupted: stopped while sweeping {re.escape(str(tiny_bert))} at segment (\d+) of "
+                         rf"\d+: the (\d+) segments of its (\d+) finished windows \(of \d+\) are kept in "
+                         rf"{re.escape(str(partial_folder(out)))}; run the same command again to resume from segment "
+                         rf"\2", stderr)
+        assert said, stderr
     else:
         assert process.returncode == -signal.SIGKILL
     assert not out.exists()
     saved = PartialState.load(state_file)
     assert saved.windows_done >= 2 and not saved.finished
+    if sig == signal.SIGINT:  # what the message said was kept is what was kept
+        assert (int(said[2]), int(said[3])) == (saved.n_segments, saved.windows_done)
     rerun = _cli("-m", tiny_bert, "--corpus", corpus_file, "--out", out)
     assert rerun.wait() == 0, rerun.communicate()
     assert not partial_folder(out).exists()

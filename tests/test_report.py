@@ -657,7 +657,7 @@ def test_cli_report_says_what_it_is_doing(runs, tmp_path, monkeypatch):
     monkeypatch.setattr(report, "build_report", stub_build())
     result = CliRunner().invoke(cli, ["report", str(runs[0]), "--out", str(tmp_path / "r"), "--no-models"])
     assert result.exit_code == 0, result.output
-    assert result.stderr.splitlines() == ["reading 1 run", f"report: writing {tmp_path / 'r'}"]
+    assert result.stderr.splitlines() == ["read 1 run", f"report: writing {tmp_path / 'r'}"]
     again = CliRunner().invoke(cli, ["report", str(runs[0]), "--out", str(tmp_path / "r"), "--no-models", "-q"])
     assert again.exit_code == 1 and again.output == (f"Error: --out {tmp_path / 'r'}: already holds a report; pass "
                                                      f"--overwrite to replace it, or choose another --out\n")

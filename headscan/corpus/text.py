@@ -44,6 +44,7 @@ This module does not run models.
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import io
 import json
@@ -61,7 +62,7 @@ from . import hub
 from .files import EACH_SEGMENT, CorpusFile, FileSegments, Segment, file_error, open_corpus, scan, segment, unreadable
 from .segment import NO_SPAN
 
-__all__ = ["Segment", "Corpus", "FileSegments", "read_corpus", "pack_corpus", "texts_corpus"]
+__all__ = ["Segment", "Corpus", "FileSegments", "read_corpus", "check_source", "pack_corpus", "texts_corpus"]
 
 REPEAT_RANDOM_DEFAULTS = {"n": 50, "count": 64, "seed": 0}
 
@@ -119,6 +120,41 @@ def _parse_repeat_random(spec: str) -> dict:
     if options["n"] < 2 or options["count"] < 1:
         raise CorpusError(f"corpus {spec!r}: needs n >= 2 and count >= 1")
     return options
+
+
+def check_source(source: str | Path, *, document_field: str | None = None) -> None:
+    """Refuse at once, without reading it through, a `source` that `read_corpus` would refuse for what a look
+    shows: a ``repeat-random`` or ``hf:`` spec's options, a file that is missing, not a regular file or empty, and
+    `document_field` for a source other than a ``.jsonl`` file (or an ``hf:`` dataset). The errors are
+    `read_corpus`'s own; the rest of a file (its text, its lines) is checked when it is read.
+
+    The command line calls it before torch is imported, so that a bad ``--corpus`` answers at once.
+
+    >>> check_source("repeat-random:n=1")
+    Traceback (most recent call last):
+    ...
+    headscan.errors.CorpusError: corpus 'repeat-random:n=1': needs n >= 2 and count >= 1
+    """
+    source = str(source)
+    if source == "repeat-random" or source.startswith("repeat-random:"):
+        _parse_repeat_random(source)
+        return
+    if source.startswith(hub.PREFIX):
+        hub.parse_spec(source)
+        return
+    path = Path(source).expanduser()
+    kind = "text" if source == "builtin" else {".conllu": "conllu", ".jsonl": "jsonl"}.get(path.suffix.lower(), "text")
+    if source != "builtin":
+        with open_corpus(path) as stream:
+            try:
+                size = os.fstat(stream.fileno()).st_size
+                start = stream.read(len(codecs.BOM_UTF8))
+            except OSError as error:
+                raise unreadable(path, error) from None
+        if size == 0 or (size == len(codecs.BOM_UTF8) and start == codecs.BOM_UTF8):
+            raise file_error(path, None, "is empty; pass a file with at least one segment of text")
+    if document_field is not None and kind != "jsonl":
+        raise file_error(path, None, f"document_field={document_field!r} applies to .jsonl files only; leave it out")
 
 
 def read_corpus(

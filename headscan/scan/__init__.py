@@ -3,16 +3,26 @@
 `sweep` and `merge` (`headscan.scan.run`) are ``headscan.sweep`` and ``headscan.merge``; the Ray sweep is
 `headscan.scan.cluster`; optional work beside the window loop (`headscan.scan.reduce`) is a registered pass
 (`headscan.scan.passes`); `retrieval` (`headscan.scan.trials`) is ``headscan.retrieval``, the needle-in-a-haystack
-trials of retrieval heads.
+trials of retrieval heads. `headscan.scan.inputs` checks a run's inputs without torch, which the rest imports:
+each name below is imported on first use, so that the command line checks its arguments before torch loads.
 """
 
-from .finish import finish, publish
-from .plan import SweepPlan, columns_of, fingerprint, plan_sweep, plan_windows
-from .reduce import accumulate, sweep_model
-from .resume import partial_folder
-from .run import merge, sweep
-from .state import PartialState, Shard
-from .trials import retrieval
+import importlib
 
 __all__ = ["sweep", "merge", "retrieval", "sweep_model", "accumulate", "finish", "publish", "columns_of", "fingerprint",
            "plan_windows", "plan_sweep", "SweepPlan", "partial_folder", "PartialState", "Shard"]
+
+_LAZY = {"finish": "finish", "publish": "finish", "SweepPlan": "plan", "columns_of": "plan", "fingerprint": "plan",
+         "plan_sweep": "plan", "plan_windows": "plan", "accumulate": "reduce", "sweep_model": "reduce",
+         "partial_folder": "resume", "merge": "run", "sweep": "run", "PartialState": "state", "Shard": "state",
+         "retrieval": "trials"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

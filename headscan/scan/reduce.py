@@ -201,9 +201,12 @@ def _sweep_window(forward, layers: LayerHooks, encoded: EncodedCorpus, segments:
     window = Window(local, sums, torch.zeros_like(sums), torch.zeros_like(sums[:, 0]))
     pad = model.special_token_ids["pad"]
     pad = pad if pad is not None else 0  # masked out, so any id will do (GPT-2 has no pad token)
+    swept: set[int] = set()  # the window's segments through the model: swept again by a resumed sweep
     for batch in batches(encoded, layers.config.batch_size, pad):
         if should_stop():
-            raise SweepInterrupted(f"{model.name}: stopped")
+            stopped = SweepInterrupted(f"{model.name}: stopped")
+            stopped.redo = len(swept)  # said in the stop message (`headscan.scan.run`)
+            raise stopped
         ids, mask = batch.input_ids.to(model.device), batch.attention_mask.to(model.device)
         layers.start(ids, mask.bool(), batch.words)
         step = BatchStep(batch, encoded, segments)
@@ -221,6 +224,7 @@ def _sweep_window(forward, layers: LayerHooks, encoded: EncodedCorpus, segments:
             into[..., : stacked.shape[-1]].index_add_(1, rows, stacked)
         window.chance[..., : chance.shape[-1]] += chance.sum(1)
         window.n_tokens += batch.n_tokens
+        swept.update(encoded.segment_of(int(i)) for i in batch.index)
         if bar is not None:
             bar.update(len(batch.index))
     return window

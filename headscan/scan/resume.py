@@ -5,7 +5,7 @@ into ``OUT`` keeps each model's state in ``OUT.partial/`` (`partial_folder`), in
 spec and the shard (`state_file`); SIGINT and SIGTERM become a request to stop between two batches
 (`stop_requests`); a saved state of another sweep is refused with what differs (`check_resumable`).
 
-This module runs no model.
+This module runs no model, and imports no torch: `headscan.scan.inputs` checks a run's inputs with it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from ..tables.folders import fitting, where
 from .state import PartialState, Shard, fingerprint_differences
 
 __all__ = ["SAVE_EVERY", "partial_folder", "spec_stem", "state_file", "stop_requests", "check_resumable",
-           "checked_call"]
+           "check_models", "checked_call"]
 
 SAVE_EVERY = 120.0  # seconds between saves of a model's partial state
 
@@ -116,19 +116,32 @@ def stop_requests():
             signal.signal(sig, old)
 
 
+def check_models(models, example: str = "--model minilm") -> list[str]:
+    """`models` (one spec or several) as a list, each named once and each one found (`check_spec`: an installed
+    alias, a checkpoint, a cached Hugging Face id), or one clear error naming the model. Loads nothing, and
+    imports no torch."""
+    from ..models.specs import check_spec
+
+    models = [models] if isinstance(models, str) else list(models)
+    if not models:
+        raise ConfigError(f"models: none named; pass --model (for example {example})", setting="models")
+    if len(set(models)) != len(models):
+        twice = sorted({m for m in models if models.count(m) > 1})
+        raise ConfigError(f"models: {', '.join(twice)} named twice; name each model once (their rows would "
+                          f"collide)", setting="models")
+    for spec in models:
+        check_spec(spec)
+    return models
+
+
 def checked_call(models, config, kind: type, settings: dict, out, overwrite: bool):
     """A run's models as a list and its config (`config`, or `kind`'s defaults, with `settings` in place), each
     model named once and each spec and `out` checked, before anything is loaded (``headscan retrieval`` and
     ``headscan patch``)."""
-    from ..models import check_spec
     from ..tables import check_out
 
-    models = [models] if isinstance(models, str) else list(models)
     config = dataclasses.replace(config or kind(), **settings) if settings else config or kind()
-    if not models or len(set(models)) != len(models):
-        raise ConfigError("models: name each model once (for example --model smollm2)", setting="models")
-    for spec in models:
-        check_spec(spec)
+    models = check_models(models, example="--model smollm2")
     if out is not None:
         check_out(out, overwrite=overwrite)
     return models, config

@@ -2,9 +2,11 @@
 
 `sweep` (``headscan.sweep``, the ``headscan sweep`` command) checks everything it can before the first forward
 pass (settings, model specs, the corpus, the output folder), then sweeps one model at a time. With an output
-folder ``OUT`` it keeps each model's partial state in ``OUT.partial/``, saved every few minutes and when the
-sweep is stopped (Ctrl-C or SIGTERM); running the same sweep again resumes from there, and the finished
-tables are bit for bit those of an uninterrupted run. The tables are published as one set (see
+folder ``OUT`` it keeps each model's partial state in ``OUT.partial/``, as of the last window's end (a window
+is ``--window`` segments), saved at a window's end every ``--save-every`` seconds and when the sweep is stopped
+(Ctrl-C or SIGTERM). Running the same sweep again resumes from there; the stop message says at which segment,
+and how many segments swept in the unfinished window are swept again. The finished tables are bit for bit those
+of an uninterrupted run. The tables are published as one set (see
 `headscan.tables.write`), and ``OUT.partial/`` is removed.
 
 With ``shard=Shard(K, N)`` a sweep covers the documents whose index is K modulo N, and its output keeps each
@@ -27,11 +29,12 @@ from ..config import SweepConfig, control_name
 from ..corpus import Corpus, pack_corpus, read_corpus, texts_corpus
 from ..errors import ConfigError, ModelLoadError, SweepInterrupted, TablesError
 from ..metrics.custom import check_custom, load_metric_modules
-from ..models import DEFAULT_MODELS, check_spec
+from ..models import DEFAULT_MODELS
 from ..tables import SweepTables, check_out, load
 from ..tables.folders import holding_out
 from .controls import corpus_for, load_swept, swept_names
 from .finish import publish, run_provenance
+from .inputs import check_sweep
 from .plan import plan_sweep, resolve_unit
 from .reduce import accumulate
 from .resume import SAVE_EVERY, check_resumable, partial_folder, state_file, stop_requests
@@ -99,13 +102,12 @@ def sweep(
 
     Example (a notebook): ``tables = headscan.sweep("minilm", ["The cat sat.", "It slept."], max_len=32)``
     """
-    models = [models] if isinstance(models, str) else list(models)
     config = _resolve_settings(config, settings)
-    shard = Shard.parse(shard) if isinstance(shard, str) else shard
+    models, shard = check_sweep(models, corpus, out, config, overwrite=overwrite, save_every=save_every, shard=shard)
     if command is None:
         command = _python_call(models, corpus, out, config, shard)
     load_metric_modules(config.metric_modules)  # the user's own metrics, registered before anything is planned
-    text = _checked(models, corpus, out, config, overwrite=overwrite, save_every=save_every)
+    text = _read(corpus, config)
     config, unit_why = resolve_unit(text, config)  # the unit used, everywhere from here on: the fingerprint too
     if shard is not None and shard.count > text.n_documents:
         raise ConfigError(f"shard: {shard.count} shards of {text.n_documents} documents would leave some empty; "
@@ -123,7 +125,8 @@ def sweep(
                             command=command, save_every=save_every, unit_why=unit_why)
 
     started = datetime.now(timezone.utc)
-    states, skipped = _sweep_each(names, text, config, unit_why, shard, partial, progress, save_every)
+    again = "run the same command without --restart" if restart else "run the same command again"
+    states, skipped = _sweep_each(names, text, config, unit_why, shard, partial, progress, save_every, again)
     provenance = run_provenance(text, config, command=command, started=started, shard=shard, unit_why=unit_why)
     if skipped:
         provenance = dataclasses.replace(provenance, extra=provenance.extra | {"skipped": skipped})
@@ -134,15 +137,17 @@ def sweep(
 
 
 def _sweep_each(names: list[str], corpus: Corpus, config: SweepConfig, unit_why: str, shard: Shard | None,
-                partial: Path | None, progress: bool, save_every: float) -> tuple[dict[str, PartialState], dict]:
-    """Each model's finished state, one model at a time, and the models skipped (name -> why)."""
+                partial: Path | None, progress: bool, save_every: float,
+                again: str) -> tuple[dict[str, PartialState], dict]:
+    """Each model's finished state, one model at a time, and the models skipped (name -> why); `again` is how a
+    stopped sweep is resumed (never with --restart, which would discard what it kept)."""
     states: dict[str, PartialState] = {}
     skipped: dict[str, str] = {}
     with stop_requests() as should_stop:
         for name in names:
             try:
                 states[name] = _sweep_one(name, corpus, config, unit_why, shard, partial, should_stop, progress,
-                                          save_every)
+                                          save_every, again)
             except ModelLoadError as error:  # one model that cannot be hooked does not cost the others
                 if len(names) == 1:
                     raise
@@ -153,22 +158,8 @@ def _sweep_each(names: list[str], corpus: Corpus, config: SweepConfig, unit_why:
     return states, skipped
 
 
-def _checked(models: list[str], corpus, out, config: SweepConfig, *, overwrite: bool, save_every: float) -> Corpus:
-    """The corpus, read and packed, once everything a user can get wrong is checked: before the first forward pass."""
-    if not models:
-        raise ConfigError("models: none to sweep; pass --model (for example --model minilm)", setting="models")
-    if len(set(models)) != len(models):
-        raise ConfigError(f"models: a model is named twice in {models}; each model's rows would collide", setting="models")
-    if not save_every >= 0:  # NaN too: it would never save, silently
-        raise ConfigError(f"save_every must be a number of seconds >= 0 (0 saves at every window's end, inf never), "
-                          f"got {save_every}", setting="save_every")
-    for spec in models:
-        check_spec(spec)
-    if out is not None:
-        check_out(out, overwrite=overwrite)
-    if config.document_field is not None and (isinstance(corpus, (Corpus, list, tuple))):
-        raise ConfigError("document_field names a field of a .jsonl file's lines; leave it out for a list of texts "
-                          "or a Corpus (give each Segment its document)", setting="document_field")
+def _read(corpus, config: SweepConfig) -> Corpus:
+    """The corpus, read and packed (`headscan.scan.inputs.check_sweep` has checked what a look can)."""
     if isinstance(corpus, Corpus):
         text = corpus
     elif isinstance(corpus, (list, tuple)):
@@ -179,7 +170,7 @@ def _checked(models: list[str], corpus, out, config: SweepConfig, *, overwrite: 
 
 
 def _sweep_one(spec: str, corpus: Corpus, config: SweepConfig, unit_why: str, shard: Shard | None,
-               partial: Path | None, should_stop, progress: bool, save_every: float) -> PartialState:
+               partial: Path | None, should_stop, progress: bool, save_every: float, again: str) -> PartialState:
     """One model's finished state (a control's: `headscan.scan.controls`), resumed from `partial` where a matching
     state was saved there."""
     model = load_swept(spec, config)
@@ -194,17 +185,50 @@ def _sweep_one(spec: str, corpus: Corpus, config: SweepConfig, unit_why: str, sh
             if state.finished:
                 return state
             if progress:
-                print(f"resuming {spec} from {path} ({state.windows_done} windows done)", file=sys.stderr)
+                print(f"resuming {spec} at segment {_kept(plan.windows, state.windows_done):,} of "
+                      f"{_kept(plan.windows):,} (from {path}, {state.windows_done} of {len(plan.windows)} windows "
+                      f"done)", file=sys.stderr)
+        kept = {"windows": state.windows_done if state is not None else 0}
+
+        def save(state: PartialState) -> None:
+            state.save(path)
+            kept["windows"] = state.windows_done
+
         try:
             return accumulate(model, corpus, plan, state=state, progress=progress,
-                              save=(lambda s: s.save(path)) if path is not None else None, save_every=save_every,
+                              save=save if path is not None else None, save_every=save_every,
                               should_stop=should_stop)
-        except SweepInterrupted:
-            where = f"saved in {partial}; run the same command again to resume" if path else "nothing was saved (no out)"
-            raise SweepInterrupted(f"stopped while sweeping {spec}: {where}") from None
+        except SweepInterrupted as error:
+            where = (_stopped_at(plan.windows, kept["windows"], getattr(error, "redo", 0), config.window, partial,
+                                 again) if path else "nothing was saved (no out)")
+            raise SweepInterrupted(f"stopped while sweeping {spec}{where}") from None
     finally:
         del model
         gc.collect()
+
+
+def _kept(windows: list[list[int]], done: int | None = None) -> int:
+    """The segments of the first `done` windows (all of them: None)."""
+    return sum(len(window) for window in windows[:done])
+
+
+def _stopped_at(windows: list[list[int]], done: int, redo: int, window: int, partial: Path, again: str) -> str:
+    """Where a sweep stopped, what it kept and what resuming it sweeps again, for the stop message.
+
+    >>> _stopped_at([[0, 1, 2], [3, 4, 5], [6]], 1, 2, 3, Path("out.partial"), "run the same command again")
+    ' at segment 5 of 7: the 3 segments of its 1 finished window (of 3) are kept in out.partial; run the same command again to resume from segment 3 (the 2 segments swept since are swept again: state is kept as each window of --window 3 segments ends)'
+    >>> _stopped_at([[0, 1, 2], [3]], 0, 2, 3, Path("out.partial"), "run the same command again")
+    ' at segment 2 of 4, before its first window of --window 3 segments ended; run the same command again to resume from segment 0 (the 2 segments swept so far are swept again)'
+    """
+    kept, total = _kept(windows, done), _kept(windows)
+    at = f" at segment {kept + redo:,} of {total:,}"
+    if done == 0:  # a pass's own work before the windows (importance's mean pass) may be kept: not said either way
+        return (f"{at}, before its first window of --window {window} segments ended; {again} to resume from "
+                f"segment 0" + (f" (the {redo:,} segments swept so far are swept again)" if redo else ""))
+    return (f"{at}: the {kept:,} segments of its {done} finished window{'s' if done > 1 else ''} (of {len(windows)}) "
+            f"are kept in {partial}; {again} to resume from segment {kept:,}"
+            + (f" (the {redo:,} segments swept since are swept again: state is kept as each window of --window "
+               f"{window} segments ends)" if redo else ""))
 
 
 def _python_call(models: list[str], corpus, out, config: SweepConfig, shard: Shard | None) -> str:

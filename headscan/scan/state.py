@@ -41,7 +41,6 @@ import numpy as np
 
 from .. import intervals
 from ..errors import TablesError
-from .passes.base import PASSES
 
 __all__ = ["PartialState", "FINGERPRINT_FIELDS", "merge_states", "add_tallies", "Shard"]
 
@@ -135,7 +134,7 @@ class PartialState:
             "windows_done": self.windows_done, "finished": self.finished, "model": self.model,
             "n_segments": self.n_segments, "n_tokens": self.n_tokens, "n_truncated": self.n_truncated,
             "n_tokens_lost": self.n_tokens_lost, "seconds": self.seconds, "tallies": self.tallies,
-            "passes": {name: PASSES[name].save(state)[0] for name, state in self.passes.items()},
+            "passes": {name: _passes()[name].save(state)[0] for name, state in self.passes.items()},
         }
 
     def save(self, path: Path) -> None:
@@ -143,7 +142,7 @@ class PartialState:
         A pass's arrays are stored as ``NAME.ARRAY``."""
         path.parent.mkdir(parents=True, exist_ok=True)
         own = {f"{name}.{key}": array for name, state in self.passes.items()
-               for key, array in PASSES[name].save(state)[1].items()}
+               for key, array in _passes()[name].save(state)[1].items()}
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
             with os.fdopen(fd, "wb") as handle:
@@ -246,6 +245,14 @@ class PartialState:
         }
 
 
+def _passes() -> dict:
+    """The registry of passes (`headscan.scan.passes`), imported when a state is saved, loaded or merged: the passes
+    import torch, which `Shard` and the checks of a sweep's inputs (`headscan.scan.inputs`) do without."""
+    from .passes.base import PASSES
+
+    return PASSES
+
+
 def _check_header(header: dict, damaged) -> None:
     types = {"fingerprint": dict, "model": dict, "finished": bool, "windows_done": int, "n_segments": int,
              "n_tokens": int, "n_truncated": int, "n_tokens_lost": int, "seconds": (int, float), "passes": dict}
@@ -260,18 +267,18 @@ def _check_header(header: dict, damaged) -> None:
 
 def _load_passes(path: Path, headers: dict, stored: dict, damaged) -> dict:
     """Each pass's state, read by the pass itself from its header and its ``NAME.ARRAY`` arrays."""
-    passes = {}
+    passes, registry = {}, _passes()
     for name, own in headers.items():
-        if name not in PASSES:
+        if name not in registry:
             raise TablesError(f"{path}: holds the state of a pass {name!r} this headscan does not have (it has "
-                              f"{', '.join(PASSES)}); register that pass, or delete the state (or pass --restart) "
+                              f"{', '.join(registry)}); register that pass, or delete the state (or pass --restart) "
                               f"to start that part again")
         arrays = {key.removeprefix(f"{name}."): array for key, array in stored.items() if key.startswith(f"{name}.")}
         try:
-            passes[name] = PASSES[name].load(own if isinstance(own, dict) else {}, arrays)
+            passes[name] = registry[name].load(own if isinstance(own, dict) else {}, arrays)
         except (ValueError, KeyError, TypeError) as error:
             raise damaged(f"pass {name}: {error}") from None
-    return dict(sorted(passes.items(), key=lambda item: list(PASSES).index(item[0])))
+    return dict(sorted(passes.items(), key=lambda item: list(registry).index(item[0])))
 
 
 def add_tallies(a: dict, b: dict) -> dict:
@@ -337,7 +344,7 @@ def merge_states(states: list[PartialState], names: list[str]) -> PartialState:
             raise TablesError(f"{name}: ran the passes {list(state.passes)}, {names[0]} {list(first.passes)}; "
                               f"merge shards of one sweep")
     # each pass adds its shards' states up (or refuses ones that cannot be added)
-    passes = {name: PASSES[name].merge([state.passes[name] for state in states], names) for name in first.passes}
+    passes = {name: _passes()[name].merge([state.passes[name] for state in states], names) for name in first.passes}
     missing = sorted(set(range(first.shard.count)) - set(seen))
     if missing:
         raise TablesError(f"shards {', '.join(f'{k}/{first.shard.count}' for k in missing)} are missing; "

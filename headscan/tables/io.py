@@ -115,16 +115,18 @@ def check_out(out: str | os.PathLike, *, overwrite: bool = False) -> Path:
     shown, target = str(out), folders.where(out)
     if target.exists() and not target.is_dir():
         raise TablesError(f"{shown}: exists and is not a folder; choose another --out")
-    if target.is_dir() and any(target.iterdir()):
-        if not overwrite:
-            raise TablesError(f"{shown}: already holds files; pass --overwrite to replace them, or choose another "
-                              f"--out")
+    # what --overwrite would still refuse is said first, so that the advice to pass it is never refused in turn
+    full = target.is_dir() and any(target.iterdir())
+    if full:
         if not (target / "run.json").is_file():  # --overwrite replaces a run, never a folder of someone's own files
             raise TablesError(f"{shown}: holds files but no run.json, so it is not a headscan run, and --overwrite "
-                              f"replaces only a run; choose another --out")
+                              f"replaces only a run; choose another --out, or empty the folder")
         folders.check_not_here(target, shown)
         folders.check_only_ours(target, shown, run_entries(), "a headscan run")
     folders.check_writable(target, shown)
+    if full and not overwrite:
+        raise TablesError(f"{shown}: already holds a headscan run; pass --overwrite to replace it, or choose another "
+                          f"--out")
     return target
 
 
