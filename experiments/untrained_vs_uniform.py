@@ -1,6 +1,6 @@
 """How often heads that learned nothing lie beyond uniform attention: why a run without controls makes no finding.
 
-    python experiments/untrained_vs_uniform.py reports/runs/ewt-dev-controls --package
+    python experiments/untrained_vs_uniform.py reports/runs/ewt-dev --package
 
 Reads a sweep with random-init controls (``--control random-init --control-seeds 5``) and counts, per model and
 metric, the controls' heads whose 95% interval lies beyond uniform attention on the metric's striking side

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..config import split_control
 from ..errors import TablesError
 from ..metrics import METRICS
 from ..tables import IMPORTED, TABLES, ModelProvenance, RunProvenance, SweepTables
@@ -151,7 +152,15 @@ def compare_runs(runs: Sequence[SweepTables], names: Sequence[str] | None = None
             for model, shown in rename.items():
                 family = str(run.heads.loc[run.heads["model"] == model, "family"].iloc[0])
                 models.append(ReportModel(shown, name, model, family, run.provenance.model(model)))
+        controls = {m for m in run.models if split_control(m)[1] is not None}
         for table, frame in run.frames.items():
+            if table in ("similarity", "similarity_across") and controls:
+                # which heads attend alike is asked of trained models: a control's heads^2 rows (and every pair
+                # across models with it) would multiply the report's memory for no question it answers
+                keep = ~frame["model"].isin(controls)
+                if "other_model" in frame:
+                    keep &= ~frame["other_model"].isin(controls)
+                frame = frame[keep]
             frame = frame.copy()
             for column in ("model", "other_model"):  # similarity_across names the other model of the run too
                 if column in frame:

@@ -12,6 +12,7 @@ from matplotlib.figure import Figure
 
 from ...analysis.ranking import fmt_score, top_heads
 from ...analysis.runs import Comparison
+from ...config import split_control
 from ...plots import heatmaps
 from ..document import Bullets, Figures, Heading, Note, Text
 from ..figures import MAX_WIDTH, Pngs
@@ -93,7 +94,9 @@ def examples_section(examples: Examples | None, pngs: Pngs) -> list:
                        "queries, columns the keys they attend to; a causal model cannot see later tokens, so its "
                        "pattern is a triangle (and it has no next-token head to show) beside the bidirectional "
                        "model's full square. The atlas above shows any head on this sentence."))
-    drawn = list(examples.drawn)
+    # the trained models only: a control's heads are the null, not heads to look at (and 14 models' panels on
+    # one page are a figure too large to draw)
+    drawn = [e for e in examples.drawn if split_control(e.model)[1] is None]
     if drawn:
         name = pngs.add("looking_both_ways.png", _attention_figure(_both_ways(drawn)))
         blocks.append(Figures([name], "Looking both ways: " + "; ".join(_evidence(e) for e in drawn)
@@ -120,13 +123,13 @@ def induction_section(comparison: Comparison, examples: Examples | None, pngs: P
              "`induction` and `duplicate_token` need repeated tokens to score; the `repeat-random` corpus gives "
              "them."),
     ]
-    shown = list(examples.induction)
+    shown = [e for e in examples.induction if split_control(e.model)[1] is None]  # trained models: see above
     if shown:
         name = pngs.add("induction_example.png", _attention_figure(shown))
         blocks.append(Figures([name], "Heads beyond chance on `induction`, on the repeated sequence: " + "; ".join(
             _evidence(e) for e in shown) + "."))
     drawn = {e.model for e in shown}
-    missing = [m.name for m in comparison.models if m.name not in drawn
+    missing = [m.name for m in comparison.models if m.name not in drawn and split_control(m.name)[1] is None
                and (comparison.heads["model"] == m.name).any()]
     if missing:
         top = top_heads(comparison.heads[comparison.heads["model"].isin(missing)], metric="induction", n=1)
