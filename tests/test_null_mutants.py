@@ -1,4 +1,4 @@
-"""The tests single-line mutants of the claim code showed missing (issue 50), each checked by putting its mutant
+"""Tests that single-line mutants of the claim code showed missing, each checked by putting its mutant
 back: random-init controls drawn with one seed, an interval clipped at a bound read by its shorter half, and a
 user's pattern whose targets lie after the query or on both sides of it, against a plain loop."""
 

@@ -148,7 +148,7 @@ def register_table(name: str, keys: dict[str, str], description: str, extra: dic
 
 
 _VERDICT = ("; null_kind, null_low, null_high, p_value, q_value and finding: the row's test against what heads "
-            "that learned nothing score, corrected over the model's rows of this table (headscan.metrics.nulls); "
+            "that learned nothing score, corrected over the model's family (headscan.metrics.nulls: heads with syntax, value apart); "
             "cal_low, cal_high: the calibrated interval the test read (ci_low, ci_high widened by cal_factor, "
             "cal_basis saying what the factor rests on; headscan.intervals.calibration); verdict: 'finding' or why "
             "not; joint_low and joint_high: the 95% interval that holds for all the model's heads at once (max-t), "
