@@ -135,30 +135,19 @@ def sweep(models, corpus, out, save_every, shard, overwrite, restart, ray, quiet
     # every argument and path checked before torch is imported (the sweep checks them again, at no cost)
     check_sweep(models, corpus, out, config, overwrite=overwrite, save_every=save_every, shard=shard)
 
-    import pandas as pd
-
     from .analysis.claims import findings_note
     from .analysis.ranking import unit_note
-    from .analysis.show import top_heads_text
+    from .analysis.show import length_notes, top_heads_text
     from .scan import sweep as run_sweep
 
     result = run_sweep(models, corpus, out, config, shard=shard, overwrite=overwrite, restart=restart,
                        progress=not quiet, command=command, save_every=save_every, ray=ray)
     click.echo(unit_note(result.provenance), err=True)
-    for model in result.provenance.models:
-        if model.max_len_note:
-            click.echo(model.max_len_note, err=True)
-        if model.n_truncated and config.long == "split":
-            click.echo(f"{model.name}: {model.n_truncated:,} of {model.n_segments:,} segments were longer than "
-                       f"--max-len {model.max_len} and were split into windows", err=True)
-        elif model.n_truncated:
-            click.echo(f"{model.name}: {model.n_truncated:,} of {model.n_segments:,} segments were longer than "
-                       f"--max-len {model.max_len} and were cut ({model.n_tokens_lost:,} tokens lost; "
-                       f"--long split keeps them)", err=True)
+    for line in length_notes(result.provenance, config.long):
+        click.echo(line, err=True)
     files = ", ".join(f"{out}/{TABLES[name].file}" for name in result.frames)
     click.echo(f"wrote {files} and {out}/run.json")
-    units = result.heads["units"].max() if "units" in result.heads.columns and len(result.heads) else None
-    if note := findings_note(result.provenance.extra.get("findings"), None if pd.isna(units) else float(units)):
+    if note := findings_note(result.provenance.extra.get("findings"), result.heads):
         click.echo(note)
     for metric in ("prev_token", "next_token") + (("importance",) if "importance" in result.frames else ()):
         click.echo(f"\ntop heads by {metric}:")

@@ -11,6 +11,7 @@ of two models counted as a query of the cross-model similarity.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -19,6 +20,8 @@ import torch
 
 from headscan.analysis import across, findings
 from headscan.analysis.runs import Comparison
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def head_row(model, layer, head, metric, value, low, high, chance, *, family="causal"):
@@ -134,8 +137,14 @@ def test_an_effect_matters_only_when_its_interval_clears_zero():
     importance = _importance_rows("m", effects)
     heads = pd.DataFrame([head_row("m", 0, h, "prev_token", 0.3, 0.25, 0.35, 0.1) for h in range(len(effects))])
     table = matter_table(heads, importance)
-    want = [(low > 0 or high < 0) and abs(value) >= 0.1 * 0.5 for value, low, high in effects]
-    assert table["matters"].tolist() == want == [True, False, True, True, False]
+    # next_token_loss was never measured for coverage: its interval is widened by the widest factor measured at
+    # 100 units and more (read from the packaged table by hand), which takes the fourth effect across 0
+    packaged = pd.read_csv(ROOT / "headscan" / "data" / "interval_calibration.csv")
+    widest = packaged[packaged["N"] == 100]["factor"].max()
+    widened = [(value, value - widest * max(value - low, high - value), value + widest * max(value - low, high - value))
+               for value, low, high in effects]
+    want = [(low > 0 or high < 0) and abs(value) >= 0.1 * 0.5 for value, low, high in widened]
+    assert table["matters"].tolist() == want == [True, False, True, widest < 4 / 3, False]
 
 
 # --- "the largest effects" are the largest in size, either sign ---------------------------------------------------
@@ -247,7 +256,7 @@ def test_an_interrupt_between_periodic_saves_stores_its_windows_and_resumes_bit_
             os.kill(os.getpid(), signal.SIGINT)
 
     monkeypatch.setattr(reduce, "_count", interrupt_after_two)  # at the end of each window, once it is added
-    with pytest.raises(SweepInterrupted, match="saved in"):
+    with pytest.raises(SweepInterrupted, match="are kept in"):
         sweep(str(tiny_bert), corpus, out, **settings)
     monkeypatch.setattr(reduce, "_count", count_window)
     saved = PartialState.load(partial_folder(out) / f"{spec_stem(str(tiny_bert))}.npz")

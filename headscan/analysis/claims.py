@@ -279,9 +279,10 @@ def no_controls_text(models) -> str:
             "--control random-init --control-seeds 5 for a null.")
 
 
-def findings_note(summary: dict | None, units: float | None = None) -> str:
+def findings_note(summary: dict | None, heads: pd.DataFrame | float | None = None) -> str:
     """What a sweep prints of its findings: per model, its findings per table, and why it has none where the run
-    cannot make any (no random-init controls; fewer units than any calibration measured).
+    cannot make any (no random-init controls; fewer units than any calibration measured). `heads` is the run's
+    heads table (or the most units a row rests on).
 
     >>> print(findings_note({"family": {"m": 10}, "findings": {"m": 2}, "controls": {"m": ["m [random init]"]},
     ...                      "by_table": {"m": {"heads": {"tested": 10, "findings": 2, "too_few_units": 0}}}}, 318))
@@ -294,6 +295,8 @@ def findings_note(summary: dict | None, units: float | None = None) -> str:
     from ..intervals.calibration import smallest_size
 
     smallest = smallest_size()
+    units = heads if not isinstance(heads, pd.DataFrame) else (
+        float(heads["units"].max()) if "units" in heads.columns and heads["units"].notna().any() else None)
     lines = []
     for model in summary.get("family", {}):
         if split_control(model)[1] is not None:

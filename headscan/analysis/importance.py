@@ -89,7 +89,7 @@ def matter_table(heads: pd.DataFrame, importance: pd.DataFrame, scale_of: dict[s
     ...                       "value": [0.9, 0.1, 0.2], "ci_low": [0.88, 0.05, 0.15], "ci_high": [0.92, 0.15, 0.25]})
     >>> importance = pd.DataFrame({"model": "m", "layer": 0, "head": [0, 1, 2], "label": ["L0H0", "L0H1", "L0H2"],
     ...     "target": "next_token_loss", "method": "mean_ablation", "value": [0.001, 0.5, 0.002],
-    ...     "ci_low": [-0.002, 0.4, 0.001], "ci_high": [0.003, 0.6, 0.004]})
+    ...     "ci_low": [-0.002, 0.4, 0.001], "ci_high": [0.003, 0.6, 0.004], "units": 318})
     >>> matter_table(heads, importance)[["label", "flag"]].to_dict("records")
     [{'label': 'L0H0', 'flag': 'striking pattern, no effect'}, {'label': 'L0H1', 'flag': 'effect, no striking pattern'}, {'label': 'L0H2', 'flag': ''}]
     """

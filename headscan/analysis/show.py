@@ -25,7 +25,7 @@ from .patching import top_patched
 from .ranking import structural_reason, thin_note, thin_passed, top_heads, why_structural
 from .syntax import best_heads, offset_text, relation_order
 
-__all__ = ["SHOWN", "SELF_EVIDENT", "SHOW_NOTES", "top_heads_text", "show_metrics", "footer"]
+__all__ = ["SHOWN", "SELF_EVIDENT", "SHOW_NOTES", "top_heads_text", "show_metrics", "footer", "length_notes"]
 
 
 # The columns `headscan show` prints; ``unsupported`` (why a row carries no claim) under the reports' own word.
@@ -39,7 +39,7 @@ SELF_EVIDENT = ("model", "label", "layer", "head", "relation", "direction", "tar
 # names, or a table's key and extra columns), or where show prints them otherwise than the table holds them.
 SHOW_NOTES = {
     "no claim": "why the row may carry no claim, empty where it may (thin support; at chance: its interval holds "
-                "chance; interval not validated at this size; ...)",
+                "chance; too few units to assess; beyond uniform attention only; ...)",
     "offset": "d, the key at query + d (-1: the previous token)",
     "bucket": "the query positions [b, 2b)",
     "embedding": "which embedding the copying score reads",
@@ -151,7 +151,7 @@ def footer(columns, notes: dict[str, str] | None = None) -> str:
     `notes`, else `SHOW_NOTES`, else the table registry (`headscan.tables.column_notes`).
 
     >>> footer(["model", "label", "units", "no claim"])
-    'columns | units: bootstrap units (segments or documents) with count > 0: how many the value rests on | no claim: why the row may carry no claim, empty where it may (thin support; at chance: its interval holds chance; interval not validated at this size; ...)'
+    'columns | units: bootstrap units (segments or documents) with count > 0: how many the value rests on | no claim: why the row may carry no claim, empty where it may (thin support; at chance: its interval holds chance; too few units to assess; beyond uniform attention only; ...)'
 
     Raises
     ------
@@ -208,7 +208,7 @@ def _profile_text(frame: pd.DataFrame, metric: str, n: int) -> str:
     model label  layer  head  offset  value  ci_low  ci_high  count  units    no claim
         m  L0H0      0     0      -1    0.9     NaN      NaN      8      4 no interval
         m  L0H1      0     1       0    0.7     NaN      NaN      8      4 no interval
-    columns | offset: d, the key at query + d (-1: the previous token) | value: offsets in share of attention at that offset, sum / count; NaN where count == 0 | ci_low: lower end of the 95% bootstrap interval; NaN where undefined | ci_high: upper end | count: number of queries that count for this metric; <NA> in weights.parquet, which sums nothing | units: bootstrap units (segments or documents) with count > 0: how many the value rests on | no claim: why the row may carry no claim, empty where it may (thin support; at chance: its interval holds chance; interval not validated at this size; ...)
+    columns | offset: d, the key at query + d (-1: the previous token) | value: offsets in share of attention at that offset, sum / count; NaN where count == 0 | ci_low: lower end of the 95% bootstrap interval; NaN where undefined | ci_high: upper end | count: number of queries that count for this metric; <NA> in weights.parquet, which sums nothing | units: bootstrap units (segments or documents) with count > 0: how many the value rests on | no claim: why the row may carry no claim, empty where it may (thin support; at chance: its interval holds chance; too few units to assess; beyond uniform attention only; ...)
 
     For offsets that is the offset each head attends to most (-1: a previous-token head), the heads that put the
     most attention there first.
@@ -308,3 +308,18 @@ def _syntax_text(syntax: pd.DataFrame, n: int) -> str:
         "vs_low": best["margin"], "vs_high": high, "beats": best["beats"], "no claim": best["unsupported"]})
     return (table.to_string(index=False, float_format=lambda v: f"{v:.3f}") + "\n"
             + footer(table.columns, {"ci_low": "low end of the accuracy's 95% interval", "ci_high": "its high end"}))
+
+
+def length_notes(provenance, long: str) -> list[str]:
+    """What a sweep says of its models' lengths: each model's max_len note, and how many segments were longer
+    than --max-len and what became of them (split into windows with ``--long split``, else cut)."""
+    lines = []
+    for model in provenance.models:
+        if model.max_len_note:
+            lines.append(model.max_len_note)
+        if model.n_truncated:
+            lines.append(f"{model.name}: {model.n_truncated:,} of {model.n_segments:,} segments were longer than "
+                         f"--max-len {model.max_len} and were " + (
+                             "split into windows" if long == "split" else
+                             f"cut ({model.n_tokens_lost:,} tokens lost; --long split keeps them)"))
+    return lines

@@ -13,7 +13,7 @@ from ...analysis.findings import findings_by_model
 from ...analysis.ranking import fmt_score
 from ...analysis.roles import role_for
 from ...analysis.runs import Comparison
-from ...intervals.calibration import calibrate, calibration_table, smallest_size
+from ...intervals import calibration
 from ...intervals.verdicts import TOO_FEW
 from ..document import Bullets, Heading, Table, Text
 from ..figures import structural
@@ -55,15 +55,16 @@ def _few_units(comparison: Comparison) -> list:
     most = units.max() if len(units) else float("nan")
     if pd.isna(most) or most >= FEW_UNITS:
         return []
-    table = calibration_table()
-    smallest = smallest_size(table)
+    table = calibration.calibration_table()
+    smallest = calibration.smallest_size(table)
     if most < smallest:
         return [Text(f"This run is too small to assess: its rows rest on at most {int(most)} bootstrap units "
                      f"(segments or documents), fewer than the {smallest} at which any interval's coverage was "
                      "measured (experiments/interval_calibration.py), so no row is tested and none is a finding "
                      f"(\"{TOO_FEW}\"). Sweep at least {smallest} documents, or more segments.")]
     families = sorted(set(table["family"]))
-    factor, _ = calibrate("heads", np.array(families, dtype=object), np.full(len(families), float(most)), table)
+    factor, _ = calibration.calibrate("heads", np.array(families, dtype=object), np.full(len(families), float(most)),
+                                      table)
     order = np.argsort(-factor)
     widest = ", ".join(f"{families[i]} x{factor[i]:.2f}" for i in order[:4])
     return [Text(f"Read the intervals below with care: they rest on at most {int(most)} bootstrap units (segments or "
