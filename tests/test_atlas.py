@@ -256,7 +256,8 @@ def test_atlas_works_in_headless_chromium(atlas_page, tmp_path):
 
             page.fill("#atlas-search", "L18H6")
             assert "L18H6 in smollm2" in page.inner_text("#atlas-found")
-            assert page.locator("rect.atlas-cell.found").count() == 1
+            # smollm2's cell and its controls' (random-init copies, shuffled words: the same architecture)
+            assert page.locator("rect.atlas-cell.found").count() == heads[heads.label == "L18H6"].model.nunique() == 7
             page.press("#atlas-search", "Enter")
             assert "smollm2 L18H6" in panel.locator("h3").inner_text()
             page.fill("#atlas-search", "L40H1")
@@ -298,10 +299,13 @@ def test_the_panel_shows_the_heads_corpus_examples_and_the_scatter_opens_heads(a
         assert "a metric without examples" in panel.inner_text()
 
         plots = page.locator("#atlas-scatter .atlas-scatter-plot")
-        assert plots.count() == 2
+        names = list(dict.fromkeys(heads.model))  # one plot per swept model, controls included, in the run's order
+        assert plots.count() == len(names) == 14
+        smollm2 = names.index("smollm2")
         page.select_option('#atlas-scatter select[data-axis="x"]', "prev_token")
         page.select_option('#atlas-scatter select[data-axis="y"]', "positional_prev")
-        for k, (model, n_heads) in enumerate((("minilm", 72), ("smollm2", 270))):
+        for model, n_heads in (("minilm", 72), ("smollm2", 270)):
+            k = names.index(model)
             wide = heads[heads.model == model].pivot(index="label", columns="metric", values="value")
             both = wide[["prev_token", "positional_prev"]].dropna()
             points = plots.nth(k).locator("circle.atlas-scatter-point")
@@ -310,12 +314,12 @@ def test_the_panel_shows_the_heads_corpus_examples_and_the_scatter_opens_heads(a
                   for i in range(points.count())}
             assert max(cx, key=cx.get) == both["prev_token"].idxmax()  # placed by value: the rightmost is the top head
             assert min(cx, key=cx.get) == both["prev_token"].idxmin()
-        point = plots.nth(1).locator('circle.atlas-scatter-point[data-label="L18H6"]')
+        point = plots.nth(smollm2).locator('circle.atlas-scatter-point[data-label="L18H6"]')
         before = point.get_attribute("fill")
         page.select_option('#atlas-scatter select[data-axis="colour"]', "lift:induction")
-        assert plots.nth(1).locator('circle.atlas-scatter-point[data-label="L18H6"]').get_attribute("fill") != before
+        assert plots.nth(smollm2).locator('circle.atlas-scatter-point[data-label="L18H6"]').get_attribute("fill") != before
         # heads overlap where their values are close: a click event on the point itself, not at its pixel
-        plots.nth(1).locator('circle.atlas-scatter-point[data-label="L18H6"]').dispatch_event("click")
+        plots.nth(smollm2).locator('circle.atlas-scatter-point[data-label="L18H6"]').dispatch_event("click")
         assert "smollm2 L18H6" in panel.locator("h3").inner_text()
         page.screenshot(path=str(tmp_path / "atlas.png"), full_page=True)
     assert errors == []

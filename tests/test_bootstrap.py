@@ -17,6 +17,7 @@ import pytest
 
 from headscan.config import SweepConfig
 from headscan.corpus import Corpus, read_corpus
+from headscan.metrics.nulls import CALIBRATION_COLUMNS
 from headscan.scan import PartialState, sweep, sweep_model
 
 B = 60
@@ -32,9 +33,10 @@ PARAGRAPHS = [
 LINES = [line for paragraph in PARAGRAPHS for line in paragraph]
 DOCUMENT_OF = [d for d, paragraph in enumerate(PARAGRAPHS) for _ in paragraph]  # (segment,)
 VALUES = ["value", "sum", "count", "ci_low", "ci_high", "units", "top_unit_share"]
-# columns that differ from one segment's sweep to another's but are not resampled: the row's chance and support
+# columns that differ from one segment's sweep to another's but are not resampled: the row's chance and support,
+# and what is read off the interval (the test, its calibrated interval, whose factor depends on the units, and verdict)
 NOT_KEYS = VALUES + ["chance", "n_eff", "variance_df", "thin", "null_kind", "null_low", "null_high", "p_value",
-                     "q_value", "finding", "joint_low", "joint_high"]
+                     "q_value", "finding", "joint_low", "joint_high", *CALIBRATION_COLUMNS]
 
 
 def settings(unit: str) -> SweepConfig:

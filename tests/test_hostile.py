@@ -86,6 +86,8 @@ def test_the_hostile_report_shows_every_string_literally_and_runs_no_script(host
         tip = page.inner_text("#atlas-tip")
         page.click("#atlas-grids rect.atlas-cell[data-m='1']")  # its panel: the name, and the example's tokens
         page.wait_for_selector("#atlas-panel:not([hidden])", timeout=10_000)
+        # the example's attention is folded (a grid as tall as the panel's scores): opened, its sentence shows
+        page.locator("#atlas-panel details.atlas-example-attention summary").first.click()
         panel = page.inner_text("#atlas-panel")
         page.wait_for_timeout(300)  # time for an <img onerror> to fire, were one parsed
         assert page.evaluate("window.__pwned") is None

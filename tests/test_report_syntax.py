@@ -21,6 +21,7 @@ from matplotlib.collections import PathCollection
 from matplotlib.container import BarContainer, ErrorbarContainer
 from matplotlib.figure import Figure
 
+from headscan import config
 from headscan.analysis import syntax as syntactic
 from headscan.analysis.runs import compare_runs
 from headscan.cli import cli
@@ -265,7 +266,11 @@ def positions_and_weights(run):
 
 @pytest.fixture(scope="module")
 def ewt_with_syntax(ewt, tmp_path_factory):
-    shapes = [(m, int(g["layer"].max()) + 1, int(g["head"].max()) + 1) for m, g in ewt.heads.groupby("model")]
+    # the trained models' syntax rows: the run's controls (random-init copies, shuffled words) sweep the same heads,
+    # and copies of these fabricated rows would make them beat the baseline just as the trained models do
+    trained = ewt.heads[[config.split_control(m)[1] is None for m in ewt.heads["model"]]]
+    shapes = [(m, int(g["layer"].max()) + 1, int(g["head"].max()) + 1) for m, g in trained.groupby("model")]
+    assert [m for m, *_ in shapes] == ["minilm", "smollm2"]
     syntax = full_syntax(shapes)
     families = ewt.heads.drop_duplicates("model").set_index("model")["family"]
     syntax["family"] = syntax["model"].map(families).astype("string")
@@ -373,7 +378,7 @@ def test_the_atlas_lists_a_head_s_syntax_rows_with_the_baseline(ewt_with_syntax)
     json.dumps(data, allow_nan=False)
 
 
-def test_show_prints_the_best_heads_per_relation_and_heads_metrics_as_before(ewt_with_syntax):
+def test_show_prints_the_best_heads_per_relation_and_heads_metrics_as_before(ewt_with_syntax, ewt):
     runner = CliRunner()
     result = runner.invoke(cli, ["show", str(ewt_with_syntax), "--metric", "syntax", "--top", "3"])
     assert result.exit_code == 0, result.output
@@ -381,8 +386,13 @@ def test_show_prints_the_best_heads_per_relation_and_heads_metrics_as_before(ewt
     assert lines[0].split() == ["model", "relation", "direction", "label", "accuracy", "ci_low", "ci_high",
                                 "dependents", "baseline", "baseline_offset", "vs_baseline", "vs_low", "vs_high", "beats",
                                 "no", "claim"]
-    assert len(lines) == 1 + 2 * 3 * 2 + 2  # 2 models x 3 relations x 2 directions, the columns' line, the unit
-    assert lines[-2].startswith("columns | accuracy: ")
+    # the run's controls have no syntax rows here, but show still says what each of the run's controls is
+    controls = [m for m in dict.fromkeys(ewt.heads["model"]) if config.split_control(m)[1] is not None]
+    assert len(controls) == 2 * 6
+    # 2 models x 3 relations x 2 directions, the columns' line, a line per control, the unit
+    assert len(lines) == 1 + 2 * 3 * 2 + 1 + len(controls) + 1
+    assert lines[13].startswith("columns | accuracy: ")
+    assert [line.split(": control of ")[0] for line in lines[14:-1]] == controls
     assert lines[5].split()[:5] == ["minilm", "det", D2H, "L2H5", "0.930"] and lines[5].split()[-1] == "True"
     with_syntax = runner.invoke(cli, ["show", str(ewt_with_syntax), "--metric", "prev_token"])
     without = runner.invoke(cli, ["show", str(EWT_RUN), "--metric", "prev_token"])

@@ -47,8 +47,11 @@ def test_the_syntax_difference_is_accuracy_minus_baseline_within_its_paired_inte
     printed = top_heads_text(run, "syntax", 3).splitlines()
     header = printed[0].split()
     syntax = run["syntax"]
+    # the trained models' rows: the run's controls ("minilm [random init 2]", ...) print their rows too, 6 each
     rows = [line.split() for line in printed[1:] if line.split()[:1] in (["minilm"], ["smollm2"])]
-    assert len(rows) == 12
+    controls = [fields for fields in rows if fields[1].startswith("[")]
+    rows = [fields for fields in rows if not fields[1].startswith("[")]
+    assert len(rows) == 12 and len(controls) == 12 * 6  # each model's five random-init copies and shuffled words
     for fields in rows:
         cell = dict(zip(header, fields))
         accuracy, baseline = float(cell["accuracy"]), float(cell["baseline"])

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import headscan
-from headscan import metrics, tables
+from headscan import config, metrics, tables
 from headscan.errors import MetricError, TablesError
 from headscan.scan import sweep, sweep_model
 from headscan.tables import RunProvenance
@@ -93,7 +93,12 @@ def committed_ewt():
 
 def test_wide_has_one_row_per_head(committed_ewt):
     wide = committed_ewt.wide()
-    assert len(wide) == 6 * 12 + 30 * 9 == 342
+    # Every swept model, controls included (each control has its model's heads): minilm's 72, smollm2's 270,
+    # each with five random-init controls and a shuffled-words control.
+    assert len(wide) == 7 * (6 * 12 + 30 * 9) == 2394
+    assert len(wide) == len(committed_ewt.heads[list(tables.HEAD_COLUMNS)].drop_duplicates())
+    trained = wide[[config.split_control(m)[1] is None for m in wide["model"]]]
+    assert len(trained) == 6 * 12 + 30 * 9 == 342
     assert list(wide.columns[:6]) == list(tables.HEAD_COLUMNS)
     assert list(wide.columns[6:]) == list(dict.fromkeys(committed_ewt.heads["metric"]))
     minilm = tables.SweepTables({"heads": committed_ewt.heads[committed_ewt.heads["model"] == "minilm"]}).wide()

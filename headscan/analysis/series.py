@@ -147,7 +147,10 @@ def formation(rows: pd.DataFrame, *, metrics: Iterable[str] | None = None, hold:
     keys = ["series", "layer", "head", "metric"]
     part = rows[rows["metric"].isin(wanted)].sort_values([*keys, "step"], kind="stable")
     threshold = part["metric"].map(lambda m: role_for(m).threshold)
-    passes = (supported(part) & (part["ci_low"].astype(float) >= threshold)) if len(part) else \
+    # the rule as `formation_rule` states it: not thin, the interval's low end above uniform attention's chance;
+    # not the sweep's verdict against its random-init controls, which a series swept without them never has
+    stated = part.drop(columns=[c for c in ("null_kind", "finding", "verdict") if c in part.columns])
+    passes = (supported(stated) & (part["ci_low"].astype(float) >= threshold)) if len(part) else \
         pd.Series(dtype=bool)
     part = part.assign(passes=passes.astype(bool), threshold=threshold)
     out = []

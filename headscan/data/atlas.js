@@ -610,10 +610,12 @@ function openPanel(m, index) {
     "the value cannot carry one (thin, or not beyond chance on the striking side). \u2021: thin support.</p>";
   if (model.importance) s += '<p class="muted atlas-small">' + esc(model.importance) + "</p>";
   s += corpusExamples(model, index);
-  var controls = (D.controls || {})[model.name] || [];
+  var controls = (D.controls || {})[model.name] || [], beside = "", besideCount = 0;
   controls.forEach(function (name) {
     var other = D.models.filter(function (x) { return x.name === name; })[0];
     if (!other || other.heads !== model.heads || other.layers !== model.layers) return;
+    besideCount += 1;
+    var s = "";
     s += '<details class="atlas-more"><summary><h4>Beside its control: ' + named(name) + "</h4></summary>" +
       '<table class="atlas-scores atlas-control"><thead><tr><th>metric</th>' +
       '<th class="num">' + named(model.name) + '</th><th class="num">control</th><th class="num">chance</th></tr></thead><tbody>';
@@ -626,7 +628,16 @@ function openPanel(m, index) {
         '</td><td class="num">' + fmt(theirs.chance ? theirs.chance[index] : null, info.name) + "</td></tr>";
     });
     s += "</tbody></table></details>";
+    beside += s;
   });
+  // a run with several controls (five random-init copies and shuffled words) folds them all under one line,
+  // so the panel keeps to one screen; one control keeps its own fold
+  if (besideCount > 1) {
+    s += '<details class="atlas-more"><summary><h4>Beside its ' + besideCount + " controls</h4></summary>" +
+      beside + "</details>";
+  } else {
+    s += beside;
+  }
   var widest = 0;
   if (model.offsets) {
     model.offsets.low[index].forEach(function (lo, k) {
