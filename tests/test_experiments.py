@@ -396,3 +396,20 @@ def test_induction_formation_says_which_circuit_passes_half_its_rise_first(exper
                         "(L1H3) and the first previous-token head at 202 (L0H2), 4 steps apart")
     assert lines[5] == ("3 of the 4 rising heads of the two circuits pass half their rise inside the phase change "
                         "(steps 180 to 204), between steps 192 and 202; outside it: L1H1 232")
+
+
+def test_controls_gate_counts_findings_per_metric_and_checks_the_controls_share(experiment):
+    gate = experiment("controls_gate")
+    heads = pd.DataFrame({"model": ["m", "m", "m", "m [random init]", "m [random init 2]"],
+                          "metric": ["prev_token", "prev_token", "self", "prev_token", "prev_token"],
+                          "finding": pd.array([True, True, pd.NA, False, True], dtype="boolean")})
+    counts = gate.finding_counts({"heads": heads}, "run")
+    got = counts.set_index(["model", "metric"])["findings"].to_dict()
+    assert got == {("m", "prev_token"): 2, ("m", "self"): 0, ("m [random init]", "prev_token"): 0,
+                   ("m [random init 2]", "prev_token"): 1}
+    assert counts.set_index("model")["trained"].to_dict() == {"m": True, "m [random init]": False,
+                                                              "m [random init 2]": False}
+    verdicts = gate.check(counts).set_index("metric")
+    # one control finding against 2 trained ones is 50%, above 5%; none against none passes
+    assert verdicts.loc["prev_token", "most_by_a_control"] == 1 and not verdicts.loc["prev_token", "ok"]
+    assert verdicts.loc["self", "ok"]
