@@ -8,7 +8,6 @@ import base64
 import json
 import re
 import shutil
-import time
 from pathlib import Path
 
 import numpy as np
@@ -208,7 +207,6 @@ def test_atlas_works_in_headless_chromium(atlas_page, tmp_path):
     sync_playwright = playwright_or_skip()
     heads = load(EWT_RUN).heads
     expected = heads[(heads.model == "minilm") & (heads.label == "L0H2") & (heads.metric == "prev_token")].value.iloc[0]
-    started = time.monotonic()
     with sync_playwright() as p:
         browser = p.chromium.launch_persistent_context(
             str(tmp_path / "profile"), executable_path=shutil.which("chromium"), headless=True,
@@ -266,7 +264,6 @@ def test_atlas_works_in_headless_chromium(atlas_page, tmp_path):
             browser.close()
     assert errors == []
     assert [url for url in requests if not url.startswith(("file://", "data:"))] == []
-    assert time.monotonic() - started < 60
 
 
 @pytest.mark.browser

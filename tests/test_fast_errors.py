@@ -2,8 +2,8 @@
 
 Each command below runs in a fresh interpreter, as a user runs it, through a small wrapper that says at exit
 whether torch (or transformers) was imported. That is the check that holds on any machine; beside it, the time
-of each refusal is compared with that of ``--help`` measured in the same run, side by side (the fastest of
-three runs of each, so that a neighbour's load on a shared machine does not decide the ratio).
+of each refusal as a ratio to that of ``--help`` measured in the same run (the fastest of three runs of each) is
+printed, never asserted: a neighbour's load on a shared machine would decide it.
 """
 
 from __future__ import annotations
@@ -75,9 +75,8 @@ def test_bad_inputs_are_refused_before_torch_loads_in_about_the_time_of_help(tmp
         assert result.returncode == 1 and len(lines) == 1 and lines[0].startswith(message), (what, result.stderr)
         assert _imported(result) == "IMPORTED []", (what, _imported(result))  # the check that needs no clock
         timings[what] = seconds / help_seconds
+    # printed, never asserted: a clock on a shared machine is noise; torch not imported is the check that holds
     print({what: f"{ratio:.2f} x --help" for what, ratio in timings.items()})
-    slow = {what: round(ratio, 2) for what, ratio in timings.items() if ratio >= 2}
-    assert not slow, f"refusals slower than twice --help ({help_seconds:.2f} s): {slow}"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.txt", "notes"]  # nothing written
 
 
