@@ -18,6 +18,9 @@ from headscan.metrics.output_norm import head_output_norms
 from headscan.metrics.values import output_norm_factor
 
 TEXTS = SENTENCES + ["A bird in the hand is worth two in the bush.", "She sold sea shells by the sea shore."]
+# enough segments (bootstrap units) for intervals that are not thin, so that the planted heads can be findings
+MANY = [f"The {who} {did} the {what} near the {where}." for who in ("cat", "old man", "child", "dog")
+        for did in ("saw", "took") for what, where in (("ball", "river"), ("red box", "station"), ("map", "hill"))]
 
 
 def by_head(frame, metric, column="value"):
@@ -164,17 +167,21 @@ def planted(tmp_path_factory):
     with torch.no_grad():
         model.transformer.h[0].attn.c_proj.weight[2 * d_head:3 * d_head] *= 1e-3
     model.save_pretrained(path)
-    tables = headscan.sweep(str(path), TEXTS, bootstrap=200, max_len=32, batch_size=4, device="cpu",
+    tables = headscan.sweep(str(path), MANY, bootstrap=200, max_len=32, batch_size=4, device="cpu",
                             control=("random-init",), control_seeds=3)
     return path, {**heads, "silenced": (0, 2)}, tables
 
 
-def check_against_by_hand(path, heads):
+def trained(heads):
+    return heads[~heads["model"].str.contains("[", regex=False)]  # the trained model, not its controls
+
+
+def check_against_by_hand(path, heads, texts):
     from headscan.models import load_model
 
-    heads = heads[heads["model"] == heads["model"].iloc[0]]  # the trained model, not its controls
+    heads = trained(heads)
     model = load_model(str(path), device="cpu")
-    found = by_hand(path, model.token_ids(TEXTS))
+    found = by_hand(path, model.token_ids(texts))
     got = {metric: by_head(heads, metric) for metric in ("output_norm", "sink_ratio", "attended_logit")}
     for layer in range(model.n_layers):
         for head in range(model.n_heads):
@@ -186,28 +193,27 @@ def check_against_by_hand(path, heads):
 
 def test_random_gpt2_sweep_equals_a_plain_loop_over_hugging_face_modules(tiny_gpt2):
     heads = headscan.sweep(str(tiny_gpt2), TEXTS, bootstrap=0, max_len=32, batch_size=2, device="cpu").heads
-    check_against_by_hand(tiny_gpt2, heads)
+    check_against_by_hand(tiny_gpt2, heads, TEXTS)
 
 
 def test_planted_sweep_equals_a_plain_loop_over_hugging_face_modules(planted):
     path, _, tables = planted
-    check_against_by_hand(path, tables.heads)
+    check_against_by_hand(path, tables.heads, MANY)
 
 
 def test_planted_mover_suppressor_and_silenced_head_are_found_first_beyond_their_null(planted):
     _, heads, tables = planted
-    frame = tables.heads
-    trained = frame[frame["model"] == frame["model"].iloc[0]]
-    effect, norm = by_head(trained, "attended_logit"), by_head(trained, "output_norm")
+    model = trained(tables.heads)
+    effect, norm = by_head(model, "attended_logit"), by_head(model, "output_norm")
     assert max(effect, key=effect.get) == heads["copying"] and effect[heads["copying"]] > 0
     assert min(effect, key=effect.get) == heads["anti_copying"] and effect[heads["anti_copying"]] < 0
     assert min(norm, key=norm.get) == heads["silenced"] and norm[heads["silenced"]] < 0.01
     # the null: the range of the random-init controls' heads at the same layer
-    finding = {metric: by_head(trained, metric, "finding") for metric in ("attended_logit", "output_norm")}
+    finding = {metric: by_head(model, metric, "finding") for metric in ("attended_logit", "output_norm")}
     assert finding["attended_logit"][heads["copying"]] and finding["output_norm"][heads["silenced"]]
-    null_low = by_head(trained, "attended_logit", "null_low")
+    null_low = by_head(model, "attended_logit", "null_low")
     assert effect[heads["anti_copying"]] < null_low[heads["anti_copying"]]  # below every control head: a suppressor
-    chance = by_head(trained, "attended_logit", "chance")
+    chance = by_head(model, "attended_logit", "chance")
     assert set(chance.values()) == {0.0}
 
 

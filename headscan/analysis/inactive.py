@@ -47,8 +47,7 @@ def inactive_against_ablation(heads: pd.DataFrame, importance: pd.DataFrame,
     effect = matter_table(heads, importance, scale_of)[keys + ["method", "exact", "matters", "nil"]].rename(
         columns={"method": "effect_method"})
     table = quiet.merge(effect, how="left", on=keys)
-    nil = table["nil"].fillna(False).astype(bool)
-    matters = table["matters"].fillna(False).astype(bool)
+    nil, matters = table["nil"].eq(True), table["matters"].eq(True)  # a head not ablated: NaN, neither
     table["verdict"] = [VERDICTS[0] if n else VERDICTS[1] if m else VERDICTS[2] for n, m in zip(nil, matters)]
     return table
 

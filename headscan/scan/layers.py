@@ -466,7 +466,8 @@ def capture_for(model: HookedModel, config: SweepConfig, weights, unread: str | 
         factors = [values.output_norm_factor(W_O[layer]).to(W_O.device) for layer in range(model.n_layers)]
         capture = Capture(factors, [W_O[layer] for layer in range(model.n_layers)])
         notes = {"values": "captured: value norms ||(x W_V + b_V) W_O^h|| of each layer's values as attention reads "
-                           "them (blocks.{L}.attn.hook_v; value bias in, output bias out), W_O from the bridge"}
+                           "them (blocks.{L}.attn.hook_v; value bias in, output bias out), W_O from the bridge; "
+                           "head output norms ||z_q W_O^h|| from blocks.{L}.attn.hook_z (output_norm)"}
         if not model.causal:
             notes["dla"] = "not captured: a bidirectional model has no next-token logit"
         elif weights.untrained is not None:
