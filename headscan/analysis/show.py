@@ -187,6 +187,9 @@ def _why_undefined_here(run: SweepTables, model: str, metric: str) -> str:
     if (metric.startswith("dla") or metric == "attended_logit") and recorded and not recorded.startswith("captured"):
         return f"undefined for every head: dla {recorded}" + ("; headscan sweep --values scores it"
                                                                   if "values=False" in recorded else "")
+    noted = run.provenance.model(model).extra.get("values")  # output norms come with the values' capture
+    if metric == "output_norm" and noted and not noted.startswith("captured"):
+        return f"undefined for every head: values {noted}"
     if metric == "streaming" and {"sink", "recent"} <= set(config):
         return (f"undefined for every head: no query lies at or past position sink + recent ({config['sink']} + "
                 f"{config['recent']}); give headscan sweep longer segments, or a smaller --sink and --recent")
