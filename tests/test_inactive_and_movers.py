@@ -208,11 +208,14 @@ def test_planted_mover_suppressor_and_silenced_head_are_found_first_beyond_their
     assert max(effect, key=effect.get) == heads["copying"] and effect[heads["copying"]] > 0
     assert min(effect, key=effect.get) == heads["anti_copying"] and effect[heads["anti_copying"]] < 0
     assert min(norm, key=norm.get) == heads["silenced"] and norm[heads["silenced"]] < 0.01
-    # the null: the range of the random-init controls' heads at the same layer
-    finding = {metric: by_head(model, metric, "finding") for metric in ("attended_logit", "output_norm")}
-    assert finding["attended_logit"][heads["copying"]] and finding["output_norm"][heads["silenced"]]
-    null_low = by_head(model, "attended_logit", "null_low")
-    assert effect[heads["anti_copying"]] < null_low[heads["anti_copying"]]  # below every control head: a suppressor
+    # the null: the range of the random-init controls' heads at the same layer. With three controls and 24 units
+    # the family's false-discovery control does not make them discoveries (q about 0.06 and 0.3), so the test
+    # reads the null's range itself: each planted head lies beyond every control head of its layer
+    low = {metric: by_head(model, metric, "null_low") for metric in ("attended_logit", "output_norm")}
+    high = by_head(model, "attended_logit", "null_high")
+    assert effect[heads["copying"]] > high[heads["copying"]]  # above every control head: a mover
+    assert effect[heads["anti_copying"]] < low["attended_logit"][heads["anti_copying"]]  # below every one: a suppressor
+    assert norm[heads["silenced"]] < low["output_norm"][heads["silenced"]]  # quieter than every one: inactive
     chance = by_head(model, "attended_logit", "chance")
     assert set(chance.values()) == {0.0}
 
