@@ -184,9 +184,12 @@ def _why_undefined_here(run: SweepTables, model: str, metric: str) -> str:
     structural reason: not scored (what the sweep recorded), or no query of the corpus counts for it."""
     config = run.provenance.config
     recorded = run.provenance.model(model).extra.get("dla")
-    if metric.startswith("dla") and recorded and not recorded.startswith("captured"):
+    if (metric.startswith("dla") or metric == "attended_logit") and recorded and not recorded.startswith("captured"):
         return f"undefined for every head: dla {recorded}" + ("; headscan sweep --values scores it"
                                                                   if "values=False" in recorded else "")
+    noted = run.provenance.model(model).extra.get("values")  # output norms come with the values' capture
+    if metric == "output_norm" and noted and not noted.startswith("captured"):
+        return f"undefined for every head: values {noted}"
     if metric == "streaming" and {"sink", "recent"} <= set(config):
         return (f"undefined for every head: no query lies at or past position sink + recent ({config['sink']} + "
                 f"{config['recent']}); give headscan sweep longer segments, or a smaller --sink and --recent")

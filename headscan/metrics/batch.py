@@ -47,6 +47,9 @@ class AttentionBatch:
     logit_contributions: torch.Tensor | None = None  # (batch, head, q) z_q^h W_O^h . d[:, t_{q+1}], before the scale
     final_scale: torch.Tensor | None = None  # (batch, q) the final norm's divisor, frozen from the forward pass
     null_logit_contributions: torch.Tensor | None = None  # (batch, head, q) the same for the null head's output
+    output_norms: torch.Tensor | None = None  # (batch, head, q) ||z_q^h W_O^h||, what the head writes (b_O out)
+    # (batch, head, q) sum_k A[q, k] z_q^h W_O^h . d[:, t_k] over keys that count, before the final scale
+    attended_contributions: torch.Tensor | None = None
     # The null head's weight on each key (`headscan.metrics.chance`): None is uniform attention; value-weighted
     # attention sets the value norms, (batch, head, k).
     key_weights: torch.Tensor | None = None

@@ -104,7 +104,8 @@ class Metric:
 
 METRICS: dict[str, Metric] = {}
 # Optional AttentionBatch fields a metric may need: what a sweep captures, then what only decoding fills.
-CAPTURED = ("value_norms", "logit_contributions", "final_scale", "needle", "generated")
+CAPTURED = ("value_norms", "logit_contributions", "final_scale", "output_norms", "attended_contributions", "needle",
+            "generated")
 DECODED = ("needle", "generated")  # filled by `headscan retrieval`'s decoding steps: such metrics are never swept
 NULLS = ("uniform", "controls")
 # Why a metric's findings are tested against the null they are, where the metric does not say more.

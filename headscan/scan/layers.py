@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..config import SweepConfig
-from ..metrics import METRICS, AttentionBatch, Metric, syntax, values
+from ..metrics import METRICS, AttentionBatch, Metric, attended_logit, output_norm, syntax, values
 from ..metrics.custom import vocabulary_of
 from ..models import HookedModel
 from ..models.chunked import BLOCK_BYTES, block_rows
@@ -81,6 +81,10 @@ class Gathered:
     word_attention: dict = field(default_factory=dict)  # layer -> word attention summed over blocks (chunked syntax)
     norms: dict = field(default_factory=dict)  # layer -> (batch, head, k) value norms, before the layer's pattern
     contributions: dict = field(default_factory=dict)  # layer -> (2, batch, head, q) logit contributions, head's and null's
+    output_norms: dict = field(default_factory=dict)  # layer -> (batch, head, q) ||z_q^h W_O^h||
+    attended: dict = field(default_factory=dict)  # layer -> (batch, head, q) attended-token logit contributions
+    # layer -> [(batch, q, head, d_head) attended directions of each block of query rows], until the layer's output
+    attended_directions: dict = field(default_factory=dict)
     uniform: dict = field(default_factory=dict)  # layer -> (batch, q, head, d_head) the null head's output before W_O
     scale: torch.Tensor | None = None  # (batch, q) the final norm's scale, once the last layer has run
     waiting: list = field(default_factory=list)  # eager mode: (layer, pattern) not scored yet, scored together
@@ -148,23 +152,30 @@ def _value_batch(batch: AttentionBatch) -> AttentionBatch:
     return dataclasses.replace(batch, pattern=weighted, raw_pattern=None, key_weights=batch.value_norms)
 
 
-def _logit_batch(contributions: torch.Tensor, scale: torch.Tensor, masks: BatchMasks, model: HookedModel,
-                 config: SweepConfig) -> AttentionBatch:
-    """One layer's logit contributions (2, batch, head, q), the head's and its null head's, with the final scale
-    (batch, q), for dla's columns once the forward pass is over. No pattern is kept: its place holds a
-    zero-stride view of one 0, for the shapes."""
-    _, b, h, n = contributions.shape
-    placeholder = contributions.new_zeros(()).expand(b, h, n, n)  # (batch, head, q, k), no memory
+def _output_batch(norms: torch.Tensor, contributions: torch.Tensor | None, attended: torch.Tensor | None,
+                  scale: torch.Tensor | None, masks: BatchMasks, model: HookedModel, config: SweepConfig) -> AttentionBatch:
+    """One layer's per-query head outputs, for the columns of "outputs" once the forward pass is over: the output
+    norms (batch, head, q), and where dla was captured the logit contributions (2, batch, head, q), the head's and
+    its null head's, the attended-token contributions (batch, head, q) and the final scale (batch, q). No pattern
+    is kept: its place holds a zero-stride view of one 0, for the shapes."""
+    b, h, n = norms.shape
+    placeholder = norms.new_zeros(()).expand(b, h, n, n)  # (batch, head, q, k), no memory
     counts = masks.counts
     return AttentionBatch(placeholder, counts, counts, masks.ids, masks.sep, model.causal, config.max_offset,
-                          logit_contributions=contributions[0], final_scale=scale,
-                          null_logit_contributions=contributions[1])
+                          logit_contributions=None if contributions is None else contributions[0], final_scale=scale,
+                          null_logit_contributions=None if contributions is None else contributions[1],
+                          output_norms=norms, attended_contributions=attended)
+
+
+# AttentionBatch fields known only once a layer's output (or the last layer's residual) has come
+_OUTPUT_FIELDS = {"logit_contributions", "output_norms", "attended_contributions"}
 
 
 def _group_of(metric: Metric, table: str) -> str:
-    """Which AttentionBatch a column is scored on: "attention", "value" (value-weighted) or "logits" (dla)."""
-    if "logit_contributions" in metric.needs:
-        return "logits"
+    """Which AttentionBatch a column is scored on: "attention", "value" (value-weighted) or "outputs" (the heads'
+    outputs: dla, output_norm, attended_logit)."""
+    if _OUTPUT_FIELDS & set(metric.needs):
+        return "outputs"
     return "value" if table == "value" and metric.table != "value" else "attention"
 
 
@@ -255,6 +266,9 @@ class LayerHooks:
                  words: bool):
         self.model, self.config, self.columns, self.capture = model, config, columns, capture
         self.weighted = any(table == "value" for _, _, table in columns)  # value-weighted columns wanted
+        # the attended-token logit effect wanted, and its directions captured
+        self.attended = (capture is not None and capture.directions is not None
+                         and any("attended_contributions" in metric.needs for metric, _, _ in columns))
         self.syntax = METRICS["syntax"] if words else None  # scored over blocks of word attention in chunked mode
         self.gathered: Gathered | None = None
         self.similarity = None  # a `headscan.scan.similarity.SimilarityRun` when the sweep samples head similarity
@@ -268,8 +282,8 @@ class LayerHooks:
         found = {}
         if self.capture is not None:
             found["v"] = {layer: self.values for layer in range(self.model.n_layers)}
+            found["z"] = {layer: self.head_outputs for layer in range(self.model.n_layers)}  # output norms at least
             if self.capture.directions is not None:
-                found["z"] = {layer: self.head_outputs for layer in range(self.model.n_layers)}
                 found["out"] = {self.model.n_layers - 1: self.final_residual}
         return found
 
@@ -323,6 +337,9 @@ class LayerHooks:
                              QueryBlock(layer, block_start, block_stop, n_queries))
             return None
         start = where.start if isinstance(where, QueryBlock) else 0
+        if self.attended:  # u_q^h of these query rows, while the pattern is here; z comes after the pattern
+            gathered.attended_directions.setdefault(layer, []).append(attended_logit.attended_directions(
+                pattern, gathered.masks.counts, gathered.masks.ids, self.capture.W_O[layer], self._directions(pattern)))
         if self.similarity is not None:  # the pattern as handed over, in its own precision
             counts = gathered.masks.counts
             self.similarity.take(layer, pattern, counts[:, start: start + pattern.shape[-2]], counts, start)
@@ -380,14 +397,24 @@ class LayerHooks:
                                                                  causal=self.model.causal, n_heads=self.model.n_heads,
                                                                  window=self._window(layer, v.shape[1]))
 
+    def _directions(self, like: torch.Tensor) -> torch.Tensor:
+        """The logit directions (d_model, vocab) on `like`'s device (a device map may put a layer elsewhere)."""
+        directions = self.capture.directions
+        return directions if directions.device == like.device else directions.to(like.device)
+
     def head_outputs(self, z, layer: int) -> None:
         """(batch, q, head, d_head): each head's output before W_O."""
-        directions = self.capture.directions
-        if directions.device != z.device:  # a device map: the layer sits elsewhere
-            directions = directions.to(z.device)
-        both = torch.stack([z.to(self.gathered.uniform[layer].dtype), self.gathered.uniform.pop(layer)])
-        self.gathered.contributions[layer] = values.logit_contributions(
-            both, self.capture.W_O[layer], directions, self.gathered.masks.next_tokens.to(z.device))  # (2, batch, head, q)
+        gathered = self.gathered
+        gathered.output_norms[layer] = output_norm.head_output_norms(z, self.capture.factors[layer])  # (batch, head, q)
+        if self.attended:
+            blocks = gathered.attended_directions.pop(layer)  # the blocks of query rows, in order
+            found = blocks[0] if len(blocks) == 1 else torch.cat(blocks, 1)  # (batch, q, head, d_head)
+            gathered.attended[layer] = attended_logit.attended_contributions(z, found)  # (batch, head, q)
+        if self.capture.directions is None:
+            return
+        both = torch.stack([z.to(gathered.uniform[layer].dtype), gathered.uniform.pop(layer)])
+        gathered.contributions[layer] = values.logit_contributions(
+            both, self.capture.W_O[layer], self._directions(z), gathered.masks.next_tokens.to(z.device))  # (2, batch, head, q)
 
     def final_residual(self, residual, layer: int) -> None:
         """(batch, q, d_model): the residual stream the final norm reads."""
@@ -399,14 +426,20 @@ class LayerHooks:
         batch."""
         self._score_waiting()
         gathered = self.gathered
-        for layers, scored in gathered.scored.items():  # dla's columns, for each group of layers at once
-            if not all(layer in gathered.contributions for layer in layers):
+        for layers, scored in gathered.scored.items():  # the outputs' columns, for each group of layers at once
+            if not all(layer in gathered.output_norms for layer in layers):
                 continue
-            contributions = torch.cat([gathered.contributions.pop(layer) for layer in layers], 1)  # (2, L * batch, head, q)
-            scale = gathered.scale.to(contributions.device).repeat(len(layers), 1)
-            batch = _logit_batch(contributions, scale, gathered.masks_for(len(layers)), self.model, self.config)
-            scored.update(_score({"logits": batch}, self.columns))
-        gathered.contributions = {}  # (batch, head, q) each: dropped
+            norms = torch.cat([gathered.output_norms.pop(layer) for layer in layers])  # (L * batch, head, q)
+            contributions = attended = scale = None
+            if all(layer in gathered.contributions for layer in layers):
+                contributions = torch.cat([gathered.contributions.pop(layer) for layer in layers], 1)  # (2, L * batch, head, q)
+                scale = gathered.scale.to(norms.device).repeat(len(layers), 1)
+            if all(layer in gathered.attended for layer in layers):
+                attended = torch.cat([gathered.attended.pop(layer) for layer in layers])  # (L * batch, head, q)
+            batch = _output_batch(norms, contributions, attended, scale, gathered.masks_for(len(layers)), self.model,
+                                  self.config)
+            scored.update(_score({"outputs": batch}, self.columns))
+        gathered.contributions, gathered.output_norms, gathered.attended = {}, {}, {}  # (batch, head, q) each: dropped
         # (layers * batch, head, column) per group; groups may sit on several devices under a device map
         groups = sorted(gathered.scored.items())
         per_group = [_columns_tensor(scored, self.columns, n * len(layers), self.model.n_heads, device)
@@ -433,7 +466,8 @@ def capture_for(model: HookedModel, config: SweepConfig, weights, unread: str | 
         factors = [values.output_norm_factor(W_O[layer]).to(W_O.device) for layer in range(model.n_layers)]
         capture = Capture(factors, [W_O[layer] for layer in range(model.n_layers)])
         notes = {"values": "captured: value norms ||(x W_V + b_V) W_O^h|| of each layer's values as attention reads "
-                           "them (blocks.{L}.attn.hook_v; value bias in, output bias out), W_O from the bridge"}
+                           "them (blocks.{L}.attn.hook_v; value bias in, output bias out), W_O from the bridge; "
+                           "head output norms ||z_q W_O^h|| from blocks.{L}.attn.hook_z (output_norm)"}
         if not model.causal:
             notes["dla"] = "not captured: a bidirectional model has no next-token logit"
         elif weights.untrained is not None:

@@ -12,6 +12,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from ...analysis.importance import MATTERS, NEGLIGIBLE, STRIKING, agreement, matter_table
+from ...analysis.inactive import QUIET, inactive_against_ablation, inactive_sentence
 from ...analysis.runs import Comparison
 from ...plots.importance import atp_against_exact, effect_against_pattern
 from ..document import Bullets, Figures, Heading, Note, Table, Text
@@ -74,6 +75,19 @@ def _model_lines(comparison: Comparison, table: pd.DataFrame, scale_of: dict[str
         lines.append(f"{model} (`{target}`; {how}): the largest effects are {named}. {verdict}"
                      + (f" Sample: {notes['sample']}." if notes.get("sample") else ""))
     return lines
+
+
+def _inactive_part(comparison: Comparison, controls: dict[str, str]) -> list:
+    """One sentence per trained model with quiet heads: which ablation confirms as inactive and which not."""
+    quiet = inactive_against_ablation(comparison.heads, comparison["importance"], scale_of=controls)
+    lines = [inactive_sentence(quiet, m.name) for m in comparison.models if m.name not in controls]
+    lines = [line for line in lines if line]
+    if not lines:
+        return []
+    return [Text(f"Inactive heads: a head that writes little (output_norm, its interval below {QUIET:g} of its "
+                 "layer's mean head; Guo et al. 2024, Gu et al. 2025) should matter little, and ablation is the "
+                 "check: confirmed where its exact mean ablation's effect is nil, contradicted where it matters."),
+            Bullets(lines)]
 
 
 def _flag_table(table: pd.DataFrame, single: bool) -> Table | Note:
@@ -154,6 +168,7 @@ def importance_section(comparison: Comparison, pngs: Pngs) -> list:
              "checkpoint has a trained head, else the change of its final hidden states (1 - cosine)."),
         Bullets(_model_lines(comparison, table, controls)),
     ]
+    blocks += _inactive_part(comparison, controls)
     models = [m.name for m in comparison.models if (table["model"] == m.name).any()]
     fig = Figure(figsize=(min(MAX_WIDTH, PANEL * len(models) + 0.4), PANEL), layout="constrained")
     axes = fig.subplots(1, len(models), squeeze=False)[0]
