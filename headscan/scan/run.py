@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ..config import SweepConfig, control_name, format_layers
 from ..corpus import Corpus, pack_corpus, read_corpus, texts_corpus
-from ..errors import ConfigError, ModelLoadError, SweepInterrupted, TablesError
+from ..errors import ConfigError, HeadscanError, ModelLoadError, SweepInterrupted, TablesError
 from ..metrics.custom import check_custom, load_metric_modules
 from ..models import DEFAULT_MODELS
 from ..tables import SweepTables, check_out, load
@@ -116,6 +116,8 @@ def sweep(
     if partial is not None and restart:
         shutil.rmtree(partial, ignore_errors=True)
     names = swept_names(models, config)  # each model, then its controls
+    if config.layers is not None:
+        _check_layers(models, config)
     if "shuffled-words" in config.control:
         corpus_for(control_name(models[0], "shuffled-words"), text, config)  # refuses a corpus without words
     if ray not in (None, False):  # (model, shard) tasks on a Ray cluster, after the same checks
@@ -134,6 +136,22 @@ def sweep(
     extra = {f"state/{state_file(spec, None)}": state.save for spec, state in states.items()} \
         if shard is not None or config.layers is not None else None
     return publish(list(states.values()), config, provenance, out, overwrite=overwrite, extra=extra, partial=partial)
+
+
+def _check_layers(models: list[str], config: SweepConfig) -> None:
+    """Refuse `config.layers` where a model's config (read alone, nothing loaded) has fewer layers, before the first
+    model is swept; a config that cannot be read so is checked when its model is loaded (`plan_sweep`)."""
+    from ..config import check_layers
+    from .ray_cluster import model_config
+
+    for spec in models:
+        try:
+            found = model_config(spec)
+        except (HeadscanError, OSError, ValueError):
+            continue
+        n_layers = getattr(found, "num_hidden_layers", None) or getattr(found, "n_layer", None)
+        if isinstance(n_layers, int):
+            check_layers(config.layers, n_layers, spec)
 
 
 def _sweep_each(names: list[str], corpus: Corpus, config: SweepConfig, unit_why: str, shard: Shard | None,
