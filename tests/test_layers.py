@@ -48,10 +48,12 @@ def test_a_part_holds_its_layers_rows_and_run_json_records_its_layers(parts):
     for name in ("heads", "value", "syntax", "examples", "weights"):
         expected = whole[name][whole[name]["layer"] == 0].reset_index(drop=True)
         assert len(first[name]) == len(expected) > 0
-        pd.testing.assert_frame_equal(first[name][["model", "layer", "head"]], expected[["model", "layer", "head"]])
+        keys = ["model", "layer", "head"]
+        pd.testing.assert_frame_equal(first[name][keys].reset_index(drop=True), expected[keys])
     # a pattern metric of one layer is that layer's whole-sweep value
-    pd.testing.assert_series_equal(first.heads["value"], whole.heads[whole.heads["layer"] == 0]["value"]
-                                   .reset_index(drop=True), check_exact=True)
+    pd.testing.assert_series_equal(first.heads["value"].reset_index(drop=True),
+                                   whole.heads[whole.heads["layer"] == 0]["value"].reset_index(drop=True),
+                                   check_exact=True)
     # composition: the rows whose receiver it swept, read off the whole model's weights (sources before it)
     assert set(first.composition["layer"]) == {0}
     run = json.loads((root / "first" / "run.json").read_text())
