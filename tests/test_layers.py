@@ -122,3 +122,41 @@ def test_the_report_says_which_layers_a_part_swept(parts):
     assert set(model_shapes(comparison)["layers"]) == {"2 (swept: 0)"}
     markdown = to_markdown(build_report(comparison, top=2))
     assert "Swept on part of their layers (--layers)" in markdown and "layers 0 of 2" in markdown
+
+
+def test_join_layers_puts_every_array_of_each_part_at_its_layers():
+    """States of layers (0, 2) and (1,) of a three-layer model, cut by hand from one whole state: joined, every array
+    is the whole state's (numpy's own slicing is the reference), whatever order the parts come in."""
+    import numpy as np
+
+    from headscan.scan.passes.weights import WeightsState
+    from headscan.scan.state import FINGERPRINT_FIELDS, join_layers
+
+    rng = np.random.default_rng(0)
+    settings = {name: None for name in FINGERPRINT_FIELDS}
+    fingerprint = {"model": {"name": "m"}, "corpus": {"sha256": "0" * 64}, "settings": settings, "columns": [["x", []]]}
+    axes = {"sums": 0, "counts": 0, "chance": 0, "replicate_sums": 1, "replicate_counts": 1, "moments": 1,
+            "replicate_power": 2}
+    shapes = {"sums": (3, 2, 4), "counts": (3, 2, 4), "chance": (3, 2, 4), "replicate_sums": (5, 3, 2, 4),
+              "replicate_counts": (5, 3, 2, 4), "moments": (7, 3, 2, 4), "replicate_power": (3, 5, 3, 2, 4)}
+    whole = {name: rng.normal(size=shape) for name, shape in shapes.items()}
+    copying = rng.normal(size=(1, 3, 2))
+
+    def part(layers):
+        state = PartialState({**fingerprint, "settings": {**settings, "layers": list(layers)}}, None,
+                             **{name: np.take(array, layers, axes[name]) for name, array in whole.items()},
+                             finished=True, model={"name": "m", "n_layers": 3, "layers": list(layers)},
+                             n_segments=9, n_tokens=90, seconds=1.0,
+                             passes={"weights": WeightsState(copying[:, layers], "tied", "note")})
+        return state
+
+    for order in ([(0, 2), (1,)], [(1,), (0, 2)]):
+        joined = join_layers([part(list(layers)) for layers in order], ["a", "b"])
+        for name, array in whole.items():
+            np.testing.assert_array_equal(getattr(joined, name), array, err_msg=name)
+        np.testing.assert_array_equal(joined.passes["weights"].scores, copying)
+        assert joined.layers == (0, 1, 2) and joined.fingerprint["settings"]["layers"] is None
+        assert "layers" not in joined.model and joined.n_segments == 9 and joined.seconds == 2.0
+    with pytest.raises(TablesError, match=r"^b and a both swept layer 2 \(--layers 1-2 and 0,2\); merge runs of "
+                                          r"disjoint layers$"):
+        join_layers([part([0, 2]), part([1, 2])], ["a", "b"])
