@@ -147,7 +147,7 @@ def _check_layers(models: list[str], config: SweepConfig) -> None:
     for spec in models:
         try:
             found = model_config(spec)
-        except (HeadscanError, OSError, ValueError):
+        except (HeadscanError, OSError, ValueError, KeyError, ImportError):  # checked once loaded instead
             continue
         n_layers = getattr(found, "num_hidden_layers", None) or getattr(found, "n_layer", None)
         if isinstance(n_layers, int):
