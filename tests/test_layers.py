@@ -44,7 +44,7 @@ def test_layer_0_merged_with_the_rest_equals_the_whole_sweep_to_the_bit(parts):
 
 
 def test_a_part_holds_its_layers_rows_and_run_json_records_its_layers(parts):
-    root, _, models, whole, first, _ = parts
+    root, _, models, whole, first, rest = parts
     for name in ("heads", "value", "syntax", "examples", "weights"):
         expected = whole[name][whole[name]["layer"] == 0].reset_index(drop=True)
         assert len(first[name]) == len(expected) > 0
@@ -54,8 +54,10 @@ def test_a_part_holds_its_layers_rows_and_run_json_records_its_layers(parts):
     pd.testing.assert_series_equal(first.heads["value"].reset_index(drop=True),
                                    whole.heads[whole.heads["layer"] == 0]["value"].reset_index(drop=True),
                                    check_exact=True)
-    # composition: the rows whose receiver it swept, read off the whole model's weights (sources before it)
-    assert set(first.composition["layer"]) == {0}
+    # composition: the rows whose receiver it swept (layer 0 receives from no earlier layer), read off the whole
+    # model's weights, its sources in the layers it did not sweep
+    assert first.composition.empty
+    assert set(rest.composition["layer"]) == {1} and set(rest.composition["source_layer"]) == {0}
     run = json.loads((root / "first" / "run.json").read_text())
     assert run["config"]["layers"] == [0]
     assert [m["layers"] for m in run["models"]] == [[0], [0]]
