@@ -56,8 +56,8 @@ def test_a_part_holds_its_layers_rows_and_run_json_records_its_layers(parts):
                                    check_exact=True)
     # composition: the rows whose receiver it swept (layer 0 receives from no earlier layer), read off the whole
     # model's weights, its sources in the layers it did not sweep
-    assert first.composition.empty
-    assert set(rest.composition["layer"]) == {1} and set(rest.composition["source_layer"]) == {0}
+    assert first.frames.get("composition", pd.DataFrame()).empty
+    assert set(rest["composition"]["layer"]) == {1} and set(rest["composition"]["source_layer"]) == {0}
     run = json.loads((root / "first" / "run.json").read_text())
     assert run["config"]["layers"] == [0]
     assert [m["layers"] for m in run["models"]] == [[0], [0]]
