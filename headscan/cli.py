@@ -119,6 +119,7 @@ def sweep(models, corpus, out, save_every, shard, overwrite, restart, ray, quiet
         headscan sweep -m minilm -c en_ewt-ud-dev.conllu --control random-init --control shuffled-words
         headscan sweep -m smollm2 -c en_ewt-ud-dev.conllu --importance ablate --ablate-top 10 --importance-sample 256
         headscan sweep -m minilm -m smollm2 -c en_ewt-ud-dev.conllu --similarity-sample 64
+        headscan sweep -m smollm2 -c en_ewt-ud-dev.conllu --layers 0,5-7 --out out/some-layers
         headscan sweep --checkpoints runs/tiny -c repeat-random:n=25,count=32 --out out/tiny-series
         headscan sweep -m EleutherAI/pythia-70m@step3000 -m EleutherAI/pythia-70m@step143000 -c repeat-random
     """
@@ -256,27 +257,30 @@ def pairs(kind, n, seed, model, out, overwrite):
     click.echo(f"wrote {n} {kind} pairs to {path}")
 
 
-@cli.command(cls=GroupedCommand, short_help="Merge the outputs of a sweep's shards into its unsharded tables.")
+@cli.command(cls=GroupedCommand, short_help="Merge the shards of a sweep, or sweeps of disjoint layers, into one run's tables.")
 @click.argument("shards", nargs=-1, required=True, type=click.Path(path_type=Path))
 @options("merge")
 @_one_line_errors
 def merge(shards, out, overwrite):
-    """Merge the outputs of the N shards of one sweep into the unsharded tables.
+    """Merge the outputs of the N shards of one sweep into the unsharded tables,
+    and sweeps of disjoint layers of a model (--layers) into the whole model's.
 
     Values, sums, counts and 95% intervals are those of one sweep over the
-    whole corpus. Refuses a missing or repeated shard, and outputs of
-    different sweeps (naming what differs).
+    whole corpus and every layer given; findings are tested again over the
+    merged tables. Refuses a missing or repeated shard, two runs that sweep
+    the same layer, and outputs of different sweeps (naming what differs).
 
     Example:
 
     \b
         headscan merge out/part-0 out/part-1 out/part-2 out/part-3 --out out/all
+        headscan merge out/layers-0-5 out/layers-6-11 --out out/all
     """
     from .scan import merge as run_merge
 
     command = _effective_command(click.get_current_context())
     run_merge(list(shards), out, overwrite=overwrite, command=command)
-    click.echo(f"merged {len(shards)} shards into {out}")
+    click.echo(f"merged {len(shards)} runs into {out}")
 
 
 @cli.command(cls=GroupedCommand, short_help="Write a run as a Hugging Face dataset folder, one config per table.")

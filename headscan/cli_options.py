@@ -120,6 +120,8 @@ def _from_config(config: type, name: str) -> Opt:
         kwargs = {"multiple": True, "type": click.Choice(get_args(args[0]))}
     elif get_origin(hint) is tuple and args[0] is str:
         kwargs = {"multiple": True, "type": click.STRING} | ({"metavar": setting.metavar} if setting.metavar else {})
+    elif args and get_origin(args[0]) is tuple:  # optional numbers (--layers 0,5-7): the config parses the text
+        kwargs["type"] = click.STRING
     elif get_origin(hint) is tuple:
         kwargs |= {"default": ",".join(f"{value:g}" for value in default), "callback": _numbers(args[0], name)}
     else:
@@ -169,7 +171,7 @@ OPTIONS: dict[str, list[Opt]] = {
                                                  "control", "control_seed", "control_seeds", "importance", "ablate_top",
                                                  "ablate_first",
                                                  "importance_sample", "mask_rate", "composition", "similarity_sample", "sink",
-                                                 "recent", "examples", "metric_modules")),
+                                                 "recent", "examples", "metric_modules", "layers")),
         Opt(("save_every", "--save-every"), "run", "Save the partial state at the first window end after this many "
             "seconds.", {"default": 120.0, "show_default": True, "metavar": "SECONDS"}),
         Opt(("shard", "--shard"), "run", "Sweep only the K-th of N disjoint parts of the corpus (K from 0); combine "

@@ -29,7 +29,7 @@ from .errors import ConfigError
 
 __all__ = ["SweepConfig", "RetrievalConfig", "DEVICES", "DTYPES", "SPECIALS", "TEMPLATES", "CONTROLS", "MIN_BOOTSTRAP",
            "IMPORTANCE_METHODS", "IMPORTANCE_TARGETS", "GROUPS", "Setting", "choices", "settings", "control_name",
-           "split_control", "control_number", "hf_offline"]
+           "split_control", "control_number", "hf_offline", "parse_layers", "format_layers", "check_layers"]
 
 Device = Literal["auto", "cpu", "cuda", "mps"]
 DType = Literal["float32", "float16", "bfloat16", "float64"]
@@ -199,6 +199,13 @@ class SweepConfig:
                        "deployment value).")
     recent: int = _field(256, "scores", "streaming: the last tokens it keeps, the query's own included "
                          "(DuoAttention's recent window).")
+    # None: every layer. A string ("0,5-7") is parsed once here; the model's layer count is checked when the sweep
+    # is planned (`check_layers`), as only the model knows it
+    layers: tuple[int, ...] | None = _field(
+        None, "model", "Sweep only these layers (from 0), e.g. '0,5-7': hooks and scores only there, so a large "
+        "model costs less; `headscan merge` joins it with a sweep of the other layers into the whole model's "
+        "tables (docs/distributed.md). Not with --importance or --similarity-sample, which need every layer.",
+        metavar="LIST")
 
     def __post_init__(self):
         for name, values in choices().items():
@@ -262,9 +269,18 @@ class SweepConfig:
             raise ConfigError(f"values must be True or False, got {self.values!r}", setting="values")
         if self.prepend_bos not in (None, True, False):
             raise ConfigError(f"prepend_bos must be None, True or False, got {self.prepend_bos!r}", setting="prepend_bos")
+        if self.layers is not None:
+            object.__setattr__(self, "layers", parse_layers(self.layers))
+            # both rank or compare heads across every layer: a part of the layers cannot give its share of them
+            for name, off, why in (("importance", "off", "ranks and ablates heads across the whole model"),
+                                   ("similarity_sample", None, "compares every pair of heads, across layers")):
+                if getattr(self, name) != off:
+                    raise ConfigError(f"layers {format_layers(self.layers)}: {name} {why}, so it cannot be swept on "
+                                      f"a part of the layers; sweep it without --layers", setting="layers")
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self) | {"control": list(self.control), "metric_modules": list(self.metric_modules)}
+        return dataclasses.asdict(self) | {"control": list(self.control), "metric_modules": list(self.metric_modules),
+                                           "layers": None if self.layers is None else list(self.layers)}
 
     @property
     def controls_seed(self) -> int:
@@ -401,6 +417,54 @@ class RetrievalConfig:
     def to_json(self) -> dict:
         return {name: list(value) if isinstance(value, tuple) else value
                 for name, value in dataclasses.asdict(self).items()}
+
+
+def parse_layers(spec) -> tuple[int, ...]:
+    """Layers from a spec such as ``"0,5-7"`` (or a list of numbers, as run.json gives them back), in order;
+    a malformed spec, or a layer named twice, is a `ConfigError` naming it.
+
+    >>> parse_layers("0,5-7"), parse_layers([3, 1]), format_layers((0, 5, 6, 7, 9))
+    ((0, 5, 6, 7), (1, 3), '0,5-7,9')
+    """
+    found, parts = [], spec.split(",") if isinstance(spec, str) else None
+    for low, dash, high in (part.strip().partition("-") for part in parts or ()):
+        if low.isdigit() and (high.isdigit() or not dash) and int(high or low) >= int(low):
+            found += range(int(low), int(high or low) + 1)
+        else:
+            found = []
+            break
+    if parts is None and isinstance(spec, (list, tuple)) and all(type(x) is int and x >= 0 for x in spec):
+        found = list(spec)
+    twice = sorted({layer for layer in found if found.count(layer) > 1})
+    if not found or twice:
+        raise ConfigError(f"layers must be layer numbers from 0 and ranges A-B with A <= B, separated by commas "
+                          f"(e.g. 0,5-7); got {spec!r}" + (f": layer {twice[0]} is named twice" if twice else ""),
+                          setting="layers")
+    return tuple(sorted(found))
+
+
+def format_layers(layers) -> str:
+    """Layers as a spec, ranges joined (the inverse of `parse_layers`)."""
+    runs: list[list[int]] = []
+    for layer in sorted(layers):
+        runs[-1:] = [runs[-1] + [layer]] if runs and layer == runs[-1][-1] + 1 else [*runs[-1:], [layer]]
+    return ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
+def check_layers(layers: tuple[int, ...] | None, n_layers: int, model: str) -> tuple[int, ...]:
+    """The layers a sweep of `model` (of `n_layers` layers) scores: `layers`, or all of them for None.
+
+    >>> check_layers((0, 5, 6, 7), 6, "minilm")
+    Traceback (most recent call last):
+    ...
+    headscan.errors.ConfigError: layers 0,5-7: minilm has 6 layers (0-5); layers 6-7 out of range
+    """
+    outside = [layer for layer in layers or () if layer >= n_layers]
+    if outside:
+        raise ConfigError(f"layers {format_layers(layers)}: {model} has {n_layers} layers (0-{n_layers - 1}); "
+                          f"layer{'s' if len(outside) > 1 else ''} {format_layers(outside)} out of range",
+                          setting="layers")
+    return tuple(range(n_layers)) if layers is None else tuple(layers)
 
 
 def _whole(name: str, value, low: int) -> None:

@@ -352,7 +352,7 @@ def test_merge_with_a_missing_shard(runner, shard_runs, monkeypatch):
     assert one_line(result) == "Error: shards 1/3 are missing; merge needs all 3"
     assert not (shard_runs / "merged").exists()
     result = runner.invoke(cli, ["merge", "part-0", "part-1", "part-2", "--out", "merged"])
-    assert result.exit_code == 0 and result.output == "merged 3 shards into merged\n"
+    assert result.exit_code == 0 and result.output == "merged 3 runs into merged\n"
 
 
 def test_merge_with_a_shard_folder_that_does_not_exist(runner, shard_runs, monkeypatch):

@@ -247,7 +247,7 @@ CHANGED = {"max_len": 64, "long": "split", "limit": 5, "dtype": "bfloat16", "spe
            "bootstrap": 20, "seed": 1, "prepend_bos": False, "bootstrap_unit": "document", "window": 7,
            "pack": "sentences", "attention": "chunked", "query_chunk": 128, "values": False,
            "document_field": "doc", "importance": "atp", "ablate_top": 3, "ablate_first": True, "importance_sample": 4, "mask_rate": 0.3,
-           "sink": 4, "recent": 8, "similarity_sample": 4, "examples": 2, "composition": "on"}
+           "sink": 4, "recent": 8, "similarity_sample": 4, "examples": 2, "composition": "on", "layers": "0"}
 # The model, corpus and version facts of a fingerprint, changed in place.
 FACTS = [("headscan", None, "0.0.1"), ("model", "name", "other"), ("model", "id", "other==1"),
          ("model", "revision", "0" * 40), ("model", "control", "random-init"), ("model", "control_seed", 1),

@@ -22,14 +22,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..config import split_control
+from ..config import format_layers, split_control
 from ..errors import TablesError
 from ..metrics import METRICS
 from ..tables import IMPORTED, TABLES, ModelProvenance, RunProvenance, SweepTables
 from .claims import has_verdicts
 from .formats import code
 
-__all__ = ["ReportModel", "Comparison", "run_names", "compare_runs", "model_shapes", "run_summary", "model_sources"]
+__all__ = ["ReportModel", "Comparison", "run_names", "compare_runs", "model_shapes", "run_summary", "model_sources",
+           "swept_layers"]
 
 
 @dataclass(frozen=True)
@@ -219,6 +220,18 @@ def _shown(field_value, fallback):
     return fallback if field_value is None else field_value
 
 
+def swept_layers(p: ModelProvenance) -> str | None:
+    """Which layers a sweep of part of a model's layers (``--layers``) holds, in words; None for every layer.
+
+    >>> swept_layers(ModelProvenance("m", n_layers=12, extra={"layers": [0, 5, 6, 7]}))
+    'layers 0,5-7 of 12'
+    """
+    layers = p.extra.get("layers")
+    if not layers:
+        return None
+    return f"layers {format_layers(layers)} of {_count(p.n_layers)}"
+
+
 def model_shapes(comparison: Comparison) -> pd.DataFrame:
     """One row per model comparing their shapes, from each run's provenance (the tables where it is silent).
 
@@ -236,7 +249,8 @@ def model_shapes(comparison: Comparison) -> pd.DataFrame:
             "run": m.run,
             "model": m.name,
             "family": _shown(p.family, m.family),
-            "layers": _count(_shown(p.n_layers, int(part["layer"].max()) + 1)),
+            "layers": _count(_shown(p.n_layers, int(part["layer"].max()) + 1))
+            + (f" (swept: {format_layers(p.extra['layers'])})" if p.extra.get("layers") else ""),
             "heads": _count(_shown(p.n_heads, int(part["head"].max()) + 1)),
             "kv heads": _count(_shown(p.n_kv_heads, int(part["kv_group"].max()) + 1)),
             "width": _count(p.d_model),

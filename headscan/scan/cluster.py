@@ -348,7 +348,10 @@ def sweep_on_ray(
         extra["skipped"] = skipped
     provenance = dataclasses.replace(provenance, config=provenance.config | {"device": ", ".join(sorted(devices))},
                                      extra=provenance.extra | extra)
-    return publish(totals, config, provenance, out, overwrite=overwrite, partial=partial)
+    # a part of the layers keeps each model's state, which `headscan merge` joins with the other layers'
+    kept = {f"state/{state_file(spec, None)}": state.save for spec, state in zip(swept, totals)} \
+        if config.layers is not None else None
+    return publish(totals, config, provenance, out, overwrite=overwrite, extra=kept, partial=partial)
 
 
 def _tasks(models: list[str], saved: _Saved, count: int) -> tuple[list[_Task], dict]:

@@ -58,8 +58,8 @@ def finish(state: PartialState, config: SweepConfig) -> dict[str, pd.DataFrame]:
     # after `thin` has read the intervals against the metric's own bounds, so that its calibration stands
     ceiling = np.array([metric.bounds(keys=config.max_len)[1] for metric, _, _ in columns])  # (column,)
     values |= {end: np.minimum(values[end], ceiling) for end in ("ci_low", "ci_high", "joint_low", "joint_high")}
-    n_layers, n_heads, _ = state.sums.shape
-    layer, head = np.meshgrid(np.arange(n_layers), np.arange(n_heads), indexing="ij")  # (layer, head)
+    n_layers, n_heads, _ = state.sums.shape  # the swept layers (all, unless the sweep had `layers`)
+    layer, head = np.meshgrid(np.asarray(state.layers), np.arange(n_heads), indexing="ij")  # (layer, head)
     group = n_heads // (model.n_kv_heads or n_heads)
     per_head = head_columns(model.name, model.family, layer.ravel(), head.ravel(), head.ravel() // group)
     by_table: dict[str, list[int]] = {}

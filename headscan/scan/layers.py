@@ -263,8 +263,10 @@ class LayerHooks:
     """The hooks of one model's sweep, as methods, and what the batch in progress has gathered (`gathered`)."""
 
     def __init__(self, model: HookedModel, config: SweepConfig, columns: list[Column], capture: Capture | None,
-                 words: bool):
+                 words: bool, layers: tuple[int, ...] | None = None):
         self.model, self.config, self.columns, self.capture = model, config, columns, capture
+        # the layers hooked and scored (`SweepPlan.layers`): `finish` hands over their sums, in this order
+        self.layers = tuple(range(model.n_layers)) if layers is None else tuple(layers)
         self.weighted = any(table == "value" for _, _, table in columns)  # value-weighted columns wanted
         # the attended-token logit effect wanted, and its directions captured
         self.attended = (capture is not None and capture.directions is not None
@@ -275,15 +277,16 @@ class LayerHooks:
 
     def patterns(self) -> dict:
         """The pattern hook of every layer, for `headscan.models.pattern_forward`."""
-        return {layer: functools.partial(self.pattern, layer) for layer in range(self.model.n_layers)}
+        return {layer: functools.partial(self.pattern, layer) for layer in self.layers}
 
     def internals(self) -> dict:
         """The hooks on other tensors of the pass (values, head outputs, the last residual), where captured."""
         found = {}
         if self.capture is not None:
-            found["v"] = {layer: self.values for layer in range(self.model.n_layers)}
-            found["z"] = {layer: self.head_outputs for layer in range(self.model.n_layers)}  # output norms at least
+            found["v"] = {layer: self.values for layer in self.layers}
+            found["z"] = {layer: self.head_outputs for layer in self.layers}  # output norms at least
             if self.capture.directions is not None:
+                # dla reads the final norm's scale: the pass runs to the last layer, swept or not
                 found["out"] = {self.model.n_layers - 1: self.final_residual}
         return found
 
@@ -356,7 +359,7 @@ class LayerHooks:
                 self._score_waiting()
                 held = 0
             gathered.waiting.append((layer, pattern))
-            if layer == self.model.n_layers - 1 or held + size >= STACK_BYTES:
+            if layer == self.layers[-1] or held + size >= STACK_BYTES:
                 self._score_waiting()
             return None  # the pattern goes on unchanged (it is only read, never written)
         # a layer waiting is scored before one that comes in blocks, so that every group holds consecutive layers
@@ -421,8 +424,8 @@ class LayerHooks:
         self.gathered.scale = values.final_norm_scale(residual, kind=self.capture.final_norm, eps=self.capture.final_eps)
 
     def finish(self, n: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """After the batch's pass: dla's columns scored (they need the final scale), then every layer's sums,
-        counts and chance sums, (layer, batch, head, column) float64 on `device`, for the `n` sequences of the
+        """After the batch's pass: dla's columns scored (they need the final scale), then every swept layer's sums,
+        counts and chance sums, (swept layer, batch, head, column) float64 on `device`, for the `n` sequences of the
         batch."""
         self._score_waiting()
         gathered = self.gathered

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .. import __version__
-from ..config import SweepConfig
+from ..config import SweepConfig, check_layers
 from ..corpus import Corpus, Segment  # noqa: F401  (Segment: the doctest's)
 from ..metrics import DECODED, METRICS, Metric
 from .passes.base import PASSES
@@ -92,6 +92,9 @@ class SweepPlan:
     windows: tuple[tuple[int, ...], ...]  # segment indices, window by window (`plan_windows`)
     fingerprint: dict  # all that a saved or another shard's state must share with this sweep's
     passes: tuple[str, ...] = ()  # the registered passes this sweep runs (`headscan.scan.passes`), in order
+    # the model's layers this sweep hooks and scores (all of them unless ``config.layers``): the layer axis of every
+    # array of its state is these, in order
+    layers: tuple[int, ...] = ()
 
 
 def plan_sweep(model: HookedModel, corpus: Corpus, config: SweepConfig, shard: Shard | None = None, *,
@@ -103,6 +106,7 @@ def plan_sweep(model: HookedModel, corpus: Corpus, config: SweepConfig, shard: S
         config, unit_why = resolve_unit(corpus, config)
     elif config.bootstrap_unit == "auto":
         raise ValueError("plan_sweep: unit_why given for a config whose bootstrap_unit is still 'auto'")
+    layers = check_layers(config.layers, model.n_layers, model.name)  # refuses a layer the model does not have
     words = has_words(corpus.kind)
     columns = tuple(columns_of(config, words))
     windows = tuple(tuple(window) for window in plan_windows(corpus, config, shard))
@@ -114,14 +118,16 @@ def plan_sweep(model: HookedModel, corpus: Corpus, config: SweepConfig, shard: S
                   # read windows (no entry) does not resume into one that does
                   **({"windows": list(model.windows)} if model.windows else {})},
         "corpus": {"source": corpus.source, "kind": corpus.kind, "sha256": corpus.sha256},
-        "settings": {name: getattr(config, name) for name in FINGERPRINT_FIELDS},
+        # as JSON gives them back (a saved state's are lists)
+        "settings": {name: list(value) if isinstance(value := getattr(config, name), tuple) else value
+                     for name in FINGERPRINT_FIELDS},
         "columns": [_column_name(column) for column in columns],
     }
     # a metric defined outside headscan: its text's hash, so a state swept with another definition never mixes in
     custom = {metric.name: metric.origin["sha256"] for metric, _, _ in columns if metric.origin is not None}
     if custom:
         marks["custom_metrics"] = custom
-    plan = SweepPlan(config, unit_why, clamped, shard, words, columns, windows, marks)
+    plan = SweepPlan(config, unit_why, clamped, shard, words, columns, windows, marks, layers=layers)
     passes = tuple(name for name, one in PASSES.items() if one.wanted(plan))
     marks["passes"] = list(passes)  # a state swept without a pass cannot resume or merge into a sweep with it
     return dataclasses.replace(plan, passes=passes)

@@ -23,7 +23,7 @@ from ..errors import ConfigError, ModelNotFoundError
 from .budget import auto_mode, chunked_bytes, eager_bytes
 
 __all__ = ["Cluster", "connect", "worker_memory", "worker_resources", "plan_workers", "describe_resources",
-           "choose_shards",
+           "choose_shards", "model_config",
            "SHARDS_PER_WORKER", "CONNECT_TIMEOUT", "PROCESS_BYTES", "WEIGHT_COPIES"]
 
 SHARDS_PER_WORKER = 4  # fast workers take more shards, and a lost worker costs one small shard
@@ -113,7 +113,7 @@ def connect(address: str | bool | None = None):
         ray.shutdown()
 
 
-def _model_config(spec: str):
+def model_config(spec: str):
     """The Hugging Face config of `spec` (an alias, a folder, a .gguf file or a hub id), read as `load_model`
     would find it; nothing else is read."""
     from transformers import AutoConfig
@@ -142,7 +142,7 @@ def worker_memory(spec: str, config: SweepConfig) -> int:
     import torch
     from transformers import AutoModel
 
-    hf_config = _model_config(split_control(spec)[0])
+    hf_config = model_config(split_control(spec)[0])
     with torch.device("meta"):
         model = AutoModel.from_config(hf_config)
     parameters = sum(p.numel() for p in model.parameters())

@@ -120,7 +120,7 @@ def accumulate(
         plan = plan_sweep(model, corpus, plan, shard)
     config, windows = plan.config, plan.windows
     if state is None:
-        shape = (model.n_layers, model.n_heads, len(plan.columns))
+        shape = (len(plan.layers), model.n_heads, len(plan.columns))  # the swept layers only
         state = PartialState.empty(plan.fingerprint, plan.shard, shape, config.bootstrap)
     head_weights, unread = read_weights(model)  # once, for the weights table and for value weighting
     layers, attention = _hooks(model, plan, state, head_weights, unread)
@@ -182,7 +182,9 @@ def _hooks(model: HookedModel, plan: SweepPlan, state: PartialState, head_weight
     state.model = model.provenance() | ({"max_len_note": plan.clamped} if plan.clamped else {})
     capture, notes = capture_for(model, config, head_weights, unread)
     state.model.update(notes)  # whether values and dla were captured, and how W_U was taken
-    layers = LayerHooks(model, config, pattern_columns(list(plan.columns)), capture, plan.words)
+    layers = LayerHooks(model, config, pattern_columns(list(plan.columns)), capture, plan.words, plan.layers)
+    if len(plan.layers) < model.n_layers:  # recorded with the model: which of its layers the tables hold
+        state.model["layers"] = list(plan.layers)
     attention = budget.choose(model, batch_size=config.batch_size, max_len=config.max_len,
                               budget_mib=config.attention_budget, attention=config.attention)
     state.model["attention"] = attention  # recorded: eager, or chunked with its query_chunk
@@ -197,7 +199,7 @@ def _sweep_window(forward, layers: LayerHooks, encoded: EncodedCorpus, segments:
     `n_columns` score columns; `segments` are the window's corpus indices."""
     model = layers.model
     local = {unit: n for n, unit in enumerate(dict.fromkeys(units))}
-    sums = torch.zeros((model.n_layers, len(local), model.n_heads, n_columns), dtype=torch.float64, device=device)
+    sums = torch.zeros((len(layers.layers), len(local), model.n_heads, n_columns), dtype=torch.float64, device=device)
     window = Window(local, sums, torch.zeros_like(sums), torch.zeros_like(sums[:, 0]))
     pad = model.special_token_ids["pad"]
     pad = pad if pad is not None else 0  # masked out, so any id will do (GPT-2 has no pad token)

@@ -25,9 +25,9 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..config import SweepConfig, control_name
+from ..config import SweepConfig, control_name, format_layers
 from ..corpus import Corpus, pack_corpus, read_corpus, texts_corpus
-from ..errors import ConfigError, ModelLoadError, SweepInterrupted, TablesError
+from ..errors import ConfigError, HeadscanError, ModelLoadError, SweepInterrupted, TablesError
 from ..metrics.custom import check_custom, load_metric_modules
 from ..models import DEFAULT_MODELS
 from ..tables import SweepTables, check_out, load
@@ -38,7 +38,7 @@ from .inputs import check_sweep
 from .plan import plan_sweep, resolve_unit
 from .reduce import accumulate
 from .resume import SAVE_EVERY, check_resumable, partial_folder, state_file, stop_requests
-from .state import PartialState, Shard, merge_states
+from .state import PartialState, Shard, join_layers, merge_states
 
 __all__ = ["sweep", "merge", "SweepInterrupted"]
 
@@ -116,6 +116,8 @@ def sweep(
     if partial is not None and restart:
         shutil.rmtree(partial, ignore_errors=True)
     names = swept_names(models, config)  # each model, then its controls
+    if config.layers is not None:
+        _check_layers(models, config)
     if "shuffled-words" in config.control:
         corpus_for(control_name(models[0], "shuffled-words"), text, config)  # refuses a corpus without words
     if ray not in (None, False):  # (model, shard) tasks on a Ray cluster, after the same checks
@@ -130,10 +132,26 @@ def sweep(
     provenance = run_provenance(text, config, command=command, started=started, shard=shard, unit_why=unit_why)
     if skipped:
         provenance = dataclasses.replace(provenance, extra=provenance.extra | {"skipped": skipped})
-    # a shard's output keeps each model's state: merge needs its replicates and power sums
+    # a shard's or a part of the layers' output keeps each model's state: merge needs its replicates and power sums
     extra = {f"state/{state_file(spec, None)}": state.save for spec, state in states.items()} \
-        if shard is not None else None
+        if shard is not None or config.layers is not None else None
     return publish(list(states.values()), config, provenance, out, overwrite=overwrite, extra=extra, partial=partial)
+
+
+def _check_layers(models: list[str], config: SweepConfig) -> None:
+    """Refuse `config.layers` where a model's config (read alone, nothing loaded) has fewer layers, before the first
+    model is swept; a config that cannot be read so is checked when its model is loaded (`plan_sweep`)."""
+    from ..config import check_layers
+    from .ray_cluster import model_config
+
+    for spec in models:
+        try:
+            found = model_config(spec)
+        except (HeadscanError, OSError, ValueError, KeyError, ImportError):  # checked once loaded instead
+            continue
+        n_layers = getattr(found, "num_hidden_layers", None) or getattr(found, "n_layer", None)
+        if isinstance(n_layers, int):
+            check_layers(config.layers, n_layers, spec)
 
 
 def _sweep_each(names: list[str], corpus: Corpus, config: SweepConfig, unit_why: str, shard: Shard | None,
@@ -245,10 +263,13 @@ def _python_call(models: list[str], corpus, out, config: SweepConfig, shard: Sha
 @holding_out
 def merge(outs: list[str | Path], out: str | Path | None = None, *, overwrite: bool = False,
           command: str | None = None) -> SweepTables:
-    """Merge the outputs of the N shards of one sweep into exactly the unsharded tables, intervals included.
+    """Merge the outputs of the N shards of one sweep into exactly the unsharded tables, intervals included; and
+    sweeps of disjoint layers of the same models (``layers``, each whole or in shards) into exactly the tables of
+    their layers swept together (every layer's: the whole model's), findings recomputed over the merged family.
 
-    Each output must hold the partial states a sharded sweep keeps (``OUT/state/``). Refuses outputs of
-    different sweeps (naming what differs), a shard given twice, and a missing shard.
+    Each output must hold the partial states a sharded or layer sweep keeps (``OUT/state/``). Refuses outputs of
+    different sweeps (naming what differs), a shard given twice, a missing shard, and two runs that sweep the
+    same layer (naming the runs and the layers).
     """
     if not outs:
         raise ConfigError("merge needs the output folders of the shards (headscan sweep --shard K/N --out ...)")
@@ -272,11 +293,38 @@ def merge(outs: list[str | Path], out: str | Path | None = None, *, overwrite: b
             if not file.is_file():
                 raise TablesError(f"{path}: has no partial state for {name} ({file}); sweep it with --shard K/N")
             states.append(PartialState.load(file))
-        totals.append(merge_states(states, [str(p) for p in outs]))
+        totals.append(_combine(states, [str(p) for p in outs]))
+    layers = totals[0].fingerprint["settings"].get("layers")  # those of every part together; None: all of them
+    config = dataclasses.replace(config, layers=None if layers is None else tuple(layers))
     first = runs[0].provenance
     provenance = dataclasses.replace(
         first, run_id=None, command=command or f"headscan.merge({[str(p) for p in outs]!r})",
         finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        config=first.config | {"layers": config.to_json()["layers"]},
         extra={k: v for k, v in first.extra.items() if k != "shard"} | {"merged_from": [str(p) for p in outs]},
     )
     return publish(totals, config, provenance, out, overwrite=overwrite)
+
+
+def _combine(states: list[PartialState], names: list[str]) -> PartialState:
+    """One model's state from its runs: the shards of each set of layers added up (`merge_states`), then the sets
+    of layers joined (`join_layers`). Runs of one set of layers must be its shards; a set swept whole is one run."""
+    groups: dict[tuple | None, list[int]] = {}
+    for index, state in enumerate(states):
+        given = state.fingerprint.get("settings", {}).get("layers")
+        groups.setdefault(None if given is None else tuple(given), []).append(index)
+    if len(groups) == 1:
+        return merge_states(states, names)
+    parts, part_names = [], []
+    for indices in groups.values():
+        group, group_names = [states[i] for i in indices], [names[i] for i in indices]
+        if len(group) == 1 and group[0].shard is None:
+            parts.append(group[0])
+        elif all(state.shard is not None for state in group):
+            parts.append(merge_states(group, group_names))
+        else:
+            swept = format_layers(group[0].layers)
+            raise TablesError(f"{', '.join(group_names)}: each swept layers {swept} of the whole corpus; give one "
+                              f"run per set of layers, or all the shards of one")
+        part_names.append(" + ".join(group_names))
+    return join_layers(parts, part_names)

@@ -40,9 +40,10 @@ from pathlib import Path
 import numpy as np
 
 from .. import intervals
+from ..config import format_layers
 from ..errors import TablesError
 
-__all__ = ["PartialState", "FINGERPRINT_FIELDS", "merge_states", "add_tallies", "Shard"]
+__all__ = ["PartialState", "FINGERPRINT_FIELDS", "merge_states", "join_layers", "add_tallies", "Shard"]
 
 # 2: states carry the null head's sums (chance); 3: the replicates' power sums (replicate_power); 4: each pass's state
 # under its own name. An older state is refused, to be swept again: what it lacks cannot be rebuilt from it.
@@ -55,7 +56,7 @@ _CORE = ("sums", "counts", "replicate_sums", "replicate_counts", "moments", "cha
 FINGERPRINT_FIELDS = ("max_len", "long", "limit", "dtype", "specials", "max_offset", "bootstrap", "seed", "prepend_bos",
                       "bootstrap_unit", "window", "pack", "attention", "query_chunk", "values", "document_field",
                       "importance", "ablate_top", "ablate_first", "importance_sample", "mask_rate", "sink", "recent",
-                      "similarity_sample", "examples", "composition")
+                      "similarity_sample", "examples", "composition", "layers")
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,13 @@ class PartialState:
         return cls(fingerprint, shard, zeros, zeros.copy(), np.zeros((n_replicates, *shape)),
                    np.zeros((n_replicates, *shape)), intervals.unit_moments(zeros[None], zeros[None]) * 0, zeros.copy(),
                    np.zeros((len(intervals.REPLICATE_TERMS), n_replicates, *shape)))
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        """The model's layers along the layer axis of the arrays: those the sweep was given (`SweepConfig.layers`),
+        else every one."""
+        given = self.fingerprint.get("settings", {}).get("layers")
+        return tuple(range(self.sums.shape[0])) if given is None else tuple(given)
 
     # --- saving and loading ----------------------------------------------------------------------------
 
@@ -369,4 +377,58 @@ def merge_states(states: list[PartialState], names: list[str]) -> PartialState:
         total.seconds += state.seconds
         total.tallies = add_tallies(total.tallies, state.tallies)
     total.fingerprint["shard"] = None
+    return total
+
+
+def join_layers(states: list[PartialState], names: list[str]) -> PartialState:
+    """Join finished states of disjoint layers of one model (sweeps with `SweepConfig.layers`, each over the whole
+    corpus) into the state of their layers together: every array's layer axis concatenated and put in layer order,
+    each pass's state joined by the pass (`headscan.scan.passes.base.Pass.join`). The counts of segments and tokens
+    are the corpus's, the same in every part; the seconds add up.
+
+    Refuses a state that did not finish, states of different sweeps (naming what differs besides the layers) and
+    parts that sweep a layer twice (naming the parts and the layers).
+    """
+    first = states[0]
+    for state, name in zip(states, names):
+        if not state.finished:
+            raise TablesError(f"{name}: did not finish ({state.windows_done} windows done); rerun its command to "
+                              f"complete it")
+        unlayered = [{**s.fingerprint, "settings": {**s.fingerprint.get("settings", {}), "layers": None}}
+                     for s in (first, state)]
+        differences = fingerprint_differences(*unlayered)
+        if differences:
+            raise TablesError(f"{name}: not a sweep of other layers of the same model, corpus and settings as "
+                              f"{names[0]}: {'; '.join(differences[:3])}")
+        if list(state.passes) != list(first.passes):
+            raise TablesError(f"{name}: ran the passes {list(state.passes)}, {names[0]} {list(first.passes)}; join "
+                              f"sweeps of one model with the same settings")
+    owner: dict[int, str] = {}
+    for state, name in zip(states, names):
+        twice = [layer for layer in state.layers if layer in owner]
+        if twice:
+            raise TablesError(f"{name} and {owner[twice[0]]} both swept layer{'s' if len(twice) > 1 else ''} "
+                              f"{format_layers(twice)} (--layers {format_layers(state.layers)} and "
+                              f"{format_layers([k for k, v in owner.items() if v == owner[twice[0]]])}); merge "
+                              f"runs of disjoint layers")
+        owner.update(dict.fromkeys(state.layers, name))
+    layers = [layer for state in states for layer in state.layers]
+    order = np.argsort(layers, kind="stable")
+
+    def joined(name: str, axis: int) -> np.ndarray:
+        return np.take(np.concatenate([getattr(s, name) for s in states], axis), order, axis)
+
+    n_layers = first.model.get("n_layers")
+    every = n_layers is not None and len(layers) == n_layers
+    fingerprint = {**first.fingerprint,
+                   "settings": {**first.fingerprint["settings"], "layers": None if every else sorted(layers)}}
+    model = {key: value for key, value in first.model.items() if key != "layers"} | \
+        ({} if every else {"layers": sorted(layers)})
+    passes = {name: _passes()[name].join([s.passes[name] for s in states], order, names) for name in first.passes}
+    total = PartialState(fingerprint, first.shard, joined("sums", 0), joined("counts", 0), joined("replicate_sums", 1),
+                         joined("replicate_counts", 1), joined("moments", 1), joined("chance", 0),
+                         joined("replicate_power", 2), windows_done=first.windows_done, finished=True, model=model,
+                         n_segments=first.n_segments, n_tokens=first.n_tokens, n_truncated=first.n_truncated,
+                         n_tokens_lost=first.n_tokens_lost, seconds=sum(s.seconds for s in states),
+                         tallies=dict(first.tallies), passes=passes)
     return total

@@ -7,7 +7,7 @@ import pandas as pd
 
 from ...analysis import movement
 from ...analysis.ranking import striking_order
-from ...analysis.runs import Comparison
+from ...analysis.runs import Comparison, swept_layers
 from ...metrics import describe
 from ...plots import heatmaps
 from ..document import Bullets, Figures, Heading, Text
@@ -28,6 +28,10 @@ def heatmaps_section(comparison: Comparison, pngs: Pngs) -> list:
              "striking. Grey cells are undefined. Where a metric is 0 or undefined for every head of a model by "
              "construction, one sentence says why instead of a grid."),
     ]
+    part_swept = [f"{m.name}: {where}" for m in comparison.models if (where := swept_layers(m.provenance))]
+    if part_swept:  # a sweep with --layers: the layers it did not sweep are grey rows, or past the grid's end
+        blocks.append(Text(f"Swept on part of their layers (--layers), so the other layers have no rows: "
+                           f"{'; '.join(part_swept)}. `headscan merge` joins such runs into the whole model's."))
     for metric in comparison.metrics:
         if metric in OWN_SECTION:  # drawn in "What heads move", on their own scale
             continue
@@ -53,9 +57,10 @@ def heatmaps_section(comparison: Comparison, pngs: Pngs) -> list:
 
             def draw(part, name, ax, cbar, metric=metric, vmax=vmax):
                 n_layers = int(part["layer"].max()) + 1
+                shown = swept_layers(comparison.model(name).provenance) or f"{n_layers} layers"
                 heatmaps.head_heatmap(part, model=name, metric=metric, ax=ax, vmin=0.0, vmax=vmax,
                                      annotate_top=ANNOTATE_TOP, cbar=cbar,
-                                     title=f"{name} ({comparison.model(name).family}, {n_layers} layers)")
+                                     title=f"{name} ({comparison.model(name).family}, {shown})")
 
             files = heatmap_rows([(m.name, part) for m, part in drawable], pngs, f"heatmap_{metric}", draw)
             scale = "0 to 1, one scale for every model" if bounded else f"0 to {vmax:.2f}, one scale for every model"

@@ -6,7 +6,8 @@ A *pass* (the weights table, the syntax baseline, head importance, head similari
   (`Pass.empty`): a dataclass of its own, kept in ``PartialState.passes[name]``;
 - what it does while the model runs (`Pass.open` returns a `PassRun`, which sees each batch before and after its
   forward pass and each window's end);
-- how two shards' states add up (`Pass.merge`) and how a state is saved and read back (`Pass.save`, `Pass.load`:
+- how two shards' states add up (`Pass.merge`), how states of disjoint layers of one model join (`Pass.join`, for
+  sweeps with ``layers``), and how a state is saved and read back (`Pass.save`, `Pass.load`:
   a JSON-able header and numpy arrays, stored in the partial state's ``.npz`` under the pass's name);
 - the tables it writes (`Pass.frames`: one model's; `Pass.across`: over every model of the run), and what the
   model's provenance records about it (`Pass.notes`).
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from ..plan import SweepPlan
     from ..state import PartialState
 
-__all__ = ["Pass", "PassRun", "SweepRun", "BatchStep", "PASSES", "register_pass", "sums_array"]
+__all__ = ["Pass", "PassRun", "SweepRun", "BatchStep", "PASSES", "register_pass", "sums_array", "join_axis"]
 
 
 @dataclass
@@ -118,6 +119,15 @@ class Pass:
         """The state of the whole corpus from the shards' states (same fingerprint), in shard order."""
         raise NotImplementedError
 
+    def join(self, states: list, order: np.ndarray, names: list[str]):
+        """The state of the model's layers from states of disjoint layers (same fingerprint but for ``layers``):
+        each array's layer axes concatenated in the states' order, then taken in `order` (the layers sorted).
+        A pass whose state relates heads across layers cannot be joined: it raises `TablesError` saying so."""
+        from ...errors import TablesError
+
+        raise TablesError(f"the {self.name} pass relates heads across layers, so runs of parts of the layers "
+                          f"({', '.join(names)}) cannot be joined; sweep the whole model")
+
     def save(self, state) -> tuple[dict, dict[str, np.ndarray]]:
         raise NotImplementedError
 
@@ -154,6 +164,15 @@ def register_pass(one: Pass) -> Pass:
                           f"{', '.join(PASSES)})")
     PASSES[one.name] = one
     return one
+
+
+def join_axis(arrays: list[np.ndarray], axis: int, order: np.ndarray) -> np.ndarray:
+    """`arrays` of disjoint layers concatenated along their layer `axis`, then taken in `order` (`Pass.join`).
+
+    >>> join_axis([np.array([[0], [5]]), np.array([[2]])], 0, np.array([0, 2, 1])).ravel().tolist()
+    [0, 2, 5]
+    """
+    return np.take(np.concatenate(arrays, axis), order, axis)
 
 
 def sums_array(array: np.ndarray, ndim: int) -> np.ndarray:

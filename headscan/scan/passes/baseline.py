@@ -31,7 +31,7 @@ import torch
 
 from ... import intervals
 from ...metrics import syntax
-from .base import Pass, PassRun, sums_array
+from .base import Pass, PassRun, join_axis, sums_array
 
 __all__ = ["BaselinePass", "BaselineState", "PAIRED_COLUMNS", "IN_SAMPLE_COLUMNS", "CROSS_FIT_COLUMNS", "HALVES",
            "paired_difference", "cross_fit", "half_of"]
@@ -71,6 +71,8 @@ class BaselineState:
     half_heads: np.ndarray | None = None
     half_paired: np.ndarray | None = None
     half_units: np.ndarray | None = None
+    # the model's layers along the layer axes (a sweep of some layers: `SweepPlan.layers`); None: every layer, in order
+    layers: tuple[int, ...] | None = None
 
     @property
     def has_halves(self) -> bool:
@@ -176,13 +178,16 @@ def _delta(difference_sum, count, n_units, ss, sc, cc, level: float):
     return value, np.where(defined, low, np.nan), np.where(defined, high, np.nan)
 
 
-def _rows(frame) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Each row's syntax column (its index in `syntax.COLUMNS`; 0 where it is none of them), layer and head, and
-    whether its column is one of them."""
+def _rows(frame, state: BaselineState) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each row's syntax column (its index in `syntax.COLUMNS`; 0 where it is none of them), layer (its place on
+    the state's layer axes) and head, and whether its column is one of them."""
     # one index look-up for every row, -1 for a (relation, direction) the sweep has none of
     column = pd.MultiIndex.from_tuples(syntax.COLUMNS).get_indexer(
         pd.MultiIndex.from_arrays([frame["relation"], frame["direction"]])).astype(np.int64)
-    return np.where(column >= 0, column, 0), frame["layer"].to_numpy(int), frame["head"].to_numpy(int), column >= 0
+    layer = frame["layer"].to_numpy(int)
+    if state.layers is not None:  # a sweep of some layers keeps those alone, in order
+        layer = np.searchsorted(np.asarray(state.layers), layer)
+    return np.where(column >= 0, column, 0), layer, frame["head"].to_numpy(int), column >= 0
 
 
 def paired_difference(frame, state: BaselineState, level: float = 0.95):
@@ -194,7 +199,7 @@ def paired_difference(frame, state: BaselineState, level: float = 0.95):
     nan = np.full(n, np.nan)
     if state.paired is None or state.units is None or n == 0:
         return nan, nan, nan
-    column, layer, head, known = _rows(frame)
+    column, layer, head, known = _rows(frame, state)
     offsets = frame["baseline_offset"].to_numpy(dtype=float, na_value=np.nan)
     known = known & np.isfinite(offsets)
     offset = np.searchsorted(np.asarray(syntax.BASELINE_OFFSETS), np.where(known, offsets, 0).astype(int))
@@ -244,7 +249,7 @@ def cross_fit(frame, state: BaselineState, *, causal: bool = False, level: float
     # half h is scored with the other half's choices: other[h] = the choice made on half 1 - h
     held_base = sum(half_sums[h, 0, choice[1 - h], columns] for h in (0, 1))  # (column,)
 
-    column, layer, head, known = _rows(frame)
+    column, layer, head, known = _rows(frame, state)
     ok = known & both[column]
     hits = heads[0, layer, head, column] + heads[1, layer, head, column]
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -287,10 +292,11 @@ class BaselinePass(Pass):
 
     def empty(self, plan, model) -> BaselineState:
         n_offsets, n_columns = len(syntax.BASELINE_OFFSETS), len(syntax.COLUMNS)
-        shape = (n_offsets, model.n_layers, model.n_heads, n_columns)
+        shape = (n_offsets, len(plan.layers), model.n_heads, n_columns)
+        some = tuple(plan.layers) if len(plan.layers) < model.n_layers else None
         return BaselineState(np.zeros((2, n_offsets, n_columns)), np.zeros((2, *shape)), np.zeros((2, n_columns)),
                              np.zeros((2, 2, n_offsets, n_columns)), np.zeros((2, *shape[1:])),
-                             np.zeros((2, 2, *shape)), np.zeros((2, 2, n_columns)))
+                             np.zeros((2, 2, *shape)), np.zeros((2, 2, n_columns)), layers=some)
 
     def open(self, run, state: BaselineState) -> PassRun:
         return _BaselineRun(run, state)
@@ -301,11 +307,26 @@ class BaselinePass(Pass):
             total = total + state.sums  # same fingerprint, so the same shape
         if any(state.paired is None or state.units is None for state in states):
             return BaselineState(total)
-        merged = BaselineState(total, sum(state.paired for state in states), sum(state.units for state in states))
+        merged = BaselineState(total, sum(state.paired for state in states), sum(state.units for state in states),
+                               layers=states[0].layers)
         if all(state.has_halves for state in states):  # the halves are of unit indices, the same in every shard
             for name in _HALF_ARRAYS:
                 setattr(merged, name, sum(getattr(state, name) for state in states))
         return merged
+
+    def join(self, states: list[BaselineState], order, names: list[str]) -> BaselineState:
+        # the offsets' sums are the corpus's, the same in every part; the heads' terms join along their layer axes
+        first = states[0]
+        layers = [layer for state in states for layer in state.layers]
+        joined = BaselineState(first.sums.copy(), layers=tuple(np.take(layers, order).tolist()))
+        if any(state.paired is None or state.units is None for state in states):
+            return joined
+        joined.paired, joined.units = join_axis([s.paired for s in states], 2, order), first.units.copy()
+        if all(state.has_halves for state in states):
+            joined.half_sums, joined.half_units = first.half_sums.copy(), first.half_units.copy()
+            joined.half_heads = join_axis([s.half_heads for s in states], 1, order)
+            joined.half_paired = join_axis([s.half_paired for s in states], 3, order)
+        return joined
 
     def save(self, state: BaselineState):
         arrays = {"sums": state.sums}
@@ -313,18 +334,19 @@ class BaselinePass(Pass):
             arrays |= {"paired": state.paired, "units": state.units}
             if state.has_halves:
                 arrays |= {name: getattr(state, name) for name in _HALF_ARRAYS}
-        return {}, arrays
+        return {"layers": None if state.layers is None else list(state.layers)}, arrays
 
     def load(self, header: dict, arrays: dict) -> BaselineState:
+        layers = header.get("layers")
         sums = sums_array(arrays["sums"], 3)
         if sums.shape[0] != 2:
             raise ValueError("its arrays do not fit together")
         if "paired" not in arrays:  # saved without the paired comparison: the table leaves it NaN
-            return BaselineState(sums)
+            return BaselineState(sums, layers=layers if layers is None else tuple(layers))
         paired, units = sums_array(arrays["paired"], 5), sums_array(arrays["units"], 2)
         if paired.shape[0] != 2 or units.shape != (2, paired.shape[-1]) or paired.shape[-1] != sums.shape[-1]:
             raise ValueError("its arrays do not fit together")
-        state = BaselineState(sums, paired, units)
+        state = BaselineState(sums, paired, units, layers=layers if layers is None else tuple(layers))
         if not all(name in arrays for name in _HALF_ARRAYS):  # saved before the cross-fit: its columns stay NaN
             return state
         halves = {name: sums_array(arrays[name], ndim) for name, ndim in zip(_HALF_ARRAYS, (4, 4, 6, 3))}

@@ -7,6 +7,10 @@ shards all read the same weights, and a resumed sweep keeps the scores it read w
 scored by neither: its provenance says why (``not scored: ... post-LayerNorm``), and so does the report. Where
 scores are written, the provenance says how the weights were processed and the null drawn
 (`headscan.models.composition.composition_arrays`).
+
+A sweep of some layers (``--layers``) still reads the whole model's composition: a pair's source and receiver may
+fall on either side of the split, and the null is drawn over every pair. Its table holds the rows whose receiver it
+swept; `headscan merge` keeps one part's whole-model scores, after checking every part read the same ones.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ...errors import HeadscanError
+from ...errors import HeadscanError, TablesError
 from ...models.composition import composition_arrays, composition_refusal, composition_rows
 from ...tables import TABLES
 from .base import Pass, PassRun, sums_array
@@ -68,6 +72,16 @@ class CompositionPass(Pass):
         first = states[0]  # the same weights in every shard
         return CompositionState(first.scores.copy(), first.null.copy(), first.note)
 
+    def join(self, states: list[CompositionState], order, names: list[str]) -> CompositionState:
+        first = states[0]  # every part read the whole model's weights: the same scores, or the parts differ
+        for state, name in zip(states[1:], names[1:]):
+            if state.note != first.note or not (np.array_equal(state.scores, first.scores, equal_nan=True)
+                                                and np.array_equal(state.null, first.null, equal_nan=True)):
+                raise TablesError(f"{name}: its composition scores differ from {names[0]}'s, read off the same "
+                                  f"weights (another machine or library version?); sweep the parts again on one "
+                                  f"kind of machine, or with --composition off")
+        return CompositionState(first.scores.copy(), first.null.copy(), first.note)
+
     def save(self, state: CompositionState):
         return {"note": state.note}, {"scores": state.scores, "null": state.null}
 
@@ -79,7 +93,9 @@ class CompositionPass(Pass):
             return {}
         rows = composition_rows(state.scores, state.null)
         n_heads = state.scores.shape[-1]
-        at = (rows["layer"] * n_heads + rows["head"]).to_numpy()  # each row's receiver, in per_head's order
+        swept = np.unique(np.asarray(per_head["layer"]))  # a sweep of some layers: the rows it swept the receiver of
+        rows = rows[np.isin(rows["layer"], swept)].reset_index(drop=True)
+        at = (np.searchsorted(swept, rows["layer"]) * n_heads + rows["head"]).to_numpy()  # in per_head's order
         heads = pd.DataFrame({k: (np.asarray(v)[at] if np.ndim(v) else v) for k, v in per_head.items()})
         frame = pd.concat([heads, rows.drop(columns=["layer", "head"])], axis=1)
         nan = float("nan")

@@ -22,7 +22,7 @@ import pandas as pd
 
 from ...tables import TABLES
 from ...tables.io import significant
-from .base import Pass, PassRun
+from .base import Pass, PassRun, join_axis
 
 __all__ = ["ExamplesPass", "ExamplesState", "keep_extremes", "examples_frame", "ENDS"]
 
@@ -121,7 +121,7 @@ class ExamplesPass(Pass):
 
     def empty(self, plan, model) -> ExamplesState:
         metrics = tuple(dict.fromkeys(metric.name for metric, _, table in plan.columns if table == "heads"))
-        shape = (2, model.n_layers, model.n_heads, len(metrics), plan.config.examples)
+        shape = (2, len(plan.layers), model.n_heads, len(metrics), plan.config.examples)
         return ExamplesState(metrics, np.full(shape, -1, np.int64), np.full(shape, np.nan), np.zeros(shape))
 
     def open(self, run, state: ExamplesState) -> PassRun:
@@ -135,6 +135,12 @@ class ExamplesPass(Pass):
         units, sums, counts = keep_extremes(*merged, k)
         texts = {unit: text for s in states for unit, text in s.texts.items()}
         return ExamplesState(first.metrics, units, sums, counts, _texts_kept(units, texts))
+
+    def join(self, states: list[ExamplesState], order, names: list[str]) -> ExamplesState:
+        # each head's examples are ranked among its own units: the layers' rows join
+        joined = [join_axis([getattr(s, name) for s in states], 1, order) for name in ("units", "sums", "counts")]
+        texts = {unit: text for s in states for unit, text in s.texts.items()}
+        return ExamplesState(states[0].metrics, *joined, texts)
 
     def save(self, state: ExamplesState):
         header = {"metrics": list(state.metrics), "texts": {str(unit): text for unit, text in state.texts.items()}}

@@ -12,7 +12,7 @@ import pandas as pd
 from ...errors import HeadscanError
 from ...models.weights import copying_scores, head_weights
 from ...tables import TABLES
-from .base import Pass, PassRun, sums_array
+from .base import Pass, PassRun, join_axis, sums_array
 
 __all__ = ["WeightsPass", "WEIGHT_METRICS", "WEIGHT_CHANCE", "WeightsState", "weights_frame", "read_weights"]
 
@@ -77,11 +77,16 @@ class WeightsPass(Pass):
     def open(self, run, state: WeightsState) -> PassRun:
         if not state.scores.size:  # a resumed state read the weights when it started
             state.scores, state.embedding, state.note = _weight_scores(run.model, run.head_weights, run.unread)
+            state.scores = state.scores[:, list(run.plan.layers)]  # (weight metric, swept layer, head)
         return PassRun()
 
     def merge(self, states: list[WeightsState], names: list[str]) -> WeightsState:
         first = states[0]  # the same weights in every shard
         return WeightsState(first.scores.copy(), first.embedding, first.note)
+
+    def join(self, states: list[WeightsState], order, names: list[str]) -> WeightsState:
+        first = states[0]  # each head's scores are its own weights': the layers' rows join
+        return WeightsState(join_axis([s.scores for s in states], 1, order), first.embedding, first.note)
 
     def save(self, state: WeightsState):
         return {"embedding": state.embedding, "note": state.note}, {"scores": state.scores}
