@@ -81,23 +81,38 @@ def smallest_size(table: pd.DataFrame | None = None) -> int:
     return int(table["N"].min())
 
 
+def _curves(table: pd.DataFrame) -> tuple[np.ndarray, pd.Index, np.ndarray, np.ndarray]:
+    """The measured sizes, the families, their (family, size) factors and the widest factor at each size; a family
+    missing at a size takes that size's widest. Kept for the last table asked about: a run's findings calibrate
+    every table of every model against the same packaged one, and the pivot costs more than the rows."""
+    if _LAST_CURVES and _LAST_CURVES[0] is table:
+        return _LAST_CURVES[1]
+    sizes = np.sort(table["N"].unique()).astype(np.float64)
+    grid = table.pivot_table(index="family", columns="N", values="factor", aggfunc="max").reindex(columns=sizes)
+    widest = grid.max(axis=0).to_numpy(dtype=np.float64)
+    filled = grid.to_numpy(dtype=np.float64)
+    filled = np.where(np.isnan(filled), widest[None, :], filled)
+    _LAST_CURVES[:] = [table, (sizes, pd.Index(grid.index), filled, widest)]
+    return _LAST_CURVES[1]
+
+
+_LAST_CURVES: list = []
+
+
 def calibrate(table_name: str, metric, units, table: pd.DataFrame | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Per row of table `table_name`, the factor its interval's half-width is multiplied by and what it rests on
     (one of `BASES`): the module's rule. `units` is each row's number of bootstrap units (NaN: not recorded,
     which is read as the smallest size's factor of the row's family, the most cautious measured one)."""
     table = calibration_table() if table is None else table
-    families = family_of(table_name, metric)
+    # each distinct metric looked up once: a run's table repeats a few dozen metrics over thousands of rows
+    codes, distinct = pd.factorize(np.asarray(metric, dtype=object), use_na_sentinel=False)
     units = np.asarray(units, dtype=np.float64)
-    sizes = np.sort(table["N"].unique()).astype(np.float64)
-    # (family, size) grid; a family missing at a size takes that size's widest factor
-    grid = table.pivot_table(index="family", columns="N", values="factor", aggfunc="max").reindex(columns=sizes)
-    widest = grid.max(axis=0).to_numpy(dtype=np.float64)
-    filled = grid.to_numpy(dtype=np.float64)
-    filled = np.where(np.isnan(filled), widest[None, :], filled)
-    row_of = {family: i for i, family in enumerate(grid.index)}
-    measured = np.array([f in row_of for f in families], dtype=bool)
-    curves = np.stack([filled[row_of[f]] if f in row_of else widest for f in families]) if len(families) else \
-        np.zeros((0, len(sizes)))  # (row, size)
+    sizes, names, filled, widest = _curves(table)
+    families = family_of(table_name, distinct)
+    found = names.get_indexer(pd.Index(families, dtype=object))[codes] if len(codes) else np.zeros(0, dtype=int)
+    measured = found >= 0
+    # (row, size): the row's family's factors, the widest's where its family was never measured
+    curves = np.vstack([filled, widest[None, :]])[np.where(measured, found, len(filled))]
     at = np.where(np.isnan(units), sizes[0], np.clip(units, sizes[0], sizes[-1]))
     log_sizes, log_at = np.log(sizes), np.log(at)
     upper = np.clip(np.searchsorted(sizes, at, side="left"), 1, len(sizes) - 1) if len(sizes) > 1 else \
@@ -106,7 +121,7 @@ def calibrate(table_name: str, metric, units, table: pd.DataFrame | None = None)
     span = log_sizes[upper] - log_sizes[lower]
     with np.errstate(invalid="ignore", divide="ignore"):
         weight = np.where(span > 0, (log_at - log_sizes[lower]) / span, 0.0)
-    rows = np.arange(len(families))
+    rows = np.arange(len(codes))
     factor = curves[rows, lower] * (1 - weight) + curves[rows, upper] * weight
     too_few = units < sizes[0]
     factor = np.where(too_few, np.nan, factor)

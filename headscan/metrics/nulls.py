@@ -234,7 +234,9 @@ def add_findings(frames: dict[str, pd.DataFrame], *, q: float = 0.05, method: st
     """
     out = dict(frames)
     tables = [t for t in FINDING_TABLES if t in frames and len(frames[t])]
-    models = list(dict.fromkeys(m for t in tables for m in frames[t]["model"].astype(str)))
+    # each table's model names as strings once (not once per model), and the models in order of first appearance
+    names = {t: frames[t]["model"].astype(str) for t in tables}
+    models = list(dict.fromkeys(m for t in tables for m in pd.unique(names[t].to_numpy(dtype=object))))
     pool = control_pool(models)
     tested = {t: [] for t in tables}
     family, found, by_table = {}, {}, {}
@@ -243,8 +245,8 @@ def add_findings(frames: dict[str, pd.DataFrame], *, q: float = 0.05, method: st
         parts = {}
         for table in tables:
             frame = frames[table]
-            rows = frame[frame["model"].astype(str) == model]
-            controls = frame[frame["model"].astype(str).isin(pool[model])] if pool[model] else None
+            rows = frame[names[table] == model]
+            controls = frame[names[table].isin(pool[model])] if pool[model] else None
             parts[table] = _tested(table, rows, controls, untrained=split_control(model)[1] == "random-init")
         for members in FAMILIES:
             mine = [t for t in members if t in parts]
