@@ -70,8 +70,9 @@ def why_not(rows: pd.DataFrame, *, striking="high", table: str | None = None) ->
     striking : "high", "low", or a Series of them aligned with `rows`
         Which end of each row's metric is striking.
     table : str, optional
-        The table the rows are of, for the coverage family of their intervals (`headscan.intervals.validated`):
-        "syntax" where they have a ``relation`` column, else "heads" unless told ("value").
+        The table the rows are of. Accepted from callers that name it; it changes nothing: a row's verdict, where
+        its table records one, already read its interval calibrated for its family and size
+        (`headscan.intervals.calibration`, applied by `headscan.metrics.nulls`).
 
     >>> rows = pd.DataFrame({"ci_low": [0.5, 0.1, 0.01, 0.5], "ci_high": [0.6, 0.2, 0.05, 0.6],
     ...                      "chance": [0.1, 0.15, 0.1, 0.1], "units": [400.0, 400, 400, 5],
