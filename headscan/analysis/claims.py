@@ -45,7 +45,8 @@ from ..intervals.verdicts import (
 
 __all__ = ["THIN", "NO_INTERVAL", "NO_CHANCE", "AT_CHANCE", "WITHIN_NULL", "NOT_DISCOVERED", "NO_NULL", "TOO_FEW",
            "NO_EMPIRICAL", "OLDER_RULE", "no_controls_text", "untrained_beyond_uniform", "findings_note", "why_not",
-           "supported", "has_verdicts", "gate_text", "run_gate_text", "null_text"]
+           "supported", "has_verdicts", "gate_text", "run_gate_text", "null_text", "control_range",
+           "untested_text"]
 
 NO_CHANCE = "no chance level"
 AT_CHANCE = "at chance"  # the interval holds the chance level
@@ -166,6 +167,49 @@ def null_text(rows_or_row) -> str:
         what += f" {row['null_low']:.3g} to {row['null_high']:.3g}"
     q = row.get("q_value")
     return f"null: {what}" + ("" if q is None or pd.isna(q) else f"; q {q:.2g}")
+
+
+def control_range(rows: pd.DataFrame, frame: pd.DataFrame, keys=("metric",)) -> pd.DataFrame:
+    """For each row of a trained model in `rows`, the range of its random-init controls' values in `frame` at the
+    same layer and `keys` (``null_low``, ``null_high``, ``controls``: how many control models have one; NaN and 0
+    where none does), in `rows`' order: the null `headscan.metrics.nulls` builds, for a table the sweep does not
+    test, so that a sentence compares a row with it rather than with uniform attention alone.
+
+    >>> frame = pd.DataFrame({"model": ["m", "m", "m [random init]", "m [random init 2]"], "metric": "x",
+    ...                       "layer": [0, 1, 0, 0], "head": [0, 0, 0, 1], "value": [0.9, 0.5, 0.1, 0.3]})
+    >>> control_range(frame[frame["model"] == "m"], frame).to_dict("list")
+    {'null_low': [0.1, nan], 'null_high': [0.3, nan], 'controls': [2, 0]}
+    """
+    on = [*keys, "layer"]
+    names = frame["model"].astype(str)
+    spec = names.map(lambda n: split_control(n)[0])
+    untrained = frame[(names.map(lambda n: split_control(n)[1]) == "random-init") & frame["value"].notna()]
+    untrained = untrained.assign(spec_=spec[untrained.index])
+    sample = untrained.groupby(["spec_", *on], sort=False, dropna=False).agg(
+        null_low=("value", "min"), null_high=("value", "max"), controls=("model", "nunique")).reset_index()
+    mine = rows[on].assign(spec_=rows["model"].astype(str).map(lambda n: split_control(n)[0]).to_numpy())
+    out = mine.merge(sample, on=["spec_", *on], how="left")  # a left merge keeps `rows`' order
+    return pd.DataFrame({"null_low": out["null_low"].to_numpy(dtype=float),
+                         "null_high": out["null_high"].to_numpy(dtype=float),
+                         "controls": out["controls"].fillna(0).astype(int).to_numpy()}, index=rows.index)
+
+
+def untested_text(metric: str, row=None, *, why: str = "no random-init controls in this run") -> str:
+    """What a sentence about a row of a table the sweep does not test says of its null: where `row` carries a
+    `control_range` (``controls`` > 0), where it lies against the controls' heads of its layer; else that it
+    describes and was not tested, and `why`.
+
+    >>> untested_text("retrieval", why="a retrieval run sweeps no random-init control")
+    'describes; not tested: no null for retrieval (a retrieval run sweeps no random-init control)'
+    >>> untested_text("reach", pd.Series({"ci_low": 0.5, "ci_high": 0.6, "null_low": 0.1, "null_high": 0.3,
+    ...                                   "controls": 5}))
+    "beyond its 5 random-init controls' heads of this layer (0.1 to 0.3): a comparison, not a tested finding"
+    """
+    if row is not None and row.get("controls", 0) and not pd.isna(row.get("null_high")):
+        where = ("beyond" if row["ci_low"] > row["null_high"] or row["ci_high"] < row["null_low"] else "overlapping")
+        return (f"{where} its {int(row['controls'])} random-init controls' heads of this layer ({row['null_low']:.3g} "
+                f"to {row['null_high']:.3g}): a comparison, not a tested finding")
+    return f"describes; not tested: no null for {metric} ({why})"
 
 
 def supported(rows: pd.DataFrame, *, striking="high") -> pd.Series:

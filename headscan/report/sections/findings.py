@@ -13,6 +13,7 @@ from ...analysis.findings import findings_by_model
 from ...analysis.ranking import fmt_score
 from ...analysis.roles import role_for
 from ...analysis.runs import Comparison
+from ...analysis.shuffled import shuffled_sentences
 from ...intervals import calibration
 from ...intervals.verdicts import TOO_FEW
 from ..document import Bullets, Heading, Table, Text
@@ -36,6 +37,9 @@ def findings_section(comparison: Comparison) -> list:
     by_model = findings_by_model(comparison.heads, provenance=provenance, controls=comparison.control_map(),
                                  weights=comparison.frames.get("weights"))
     across = family_findings(comparison.heads) + by_model.pop("", [])
+    # position against content, where a model has its shuffled-words control (headscan.analysis.shuffled)
+    for model, sentence in shuffled_sentences(comparison.heads, comparison.frames.get("syntax")).items():
+        by_model.setdefault(model, []).append(sentence)
     for model, sentences in by_model.items():
         title = f"{model} ({comparison.model(model).family})"
         blocks += [Heading(3, title), Bullets(sentences) if sentences else Text("Nothing stands out.")]
