@@ -45,7 +45,7 @@ from ..intervals.verdicts import (
 
 __all__ = ["THIN", "NO_INTERVAL", "NO_CHANCE", "AT_CHANCE", "WITHIN_NULL", "NOT_DISCOVERED", "NO_NULL", "TOO_FEW",
            "NO_EMPIRICAL", "OLDER_RULE", "no_controls_text", "untrained_beyond_uniform", "findings_note", "why_not",
-           "supported", "has_verdicts", "gate_text", "run_gate_text", "null_text", "control_range",
+           "supported", "has_verdicts", "gate_text", "run_gate_text", "recount", "null_text", "control_range",
            "untested_text"]
 
 NO_CHANCE = "no chance level"
@@ -225,10 +225,43 @@ def run_gate_text(runs) -> str:
     """`gate_text` for each of a report's sweeps ((name, tables) pairs), once where they say the same; a retrieval
     or patching run beside a sweep makes no findings of its own and is not named."""
     runs = [(name, tables) for name, tables in runs if "heads" in tables.frames] or list(runs)
-    texts = [gate_text(tables.provenance.extra.get("findings")) for _, tables in runs]
+    texts = [gate_text(recount(tables.provenance.extra.get("findings"), tables.frames)) for _, tables in runs]
     if len(set(texts)) <= 1:
         return texts[0] if texts else gate_text()
     return " ".join(f"{name}: {text}" for (name, _), text in zip(runs, texts))
+
+
+def recount(findings: dict | None, frames) -> dict | None:
+    """A run's findings summary (`headscan.metrics.nulls.add_findings`) with its counts taken again from the rows:
+    per model and table, ``tested`` the rows with a p-value and ``findings`` those with ``finding`` true, so what a
+    report says is what its tables hold, even where the rows were tested again after the summary was written.
+    The rule, q, controls and the rows calibration kept (which the rows do not record) stay the summary's.
+
+    >>> rows = pd.DataFrame({"model": ["m", "m", "m"], "p_value": [0.001, 0.2, np.nan],
+    ...                      "finding": pd.array([True, False, pd.NA], dtype="boolean")})
+    >>> out = recount({"family": {"m": 9}, "findings": {"m": 4}, "by_table": {"m": {"heads": {
+    ...     "tested": 9, "findings": 4, "kept_by_calibration": 1}}}}, {"heads": rows})
+    >>> out["family"], out["findings"], out["by_table"]["m"]["heads"]
+    ({'m': 2}, {'m': 1}, {'tested': 2, 'findings': 1, 'kept_by_calibration': 1})
+    """
+    if not findings:
+        return findings
+    out = dict(findings)
+    by_table: dict = {}
+    for model in findings.get("family", {}):
+        by_table[model] = {}
+        for table in findings.get("by_table", {}).get(model, {}) or findings.get("tables", []):
+            frame = frames.get(table) if hasattr(frames, "get") else None
+            if frame is None or "finding" not in frame.columns:
+                continue
+            mine = frame[frame["model"].astype(str) == model]
+            said = findings.get("by_table", {}).get(model, {}).get(table, {})
+            by_table[model][table] = {**said, "tested": int(mine["p_value"].notna().sum()),
+                                      "findings": int(mine["finding"].astype("boolean").fillna(False).sum())}
+    out["by_table"] = by_table
+    out["family"] = {m: sum(t["tested"] for t in tables.values()) for m, tables in by_table.items()}
+    out["findings"] = {m: sum(t["findings"] for t in tables.values()) for m, tables in by_table.items()}
+    return out
 
 
 def _controls(pool: list[str]) -> str:

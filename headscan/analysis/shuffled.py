@@ -58,11 +58,11 @@ def shuffled_rows(frame: pd.DataFrame, *, table: str = "heads") -> pd.DataFrame:
 
     >>> rows = pd.DataFrame({"model": ["m", "m [shuffled words]"] * 2, "layer": 0, "head": [0, 0, 1, 1],
     ...                      "label": ["L0H0", "L0H0", "L0H1", "L0H1"], "metric": "prev_token",
-    ...                      "value": [0.9, 0.88, 0.6, 0.12], "ci_low": [0.88, 0.86, 0.55, 0.10],
-    ...                      "ci_high": [0.92, 0.90, 0.65, 0.14], "chance": 0.1})
+    ...                      "value": [0.9, 0.86, 0.6, 0.12], "ci_low": [0.88, 0.84, 0.55, 0.10],
+    ...                      "ci_high": [0.92, 0.88, 0.65, 0.14], "chance": 0.1})
     >>> out = shuffled_rows(rows)
     >>> out[["label", "kept", "survives", "follows"]].round(3).to_dict("records")
-    [{'label': 'L0H0', 'kept': 0.975, 'survives': 'kept', 'follows': 'position'}, {'label': 'L0H1', 'kept': 0.04, 'survives': 'lost', 'follows': 'content'}]
+    [{'label': 'L0H0', 'kept': 0.95, 'survives': 'kept', 'follows': 'position'}, {'label': 'L0H1', 'kept': 0.04, 'survives': 'lost', 'follows': 'content'}]
     """
     metric = _metric_column(frame, table)
     meaning = metric.map({m: describe(m).shuffled for m in set(metric)})
@@ -87,7 +87,7 @@ def shuffled_rows(frame: pd.DataFrame, *, table: str = "heads") -> pd.DataFrame:
     both = pd.concat(parts, ignore_index=True)
     out = _compare(both)
     out["metric"] = both["metric_"].to_numpy()
-    extra = [c for c in ("finding", "thin", "q_value") if c in both.columns]
+    extra = [c for c in ("null_kind", "finding", "thin", "q_value") if c in both.columns]
     return out[columns].join(both[extra])
 
 
@@ -140,11 +140,11 @@ def shuffled_sentences(heads: pd.DataFrame, syntax: pd.DataFrame | None = None) 
 
     >>> rows = pd.DataFrame({"model": ["m", "m [shuffled words]"] * 2, "layer": 0, "head": [0, 0, 1, 1],
     ...                      "label": ["L0H0", "L0H0", "L0H1", "L0H1"], "metric": "prev_token",
-    ...                      "value": [0.9, 0.88, 0.6, 0.12], "ci_low": [0.88, 0.86, 0.55, 0.10],
-    ...                      "ci_high": [0.92, 0.90, 0.65, 0.14], "chance": 0.1})
+    ...                      "value": [0.9, 0.86, 0.6, 0.12], "ci_low": [0.88, 0.84, 0.55, 0.10],
+    ...                      "ci_high": [0.92, 0.88, 0.65, 0.14], "chance": 0.1})
     >>> print(shuffled_sentences(rows)["m"])  # doctest: +ELLIPSIS +NORMALIZE_WHITESPACE
     On shuffled words (m [shuffled words]), of m's 2 rows beyond chance that the control asks about, 1 follow
-    position: prev_token L0H0 (0.90 to 0.88, 98% of its lift kept); 1 follow content: prev_token L0H1 (0.60 to
+    position: prev_token L0H0 (0.90 to 0.86, 95% of its lift kept); 1 follow content: prev_token L0H1 (0.60 to
     0.12, 4% of its lift kept). A score kept ... taken as independent samples: ...
     """
     found = [shuffled_rows(heads, table="heads")]

@@ -131,7 +131,8 @@ def _retrieval_part(comparison: Comparison, pngs: Pngs) -> list:
             findings.append(f"{model}: " + ("1 head scores" if len(strong) == 1 else f"{len(strong)} heads score")
                             + f" above Wu et al.'s {RETRIEVAL_THRESHOLD:g} with {'its' if len(strong) == 1 else 'their'}"
                             " whole 95% interval" + ("" if pd.isna(chance) else f", and above chance ({chance:.4f})")
-                            + f", retrieval heads by Wu et al.'s definition: {named}; {said}.")
+                            + f", {'a retrieval head' if len(strong) == 1 else 'retrieval heads'} by Wu et al.'s definition: "
+                            f"{named}; {said}.")
         else:
             findings.append(f"{model}: no head's 95% interval clears {RETRIEVAL_THRESHOLD:g} and chance, so none is "
                             f"a retrieval head by Wu et al.'s definition here; {said}.")
