@@ -203,7 +203,8 @@ def _tested_run():
             value = (0.9 if head < 4 and shift is not None else 0.1 + 0.01 * rng.standard_normal())
             rows.append(dict(model=model, family="causal", layer=0, head=head, label=f"L0H{head}",
                              metric="prev_token", value=value, ci_low=value - 0.01, ci_high=value + 0.01,
-                             variance_df=50.0, chance=0.05, thin=False, units=200.0, top_unit_share=0.01))
+                             variance_df=50.0, chance=0.05, thin=False, units=200.0, top_unit_share=0.01,
+                             count=2000.0))
     out, summary = add_findings({"heads": pd.DataFrame(rows)})
     return out["heads"], summary
 

@@ -82,6 +82,10 @@ def _depth(value: float) -> str:
     return "–" if pd.isna(value) else f"{value:.2f}"
 
 
+# what the summary's heads are, in a run whose tables record no verdicts: beyond chance, which is no null
+_UNTESTED = "beyond chance; not tested: the tables record no null, and untrained heads leave uniform attention too"
+
+
 def summary_section(comparison: Comparison) -> list:
     """The encoder-versus-decoder table: each model's strongest previous- and next-token heads."""
     metrics = tuple(m for m in ("prev_token", "next_token") if m in comparison.metrics)
@@ -107,7 +111,8 @@ def summary_section(comparison: Comparison) -> list:
              else "Strongest heads by model")
     return [Heading(2, title),
             Text("Each model's strongest previous-token and next-token head among those whose value may carry a "
-                 f"claim (not thin, {'a finding beyond its null' if tested else 'beyond chance'}), where it sits by relative depth (layer / (layers - 1): 0 the first "
+                 f"claim (not thin, {'a finding beyond its null' if tested else _UNTESTED}), where it sits by relative "
+                 "depth (layer / (layers - 1): 0 the first "
                  "layer, 1 the last), and how many of the model's heads hold the role ("
                  + "; ".join(f"{role_for(m).name}: {role_for(m).rule(tested)}" for m in metrics) + ")."),
             Table(frame, numeric=numeric, sortable=True, note=" ".join(notes))]
