@@ -98,7 +98,7 @@ def test_a_syntax_head_that_keeps_its_score_on_shuffled_words_follows_the_words(
                         + _pair("m", "L0H1", 0, 1, "syntax", (0.6, 0.55, 0.65), (0.1, 0.08, 0.12), **extra)
                         ).drop(columns="metric")
     out = shuffled_rows(rows, table="syntax").set_index("label")
-    assert out.loc["L2H3", "follows"] == "content" and out.loc["L0H1", "follows"] == "position"
+    assert out.loc["L2H3", "follows"] == "content" and out.loc["L0H1", "follows"] == "word order"
     assert out.loc["L2H3", "relation"] == "nsubj"
 
 

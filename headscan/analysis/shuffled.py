@@ -4,7 +4,8 @@
 (`headscan.corpus.shuffle`; in a CoNLL-U sentence the tree is permuted with the words). Each metric's registry
 entry says what a score kept there means (`headscan.metrics.Metric.shuffled`): a metric defined by positions
 (``prev_token``, ``first_token``, ...) keeps its score where the head follows position, whatever the words; a
-syntax row keeps its score where the head follows the words, since each word keeps its head word and relation.
+syntax row keeps its score where the head follows the words, since each word keeps its head word and relation
+(and loses it where the head needs the words in their order, which carries position and syntax alike).
 
 For each row of a trained model on such a metric, `shuffled_rows` sets its score on shuffled words beside its
 score on real words:
@@ -17,8 +18,9 @@ score on real words:
   that survives shuffling (chance from each row; 0 where a row records none).
 - ``survives``: "kept" where ``kept`` >= `KEPT`; "lost" where ``kept`` <= `LOST` *and* the change's interval lies
   below 0; else "partly" (part of it kept, or too uncertain to say).
-- ``follows``: what that says the head follows, by the metric's registry entry ("position", "content"; "both
-  or unclear" for "partly").
+- ``follows``: what that says the head follows, by the metric's registry entry: "position" or "content" for a
+  positional metric kept or lost, "content" or "word order" for syntax kept or lost; "both or unclear" for
+  "partly".
 
 This module draws nothing and loads no model: it reads tables.
 """
@@ -40,7 +42,9 @@ __all__ = ["KEPT", "LOST", "shuffled_rows", "shuffled_sentences"]
 
 KEPT = 0.8  # at least this share of the lift over chance survives: the score is kept
 LOST = 0.2  # at most this share survives, and the loss is shown: the score is lost
-_OTHER = {"position": "content", "content": "position"}
+# what a lost score says: a positional metric's head followed the words; a syntax head needs the words in their
+# order (word order carries position and syntax alike, so a lost syntax score does not say the head is positional)
+_OTHER = {"position": "content", "content": "word order"}
 NAMED = 3  # heads named per group in a sentence
 
 
@@ -162,16 +166,17 @@ def shuffled_sentences(heads: pd.DataFrame, syntax: pd.DataFrame | None = None) 
                           "about, so it says nothing of position against content here.")
             continue
         groups = []
-        for follows in ("position", "content", "both or unclear"):
+        for follows in ("position", "content", "word order", "both or unclear"):
             part = claimed[claimed["follows"] == follows].sort_values("value", ascending=False)
             if len(part):
                 more = f" and {len(part) - NAMED} more" if len(part) > NAMED else ""
-                groups.append(f"{len(part)} follow {follows if follows in _OTHER else 'both, or it is unclear'}: "
+                groups.append(f"{len(part)} follow {follows if follows != 'both or unclear' else 'both, or it is unclear'}: "
                               + "; ".join(_name(r) for r in part.head(NAMED).itertuples()) + more)
         out[model] = (f"On shuffled words ({control}), of {model}'s {len(claimed)} {what} that the control asks "
                       f"about, {'; '.join(groups)}. A score kept (at least {KEPT:.0%} of its lift over chance "
                       "survives) says a head on a positional metric follows position and a syntax head follows the "
-                      f"words; a score lost (at most {LOST:.0%}, the change's 95% interval below 0) says the other. "
+                      f"words; a score lost (at most {LOST:.0%}, the change's 95% interval below 0) says a positional "
+                      "metric's head followed the words and a syntax head needs them in their order. "
                       "The real and shuffled rows' intervals are taken as independent samples: they share their "
                       "documents, so the interval is wider than a paired one would be.")
     return out

@@ -38,7 +38,7 @@ UNTESTED = {
 VALUE_NOTE = ("value.parquet's rows other than `moved` are heads.parquet's metrics on value-weighted attention: each "
               "takes its metric's null, in a false-discovery family of its own.")
 _SHUFFLED_SAID = {"position": "kept: follows position; lost: follows the words",
-                  "content": "kept: follows the words; lost: followed their positions"}
+                  "content": "kept: follows the words; lost: needs the word order"}
 
 
 def _with_controls(metric: Metric) -> str:
@@ -75,7 +75,7 @@ def null_policy(metrics=None) -> pd.DataFrame:
     >>> policy.loc["prev_token", "with random-init controls"]
     "random-init controls' heads of the same layer, and uniform chance"
     >>> policy.loc["entropy", "without them"], policy.loc["syntax", "shuffled words"]
-    ('none: not tested', 'kept: follows the words; lost: followed their positions')
+    ('none: not tested', 'kept: follows the words; lost: needs the word order')
     """
     chosen = list(METRICS.values()) if metrics is None else [METRICS[name] for name in metrics]
     return pd.DataFrame([{"metric": m.name, "table": m.table, "with random-init controls": _with_controls(m),

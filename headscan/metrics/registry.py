@@ -117,7 +117,8 @@ SHUFFLED = {
     "position": "defined by positions, which shuffling the words keeps: a head that keeps its score on shuffled "
                 "words follows position, one that loses it followed the words that stood there",
     "content": "its targets move with the words when they are shuffled (the tree is permuted with them): a head "
-               "that keeps its score follows the words, one that loses it followed where they stood",
+               "that keeps its score follows the words, one that loses it needs them in their order (which carries "
+               "position and syntax alike)",
 }
 # Why a metric's findings are tested against the null they are, where the metric does not say more.
 DEFAULT_NULL_WHY = {
