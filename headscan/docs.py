@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from .metrics import definitions_markdown
+from .metrics.null_policy import null_policy_markdown
 from .tables import tables_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -16,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # The page holding each generated block, relative to the repository root.
 PAGES = {
     "metrics": "docs/metrics.md",
+    "nulls": "docs/controls.md",
     "tables": "docs/tables.md",
     "architectures": "docs/architectures.md",
     "layout": "docs/layout.md",
@@ -28,6 +30,7 @@ def blocks() -> dict[str, str]:
 
     return {
         "metrics": definitions_markdown(),
+        "nulls": null_policy_markdown(),
         "tables": tables_markdown(),
         "architectures": support_matrix_markdown(),
         "layout": layout_markdown(),

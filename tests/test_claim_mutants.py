@@ -94,8 +94,10 @@ def test_a_retrieval_head_is_named_only_when_its_whole_interval_clears_the_thres
     trials = pd.DataFrame({"model": "m", "trial": range(20), "passed": True, "span_found": True})
     comparison = Comparison({"retrieval": retrieval, "retrieval_trials": trials}, [], [])
     said = next(b for b in _retrieval_part(comparison, Pngs()) if isinstance(b, Bullets)).items
-    assert said[1] == ("m: 1 head is a retrieval head with its whole 95% interval above 0.1 and above chance "
-                       "(0.0100): L0H0 0.60 [0.40, 0.80].")
+    assert said[1] == ("m: 1 head scores above Wu et al.'s 0.1 with its whole 95% interval, and above chance "
+                       "(0.0100), a retrieval head by Wu et al.'s definition: L0H0 0.60 [0.40, 0.80]; describes; not "
+                       "tested: no null for retrieval (Wu et al.'s threshold is a definition, not a null, and no "
+                       "random-init control was decoded beside this model).")
 
 
 # --- ROUGE stems words of more than three letters only ------------------------------------------------------------

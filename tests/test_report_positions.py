@@ -151,6 +151,10 @@ def test_no_section_without_a_long_enough_context():
     assert context_section(compare_runs([SweepTables({"heads": run()["heads"]})]), Pngs()) == []
 
 
+UNTESTED = ("describes; not tested: no null for {m} (the sweep tests no row of positions.parquet, and this run "
+            "has no random-init controls to compare with; uniform attention is no null, untrained heads leave it too)")
+
+
 def test_section_numbers_figures_and_table():
     pngs = Pngs()
     blocks = context_section(compare_runs([run(short_model=True)]), pngs)
@@ -162,12 +166,13 @@ def test_section_numbers_figures_and_table():
                         "0.400) and 0.25 at positions 16\u201331 (uniform attention: 0.040); the largest at positions "
                         "16\u201331, beyond chance: L1H1 0.40 [0.39, 0.41] (chance 0.040; 0.08 at position 1, chance "
                         "0.400), L1H0 0.30 [0.29, 0.31] (chance 0.040; 0.06 at position 1, chance 0.400), L0H1 0.20 "
-                        "[0.19, 0.21] (chance 0.040; 0.04 at position 1, chance 0.400).")
+                        "[0.19, 0.21] (chance 0.040; 0.04 at position 1, chance 0.400); " + UNTESTED.format(m="first_token_by_position")
+                        + ".")
     # the spreading heads reach exactly uniform attention's distance: none looks further than it
     assert items[1] == ("No head of gpt looks further back than uniform attention beyond its interval at positions "
                         "16\u201331: the furthest, L0H1, reaches 1.00 (at chance).")
     assert items[2] == ("gpt at positions 16\u201331: L0H0 looks nearest, 1.0 tokens [0.9, 1.1] (reach 0.08), 1.0 at "
-                        "position 1.")
+                        "position 1; " + UNTESTED.format(m="distance_by_position") + ".")
     table = next(b for b in blocks if isinstance(b, Table))
     assert table.sortable and table.frame["head"].tolist() == ["L1H1", "L1H0", "L0H1", "L0H0"]
     assert "bert (4)" in blocks[-1].text  # too short a context: named, not drawn

@@ -187,8 +187,8 @@ def test_section_text_and_parts():
             "attention-weighted to value-weighted); the largest fall: L1H1, 0.80 to 0.00.") in items
     assert any(i.startswith("gpt: the mean BOS (first-token) share falls from 0.90 to 0.09") for i in items)
     assert ("gpt: 1 of 6 heads score above 0.5 (3 above 0, mean 0.07); the highest: L0H1 0.90, L1H1 0.10, L2H1 0.10 "
-            "(embedding tied). A description of the weights, not a finding: no null was measured (a sweep with "
-            "--control random-init counts its untrained copies' heads the same way).") in items  # no controls here
+            "(embedding tied). A description of the weights; not tested: no null for copying (a sweep "
+            "with --control random-init counts its untrained copies' heads the same way).") in items  # no controls
     # the fabricated table has no chance column: the claim gate makes no claim about L2H0's attribution
     assert "gpt: no head's attribution is a finding; the largest, L2H0 +1.00 [+0.99, +1.01] logits, no chance level." \
         in items

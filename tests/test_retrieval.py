@@ -519,7 +519,9 @@ def test_published_scores_report_beside_a_headscan_retrieval_run_with_trial_coun
     ours = next(line for line in shares if line.startswith(f"| {planted['folder']} "))
     theirs = next(line for line in shares if line.startswith("| llama-tiny "))
     assert "| retrieval | 2 | 4 |" in ours and "| retrieval | 120 | 12 |" in theirs  # trial counts side by side
-    assert "llama-tiny: 1 head is a retrieval head with its whole 95% interval above 0.1: L1H2 0.81 [" in section
+    assert ("llama-tiny: 1 head scores above Wu et al.'s 0.1 with its whole 95% interval, a retrieval head by Wu "
+            "et al.'s definition: L1H2 0.81 [") in section
+    assert "describes; not tested: no null for retrieval" in section  # a threshold is no null
     assert "| llama-tiny | L1H2 | retrieval |" in section
     index = (folder / "index.html").read_text()
     assert "llama-tiny" in index

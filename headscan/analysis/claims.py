@@ -45,7 +45,8 @@ from ..intervals.verdicts import (
 
 __all__ = ["THIN", "NO_INTERVAL", "NO_CHANCE", "AT_CHANCE", "WITHIN_NULL", "NOT_DISCOVERED", "NO_NULL", "TOO_FEW",
            "NO_EMPIRICAL", "OLDER_RULE", "no_controls_text", "untrained_beyond_uniform", "findings_note", "why_not",
-           "supported", "has_verdicts", "gate_text", "run_gate_text", "null_text"]
+           "supported", "has_verdicts", "gate_text", "run_gate_text", "recount", "null_text", "control_range",
+           "untested_text"]
 
 NO_CHANCE = "no chance level"
 AT_CHANCE = "at chance"  # the interval holds the chance level
@@ -70,8 +71,9 @@ def why_not(rows: pd.DataFrame, *, striking="high", table: str | None = None) ->
     striking : "high", "low", or a Series of them aligned with `rows`
         Which end of each row's metric is striking.
     table : str, optional
-        The table the rows are of, for the coverage family of their intervals (`headscan.intervals.validated`):
-        "syntax" where they have a ``relation`` column, else "heads" unless told ("value").
+        The table the rows are of. Accepted from callers that name it; it changes nothing: a row's verdict, where
+        its table records one, already read its interval calibrated for its family and size
+        (`headscan.intervals.calibration`, applied by `headscan.metrics.nulls`).
 
     >>> rows = pd.DataFrame({"ci_low": [0.5, 0.1, 0.01, 0.5], "ci_high": [0.6, 0.2, 0.05, 0.6],
     ...                      "chance": [0.1, 0.15, 0.1, 0.1], "units": [400.0, 400, 400, 5],
@@ -167,6 +169,49 @@ def null_text(rows_or_row) -> str:
     return f"null: {what}" + ("" if q is None or pd.isna(q) else f"; q {q:.2g}")
 
 
+def control_range(rows: pd.DataFrame, frame: pd.DataFrame, keys=("metric",)) -> pd.DataFrame:
+    """For each row of a trained model in `rows`, the range of its random-init controls' values in `frame` at the
+    same layer and `keys` (``null_low``, ``null_high``, ``controls``: how many control models have one; NaN and 0
+    where none does), in `rows`' order: the null `headscan.metrics.nulls` builds, for a table the sweep does not
+    test, so that a sentence compares a row with it rather than with uniform attention alone.
+
+    >>> frame = pd.DataFrame({"model": ["m", "m", "m [random init]", "m [random init 2]"], "metric": "x",
+    ...                       "layer": [0, 1, 0, 0], "head": [0, 0, 0, 1], "value": [0.9, 0.5, 0.1, 0.3]})
+    >>> control_range(frame[frame["model"] == "m"], frame).to_dict("list")
+    {'null_low': [0.1, nan], 'null_high': [0.3, nan], 'controls': [2, 0]}
+    """
+    on = [*keys, "layer"]
+    names = frame["model"].astype(str)
+    spec = names.map(lambda n: split_control(n)[0])
+    untrained = frame[(names.map(lambda n: split_control(n)[1]) == "random-init") & frame["value"].notna()]
+    untrained = untrained.assign(spec_=spec[untrained.index])
+    sample = untrained.groupby(["spec_", *on], sort=False, dropna=False).agg(
+        null_low=("value", "min"), null_high=("value", "max"), controls=("model", "nunique")).reset_index()
+    mine = rows[on].assign(spec_=rows["model"].astype(str).map(lambda n: split_control(n)[0]).to_numpy())
+    out = mine.merge(sample, on=["spec_", *on], how="left")  # a left merge keeps `rows`' order
+    return pd.DataFrame({"null_low": out["null_low"].to_numpy(dtype=float),
+                         "null_high": out["null_high"].to_numpy(dtype=float),
+                         "controls": out["controls"].fillna(0).astype(int).to_numpy()}, index=rows.index)
+
+
+def untested_text(metric: str, row=None, *, why: str = "no random-init controls in this run") -> str:
+    """What a sentence about a row of a table the sweep does not test says of its null: where `row` carries a
+    `control_range` (``controls`` > 0), where it lies against the controls' heads of its layer; else that it
+    describes and was not tested, and `why`.
+
+    >>> untested_text("retrieval", why="a retrieval run sweeps no random-init control")
+    'describes; not tested: no null for retrieval (a retrieval run sweeps no random-init control)'
+    >>> untested_text("reach", pd.Series({"ci_low": 0.5, "ci_high": 0.6, "null_low": 0.1, "null_high": 0.3,
+    ...                                   "controls": 5}))
+    "beyond its 5 random-init controls' heads of this layer (0.1 to 0.3): a comparison, not a tested finding"
+    """
+    if row is not None and row.get("controls", 0) and not pd.isna(row.get("null_high")):
+        where = ("beyond" if row["ci_low"] > row["null_high"] or row["ci_high"] < row["null_low"] else "overlapping")
+        return (f"{where} its {int(row['controls'])} random-init controls' heads of this layer ({row['null_low']:.3g} "
+                f"to {row['null_high']:.3g}): a comparison, not a tested finding")
+    return f"describes; not tested: no null for {metric} ({why})"
+
+
 def supported(rows: pd.DataFrame, *, striking="high") -> pd.Series:
     """True where a row may carry a claim (`why_not` is empty).
 
@@ -180,10 +225,43 @@ def run_gate_text(runs) -> str:
     """`gate_text` for each of a report's sweeps ((name, tables) pairs), once where they say the same; a retrieval
     or patching run beside a sweep makes no findings of its own and is not named."""
     runs = [(name, tables) for name, tables in runs if "heads" in tables.frames] or list(runs)
-    texts = [gate_text(tables.provenance.extra.get("findings")) for _, tables in runs]
+    texts = [gate_text(recount(tables.provenance.extra.get("findings"), tables.frames)) for _, tables in runs]
     if len(set(texts)) <= 1:
         return texts[0] if texts else gate_text()
     return " ".join(f"{name}: {text}" for (name, _), text in zip(runs, texts))
+
+
+def recount(findings: dict | None, frames) -> dict | None:
+    """A run's findings summary (`headscan.metrics.nulls.add_findings`) with its counts taken again from the rows:
+    per model and table, ``tested`` the rows with a p-value and ``findings`` those with ``finding`` true, so what a
+    report says is what its tables hold, even where the rows were tested again after the summary was written.
+    The rule, q, controls and the rows calibration kept (which the rows do not record) stay the summary's.
+
+    >>> rows = pd.DataFrame({"model": ["m", "m", "m"], "p_value": [0.001, 0.2, np.nan],
+    ...                      "finding": pd.array([True, False, pd.NA], dtype="boolean")})
+    >>> out = recount({"family": {"m": 9}, "findings": {"m": 4}, "by_table": {"m": {"heads": {
+    ...     "tested": 9, "findings": 4, "kept_by_calibration": 1}}}}, {"heads": rows})
+    >>> out["family"], out["findings"], out["by_table"]["m"]["heads"]
+    ({'m': 2}, {'m': 1}, {'tested': 2, 'findings': 1, 'kept_by_calibration': 1})
+    """
+    if not findings:
+        return findings
+    out = dict(findings)
+    by_table: dict = {}
+    for model in findings.get("family", {}):
+        by_table[model] = {}
+        for table in findings.get("by_table", {}).get(model, {}) or findings.get("tables", []):
+            frame = frames.get(table) if hasattr(frames, "get") else None
+            if frame is None or "finding" not in frame.columns:
+                continue
+            mine = frame[frame["model"].astype(str) == model]
+            said = findings.get("by_table", {}).get(model, {}).get(table, {})
+            by_table[model][table] = {**said, "tested": int(mine["p_value"].notna().sum()),
+                                      "findings": int(mine["finding"].astype("boolean").fillna(False).sum())}
+    out["by_table"] = by_table
+    out["family"] = {m: sum(t["tested"] for t in tables.values()) for m, tables in by_table.items()}
+    out["findings"] = {m: sum(t["findings"] for t in tables.values()) for m, tables in by_table.items()}
+    return out
 
 
 def _controls(pool: list[str]) -> str:

@@ -160,7 +160,8 @@ def dla_heads(heads: pd.DataFrame, *, n: int = 5) -> pd.DataFrame:
     Returns
     -------
     DataFrame
-        Columns ``model, label, layer, head, dla, ci_low, ci_high, chance, positive, unsupported``
+        Columns ``model, label, layer, head, dla, ci_low, ci_high, chance, positive, unsupported`` (and the
+        sweep's ``null_kind, null_low, null_high, q_value`` where the table records them)
         (``positive``: the head's ``dla_positive``, NaN where the table has none; ``chance``: the null head's dla,
         its output replaced by the mean of the values it could see; ``unsupported``: why the row cannot carry a
         claim, `headscan.analysis.claims.why_not`), `n` rows per model at most, in table order.
@@ -177,5 +178,6 @@ def dla_heads(heads: pd.DataFrame, *, n: int = 5) -> pd.DataFrame:
     chance = top["chance"] if "chance" in top.columns else pd.Series(np.nan, index=top.index)
     out = top.rename(columns={"value": "dla"}).assign(positive=positive, chance=chance,
                                                       unsupported=why_not(top) if len(top) else "")
+    verdict = [c for c in ("null_kind", "null_low", "null_high", "q_value") if c in out.columns]  # for null_text
     return out[["model", "label", "layer", "head", "dla", "ci_low", "ci_high", "chance", "positive",
-                "unsupported"]].astype({"model": str, "label": str, "positive": float}).reset_index(drop=True)
+                "unsupported", *verdict]].astype({"model": str, "label": str, "positive": float}).reset_index(drop=True)

@@ -128,13 +128,13 @@ _ENTROPY_NULL = ("uniform attention has the largest entropy there is, so every h
                  "trained or not, lies beyond it: only the range of random-init controls' heads is a null")
 
 
-@register("prev_token", chance=_prev_chance)
+@register("prev_token", chance=_prev_chance, shuffled="position")
 def prev_token(batch: AttentionBatch):
     """Mean of A[q, q-1] over real queries q whose previous position q-1 is a real token."""
     return _mean_at_offset(batch, -1)
 
 
-@register("next_token", structural={"causal": _NO_FUTURE}, chance=_next_chance)
+@register("next_token", structural={"causal": _NO_FUTURE}, chance=_next_chance, shuffled="position")
 def next_token(batch: AttentionBatch):
     """Mean of A[q, q+1] over real queries q whose next position q+1 is a real token.
 
@@ -143,7 +143,7 @@ def next_token(batch: AttentionBatch):
     return _mean_at_offset(batch, +1)
 
 
-@register("self", chance=_self_chance)
+@register("self", chance=_self_chance, shuffled="position")
 def self_attention(batch: AttentionBatch):
     """Mean of A[q, q] (attention to the query's own token) over real queries q."""
     return _mean_at_offset(batch, 0)
@@ -156,7 +156,7 @@ def _first_chance(batch: AttentionBatch):
     return mean_over_queries(batch.null.first, valid)[0]
 
 
-@register("first_token", chance=_first_chance)
+@register("first_token", chance=_first_chance, shuffled="position")
 def first_token(batch: AttentionBatch):
     """Mean attention on the segment's first token (BOS or [CLS] when the model uses one) over real queries q >= 1.
 
@@ -263,7 +263,8 @@ def _positional_next_chance(batch: AttentionBatch):
     return _null_at_offset(batch, +1)
 
 
-@register("positional_prev", unit="share of queries", chance=_positional_prev_chance, null="controls", null_why=_ARGMAX_NULL)
+@register("positional_prev", unit="share of queries", chance=_positional_prev_chance, null="controls", null_why=_ARGMAX_NULL,
+          shuffled="position")
 def positional_prev(batch: AttentionBatch):
     """Share of real queries q (with q-1 real) whose largest attention weight is on q-1.
 
@@ -275,7 +276,7 @@ def positional_prev(batch: AttentionBatch):
 
 
 @register("positional_next", unit="share of queries", structural={"causal": _NO_FUTURE}, chance=_positional_next_chance,
-          null="controls", null_why=_ARGMAX_NULL)
+          null="controls", null_why=_ARGMAX_NULL, shuffled="position")
 def positional_next(batch: AttentionBatch):
     """Share of real queries q (with q+1 real) whose largest attention weight is on q+1."""
     return _share_where_argmax_at(batch, +1)

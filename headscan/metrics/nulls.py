@@ -23,10 +23,15 @@ is a count with a stated false-discovery rate:
 - **The test.** One-sided, by the row's SE (from its interval) and its bootstrap degrees of freedom, beyond the
   null's end on the metric's striking side (`headscan.intervals.t_p_value`): beyond every untrained head; with
   controls, the larger of that p-value and the prediction test's (an intersection-union test).
-- **The correction.** Benjamini-Hochberg (or Benjamini-Yekutieli) over one family per model: every row of the
-  three tables with a p-value. ``finding`` is q-value <= q and the row not thin (a thin row's interval cannot
-  be assessed; it stays in the family) and its interval validated at its size (`headscan.intervals.validated`:
-  its metric family's measured coverage at that many units is at least 0.93).
+- **The calibrated interval.** The test reads the row's interval widened by what its metric's family needed to
+  hold 95% at its number of units on real text (`headscan.intervals.calibration`: ``cal_low``, ``cal_high``,
+  ``cal_factor``; a family never measured takes the widest factor measured at that size, ``cal_basis`` "widest
+  measured"). A row on fewer units than the smallest size measured (10) is "too few units to assess": no
+  p-value, ``finding`` <NA>, never "within its null".
+- **The correction.** Benjamini-Hochberg (or Benjamini-Yekutieli) over two families per model (`FAMILIES`): its
+  heads and syntax rows with a p-value, and apart its value rows (value.parquet asks heads' questions again).
+  ``finding`` is q-value <= q, the row beyond its null's end and not thin (a thin row's interval cannot be
+  assessed; it stays in the family); <NA> where no empirical null was tested (no controls, too few units).
 
 This module runs no model and imports no torch: it takes a run's tables.
 """

@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 
     from .batch import AttentionBatch
 
-__all__ = ["Axis", "Metric", "METRICS", "CONDITIONS", "CAPTURED", "DECODED", "DEFAULT_CHANCE", "NULLS", "register", "get_metric", "metric_names", "describe",
+__all__ = ["Axis", "Metric", "METRICS", "CONDITIONS", "CAPTURED", "DECODED", "DEFAULT_CHANCE", "NULLS", "SHUFFLED",
+           "register", "get_metric", "metric_names", "describe",
            "definitions_markdown"]
 
 
@@ -76,6 +77,10 @@ class Metric:
     # The largest value it can take when no query sees more than `keys` keys, for a metric whose range grows with
     # the context (entropy: ln keys nats); None where `bounded` and `signed` say all there is.
     ceiling: Callable[[int], float] | None = None
+    # What a score kept on the shuffled-words control says the head follows (`SHUFFLED`): "position" where the
+    # metric is defined by positions, which shuffling keeps (prev_token); "content" where the targets move with
+    # the words (syntax: the tree is permuted with them); "" where shuffling asks no question of it
+    shuffled: str = ""
 
     def bounds(self, keys: int | None = None) -> tuple[float, float]:
         """The range its values lie in, into which its intervals are clipped: (0, 1), (0, inf) or (-inf, inf);
@@ -108,6 +113,14 @@ CAPTURED = ("value_norms", "logit_contributions", "final_scale", "output_norms",
             "generated")
 DECODED = ("needle", "generated")  # filled by `headscan retrieval`'s decoding steps: such metrics are never swept
 NULLS = ("uniform", "controls")
+# What a score that survives the shuffled-words control says a head follows (`Metric.shuffled`), and why.
+SHUFFLED = {
+    "position": "defined by positions, which shuffling the words keeps: a head that keeps its score on shuffled "
+                "words follows position, one that loses it followed the words that stood there",
+    "content": "its targets move with the words when they are shuffled (the tree is permuted with them): a head "
+               "that keeps its score follows the words, one that loses it needs them in their order (which carries "
+               "position and syntax alike)",
+}
 # Why a metric's findings are tested against the null they are, where the metric does not say more.
 DEFAULT_NULL_WHY = {
     "uniform": "a mean of attention weights: without random-init controls, uniform attention (the row's chance) is "
@@ -137,6 +150,7 @@ def register(
     null_why: str = "",
     origin: dict | None = None,
     ceiling: Callable[[int], float] | None = None,
+    shuffled: str = "",
 ):
     """Register a metric function under `name`; its docstring becomes its definition.
 
@@ -155,6 +169,8 @@ def register(
     `null` says what its findings are tested against when a run has no random-init controls: "uniform" (the
     row's chance, right for a mean of attention weights) or "controls" (nothing but untrained heads can say, so
     no row is tested without them); `null_why` says why, where `DEFAULT_NULL_WHY` does not (`headscan.metrics.nulls`).
+    `shuffled` says what a score kept on the shuffled-words control means (`SHUFFLED`: "position", "content";
+    "" where that control asks no question of the metric).
 
     `table` names a table of `headscan.tables.TABLES`: the metric's rows go there, keyed by the metric's
     name where the table has a ``metric`` column and by `axis` for the rest of its keys. `needs` names the
@@ -184,12 +200,14 @@ def register(
             raise MetricError(f"metric {name!r}: needs {unknown[0]!r}, which no sweep captures (choose from {CAPTURED})")
         if null not in NULLS:
             raise MetricError(f"metric {name!r}: null is one of {', '.join(NULLS)}, got {null!r}")
+        if shuffled and shuffled not in SHUFFLED:
+            raise MetricError(f"metric {name!r}: shuffled is '' or one of {', '.join(SHUFFLED)}, got {shuffled!r}")
         chance_definition = inspect.cleandoc(chance.__doc__ or "") if chance is not None else DEFAULT_CHANCE
         if not chance_definition:
             raise MetricError(f"metric {name!r}: its chance function has no docstring; say how chance is defined")
         METRICS[name] = Metric(name, function, definition, table, unit, bounded, striking, dict(structural or {}), axis,
                                tuple(needs), chance, chance_definition, bool(sparse), bool(signed), null,
-                               null_why or DEFAULT_NULL_WHY[null], origin, ceiling)
+                               null_why or DEFAULT_NULL_WHY[null], origin, ceiling, shuffled)
         return function
 
     return decorate

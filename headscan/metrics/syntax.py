@@ -357,5 +357,5 @@ register("syntax", unit="share of dependents", table="syntax",
          axis=Axis(("relation", "direction"), lambda config: list(COLUMNS)), chance=syntax_chance, null="controls",
          null_why="an argmax accuracy: an untrained head's argmax lands where its random preferences put it, so the "
                   "range of random-init controls' heads is the null; a head must also beat the best fixed offset on "
-                  "the same words (``vs_baseline``, Clark et al. 2019), tested with it or, without controls, alone"
-         )(syntax_metric)
+                  "the same words (``vs_baseline``, Clark et al. 2019), tested with it or, without controls, alone",
+         shuffled="content")(syntax_metric)

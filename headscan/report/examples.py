@@ -47,7 +47,8 @@ _WORDS = "tulip orbit granite velvet harbor maple juggle cobalt lantern pepper"
 REPEATED_EXAMPLE = f"Twice: {_WORDS} {_WORDS}"
 
 CHOICE = ("Each model's strongest previous-token head and, where the model can look ahead (bidirectional), its "
-          "strongest next-token head (among the heads that carry a finding: beyond chance, not on thin support; "
+          "strongest next-token head (among the heads that carry a claim: a finding against their null where the run "
+          "tested its rows, else beyond chance, and not on thin support; "
           "where a model has none, its highest-scoring head not on thin support, marked as no finding)")
 # (how example_heads chooses, as the report says it)
 INDUCTION_SHOWN = 0.5  # a repeated-sequence example is drawn for runs where some head scores at least this

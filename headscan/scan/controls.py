@@ -10,6 +10,10 @@ other, each a model of its own in every table (`headscan.config.control_name`):
 - ``minilm [shuffled words]``: the trained model over the corpus with each segment's words permuted
   (`headscan.corpus.shuffle`): what a head finds from the words without their order.
 
+The random-init controls are the null of the trained model's findings (`headscan.metrics.nulls`); the
+shuffled-words control says whether a finding follows position or content (`headscan.analysis.shuffled`); which
+control answers what, metric by metric, is `headscan.metrics.null_policy`.
+
 Each control costs about as much as its model, so one control doubles the sweep's time. A control resumes,
 shards, merges and runs on Ray like any model: its name says what to load and what to feed it.
 

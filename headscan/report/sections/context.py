@@ -9,6 +9,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from ...analysis import positions
+from ...analysis.claims import control_range, untested_text
 from ...analysis.runs import Comparison
 from ...plots import heatmaps, profiles
 from ..document import Bullets, Figures, Heading, Note, Table, Text
@@ -70,7 +71,10 @@ def context_section(comparison: Comparison, pngs: Pngs) -> list:
              "that fall in it. `first_token_by_position` is the share of attention on the first token (BOS or "
              "[CLS]): an attention sink's share; `distance_by_position` is the mean distance attended over past the "
              "first token, sum_{k \u2265 1} A[q, k] |q \u2212 k| in tokens (see the metric definitions). Statements "
-             "are made only at buckets whose rows are not thin, about heads beyond chance."),
+             "are made only at buckets whose rows are not thin, about heads beyond chance; the sweep tests no row "
+             "of positions.parquet, and uniform attention is no null (untrained heads leave it too), so each "
+             "statement says whether the run's random-init controls' heads of the same layer reach as far, or that "
+             "it describes and was not tested."),
     ]
     short = [f"{name} ({n})" for name, n in filled.items() if name not in long]
     name = pngs.add("context_by_layer.png", _profiles_figure(table, models))
@@ -88,7 +92,7 @@ def context_section(comparison: Comparison, pngs: Pngs) -> list:
     reach = positions.reach(table)
     reach = reach[reach["model"].isin(long)]
     for m in models:
-        items += _reach_sentences(m.name, reach)
+        items += _reach_sentences(m.name, reach, table)
     if items:
         blocks.append(Bullets(items))
     if len(reach):
@@ -142,10 +146,32 @@ def _sink_sentences(model: str, table: pd.DataFrame, tops: pd.DataFrame) -> list
                            f"{r.early:.2f} at {_positions(r.early_bucket)}, chance {r.early_chance:.3f})"
                            for r in top.itertuples())
     return [f"{model}: the mean first-token share over all heads is {at(early)} and {at(late)}; the largest at "
-            f"{_positions(late)}, beyond chance: {heads_text}."]
+            f"{_positions(late)}, beyond chance: {heads_text}; " + _null_said(top.assign(metric=positions.SINK), table)
+            + "."]
 
 
-def _reach_sentences(model: str, reach: pd.DataFrame) -> list[str]:
+def _null_said(rows: pd.DataFrame, table: pd.DataFrame) -> str:
+    """What `rows` (heads of one model at one bucket, with ``metric`` and ``bucket``) lie against: the range of the
+    model's random-init controls' heads of each one's layer where the run holds them, else that they describe
+    (`headscan.analysis.claims.untested_text`)."""
+    metric = str(rows["metric"].iloc[0])
+    ranges = control_range(rows, table, keys=("metric", "bucket"))
+    if not ranges["controls"].any():
+        return untested_text(metric, why="the sweep tests no row of positions.parquet, and this run has no "
+                                         "random-init controls to compare with; uniform attention is no null, "
+                                         "untrained heads leave it too")
+    said = [f"{label} {untested_text(metric, pd.Series({**dict(row), 'ci_low': low, 'ci_high': high}))}"
+            for label, low, high, (_, row) in zip(rows["label"], rows["ci_low"], rows["ci_high"], ranges.iterrows())]
+    return "against the random-init controls: " + "; ".join(said)
+
+
+def _as_rows(best: pd.Series) -> pd.DataFrame:
+    """A reach row as a positions row of `positions.DISTANCE`: its distance is the value the controls' compare with."""
+    return best.to_frame().T.assign(metric=positions.DISTANCE, value=best["distance"]).astype(
+        {"layer": int, "bucket": int, "ci_low": float, "ci_high": float})
+
+
+def _reach_sentences(model: str, reach: pd.DataFrame, table: pd.DataFrame) -> list[str]:
     """Which head looks furthest back, and which nearest, beyond uniform attention's reach (or why none does)."""
     mine = reach[reach["model"] == model]
     if mine.empty:
@@ -157,7 +183,8 @@ def _reach_sentences(model: str, reach: pd.DataFrame) -> list[str]:
         best = far.loc[far["value"].idxmax()]
         out.append(f"{model} at {where}: {best['label']} looks furthest back past the first token, "
                    f"{best['distance']:.1f} tokens on average [{best['ci_low']:.1f}, {best['ci_high']:.1f}] against "
-                   f"{best['chance']:.1f} for uniform attention (reach {best['value']:.2f}).")
+                   f"{best['chance']:.1f} for uniform attention (reach {best['value']:.2f}); "
+                   + _null_said(_as_rows(best), table) + ".")
     else:
         best = mine.loc[mine["value"].idxmax()]
         out.append(f"No head of {model} looks further back than uniform attention beyond its interval at {where}: "
@@ -167,7 +194,8 @@ def _reach_sentences(model: str, reach: pd.DataFrame) -> list[str]:
         best = near.loc[near["value"].idxmin()]
         out.append(f"{model} at {where}: {best['label']} looks nearest, {best['distance']:.1f} tokens "
                    f"[{best['ci_low']:.1f}, {best['ci_high']:.1f}] (reach {best['value']:.2f}), "
-                   f"{best['distance_early']:.1f} at {_positions(int(best['early_bucket']))}.")
+                   f"{best['distance_early']:.1f} at {_positions(int(best['early_bucket']))}; "
+                   + _null_said(_as_rows(best), table) + ".")
     return out
 
 

@@ -109,13 +109,20 @@ def examples_section(examples: Examples | None, pngs: Pngs) -> list:
     return blocks
 
 
+def _bar(comparison: Comparison) -> str:
+    """What a head must pass to be shown as carrying a claim: a finding against its null where the run tested
+    its rows (`headscan.metrics.nulls`), else an interval beyond uniform attention, which is no null."""
+    return ("a finding against its null, not thin" if comparison.tested else
+            "its interval beyond uniform attention and not thin; not tested: this run records no null")
+
+
 def induction_section(comparison: Comparison, examples: Examples | None, pngs: Pngs) -> list:
     """Induction and duplicate-token heads: their strongest heads, and the induction example where drawn."""
     if "induction" not in comparison.metrics or examples is None or not examples.repeated_text:
         return []
     blocks: list = [
         Heading(2, "Induction heads"),
-        Text(f"Each model's strongest head on `induction` whose value lies beyond chance (not thin), on a repeated "
+        Text(f"Each model's strongest head on `induction` that may carry a claim ({_bar(comparison)}), on a repeated "
              f"sequence: \u201c{examples.repeated_text}\u201d. In the second copy a head that matches prefixes "
              "attends to the token that followed the current token in the first copy: a diagonal stripe one step "
              "right of the first copy's diagonal. Attention alone makes it prefix-matching; the role \u201cinduction"
@@ -126,14 +133,14 @@ def induction_section(comparison: Comparison, examples: Examples | None, pngs: P
     shown = [e for e in examples.induction if split_control(e.model)[1] is None]  # trained models: see above
     if shown:
         name = pngs.add("induction_example.png", _attention_figure(shown))
-        blocks.append(Figures([name], "Heads beyond chance on `induction`, on the repeated sequence: " + "; ".join(
+        blocks.append(Figures([name], f"Heads on `induction` ({_bar(comparison)}), on the repeated sequence: " + "; ".join(
             _evidence(e) for e in shown) + "."))
     drawn = {e.model for e in shown}
     missing = [m.name for m in comparison.models if m.name not in drawn and split_control(m.name)[1] is None
                and (comparison.heads["model"] == m.name).any()]
     if missing:
         top = top_heads(comparison.heads[comparison.heads["model"].isin(missing)], metric="induction", n=1)
-        said = [f"{row.model}: no head lies beyond chance on `induction`; the strongest, {row.label} "
+        said = [f"{row.model}: no head on `induction` may carry a claim ({_bar(comparison)}); the strongest, {row.label} "
                 f"{fmt_score('induction', row.value)} (chance {fmt_score('induction', row.chance)}), {row.unsupported}."
                 for row in top.itertuples()]
         if said:

@@ -13,6 +13,7 @@ from ...analysis.findings import findings_by_model
 from ...analysis.ranking import fmt_score
 from ...analysis.roles import role_for
 from ...analysis.runs import Comparison
+from ...analysis.shuffled import shuffled_sentences
 from ...intervals import calibration
 from ...intervals.verdicts import TOO_FEW
 from ..document import Bullets, Heading, Table, Text
@@ -36,6 +37,9 @@ def findings_section(comparison: Comparison) -> list:
     by_model = findings_by_model(comparison.heads, provenance=provenance, controls=comparison.control_map(),
                                  weights=comparison.frames.get("weights"))
     across = family_findings(comparison.heads) + by_model.pop("", [])
+    # position against content, where a model has its shuffled-words control (headscan.analysis.shuffled)
+    for model, sentence in shuffled_sentences(comparison.heads, comparison.frames.get("syntax")).items():
+        by_model.setdefault(model, []).append(sentence)
     for model, sentences in by_model.items():
         title = f"{model} ({comparison.model(model).family})"
         blocks += [Heading(3, title), Bullets(sentences) if sentences else Text("Nothing stands out.")]
@@ -78,6 +82,10 @@ def _depth(value: float) -> str:
     return "–" if pd.isna(value) else f"{value:.2f}"
 
 
+# what the summary's heads are, in a run whose tables record no verdicts: beyond chance, which is no null
+_UNTESTED = "beyond chance; not tested: the tables record no null, and untrained heads leave uniform attention too"
+
+
 def summary_section(comparison: Comparison) -> list:
     """The encoder-versus-decoder table: each model's strongest previous- and next-token heads."""
     metrics = tuple(m for m in ("prev_token", "next_token") if m in comparison.metrics)
@@ -103,7 +111,8 @@ def summary_section(comparison: Comparison) -> list:
              else "Strongest heads by model")
     return [Heading(2, title),
             Text("Each model's strongest previous-token and next-token head among those whose value may carry a "
-                 f"claim (not thin, {'a finding beyond its null' if tested else 'beyond chance'}), where it sits by relative depth (layer / (layers - 1): 0 the first "
+                 f"claim (not thin, {'a finding beyond its null' if tested else _UNTESTED}), where it sits by relative "
+                 "depth (layer / (layers - 1): 0 the first "
                  "layer, 1 the last), and how many of the model's heads hold the role ("
                  + "; ".join(f"{role_for(m).name}: {role_for(m).rule(tested)}" for m in metrics) + ")."),
             Table(frame, numeric=numeric, sortable=True, note=" ".join(notes))]

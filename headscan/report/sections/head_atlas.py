@@ -65,8 +65,9 @@ def atlas_section(comparison: Comparison, examples: Examples | None) -> list:
         Raw(atlas.atlas_html(comparison, examples),
             markdown="The interactive head atlas is in `index.html` beside this file; its role rules follow."),
         Text("Roles, from the numbers, by the rules findings use too: a role needs its metric at the role's "
-             "threshold and the value beyond chance (its 95% interval's low end above uniform attention's value, "
-             "support not thin); colouring by role shows a head's first role in this order. The atlas can also be "
+             "threshold and the value a finding against its null where the run tested its rows, else beyond "
+             "chance (its 95% interval's low end above uniform attention's value, which is no null: untrained "
+             "heads leave it too), support not thin; colouring by role shows a head's first role in this order. The atlas can also be "
              "coloured by lift over chance: value \u2212 chance, or value / chance for shares."),
         Bullets(atlas.role_rules(comparison.tested)),
         Text(run_gate_text(comparison.runs)),

@@ -12,7 +12,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from ...analysis import movement
-from ...analysis.claims import NO_NULL
+from ...analysis.claims import NO_NULL, null_text, untested_text
 from ...analysis.runs import Comparison
 from ...config import split_control
 from ...plots import heatmaps, profiles
@@ -172,7 +172,9 @@ def _dla_part(comparison: Comparison) -> list:
         items.append(f"{model}: {best['label']} adds {best['dla']:+.2f} "
                      f"[{best['ci_low']:+.2f}, {best['ci_high']:+.2f}] "
                      f"logits to the next token on average (chance {best['chance']:+.2f}: the same head attending "
-                     f"uniformly){share}.")
+                     f"uniformly{'; ' + null_text(best) if null_text(best) else ''}){share}, "
+                     + ("a finding." if null_text(best) else "beyond chance; " + untested_text(
+                         "dla", why="the table records no verdicts; sweep again with --control random-init") + "."))
     blocks.append(Bullets(items))
     signed = lambda v: "–" if pd.isna(v) else f"{v:+.3f}"  # noqa: E731
     frame = pd.DataFrame({
@@ -220,7 +222,8 @@ def _copying_null(model: str, counts: pd.DataFrame) -> str:
         return ""
     untrained = counts[counts["model"].map(lambda m: split_control(m) == (model, "random-init"))]
     if untrained.empty:
-        return ("A description of the weights, not a finding: no null was measured (a sweep with --control "
-                "random-init counts its untrained copies' heads the same way).")
-    return ("Against its untrained copies: " + ", ".join(f"{r.model} {r.high} of {r.heads}" for r in
-                                                         untrained.itertuples()) + f" above {movement.COPYING_HIGH:g}.")
+        return ("A description of the weights; " + untested_text("copying", why="a sweep with --control "
+                "random-init counts its untrained copies' heads the same way").removeprefix("describes; ") + ".")
+    return ("Against its untrained copies, counted the same way (a comparison, not a tested finding): "
+            + ", ".join(f"{r.model} {r.high} of {r.heads}" for r in untrained.itertuples())
+            + f" above {movement.COPYING_HIGH:g}.")

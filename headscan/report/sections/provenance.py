@@ -7,10 +7,11 @@ from __future__ import annotations
 from ...analysis.formats import code
 from ...analysis.runs import Comparison, model_shapes, model_sources, run_summary
 from ...metrics import METRICS
+from ...metrics.null_policy import VALUE_NOTE, null_policy
 from ..document import Definition, Heading, Note, Table, Text
 from . import LAST, Context, register_section
 
-__all__ = ["runs_section", "models_section", "definitions_section"]
+__all__ = ["runs_section", "models_section", "definitions_section", "nulls_part"]
 
 
 def runs_section(comparison: Comparison) -> list:
@@ -61,7 +62,18 @@ def definitions_section(comparison: Comparison) -> list:
         kind += f"; your own, from {entry.origin.get('module') or 'Python'}" if entry.origin else ""
         body = f"{entry.definition}\n\nChance: {entry.chance_definition}"
         blocks.append(Definition(name, kind, body, anchor=f"metric-{name}"))
-    return blocks
+    return blocks + nulls_part([name for name in shown if name in METRICS])
+
+
+def nulls_part(metrics: list[str]) -> list:
+    """Which control is each shown metric's null, and why (`headscan.metrics.null_policy`, from the registry)."""
+    if not metrics:
+        return []
+    return [Heading(3, "Each metric's null"),
+            Text("What each metric's rows are tested against, in a run with random-init controls and in one without; "
+                 "what its score on the shuffled-words control says; and why. Read from the metric registry "
+                 "(headscan.metrics.null_policy), so it matches the code."),
+            Table(null_policy(metrics), note=VALUE_NOTE)]
 
 
 @register_section("provenance", order=LAST)

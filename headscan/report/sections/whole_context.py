@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from ...analysis.claims import control_range, untested_text
 from ...analysis.masking import draw_overlap, masked_heads, masking_by_condition, masking_lines, overlap
 from ...analysis.ranking import fmt_score, thin
 from ...analysis.runs import Comparison
@@ -123,17 +124,18 @@ def _retrieval_part(comparison: Comparison, pngs: Pngs) -> list:
         # head's score is far below the threshold and the threshold alone decides
         above_chance = top["ci_low"] > top["chance"].fillna(-np.inf)
         strong = top[(top["ci_low"] > RETRIEVAL_THRESHOLD) & above_chance & ~top["thin"]]
+        said = _retrieval_null(retrieval, strong.assign(metric=metric), metric)
         if len(strong):
             named = ", ".join(f"{r.label} {r.value:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}]" for r in strong.head(TOP).itertuples())
             chance = strong["chance"].iloc[0]
-            findings.append(f"{model}: " + ("1 head is a retrieval head with its" if len(strong) == 1 else
-                                              f"{len(strong)} heads are retrieval heads with their")
-                            + " whole 95% interval above "
-                            f"{RETRIEVAL_THRESHOLD:g}" + ("" if pd.isna(chance) else f" and above chance ({chance:.4f})")
-                            + f": {named}.")
+            findings.append(f"{model}: " + ("1 head scores" if len(strong) == 1 else f"{len(strong)} heads score")
+                            + f" above Wu et al.'s {RETRIEVAL_THRESHOLD:g} with {'its' if len(strong) == 1 else 'their'}"
+                            " whole 95% interval" + ("" if pd.isna(chance) else f", and above chance ({chance:.4f})")
+                            + f", {'a retrieval head' if len(strong) == 1 else 'retrieval heads'} by Wu et al.'s definition: "
+                            f"{named}; {said}.")
         else:
             findings.append(f"{model}: no head's 95% interval clears {RETRIEVAL_THRESHOLD:g} and chance, so none is "
-                            "named a retrieval head here.")
+                            f"a retrieval head by Wu et al.'s definition here; {said}.")
     for name, value in WU_SHARES.items():
         rows.append({"model": f"{name} (Wu et al.)", "score": "retrieval", "trials": "", "heads": "",
                      f"> {RETRIEVAL_THRESHOLD:g}": f"{value:.1%}"})
@@ -158,6 +160,19 @@ def _retrieval_part(comparison: Comparison, pngs: Pngs) -> list:
     return blocks
 
 
+def _retrieval_null(retrieval: pd.DataFrame, strong: pd.DataFrame, metric: str) -> str:
+    """What the retrieval sentence's heads lie against: the model's random-init controls' heads of each one's
+    layer where the retrieval table holds them, else that the count describes (`untested_text`)."""
+    ranges = control_range(strong, retrieval) if len(strong) else pd.DataFrame({"controls": []})
+    if not ranges["controls"].any():
+        return untested_text(metric, why="Wu et al.'s threshold is a definition, not a null, and no random-init "
+                                         "control was decoded beside this model")
+    beyond = sum(untested_text(metric, pd.Series({**dict(row), "ci_low": low, "ci_high": high})).startswith("beyond")
+                 for low, high, (_, row) in zip(strong["ci_low"], strong["ci_high"], ranges.iterrows()))
+    return (f"{beyond} of them beyond every random-init control head of their layer (a comparison, not a tested "
+            "finding)")
+
+
 def _needle_line(trials: pd.DataFrame, model: str, *, gated: bool) -> str:
     """How many heads are retrieval heads with needles as the unit and Benjamini-Hochberg over the model's heads."""
     tests = retrieval_head_tests(trials, model, gated=gated)
@@ -165,6 +180,8 @@ def _needle_line(trials: pd.DataFrame, model: str, *, gated: bool) -> str:
     needles = int(tests["needles"].max()) if len(tests) else 0
     rule = (f"its mean over {needles} needles above {RETRIEVAL_THRESHOLD:g} by a one-sided t-test over the needles' "
             f"means, at a 5% false-discovery rate (Benjamini-Hochberg over all {len(tests)} heads)")
+    rule += ("; a test against Wu et al.'s threshold, a definition: " +
+             untested_text("retrieval", why="no random-init control was decoded beside this model"))
     if found.empty:
         return f"{model}: no head is a retrieval head by this rule ({rule})."
     named = ", ".join(f"{r.label} {r.value:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}]" for r in found.head(TOP).itertuples())
