@@ -41,7 +41,7 @@ test: setup
 KERNEL_TESTS = $(addprefix tests/test_,$(addsuffix .py,metrics chance chunked models architectures values value_sweep \
 	sweep syntax syntax_cross_fit intervals bootstrap calibration nulls null_mutants claim_mutants controls planted \
 	importance atp_star patching patch_runs circuits composition similarity masking retrieval series custom_metrics \
-	real_models gguf_cache testing_checkpoints stop_and_resume))
+	real_models gguf_cache testing_checkpoints stop_and_resume inactive_and_movers layers))
 test-kernels: setup
 	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest $(KERNEL_TESTS) -m "not browser and not subprocess" $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadfile)
 
