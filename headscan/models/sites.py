@@ -234,7 +234,7 @@ def _projections_in(module) -> dict | None:
             return {kind: (part, 0) for kind, part in zip(KINDS, parts)}
     for name in FUSED_QKV_NAMES:
         fused = getattr(module, name, None)
-        if isinstance(fused, torch.nn.Module):
+        if isinstance(fused, torch.nn.Module) and (hasattr(fused, "out_features") or hasattr(fused, "weight")):
             width = out_features(fused) // 3
             return {kind: (fused, i * width) for i, kind in enumerate(KINDS)}
     return None
