@@ -29,7 +29,8 @@ from .errors import ConfigError
 
 __all__ = ["SweepConfig", "RetrievalConfig", "DEVICES", "DTYPES", "SPECIALS", "TEMPLATES", "CONTROLS", "MIN_BOOTSTRAP",
            "IMPORTANCE_METHODS", "IMPORTANCE_TARGETS", "GROUPS", "Setting", "choices", "settings", "control_name",
-           "split_control", "control_number", "hf_offline", "parse_layers", "format_layers", "check_layers"]
+           "split_control", "control_number", "hf_offline", "option", "check_whole", "parse_layers", "format_layers",
+           "check_layers"]
 
 Device = Literal["auto", "cpu", "cuda", "mps"]
 DType = Literal["float32", "float16", "bfloat16", "float64"]
@@ -81,7 +82,7 @@ class Setting:
             raise ValueError(f"group must be one of {', '.join(GROUPS)}, got {self.group!r}")
 
 
-def _field(default, setting: Setting | str, help: str = "", **more):
+def option(default, setting: Setting | str, help: str = "", **more):
     """A dataclass field that carries its command-line declaration (`setting`, or a group and help)."""
     if isinstance(setting, str):
         setting = Setting(setting, help, **more)
@@ -100,108 +101,108 @@ class SweepConfig:
     """How a sweep reads the corpus and scores heads. Every field is checked when the config is made, and carries
     its command-line option (``settings(SweepConfig)["max_len"]``)."""
 
-    max_len: int = _field(128, "input", "Tokens per segment; longer ones are truncated.")
-    long: Long = _field("truncate", "input", "A segment longer than --max-len: 'truncate' cuts it, 'split' feeds it as "
+    max_len: int = option(128, "input", "Tokens per segment; longer ones are truncated.")
+    long: Long = option("truncate", "input", "A segment longer than --max-len: 'truncate' cuts it, 'split' feeds it as "
                         "consecutive windows of --max-len tokens, each with the model's special tokens.")
-    batch_size: int = _field(16, "model", "Segments per forward pass (scores do not depend on it).")
-    limit: int | None = _field(None, "input", "Read at most this many segments.")
-    device: Device = _field("auto", DEVICE)
-    device_map: str | None = _field(
+    batch_size: int = option(16, "model", "Segments per forward pass (scores do not depend on it).")
+    limit: int | None = option(None, "input", "Read at most this many segments.")
+    device: Device = option("auto", DEVICE)
+    device_map: str | None = option(
         None, "model", "Spread a model too large for one device over several: a Hugging Face device map name such "
         "as 'auto' (needs accelerate; replaces --device for the model's layers).", metavar="MAP")
-    dtype: DType = _field("float32", DTYPE)
-    specials: Specials = _field("keep", "input", "'exclude': special tokens ([CLS], [SEP], BOS) count neither as "
+    dtype: DType = option("float32", DTYPE)
+    specials: Specials = option("keep", "input", "'exclude': special tokens ([CLS], [SEP], BOS) count neither as "
                                 "queries nor keys, and each query's attention is renormalised over the keys left.")
-    max_offset: int = _field(8, "scores", "K of the offset profile (offsets -K..K).")
-    bootstrap: int = _field(200, BOOTSTRAP)
+    max_offset: int = option(8, "scores", "K of the offset profile (offsets -K..K).")
+    bootstrap: int = option(200, BOOTSTRAP)
     # seeds the bootstrap weights and nothing else: the forward pass is deterministic
-    seed: int = _field(0, "intervals", "Seed of the bootstrap.")
+    seed: int = option(0, "intervals", "Seed of the bootstrap.")
     # causal models: None follows TransformerLens' default per model (the command line's 'auto')
-    prepend_bos: bool | None = _field(None, "input", "Causal models: put BOS before each segment ('auto' follows "
+    prepend_bos: bool | None = option(None, "input", "Causal models: put BOS before each segment ('auto' follows "
                                       "TransformerLens' default).", flag="--bos")
     # the sweep resolves "auto" and records why: headscan.scan.plan.resolve_unit
-    bootstrap_unit: BootstrapUnit = _field(
+    bootstrap_unit: BootstrapUnit = option(
         "auto", "intervals", "What the bootstrap resamples: segments, or whole documents (CoNLL-U '# newdoc', a "
         "JSONL --document-field, blank-line paragraphs), whose sentences are not independent; 'auto': documents "
         "where the corpus has documents of several segments, else segments.")
-    interval: IntervalMethod = _field("studentized_symmetric", INTERVAL)
-    window: int = _field(256, "run", "Segments added up per window: the unit of resuming (state is saved at "
+    interval: IntervalMethod = option("studentized_symmetric", INTERVAL)
+    window: int = option(256, "run", "Segments added up per window: the unit of resuming (state is saved at "
                          "window ends).")
-    attention: Attention = _field(
+    attention: Attention = option(
         "auto", "model", "'eager' reads each layer's attention pattern from the model; 'chunked' lets the model run "
         "its fast attention and recomputes the pattern from queries and keys, --query-chunk rows at a time (long "
         "contexts); 'auto' goes chunked once one layer's patterns pass 32 MiB or would pass --attention-budget.")
     # None: as many as keep a block's weights within 8 MiB, at least 64 (headscan.models.chunked.block_rows): a
     # whole layer at ordinary lengths, 64 queries of a 4k-token smollm2 segment (a quarter of eager's memory,
     # faster than 512, whose temporaries are faulted in anew)
-    query_chunk: int | None = _field(None, "model", "Queries per block in chunked mode (scores do not depend on "
+    query_chunk: int | None = option(None, "model", "Queries per block in chunked mode (scores do not depend on "
                                      "it). Default: as many as keep a block within 8 MiB, at least 64.")
-    attention_budget: int | None = _field(
+    attention_budget: int | None = option(
         None, "model", "Memory one layer's eager attention (its patterns and the metrics' temporaries) may take "
         "before --attention auto goes chunked (default: by device).", metavar="MIB")
-    pack: Pack = _field("none", "input", "Long inputs: 'sentences' joins consecutive segments until each holds "
+    pack: Pack = option("none", "input", "Long inputs: 'sentences' joins consecutive segments until each holds "
                         "--max-len words (so it fills --max-len tokens); 'documents' makes each document one segment "
                         "(use --long split).")
-    values: bool = _field(True, "scores", "Also score every head on value-weighted attention (value.parquet) and, "
+    values: bool = option(True, "scores", "Also score every head on value-weighted attention (value.parquet) and, "
                           "for causal models, its direct logit attribution (dla), in the same pass; --no-values "
                           "leaves both out.")
-    document_field: str | None = _field(
+    document_field: str | None = option(
         None, "input", "A .jsonl or hf: corpus: the field whose value marks each line's document (consecutive lines "
         "with equal values are one document; rows of an hf: corpus alike).", metavar="FIELD")
-    control: tuple[Control, ...] = _field(
+    control: tuple[Control, ...] = option(
         (), "scores", "Also sweep a control beside each model, as a model of its own: 'random-init' (the same "
         "architecture and tokenizer, weights drawn from its config's initialiser; named 'MODEL [random init]') or "
         "'shuffled-words' (the model over the corpus with each segment's words permuted; 'MODEL [shuffled "
         "words]'). Repeat for both; each doubles the sweep's time.")
-    control_seed: int | None = _field(None, "scores", "Seed of the controls' weights and word orders (default: "
+    control_seed: int | None = option(None, "scores", "Seed of the controls' weights and word orders (default: "
                                       "--seed).", metavar="SEED")
-    fdr: float = _field(0.05, "intervals", "False-discovery rate of the findings: Benjamini-Hochberg over every "
+    fdr: float = option(0.05, "intervals", "False-discovery rate of the findings: Benjamini-Hochberg over every "
                         "tested row of heads, value and syntax, one family per model (headscan.metrics.nulls).",
                         metavar="Q")
-    examples: int = _field(5, "scores", "Keep each head's K highest- and K lowest-scoring units (segments or "
+    examples: int = option(5, "scores", "Keep each head's K highest- and K lowest-scoring units (segments or "
                            "documents) of every heads.parquet metric, with their text, in examples.parquet (0: none).",
                            metavar="K")
     # read, hashed and executed once per process (`headscan.metrics.custom`): their metrics are swept like headscan's
-    metric_modules: tuple[str, ...] = _field(
+    metric_modules: tuple[str, ...] = option(
         (), "scores", "A Python file (or dotted module) of your own metrics, made with @headscan.pattern or "
         "@headscan.metric: swept like headscan's own, with chance, null and intervals, its text's sha256 in run.json. "
         "Repeat for several.", metavar="FILE", flag="--metric-module")
     # one random-init control is one draw of what an untrained network scores: the findings' null is the range
     # of several draws' heads, and with two or more each draw is checked against the others (held out)
-    control_seeds: int = _field(1, "scores", "How many random-init controls, seeds --control-seed, +1, ... (named "
+    control_seeds: int = option(1, "scores", "How many random-init controls, seeds --control-seed, +1, ... (named "
                                 "'MODEL [random init]', 'MODEL [random init 2]', ...). Their heads at each layer are "
                                 "the null of every finding; with 2 or more, each control is tested against the "
                                 "others. 5 is a good number.", metavar="N")
-    importance: Importance = _field(
+    importance: Importance = option(
         "off", "scores", "Does each head matter (importance.parquet): 'atp' estimates, for every head, the change of "
         "the model's loss when its output is replaced by its mean or by 0, from one backward pass per batch; "
         "'ablate' also replaces each head's output exactly, one head at a time (slow: two passes per head).")
-    ablate_top: int | None = _field(None, "scores", "With --importance ablate: only the N heads of largest |AtP| "
+    ablate_top: int | None = option(None, "scores", "With --importance ablate: only the N heads of largest |AtP| "
                                     "(on the importance sample).", metavar="N")
     # the first position (BOS, [CLS]) is where many heads park attention: replacing it there measures that sink
-    ablate_first: bool = _field(False, "scores", "Importance: also replace a head's output at each segment's first "
+    ablate_first: bool = option(False, "scores", "Importance: also replace a head's output at each segment's first "
                                 "position (BOS, [CLS]); by default it is left alone and the mean a head is replaced "
                                 "with is taken over the other positions.")
-    importance_sample: int | None = _field(
+    importance_sample: int | None = option(
         None, "scores", "Measure importance on a seeded sample of N segments (default: all); each head's mean output "
         "comes from the same sample. The other tables still cover the whole corpus.", metavar="N")
-    mask_rate: float = _field(0.15, "scores", "Encoders with a trained masked-LM head: share of tokens masked for "
+    mask_rate: float = option(0.15, "scores", "Encoders with a trained masked-LM head: share of tokens masked for "
                               "the importance target (80% [MASK], 10% random, 10% kept, seeded per segment).")
-    composition: Composition = _field(
+    composition: Composition = option(
         "auto", "scores", "Composition scores (composition.parquet): how much each head's output feeds each later "
         "head's queries, keys and values, from the weights (Elhage et al. 2021), against random matrices of the same "
         "shapes. 'auto': for models of at most 144 heads (GPT-2 small's); 'on': any model; 'off'.")
-    similarity_sample: int | None = _field(
+    similarity_sample: int | None = option(
         None, "scores", "Head families (similarity.parquet): the mean Jensen-Shannon divergence between every pair "
         "of heads' attention over the queries of a seeded sample of N segments (Clark et al. 2019; default: off).",
         metavar="N")
-    sink: int = _field(64, "scores", "streaming: the first tokens a sink-and-window cache keeps (DuoAttention's "
+    sink: int = option(64, "scores", "streaming: the first tokens a sink-and-window cache keeps (DuoAttention's "
                        "deployment value).")
-    recent: int = _field(256, "scores", "streaming: the last tokens it keeps, the query's own included "
+    recent: int = option(256, "scores", "streaming: the last tokens it keeps, the query's own included "
                          "(DuoAttention's recent window).")
     # None: every layer. A string ("0,5-7") is parsed once here; the model's layer count is checked when the sweep
     # is planned (`check_layers`), as only the model knows it
-    layers: tuple[int, ...] | None = _field(
+    layers: tuple[int, ...] | None = option(
         None, "model", "Sweep only these layers (from 0), e.g. '0,5-7': hooks and scores only there, so a large "
         "model costs less; `headscan merge` joins it with a sweep of the other layers into the whole model's "
         "tables (docs/distributed.md). Not with --importance or --similarity-sample, which need every layer.",
@@ -213,19 +214,19 @@ class SweepConfig:
                 raise ConfigError(f"{name} must be one of {', '.join(values)}; got {getattr(self, name)!r}", setting=name)
         for name, low in (("max_len", 4), ("batch_size", 1), ("max_offset", 1), ("seed", 0), ("window", 1),
                           ("sink", 0), ("recent", 1)):
-            _whole(name, getattr(self, name), low)
+            check_whole(name, getattr(self, name), low)
         if self.query_chunk is not None:
-            _whole("query_chunk", self.query_chunk, 1)
+            check_whole("query_chunk", self.query_chunk, 1)
         if self.limit is not None:
-            _whole("limit", self.limit, 1)
+            check_whole("limit", self.limit, 1)
         if self.attention_budget is not None:
-            _whole("attention_budget", self.attention_budget, 1)
+            check_whole("attention_budget", self.attention_budget, 1)
         if self.importance_sample is not None:
-            _whole("importance_sample", self.importance_sample, 1)
+            check_whole("importance_sample", self.importance_sample, 1)
         if self.similarity_sample is not None:
-            _whole("similarity_sample", self.similarity_sample, 1)
+            check_whole("similarity_sample", self.similarity_sample, 1)
         if self.ablate_top is not None:
-            _whole("ablate_top", self.ablate_top, 1)
+            check_whole("ablate_top", self.ablate_top, 1)
             if self.importance != "ablate":
                 raise ConfigError(f"ablate_top {self.ablate_top} picks the heads to ablate exactly, so it needs "
                                   f"importance 'ablate' (--importance ablate); got {self.importance!r}",
@@ -234,7 +235,7 @@ class SweepConfig:
                 or not 0 < self.mask_rate < 1:
             raise ConfigError(f"mask_rate must be a share between 0 and 1 (BERT's is 0.15), got {self.mask_rate!r}",
                               setting="mask_rate")
-        _whole("bootstrap", self.bootstrap, 0)
+        check_whole("bootstrap", self.bootstrap, 0)
         if 0 < self.bootstrap < MIN_BOOTSTRAP:
             raise ConfigError(f"bootstrap must be 0 (no intervals) or at least {MIN_BOOTSTRAP}, got {self.bootstrap}: "
                               f"fewer replicates cannot place the 2.5% and 97.5% points", setting="bootstrap")
@@ -246,15 +247,15 @@ class SweepConfig:
             raise ConfigError(f"control must be a set of {', '.join(CONTROLS)} (each at most once), got {self.control!r}",
                               setting="control")
         object.__setattr__(self, "control", tuple(control))  # a list read back from run.json, or one name
-        _whole("examples", self.examples, 0)
+        check_whole("examples", self.examples, 0)
         modules = (self.metric_modules,) if isinstance(self.metric_modules, str) else self.metric_modules
         if not isinstance(modules, (tuple, list)) or not all(isinstance(m, str) and m.strip() for m in modules):
             raise ConfigError(f"metric_modules must be file paths or module names, got {self.metric_modules!r}",
                               setting="metric_modules")
         object.__setattr__(self, "metric_modules", tuple(modules))
         if self.control_seed is not None:
-            _whole("control_seed", self.control_seed, 0)
-        _whole("control_seeds", self.control_seeds, 1)
+            check_whole("control_seed", self.control_seed, 0)
+        check_whole("control_seeds", self.control_seeds, 1)
         if isinstance(self.fdr, bool) or not isinstance(self.fdr, (int, float)) or not 0 < self.fdr < 1:
             raise ConfigError(f"fdr must be a rate between 0 and 1 (0.05 for 5%), got {self.fdr!r}", setting="fdr")
         if self.control_seeds > 1 and "random-init" not in self.control:
@@ -341,33 +342,33 @@ class RetrievalConfig:
     headscan.errors.ConfigError: depths must lie between 0 and 1 (0: the needle opens the haystack, 1: it closes it); got 1.5
     """
 
-    lengths: tuple[int, ...] = _field((1024, 2048), "trials", "Prompt lengths in tokens (template and question "
+    lengths: tuple[int, ...] = option((1024, 2048), "trials", "Prompt lengths in tokens (template and question "
                                       "included).", metavar="N,N")
-    depths: tuple[float, ...] = _field(tuple(i / 10 for i in range(11)), "trials", "Needle depths: 0 opens the "
+    depths: tuple[float, ...] = option(tuple(i / 10 for i in range(11)), "trials", "Needle depths: 0 opens the "
                                        "haystack, 1 closes it.", metavar="D,D")
-    template: Template = _field("raw", "trials", "'raw': haystack then question (Wu et al. on base models); 'chat': "
+    template: Template = option("raw", "trials", "'raw': haystack then question (Wu et al. on base models); 'chat': "
                                 "the tokenizer's chat template.")
-    max_new_tokens: int = _field(50, "trials", "Greedy steps at most.")  # Wu et al.: 50
-    gate: float = _field(0.5, "trials", "A trial counts when the answer's ROUGE-1 recall is above this.")  # Wu et al.
-    seed: int = _field(0, "intervals", "Seed of the haystacks' starts and the bootstrap.")
-    bootstrap: int = _field(200, BOOTSTRAP)  # over trials, the bootstrap unit of retrieval
-    interval: IntervalMethod = _field("studentized_symmetric", INTERVAL)
-    device: Device = _field("auto", DEVICE)
-    dtype: DType = _field("float32", DTYPE)
-    prepend_bos: bool | None = _field(None, "input", "Raw template: put BOS before the prompt ('auto' follows the "
+    max_new_tokens: int = option(50, "trials", "Greedy steps at most.")  # Wu et al.: 50
+    gate: float = option(0.5, "trials", "A trial counts when the answer's ROUGE-1 recall is above this.")  # Wu et al.
+    seed: int = option(0, "intervals", "Seed of the haystacks' starts and the bootstrap.")
+    bootstrap: int = option(200, BOOTSTRAP)  # over trials, the bootstrap unit of retrieval
+    interval: IntervalMethod = option("studentized_symmetric", INTERVAL)
+    device: Device = option("auto", DEVICE)
+    dtype: DType = option("float32", DTYPE)
+    prepend_bos: bool | None = option(None, "input", "Raw template: put BOS before the prompt ('auto' follows the "
                                       "model's sweep default).", flag="--bos")
     # 128: less memory than 256 at 8k tokens (benchmarks/long_context.py --task retrieval)
-    query_chunk: int = _field(128, "model", "Queries per block of the chunked prefill (scores do not depend on it).")
+    query_chunk: int = option(128, "model", "Queries per block of the chunked prefill (scores do not depend on it).")
     # the masking test (Wu et al.'s needle_in_haystack_with_mask.py): off unless one of the two counts is set
-    mask_top: int = _field(0, "trials", "Also decode every trial with the top K retrieval heads masked (their "
+    mask_top: int = option(0, "trials", "Also decode every trial with the top K retrieval heads masked (their "
                            "output z zeroed at every position, prefill and decoding); 0: no masking test.",
                            metavar="K")
-    mask_random: int = _field(0, "trials", "Also decode every trial with K random heads masked, one from the layer of "
+    mask_random: int = option(0, "trials", "Also decode every trial with K random heads masked, one from the layer of "
                               "each of the top K retrieval heads, never a top head; 0: none.", metavar="K")
-    mask_draws: int = _field(20, "trials", "Seeded draws of --mask-random heads, each decoding every masked trial "
+    mask_draws: int = option(20, "trials", "Seeded draws of --mask-random heads, each decoding every masked trial "
                              "once; the top set's drop is ranked among theirs, so N draws allow a p-value down to "
                              "1/(N+1) (19: 0.05).")
-    mask_from: str | None = _field(None, "trials", "Rank the heads to mask by the retrieval scores of this earlier "
+    mask_from: str | None = option(None, "trials", "Rank the heads to mask by the retrieval scores of this earlier "
                                    "headscan retrieval output folder, run on other needles, and mask every trial "
                                    "(default: rank on this run's even needles, mask its odd ones' trials).",
                                    metavar="FOLDER")
@@ -380,7 +381,7 @@ class RetrievalConfig:
             if not isinstance(getattr(self, name), tuple) or not getattr(self, name):
                 raise ConfigError(f"{name} must be a non-empty tuple, got {getattr(self, name)!r}", setting=name)
         for length in self.lengths:
-            _whole("lengths", length, 64)
+            check_whole("lengths", length, 64)
         if len(set(self.lengths)) != len(self.lengths) or len(set(self.depths)) != len(self.depths):
             raise ConfigError("lengths and depths must not repeat a value: each trial would be run twice",
                               setting="lengths")
@@ -389,10 +390,10 @@ class RetrievalConfig:
                 raise ConfigError(f"depths must lie between 0 and 1 (0: the needle opens the haystack, 1: it closes "
                                   f"it); got {depth!r}", setting="depths")
         for name, low in (("max_new_tokens", 1), ("seed", 0), ("query_chunk", 1)):
-            _whole(name, getattr(self, name), low)
+            check_whole(name, getattr(self, name), low)
         if isinstance(self.gate, bool) or not isinstance(self.gate, (int, float)) or not 0 <= self.gate < 1:
             raise ConfigError(f"gate must be a recall in [0, 1), got {self.gate!r}", setting="gate")
-        _whole("bootstrap", self.bootstrap, 0)
+        check_whole("bootstrap", self.bootstrap, 0)
         if 0 < self.bootstrap < MIN_BOOTSTRAP:
             raise ConfigError(f"bootstrap must be 0 (no intervals) or at least {MIN_BOOTSTRAP}, got {self.bootstrap}",
                               setting="bootstrap")
@@ -402,7 +403,7 @@ class RetrievalConfig:
 
     def _check_masking(self) -> None:
         for name, low in (("mask_top", 0), ("mask_random", 0), ("mask_draws", 1)):
-            _whole(name, getattr(self, name), low)
+            check_whole(name, getattr(self, name), low)
         if self.mask_from is not None and not (isinstance(self.mask_from, str) and self.mask_from):
             raise ConfigError(f"mask_from must be a folder, got {self.mask_from!r}", setting="mask_from")
         if self.mask_from is not None and not self.masking:
@@ -467,7 +468,7 @@ def check_layers(layers: tuple[int, ...] | None, n_layers: int, model: str) -> t
     return tuple(range(n_layers)) if layers is None else tuple(layers)
 
 
-def _whole(name: str, value, low: int) -> None:
+def check_whole(name: str, value, low: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ConfigError(f"{name} must be a whole number >= {low}, got {value!r}", setting=name)
 

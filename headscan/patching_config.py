@@ -1,6 +1,6 @@
 """How ``headscan patch`` runs contrastive patching: the settings of `PatchConfig`, checked when it is made.
 
-Kept beside `headscan.config` (whose `_field` declares each setting's command-line option) rather than in it,
+Kept beside `headscan.config` (whose `option` declares each setting's command-line option) rather than in it,
 so that each config module stays one concept."""
 
 from __future__ import annotations
@@ -9,7 +9,18 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
-from .config import BOOTSTRAP, DEVICE, DTYPE, INTERVAL, MIN_BOOTSTRAP, Device, DType, IntervalMethod, _field, _whole
+from .config import (
+    BOOTSTRAP,
+    DEVICE,
+    DTYPE,
+    INTERVAL,
+    MIN_BOOTSTRAP,
+    Device,
+    DType,
+    IntervalMethod,
+    check_whole,
+    option,
+)
 from .errors import ConfigError
 
 __all__ = ["PatchConfig", "parse_path"]
@@ -52,28 +63,28 @@ class PatchConfig:
     headscan.errors.ConfigError: batch_size must be a whole number >= 1, got 0
     """
 
-    batch_size: int = _field(8, "model", "Pairs per forward pass.")
-    by_position: bool = _field(False, "scores", "Also patch each head at each position alone (pairs must all have "
+    batch_size: int = option(8, "model", "Pairs per forward pass.")
+    by_position: bool = option(False, "scores", "Also patch each head at each position alone (pairs must all have "
                                "the same number of tokens; one pass per head and position).")
-    position_top: int = _field(0, "scores", "Also patch the N heads that restore the most (exact denoising over "
+    position_top: int = option(0, "scores", "Also patch the N heads that restore the most (exact denoising over "
                                "every pair) at each position alone (pairs of one length; 2 passes per head, position "
                                "and batch; 0: none).", metavar="N")
-    attribution: bool = _field(True, "scores", "Estimate every head's effect by attribution patching (AtP), beside "
+    attribution: bool = option(True, "scores", "Estimate every head's effect by attribution patching (AtP), beside "
                                "the exact patches, with its recall of their top heads.")
-    path_top: int = _field(0, "scores", "Path patching between the N heads that restore the most (exact "
+    path_top: int = option(0, "scores", "Path patching between the N heads that restore the most (exact "
                            "denoising) as senders and as receivers, through queries, keys and values (0: none).",
                            metavar="N")
-    paths: tuple[str, ...] = _field((), "scores", "Patch this path too: SENDER>RECEIVER[:q|k|v], 0-indexed "
+    paths: tuple[str, ...] = option((), "scores", "Patch this path too: SENDER>RECEIVER[:q|k|v], 0-indexed "
                                     "(L0H0>L1H0:k); repeat for several.", metavar="PATH")
-    seed: int = _field(0, "intervals", "Seed of the bootstrap over pairs.")
-    bootstrap: int = _field(200, BOOTSTRAP)  # over pairs, the bootstrap unit of patching
-    interval: IntervalMethod = _field("studentized_symmetric", INTERVAL)
-    device: Device = _field("auto", DEVICE)
-    dtype: DType = _field("float32", DTYPE)
+    seed: int = option(0, "intervals", "Seed of the bootstrap over pairs.")
+    bootstrap: int = option(200, BOOTSTRAP)  # over pairs, the bootstrap unit of patching
+    interval: IntervalMethod = option("studentized_symmetric", INTERVAL)
+    device: Device = option("auto", DEVICE)
+    dtype: DType = option("float32", DTYPE)
 
     def __post_init__(self):
         for name, low in (("batch_size", 1), ("path_top", 0), ("position_top", 0), ("seed", 0), ("bootstrap", 0)):
-            _whole(name, getattr(self, name), low)
+            check_whole(name, getattr(self, name), low)
         if 0 < self.bootstrap < MIN_BOOTSTRAP:
             raise ConfigError(f"bootstrap must be 0 (no intervals) or at least {MIN_BOOTSTRAP}, got {self.bootstrap}",
                               setting="bootstrap")

@@ -163,7 +163,7 @@ def _cases():
 def test_every_head_metric_equals_hugging_face_eager_attention(checkpoint, monkeypatch, row, path, prepend_bos):
     folder = checkpoint(row.name)
     if path != row.path:  # the bridge's architectures, read through the second path as well
-        monkeypatch.setattr("headscan.models.load._has_adapter", lambda config: False)
+        monkeypatch.setattr("headscan.models.load.has_adapter", lambda config: False)
     model = load_model(folder, device="cpu", prepend_bos=prepend_bos)
     assert (model.path, model.family, model.n_layers, model.n_heads, model.n_kv_heads) == (
         path, row.family, 2, 4, row.n_kv_heads)

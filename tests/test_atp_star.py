@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2LMHeadModel
 
-from headscan.metrics.importance import attribution, next_token_loss
+from headscan.metrics.importance import next_token_loss
 from headscan.models import load_model
 from headscan.models.ablation import Surgery, head_cut
-from headscan.models.atp_star import AtPStar, atp_star, head_attributions
+from headscan.models.atp_star import AtPStar, atp_star, attribution, head_attributions
 from headscan.testing import build_architecture_checkpoint, build_tiny_checkpoint
 
 TEXTS = ["The cat sat on the mat because it was tired.", "Where is the station?", "I like green tea."]

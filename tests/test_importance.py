@@ -443,11 +443,15 @@ def test_settings_are_checked():
 
 
 def test_an_architecture_whose_heads_cannot_be_cut_is_refused_in_one_line(tmp_path):
+    from headscan.models.sites import layer_sites
+
     folder = build_architecture_checkpoint(tmp_path / "distilbert", "distilbert")
     model = load_model(str(folder))
     for layer in model.hf_model.distilbert.transformer.layer:
         layer.attention.projection = layer.attention.out_lin
         del layer.attention.out_lin
+    # sites are resolved as a model loads: resolve them again for the renamed modules
+    model.layer_sites = layer_sites(model.hf_model, attention=model.sites, n_layers=model.n_layers)
     with pytest.raises(ModelLoadError, match=r"^model '.*' \(DistilBertForMaskedLM\): headscan cannot find where each "
                                              r"head's output enters the attention output projection .* sweep it with "
                                              r"--importance off$"):

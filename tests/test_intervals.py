@@ -452,9 +452,9 @@ def test_intervals_in_slabs_equal_the_whole_array_to_the_bit(monkeypatch):
         return np.array(ends), variance_df(rs, rc, power)
 
     whole = everything()
-    assert len(methods._slabs(value.shape, 50)) == 1
+    assert len(methods.slabs_of(value.shape, 50)) == 1
     monkeypatch.setattr(methods, "SLAB_BYTES", 8 * 50 * 2 * 3 * 2)  # two layers a slab: slabs of 2, 2 and 1
-    assert [(rows.start, rows.stop) for rows in methods._slabs(value.shape, 50)] == [(0, 2), (2, 4), (4, 5)]
+    assert [(rows.start, rows.stop) for rows in methods.slabs_of(value.shape, 50)] == [(0, 2), (2, 4), (4, 5)]
     slabbed = everything()
     np.testing.assert_array_equal(slabbed[0], whole[0])
     np.testing.assert_array_equal(slabbed[1], whole[1])
@@ -463,7 +463,7 @@ def test_intervals_in_slabs_equal_the_whole_array_to_the_bit(monkeypatch):
     open_ended = interval(value, rs, rc, moments, method="bca", bounds=(0.0, None))
     np.testing.assert_array_equal(open_ended, interval(value, rs, rc, moments, method="bca", bounds=(0.0, np.inf)))
     # one cell after the first axis: numpy would sum a slab's replicates pairwise, so such shapes are not split
-    assert [methods._slabs(shape, 50) for shape in ((7,), (3, 1), (4, 1, 1))] == [[slice(None)]] * 3
+    assert [methods.slabs_of(shape, 50) for shape in ((7,), (3, 1), (4, 1, 1))] == [[slice(None)]] * 3
     # shapes that do not fit are not split: the error names the whole arrays
     with pytest.raises(ValueError, match=r"\(5,5,2,3\)"):
         interval(value, rs, rc[:5], moments, method="percentile")

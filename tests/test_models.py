@@ -140,7 +140,7 @@ def test_bos_yes_without_a_bos_or_eos_token_is_refused(tmp_path, tiny_gpt2, tiny
     import shutil
 
     # hf_hooks: the bridge would register "<|endoftext|>" as a new BOS token instead
-    monkeypatch.setattr("headscan.models.load._has_adapter", lambda config: False)
+    monkeypatch.setattr("headscan.models.load.has_adapter", lambda config: False)
     for item in tiny_gpt2.iterdir():  # a GPT-2 given a WordPiece tokenizer, which has neither BOS nor EOS
         if item.name in {"config.json", "model.safetensors"}:
             shutil.copy(item, tmp_path / item.name)

@@ -125,7 +125,7 @@ def test_decoding_rows_and_copying_equal_wu_et_al_on_hugging_face_eager(planted,
     from headscan.models.decode import greedy_decode
 
     if path == "hf_hooks":
-        monkeypatch.setattr("headscan.models.load._has_adapter", lambda config: False)
+        monkeypatch.setattr("headscan.models.load.has_adapter", lambda config: False)
     model = load_model(planted["folder"])
     assert model.path == path
     corpus = read_corpus(planted["haystack"])

@@ -5,8 +5,7 @@ checks a ``--corpus`` before torch is imported. What tokenises and batches (`hea
 `headscan.corpus.words`, `headscan.corpus.shuffle`) is imported on first use.
 """
 
-import importlib
-
+from ..lazy import lazy_names
 from .files import INDEX, FileSegments, Segment
 from .text import Corpus, check_source, pack_corpus, read_corpus, texts_corpus
 
@@ -18,11 +17,4 @@ _LAZY = {"EncodedCorpus": "tokens", "encode": "tokens", "batches": "tokens", "Ba
          "WordAlignment": "words", "shuffle_words": "shuffle"}
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, __all__)

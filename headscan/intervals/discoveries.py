@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import ConfigError
-from .pvalues import _check_side, interval_se, rank_p_value, t_p_value
+from .pvalues import check_side, interval_se, rank_p_value, t_p_value
 
 __all__ = ["DISCOVERY_COLUMNS", "NULL_KINDS", "FDR_METHODS", "q_values", "add_discoveries"]
 
@@ -201,7 +201,7 @@ def _sides(rows: pd.DataFrame, striking) -> np.ndarray:
     else:
         side = pd.Series(striking, index=rows.index)
     sides = side.to_numpy(dtype=object)
-    _check_side(sides)
+    check_side(sides)
     return sides
 
 

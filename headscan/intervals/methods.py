@@ -13,10 +13,10 @@ import numpy as np
 from scipy import special
 
 from ..errors import ConfigError
-from .moments import _TERM, MOMENT_TERMS, REPLICATE_TERMS, bootstrap_weights, replicate_moments, unit_moments  # noqa: F401 (doctests)
+from .moments import MOMENT_INDEX, MOMENT_TERMS, REPLICATE_TERMS, bootstrap_weights, replicate_moments, unit_moments  # noqa: F401 (doctests)
 
 __all__ = ["METHODS", "DEFAULT_METHOD", "interval", "nan_percentile", "standard_error", "replicate_variances",
-           "order_quantile"]
+           "order_quantile", "replicates_of", "slabs_of", "ratio_variances"]
 
 METHODS = ("studentized", "studentized_symmetric", "bca", "percentile", "delta")
 DEFAULT_METHOD = "studentized_symmetric"
@@ -77,9 +77,9 @@ def _influence_sums(value: np.ndarray, moments: np.ndarray) -> tuple[np.ndarray,
     unit's weight is (s_u - R c_u) / C), so these expand into the power sums.
     """
     m, r = moments, value
-    u2 = m[_TERM["ss"]] - 2 * r * m[_TERM["sc"]] + r * r * m[_TERM["cc"]]
-    u3 = m[_TERM["sss"]] - 3 * r * m[_TERM["ssc"]] + 3 * r * r * m[_TERM["scc"]] - r**3 * m[_TERM["ccc"]]
-    size = m[_TERM["ss"]] + r * r * m[_TERM["cc"]]
+    u2 = m[MOMENT_INDEX["ss"]] - 2 * r * m[MOMENT_INDEX["sc"]] + r * r * m[MOMENT_INDEX["cc"]]
+    u3 = m[MOMENT_INDEX["sss"]] - 3 * r * m[MOMENT_INDEX["ssc"]] + 3 * r * r * m[MOMENT_INDEX["scc"]] - r**3 * m[MOMENT_INDEX["ccc"]]
+    size = m[MOMENT_INDEX["ss"]] + r * r * m[MOMENT_INDEX["cc"]]
     return u2, u3, size
 
 
@@ -148,7 +148,7 @@ def interval(value, replicate_sums, replicate_counts, moments, *, method: str, l
     value, moments = _checked(value, moments, method, level)
     if method != "delta" and replicate_sums is not None and replicate_counts is not None:
         power = replicate_power if method.startswith("studentized") else None  # the others never read it
-        slabs = _slabs(value.shape, _replicates_of(replicate_sums, replicate_counts, power, value.shape))
+        slabs = slabs_of(value.shape, replicates_of(replicate_sums, replicate_counts, power, value.shape))
         if len(slabs) > 1 and (bounds is None or all(_broadcasts(b, value.shape) for b in bounds)):
             return _by_slabs(slabs, value, replicate_sums, replicate_counts, moments, power, method=method,
                              level=level, bounds=bounds)
@@ -159,7 +159,7 @@ def interval(value, replicate_sums, replicate_counts, moments, *, method: str, l
                                      method=method, level=level)
     if bounds is not None:
         low, high = np.clip(low, bounds[0], bounds[1]), np.clip(high, bounds[0], bounds[1])
-    undefined = ~(moments[_TERM["c"]] > 0) | ~np.isfinite(value)
+    undefined = ~(moments[MOMENT_INDEX["c"]] > 0) | ~np.isfinite(value)
     return np.where(undefined, np.nan, low), np.where(undefined, np.nan, high)
 
 
@@ -180,7 +180,7 @@ def _checked(value, moments, method: str, level) -> tuple[np.ndarray, np.ndarray
 
 
 def _by_slabs(slabs, value, replicate_sums, replicate_counts, moments, power, *, method, level, bounds):
-    """`interval` slab by slab of the leading axis (`_slabs`), the ends put back together."""
+    """`interval` slab by slab of the leading axis (`slabs`), the ends put back together."""
     sums, counts = np.asarray(replicate_sums), np.asarray(replicate_counts)
     power = None if power is None else np.asarray(power)
     ends = [interval(value[rows], sums[:, rows], counts[:, rows], moments[:, rows], method=method,
@@ -202,9 +202,9 @@ def _delta(value, moments, level):
     infinitesimal jackknife; no replicates); NaN for fewer than two units."""
     z_low, z_high = _z_ends(level)
     u2, _, _ = _influence_sums(value, moments)
-    units = moments[_TERM["units"]]
+    units = moments[MOMENT_INDEX["units"]]
     with np.errstate(invalid="ignore", divide="ignore"):
-        se = np.sqrt(np.maximum(u2, 0) * units / (units - 1)) / moments[_TERM["c"]]
+        se = np.sqrt(np.maximum(u2, 0) * units / (units - 1)) / moments[MOMENT_INDEX["c"]]
     low, high = value + z_low * se, value + z_high * se
     return np.where(units > 1, low, np.nan), np.where(units > 1, high, np.nan)
 
@@ -240,16 +240,16 @@ def _from_replicates(value, replicate_sums, replicate_counts, moments, replicate
 SLAB_BYTES = 8 << 20
 
 
-def _slabs(shape: tuple, n_replicates: int | None) -> list[slice]:
+def slabs_of(shape: tuple, n_replicates: int | None) -> list[slice]:
     """Slices of the leading axis of `shape` whose (replicate, ...) float64 arrays stay within `SLAB_BYTES`.
 
     One slab (no split) where the replicate arrays do not fit `shape` (`n_replicates` None, from
-    `_replicates_of`: the unsplit path says what is wrong), or where fewer than two cells follow the first axis: numpy would then sum a slab's replicates in
+    `replicates_of`: the unsplit path says what is wrong), or where fewer than two cells follow the first axis: numpy would then sum a slab's replicates in
     another order than the whole array's (pairwise along a contiguous axis), and the last bits would change.
 
-    >>> [(rows.start, rows.stop) for rows in _slabs((30, 9, 140), 200)]  # 200 x 9 x 140 x 8 bytes: 2 MB a layer
+    >>> [(rows.start, rows.stop) for rows in slabs_of((30, 9, 140), 200)]  # 200 x 9 x 140 x 8 bytes: 2 MB a layer
     [(0, 4), (4, 8), (8, 12), (12, 16), (16, 20), (20, 24), (24, 28), (28, 30)]
-    >>> _slabs((), 200), _slabs((6, 12), 200), _slabs((10**6,), 200), _slabs((10**6, 1), 200)
+    >>> slabs_of((), 200), slabs_of((6, 12), 200), slabs_of((10**6,), 200), slabs_of((10**6, 1), 200)
     ([slice(None, None, None)], [slice(0, 6, None)], [slice(None, None, None)], [slice(None, None, None)])
     """
     cells = int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 0
@@ -259,7 +259,7 @@ def _slabs(shape: tuple, n_replicates: int | None) -> list[slice]:
     return [slice(start, min(start + rows, shape[0])) for start in range(0, shape[0], rows)]
 
 
-def _replicates_of(replicate_sums, replicate_counts, replicate_power, shape: tuple) -> int | None:
+def replicates_of(replicate_sums, replicate_counts, replicate_power, shape: tuple) -> int | None:
     """The number of replicates, or None where sums, counts and power sums lack the shapes `shape` asks for."""
     sums = tuple(np.shape(replicate_sums))
     fits = (len(sums) == len(shape) + 1 and sums[1:] == tuple(shape) and tuple(np.shape(replicate_counts)) == sums
@@ -309,9 +309,9 @@ def standard_error(value, moments) -> np.ndarray:
     True
     """
     m = np.asarray(moments, dtype=np.float64)
-    squares = _sum_of_squares(np.where(np.isfinite(value), value, 0.0), m[_TERM["ss"]], m[_TERM["sc"]], m[_TERM["cc"]])
+    squares = _sum_of_squares(np.where(np.isfinite(value), value, 0.0), m[MOMENT_INDEX["ss"]], m[MOMENT_INDEX["sc"]], m[MOMENT_INDEX["cc"]])
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.sqrt(squares) / m[_TERM["c"]]
+        return np.sqrt(squares) / m[MOMENT_INDEX["c"]]
 
 
 def replicate_variances(replicate_sums, replicate_counts, replicate_power) -> np.ndarray:
@@ -322,10 +322,10 @@ def replicate_variances(replicate_sums, replicate_counts, replicate_power) -> np
     counts = np.asarray(replicate_counts, dtype=np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
         ratios = np.asarray(replicate_sums, dtype=np.float64) / counts
-    return _variances_of(ratios, counts, replicate_power)
+    return ratio_variances(ratios, counts, replicate_power)
 
 
-def _variances_of(ratios, counts, replicate_power) -> np.ndarray:
+def ratio_variances(ratios, counts, replicate_power) -> np.ndarray:
     """`replicate_variances` from the replicates' ratios S*_b / C*_b themselves (NaN or inf where C*_b is 0)."""
     finite = np.isfinite(ratios)
     power = np.asarray(replicate_power, dtype=np.float64)
@@ -380,7 +380,7 @@ def _studentized(value, replicates, replicate_counts, replicate_power, moments, 
     its side. SE = 0 gives [R, R].
     """
     se = standard_error(value, moments)
-    variances = _variances_of(replicates, replicate_counts, replicate_power)
+    variances = ratio_variances(replicates, replicate_counts, replicate_power)
     with np.errstate(invalid="ignore", divide="ignore"):
         difference = replicates - value
         t = difference / np.sqrt(variances)

@@ -14,7 +14,7 @@ import numpy as np
 from ..errors import ConfigError
 
 __all__ = ["MOMENT_TERMS", "REPLICATE_TERMS", "bootstrap_weights", "unit_moments", "combine_moments",
-           "replicate_moments", "add_product"]
+           "replicate_moments", "add_product", "MOMENT_INDEX"]
 
 # The terms of `unit_moments`, in order along its leading axis. Every term is a sum over units except the
 # last, the largest |s_u|, which combines by max. All are zero for no units, so zeros start an accumulator.
@@ -33,7 +33,7 @@ MOMENT_TERMS = (
     "abs_s",  # sum |s_u|
     "max_abs_s",  # max |s_u| (not a sum)
 )
-_TERM = {name: i for i, name in enumerate(MOMENT_TERMS)}
+MOMENT_INDEX = {name: i for i, name in enumerate(MOMENT_TERMS)}
 
 # The terms of `replicate_moments`, in order along its leading axis: per replicate b, sums over units of w_bu times
 # s_u^2, s_u c_u and c_u^2. With S*_b and C*_b they give each replicate's own linearised variance (studentized).

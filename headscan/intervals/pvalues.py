@@ -46,9 +46,9 @@ import numpy as np
 from scipy import special
 
 from ..errors import ConfigError
-from .methods import _variances_of, standard_error
+from .methods import ratio_variances, standard_error
 
-__all__ = ["SIDES", "t_p_value", "bootstrap_t_p_value", "rank_p_value", "interval_se"]
+__all__ = ["SIDES", "t_p_value", "bootstrap_t_p_value", "rank_p_value", "interval_se", "check_side"]
 
 SIDES = ("high", "low")  # the striking side of a metric: where its values say "more than chance"
 
@@ -66,7 +66,7 @@ def _student_sf(t, df) -> np.ndarray:
         return np.where(np.isposinf(df), special.ndtr(-t), special.stdtr(np.where(np.isposinf(df), 1.0, finite), -t))
 
 
-def _check_side(side) -> np.ndarray:
+def check_side(side) -> np.ndarray:
     side = np.asarray(side, dtype=object)
     bad = sorted({str(s) for s in np.ravel(side)} - set(SIDES))
     if bad:
@@ -98,7 +98,7 @@ def t_p_value(value, se, df, null_low, null_high=None, *, side="high") -> np.nda
     >>> t_p_value(np.array([0.5]), np.array([0.1]), np.inf, 0.9, side="low").round(5).tolist()  # 4 SE below
     [3e-05]
     """
-    high = _check_side(side)
+    high = check_side(side)
     value, se, df = (np.asarray(v, dtype=np.float64) for v in (value, se, df))
     null_low = np.asarray(null_low, dtype=np.float64)
     null_high = null_low if null_high is None else np.asarray(null_high, dtype=np.float64)
@@ -151,7 +151,7 @@ def bootstrap_t_p_value(value, replicate_sums, replicate_counts, replicate_power
     >>> p.round(3).tolist()
     [0.005, 0.299]
     """
-    high = _check_side(side)
+    high = check_side(side)
     value = np.asarray(value, dtype=np.float64)
     null_low = np.asarray(null_low, dtype=np.float64)
     null_high = null_low if null_high is None else np.asarray(null_high, dtype=np.float64)
@@ -160,7 +160,7 @@ def bootstrap_t_p_value(value, replicate_sums, replicate_counts, replicate_power
     counts = np.asarray(replicate_counts, dtype=np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
         replicates = np.asarray(replicate_sums, dtype=np.float64) / counts
-        variances = _variances_of(replicates, counts, replicate_power)
+        variances = ratio_variances(replicates, counts, replicate_power)
         difference = replicates - value
         # as the studentized interval: a replicate with no spread is +-inf, or 0 where it equals R
         t_star = np.where(variances > 0, difference / np.sqrt(variances),
@@ -195,7 +195,7 @@ def rank_p_value(value, null_values, *, side="high") -> np.ndarray:
     >>> rank_p_value(np.array([0.05]), np.array([[0.1, 0.2, np.nan]]), side="low").tolist()
     [0.3333333333333333]
     """
-    high = _check_side(side)
+    high = check_side(side)
     value = np.asarray(value, dtype=np.float64)
     null = np.asarray(null_values, dtype=np.float64)
     null = np.broadcast_to(null, (len(value), null.shape[-1])) if null.ndim == 1 else null

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .methods import _replicates_of, _slabs, replicate_variances
-from .moments import _TERM, bootstrap_weights, replicate_moments, unit_moments  # noqa: F401 (doctests)
+from .methods import replicate_variances, replicates_of, slabs_of
+from .moments import MOMENT_INDEX, bootstrap_weights, replicate_moments, unit_moments  # noqa: F401 (doctests)
 
 __all__ = ["THIN_MIN_UNITS", "THIN_MAX_SHARE", "MIN_EFFECTIVE_UNITS", "MIN_VARIANCE_DF", "MIN_SPARSE_EVENNESS",
            "BOUND_WIDTH", "support", "effective_units", "variance_df", "at_bound", "thin", "thin_support"]
@@ -29,10 +29,10 @@ def support(moments) -> tuple[np.ndarray, np.ndarray]:
     ([2.0], [0.75])
     """
     moments = np.asarray(moments, dtype=np.float64)
-    total = moments[_TERM["abs_s"]]
+    total = moments[MOMENT_INDEX["abs_s"]]
     with np.errstate(invalid="ignore", divide="ignore"):
-        share = np.where(total > 0, moments[_TERM["max_abs_s"]] / total, np.nan)
-    return moments[_TERM["contributing"]], share
+        share = np.where(total > 0, moments[MOMENT_INDEX["max_abs_s"]] / total, np.nan)
+    return moments[MOMENT_INDEX["contributing"]], share
 
 
 def effective_units(moments) -> np.ndarray:
@@ -47,9 +47,9 @@ def effective_units(moments) -> np.ndarray:
     [2.6666666666666665, nan]
     """
     moments = np.asarray(moments, dtype=np.float64)
-    squares = moments[_TERM["ss"]]
+    squares = moments[MOMENT_INDEX["ss"]]
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(squares > 0, moments[_TERM["abs_s"]] ** 2 / np.where(squares > 0, squares, 1.0), np.nan)
+        return np.where(squares > 0, moments[MOMENT_INDEX["abs_s"]] ** 2 / np.where(squares > 0, squares, 1.0), np.nan)
 
 
 def variance_df(replicate_sums, replicate_counts, replicate_power) -> np.ndarray:
@@ -70,7 +70,7 @@ def variance_df(replicate_sums, replicate_counts, replicate_power) -> np.ndarray
     31.0
     """
     shape = tuple(np.shape(replicate_sums))[1:]
-    slabs = _slabs(shape, _replicates_of(replicate_sums, replicate_counts, replicate_power, shape))
+    slabs = slabs_of(shape, replicates_of(replicate_sums, replicate_counts, replicate_power, shape))
     if len(slabs) > 1:  # small temporaries, as `interval`
         sums, counts, power = (np.asarray(x) for x in (replicate_sums, replicate_counts, replicate_power))
         return np.concatenate([variance_df(sums[:, rows], counts[:, rows], power[:, :, rows]) for rows in slabs])

@@ -17,7 +17,7 @@ segment's first (BOS, [CLS]; with ``ablate_first`` that one too) by its mean ove
 sample of the corpus; ``zero_ablation`` by 0; ``resample_ablation`` by the same head's output at the same position
 of another segment of the sample (a seeded derangement); all exactly, one head at a time. ``atp_mean`` and
 ``atp_zero`` estimate the first two to first order (attribution patching, Nanda 2023; Kramár et al.
-2024), for every head from one backward pass (`attribution`). The first-order term of ``hidden_change`` is 0
+2024), for every head from one backward pass (`headscan.models.atp_star.attribution`). The first-order term of ``hidden_change`` is 0
 (the clean pass is its minimum), so it has no AtP rows with a value.
 
 Pure functions that never write into their inputs; none loops over heads. The models are run, and the heads
@@ -34,7 +34,7 @@ from ..config import IMPORTANCE_METHODS, IMPORTANCE_TARGETS
 from .registry import Axis, register
 
 __all__ = ["methods", "importance_keys", "next_token_loss", "masked_loss", "hidden_change", "target_sums",
-           "attribution", "mask_tokens", "MASK_SPLIT", "importance"]
+           "mask_tokens", "MASK_SPLIT", "importance"]
 
 MASK_SPLIT = (0.8, 0.1, 0.1)  # of the tokens chosen for masking: [MASK], a random token, kept (BERT's rule)
 
@@ -106,25 +106,6 @@ def target_sums(target: str, output: torch.Tensor, *, tokens: torch.Tensor, real
     if target == "masked_loss":
         return masked_loss(output, labels)
     return hidden_change(output, output if clean is None else clean, real)
-
-
-def attribution(heads: torch.Tensor, grads: torch.Tensor, replacement: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
-    """(batch, head) first-order change of the target when each head's output z is replaced by `replacement`:
-    sum over real positions q of (r - z[q]) . dT/dz[q] (attribution patching).
-
-    heads and grads (batch, seq, head * d_head): the output projection's input and the target's gradient there;
-    replacement (head, d_head): each head's mean output, or zeros for zero ablation.
-
-    >>> z = torch.tensor([[[1.0, 2.0]]])  # one segment, one position, one head of 2 dimensions
-    >>> g = torch.tensor([[[0.5, -1.0]]])
-    >>> attribution(z, g, torch.tensor([[3.0, 0.0]]), torch.tensor([[True]]))  # (2, -2) . (0.5, -1)
-    tensor([[3.]])
-    """
-    b, n, _ = heads.shape
-    z = _at_least_float32(heads).view(b, n, *replacement.shape)  # (batch, seq, head, d_head)
-    g = grads.to(z.dtype).view_as(z)
-    per_position = ((replacement.to(z.device, z.dtype) - z) * g).sum(-1)  # (batch, seq, head)
-    return torch.where(real[..., None], per_position, 0).sum(1)
 
 
 def mask_tokens(ids: list[int], maskable: list[bool], *, key: tuple[int, ...], rate: float, mask_id: int,

@@ -5,7 +5,7 @@ the embedded aliases need no torch: each name below is imported on first use, so
 ``--model`` before torch loads.
 """
 
-import importlib
+from ..lazy import lazy_names
 
 __all__ = ["HookedModel", "PatternSite", "ALIASES", "DEFAULT_MODELS", "DEVICES", "DTYPES", "PATHS", "load_model",
            "pattern_forward", "chunked_refusal", "check_spec", "describe_spec", "alias_status", "resolve_device"]
@@ -16,11 +16,4 @@ _LAZY = {"pattern_forward": "forward", "chunked_refusal": "forward", "ALIASES": 
          "resolve_device": "load"}
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, __all__)

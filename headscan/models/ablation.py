@@ -2,7 +2,7 @@
 passes with a head's output replaced.
 
 A head's output z_h (the attention-weighted values, before W_O) is cut where it enters the attention output
-projection (``o_proj``, ``c_proj``, ``attention.output.dense``, ``out_lin``, ``Wo``, ...): that module's input
+projection (where it is, per architecture, is `headscan.models.sites`): that module's input
 is every query head's output side by side, ``(batch, seq, head * d_head)``, head h in columns
 ``h * d_head .. (h + 1) * d_head - 1`` (grouped-query models too: one slice per *query* head). A forward
 pre-hook on that module replaces the head's slice; the output bias belongs to no head and stays. On the
@@ -32,21 +32,17 @@ import torch
 
 from ..errors import ModelLoadError
 from .hooked import PROBE
-from .hooks import backbone, unobserved_norms
+from .hooks import unobserved_norms
+from .sites import OUTPUTS_SOUGHT, backbone, in_features
 
 if TYPE_CHECKING:
     from .hooked import HookedModel
 
-__all__ = ["TARGETS", "HeadCut", "Pass", "Surgery", "head_cut", "target_of", "zeroed_heads"]
+__all__ = ["TARGETS", "HeadCut", "SurgeryRun", "Surgery", "head_cut", "head_columns", "cut_heads", "target_of",
+           "zeroed_heads"]
 
 # What a head's removal is measured on, per kind of model (headscan.metrics.importance defines each).
 TARGETS = ("next_token_loss", "masked_loss", "hidden_change")
-
-# Names of the output projection inside a self-attention module (Llama and kin, OPT and GPT-Neo, GPT-2,
-# DistilBERT, MPNet, ModernBERT, ALBERT / Phi / BLOOM / Falcon / GPT-NeoX); BERT-style models keep it in a
-# sibling, ``attention.output.dense``.
-_OWN = ("o_proj", "out_proj", "c_proj", "out_lin", "o", "Wo", "dense")
-_SIBLING = ("output.dense",)
 
 
 @dataclass(frozen=True)
@@ -65,29 +61,6 @@ class HeadCut:
         return f"input of {self.name} (a forward pre-hook; head h = columns h*{self.d_head}..(h+1)*{self.d_head}-1)"
 
 
-def _sub(module, path: str):
-    for part in path.split("."):
-        module = getattr(module, part, None)
-        if not isinstance(module, torch.nn.Module):
-            return None
-    return module
-
-
-def _in_features(module) -> int | None:
-    if hasattr(module, "in_features"):
-        return int(module.in_features)
-    weight = getattr(module, "weight", None)  # GPT-2's Conv1D: weight (in, out)
-    if type(module).__name__ == "Conv1D" and isinstance(weight, torch.Tensor):
-        return int(weight.shape[0])
-    return None
-
-
-def _real(module):
-    """The Hugging Face module a TransformerLens bridge component wraps (itself when it wraps none)."""
-    inner = getattr(module, "original_component", None)
-    return inner if isinstance(inner, torch.nn.Module) else module
-
-
 def _name_of(hf_model, target) -> str:
     """`target`'s name in the Hugging Face model. A TransformerLens bridge lists its modules under several names
     and keeps the model's own as ``..._original_component...``: that path, without those parts, is the model's."""
@@ -96,25 +69,6 @@ def _name_of(hf_model, target) -> str:
         return type(target).__name__
     name = max(names, key=lambda n: (n.count("_original_component"), -len(n)))  # through every wrapped module
     return name.replace("._original_component", "")
-
-
-def _bridge_cuts(model: HookedModel) -> list:
-    return [_real(block.attn.o) for block in model.bridge.blocks]
-
-
-def _site_cuts(model: HookedModel) -> list:
-    """hf_hooks: the output projection beside each attention module the sweep reads, in layer order (a site
-    shared by every layer, as in ALBERT, gives one module for all of them)."""
-    by_name = dict(model.hf_model.named_modules())
-    found = []
-    for site in model.sites:
-        parent = by_name.get(site.name.rsplit(".", 1)[0]) if "." in site.name else None
-        candidates = [_sub(site.module, name) for name in _OWN] + \
-                     ([_sub(parent, name) for name in _SIBLING] if parent is not None else [])
-        found.append(next((c for c in candidates if c is not None and _in_features(c) is not None), None))
-    if len(found) == 1 and model.n_layers > 1:
-        found = found * model.n_layers
-    return found
 
 
 def _blocks(model: HookedModel, cuts: list) -> tuple[tuple | None, str]:
@@ -135,15 +89,47 @@ def head_cut(model: HookedModel) -> HeadCut:
     """Where `model`'s heads are cut; a model whose output projection headscan cannot find is refused in one line
     naming its architecture."""
     architecture = type(model.hf_model).__name__
-    cuts = _bridge_cuts(model) if model.bridge is not None else _site_cuts(model)
-    width = [_in_features(c) if c is not None else None for c in cuts]
+    cuts = list(model.layer_sites.outputs)
+    width = [in_features(c) if c is not None else None for c in cuts]
     if len(cuts) != model.n_layers or any(w is None or w % model.n_heads for w in width) or len(set(width)) != 1:
         raise ModelLoadError(
             f"model {model.name!r} ({architecture}): headscan cannot find where each head's output enters the "
-            f"attention output projection (looked for {', '.join(_OWN)} in the attention module and "
-            f"{', '.join(_SIBLING)} beside it), so it cannot ablate its heads; sweep it with --importance off")
+            f"attention output projection (looked for {OUTPUTS_SOUGHT}), so it cannot ablate its heads; sweep it "
+            f"with --importance off")
     blocks, note = _blocks(model, cuts)
     return HeadCut(tuple(cuts), _name_of(model.hf_model, cuts[0]), width[0] // model.n_heads, blocks, note)
+
+
+def head_columns(width: int, d_head: int, heads, *, device=None) -> torch.Tensor:
+    """(width,) bool: the columns of `heads` (query head indices; None: every head) in an output projection's
+    input, ``(..., head * d_head)``, head h in columns ``h * d_head .. (h + 1) * d_head - 1``.
+
+    >>> head_columns(6, 2, [0, 2]).tolist()
+    [True, True, False, False, True, True]
+    """
+    columns = torch.zeros(width, dtype=torch.bool, device=device)
+    for head in [slice(None)] if heads is None else [slice(h * d_head, (h + 1) * d_head) for h in heads]:
+        columns[head] = True
+    return columns
+
+
+def cut_heads(x: torch.Tensor, columns: torch.Tensor, value: torch.Tensor | None = None,
+              positions: torch.Tensor | None = None) -> torch.Tensor:
+    """`x` (batch, seq, head * d_head) with its `columns` ((head * d_head,) bool, `head_columns`) replaced: by
+    `value` ((columns,) at every position, or (batch, seq, columns) one per position), or by 0 where it is None;
+    `positions` ((batch, seq) bool) limits it to those positions. The one head cut: a new tensor, `x` is never
+    written into.
+
+    >>> cut_heads(torch.ones(1, 2, 4), head_columns(4, 2, [1]), positions=torch.tensor([[False, True]]))
+    tensor([[[1., 1., 1., 1.],
+             [1., 1., 0., 0.]]])
+    """
+    per_position = value is not None and value.dim() > 1
+    filler = torch.zeros(x.shape if per_position else x.shape[-1:], dtype=x.dtype, device=x.device)
+    if value is not None:
+        filler[..., columns] = value.to(x.device, x.dtype)
+    where = columns if positions is None else positions.to(x.device)[..., None] & columns
+    return torch.where(where, filler, x)
 
 
 def target_of(model: HookedModel) -> tuple[str, str]:
@@ -191,15 +177,13 @@ def zeroed_heads(model: HookedModel, cut: HeadCut, heads, *, within=None):
         def hook(module, args):
             x = args[0]  # (batch, seq, head * d_head)
             fired.add(layer)
-            return (x.masked_fill(columns.to(x.device), 0.0), *args[1:])  # a new tensor: `x` is not written into
+            return (cut_heads(x, columns.to(x.device)), *args[1:])
         return hook
 
     handles = []
     try:
         for layer, chosen in by_layer.items():
-            columns = torch.zeros(model.n_heads * cut.d_head, dtype=torch.bool)  # (head * d_head,)
-            for head in chosen:
-                columns[head * cut.d_head:(head + 1) * cut.d_head] = True
+            columns = head_columns(model.n_heads * cut.d_head, cut.d_head, chosen)
             handles.append(modules[layer].register_forward_pre_hook(hook_of(layer, columns)))
         yield fired
     finally:
@@ -233,8 +217,8 @@ def _takes(cls, name: str) -> bool:
 
 
 @dataclass
-class Pass:
-    """What one forward pass gives: the output its target reads, and (a clean pass) what an ablation reuses."""
+class SurgeryRun:
+    """What one forward pass of `Surgery.run` gives: the output its target reads, and (a clean pass) what an ablation reuses."""
 
     output: torch.Tensor  # (batch, seq, vocab) logits, or (batch, seq, d_model) final hidden states
     heads: list = field(default_factory=list)  # per layer, (batch, seq, head * d_head): the cut modules' inputs
@@ -305,20 +289,10 @@ class Surgery:
         if not here:
             return None
         for head, value in here:
-            x = self._replaced(x, head, value, plan.positions)
+            columns = head_columns(x.shape[-1], self.cut.d_head, None if head is None else [head], device=x.device)
+            x = cut_heads(x, columns, value, plan.positions)
         return (x, *args[1:])
 
-    def _replaced(self, x: torch.Tensor, head: int | None, value, positions) -> torch.Tensor:
-        """`x` (batch, seq, head * d_head) with one head's columns (or, head None, all) replaced: a new tensor."""
-        d = self.cut.d_head
-        columns = torch.zeros(x.shape[-1], dtype=torch.bool, device=x.device)
-        columns[slice(None) if head is None else slice(head * d, (head + 1) * d)] = True
-        per_position = value is not None and value.dim() > 1
-        filler = torch.zeros(x.shape if per_position else x.shape[-1:], dtype=x.dtype, device=x.device)
-        if value is not None:
-            filler[..., columns] = value.to(x.device, x.dtype)
-        where = columns if positions is None else positions.to(x.device)[..., None] & columns
-        return torch.where(where, filler, x)  # `x` is never written into
 
     def _after_block(self, layer: int, module, args, output):
         if self.plan is not None and self.plan.capture:
@@ -337,7 +311,7 @@ class Surgery:
 
     def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, capture: bool = False, grad: bool = False,
             replace: tuple | list | None = None, positions: torch.Tensor | None = None,
-            residuals: list | None = None, start: int | None = None) -> Pass:
+            residuals: list | None = None, start: int | None = None) -> SurgeryRun:
         """One whole forward pass.
 
         `capture`: keep every layer's head outputs and block outputs (a clean pass); with `grad` the head outputs
@@ -355,7 +329,7 @@ class Surgery:
         try:
             with torch.set_grad_enabled(grad), self._skipping(start, residuals):
                 output = self._output(input_ids, attention_mask)
-            return Pass(output, self.plan.heads, self.plan.residuals)
+            return SurgeryRun(output, self.plan.heads, self.plan.residuals)
         finally:
             self.plan = None
 

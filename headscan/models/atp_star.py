@@ -45,7 +45,7 @@ import torch
 if TYPE_CHECKING:
     from .ablation import Surgery
 
-__all__ = ["AtPStar", "atp_star", "head_attributions"]
+__all__ = ["AtPStar", "atp_star", "attribution", "head_attributions"]
 
 
 @dataclass(frozen=True)
@@ -72,31 +72,43 @@ def _at_least_float32(x: torch.Tensor) -> torch.Tensor:
     return x.float() if x.dtype.itemsize < 4 else x
 
 
+def attribution(heads: torch.Tensor, grads: torch.Tensor, replacement: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """(..., batch, head) first-order change of the target when each head's output z is replaced by `replacement`:
+    sum over real positions q of (r - z[q]) . dT/dz[q] (attribution patching), every head at once. The one AtP
+    contraction: the sweep's importance calls it per layer, `head_attributions` on every layer stacked.
+
+    heads and grads (..., batch, seq, head * d_head): the output projection's input and the target's gradient
+    there (any leading dimensions: layers); replacement (..., head, d_head), each head's mean output or zeros
+    for zero ablation, or (..., batch, seq, head, d_head), one per position (another prompt's outputs); real
+    (batch, seq) bool, where the replacement applies. Nothing handed in is written into.
+
+    >>> z = torch.tensor([[[1.0, 2.0]]])  # one segment, one position, one head of 2 dimensions
+    >>> g = torch.tensor([[[0.5, -1.0]]])
+    >>> attribution(z, g, torch.tensor([[3.0, 0.0]]), torch.tensor([[True]]))  # (2, -2) . (0.5, -1)
+    tensor([[3.]])
+    """
+    n_heads, d_head = replacement.shape[-2:]
+    z = _at_least_float32(heads)
+    z = z.view(*z.shape[:-1], n_heads, d_head)  # (..., batch, seq, head, d_head)
+    if replacement.dim() == z.dim() - 2:  # one value per head: the same at every position
+        replacement = replacement[..., None, None, :, :]
+    g = grads.to(z.dtype).view_as(z)
+    per_position = ((replacement.to(z.device, z.dtype) - z) * g).sum(-1)  # (..., batch, seq, head)
+    return torch.where(real.to(z.device)[..., None], per_position, 0).sum(-2)
+
+
 def head_attributions(heads: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None],
                       replacement: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """(batch, layer, head) sum over `positions` of (replacement - z) . g, every layer and head at once.
+    """(batch, layer, head) `attribution` of every layer at once.
 
     heads and grads: per layer, (batch, seq, head * d_head): the heads' outputs side by side and the target's
     gradient there (None: the target does not depend on that layer, 0); replacement: (layer, head, d_head), one
     value per head, or (layer, batch, seq, head, d_head), one per position (another prompt's outputs);
     positions: (batch, seq) bool, where the replacement applies. Nothing handed in is written into.
-
-    >>> z = [torch.tensor([[[1.0, 2.0]]])]  # one layer, one segment, one position, one head of 2 dimensions
-    >>> g = [torch.tensor([[[0.5, -1.0]]])]
-    >>> head_attributions(z, g, torch.tensor([[[3.0, 0.0]]]), torch.tensor([[True]]))  # (2, -2) . (0.5, -1)
-    tensor([[[3.]]])
     """
-    z = torch.stack([_at_least_float32(h.detach()) for h in heads])  # (layer, batch, seq, head * d_head)
-    n_layers, b, n, _ = z.shape
-    if replacement.dim() == 3:  # one value per head: the same at every position
-        replacement = replacement[:, None, None]
-    n_heads, d_head = replacement.shape[-2:]
-    z = z.view(n_layers, b, n, n_heads, d_head)  # (layer, batch, seq, head, d_head)
-    g = torch.stack([torch.zeros_like(h, dtype=z.dtype) if gr is None else gr.detach().to(z.dtype)
-                     for h, gr in zip(heads, grads)]).view_as(z)
-    per_position = ((replacement.to(z.device, z.dtype) - z) * g).sum(-1)  # (layer, batch, seq, head)
-    summed = torch.where(positions.to(z.device)[None, ..., None], per_position, 0).sum(2)  # (layer, batch, head)
-    return summed.transpose(0, 1)
+    z = torch.stack([h.detach() for h in heads])  # (layer, batch, seq, head * d_head)
+    g = torch.stack([torch.zeros_like(h) if gr is None else gr.detach() for h, gr in zip(heads, grads)])
+    return attribution(z, g, replacement, positions).transpose(0, 1)
 
 
 class _Dropped:

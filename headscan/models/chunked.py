@@ -42,7 +42,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..errors import ModelLoadError
-from .hooks import BRIDGE_INTERNALS, QueryBlock, Stop, backbone, call_backbone, unobserved_norms
+from .hooks import BRIDGE_INTERNALS, QueryBlock, Stop, call_backbone, unobserved_norms
+from .sites import backbone
 
 if TYPE_CHECKING:
     from .hooked import HookedModel

@@ -52,8 +52,7 @@ import torch
 
 from ..errors import ModelLoadError
 from ..tables import head_label
-from .hooks import backbone
-from .weights import _family, _linear_in, _pre_attention_norms, head_weights
+from .weights import head_weights, heads_of, kv_width, pre_attention_norms
 
 __all__ = ["MODES", "NULL_QUANTILE", "NULL_SE_TARGET", "head_qk", "composition_refusal", "composition_weights", "composition_scores",
            "haar_corners", "composition_null", "quantile_se", "composition_arrays", "composition_rows",
@@ -86,30 +85,19 @@ def head_qk(model, *, fold_norms: bool = True) -> tuple[torch.Tensor, torch.Tens
     """(W_Q, W_K), each (layer, head, d_model, d_head) per query head (grouped key heads repeated), read from the
     Hugging Face modules of a BERT-, GPT-2- or Llama-style model; the pre-attention norm gain folded in (nothing
     centred: `composition_weights` does that)."""
-    hf_model = model.hf_model
-    family = _family(hf_model)
-    body = backbone(hf_model)
-    n_heads, n_kv, d_model = model.n_heads, model.n_kv_heads, model.d_model
+    sites = model.layer_sites
+    if sites.layout is None:
+        head_weights(model)  # its ModelLoadError says which layouts are read
+    n_heads = model.n_heads
+    n_kv = kv_width(model)
     W_Q, W_K = [], []
     with torch.no_grad():
-        if family == "bert":
-            for layer in body.encoder.layer:
-                W_Q.append(_linear_in(layer.attention.self.query, n_heads)[0])
-                W_K.append(_linear_in(layer.attention.self.key, n_heads)[0])
-        elif family == "gpt2":
-            for block in body.h:
-                weight = block.attn.c_attn.weight  # Conv1D: x @ W, columns [q | k | v]
-                W_Q.append(weight[:, :d_model].reshape(d_model, n_heads, -1).transpose(0, 1))
-                W_K.append(weight[:, d_model:2 * d_model].reshape(d_model, n_heads, -1).transpose(0, 1))
-        elif family == "llama":
-            for layer in body.layers:
-                W_Q.append(_linear_in(layer.self_attn.q_proj, n_heads)[0])
-                key = _linear_in(layer.self_attn.k_proj, n_kv)[0]
-                W_K.append(key.repeat_interleave(n_heads // n_kv, dim=0))
-        else:
-            head_weights(model)  # its ModelLoadError says which layouts are read
+        for layer in range(len(sites.layers)):
+            W_Q.append(heads_of(sites, layer, "q", n_heads)[0])
+            key = heads_of(sites, layer, "k", n_kv)[0]
+            W_K.append(key.repeat_interleave(n_heads // n_kv, dim=0) if sites.layout.grouped else key)
         W_Q, W_K = torch.stack(W_Q), torch.stack(W_K)
-        norms = _pre_attention_norms(hf_model, family) if fold_norms else None
+        norms = pre_attention_norms(sites) if fold_norms else None
         if norms is not None:
             gain = norms[0][:, None, :, None]  # (layer, 1, d_model, 1)
             W_Q, W_K = gain * W_Q, gain * W_K
@@ -122,23 +110,20 @@ def _reading_writing(model) -> tuple[torch.Tensor, ...]:
     W_Q, W_K = head_qk(model, fold_norms=False)
     weights = head_weights(model, fold_norms=False)
     W_Q, W_K, W_V, W_O = (w.detach().double() for w in (W_Q, W_K, weights.W_V, weights.W_O))
-    gain = _pre_attention_norms(model.hf_model, _family(model.hf_model))[0].detach().double()[:, None, :, None]
+    gain = pre_attention_norms(model.layer_sites)[0].detach().double()[:, None, :, None]
     return gain * W_Q, gain * W_K, gain * W_V, W_O
 
 
 def _norm_kind(model) -> str:
     """"layer" or "rms": the norm before each attention of a pre-norm model; a post-norm one is refused."""
-    hf_model = model.hf_model
-    family = _family(hf_model)
-    if family == "bert":
-        raise ModelLoadError(f"model {model.name!r} ({type(hf_model).__name__}) {POST_NORM_REFUSAL}")
-    if family == "gpt2":
-        return "layer"
-    if family == "llama":
-        norm = backbone(hf_model).layers[0].input_layernorm
-        return "layer" if isinstance(norm, torch.nn.LayerNorm) else "rms"
-    head_weights(model)  # its ModelLoadError says which layouts are read
-    raise ModelLoadError(f"model {model.name!r}: no pre-attention norm found")  # not reached: head_weights refuses
+    sites = model.layer_sites
+    if sites.layout is None:
+        head_weights(model)  # its ModelLoadError says which layouts are read
+        raise ModelLoadError(f"model {model.name!r}: no pre-attention norm found")  # not reached: head_weights refuses
+    kind = sites.norm_kind()
+    if kind is None:
+        raise ModelLoadError(f"model {model.name!r} ({type(model.hf_model).__name__}) {POST_NORM_REFUSAL}")
+    return kind
 
 
 def composition_refusal(model) -> str | None:

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from ..tables.folders import lock
-from .specs import _quiet
+from .hub import quiet
 
 __all__ = ["cache_root", "read_gguf"]
 
@@ -56,7 +56,7 @@ def _cached_folder(sha256: str) -> Path | None:
 def _read(path: Path, dtype: torch.dtype) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    with _quiet():
+    with quiet():
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         # Eager attention so that the attention weights exist to be hooked.
         hf_model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, attn_implementation="eager",
@@ -86,7 +86,7 @@ def _write(folder: Path, hf_model, tokenizer) -> None:
     except OSError:
         return
     try:
-        with _quiet():
+        with quiet():
             _save_model(hf_model, partial)
             tokenizer.save_pretrained(partial)
         (partial / _COMPLETE).write_text("written by headscan from a GGUF file\n")
@@ -100,7 +100,7 @@ def _write(folder: Path, hf_model, tokenizer) -> None:
 def _from_folder(folder: Path, dtype: torch.dtype) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    with _quiet():
+    with quiet():
         tokenizer = AutoTokenizer.from_pretrained(folder)
         hf_model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager", dtype=dtype)
     return hf_model, tokenizer

@@ -47,7 +47,8 @@ class HookedModel:
     revision: str  # the revision named (ID@step3000), else the Hugging Face commit hash, or sha256 of the weights
     path: str = "transformer_lens"  # how patterns are read: "transformer_lens" or "hf_hooks" (see PATHS)
     bridge: Any = field(default=None, repr=False)  # the TransformerBridge on the transformer_lens path, else None
-    sites: tuple = field(default=(), repr=False)  # hf_hooks: the attention modules read (hooks.Site), in call order
+    # where each layer's attention parts are (`headscan.models.sites.LayerSites`), resolved as the model loads
+    layer_sites: Any = field(default=None, repr=False)
     # per layer, the largest |q - k| a query sees under a sliding window, None for none (`headscan.models.windows`);
     # empty: no window anywhere
     windows: tuple = ()
@@ -55,6 +56,11 @@ class HookedModel:
     # forward.chunked_refusal's answer, once asked: the probe runs once per model
     _chunked_refusal: list = field(default_factory=list, repr=False, compare=False)
     loaded: dict = field(default_factory=dict, repr=False, compare=False)  # loaded on demand (decoding's LM head)
+
+    @property
+    def sites(self) -> tuple:
+        """hf_hooks: the attention modules read (`headscan.models.sites.Site`), in call order; () on the bridge."""
+        return self.layer_sites.attention if self.layer_sites is not None else ()
 
     @property
     def causal(self) -> bool:

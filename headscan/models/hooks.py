@@ -2,7 +2,7 @@
 
 - ``transformer_lens``: `bridge_forward` attaches hooks to a TransformerBridge's ``blocks.{L}.attn.hook_pattern``.
 - ``hf_hooks``: `module_forward` attaches PyTorch forward hooks to the Hugging Face model's own attention
-  modules (found by `attention_sites` and `discover`), under eager attention.
+  modules (found by `headscan.models.sites.attention_sites` and `discover`), under eager attention.
 
 Both call ``hook(pattern, hook=...)`` per layer with (batch, head, q, k) and stop the forward pass after the
 last hooked layer (raising `Stop`). `headscan.models.forward` chooses between them and runs the probe.
@@ -26,12 +26,13 @@ import torch
 
 from ..errors import ModelLoadError
 from .hooked import PROBE
+from .sites import Site, attention_sites, backbone
 
 if TYPE_CHECKING:
     from .hooked import HookedModel
 
-__all__ = ["PatternSite", "QueryBlock", "Site", "Stop", "Unhookable", "bridge_forward", "module_forward",
-           "unobserved_norms", "unkept_patterns", "attention_sites", "discover"]
+__all__ = ["PatternSite", "QueryBlock", "Stop", "Unhookable", "bridge_forward", "module_forward",
+           "unobserved_norms", "unkept_patterns", "discover"]
 
 @dataclass(frozen=True)
 class PatternSite:
@@ -68,16 +69,6 @@ class QueryBlock:
     @property
     def size(self) -> int:
         return self.stop - self.start
-
-
-@dataclass(frozen=True)
-class Site:
-    """An attention module whose output holds its layer's pattern, (batch, head, q, k)."""
-
-    name: str  # its name in the Hugging Face model
-    module: Any  # torch.nn.Module
-    index: int  # position of the pattern in the module's output tuple
-    flag: str | None = None  # keyword argument that must be True for the module to return the pattern at all
 
 
 # --- the transformer_lens path -----------------------------------------------------------------------------
@@ -204,12 +195,6 @@ class Stop(Exception):
     """Raised after the last hooked layer (by either path, or chunked attention): the rest of the pass is not needed."""
 
 
-def backbone(hf_model):
-    """The model without its output head (``model.bert`` of a BertForMaskedLM); the model itself if it has none."""
-    base = getattr(hf_model, "base_model", hf_model)
-    return base if isinstance(base, torch.nn.Module) else hf_model
-
-
 def call_backbone(backbone, input_ids, attention_mask) -> None:
     """One forward pass of `backbone` whose only product is what its hooks read."""
     kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
@@ -275,54 +260,8 @@ def module_forward(model: HookedModel, hooks: dict[int, Callable], last: int):
             return
         raise ModelLoadError(f"{model.name}: the forward pass ran {calls[0]} attention layers, expected {last + 1}")
 
-    with _attached(model.sites, on_output):
+    with _attached(model.layer_sites.attention, on_output):
         yield forward
-
-
-def _recorded_attention(hf_model) -> list[tuple]:
-    """How transformers itself records attention weights for `output_attentions` (its ``_can_record_outputs``):
-    (class, output index, layer name, class name) per kind of attention module; [] for older model code."""
-    from transformers.utils.output_capturing import OutputRecorder
-
-    for module in hf_model.modules():
-        spec = (getattr(type(module), "_can_record_outputs", None) or {}).get("attentions")
-        if spec is None:
-            continue
-        specs = []
-        for entry in spec if isinstance(spec, list) else [spec]:
-            if isinstance(entry, OutputRecorder):
-                specs.append((entry.target_class, entry.index, entry.layer_name, entry.class_name))
-            elif isinstance(entry, str):
-                specs.append((None, 1, None, entry))
-            else:
-                specs.append((entry, 1, None, None))
-        return specs
-    return []
-
-
-def attention_sites(hf_model) -> list[Site]:
-    """The self-attention modules of `hf_model` whose output holds the attention weights under eager attention.
-
-    Modern transformers code says which modules those are (``_can_record_outputs``); older code (DeBERTa-v2,
-    MPNet) returns them only when asked, through an ``output_attentions`` argument that the hooks set. The
-    innermost such module of each layer is kept; the probe at load time finds where in its output the pattern is.
-    """
-    sites = []
-    specs = _recorded_attention(hf_model)
-    for name, module in hf_model.named_modules():
-        class_name = type(module).__name__
-        if specs:
-            for target, index, layer_name, suffix in specs:
-                matched = (target is not None and isinstance(module, target)) or (
-                    suffix is not None and (class_name == suffix or name.endswith(suffix)))
-                if matched and (layer_name is None or f".{layer_name.strip('.')}." in f".{name}."):
-                    sites.append(Site(name, module, index))
-                    break
-        elif ("attention" in class_name.lower() and "cross" not in class_name.lower()
-              and "output_attentions" in inspect.signature(module.forward).parameters):
-            sites.append(Site(name, module, 1, "output_attentions"))
-    # innermost only: DeBERTa-v2's DebertaV2Attention holds the DisentangledSelfAttention that computes the weights
-    return [s for s in sites if not any(o.name.startswith(s.name + ".") for o in sites if o is not s and s.name)]
 
 
 def _pattern_index(output, site: Site, n: int) -> int | None:

@@ -33,21 +33,13 @@ from ..errors import ConfigError, ModelLoadError, ModelNotFoundError
 from . import forward
 from .aliases import ALIASES, DEFAULT_MODELS, alias_status  # noqa: F401  (re-exported)
 from .hooked import PATHS, HookedModel  # noqa: F401  (re-exported)
-from .hooks import PatternSite, Unhookable, backbone, discover
+from .hooks import PatternSite, Unhookable, discover
+from .hub import architecture_name, has_adapter, hf_cache_revision, one_line, quiet
 from .random_init import initializer_note, random_init
 from .series import checkpoint_step
+from .sites import backbone, layer_sites
 from .source import Source, find_source
-from .specs import (  # noqa: F401
-    _architecture,
-    _has_adapter,
-    _hf_cache_revision,
-    _not_found,
-    _offline,
-    _one_line,
-    _quiet,
-    check_spec,
-    describe_spec,
-)
+from .specs import check_spec, describe_spec  # noqa: F401  (re-exported)
 from .windows import attention_windows
 
 __all__ = ["HookedModel", "PatternSite", "ALIASES", "DEFAULT_MODELS", "DEVICES", "DTYPES", "PATHS", "load_model",
@@ -84,7 +76,7 @@ def _via_bridge(target: str, *, device: str, dtype: torch.dtype, hf_model=None, 
     given = {} if hf_model is None else {"hf_model": hf_model, "tokenizer": tokenizer}
     # A device map places the layers (accelerate); it replaces the single device.
     placement = {"device_map": device_map} if device_map else {"device": device}
-    with _quiet():
+    with quiet():
         bridge = TransformerBridge.boot_transformers(target, dtype=dtype, **placement, **given)
     bridge.eval()
     cfg = bridge.cfg
@@ -110,7 +102,7 @@ def _via_hooks(target: str, *, device: str, dtype: torch.dtype, hf_model=None, t
     if hf_model is None:
         from transformers import AutoTokenizer
 
-        with _quiet():
+        with quiet():
             placement = {"device_map": device_map} if device_map else {}
             hf_model = _with_head(target, attn_implementation="eager", dtype=dtype, **placement)
             tokenizer = AutoTokenizer.from_pretrained(target)
@@ -119,7 +111,7 @@ def _via_hooks(target: str, *, device: str, dtype: torch.dtype, hf_model=None, t
         if tokenizer is None:  # a random-init control: the trained model's tokenizer
             from transformers import AutoTokenizer
 
-            with _quiet():
+            with quiet():
                 tokenizer = AutoTokenizer.from_pretrained(target)
     hf_model = (hf_model if device_map else hf_model.to(device)).eval()
     found = discover(hf_model, tokenizer)
@@ -146,7 +138,7 @@ def _with_head(target: str, **kwargs):
     try:
         return _first_that_fits(_head_classes(target), lambda auto: auto.from_pretrained(target, **kwargs))
     except ValueError as error:
-        raise Unhookable(f"transformers has no model class for it ({_one_line(error, 120)})") from None
+        raise Unhookable(f"transformers has no model class for it ({one_line(error, 120)})") from None
 
 
 def _head_classes(target: str) -> list:
@@ -230,6 +222,8 @@ def _describe(name: str, fields: dict, *, prepend_bos: bool | None, **where) -> 
             prepend = False
     text_config = hf_model.config.get_text_config()
     windows = attention_windows(text_config, fields["n_layers"], causal=fields["family"] == "causal")
+    sites = layer_sites(hf_model, bridge=fields.get("bridge"), attention=fields.pop("sites", ()),
+                        n_layers=fields["n_layers"])
     return HookedModel(
         name=name,
         special_token_ids=special,
@@ -237,6 +231,7 @@ def _describe(name: str, fields: dict, *, prepend_bos: bool | None, **where) -> 
         prepend_bos=prepend,
         n_params=int(sum(p.numel() for p in hf_model.parameters())),
         vocab_size=vocab_size,
+        layer_sites=sites,
         **fields,
         **where,
     )
@@ -246,13 +241,13 @@ def _hook(name: str, target: str, config, *, device: str, dtype: torch.dtype, pr
           hf_model=None, tokenizer=None, device_map: str | None = None, **where) -> HookedModel:
     """Hook the model through the bridge where TransformerLens has an adapter, else (or if that fails) through
     hooks on its Hugging Face attention modules; each path must pass the probe check."""
-    architecture = _architecture(config)
+    architecture = architecture_name(config)
     if getattr(config, "is_encoder_decoder", False):
         raise ModelLoadError(
             f"model {name!r} ({architecture}) is an encoder-decoder model: headscan reads the self-attention of "
             f"encoder-only and decoder-only models (this one would need decoder inputs and a choice of stack)"
         )
-    adapter = _has_adapter(config)
+    adapter = has_adapter(config)
     failures = [] if adapter else ["TransformerLens has no adapter for it"]
     last = None
     for via in (_via_bridge, _via_hooks) if adapter else (_via_hooks,):
@@ -265,7 +260,7 @@ def _hook(name: str, target: str, config, *, device: str, dtype: torch.dtype, pr
             raise
         except Exception as error:  # the loaders raise many kinds; keep one short line of each
             label = "the TransformerLens bridge" if via is _via_bridge else "hooks on its attention modules"
-            failures.append(f"{label}: {error if isinstance(error, Unhookable) else _one_line(error)}")
+            failures.append(f"{label}: {error if isinstance(error, Unhookable) else one_line(error)}")
             last = error
             continue
         if adapter and failures:
@@ -336,7 +331,7 @@ def load_model(
                   prepend_bos=prepend_bos, hf_model=hf_model, tokenizer=found.tokenizer, device_map=device_map,
                   source=found.source, id=found.model_id, revision=found.revision or "unknown")
     if found.source == "huggingface" and model.revision == "unknown":
-        model.revision = _hf_cache_revision(spec) or "unknown"  # cached by the download just made
+        model.revision = hf_cache_revision(spec) or "unknown"  # cached by the download just made
     # A checkpoint of a series: the step its revision's or folder's name holds, and a named revision's commit.
     path, named = found.path, found.named
     step = checkpoint_step(named if named is not None else path.name if path is not None else None)
@@ -360,8 +355,8 @@ def _random_init_control(found: Source, *, seed: int, dtype: torch.dtype):
     if found.hf_model is not None:
         classes = [type(found.hf_model)]
     else:
-        classes = [_bridge_class(found.config)] if _has_adapter(found.config) else _head_classes(found.target)
-    with _quiet():
+        classes = [_bridge_class(found.config)] if has_adapter(found.config) else _head_classes(found.target)
+    with quiet():
         return _first_that_fits(classes, lambda model_class: random_init(model_class, found.config, seed=seed,
                                                                          dtype=dtype))
 

@@ -38,16 +38,12 @@ from ..errors import ModelLoadError
 from .ablation import Surgery
 from .atp_star import atp_star, head_attributions
 from .hooked import PROBE
+from .sites import KINDS, PROJECTIONS_SOUGHT
 
 __all__ = ["PairBatch", "PairRuns", "logit_difference", "pair_runs", "patch_heads", "patch_layer", "attributions",
            "patch_paths", "patch_sender", "projection_sites", "Projections", "PATHS"]
 
-PATHS = ("q", "k", "v")
-# Separate query, key and value projections, by architecture's names (Llama and kin, BERT, DistilBERT; a
-# TransformerLens bridge splits even a fused one into q, k and v).
-_SEPARATE = (("q_proj", "k_proj", "v_proj"), ("query", "key", "value"), ("q_lin", "k_lin", "v_lin"), ("q", "k", "v"))
-# One projection whose output is [queries | keys | values] side by side (GPT-2, ModernBERT).
-_FUSED = ("c_attn", "Wqkv")
+PATHS = KINDS  # the receiver's query, key or value
 
 
 @dataclass
@@ -71,8 +67,8 @@ def logit_difference(logits: torch.Tensor, batch: PairBatch) -> torch.Tensor:
 
 @dataclass
 class PairRuns:
-    """The clean and corrupted runs of one batch of pairs: each a `Pass` (head outputs and block outputs), its LDs
-    (batch,) and, where attribution asked for them, dLD/dz of its heads."""
+    """The clean and corrupted runs of one batch of pairs: each a `headscan.models.ablation.SurgeryRun` (head outputs
+    and block outputs), its LDs (batch,) and, where attribution asked for them, dLD/dz of its heads."""
 
     clean: object
     corrupted: object
@@ -204,22 +200,12 @@ def _attribution(heads, grads, others, real: torch.Tensor, n_heads: int) -> torc
 
 def projection_sites(surgery: Surgery) -> list[dict[str, tuple[torch.nn.Module, int]]]:
     """Per layer, for "q", "k" and "v": the module whose output holds it and the column where it starts (0 for a
-    separate projection; the fused one's thirds). They are looked for in the modules above each layer's cut (its
-    attention module, a TransformerLens bridge around it, BERT's attention.self beside attention.output), and
-    the ones a probe forward pass runs are kept: a bridge holds both the model's own fused projection and the
-    split ones it calls instead. A model whose projections headscan cannot find is refused."""
+    separate projection; the fused one's thirds). Of the candidates found as the model loaded
+    (`headscan.models.sites.LayerSites.projections`), the ones a probe forward pass runs are kept: a bridge holds
+    both the model's own fused projection and the split ones it calls instead. A model whose projections headscan
+    cannot find is refused."""
     model = surgery.model
-    parents: dict[int, list[torch.nn.Module]] = {}
-    for module in model.hf_model.modules():
-        for child in module.children():
-            parents.setdefault(id(child), []).append(module)
-    candidates = []
-    for cut in surgery.cut.modules:
-        found, level = [], [cut]
-        for _ in range(3):  # the cut's wrapper, its attention module, and the one above (BERT's attention)
-            level = [parent for module in level for parent in parents.get(id(module), [])]
-            found += [f for m in level for f in (_projections_in(m), _projections_in(getattr(m, "self", None))) if f]
-        candidates.append(found)
+    candidates = model.layer_sites.projections
     ran = _modules_run(surgery, {id(m): m for found in candidates for site in found for m, _ in site.values()})
     sites = []
     for layer, found in enumerate(candidates):
@@ -227,9 +213,8 @@ def projection_sites(surgery: Surgery) -> list[dict[str, tuple[torch.nn.Module, 
         if site is None:
             raise ModelLoadError(
                 f"model {model.name!r} ({type(model.hf_model).__name__}), layer {layer}: headscan cannot find "
-                f"query, key and value projections that its forward pass runs (looked for "
-                f"{', '.join('/'.join(n) for n in _SEPARATE)} and the fused {', '.join(_FUSED)}), so it cannot "
-                f"patch paths; patch heads without --paths")
+                f"query, key and value projections that its forward pass runs (looked for {PROJECTIONS_SOUGHT}), "
+                f"so it cannot patch paths; patch heads without --paths")
         sites.append(site)
     return sites
 
@@ -246,27 +231,6 @@ def _modules_run(surgery: Surgery, modules: dict[int, torch.nn.Module]) -> set[i
         for handle in handles:
             handle.remove()
     return ran
-
-
-def _projections_in(module) -> dict | None:
-    if not isinstance(module, torch.nn.Module):
-        return None
-    for names in _SEPARATE:
-        parts = [getattr(module, n, None) for n in names]
-        if all(isinstance(p, torch.nn.Module) for p in parts):
-            return {kind: (part, 0) for kind, part in zip(PATHS, parts)}
-    for name in _FUSED:
-        fused = getattr(module, name, None)
-        if isinstance(fused, torch.nn.Module):
-            width = _out_features(fused) // 3
-            return {kind: (fused, i * width) for i, kind in enumerate(PATHS)}
-    return None
-
-
-def _out_features(module) -> int:
-    if hasattr(module, "out_features"):
-        return int(module.out_features)
-    return int(module.weight.shape[1])  # GPT-2's Conv1D: weight (in, out)
 
 
 class Projections:

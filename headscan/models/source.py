@@ -13,11 +13,12 @@ from typing import Any, NamedTuple
 
 import torch
 
+from ..config import hf_offline
 from ..errors import ConfigError, ModelLoadError, ModelNotFoundError
 from .aliases import ALIASES
 from .gguf import read_gguf
+from .hub import hf_cache_revision, not_found, one_line, quiet
 from .series import revision_folder, split_revision
-from .specs import _hf_cache_revision, _not_found, _offline, _one_line, _quiet
 
 __all__ = ["Source", "find_source"]
 
@@ -44,7 +45,7 @@ def find_source(spec: str, torch_dtype: torch.dtype) -> Source:
         path, source = _locate(spec)
         hub_id, named = split_revision(spec) if path is None else (spec, None)
         if named is not None:  # ID@REVISION: its snapshot, loaded as a local folder by either path
-            path = revision_folder(hub_id, named, offline=_offline())
+            path = revision_folder(hub_id, named, offline=hf_offline())
         if path is not None and path.suffix == ".gguf":
             revision = _sha256([path])
             hf_model, tokenizer = read_gguf(path, dtype=torch_dtype, sha256=revision)
@@ -56,18 +57,18 @@ def find_source(spec: str, torch_dtype: torch.dtype) -> Source:
             target, model_id, revision = str(path), str(path), _sha256(_weight_files(path))
             config = _read_config(spec, target, source, tried)
         else:
-            target, model_id, revision = spec, spec, _hf_cache_revision(spec)
+            target, model_id, revision = spec, spec, hf_cache_revision(spec)
             tried.append(f"no embedded alias or local path {spec!r}")
-            if revision is None and _offline():
+            if revision is None and hf_offline():
                 tried.append("not in the local Hugging Face cache (HF_HUB_OFFLINE is set)")
-                raise _not_found(spec, tried)
+                raise not_found(spec, tried)
             config = _read_config(spec, target, source, tried)
         if source == "alias":  # a machine's site-packages path means nothing elsewhere; name the package
             model_id = f"{ALIASES[spec].id()}: {path.name}"
     except (ModelNotFoundError, ConfigError):
         raise
     except Exception as error:  # the loaders raise many kinds; name the model and keep the cause
-        raise ModelLoadError(f"model {spec!r} could not be loaded: {_one_line(error)}") from error
+        raise ModelLoadError(f"model {spec!r} could not be loaded: {one_line(error)}") from error
     return Source(source, path, named, target, model_id, revision, config, hf_model, tokenizer)
 
 
@@ -97,13 +98,13 @@ def _read_config(spec: str, target: str, source: str, tried: list[str]):
     from transformers import AutoConfig
 
     try:
-        with _quiet():
+        with quiet():
             return AutoConfig.from_pretrained(target)
     except OSError as error:
         if source != "huggingface":
             raise
         tried.append(f"Hugging Face said: {str(error).splitlines()[0].rstrip('.')}")
-        raise _not_found(spec, tried) from None
+        raise not_found(spec, tried) from None
 
 
 def _sha256(paths: list[Path]) -> str:

@@ -2,86 +2,20 @@
 `describe_spec` for ``headscan models SPEC``.
 
 A spec is an embedded alias, a local checkpoint folder, a ``.gguf`` file, or a Hugging Face id, with a revision
-as ``ID@REVISION`` (read from the local cache when ``HF_HUB_OFFLINE=1``; `headscan.models.series`). This module
-also holds the small helpers `headscan.models` shares for messages and for quiet loading.
+as ``ID@REVISION`` (read from the local cache when ``HF_HUB_OFFLINE=1``; `headscan.models.series`). The small
+helpers `headscan.models` shares for messages and quiet loading are `headscan.models.hub`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
-import logging
-import warnings
 from pathlib import Path
 
-from ..config import hf_offline as _offline
-from ..config import split_control
+from ..config import hf_offline, split_control
 from ..errors import ModelNotFoundError
 from .aliases import ALIASES, alias_status
+from .hub import architecture_name, has_adapter, hf_cache_revision, one_line, quiet
 
 __all__ = ["check_spec", "describe_spec"]
-
-
-def _hf_cache_revision(model_id: str, revision: str | None = None) -> str | None:
-    """The commit hash of `model_id` (at `revision`, else its default branch) in the local Hugging Face cache, or
-    None if it is not cached."""
-    try:
-        from huggingface_hub import try_to_load_from_cache
-    except ImportError:
-        return None
-    found = try_to_load_from_cache(model_id, "config.json", revision=revision)
-    if not isinstance(found, str):
-        return None
-    parts = Path(found).parts  # .../models--org--name/snapshots/<commit>/config.json
-    return parts[-2] if len(parts) >= 2 and parts[-3] == "snapshots" else None
-
-
-@contextlib.contextmanager
-def _quiet():
-    """Silence the loaders' progress bars and chatter: headscan prints its own progress."""
-    previous = logging.root.manager.disable
-    logging.disable(logging.WARNING)
-    try:
-        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logging.disable(previous)
-
-
-def _not_found(spec: str, tried: list[str]) -> ModelNotFoundError:
-    installed = ", ".join(f"{n}{'' if p else ' (not installed)'}" for n, p in alias_status().items())
-    return ModelNotFoundError(
-        f"model {spec!r} not found. Tried: {'; '.join(tried)}. "
-        f"Embedded aliases that work offline: {installed}. "
-        f"To use a Hugging Face model offline, download it once on a machine with a network "
-        f"(python -c \"from huggingface_hub import snapshot_download; snapshot_download('{spec}')\"), "
-        f"then set HF_HUB_OFFLINE=1; or pass a local folder holding config.json and the weights."
-    )
-
-
-def _one_line(error: BaseException, limit: int = 200) -> str:
-    """`error` as a short line: its type and the first line of its message."""
-    lines = str(error).strip().splitlines()
-    text = f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _architecture(config) -> str:
-    """The architecture's name for messages: the checkpoint's class, else its model_type."""
-    return ((getattr(config, "architectures", None) or [None])[0] or getattr(config, "model_type", None)
-            or type(config).__name__)
-
-
-def _has_adapter(config) -> bool:
-    """Whether TransformerLens has an adapter for this architecture (without its long list when not)."""
-    from transformer_lens.model_bridge.sources.transformers import determine_architecture_from_hf_config
-
-    try:
-        determine_architecture_from_hf_config(config)
-    except ValueError:
-        return False
-    return True
 
 
 def describe_spec(spec: str) -> dict:
@@ -100,17 +34,17 @@ def describe_spec(spec: str) -> dict:
     check_spec(spec)
     hub_id, revision = split_revision(spec)
     target = ALIASES[spec].locate() if spec in ALIASES else Path(spec).expanduser() if revision is None else \
-        revision_folder(hub_id, revision, offline=_offline())
+        revision_folder(hub_id, revision, offline=hf_offline())
     try:
-        with _quiet():
+        with quiet():
             if target.suffix == ".gguf":
                 config = AutoConfig.from_pretrained(target.parent, gguf_file=target.name)
             else:
                 config = AutoConfig.from_pretrained(target if target.exists() else spec)
     except (OSError, ValueError) as error:
-        raise ModelNotFoundError(f"model {spec!r}: no readable config ({_one_line(error, 120)})") from None
-    return {"architecture": _architecture(config), "model_type": getattr(config, "model_type", None),
-            "path": "transformer_lens" if _has_adapter(config) else "hf_hooks", "control": control, "model": spec}
+        raise ModelNotFoundError(f"model {spec!r}: no readable config ({one_line(error, 120)})") from None
+    return {"architecture": architecture_name(config), "model_type": getattr(config, "model_type", None),
+            "path": "transformer_lens" if has_adapter(config) else "hf_hooks", "control": control, "model": spec}
 
 
 def check_spec(spec: str) -> None:
@@ -147,17 +81,17 @@ def check_spec(spec: str) -> None:
                                  f"folder of that name, and not a Hugging Face id (org/name: letters, digits, '-', "
                                  f"'_' and '.', at most 96 characters)") from None
     if revision is not None:  # ID@REVISION: offline, that revision must be in the cache
-        if _offline() and _hf_cache_revision(hub_id, revision) is None:
+        if hf_offline() and hf_cache_revision(hub_id, revision) is None:
             raise ModelNotFoundError(
                 f"model {spec!r}: revision {revision!r} of {hub_id!r} is not in the local Hugging Face cache "
                 f"(HF_HUB_OFFLINE is set); download it once where there is a network (python -c \"from "
                 f"huggingface_hub import snapshot_download; snapshot_download('{hub_id}', revision='{revision}')\")")
         return
     close = difflib.get_close_matches(spec, ALIASES, n=1, cutoff=0.7)
-    if _offline() and _hf_cache_revision(spec) is None:
+    if hf_offline() and hf_cache_revision(spec) is None:
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise ModelNotFoundError(f"model {spec!r} not found: no embedded alias, local path or cached Hugging Face "
                                  f"model of that name (HF_HUB_OFFLINE is set).{hint} Aliases: {', '.join(ALIASES)}")
-    if close and "/" not in spec and _hf_cache_revision(spec) is None:
+    if close and "/" not in spec and hf_cache_revision(spec) is None:
         raise ModelNotFoundError(f"model {spec!r} is not an embedded alias. Did you mean {close[0]!r}? "
                                  f"(A Hugging Face id with that name would be downloaded; pass it as org/name.)")

@@ -26,11 +26,12 @@ import torch
 
 from ..errors import ModelLoadError
 from .checkpoint import untrained_head
-from .hooks import backbone
+from .sites import LAYOUTS, LayerSites
 
-__all__ = ["HeadWeights", "head_weights", "copying_scores", "logit_directions", "FAMILIES"]
+__all__ = ["HeadWeights", "head_weights", "heads_of", "kv_width", "pre_attention_norms", "copying_scores",
+           "logit_directions", "FAMILIES"]
 
-FAMILIES = ("bert", "gpt2", "llama")  # module layouts read from Hugging Face models (see `_family`)
+FAMILIES = tuple(layout.name for layout in LAYOUTS)  # module layouts read from Hugging Face models
 
 
 @dataclass(frozen=True)
@@ -59,22 +60,6 @@ class HeadWeights:
         return "tied" if self.tied else "untied"
 
 
-def _family(hf_model) -> str | None:
-    """Which known module layout `hf_model` has, by its modules rather than its name."""
-    body = backbone(hf_model)
-    if hasattr(body, "encoder") and hasattr(getattr(body.encoder, "layer", [None])[0], "attention"):
-        attention = body.encoder.layer[0].attention
-        if hasattr(getattr(attention, "self", None), "value") and hasattr(getattr(attention, "output", None), "dense"):
-            return "bert"
-    if hasattr(body, "h") and hasattr(body.h[0], "attn") and hasattr(body.h[0].attn, "c_attn") and hasattr(body, "ln_f"):
-        return "gpt2"
-    layers = getattr(body, "layers", None)
-    if layers is not None and len(layers) and hasattr(getattr(layers[0], "self_attn", None), "v_proj") \
-            and hasattr(layers[0].self_attn, "o_proj") and hasattr(layers[0], "input_layernorm") and hasattr(body, "norm"):
-        return "llama"
-    return None
-
-
 def _zeros_if_none(tensor, *shape, like: torch.Tensor) -> torch.Tensor:
     return torch.zeros(*shape, dtype=like.dtype, device=like.device) if tensor is None else tensor
 
@@ -100,69 +85,58 @@ def _from_bridge(bridge, n_heads: int, d_model: int):
     return torch.stack(W_V), torch.stack(b_V), torch.stack(W_O), torch.stack(b_O)
 
 
-def _linear_in(linear, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """An nn.Linear producing n heads' vectors, as (head, d_model, d_head) weight and (head, d_head) bias."""
-    weight = linear.weight.T  # (d_model, n * d_head)
+def heads_of(sites: LayerSites, layer: int, kind: str, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One layer's "q", "k" or "v" weights under `sites`' layout, split into `n` heads: (head, d_model, d_head)
+    weight and (head, d_head) bias (None where the projection has none); views of the model's own tensors."""
+    module, start, width = sites.weight_site(layer, kind)
+    weight = module.weight if sites.layout.in_out else module.weight.T  # (d_model, n * d_head)
+    bias = module.bias
+    if width is not None:  # its third of a fused projection, [q | k | v] along the columns
+        weight, bias = weight[:, start:start + width], None if bias is None else bias[start:start + width]
     d_model = weight.shape[0]
-    bias = None if linear.bias is None else linear.bias.reshape(n, -1)
-    return weight.reshape(d_model, n, -1).transpose(0, 1), bias
+    return weight.reshape(d_model, n, -1).transpose(0, 1), None if bias is None else bias.reshape(n, -1)
 
 
-def _from_modules(hf_model, family: str, n_heads: int, n_kv_heads: int, d_model: int):
+def kv_width(model) -> int:
+    """How many heads the layout's keys and values are read in: key/value heads where it groups them, else query
+    heads."""
+    return model.n_kv_heads if model.layer_sites.layout.grouped else model.n_heads
+
+
+def _from_modules(model, n_heads: int, d_model: int):
     """(W_V, b_V, W_O, b_O) read from the Hugging Face modules, kv heads not yet repeated."""
-    body = backbone(hf_model)
+    sites = model.layer_sites
+    n_kv = kv_width(model)
     W_V, b_V, W_O, b_O = [], [], [], []
-    if family == "bert":
-        for layer in body.encoder.layer:
-            weight, bias = _linear_in(layer.attention.self.value, n_heads)
-            dense = layer.attention.output.dense
-            W_V.append(weight)
-            b_V.append(bias)
-            W_O.append(dense.weight.T.reshape(n_heads, -1, d_model))
-            b_O.append(dense.bias)
-    elif family == "gpt2":
-        for block in body.h:
-            # Conv1D computes x @ W + b; c_attn stacks [q | k | v] along its columns.
-            weight, bias = block.attn.c_attn.weight[:, 2 * d_model:], block.attn.c_attn.bias[2 * d_model:]
-            W_V.append(weight.reshape(d_model, n_heads, -1).transpose(0, 1))
-            b_V.append(bias.reshape(n_heads, -1))
-            W_O.append(block.attn.c_proj.weight.reshape(n_heads, -1, d_model))
-            b_O.append(block.attn.c_proj.bias)
-    else:
-        for layer in body.layers:
-            weight, bias = _linear_in(layer.self_attn.v_proj, n_kv_heads)
-            o_proj = layer.self_attn.o_proj
-            W_V.append(weight)
-            b_V.append(_zeros_if_none(bias, n_kv_heads, weight.shape[-1], like=weight))
-            W_O.append(o_proj.weight.T.reshape(n_heads, -1, d_model))
-            b_O.append(_zeros_if_none(o_proj.bias, d_model, like=weight))
+    for layer in range(len(sites.layers)):
+        weight, bias = heads_of(sites, layer, "v", n_kv)
+        output = sites.output(layer)
+        W_V.append(weight)
+        b_V.append(_zeros_if_none(bias, n_kv, weight.shape[-1], like=weight))
+        W_O.append((output.weight if sites.layout.in_out else output.weight.T).reshape(n_heads, -1, d_model))
+        b_O.append(_zeros_if_none(output.bias, d_model, like=weight))
     return torch.stack(W_V), torch.stack(b_V), torch.stack(W_O), torch.stack(b_O)
 
 
-def _pre_attention_norms(hf_model, family: str):
+def pre_attention_norms(sites: LayerSites):
     """(layer, d_model) gains and biases (None where absent) of the norm before each attention; None if post-norm."""
-    body = backbone(hf_model)
-    if family == "gpt2":
-        return (torch.stack([block.ln_1.weight for block in body.h]),
-                torch.stack([block.ln_1.bias for block in body.h]))
-    if family == "llama":
-        norms = [layer.input_layernorm for layer in body.layers]
-        bias = [getattr(n, "bias", None) for n in norms]
-        return torch.stack([n.weight for n in norms]), None if any(b is None for b in bias) else torch.stack(bias)
-    return None
+    if sites.layout.norm is None:
+        return None
+    norms = [sites.norm(layer) for layer in range(len(sites.layers))]
+    bias = [getattr(n, "bias", None) for n in norms]
+    return torch.stack([n.weight for n in norms]), None if any(b is None for b in bias) else torch.stack(bias)
 
 
-def _final_norm(hf_model, family: str):
-    """(kind, gain, eps) of the norm before the unembedding; (None, None, 0.0) for BERT."""
-    body = backbone(hf_model)
-    if family == "gpt2":
-        return "layer", body.ln_f.weight, float(body.ln_f.eps)
-    if family == "llama":
-        norm = body.norm
-        eps = getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", None) or 1e-6
-        kind = "layer" if isinstance(norm, torch.nn.LayerNorm) else "rms"
-        return kind, norm.weight, float(eps)
-    return None, None, 0.0
+def _final_norm(sites: LayerSites):
+    """(kind, gain, eps) of the norm before the unembedding; (None, None, 0.0) where the layout has none (BERT)."""
+    norm = sites.final_norm
+    if norm is None:
+        return None, None, 0.0
+    if sites.layout.norm_kind is not None:  # the layout says what its norms are (GPT-2: LayerNorms)
+        return sites.layout.norm_kind, norm.weight, float(norm.eps)
+    eps = getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", None) or 1e-6
+    kind = "layer" if isinstance(norm, torch.nn.LayerNorm) else "rms"
+    return kind, norm.weight, float(eps)
 
 
 def head_weights(model, *, fold_norms: bool = True) -> HeadWeights:
@@ -180,19 +154,20 @@ def head_weights(model, *, fold_norms: bool = True) -> HeadWeights:
     ((2, 4, 32, 8), (2, 4, 8, 32), 'tied')
     """
     hf_model = model.hf_model
-    family = _family(hf_model)
-    if family is None:
+    sites = model.layer_sites
+    if sites.layout is None:
         raise ModelLoadError(
             f"model {model.name!r} ({type(hf_model).__name__}): headscan reads per-head weights of "
             f"{', '.join(FAMILIES)}-style models only; leave the weight scores out for this model")
-    n_heads, n_kv, d_model = model.n_heads, model.n_kv_heads, model.d_model
+    family = sites.layout.name
+    n_heads, d_model = model.n_heads, model.d_model
     with torch.no_grad():
         bridged = model.bridge is not None and hasattr(model.bridge.blocks[0].attn, "W_V")
         if bridged:
             W_V, b_V, W_O, b_O = _from_bridge(model.bridge, n_heads, d_model)
             W_E, W_U = model.bridge.W_E, model.bridge.W_U
         else:
-            W_V, b_V, W_O, b_O = _from_modules(hf_model, family, n_heads, n_kv, d_model)
+            W_V, b_V, W_O, b_O = _from_modules(model, n_heads, d_model)
             W_E = hf_model.get_input_embeddings().weight
             output = hf_model.get_output_embeddings() if hasattr(hf_model, "get_output_embeddings") else None
             if output is None:
@@ -204,9 +179,9 @@ def head_weights(model, *, fold_norms: bool = True) -> HeadWeights:
             b_V = b_V.repeat_interleave(n_heads // b_V.shape[1], dim=1)
         output = hf_model.get_output_embeddings() if hasattr(hf_model, "get_output_embeddings") else None
         tied = output is not None and output.weight.data_ptr() == hf_model.get_input_embeddings().weight.data_ptr()
-        kind, gain, eps = _final_norm(hf_model, family)
+        kind, gain, eps = _final_norm(sites)
         folded = []
-        norms = _pre_attention_norms(hf_model, family) if fold_norms else None
+        norms = pre_attention_norms(sites) if fold_norms else None
         if norms is not None:
             weight, bias = norms  # (layer, d_model)
             if bias is not None:  # (w x + b) W_V + b_V = x (w W_V) + (b W_V + b_V)

@@ -7,7 +7,7 @@ trials of retrieval heads. `headscan.scan.inputs` checks a run's inputs without 
 each name below is imported on first use, so that the command line checks its arguments before torch loads.
 """
 
-import importlib
+from ..lazy import lazy_names
 
 __all__ = ["sweep", "merge", "retrieval", "sweep_model", "accumulate", "finish", "publish", "columns_of", "fingerprint",
            "plan_windows", "plan_sweep", "SweepPlan", "partial_folder", "PartialState", "Shard"]
@@ -18,11 +18,4 @@ _LAZY = {"finish": "finish", "publish": "finish", "SweepPlan": "plan", "columns_
          "retrieval": "trials"}
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, __all__)

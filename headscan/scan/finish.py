@@ -11,9 +11,7 @@ This module runs no model.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import shutil
-import subprocess
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -38,6 +36,7 @@ from ..tables import (
     side_by_side,
     write,
 )
+from .environment import git_revision, versions
 from .passes import PASSES
 from .passes.weights import WEIGHT_CHANCE, WEIGHT_METRICS, weights_frame
 from .plan import columns_of, has_words
@@ -123,31 +122,6 @@ def model_provenance(state: PartialState, config: SweepConfig) -> ModelProvenanc
     })
 
 
-def _git_revision() -> str | None:
-    root = Path(__file__).resolve().parents[2]
-    if not (root / ".git").exists():
-        return None
-    try:
-        result = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return result.stdout.strip() or None
-
-
-@functools.cache  # installed versions do not change while a process runs; looking them up takes ~10 ms
-def _versions() -> dict:
-    import platform
-    from importlib.metadata import PackageNotFoundError, version
-
-    versions = {"python": platform.python_version(), "headscan": __version__}
-    for package in ("torch", "transformers", "transformer-lens", "numpy", "pandas"):
-        try:
-            versions[package.replace("-", "_")] = version(package)
-        except PackageNotFoundError:
-            versions[package.replace("-", "_")] = None
-    return versions
-
-
 def run_provenance(corpus: Corpus, config: SweepConfig, models: Sequence[ModelProvenance] = (), *,
                    command: str | None = None, started: datetime | None = None, shard: Shard | None = None,
                    unit_why: str) -> RunProvenance:
@@ -155,13 +129,13 @@ def run_provenance(corpus: Corpus, config: SweepConfig, models: Sequence[ModelPr
     `unit_why` says why the bootstrap resampled the unit it did (`headscan.scan.plan.resolve_unit`)."""
     return RunProvenance(
         headscan_version=__version__,
-        git_revision=_git_revision(),
+        git_revision=git_revision(),
         command=command,
         started=started.isoformat(timespec="seconds") if started else None,
         finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         corpus=CorpusProvenance.from_json(corpus.provenance()),
         config=config.to_json() | {"device": resolve_device(config.device)},
-        versions=dict(_versions()),  # a copy: the cached dict stays as it was
+        versions=dict(versions()),  # a copy: the cached dict stays as it was
         models=tuple(models),
         extra={"bootstrap_unit": unit_why} | ({} if shard is None else {"shard": str(shard)})
         | ({"custom_metrics": custom} if (custom := custom_provenance()) else {}),

@@ -32,9 +32,10 @@ import torch
 from ..config import SweepConfig
 from ..corpus import Corpus, EncodedCorpus, batches, encode
 from ..errors import SweepInterrupted
-from ..metrics.importance import MASK_SPLIT, attribution, mask_tokens, methods, target_sums
+from ..metrics.importance import MASK_SPLIT, mask_tokens, methods, target_sums
 from ..models import HookedModel
 from ..models.ablation import Surgery, head_cut, target_of
+from ..models.atp_star import attribution
 
 if TYPE_CHECKING:
     from .plan import Column

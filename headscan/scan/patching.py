@@ -42,7 +42,7 @@ from ..patching_config import PatchConfig
 from ..tables import TABLES, ModelProvenance, SweepTables, head_columns, write
 from ..tables.folders import holding_out
 from ..tables.provenance import CorpusProvenance, RunProvenance
-from .finish import _git_revision, _versions
+from .environment import git_revision, versions
 from .patch_steps import (
     SPLIT_RULE,
     KeptSteps,
@@ -164,10 +164,10 @@ def patch(models: str | list[str], pairs: str | Path | list[Pair], out: str | Pa
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     digest = _digest(pairs)
     provenance = RunProvenance(
-        git_revision=_git_revision(), command=command or _python_call(models, source, select_pairs, config),
+        git_revision=git_revision(), command=command or _python_call(models, source, select_pairs, config),
         started=started.isoformat(timespec="seconds"), finished=now,
         corpus=CorpusProvenance(source=source, kind="prompt pairs", sha256=digest, n_segments=len(pairs)),
-        config=config.to_json(), versions=dict(_versions()), models=tuple(described),
+        config=config.to_json(), versions=dict(versions()), models=tuple(described),
         extra={"bootstrap_unit": PAIR_UNIT, "patching": _rules()}
         | ({"select_pairs": {"source": str(select_pairs) if not isinstance(select_pairs, list) else
                              "pairs given in Python", "sha256": _digest(chooser), "n": len(chooser)}}

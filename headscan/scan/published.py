@@ -48,7 +48,7 @@ from ..tables import (
     head_columns,
     write,
 )
-from .finish import _git_revision, _versions
+from .environment import git_revision, versions
 from .trials import TRIAL_UNIT, over_trials
 
 __all__ = ["import_scores", "PUBLISHED_FORMATS"]
@@ -134,9 +134,9 @@ def import_scores(path: str | os.PathLike, out: str | os.PathLike | None = None,
                                 extra={"trials": trials, "format": "retrieval-head"})
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     provenance = RunProvenance(
-        git_revision=_git_revision(), command=command or f"headscan.import_scores({str(path)!r})",
+        git_revision=git_revision(), command=command or f"headscan.import_scores({str(path)!r})",
         started=now, finished=now, corpus=CorpusProvenance(source=str(path), kind="published scores", sha256=digest),
-        config={k: getattr(config, k) for k in ("bootstrap", "interval", "seed")}, versions=dict(_versions()),
+        config={k: getattr(config, k) for k in ("bootstrap", "interval", "seed")}, versions=dict(versions()),
         models=(described,),
         extra={"bootstrap_unit": TRIAL_UNIT, "imported": {
             "format": PUBLISHED_FORMATS["retrieval-head"], "file": str(path), "sha256": digest, "trials": trials,

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from headscan.testing.checkpoints import _TEXT, _WORDS, _bert_tokenizer
+from headscan.testing.checkpoints import TEXT, WORDS, bert_tokenizer
 
 __all__ = ["Architecture", "ARCHITECTURES", "architecture", "build_architecture_checkpoint", "support_matrix_markdown"]
 
@@ -245,7 +245,7 @@ def _bpe():
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=1000, special_tokens=_BPE_SPECIALS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    bpe.train_from_iterator([_TEXT, " ".join(_WORDS)], trainer=trainer)
+    bpe.train_from_iterator([TEXT, " ".join(WORDS)], trainer=trainer)
     return bpe
 
 
@@ -253,7 +253,7 @@ def _tokenizer(kind: str, folder: pathlib.Path):
     from transformers import GPT2TokenizerFast, RobertaTokenizerFast
 
     if kind == "wordpiece":
-        return _bert_tokenizer(folder)
+        return bert_tokenizer(folder)
     bpe = copy.deepcopy(_bpe())
     if kind == "roberta":
         return RobertaTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", sep_token="</s>",

@@ -29,13 +29,13 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from headscan.testing.checkpoints import build_tiny_checkpoint
-from headscan.testing.planted import _MARGIN, _N_POS_DIMS, _offset_qk, _position_codes, _sinusoid_gap
+from headscan.testing.planted import MARGIN, N_POS_DIMS, offset_qk, position_codes, sinusoid_gap
 
 # The planted heads, (layer, head), 0-indexed.
 PREVIOUS_TOKEN_HEAD, INDUCTION_HEAD = (0, 0), (1, 0)
 
 _D_MODEL, _N_HEADS, _D_HEAD = 128, 4, 32
-_TOKEN = slice(_N_POS_DIMS, _N_POS_DIMS + 32)
+_TOKEN = slice(N_POS_DIMS, N_POS_DIMS + 32)
 _PREVIOUS = slice(_TOKEN.stop, _TOKEN.stop + 32)
 _DISTRACTOR = slice(_PREVIOUS.stop, _D_MODEL)
 _N_FREQ = 8  # as `headscan.testing.planted` lays out the position block
@@ -94,7 +94,7 @@ def _embed(model, n_pos: int, generator) -> float:
     tokens -= tokens.mean(1, keepdim=True)
     tokens *= (_TOKEN.stop - _TOKEN.start) ** 0.5 / tokens.norm(dim=1, keepdim=True)
     body.wte.weight[:, _TOKEN] = tokens  # tied: the unembedding reads the same block
-    body.wpe.weight.copy_(_position_codes(n_pos, np.geomspace(np.pi / n_pos, 2.9, _N_FREQ), _D_MODEL))
+    body.wpe.weight.copy_(position_codes(n_pos, np.geomspace(np.pi / n_pos, 2.9, _N_FREQ), _D_MODEL))
     norm2 = 2 * _N_FREQ + 2 + (_TOKEN.stop - _TOKEN.start)  # every embedding's squared norm
     return (norm2 / _D_MODEL + body.h[0].ln_1.eps) ** -0.5
 
@@ -112,8 +112,8 @@ def _attention(model, layer: int, head: int, w_q=None, w_k=None, w_v=None, w_o=N
 
 def _previous_token_head(model, omega, n_pos: int, scale0: float) -> None:
     """L0H0: keys one position back (the planted offset head), values the token block, output the previous block."""
-    beta = _MARGIN / _sinusoid_gap(omega, n_pos)
-    w_q, w_k = _offset_qk(omega, -1, alpha=(beta * _D_HEAD**0.5 / scale0**2) ** 0.5, d_model=_D_MODEL,
+    beta = MARGIN / sinusoid_gap(omega, n_pos)
+    w_q, w_k = offset_qk(omega, -1, alpha=(beta * _D_HEAD**0.5 / scale0**2) ** 0.5, d_model=_D_MODEL,
                           d_head=_D_HEAD)
     width = _TOKEN.stop - _TOKEN.start
     w_v = torch.zeros(_D_MODEL, _D_HEAD)

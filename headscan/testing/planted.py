@@ -40,8 +40,8 @@ _D_HEAD = _D_MODEL // _N_HEADS
 _N_FREQ = _D_HEAD // 2  # one (cos, sin) pair of query/key dimensions per frequency
 _SIN = slice(0, 4 * _N_FREQ)  # +cos of each frequency, then +sin, -cos, -sin
 _FLAG = 4 * _N_FREQ  # +first, -first, +rest, -rest
-_N_POS_DIMS = 4 * _N_FREQ + 4
-_MARGIN = 16.0  # logit gap between the planted key and its closest rival: they get < e^-16 each
+N_POS_DIMS = 4 * _N_FREQ + 4
+MARGIN = 16.0  # logit gap between the planted key and its closest rival: they get < e^-16 each
 
 
 def build_planted_checkpoint(
@@ -116,29 +116,29 @@ def _plant(model, arch: str, n_pos: int, seed: int) -> None:
         word, position, ln = body.word_embeddings.weight, body.position_embeddings.weight, body.LayerNorm
         body.token_type_embeddings.weight.zero_()  # would break the fixed norm of every embedding
     generator = torch.Generator().manual_seed(seed)
-    tokens = torch.randn(word.shape[0], _D_MODEL - _N_POS_DIMS, generator=generator)
+    tokens = torch.randn(word.shape[0], _D_MODEL - N_POS_DIMS, generator=generator)
     tokens -= tokens.mean(1, keepdim=True)
-    tokens *= (_D_MODEL - _N_POS_DIMS) ** 0.5 / tokens.norm(dim=1, keepdim=True)  # per-dim variance 1
+    tokens *= (_D_MODEL - N_POS_DIMS) ** 0.5 / tokens.norm(dim=1, keepdim=True)  # per-dim variance 1
     word.zero_()
-    word[:, _N_POS_DIMS:] = tokens
+    word[:, N_POS_DIMS:] = tokens
     omega = np.geomspace(np.pi / n_pos, 2.9, _N_FREQ)  # periods from 2 positions to 2 * n_pos
-    position.copy_(_position_codes(n_pos, omega))
+    position.copy_(position_codes(n_pos, omega))
     ln.weight.fill_(1.0)
     ln.bias.zero_()
 
     # The LayerNorm divides every embedding by the same std: fold it into W_Q and W_K.
-    norm2 = 2 * _N_FREQ + 2 + (_D_MODEL - _N_POS_DIMS)
+    norm2 = 2 * _N_FREQ + 2 + (_D_MODEL - N_POS_DIMS)
     scale2 = 1.0 / (norm2 / _D_MODEL + ln.eps)
-    beta = _MARGIN / _sinusoid_gap(omega, n_pos)
+    beta = MARGIN / sinusoid_gap(omega, n_pos)
     for name, head in PLANTED_HEADS[arch].items():
         if name == "first_token":
-            w_q, w_k = _first_token_qk(alpha=((_MARGIN + np.log(n_pos)) * _D_HEAD**0.5 / scale2) ** 0.5)
+            w_q, w_k = _first_token_qk(alpha=((MARGIN + np.log(n_pos)) * _D_HEAD**0.5 / scale2) ** 0.5)
         else:
-            w_q, w_k = _offset_qk(omega, _OFFSETS[name], alpha=(beta * _D_HEAD**0.5 / scale2) ** 0.5)
+            w_q, w_k = offset_qk(omega, _OFFSETS[name], alpha=(beta * _D_HEAD**0.5 / scale2) ** 0.5)
         _set_qk(model, arch, head, w_q, w_k)
 
 
-def _position_codes(n_pos: int, omega: np.ndarray, d_model: int = _D_MODEL) -> torch.Tensor:
+def position_codes(n_pos: int, omega: np.ndarray, d_model: int = _D_MODEL) -> torch.Tensor:
     """Position embeddings: sinusoids and the first-position flag in the position block, zeros elsewhere."""
     pos = np.arange(n_pos)[:, None]
     codes = np.zeros((n_pos, d_model))  # (pos, d_model)
@@ -149,13 +149,13 @@ def _position_codes(n_pos: int, omega: np.ndarray, d_model: int = _D_MODEL) -> t
     return torch.tensor(codes, dtype=torch.float32)
 
 
-def _sinusoid_gap(omega: np.ndarray, n_pos: int) -> float:
+def sinusoid_gap(omega: np.ndarray, n_pos: int) -> float:
     """How far ``sum_w cos(w * delta)`` stays below its peak (at delta 0) for every other reachable delta."""
     delta = np.arange(1, n_pos + 1)[:, None]
     return float(len(omega) - np.cos(omega * delta).sum(1).max())
 
 
-def _offset_qk(omega: np.ndarray, offset: int, alpha: float, d_model: int = _D_MODEL,
+def offset_qk(omega: np.ndarray, offset: int, alpha: float, d_model: int = _D_MODEL,
                d_head: int = _D_HEAD) -> tuple[torch.Tensor, torch.Tensor]:
     """W_Q, W_K (d_model, d_head) whose scores peak at key ``q + offset``: W_Q rotates by ``omega * offset``."""
     w_q, w_k = torch.zeros(d_model, d_head), torch.zeros(d_model, d_head)
