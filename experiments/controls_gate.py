@@ -1,6 +1,6 @@
 """The first hour's run, judged: 400 EWT dev sentences of minilm with random-init controls.
 
-Claim (issue 50). On the first 400 sentences of EWT dev, swept with ``--control random-init``, minilm's L0H2
+Claim. On the first 400 sentences of EWT dev, swept with ``--control random-init``, minilm's L0H2
 (0-indexed) previous-token head is a finding, and the untrained controls, each tested against the others as
 a held-out draw of an untrained network, make at most 5% of the trained model's findings per metric.
 

@@ -71,6 +71,8 @@ def reference(name, batch):
                     add(row[q])
                 elif name == "first_token" and q >= 1:
                     add(row[0])
+                elif name == "sink_ratio" and q >= 1:  # Gu et al.'s threshold
+                    add(float(row[0] > 0.3))
                 elif name == "sep" and any(sep[b, k] for k in keys):
                     add(sum(row[k] for k in keys if sep[b, k]))
                 elif name == "entropy":

@@ -62,7 +62,7 @@ def _null_at_offset(batch: AttentionBatch, offset: int) -> torch.Tensor:
     return mean_over_queries(batch.null.at_offsets[..., column], valid[..., column])[0]
 
 
-def _first_token_per_query(batch: AttentionBatch) -> tuple[torch.Tensor, torch.Tensor]:
+def first_token_per_query(batch: AttentionBatch) -> tuple[torch.Tensor, torch.Tensor]:
     """(batch, head, q) attention on the first token, and (batch, q) where it counts: real queries q >= 1."""
     weights = batch.masked[..., 0]  # (batch, head, q)
     valid = batch.query_mask & batch.key_mask[:, :1] & (batch.query_positions >= 1)
@@ -152,7 +152,7 @@ def self_attention(batch: AttentionBatch):
 def _first_chance(batch: AttentionBatch):
     """1/n at each query, n the keys it sees: 1/(q+1) at position q of a causal model whose every token counts
     (and no sliding window hides the first token: then 0)."""
-    _, valid = _first_token_per_query(batch)
+    _, valid = first_token_per_query(batch)
     return mean_over_queries(batch.null.first, valid)[0]
 
 
@@ -162,7 +162,7 @@ def first_token(batch: AttentionBatch):
 
     Undefined (NaN) when the first token does not count, e.g. when special tokens are left out.
     """
-    return mean_over_queries(*_first_token_per_query(batch))
+    return mean_over_queries(*first_token_per_query(batch))
 
 
 def _sep_on(batch: AttentionBatch) -> torch.Tensor:
@@ -364,7 +364,7 @@ def _bucket_axis(config) -> list[tuple]:
 def _first_by_position_chance(batch: AttentionBatch):
     """1/n at each query, n the keys it sees, averaged over the bucket's queries: 1/(q+1) at position q of a
     causal model whose every token counts and that has no sliding window."""
-    _, valid = _first_token_per_query(batch)
+    _, valid = first_token_per_query(batch)
     return _by_bucket(batch.null.first, valid, batch)[0]
 
 
@@ -376,7 +376,7 @@ def first_token_by_position(batch: AttentionBatch):
 
     How an attention sink's share changes along a long context; the buckets' sums add up to first_token's.
     """
-    return _by_bucket(*_first_token_per_query(batch), batch)
+    return _by_bucket(*first_token_per_query(batch), batch)
 
 
 def _distance_by_position_chance(batch: AttentionBatch):

@@ -10,7 +10,7 @@ al. 2024). This module registers ``sink_ratio``; it does not run models.
 
 from __future__ import annotations
 
-from .attention import _first_token_per_query  # the queries first_token counts, so the two scores share them
+from .attention import first_token_per_query  # the queries first_token counts, so the two scores share them
 from .batch import AttentionBatch, mean_over_queries
 from .registry import register
 
@@ -22,7 +22,7 @@ SINK_THRESHOLD = 0.3  # Gu et al.'s threshold on the first token's weight
 def _sink_chance(batch: AttentionBatch):
     """The share of those queries where uniform attention's weight on the first token, 1/n for the n keys the
     query sees, exceeds 0.3: the queries that see at most 3 keys (position 1 and 2 of a causal model)."""
-    _, valid = _first_token_per_query(batch)
+    _, valid = first_token_per_query(batch)
     return mean_over_queries((batch.null.first > SINK_THRESHOLD).to(batch.pattern.dtype), valid)[0]
 
 
@@ -38,5 +38,5 @@ def sink_ratio(batch: AttentionBatch):
     With output_norm, an inactivity score: a head that sinks on most queries and writes little is a dormant head
     (Guo et al. 2024, "Active-dormant attention heads").
     """
-    weights, valid = _first_token_per_query(batch)  # (batch, head, q), (batch, q)
+    weights, valid = first_token_per_query(batch)  # (batch, head, q), (batch, q)
     return mean_over_queries((weights > SINK_THRESHOLD).to(weights.dtype), valid)
