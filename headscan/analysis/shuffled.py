@@ -92,7 +92,7 @@ def shuffled_rows(frame: pd.DataFrame, *, table: str = "heads") -> pd.DataFrame:
     out = _compare(both)
     out["metric"] = both["metric_"].to_numpy()
     extra = [c for c in ("null_kind", "finding", "thin", "q_value") if c in both.columns]
-    return out[columns].join(both[extra])
+    return out.reindex(columns=columns).join(both[extra])  # NaN for what the table does not record (chance)
 
 
 def _column(rows: pd.DataFrame, name: str) -> np.ndarray:
