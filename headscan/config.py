@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from typing import Literal, get_args, get_type_hints
 
 from .errors import ConfigError
+from .setting_values import check_whole, format_layers, parse_layers
 
 __all__ = ["SweepConfig", "RetrievalConfig", "DEVICES", "DTYPES", "SPECIALS", "TEMPLATES", "CONTROLS", "MIN_BOOTSTRAP",
            "IMPORTANCE_METHODS", "IMPORTANCE_TARGETS", "GROUPS", "Setting", "choices", "settings", "control_name",
-           "split_control", "control_number", "hf_offline", "option", "check_whole", "parse_layers", "format_layers",
-           "check_layers"]
+           "split_control", "control_number", "hf_offline", "option", "check_whole"]
 
 Device = Literal["auto", "cpu", "cuda", "mps"]
 DType = Literal["float32", "float16", "bfloat16", "float64"]
@@ -200,8 +200,7 @@ class SweepConfig:
                        "deployment value).")
     recent: int = option(256, "scores", "streaming: the last tokens it keeps, the query's own included "
                          "(DuoAttention's recent window).")
-    # None: every layer. A string ("0,5-7") is parsed once here; the model's layer count is checked when the sweep
-    # is planned (`check_layers`), as only the model knows it
+    # None: every layer. "0,5-7" is parsed here; the layer count is checked at planning, where the model is known
     layers: tuple[int, ...] | None = option(
         None, "model", "Sweep only these layers (from 0), e.g. '0,5-7': hooks and scores only there, so a large "
         "model costs less; `headscan merge` joins it with a sweep of the other layers into the whole model's "
@@ -418,59 +417,6 @@ class RetrievalConfig:
     def to_json(self) -> dict:
         return {name: list(value) if isinstance(value, tuple) else value
                 for name, value in dataclasses.asdict(self).items()}
-
-
-def parse_layers(spec) -> tuple[int, ...]:
-    """Layers from a spec such as ``"0,5-7"`` (or a list of numbers, as run.json gives them back), in order;
-    a malformed spec, or a layer named twice, is a `ConfigError` naming it.
-
-    >>> parse_layers("0,5-7"), parse_layers([3, 1]), format_layers((0, 5, 6, 7, 9))
-    ((0, 5, 6, 7), (1, 3), '0,5-7,9')
-    """
-    found, parts = [], spec.split(",") if isinstance(spec, str) else None
-    for low, dash, high in (part.strip().partition("-") for part in parts or ()):
-        if low.isdigit() and (high.isdigit() or not dash) and int(high or low) >= int(low):
-            found += range(int(low), int(high or low) + 1)
-        else:
-            found = []
-            break
-    if parts is None and isinstance(spec, (list, tuple)) and all(type(x) is int and x >= 0 for x in spec):
-        found = list(spec)
-    twice = sorted({layer for layer in found if found.count(layer) > 1})
-    if not found or twice:
-        raise ConfigError(f"layers must be layer numbers from 0 and ranges A-B with A <= B, separated by commas "
-                          f"(e.g. 0,5-7); got {spec!r}" + (f": layer {twice[0]} is named twice" if twice else ""),
-                          setting="layers")
-    return tuple(sorted(found))
-
-
-def format_layers(layers) -> str:
-    """Layers as a spec, ranges joined (the inverse of `parse_layers`)."""
-    runs: list[list[int]] = []
-    for layer in sorted(layers):
-        runs[-1:] = [runs[-1] + [layer]] if runs and layer == runs[-1][-1] + 1 else [*runs[-1:], [layer]]
-    return ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
-
-
-def check_layers(layers: tuple[int, ...] | None, n_layers: int, model: str) -> tuple[int, ...]:
-    """The layers a sweep of `model` (of `n_layers` layers) scores: `layers`, or all of them for None.
-
-    >>> check_layers((0, 5, 6, 7), 6, "minilm")
-    Traceback (most recent call last):
-    ...
-    headscan.errors.ConfigError: layers 0,5-7: minilm has 6 layers (0-5); layers 6-7 out of range
-    """
-    outside = [layer for layer in layers or () if layer >= n_layers]
-    if outside:
-        raise ConfigError(f"layers {format_layers(layers)}: {model} has {n_layers} layers (0-{n_layers - 1}); "
-                          f"layer{'s' if len(outside) > 1 else ''} {format_layers(outside)} out of range",
-                          setting="layers")
-    return tuple(range(n_layers)) if layers is None else tuple(layers)
-
-
-def check_whole(name: str, value, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(f"{name} must be a whole number >= {low}, got {value!r}", setting=name)
 
 
 def choices(config: type = SweepConfig) -> dict[str, tuple[str, ...]]:

@@ -98,6 +98,8 @@ def loop_chance(name, batch, heads):
                     add(p.get(q, 0.0))
                 elif name == "first_token" and q >= 1 and key[b, 0]:
                     add(p.get(0, 0.0))
+                elif name == "sink_ratio" and q >= 1 and key[b, 0]:  # uniform attention's first-token weight over 0.3
+                    add(float(p.get(0, 0.0) > 0.3))
                 elif name == "sep" and any(sep[b, k] for k in keys):
                     add(sum(p.get(k, 0.0) for k in keys if sep[b, k]))
                 elif name == "entropy":

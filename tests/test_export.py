@@ -20,15 +20,16 @@ def run(tiny_bert, tmp_path_factory):
     return out
 
 
-def test_datasets_loads_every_table_of_the_export_as_headscan_wrote_it(run, tmp_path, monkeypatch):
+def test_datasets_loads_every_table_of_the_export_as_headscan_wrote_it(run, tmp_path):
     datasets = pytest.importorskip("datasets")
-    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
     folder = export_dataset(run, tmp_path / "dataset")
     card = (folder / "README.md").read_text()
     tables = headscan.load(run)
     for name in tables.frames:
         assert f"- config_name: {name}\n" in card and f"  data_files: data/{name}.parquet\n" in card
-        loaded = datasets.load_dataset(str(folder), name, split="train").to_pandas()
+        # a cache of this test's own: datasets reads HF_DATASETS_CACHE once, at import, and a shared cache has given
+        # back an earlier run's table for a folder of the same name
+        loaded = datasets.load_dataset(str(folder), name, split="train", cache_dir=str(tmp_path / "cache")).to_pandas()
         want = pd.read_parquet(run / f"{name}.parquet")
         assert list(loaded.columns) == list(want.columns) and len(loaded) == len(want), name
         pd.testing.assert_series_equal(loaded["value"], want["value"], check_dtype=False, check_names=False)

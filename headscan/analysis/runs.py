@@ -22,9 +22,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..config import format_layers, split_control
+from ..config import split_control
 from ..errors import TablesError
 from ..metrics import METRICS
+from ..setting_values import format_layers
 from ..tables import IMPORTED, TABLES, ModelProvenance, RunProvenance, SweepTables
 from .claims import has_verdicts
 from .formats import code

@@ -58,7 +58,7 @@ from .finish import publish, run_provenance
 from .plan import plan_sweep
 from .ray_cluster import Cluster, choose_shards, connect, describe_resources, worker_memory, worker_resources
 from .reduce import accumulate
-from .resume import SAVE_EVERY, check_resumable, partial_folder, spec_stem, state_file, stop_requests
+from .resume import SAVE_EVERY, check_resumable, kept_states, partial_folder, spec_stem, state_file, stop_requests
 from .state import PartialState, Shard, merge_states
 
 __all__ = ["sweep_on_ray", "connect", "choose_shards", "ClusterError", "RETRIES"]
@@ -343,14 +343,10 @@ def sweep_on_ray(
     provenance = run_provenance(corpus, dataclasses.replace(config, device="cpu"), command=command, started=started,
                                 unit_why=unit_why)  # the driver's device says nothing; the workers' follows
     extra = {"ray": {"address": cluster.address, "shards": count, "workers": len(slots), "retries": lost,
-                     "worker": resources}}
-    if skipped:
-        extra["skipped"] = skipped
+                     "worker": resources}} | ({"skipped": skipped} if skipped else {})
     provenance = dataclasses.replace(provenance, config=provenance.config | {"device": ", ".join(sorted(devices))},
                                      extra=provenance.extra | extra)
-    # a part of the layers keeps each model's state, which `headscan merge` joins with the other layers'
-    kept = {f"state/{state_file(spec, None)}": state.save for spec, state in zip(swept, totals)} \
-        if config.layers is not None else None
+    kept = kept_states(zip(swept, totals), part=config.layers is not None)  # joined with the other layers' by merge
     return publish(totals, config, provenance, out, overwrite=overwrite, extra=kept, partial=partial)
 
 

@@ -32,40 +32,21 @@ import torch
 
 from ..config import SweepConfig
 from ..metrics import METRICS, AttentionBatch, Metric, attended_logit, output_norm, syntax, values
-from ..metrics.custom import vocabulary_of
 from ..models import HookedModel
 from ..models.chunked import BLOCK_BYTES, block_rows
 from ..models.hooks import QueryBlock
 from ..models.weights import logit_directions
+from .batches import BatchMasks, attention_batch, batch_masks, output_batch, value_batch
 from .budget import EAGER_LAYER_BYTES
 from .plan import Column
 
-__all__ = ["BatchMasks", "Gathered", "Capture", "LayerHooks", "STACK_BYTES", "batch_masks", "capture_for"]
+__all__ = ["Gathered", "Capture", "LayerHooks", "STACK_BYTES", "capture_for"]
 
 # Eager mode: layers' patterns wait, and are scored together, until they take this many bytes (as float32). The
 # metrics' temporaries are a few times this, so it bounds the memory stacking adds; past a few MiB, larger
 # groups save little time (each operation's fixed cost is already spread over enough work). The size of a
 # chunked block, for the same reason: larger ones are page-faulted in anew on every operation (see BLOCK_BYTES).
 STACK_BYTES = BLOCK_BYTES
-
-
-@dataclass(frozen=True)
-class BatchMasks:
-    """What every layer of one batch shares, (batch, seq) each, on the model's device."""
-
-    ids: torch.Tensor  # token ids
-    counts: torch.Tensor  # bool: the tokens that count (real, and not special when specials="exclude")
-    sep: torch.Tensor  # bool: [SEP] tokens
-    words: object  # the batch's `headscan.corpus.words.WordAlignment` (CoNLL-U), else None
-    next_tokens: torch.Tensor  # the token each query predicts (for direct logit attribution)
-
-    def repeated(self, times: int) -> BatchMasks:
-        """The same masks for `times` layers stacked along the batch axis: (times * batch, seq) each."""
-        if times == 1:
-            return self
-        words = None if self.words is None else self.words.map(lambda tensor: tensor.repeat(times, 1))
-        return BatchMasks(self.ids.repeat(times, 1), self.counts.repeat(times, 1), self.sep.repeat(times, 1), words,
-                          self.next_tokens.repeat(times, 1))
 
 
 @dataclass
@@ -106,65 +87,6 @@ class Capture:
     directions: torch.Tensor | None = None  # (d_model, vocab) logit directions; None: no dla
     final_norm: str | None = None  # "layer" or "rms"
     final_eps: float = 0.0
-
-
-def _special_mask(tokens: torch.Tensor, model: HookedModel) -> torch.Tensor:
-    ids = [i for i in model.special_token_ids.values() if i is not None]
-    ids += list(getattr(model.tokenizer, "all_special_ids", []) or [])
-    return torch.isin(tokens, torch.tensor(sorted(set(ids)), dtype=tokens.dtype, device=tokens.device))
-
-
-def batch_masks(input_ids: torch.Tensor, real: torch.Tensor, model: HookedModel, config: SweepConfig,
-                words=None) -> BatchMasks:
-    """What every layer of one batch shares: the tokens that count and the [SEP] tokens, (batch, seq) each,
-    and the batch's words (CoNLL-U) on the model's device."""
-    counts = real & ~_special_mask(input_ids, model) if config.specials == "exclude" else real
-    sep = model.special_token_ids["sep"]
-    sep_mask = input_ids == sep if sep is not None else torch.zeros_like(real)
-    words = words.to(input_ids.device) if words is not None else None
-    next_tokens, _ = values.next_token_targets(input_ids, counts, real)  # (batch, seq): the token each query predicts
-    return BatchMasks(input_ids, counts, sep_mask, words, next_tokens)
-
-
-def _attention_batch(pattern: torch.Tensor, masks: BatchMasks, model: HookedModel, config: SweepConfig,
-                     query_start: int = 0, norms: torch.Tensor | None = None,
-                     window: int | None = None) -> AttentionBatch:
-    """The metrics' view of one layer's pattern, or of the rows ``query_start ..`` of it in chunked mode."""
-    pattern = raw = pattern.float()  # (batch, head, q, k); a new tensor for half precision, the same one otherwise
-    counts = masks.counts  # (batch, k): the keys that count; the block's rows of it are its queries
-    if config.specials == "exclude":
-        # Renormalise each query's attention over the keys that count: a new tensor, never written in place.
-        kept = pattern * counts[:, None, None, :].to(pattern.dtype)
-        pattern = kept / kept.sum(-1, keepdim=True).clamp_min(torch.finfo(pattern.dtype).tiny)
-    queries = counts[:, query_start: query_start + pattern.shape[-2]]  # (batch, q)
-    return AttentionBatch(pattern, queries, counts, masks.ids, masks.sep, model.causal, config.max_offset,
-                          words=masks.words, raw_pattern=raw if raw is not pattern else None,
-                          query_start=query_start, max_len=config.max_len, value_norms=norms,
-                          sink=config.sink, recent=config.recent, window=window,
-                          vocabulary=vocabulary_of(model))
-
-
-def _value_batch(batch: AttentionBatch) -> AttentionBatch:
-    """The same rows with value-weighted attention as the pattern: A[q, k] ||f(x_k)|| renormalised per query over
-    the keys that count (`headscan.metrics.values.value_weighted`), for the value table's columns."""
-    weighted = values.value_weighted(batch.pattern, batch.value_norms, batch.key_mask)  # (batch, head, q, k), new
-    # its null head is value-weighted too: A'[q, k] proportional to ||f(x_k)|| over the keys q sees
-    return dataclasses.replace(batch, pattern=weighted, raw_pattern=None, key_weights=batch.value_norms)
-
-
-def _output_batch(norms: torch.Tensor, contributions: torch.Tensor | None, attended: torch.Tensor | None,
-                  scale: torch.Tensor | None, masks: BatchMasks, model: HookedModel, config: SweepConfig) -> AttentionBatch:
-    """One layer's per-query head outputs, for the columns of "outputs" once the forward pass is over: the output
-    norms (batch, head, q), and where dla was captured the logit contributions (2, batch, head, q), the head's and
-    its null head's, the attended-token contributions (batch, head, q) and the final scale (batch, q). No pattern
-    is kept: its place holds a zero-stride view of one 0, for the shapes."""
-    b, h, n = norms.shape
-    placeholder = norms.new_zeros(()).expand(b, h, n, n)  # (batch, head, q, k), no memory
-    counts = masks.counts
-    return AttentionBatch(placeholder, counts, counts, masks.ids, masks.sep, model.causal, config.max_offset,
-                          logit_contributions=None if contributions is None else contributions[0], final_scale=scale,
-                          null_logit_contributions=None if contributions is None else contributions[1],
-                          output_norms=norms, attended_contributions=attended)
 
 
 # AttentionBatch fields known only once a layer's output (or the last layer's residual) has come
@@ -301,9 +223,9 @@ class LayerHooks:
         # layer's values: handed over before the pattern
         norms = None if any(n is None for n in norms) else norms[0] if len(norms) == 1 else torch.cat(norms)
         masks = self.gathered.masks_for(len(layers))
-        batch = _attention_batch(pattern, masks, self.model, self.config, query_start, norms,
+        batch = attention_batch(pattern, masks, self.model, self.config, query_start, norms,
                                  self._window(layers[0], pattern.shape[-1]))
-        return {"attention": batch, "value": _value_batch(batch) if self.weighted and norms is not None else None}
+        return {"attention": batch, "value": value_batch(batch) if self.weighted and norms is not None else None}
 
     def _window(self, layer: int, n_keys: int) -> int | None:
         """The layer's sliding window where it hides some of these `n_keys` keys from some query, else None (a
@@ -439,7 +361,7 @@ class LayerHooks:
                 scale = gathered.scale.to(norms.device).repeat(len(layers), 1)
             if all(layer in gathered.attended for layer in layers):
                 attended = torch.cat([gathered.attended.pop(layer) for layer in layers])  # (L * batch, head, q)
-            batch = _output_batch(norms, contributions, attended, scale, gathered.masks_for(len(layers)), self.model,
+            batch = output_batch(norms, contributions, attended, scale, gathered.masks_for(len(layers)), self.model,
                                   self.config)
             scored.update(_score({"outputs": batch}, self.columns))
         gathered.contributions, gathered.output_norms, gathered.attended = {}, {}, {}  # (batch, head, q) each: dropped

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .. import __version__
-from ..config import SweepConfig, check_layers
+from ..config import SweepConfig
 from ..corpus import Corpus, Segment  # noqa: F401  (Segment: the doctest's)
 from ..metrics import DECODED, METRICS, Metric
+from ..setting_values import check_layers
 from .passes.base import PASSES
 from .state import FINGERPRINT_FIELDS, Shard
 

@@ -23,8 +23,8 @@ from ..errors import ConfigError, TablesError
 from ..tables.folders import fitting, where
 from .state import PartialState, Shard, fingerprint_differences
 
-__all__ = ["SAVE_EVERY", "partial_folder", "spec_stem", "state_file", "stop_requests", "check_resumable",
-           "check_models", "checked_call"]
+__all__ = ["SAVE_EVERY", "partial_folder", "spec_stem", "state_file", "kept_states", "stop_requests",
+           "check_resumable", "check_models", "checked_call"]
 
 SAVE_EVERY = 120.0  # seconds between saves of a model's partial state
 
@@ -78,6 +78,13 @@ def state_file(spec: str, shard: Shard | None) -> str:
     """
     stem = spec_stem(spec)
     return f"{stem}.npz" if shard is None else f"{stem}.shard-{shard.index}-of-{shard.count}.npz"
+
+
+def kept_states(states, *, part: bool) -> dict | None:
+    """What a run's output keeps beside its tables for `headscan merge`, which needs each model's replicates and
+    power sums: ``state/SPEC.npz`` per (spec, state) of `states` when the run is a `part` (a shard, or a part of
+    the layers), else nothing."""
+    return {f"state/{state_file(spec, None)}": state.save for spec, state in states} if part else None
 
 
 def check_resumable(state: PartialState, expected: dict, shard: Shard | None, source: str | Path, spec: str) -> None:

@@ -25,11 +25,12 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..config import SweepConfig, control_name, format_layers
+from ..config import SweepConfig, control_name
 from ..corpus import Corpus, pack_corpus, read_corpus, texts_corpus
 from ..errors import ConfigError, HeadscanError, ModelLoadError, SweepInterrupted, TablesError
 from ..metrics.custom import check_custom, load_metric_modules
 from ..models import DEFAULT_MODELS
+from ..setting_values import format_layers
 from ..tables import SweepTables, check_out, load
 from ..tables.folders import holding_out
 from .controls import corpus_for, load_swept, swept_names
@@ -37,7 +38,7 @@ from .finish import publish, run_provenance
 from .inputs import check_sweep
 from .plan import plan_sweep, resolve_unit
 from .reduce import accumulate
-from .resume import SAVE_EVERY, check_resumable, partial_folder, state_file, stop_requests
+from .resume import SAVE_EVERY, check_resumable, kept_states, partial_folder, state_file, stop_requests
 from .state import PartialState, Shard, join_layers, merge_states
 
 __all__ = ["sweep", "merge", "SweepInterrupted"]
@@ -116,8 +117,7 @@ def sweep(
     if partial is not None and restart:
         shutil.rmtree(partial, ignore_errors=True)
     names = swept_names(models, config)  # each model, then its controls
-    if config.layers is not None:
-        _check_layers(models, config)
+    _check_layers(models, config)
     if "shuffled-words" in config.control:
         corpus_for(control_name(models[0], "shuffled-words"), text, config)  # refuses a corpus without words
     if ray not in (None, False):  # (model, shard) tasks on a Ray cluster, after the same checks
@@ -132,16 +132,16 @@ def sweep(
     provenance = run_provenance(text, config, command=command, started=started, shard=shard, unit_why=unit_why)
     if skipped:
         provenance = dataclasses.replace(provenance, extra=provenance.extra | {"skipped": skipped})
-    # a shard's or a part of the layers' output keeps each model's state: merge needs its replicates and power sums
-    extra = {f"state/{state_file(spec, None)}": state.save for spec, state in states.items()} \
-        if shard is not None or config.layers is not None else None
+    extra = kept_states(states.items(), part=shard is not None or config.layers is not None)
     return publish(list(states.values()), config, provenance, out, overwrite=overwrite, extra=extra, partial=partial)
 
 
 def _check_layers(models: list[str], config: SweepConfig) -> None:
     """Refuse `config.layers` where a model's config (read alone, nothing loaded) has fewer layers, before the first
     model is swept; a config that cannot be read so is checked when its model is loaded (`plan_sweep`)."""
-    from ..config import check_layers
+    if config.layers is None:
+        return
+    from ..setting_values import check_layers
     from .ray_cluster import model_config
 
     for spec in models:

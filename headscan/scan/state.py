@@ -40,8 +40,8 @@ from pathlib import Path
 import numpy as np
 
 from .. import intervals
-from ..config import format_layers
 from ..errors import TablesError
+from ..setting_values import format_layers
 
 __all__ = ["PartialState", "FINGERPRINT_FIELDS", "merge_states", "join_layers", "add_tallies", "Shard"]
 
