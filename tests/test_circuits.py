@@ -10,6 +10,7 @@ import torch
 from headscan.errors import ModelLoadError
 from headscan.models import load_model
 from headscan.models import weights as circuits
+from headscan.models.sites import layer_sites
 from headscan.scan.finish import weights_frame
 from headscan.tables import TABLES, head_columns
 from headscan.testing.planted import build_ov_checkpoint
@@ -109,7 +110,10 @@ def test_weight_frame_conforms_to_the_weights_table(ov_model):
 
 
 def test_unknown_layouts_are_refused_in_one_line(tiny_models):
-    model = dataclasses.replace(tiny_models["gpt2"], bridge=None, hf_model=torch.nn.Linear(2, 2), name="odd")
+    odd = torch.nn.Linear(2, 2)
+    # sites are resolved at load (headscan.models.sites): an odd module's are resolved as load would resolve them
+    model = dataclasses.replace(tiny_models["gpt2"], bridge=None, hf_model=odd, name="odd",
+                                layer_sites=layer_sites(odd, n_layers=2))
     with pytest.raises(ModelLoadError, match=r"^model 'odd' \(Linear\): headscan reads per-head weights of bert, gpt2, "
                                              r"llama-style models only") as caught:
         circuits.head_weights(model)
