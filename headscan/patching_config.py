@@ -18,10 +18,10 @@ from .config import (
     Device,
     DType,
     IntervalMethod,
-    check_whole,
     option,
 )
 from .errors import ConfigError
+from .setting_values import check_whole
 
 __all__ = ["PatchConfig", "parse_path"]
 
