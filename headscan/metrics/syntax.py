@@ -63,7 +63,7 @@ from ..corpus.words import DIRECTIONS, RELATIONS, ROOT, WordAlignment
 from .batch import AttentionBatch
 from .registry import Axis, register
 
-__all__ = ["BASELINE_OFFSETS", "SCORED", "VISIBLE", "SCORED_DIRECTIONS", "COLUMNS", "visible_heads", "word_attention",
+__all__ = ["BASELINE_OFFSETS", "SCORED", "VISIBLE", "SCORED_DIRECTIONS", "COLUMNS", "visible_heads", "word_attention", "word_rows",
            "most_attended", "dependency_accuracy", "accuracy_of", "offset_baseline", "visible_offsets", "best_baseline", "attach_baseline", "syntax_metric", "candidate_words",
            "syntax_chance"]
 
@@ -88,7 +88,8 @@ def word_attention(pattern: torch.Tensor, token_word: torch.Tensor, n_words: int
 
     Tokens of no word (special tokens, padding) are dropped as queries and as keys, without renormalising.
     `pattern` may hold only the rows of queries ``query_start ..`` (a block of chunked attention): the result
-    is then those rows' share, and the shares of consecutive blocks add up to the whole.
+    is then those rows' share, and the shares of consecutive blocks add up to the whole. Summed in float32 (or
+    the pattern's own precision where it is finer), whatever the pattern's dtype.
 
     >>> pattern = torch.tensor([[[[1.0, 0, 0, 0],   # BOS
     ...                           [0.5, 0.5, 0, 0],  # "cat": word 0
@@ -102,29 +103,48 @@ def word_attention(pattern: torch.Tensor, token_word: torch.Tensor, n_words: int
     >>> torch.equal(blocks, word_attention(pattern, torch.tensor([[-1, 0, 1, 1]]), 2))
     True
     """
-    stop = query_start + pattern.shape[-2]
-    # (batch, seq, word) one-hot: a token of no word (-1) has an all-zero row, so it drops out of both products
-    members = (token_word[..., None] == torch.arange(n_words, device=token_word.device)).to(pattern.dtype)
-    mean = members / members.sum(1, keepdim=True).clamp_min(1)  # (batch, seq, word): 1/n over the word's tokens
-    words = _to_words(pattern, members, mean[:, query_start:stop])
-    if torch.isfinite(words.sum()):  # one sum, not a bool tensor: finite weights (each at most 1) cannot overflow it
-        return words
-    # ... but 0 times NaN or inf is not 0: padding that holds them is set to 0 first (a rare second pass)
-    is_word = token_word >= 0  # (batch, seq)
-    keep = is_word[:, None, query_start:stop, None] & is_word[:, None, None, :]  # (batch, 1, block, k)
-    pattern = torch.where(keep, pattern, torch.zeros((), dtype=pattern.dtype, device=pattern.device))
-    return _to_words(pattern, members, mean[:, query_start:stop])
+    rows, first = word_rows(pattern, token_word, n_words, query_start)
+    words = rows.new_zeros((*rows.shape[:2], n_words, n_words))
+    words[:, :, first: first + rows.shape[2]] = rows  # a new tensor of ours: the block's words, in place
+    return words
 
 
-def _to_words(pattern: torch.Tensor, members: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
-    """(batch, head, word, word): `mean` (batch, block, word) transposed @ `pattern` (batch, head, block, k) @
-    `members` (batch, k, word), as two batched products over the segments with the heads folded into the rows,
-    so that neither one-hot matrix is copied once per head."""
+def word_rows(pattern: torch.Tensor, token_word: torch.Tensor, n_words: int,
+              query_start: int = 0) -> tuple[torch.Tensor, int]:
+    """`word_attention`'s rows of the words whose tokens this block of query rows holds: (batch, head, rows,
+    word) and the first row's word. Chunked attention adds each block's rows into one (word, word) sum, so a
+    block costs its own rows, not the whole square.
+
+    Both sums run over the tokens of each word as scatter-adds into one spare bucket for tokens of no word,
+    dropped at the end: a cost linear in the pattern's size (a one-hot product costs a factor of the number
+    of words more, which at 2,048 tokens is most of a long-context sweep), and padding that holds NaN or inf
+    lands in the spare bucket, never in a word's sum.
+
+    >>> pattern = torch.tensor([[[[0.1, 0.6, 0.3, 0], [0.1, 0.2, 0.3, 0.4]]]])  # the queries of word 1's tokens
+    >>> rows, first = word_rows(pattern, torch.tensor([[-1, 0, 1, 1]]), 2, query_start=2)
+    >>> first, rows  # word 1 only: to word 0 (0.6 + 0.2) / 2, to itself (0.3 + 0.7) / 2
+    (1, tensor([[[[0.4000, 0.5000]]]]))
+    """
     b, h, n_q, n_k = pattern.shape
-    n_words = members.shape[-1]
-    to_word = (pattern.reshape(b, h * n_q, n_k) @ members).view(b, h, n_q, n_words)  # summed over the key word's tokens
-    by_query = to_word.transpose(1, 2).reshape(b, n_q, h * n_words)  # (batch, block, head * word)
-    return (mean.transpose(1, 2) @ by_query).view(b, n_words, h, n_words).transpose(1, 2)
+    dtype = torch.promote_types(pattern.dtype, torch.float32)
+    query_word = token_word[:, query_start: query_start + n_q]  # (batch, block)
+    present = query_word[query_word >= 0]
+    if present.numel() == 0:  # a block of special tokens and padding: no word's row
+        return torch.zeros((b, h, 0, n_words), dtype=dtype, device=pattern.device), 0
+    first = int(present.min())
+    n_rows = int(present.max()) - first + 1
+    bucket = torch.where(token_word >= 0, token_word, n_words)  # (batch, seq): tokens of no word in bucket n_words
+    ones = torch.ones(bucket.shape, dtype=dtype, device=pattern.device)
+    n_tokens = torch.zeros((b, n_words + 1), dtype=dtype, device=pattern.device).scatter_add_(1, bucket, ones)
+    per_token = (1 / n_tokens.clamp_min(1)).gather(1, bucket[:, query_start: query_start + n_q])  # (batch, block)
+    key_index = bucket[:, None, None, :n_k].expand(b, h, n_q, n_k)
+    to_word = torch.zeros((b, h, n_q, n_words + 1), dtype=dtype, device=pattern.device)
+    to_word.scatter_add_(-1, key_index, pattern.to(dtype))  # (batch, head, block, word + spare): summed over keys
+    row = torch.where(query_word >= 0, query_word - first, n_rows)  # (batch, block); no word: the spare row
+    row_index = row[:, None, :, None].expand(b, h, n_q, n_words + 1)
+    rows = torch.zeros((b, h, n_rows + 1, n_words + 1), dtype=dtype, device=pattern.device)
+    rows.scatter_add_(2, row_index, to_word * per_token[:, None, :, None])  # the mean over each word's tokens
+    return rows[:, :, :n_rows, :n_words], first
 
 
 def most_attended(attention: torch.Tensor) -> torch.Tensor:

@@ -296,8 +296,10 @@ class LayerHooks:
         if self.syntax is not None:
             words = gathered.masks.words
             raw = batch.pattern if batch.raw_pattern is None else batch.raw_pattern
-            part = syntax.word_attention(raw, words.token_word, words.n_words, where.start)  # (batch, head, word, word)
-            gathered.word_attention[layer] = gathered.word_attention.get(layer, 0) + part
+            rows, first = syntax.word_rows(raw, words.token_word, words.n_words, where.start)  # (batch, head, rows, word)
+            if layer not in gathered.word_attention:  # the layer's (batch, head, word, word) sum, ours to add into
+                gathered.word_attention[layer] = rows.new_zeros((*rows.shape[:2], words.n_words, words.n_words))
+            gathered.word_attention[layer][:, :, first: first + rows.shape[2]] += rows
             if where.stop == where.n_queries:
                 # from the words (and the window) alone: once per batch and window
                 words_chance = gathered.chance.setdefault(("words", batch.window), {})
