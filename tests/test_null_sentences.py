@@ -242,3 +242,15 @@ def test_every_findings_sentence_about_a_head_is_a_finding_and_names_its_null():
     for sentence in claims:
         assert sentence.split(", ", 1)[1].split(" ", 1)[0] in found, sentence
         assert "null: random-init heads of this layer" in sentence and "q " in sentence, sentence
+
+
+def test_the_gate_says_a_shuffled_words_controls_findings_are_real_and_what_they_mean():
+    from headscan.analysis.claims import gate_text
+
+    summary = {"rule": "Benjamini-Hochberg", "q": 0.05, "family": {"m": 10, "m [shuffled words]": 10},
+               "findings": {"m": 4, "m [shuffled words]": 3},
+               "controls": {"m": ["m [random init]"], "m [shuffled words]": ["m [random init]"]}}
+    text = gate_text(summary)
+    trained, shuffled = text.split("Findings: ")[1].split("; m [shuffled")
+    assert "needs no word order" in shuffled and "not false findings" in shuffled
+    assert "word order" not in trained

@@ -293,14 +293,18 @@ def gate_text(findings: dict | None = None) -> str:
         counts = []
         for model, size in findings.get("family", {}).items():
             pool = findings.get("controls", {}).get(model) or []
-            untrained = split_control(model)[1] == "random-init"
+            kind = split_control(model)[1]
+            untrained = kind == "random-init"
             source = ("" if not pool else f"against the other {len(pool)} random-init controls" if untrained
                       else f"null from {_controls(pool)}")
+            sources = [source] * bool(source) + [
+                "the trained weights over the same words shuffled, so its findings are heads whose pattern needs no "
+                "word order, not false findings"] * (kind == "shuffled-words")  # trained weights: real findings
             tables = [f"{name} {t['findings']:,} of {t['tested']:,}" + (
                 f", {t['kept_by_calibration']:,} more beyond the null by the bootstrap's own interval but not by the "
                 "calibrated one" if t.get("kept_by_calibration") else "")
                 for name, t in findings.get("by_table", {}).get(model, {}).items() if t["tested"]]
-            detail = "; ".join([source] * bool(source) + tables)
+            detail = "; ".join(sources + tables)
             counts.append(f"{model} {findings['findings'].get(model, 0):,} of {size:,} tested rows"
                           + (f" ({detail})" if detail else "") if size else
                           f"{model} none tested (no other random-init control to hold it against)"
