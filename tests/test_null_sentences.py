@@ -254,3 +254,31 @@ def test_the_gate_says_a_shuffled_words_controls_findings_are_real_and_what_they
     trained, shuffled = text.split("Findings: ")[1].split("; m [shuffled")
     assert "needs no word order" in shuffled and "not false findings" in shuffled
     assert "word order" not in trained
+
+
+def test_a_head_beyond_its_null_lost_only_to_the_correction_is_not_said_to_lie_within_it():
+    from headscan.analysis.findings import findings_by_model
+    from headscan.metrics.nulls import add_findings
+
+    rng = np.random.default_rng(1)
+    rows = []
+    controls = ["m [random init]"] + [f"m [random init {seed}]" for seed in range(2, 6)]
+    for model in ("m", *controls):
+        for head in range(60):
+            value = 0.10 + 0.001 * rng.standard_normal()
+            half = 0.01
+            if model == "m" and head == 0:  # well above the controls: p about 0.01, q far above 0.05 over 60 heads
+                value, half = 0.1735, 0.0392
+            rows.append(dict(model=model, family="causal", layer=0, head=head, label=f"L0H{head}", metric="self",
+                             value=value, ci_low=value - half, ci_high=value + half, variance_df=1e6, chance=0.1,
+                             thin=False, units=200.0, top_unit_share=0.01, count=2000.0))
+    out, _ = add_findings({"heads": pd.DataFrame(rows)})
+    heads = out["heads"]
+    best = heads[(heads["model"] == "m") & (heads["label"] == "L0H0")].iloc[0]
+    assert best["p_value"] <= 0.05 < best["q_value"] and not best["finding"]  # the case this test is about
+    sentences = findings_by_model(heads, controls={"m": controls})["m"]
+    said = [s for s in sentences if "L0H0" in s and "itself" in s]
+    assert len(said) == 1
+    assert said[0].startswith("No head of m is a finding for attention on itself")
+    assert "lies beyond its null by its own test" in said[0] and "within its null" not in said[0]
+    assert f"p {best['p_value']:.2g}" in said[0]

@@ -113,6 +113,12 @@ def _beyond(rows: pd.DataFrame) -> str:
     return "beyond its null" if has_verdicts(rows) else "beyond chance"
 
 
+def _passed_alone(row) -> bool:
+    """The row fails only the false-discovery correction: its own one-sided p-value is at most 0.05."""
+    return row["unsupported"] == NOT_DISCOVERED and not pd.isna(row.get("p_value", float("nan"))) and \
+        row["p_value"] <= 0.05
+
+
 def _assessable(reason: str) -> bool:
     """False where the row's interval cannot be assessed: the thin rule flags it, or it rests on fewer units than
     any calibration measured (`why_not`'s reasons hold THIN or TOO_FEW)."""
@@ -269,8 +275,14 @@ def _strongest(model: str, rows: pd.DataFrame, family: str, provenance: ModelPro
             out.append(f"Whether a head of {model} puts its attention on {_ON[metric]} {_beyond(rows)} {UNASSESSED}: "
                        f"the strongest, {best['label']} with {pct(best['value'])}{_numbers(best)}, "
                        f"{_unassessed(best['unsupported'])}.")
+        elif _passed_alone(best := top.iloc[0]):
+            # beyond its null by its own one-sided test, lost only to the correction for testing every row: saying
+            # "no head ... beyond its null" would deny what its interval shows
+            out.append(f"No head of {model} is a finding for attention on {_ON[metric]}: the strongest, "
+                       f"{best['label']} with {pct(best['value'])}{_numbers(best)}, lies beyond its null by its own "
+                       f"test (p {best['p_value']:.2g}), but not after the false-discovery correction over the "
+                       "model's tested rows.")
         else:
-            best = top.iloc[0]
             out.append(f"No head of {model} puts its attention on {_ON[metric]} {_beyond(rows)}: "
                        f"the strongest, {best['label']} with {pct(best['value'])}{_numbers(best)}, "
                        f"{_failing(best['unsupported'])}.")
