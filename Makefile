@@ -65,7 +65,7 @@ reports: setup
 	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --corpus $(EWT) --control random-init --control-seeds 5 --control shuffled-words --similarity-sample 64 --out reports/runs/ewt-dev --device cpu -q --overwrite
 	$(BIN)/python experiments/untrained_vs_uniform.py reports/runs/ewt-dev --package
 	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep --corpus repeat-random --control random-init --control-seeds 5 --out reports/runs/repeat-random --device cpu -q --overwrite
-	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep -m smollm2 --corpus $(EWT) --limit 2001 --pack sentences --max-len 2048 --attention chunked --batch-size 1 --out reports/runs/ewt-long --device cpu -q --overwrite
+	HF_HUB_OFFLINE=1 $(BIN)/headscan sweep -m smollm2 --corpus $(EWT) --limit 2001 --pack sentences --max-len 2048 --attention chunked --batch-size 1 --control random-init --control-seeds 3 --out reports/runs/ewt-long --device cpu -q --overwrite
 	HF_HUB_OFFLINE=1 $(BIN)/headscan pairs ioi --n 64 -m smollm2 --out reports/runs/patch-smollm2-ioi.pairs.jsonl --overwrite
 	grep -v '"clean": "Then ' reports/runs/patch-smollm2-ioi.pairs.jsonl > reports/runs/patch-smollm2-ioi-15.pairs.jsonl
 	HF_HUB_OFFLINE=1 $(BIN)/headscan patch -m smollm2 --pairs reports/runs/patch-smollm2-ioi-15.pairs.jsonl --path-top 5 --position-top 5 --out reports/runs/patch-smollm2-ioi --device cpu -q --overwrite
