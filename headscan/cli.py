@@ -118,6 +118,7 @@ def sweep(models, corpus, out, save_every, shard, overwrite, restart, ray, quiet
         headscan sweep -m smollm2 -c en_ewt-ud-dev.conllu --pack sentences --max-len 2048 --attention chunked
         headscan sweep -m minilm -c en_ewt-ud-dev.conllu --control random-init --control shuffled-words
         headscan sweep -m smollm2 -c en_ewt-ud-dev.conllu --importance ablate --ablate-top 10 --importance-sample 256
+        headscan sweep -m minilm -m smollm2 -c en_ewt-ud-dev.conllu --importance ablate --importance-model minilm
         headscan sweep -m minilm -m smollm2 -c en_ewt-ud-dev.conllu --similarity-sample 64
         headscan sweep -m smollm2 -c en_ewt-ud-dev.conllu --layers 0,5-7 --out out/some-layers
         headscan sweep --checkpoints runs/tiny -c repeat-random:n=25,count=32 --out out/tiny-series

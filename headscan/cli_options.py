@@ -168,7 +168,7 @@ OPTIONS: dict[str, list[Opt]] = {
                                                  "device_map", "specials", "prepend_bos", "max_offset", "bootstrap",
                                                  "seed", "bootstrap_unit", "document_field", "interval", "fdr", "window",
                                                  "pack", "attention", "query_chunk", "attention_budget", "values",
-                                                 "control", "control_seed", "control_seeds", "importance", "ablate_top",
+                                                 "control", "control_seed", "control_seeds", "importance", "importance_models", "ablate_top",
                                                  "ablate_first",
                                                  "importance_sample", "mask_rate", "composition", "similarity_sample", "sink",
                                                  "recent", "examples", "metric_modules", "layers")),

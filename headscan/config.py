@@ -177,6 +177,12 @@ class SweepConfig:
         "off", "scores", "Does each head matter (importance.parquet): 'atp' estimates, for every head, the change of "
         "the model's loss when its output is replaced by its mean or by 0, from one backward pass per batch; "
         "'ablate' also replaces each head's output exactly, one head at a time (slow: two passes per head).")
+    # names as given to --model: a control's name is refused, and a model's controls get no importance with it
+    importance_models: tuple[str, ...] = option(
+        (), "scores", "Measure --importance only for this model (as named by --model); repeat for several. Every "
+        "other model of the sweep, and every control (random init, shuffled words), the named models' own "
+        "included, is swept without importance. Default: every model and control.", metavar="MODEL",
+        flag="--importance-model")
     ablate_top: int | None = option(None, "scores", "With --importance ablate: only the N heads of largest |AtP| "
                                     "(on the importance sample).", metavar="N")
     # the first position (BOS, [CLS]) is where many heads park attention: replacing it there measures that sink
@@ -230,6 +236,7 @@ class SweepConfig:
                 raise ConfigError(f"ablate_top {self.ablate_top} picks the heads to ablate exactly, so it needs "
                                   f"importance 'ablate' (--importance ablate); got {self.importance!r}",
                                   setting="ablate_top")
+        self._check_importance_models()
         if isinstance(self.mask_rate, bool) or not isinstance(self.mask_rate, (int, float)) \
                 or not 0 < self.mask_rate < 1:
             raise ConfigError(f"mask_rate must be a share between 0 and 1 (BERT's is 0.15), got {self.mask_rate!r}",
@@ -278,9 +285,44 @@ class SweepConfig:
                     raise ConfigError(f"layers {format_layers(self.layers)}: {name} {why}, so it cannot be swept on "
                                       f"a part of the layers; sweep it without --layers", setting="layers")
 
+    def _check_importance_models(self) -> None:
+        names = (self.importance_models,) if isinstance(self.importance_models, str) else self.importance_models
+        if not isinstance(names, (tuple, list)) or not all(isinstance(n, str) and n.strip() for n in names):
+            raise ConfigError(f"importance_models must be model names, got {self.importance_models!r}",
+                              setting="importance_models")
+        object.__setattr__(self, "importance_models", tuple(dict.fromkeys(names)))  # a list read back from run.json
+        if names and self.importance == "off":
+            raise ConfigError(f"importance_models {', '.join(self.importance_models)} names the models whose "
+                              "importance is measured, but importance is off; add --importance atp or --importance "
+                              "ablate", setting="importance_models")
+        for name in names:
+            model, control = split_control(name)
+            if control is not None:
+                raise ConfigError(f"importance_models: {name!r} is a control, and controls get no importance when "
+                                  f"importance_models is given; name the trained model ({model!r}), or leave "
+                                  "importance_models out to measure every model and control",
+                                  setting="importance_models")
+
+    def for_swept(self, name: str) -> SweepConfig:
+        """This config as the swept model `name` (a model or a control: `control_name`) is swept with it. With
+        `importance_models`, a model it does not name (every control among them) is swept without importance,
+        the importance settings back at their defaults, so that its state is that of a sweep without importance.
+
+        >>> config = SweepConfig(importance="ablate", importance_sample=8, importance_models=("minilm",))
+        >>> config.for_swept("minilm").importance, config.for_swept("minilm [random init]").importance
+        ('ablate', 'off')
+        >>> config.for_swept("smollm2").importance_sample is None
+        True
+        """
+        if not self.importance_models or name in self.importance_models:
+            return self
+        fields = ("importance", "ablate_top", "ablate_first", "importance_sample", "mask_rate", "importance_models")
+        return dataclasses.replace(self, **{field: default(field) for field in fields})
+
     def to_json(self) -> dict:
         return dataclasses.asdict(self) | {"control": list(self.control), "metric_modules": list(self.metric_modules),
-                                           "layers": None if self.layers is None else list(self.layers)}
+                                           "layers": None if self.layers is None else list(self.layers),
+                                           "importance_models": list(self.importance_models)}
 
     @property
     def controls_seed(self) -> int:

@@ -103,10 +103,10 @@ def _registry_order(column: pd.Series) -> pd.Series:
 
 
 def swept_config(state: PartialState, config: SweepConfig) -> SweepConfig:
-    """The sweep's `config` as `state`'s model was swept with it: max_len as its fingerprint holds it (clamped to
-    the model's context; `headscan.scan.plan.for_model`)."""
+    """The sweep's `config` as `state`'s model was swept with it (`headscan.scan.plan.for_model`): importance only
+    where `importance_models` names it, and max_len as its fingerprint holds it (clamped to the model's context)."""
     max_len = state.fingerprint.get("settings", {}).get("max_len", config.max_len)
-    return dataclasses.replace(config, max_len=max_len)
+    return dataclasses.replace(config.for_swept(state.fingerprint.get("model", {}).get("name", "")), max_len=max_len)
 
 
 def model_provenance(state: PartialState, config: SweepConfig) -> ModelProvenance:

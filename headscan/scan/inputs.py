@@ -1,8 +1,8 @@
 """A run's inputs checked without torch: what a user can get wrong, refused in about the time of ``--help``.
 
-`check_sweep` checks a sweep's models (named once, each one findable), its output folder and partial-state
-folder, its shard, how often it saves and its corpus (`headscan.corpus.check_source`: a missing or empty file, a
-bad spec); `check_retrieval` the same of a retrieval run, and its needles file (read whole: it is small). The
+`check_sweep` checks a sweep's models (named once, each one findable, each model --importance-model names among
+them), its output folder and partial-state folder, its shard, how often it saves and its corpus
+(`headscan.corpus.check_source`: a missing or empty file, a bad spec); `check_retrieval` the same of a retrieval run, and its needles file (read whole: it is small). The
 command line calls them before it imports the sweep, which imports torch; `headscan.sweep` calls `check_sweep`
 too, so that both refuse alike. Settings themselves are checked by their config (`headscan.config`).
 
@@ -31,6 +31,10 @@ def check_sweep(models, corpus, out, config: SweepConfig, *, overwrite: bool, sa
     its shard parsed. `corpus` is what `headscan.sweep` takes (a file or spec is checked by a look, not read)."""
     shard = Shard.parse(shard) if isinstance(shard, str) else shard
     models = check_models(models)
+    unknown = [name for name in config.importance_models if name not in models]
+    if unknown:
+        raise ConfigError(f"importance_models: {', '.join(map(repr, unknown))} is not a model of this sweep "
+                          f"({', '.join(models)}); name a model as --model names it", setting="importance_models")
     if not save_every >= 0:  # NaN too: it would never save, silently
         raise ConfigError(f"save_every must be a number of seconds >= 0 (0 saves at every window's end, inf never), "
                           f"got {save_every}", setting="save_every")

@@ -43,7 +43,10 @@ def for_model(config: SweepConfig, model: HookedModel) -> tuple[SweepConfig, str
 
     ``max_len`` is clamped to the model's context: a longer segment could not go through the model, and
     everything that follows from ``max_len`` (the position buckets, eager or chunked) must follow the clamp.
+    With ``importance_models``, a model it does not name is swept without importance (`SweepConfig.for_swept`):
+    its fingerprint says so, and a state saved under another choice does not resume.
     """
+    config = config.for_swept(model.name)
     if config.max_len <= model.max_context:
         return config, None
     note = (f"{model.name}: --max-len {config.max_len} is past its context of {model.max_context} tokens; "

@@ -1,5 +1,7 @@
 """The report's "Does the head matter?" section (importance.parquet): each head's effect against its strongest
-pattern, the heads whose pattern and effect disagree, and AtP against exact ablation.
+pattern, the heads whose pattern and effect disagree, and AtP against exact ablation. A model of a run with an
+importance table but no effect of its own (left out by ``--importance-model``) is named as not measured, nothing
+more.
 
 It takes the runs side by side, draws its PNGs (sized as in `headscan.report.sections`) and returns document
 blocks, or nothing when no run has an importance table. The numbers come from `headscan.analysis.importance`.
@@ -77,10 +79,29 @@ def _model_lines(comparison: Comparison, table: pd.DataFrame, scale_of: dict[str
     return lines
 
 
-def _inactive_part(comparison: Comparison, controls: dict[str, str]) -> list:
-    """One sentence per trained model with quiet heads: which ablation confirms as inactive and which not."""
+def _unmeasured_lines(comparison: Comparison, measured: set[str]) -> list[str]:
+    """One sentence per run with an importance table naming its models that have no effect in it, and why, as
+    its settings say (``importance_models``: only the models it names, never a control)."""
+    lines = []
+    for run_name, run in comparison.runs:
+        if "importance" not in run.frames:  # a run without importance (or a retrieval or patching run): not ours
+            continue
+        left = [m.name for m in comparison.models if m.run == run_name and m.name not in measured]
+        if not left:
+            continue
+        chosen = run.provenance.config.get("importance_models") or []
+        why = (f"the sweep measured importance only for {', '.join(chosen)} (--importance-model), which leaves out "
+               "every other model and every control" if chosen else "the sweep wrote no effect for them")
+        lines.append(f"Not measured: {', '.join(left)} ({why}). Nothing in this section is said of them.")
+    return lines
+
+
+def _inactive_part(comparison: Comparison, controls: dict[str, str], measured: set[str]) -> list:
+    """One sentence per trained model with quiet heads and measured importance: which ablation confirms as
+    inactive and which not (a model without importance is checked by nothing, so it gets no sentence)."""
     quiet = inactive_against_ablation(comparison.heads, comparison["importance"], scale_of=controls)
-    lines = [inactive_sentence(quiet, m.name) for m in comparison.models if m.name not in controls]
+    lines = [inactive_sentence(quiet, m.name) for m in comparison.models
+             if m.name not in controls and m.name in measured]
     lines = [line for line in lines if line]
     if not lines:
         return []
@@ -154,6 +175,7 @@ def importance_section(comparison: Comparison, pngs: Pngs) -> list:
         return []
     controls = {control: trained for trained, names in comparison.control_map().items() for control in names}
     table = matter_table(comparison.heads, comparison["importance"], scale_of=controls)
+    measured = set(table["model"])  # the models with an effect (exact or AtP) for some head
     blocks: list = [
         Heading(2, "Does the head matter?"),
         Text("Where a head looks is not whether the model needs it. importance.parquet holds, per head, the change "
@@ -166,9 +188,9 @@ def importance_section(comparison: Comparison, pngs: Pngs) -> list:
              "Whether a head matters is said from exact mean ablations only; AtP is a screen for which heads to "
              "ablate. Targets: a causal model's next-token loss, an encoder's masked-token loss where its "
              "checkpoint has a trained head, else the change of its final hidden states (1 - cosine)."),
-        Bullets(_model_lines(comparison, table, controls)),
+        Bullets(_model_lines(comparison, table, controls) + _unmeasured_lines(comparison, measured)),
     ]
-    blocks += _inactive_part(comparison, controls)
+    blocks += _inactive_part(comparison, controls, measured)
     models = [m.name for m in comparison.models if (table["model"] == m.name).any()]
     fig = Figure(figsize=(min(MAX_WIDTH, PANEL * len(models) + 0.4), PANEL), layout="constrained")
     axes = fig.subplots(1, len(models), squeeze=False)[0]
