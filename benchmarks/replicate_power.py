@@ -102,7 +102,8 @@ def main() -> None:
     corpus = read_corpus(args.corpus, limit=args.limit)
     config = SweepConfig(device="cpu", limit=args.limit)
     model = load_model(args.model, device="cpu")
-    shape = (model.n_layers, model.n_heads, len(columns_of(resolve_unit(corpus, config)[0], True)))
+    shape = (model.n_layers, model.n_heads, len(columns_of(resolve_unit(corpus, config)[0], True,
+                                                                causal=model.causal)))
     sweep_model(model, corpus, config)  # warm up: weights read, kernels loaded
 
     def report(what: str, times: dict[str, list[float]]) -> None:

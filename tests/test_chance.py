@@ -15,7 +15,7 @@ import torch
 
 from headscan.corpus.words import ROOT, WordAlignment
 from headscan.metrics import METRICS, AttentionBatch, buckets
-from headscan.metrics.syntax import COLUMNS, syntax_chance
+from headscan.metrics.syntax import COLUMNS, PLAIN_COLUMNS, syntax_chance
 
 # metrics of one attention pattern (importance scores a model with a head removed; syntax reads words)
 PER_TOKEN = sorted(name for name, m in METRICS.items() if m.table not in ("syntax", "importance") and not m.needs)
@@ -236,9 +236,11 @@ def test_first_token_chance_of_a_causal_model_is_one_over_q_plus_one():
 
 
 def loop_syntax_chance(token_word, head, relation_columns, causal, window=None):
-    """Per column: the sum over dependents of 1/m when the gold head is among the m candidates, by loops over
-    tokens; roots (ROOT) count as misses in "all"."""
-    sums = np.zeros(len(COLUMNS))
+    """Per column (a causal model's `COLUMNS`, a bidirectional one's `PLAIN_COLUMNS`: no visible directions): the
+    sum over dependents of 1/m when the gold head is among the m candidates, by loops over tokens; roots (ROOT)
+    count as misses in "all"."""
+    own = COLUMNS if causal else PLAIN_COLUMNS
+    sums = np.zeros(len(own))
     n_words = len(head)
     tokens = {i: [t for t, w in enumerate(token_word) if w == i] for i in range(n_words)}
 
@@ -246,14 +248,14 @@ def loop_syntax_chance(token_word, head, relation_columns, causal, window=None):
         return i != j and tokens[i] and tokens[j] and any((not causal or tj <= ti) and (window is None or abs(ti - tj) <= window)
                                                           for ti in tokens[i] for tj in tokens[j])
 
-    for index, (relation, direction) in enumerate(COLUMNS):
+    for index, (relation, direction) in enumerate(own):
         for i in range(n_words):
             if relation_columns[i] is None or relation not in relation_columns[i]:
                 continue
             if head[i] < 0:
                 continue  # a root: no candidate is its head
             base = direction.removesuffix("_visible")
-            if base != direction and causal:  # only dependents whose gold pair the attending word can see
+            if base != direction:  # only dependents whose gold pair the attending word can see
                 attending, attended = (i, head[i]) if base == "dependent_to_head" else (head[i], i)
                 if not (tokens[attending] and tokens[attended] and min(tokens[attended]) <= max(tokens[attending])):
                     continue
@@ -294,4 +296,4 @@ def test_syntax_chance_matches_a_plain_loop(causal, window, head, relation):
 def test_syntax_chance_of_a_batch_without_trees_is_zero_per_column():
     batch = random_batch([5, 3], causal=False, specials="keep")  # plain text: no words, no gold heads
     found = syntax_chance(batch)
-    assert found.shape == (2, 1, len(COLUMNS)) and found.dtype == torch.float64 and not found.any()
+    assert found.shape == (2, 1, len(PLAIN_COLUMNS)) and found.dtype == torch.float64 and not found.any()

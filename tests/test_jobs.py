@@ -164,7 +164,7 @@ def test_a_saved_state_with_other_settings_is_refused(tmp_path, tiny_bert, corpu
     _stop_midway(process, state_file, signal.SIGINT)
     process.communicate(timeout=120)
     with pytest.raises(TablesError, match=r"a stopped sweep of .* with other inputs \(settings.max_offset: 8 != 3; columns: \d+ != \d+ score "
-                                          r"columns \(metrics or their axes differ\)\); "
+                                          r"columns \(10 only on the left, such as offsets -8; metrics or their axes differ\)\); "
                                           r"rerun that sweep to finish it, or pass --restart to discard it"):
         sweep(str(tiny_bert), corpus_file, out, max_offset=3, **SETTINGS | {"window": 7})
     restarted = sweep(str(tiny_bert), corpus_file, out, max_offset=3, restart=True, **SETTINGS)

@@ -136,6 +136,11 @@ def test_a_conllu_sweep_and_a_plain_text_sweep_of_the_same_sentences_have_equal_
     for direction in ("dependent_to_head", "head_to_dependent"):
         both = syntax[syntax.direction == direction].merge(syntax[syntax.direction == f"{direction}_visible"], on=key)
         assert len(both) and (both["count_y"] <= both["count_x"]).all()
+    # ... in the causal model alone: a bidirectional one sees every head, and has no _visible rows
+    directions = {family: set(rows) for family, rows in syntax.groupby("family", observed=True)["direction"]}
+    assert directions["bidirectional"] == {"dependent_to_head", "head_to_dependent"}
+    assert directions["causal"] == {"dependent_to_head", "head_to_dependent", "dependent_to_head_visible",
+                                    "head_to_dependent_visible"}
 
 
 # A sentence whose last word ("el" of "del") has no characters of its own, so no token: it lies after the last word

@@ -14,12 +14,14 @@ from headscan.metrics import METRICS, AttentionBatch
 from headscan.metrics.syntax import (
     BASELINE_OFFSETS,
     COLUMNS,
+    PLAIN_COLUMNS,
     SCORED,
     VISIBLE,
     attach_baseline,
     best_baseline,
     dependency_accuracy,
     offset_baseline,
+    visible_heads,
     word_attention,
 )
 from headscan.models import pattern_forward
@@ -202,9 +204,9 @@ def test_the_sweeps_syntax_table_for_a_planted_previous_token_head_is_the_offset
 def loop_accuracy(attentions, word_ids, heads, deprels, relations, *, causal=False):
     """Clark et al.'s procedure written out with loops: {(layer, head, relation, direction): (correct, total)}.
 
-    Every word but the root counts, a word without a token too (as a miss). The ``_visible`` directions count the
-    dependents (never a root) whose other word of the pair the attending word sees: in a `causal` model some
-    token of the attending word at or after some token of the attended one."""
+    Every word but the root counts, a word without a token too (as a miss). A `causal` model's ``_visible``
+    directions count the dependents (never a root) whose other word of the pair the attending word sees: some
+    token of the attending word at or after some token of the attended one. A bidirectional model has none."""
     n_words = len(heads)
     tokens_of = [[t for t, w in enumerate(word_ids) if w == i] for i in range(n_words)]
 
@@ -240,7 +242,7 @@ def loop_accuracy(attentions, word_ids, heads, deprels, relations, *, causal=Fal
                             key = (layer, head, relation, direction)
                             correct, total = results.get(key, (0, 0))
                             results[key] = (correct + hit, total + 1)
-                            if seen:
+                            if causal and seen:
                                 key = (layer, head, relation, VISIBLE[direction])
                                 correct, total = results.get(key, (0, 0))
                                 results[key] = (correct + hit, total + 1)
@@ -277,7 +279,8 @@ def test_a_plain_loop_over_hugging_face_attentions_agrees(wordpiece, ewt):
     checked = 0
     for layer in range(model.config.num_hidden_layers):
         sums, counts = dependency_accuracy(padded[:, layer], words)
-        for (relation, direction), column in ((c, i) for i, c in enumerate(COLUMNS)):
+        assert sums.shape[-1] == counts.shape[-1] == len(PLAIN_COLUMNS)  # bidirectional: no visible columns
+        for (relation, direction), column in ((c, i) for i, c in enumerate(PLAIN_COLUMNS)):
             for head in range(model.config.num_attention_heads):
                 key = (layer, head, relation, direction)
                 if key in want:
@@ -285,7 +288,7 @@ def test_a_plain_loop_over_hugging_face_attentions_agrees(wordpiece, ewt):
                     checked += 1
                 elif relation in relations:
                     assert counts[:, head, column].sum().item() == 0
-    assert checked == 6 * 12 * len(relations) * 4
+    assert checked == len(want) == 6 * 12 * len(relations) * 2
     assert sum(want[(0, 0, "all", "dependent_to_head")]) > 0
 
 
@@ -301,7 +304,8 @@ def test_the_sweeps_syntax_table_equals_the_plain_loop(wordpiece, ewt_dev):
     model = AutoModel.from_pretrained(ALIASES["minilm"].locate(), attn_implementation="eager").eval()
     relations = ["all", "all_nonroot", "det", "nsubj", "punct"]
     want = corpus_loop_accuracy(model, wordpiece, read_corpus(ewt_dev, limit=8).segments, relations)
-    assert len(want) == 6 * 12 * len(relations) * 4
+    assert len(want) == 6 * 12 * len(relations) * 2
+    assert set(syntax.index.get_level_values("direction")) == set(DIRECTIONS)  # a bidirectional model: no _visible
     for key, (correct, total) in want.items():
         assert (syntax.loc[key, "sum"], syntax.loc[key, "count"]) == (correct, total), key
 
@@ -383,23 +387,37 @@ def test_word_attention_sums_to_words_and_averages_from_words():
     assert (attention.sum(-1) < 1).all()
 
 
-def test_baseline_by_loop_and_best_offset(wordpiece, ewt):
+@pytest.mark.parametrize("causal", [False, True])
+def test_baseline_by_loop_and_best_offset(wordpiece, ewt, causal):
+    """The offsets' hits and counts per column against a loop: a bidirectional model's plain columns alone, a
+    causal one's visible columns too, over the dependents whose pair the attending word sees (some token of it at
+    or after some token of the other)."""
     _, _, words, segments = aligned(wordpiece, ewt[:30], specials=True)
-    sums, counts = offset_baseline(words)
+    sums, counts = offset_baseline(words, causal=causal)
+    own = COLUMNS if causal else PLAIN_COLUMNS
+    assert sums.shape[-1] == counts.shape[-1] == len(own)
     for b, segment in enumerate(segments):
-        for column, (relation, direction) in enumerate(COLUMNS):
-            visible = direction.endswith("_visible")  # bidirectional: every dependent but the root
+        token_word = words.token_word[b].tolist()
+        tokens_of = [[t for t, w in enumerate(token_word) if w == i] for i in range(len(segment.words))]
+        for column, (relation, direction) in enumerate(own):
+            visible = direction.endswith("_visible")
             direction = direction.removesuffix("_visible")
             for o, d in enumerate(BASELINE_OFFSETS):
                 hits = total = 0
                 for i, (head, deprel) in enumerate(zip(segment.heads, segment.deprels)):
                     if relation != "all" and (head == 0 or relation not in ("all_nonroot", deprel.split(":")[0])):
                         continue
-                    if visible and head == 0:
-                        continue
+                    if visible:
+                        if head == 0:
+                            continue
+                        looks, seen = (i, head - 1) if direction == "dependent_to_head" else (head - 1, i)
+                        if min(tokens_of[seen]) > max(tokens_of[looks]):
+                            continue
                     total += 1  # a root counts in "all", never as a hit
                     hits += head != 0 and ((head - 1 == i + d) if direction == "dependent_to_head" else (i == head - 1 + d))
                 assert (sums[b, o, column].item(), counts[b, o, column].item()) == (hits, total)
+    if causal:
+        return
     value, offset = best_baseline(sums.sum(0), counts.sum(0))
     det = COLUMNS.index(("det", "dependent_to_head"))
     assert offset[det] == 1 and value[det] > 0.5  # determiners mostly precede their noun
@@ -422,6 +440,10 @@ def test_syntax_metric_is_registered_with_its_table_and_needs_words():
     metric = METRICS["syntax"]
     assert metric.table == "syntax" and list(TABLES["syntax"].keys) == ["relation", "direction"]
     assert metric.axis.values(None) == list(COLUMNS) and len(COLUMNS) == 4 * (len(RELATIONS) + 1)
+    # a model fills the plain directions, and a causal one the visible ones after them
+    assert metric.axis.positions(None, True) == list(COLUMNS)
+    assert metric.axis.positions(None, False) == list(PLAIN_COLUMNS) == list(COLUMNS[: 2 * (len(RELATIONS) + 1)])
+    assert {d for _, d in PLAIN_COLUMNS} == set(DIRECTIONS)
     from headscan.analysis.syntax import VISIBLE as REPORTED  # restated there so that the report imports no torch
 
     assert REPORTED == VISIBLE
@@ -429,19 +451,24 @@ def test_syntax_metric_is_registered_with_its_table_and_needs_words():
     batch = AttentionBatch(torch.full((2, 3, 5, 5), 0.2), mask, mask, torch.zeros(2, 5, dtype=torch.long),
                            torch.zeros_like(mask), False)
     sums, counts = metric.function(batch)  # no word alignment: nothing counts
-    assert sums.shape == counts.shape == (2, 3, len(COLUMNS)) and not counts.any()
+    assert sums.shape == counts.shape == (2, 3, len(PLAIN_COLUMNS)) and not counts.any()
+    assert metric.chance_sums(batch).shape == (2, 1, len(PLAIN_COLUMNS))
+    causal = AttentionBatch(torch.full((2, 3, 5, 5), 0.2), mask, mask, torch.zeros(2, 5, dtype=torch.long),
+                            torch.zeros_like(mask), True)
+    assert metric.function(causal)[0].shape == (2, 3, len(COLUMNS)) and metric.chance_sums(causal).shape == (2, 1, len(COLUMNS))
 
 
 def test_attach_baseline_adds_the_best_offset_per_relation_and_direction():
     import pandas as pd
 
     frame = pd.DataFrame({"relation": ["det", "det"], "direction": list(DIRECTIONS), "value": [0.9, 0.4]})
-    sums = torch.zeros(len(BASELINE_OFFSETS), len(COLUMNS))
-    counts = torch.full_like(sums, 10.0)
-    sums[BASELINE_OFFSETS.index(1), COLUMNS.index(("det", "dependent_to_head"))] = 6
-    sums[BASELINE_OFFSETS.index(-1), COLUMNS.index(("det", "head_to_dependent"))] = 6
-    out = attach_baseline(frame, sums, counts)
-    assert out["baseline"].tolist() == [0.6, 0.6] and out["baseline_offset"].tolist() == [1, -1]
+    for causal, own in ((False, PLAIN_COLUMNS), (True, COLUMNS)):  # a bidirectional model's columns, a causal one's
+        sums = torch.zeros(len(BASELINE_OFFSETS), len(own))
+        counts = torch.full_like(sums, 10.0)
+        sums[BASELINE_OFFSETS.index(-1), own.index(("det", "dependent_to_head"))] = 6
+        sums[BASELINE_OFFSETS.index(-2), own.index(("det", "head_to_dependent"))] = 6
+        out = attach_baseline(frame, sums, counts, causal=causal)
+        assert out["baseline"].tolist() == [0.6, 0.6] and out["baseline_offset"].tolist() == [-1, -2]
 
 
 # --- special tokens left out: the syntax table reads the attention as the model gave it -------------------------
@@ -464,7 +491,8 @@ def test_tiny_bert_syntax_table_equals_the_plain_loop_with_specials(tiny_bert, t
     tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
     relations = ["all", "nsubj", "det", "obj", "amod"]
     want = corpus_loop_accuracy(model, tokenizer, read_corpus(path).segments, relations)
-    assert len(want) == 2 * 4 * len(relations) * 4
+    assert len(want) == 2 * 4 * len(relations) * 2
+    assert set(syntax.index.get_level_values("direction")) == set(DIRECTIONS)  # a bidirectional model: no _visible
     for key, (correct, total) in want.items():
         assert (syntax.loc[key, "sum"], syntax.loc[key, "count"]) == (correct, total), key
 
@@ -534,17 +562,21 @@ def test_visible_head_accuracy_count_and_chance_of_a_causal_pattern_equal_a_plai
     np.testing.assert_allclose(chance[:, COLUMNS.index(("all", "head_to_dependent_visible"))].numpy(), expected)
 
 
-def test_a_bidirectional_models_visible_rows_are_its_plain_rows_without_the_roots(wordpiece, ewt):
+def test_a_bidirectional_model_scores_no_visible_rows_and_its_plain_rows_are_a_causal_flags_plain_rows(wordpiece, ewt):
+    """A bidirectional model sees every head (`visible_heads`: every scored dependent, never a root), so its visible
+    rows would be its plain rows again (``all``'s its ``all_nonroot``): it has none, and its plain columns are to the
+    bit those the causal path scores from the same pattern (which `loop_accuracy` checks)."""
     ids, mask, words, _ = aligned(wordpiece, ewt[:20], specials=True)
+    seen = visible_heads(words, causal=False)  # (batch, word, direction)
+    assert torch.equal(seen, (words.head >= 0)[..., None].expand_as(seen)) and seen.any()
     torch.manual_seed(2)
     pattern = torch.softmax(torch.randn(len(ids), 2, ids.shape[1], ids.shape[1], dtype=torch.float64), -1)
-    sums, counts = dependency_accuracy(pattern, words)
-    for relation in SCORED:
-        for direction in DIRECTIONS:
-            plain = COLUMNS.index(("all_nonroot" if relation == "all" else relation, direction))
-            visible = COLUMNS.index((relation, VISIBLE[direction]))
-            torch.testing.assert_close(sums[..., visible], sums[..., plain], rtol=0, atol=0)
-            torch.testing.assert_close(counts[..., visible], counts[..., plain], rtol=0, atol=0)
+    plain = len(PLAIN_COLUMNS)
+    for bidirectional, causal in ((dependency_accuracy(pattern, words), dependency_accuracy(pattern, words, causal=True)),
+                                  (offset_baseline(words), offset_baseline(words, causal=True))):
+        for mine, theirs in zip(bidirectional, causal):
+            assert mine.shape[-1] == plain and theirs.shape[-1] == len(COLUMNS)
+            torch.testing.assert_close(mine, theirs[..., :plain], rtol=0, atol=0)
 
 
 def test_the_paired_difference_with_the_baseline_equals_a_plain_loop_over_documents(tiny_bert, tmp_path):
@@ -598,7 +630,7 @@ def test_the_paired_difference_with_the_baseline_equals_a_plain_loop_over_docume
         assert row.vs_baseline_in_sample_low == pytest.approx(max(-1.0, mean - 1.959963984540054 * se), abs=1e-9)
         assert row.vs_baseline_in_sample_high == pytest.approx(min(1.0, mean + 1.959963984540054 * se), abs=1e-9)
         checked += 1
-    assert checked >= 2 * 4 * 4 * 3 and len(set(documents)) == 4
+    assert checked >= 2 * 4 * 2 * 3 and len(set(documents)) == 4  # layers, heads, a bidirectional model's 2 directions
 
 
 def test_the_paired_difference_of_one_row_is_that_rows_in_the_whole_table(tiny_bert, tmp_path):

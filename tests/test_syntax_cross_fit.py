@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from headscan.analysis.syntax import best_heads, syntax_display, syntax_findings
-from headscan.metrics.syntax import BASELINE_OFFSETS, COLUMNS, visible_offsets
+from headscan.metrics.syntax import BASELINE_OFFSETS, PLAIN_COLUMNS, visible_offsets
 from headscan.scan.passes.baseline import BaselinePass, BaselineState, cross_fit
 
 Z = 1.959963984540054  # the normal's 97.5% quantile: the delta method's 95% interval
@@ -68,7 +68,7 @@ def plain_cross_fit(head_hits: dict, base_hits: dict, totals: dict, units: list,
 
 # --- a noise relation planted in a state ---------------------------------------------------------------------
 
-DET = COLUMNS.index(("det", "dependent_to_head"))
+DET = PLAIN_COLUMNS.index(("det", "dependent_to_head"))
 
 
 def noise_units(seed: int, n_units=120, n_layers=6, n_heads=12, rate=0.4):
@@ -84,10 +84,10 @@ def noise_units(seed: int, n_units=120, n_layers=6, n_heads=12, rate=0.4):
 def state_of(heads: np.ndarray, offsets: np.ndarray, c: np.ndarray, index=None) -> BaselineState:
     """The pass's state of per-unit hits on the det column alone (the power sums its docstring defines), written
     out here from the units (their indices `index`, by default 0, 1, ...): whole corpus and each half of the
-    units (index parity)."""
+    units (index parity). A bidirectional model's columns: the plain directions alone."""
     n_units, n_layers, n_heads = heads.shape
     index = np.arange(n_units) if index is None else np.asarray(index)
-    n_offsets, n_columns = len(BASELINE_OFFSETS), len(COLUMNS)
+    n_offsets, n_columns = len(BASELINE_OFFSETS), len(PLAIN_COLUMNS)
 
     def sums(units):  # every column but det has no dependent: zeros
         h, b, count = heads[units].astype(float), offsets[units].astype(float), c[units].astype(float)
@@ -320,4 +320,5 @@ def test_the_sweeps_cross_fit_equals_a_plain_loop_over_documents(tiny_bert, tmp_
             assert (row.best_vs_baseline, row.best_vs_baseline_low, row.best_vs_baseline_high) == pytest.approx(
                 best, abs=1e-9)
             checked += 1
-    assert checked >= 3 * 4 * len(names) and differ > 0  # some choice differs between the halves
+    assert set(syntax["direction"]) == {"dependent_to_head", "head_to_dependent"}  # bidirectional: no _visible rows
+    assert checked >= 3 * 2 * len(names) and differ > 0  # some choice differs between the halves

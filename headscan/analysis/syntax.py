@@ -10,8 +10,9 @@ interval above 0 (tables without it: the lower end of the head's own interval li
 A causal model's query cannot see a word to its right, so its plain accuracy counts dependents whose head it
 could never pick. For a causal model `best_heads` reads the rows over the dependents whose head the attending
 word can see (directions ending in ``_visible``, where the table has them), under the plain direction's name
-with ``visible`` true; a bidirectional model sees every word, and its plain rows are read. `relation_order` chooses which
-relations a report shows, `syntax_findings` states the ones that beat it, and `syntax_display` is the
+with ``visible`` true; a bidirectional model sees every word, and its plain rows are read (its sweep writes no
+``_visible`` rows, which would repeat them; a table written before that has them, and they are left unread).
+`relation_order` chooses which relations a report shows, `syntax_findings` states the ones that beat it, and `syntax_display` is the
 sortable table's cells.
 
 The winner's curse: a head chosen as the best of a model's heads, against an offset chosen as the best of six,
@@ -85,8 +86,9 @@ def offset_text(offset) -> str:
 
 def judged_rows(syntax: pd.DataFrame) -> pd.DataFrame:
     """The rows a report judges, each under its plain direction's name with ``visible`` (bool) beside it: a causal
-    model's ``_visible`` rows where its table has them, else (a bidirectional model, an older table) the plain
-    rows.
+    model's ``_visible`` rows where its table has them, else (a bidirectional model, whose sweep writes none; a
+    causal model's table written before they were scored) the plain rows; an older bidirectional table's
+    ``_visible`` rows are left out.
 
     >>> rows = pd.DataFrame({"model": ["c", "c", "b", "b"], "family": ["causal", "causal", "bidirectional",
     ...     "bidirectional"], "direction": ["dependent_to_head", "dependent_to_head_visible"] * 2})

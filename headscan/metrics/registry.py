@@ -36,11 +36,19 @@ __all__ = ["Axis", "Metric", "METRICS", "CONDITIONS", "CAPTURED", "DECODED", "DE
 class Axis:
     """Extra key columns a metric adds to its table's rows (the offsets of the offset profile, say).
 
-    The metric's function then returns sums and counts of shape (batch, head, n) for the n `values`.
+    The metric's function then returns sums and counts of shape (batch, head, n) for the n `positions` of the
+    model it is given: `values`, or, with `for_model`, the positions that model's family fills.
     """
 
     columns: tuple[str, ...]  # key columns of the metric's table that this axis fills
-    values: Callable[[object], list[tuple]]  # sweep settings -> one tuple per position of the function's last axis
+    values: Callable[[object], list[tuple]]  # sweep settings -> one tuple per position any model's sweep fills
+    # (sweep settings, the model is causal) -> the positions that model fills, for an axis whose positions depend
+    # on the model's family (the syntax table's ``_visible`` directions: a causal model's alone); None: `values`
+    for_model: Callable[[object, bool], list[tuple]] | None = None
+
+    def positions(self, config, causal: bool) -> list[tuple]:
+        """The positions of the function's last axis for a model that is `causal` (or not), swept with `config`."""
+        return self.values(config) if self.for_model is None else self.for_model(config, causal)
 
 
 # Conditions under which a metric is structural rather than measured; the report says why (see Metric).

@@ -34,13 +34,15 @@ The method, as in Clark et al.'s ``Syntax_Analysis.ipynb`` and ``bpe_utils.py``,
   word, as misses, as Clark et al. do; ``all_nonroot`` leaves the roots out. Other relations never count a
   root. A label that is not a UD relation counts in ``all`` and ``all_nonroot`` only.
 - Visible heads: a causal query cannot see a word to its right, so a causal model's plain accuracy counts
-  dependents whose head it could never pick. Beside each row the table has the same score over the dependents
-  whose gold pair the attending word can see, in directions ``dependent_to_head_visible`` (the gold head's first
-  token at or before the dependent's last) and ``head_to_dependent_visible`` (the dependent's first token at or
-  before the head's last), with their own counts, chance and intervals. The causal mask alone decides it (a
-  sliding window is left out, so every layer and the baseline count the same words). In a bidirectional model
-  every dependent's head is visible and these rows equal the plain ones, but for ``all``: a root has no head to
-  see, so there they equal ``all_nonroot``.
+  dependents whose head it could never pick. Beside each row a causal model's table has the same score over the
+  dependents whose gold pair the attending word can see, in directions ``dependent_to_head_visible`` (the gold
+  head's first token at or before the dependent's last) and ``head_to_dependent_visible`` (the dependent's first
+  token at or before the head's last), with their own counts, chance and intervals. The causal mask alone decides
+  it (a sliding window is left out, so every layer and the baseline count the same words). A bidirectional
+  model's table has no ``_visible`` rows (`columns`): every dependent's head is visible to it, so they would equal
+  its plain rows (for ``all``, ``all_nonroot``: a root has no head to see), and scoring them again would test each
+  of its findings twice in one Benjamini-Hochberg family. What reads visible rows reads a bidirectional model's
+  plain ones (`headscan.analysis.syntax.judged_rows`).
 - Words cut off by ``max_len`` are neither scored nor anyone's predicted head. A word of the text that got no
   token (one token covering two words gives it to the first) is scored, and can only be a miss.
 - Chance: 1/m for a dependent whose gold head is among the m candidate words, 0 otherwise (a root, a head
@@ -63,7 +65,8 @@ from ..corpus.words import DIRECTIONS, RELATIONS, ROOT, WordAlignment
 from .batch import AttentionBatch
 from .registry import Axis, register
 
-__all__ = ["BASELINE_OFFSETS", "SCORED", "VISIBLE", "SCORED_DIRECTIONS", "COLUMNS", "visible_heads", "word_attention", "word_rows",
+__all__ = ["BASELINE_OFFSETS", "SCORED", "VISIBLE", "SCORED_DIRECTIONS", "COLUMNS", "PLAIN_COLUMNS", "columns",
+           "scored_directions", "visible_heads", "word_attention", "word_rows",
            "most_attended", "dependency_accuracy", "accuracy_of", "offset_baseline", "visible_offsets", "best_baseline", "attach_baseline", "syntax_metric", "candidate_words",
            "syntax_chance"]
 
@@ -74,10 +77,32 @@ SCORED: tuple[str, ...] = ("all", "all_nonroot", *RELATIONS[1:])
 # Each direction's rows over the dependents whose gold pair the attending word can see (`visible_heads`).
 VISIBLE: dict[str, str] = {direction: f"{direction}_visible" for direction in DIRECTIONS}
 SCORED_DIRECTIONS: tuple[str, ...] = (*DIRECTIONS, *VISIBLE.values())
-# The last axis of `dependency_accuracy` and `offset_baseline`: every relation in one direction, then the other,
-# then the same over the visible dependents (appended, so the plain columns keep their places).
+# The last axis of `dependency_accuracy` and `offset_baseline` for a causal model: every relation in one direction,
+# then the other, then the same over the visible dependents (appended, so the plain columns keep their places).
 COLUMNS: tuple[tuple[str, str], ...] = tuple((relation, direction) for direction in SCORED_DIRECTIONS
                                              for relation in SCORED)
+# ... and for a bidirectional one, whose visible rows would be its plain rows again: the plain directions alone,
+# the first columns of `COLUMNS`
+PLAIN_COLUMNS: tuple[tuple[str, str], ...] = COLUMNS[: len(DIRECTIONS) * len(SCORED)]
+
+
+def scored_directions(causal: bool) -> tuple[str, ...]:
+    """The directions a model's syntax table scores: the plain ones, and for a `causal` model the visible ones too.
+
+    >>> scored_directions(False)
+    ('dependent_to_head', 'head_to_dependent')
+    """
+    return SCORED_DIRECTIONS if causal else DIRECTIONS
+
+
+def columns(causal: bool) -> tuple[tuple[str, str], ...]:
+    """The (relation, direction) columns of a model's syntax scores, in order: `COLUMNS` for a `causal` model,
+    `PLAIN_COLUMNS` for a bidirectional one (every head visible: its visible rows would equal its plain ones).
+
+    >>> len(columns(True)) == 2 * len(columns(False)), columns(False)[-1]
+    (True, ('punct', 'head_to_dependent'))
+    """
+    return COLUMNS if causal else PLAIN_COLUMNS
 
 
 # --- word attention and accuracy ---------------------------------------------------------------------------
@@ -197,22 +222,24 @@ def visible_heads(words: WordAlignment, causal: bool) -> torch.Tensor:
 
 
 def _scored_members(words: WordAlignment, dtype: torch.dtype, causal: bool) -> torch.Tensor:
-    """(batch, word, direction of `SCORED_DIRECTIONS`, relation of `SCORED`): `_relation_members` for the plain
-    directions, then the same restricted to the dependents of `visible_heads`."""
+    """(batch, word, direction of `scored_directions`, relation of `SCORED`): `_relation_members` for the plain
+    directions, then, for a `causal` model, the same restricted to the dependents of `visible_heads`."""
     members = _relation_members(words, dtype)  # (batch, word, relation)
-    seen = visible_heads(words, causal).to(dtype)  # (batch, word, direction)
     plain = members[:, :, None, :].expand(-1, -1, len(DIRECTIONS), -1)
+    if not causal:  # every head visible: no visible directions (`columns`)
+        return plain
+    seen = visible_heads(words, causal).to(dtype)  # (batch, word, direction)
     return torch.cat([plain, members[:, :, None, :] * seen[..., None]], 2)
 
 
 def dependency_accuracy(pattern: torch.Tensor, words: WordAlignment, *,
                         causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-segment sums and counts of correct predictions, (batch, head, len(COLUMNS)) each.
+    """Per-segment sums and counts of correct predictions, (batch, head, len(columns(causal))) each.
 
     `pattern` (batch, head, q, k) is one layer's attention as the model computed it (not renormalised).
-    Column ``(relation, direction)`` of `COLUMNS`: sums count the dependents of that relation whose gold head
-    the head predicts (see the module docstring for both directions), counts the dependents; the ``_visible``
-    directions count only the dependents of `visible_heads` (`causal`: the model's queries see no later key).
+    Column ``(relation, direction)`` of `columns` (`causal`: the model's queries see no later key): sums count the
+    dependents of that relation whose gold head the head predicts (see the module docstring for both directions),
+    counts the dependents; a causal model's ``_visible`` directions count only the dependents of `visible_heads`.
     """
     return accuracy_of(word_attention(pattern, words.token_word, words.n_words), words, causal=causal)
 
@@ -225,8 +252,9 @@ def accuracy_of(attention: torch.Tensor, words: WordAlignment, *,
     sums = []
     for predicted in (most_attended(attention), most_attended(attention.transpose(-1, -2))):  # the two directions
         sums.append(((predicted == gold) & (gold >= 0)).to(attention.dtype))  # (batch, head, word) correct
-    correct = torch.stack(sums * 2, 2)  # (batch, head, direction, word): plain and visible read the same hits
-    # (batch, direction, head, word) @ (batch, direction, word, relation), one batched product for all four
+    # (batch, head, direction, word): a causal model's visible directions read the same hits as its plain ones
+    correct = torch.stack(sums * (len(scored_directions(causal)) // len(DIRECTIONS)), 2)
+    # (batch, direction, head, word) @ (batch, direction, word, relation), one batched product for every direction
     sums = (correct.transpose(1, 2) @ members.permute(0, 2, 1, 3)).transpose(1, 2).flatten(2)  # (batch, head, column)
     counts = members.sum(1).flatten(1)[:, None, :].expand_as(sums)  # (batch, head, column)
     return sums, counts
@@ -234,7 +262,8 @@ def accuracy_of(attention: torch.Tensor, words: WordAlignment, *,
 
 def offset_baseline(words: WordAlignment, dtype: torch.dtype = torch.float64, *,
                     causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-segment sums and counts of the fixed-offset baseline, (batch, len(BASELINE_OFFSETS), len(COLUMNS)).
+    """Per-segment sums and counts of the fixed-offset baseline, (batch, len(BASELINE_OFFSETS),
+    len(columns(causal))).
 
     Offset d predicts, for ``dependent_to_head``, head = dependent + d, and for ``head_to_dependent``,
     dependent = head + d (the attending word looks d words away). Counts equal `dependency_accuracy`'s with the
@@ -247,7 +276,8 @@ def offset_baseline(words: WordAlignment, dtype: torch.dtype = torch.float64, *,
     real = gold >= 0  # a root (ROOT) or an unscored word (-1) is never a hit, whatever the offset
     hits = [((gold == position + offsets) & real).to(dtype),  # (batch, offset, word): head = dependent + d
             ((gold == position - offsets) & real).to(dtype)]  # dependent = head + d
-    sums = torch.cat([hit @ members[:, :, k] for k, hit in enumerate(hits * 2)], -1)  # (batch, offset, column)
+    repeats = len(scored_directions(causal)) // len(DIRECTIONS)  # a causal model's visible directions: the same hits
+    sums = torch.cat([hit @ members[:, :, k] for k, hit in enumerate(hits * repeats)], -1)  # (batch, offset, column)
     counts = members.sum(1).flatten(1)[:, None, :].expand_as(sums)
     return sums, counts
 
@@ -289,11 +319,12 @@ def best_baseline(sums: torch.Tensor | np.ndarray, counts: torch.Tensor | np.nda
 def attach_baseline(frame: pd.DataFrame, sums, counts, *, causal: bool = False) -> pd.DataFrame:
     """`frame` (rows keyed by relation and direction) with ``baseline`` and ``baseline_offset`` columns.
 
-    `sums` and `counts` are `offset_baseline`'s totals over the corpus, (offset, column); `causal` keeps the
-    offsets a causal model's queries can see (`visible_offsets`).
+    `sums` and `counts` are `offset_baseline`'s totals over the corpus, (offset, column) in `columns(causal)`
+    order; `causal` keeps the offsets a causal model's queries can see (`visible_offsets`).
     """
     value, offset = best_baseline(sums, counts, causal=causal)
-    baseline = pd.DataFrame({"relation": [r for r, _ in COLUMNS], "direction": [d for _, d in COLUMNS],
+    own = columns(causal)
+    baseline = pd.DataFrame({"relation": [r for r, _ in own], "direction": [d for _, d in own],
                              "baseline": value, "baseline_offset": offset})
     return frame.drop(columns=["baseline", "baseline_offset"], errors="ignore").merge(
         baseline, on=["relation", "direction"], how="left", validate="many_to_one")
@@ -310,14 +341,15 @@ def syntax_metric(batch: AttentionBatch):
     dependent's most-attended word is its head; ``head_to_dependent``: the head is the word that attends most
     to the dependent. Relations are UD's, subtypes folded into their base, plus ``all`` (every word, root words
     counted as misses, as Clark et al.) and ``all_nonroot`` (every word but the root). ``dependent_to_head_visible``
-    and ``head_to_dependent_visible``: the same over the dependents whose gold pair the attending word can see (in a
-    causal model the attended word's first token at or before the attending word's last; every dependent but the
-    root in a bidirectional one), the accuracy to judge a causal model by. Swept over CoNLL-U corpora only, with the
-    corpus's own words.
+    and ``head_to_dependent_visible``, a causal model's only: the same over the dependents whose gold pair the
+    attending word can see (the attended word's first token at or before the attending word's last), the accuracy
+    to judge a causal model by; a bidirectional model sees every head, so it has no such rows (they would be its
+    plain rows again, and ``all``'s its ``all_nonroot``). Swept over CoNLL-U corpora only, with the corpus's own
+    words.
     """
     if batch.words is None:
         b, h = batch.pattern.shape[:2]
-        zeros = torch.zeros((b, h, len(COLUMNS)), dtype=batch.pattern.dtype, device=batch.pattern.device)
+        zeros = torch.zeros((b, h, len(columns(batch.causal))), dtype=batch.pattern.dtype, device=batch.pattern.device)
         return zeros, zeros
     raw = batch.raw_pattern  # before specials="exclude" renormalised it: Clark removes specials without renormalising
     return dependency_accuracy(batch.pattern if raw is None else raw, batch.words.to(batch.pattern.device),
@@ -355,7 +387,8 @@ def syntax_chance(batch: AttentionBatch):
     dependent, the other words that can attend to the dependent. A uniformly random choice among the
     candidates."""
     if batch.words is None:
-        return torch.zeros((batch.pattern.shape[0], 1, len(COLUMNS)), dtype=torch.float64, device=batch.pattern.device)
+        return torch.zeros((batch.pattern.shape[0], 1, len(columns(batch.causal))), dtype=torch.float64,
+                           device=batch.pattern.device)
     words = batch.words.to(batch.pattern.device)
     seen = candidate_words(words, batch.causal, batch.window).to(torch.float64)  # (batch, i, j)
     gold = words.head.clamp_min(0)  # (batch, word); roots and unscored words are masked below
@@ -368,13 +401,16 @@ def syntax_chance(batch: AttentionBatch):
         return torch.where(n > 0, hit / n.clamp_min(1), zero)  # (batch, dependent)
 
     members = _scored_members(words, torch.float64, batch.causal)  # (batch, word, direction, relation)
-    by_direction = [chance(seen), chance(seen.transpose(1, 2))] * 2  # (batch, dependent) each: plain, then visible
+    repeats = len(scored_directions(batch.causal)) // len(DIRECTIONS)  # plain, then (causal) visible
+    by_direction = [chance(seen), chance(seen.transpose(1, 2))] * repeats  # (batch, dependent) each
     return torch.cat([p[:, None, :] @ members[:, :, k] for k, p in enumerate(by_direction)], -1)  # (batch, 1, column)
 
 
 # Registered on import (`headscan.metrics` imports this module); swept over CoNLL-U corpora only.
 register("syntax", unit="share of dependents", table="syntax",
-         axis=Axis(("relation", "direction"), lambda config: list(COLUMNS)), chance=syntax_chance, null="controls",
+         axis=Axis(("relation", "direction"), lambda config: list(COLUMNS),
+                   for_model=lambda config, causal: list(columns(causal))),
+         chance=syntax_chance, null="controls",
          null_why="an argmax accuracy: an untrained head's argmax lands where its random preferences put it, so the "
                   "range of random-init controls' heads is the null; a head must also beat the best fixed offset on "
                   "the same words (``vs_baseline``, Clark et al. 2019), tested with it or, without controls, alone",

@@ -22,6 +22,7 @@ import pandas as pd
 from .. import __version__
 from ..config import IMPORTANCE_METHODS, SweepConfig
 from ..corpus import Corpus
+from ..errors import TablesError
 from ..metrics import METRICS
 from ..metrics.custom import custom_provenance
 from ..metrics.nulls import add_findings
@@ -39,8 +40,8 @@ from ..tables import (
 from .environment import git_revision, versions
 from .passes import PASSES
 from .passes.weights import WEIGHT_CHANCE, WEIGHT_METRICS, weights_frame
-from .plan import columns_of, has_words
-from .state import PartialState, Shard
+from .plan import column_names, columns_of, has_words
+from .state import PartialState, Shard, columns_text
 
 __all__ = ["WEIGHT_METRICS", "WEIGHT_CHANCE", "finish", "weights_frame", "swept_config", "model_provenance",
            "run_provenance", "publish"]
@@ -49,7 +50,12 @@ def finish(state: PartialState, config: SweepConfig) -> dict[str, pd.DataFrame]:
     """The tables of a finished state: each score column's rows go to its metric's table."""
     model = ModelProvenance.from_json(state.model)
     config = swept_config(state, config)
-    columns = columns_of(config, has_words(state.fingerprint["corpus"]["kind"]))
+    columns = columns_of(config, has_words(state.fingerprint["corpus"]["kind"]), causal=model.family == "causal")
+    saved = state.fingerprint.get("columns")
+    if saved is not None and saved != column_names(columns):  # never read one column's sums as another's
+        raise TablesError(f"{model.name}: its partial state's score columns are not those this headscan finishes "
+                          f"for it ({columns_text(saved, column_names(columns))}): it was swept by another version "
+                          f"(one that still scored a bidirectional model's syntax _visible rows, say); sweep it again")
     bounds = np.array([metric.bounds() for metric, _, _ in columns]).reshape(-1, 2).T  # (2, column)
     sparse = np.array([metric.sparse for metric, _, _ in columns], dtype=bool)
     values = state.values(config.interval, bounds=(bounds[0], bounds[1]), sparse=sparse)  # (layer, head, column)

@@ -309,7 +309,8 @@ class LayerHooks:
                 given[self.syntax] = (*syntax.accuracy_of(attention, words, causal=batch.causal),
                                       words_chance[self.syntax])
             else:
-                zeros = torch.zeros((*pattern.shape[:2], len(syntax.COLUMNS)), dtype=torch.float32, device=pattern.device)
+                zeros = torch.zeros((*pattern.shape[:2], len(syntax.columns(batch.causal))), dtype=torch.float32,
+                                    device=pattern.device)
                 given[self.syntax] = (zeros, zeros, zeros[:, :1])
         shared = gathered.chance.setdefault((where.start, batch.window), {})
         scored = _score(scoring, self.columns, given, shared=shared)

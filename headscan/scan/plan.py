@@ -25,7 +25,8 @@ from .state import FINGERPRINT_FIELDS, Shard
 if TYPE_CHECKING:
     from ..models import HookedModel
 
-__all__ = ["Column", "SweepPlan", "plan_sweep", "has_words", "for_model", "columns_of", "pattern_columns", "fingerprint", "plan_windows",
+__all__ = ["Column", "SweepPlan", "plan_sweep", "has_words", "for_model", "columns_of", "column_names", "pattern_columns",
+           "fingerprint", "plan_windows",
            "resolve_unit", "unit_of"]
 
 # A metric, one position of its axis (() for a metric without one), and the table its rows go to: the metric's
@@ -54,8 +55,10 @@ def for_model(config: SweepConfig, model: HookedModel) -> tuple[SweepConfig, str
     return dataclasses.replace(config, max_len=model.max_context), note
 
 
-def columns_of(config: SweepConfig, words: bool = False) -> list[Column]:
-    """The score columns of one head: each metric once per position of its axis, in registry order; then, with
+def columns_of(config: SweepConfig, words: bool = False, *, causal: bool) -> list[Column]:
+    """The score columns of one head of a model that is `causal` (or bidirectional): each metric once per position
+    of its axis for that model (`headscan.metrics.Axis.positions`: a bidirectional model's syntax table has no
+    ``_visible`` directions), in registry order; then, with
     ``config.values``, every pattern metric of heads.parquet again on value-weighted attention (table "value");
     last, with ``config.importance``, the importance columns (one per method and target), which no attention
     pattern fills (`headscan.scan.importance` does).
@@ -67,7 +70,7 @@ def columns_of(config: SweepConfig, words: bool = False) -> list[Column]:
     own = [(metric, key, metric.table) for metric in METRICS.values()
            if (words or metric.table != "syntax") and (config.values or not metric.needs)
            and not set(metric.needs) & set(DECODED)  # scored while decoding (headscan retrieval), never swept
-           for key in (metric.axis.values(config) if metric.axis else [()])]
+           for key in (metric.axis.positions(config, causal) if metric.axis else [()])]
     weighted = [(metric, (), "value") for metric in METRICS.values() if metric.table == "heads" and not metric.needs]
     pattern = [column for column in own if column[2] != "importance"]
     return pattern + (weighted if config.values else []) + [column for column in own if column[2] == "importance"]
@@ -78,9 +81,10 @@ def pattern_columns(columns: list[Column]) -> list[Column]:
     return [column for column in columns if column[2] != "importance"]
 
 
-def _column_name(column: Column) -> list:
-    metric, key, table = column
-    return [metric.name, list(key)] + ([table] if table != metric.table else [])
+def column_names(columns) -> list[list]:
+    """The score columns as the fingerprint holds them: [metric, [axis position]] (and the table, where it is not
+    the metric's own), as JSON gives them back."""
+    return [[metric.name, list(key)] + ([table] if table != metric.table else []) for metric, key, table in columns]
 
 
 @dataclass(frozen=True)
@@ -112,7 +116,7 @@ def plan_sweep(model: HookedModel, corpus: Corpus, config: SweepConfig, shard: S
         raise ValueError("plan_sweep: unit_why given for a config whose bootstrap_unit is still 'auto'")
     layers = check_layers(config.layers, model.n_layers, model.name)  # refuses a layer the model does not have
     words = has_words(corpus.kind)
-    columns = tuple(columns_of(config, words))
+    columns = tuple(columns_of(config, words, causal=model.causal))
     windows = tuple(tuple(window) for window in plan_windows(corpus, config, shard))
     marks = {
         "headscan": __version__,
@@ -125,7 +129,7 @@ def plan_sweep(model: HookedModel, corpus: Corpus, config: SweepConfig, shard: S
         # as JSON gives them back (a saved state's are lists)
         "settings": {name: list(value) if isinstance(value := getattr(config, name), tuple) else value
                      for name in FINGERPRINT_FIELDS},
-        "columns": [_column_name(column) for column in columns],
+        "columns": column_names(columns),
     }
     # a metric defined outside headscan: its text's hash, so a state swept with another definition never mixes in
     custom = {metric.name: metric.origin["sha256"] for metric, _, _ in columns if metric.origin is not None}

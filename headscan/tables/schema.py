@@ -160,8 +160,10 @@ register_table("positions", {"metric": "string", "bucket": "int64"},
                "[bucket, 2 * bucket) (bucket 0: position 0 alone), for long contexts")
 register_table("syntax", {"relation": "string", "direction": "string"},
                "one row per (model, layer, head, relation, direction): share of dependents whose gold head the "
-               "head's attention picks (CoNLL-U corpora; Clark et al. 2019); directions ending in _visible count "
-               "only the dependents whose gold pair the attending word can see (a causal query sees no later word); "
+               "head's attention picks (CoNLL-U corpora; Clark et al. 2019); directions ending in _visible, a causal "
+               "model's only, count the dependents whose gold pair the attending word can see (a causal query sees "
+               "no later word; a bidirectional model sees every head and has no _visible rows, which would repeat "
+               "its plain ones); "
                "baseline and vs_baseline are cross-fitted (headscan.scan.passes.baseline.cross_fit): the units are "
                "split by the parity of their index and each half scored with the best fixed offset of the other "
                "half (baseline_offset_even: the offset best on the even units, used on the odd ones; "

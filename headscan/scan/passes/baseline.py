@@ -58,6 +58,7 @@ def half_of(units) -> np.ndarray:
 
 @dataclass
 class BaselineState:
+    # syntax column: a (relation, direction) of `headscan.metrics.syntax.columns` for the model's family (`columns`)
     sums: np.ndarray  # (2, offset, syntax column): the baseline's sums and counts
     # (2, offset, layer, head, syntax column): sum_u d_u^2 and sum_u d_u c_u with d_u the head's hits minus the
     # offset's in unit u; None where the sweep scored no syntax column (or a state saved without them)
@@ -78,6 +79,12 @@ class BaselineState:
     def has_halves(self) -> bool:
         return all(getattr(self, name) is not None for name in _HALF_ARRAYS)
 
+    @property
+    def columns(self) -> tuple[tuple[str, str], ...]:
+        """The (relation, direction) of each syntax column: a causal model's `syntax.COLUMNS`, a bidirectional
+        one's `syntax.PLAIN_COLUMNS` (no ``_visible`` directions), told apart by their number."""
+        return syntax.columns(self.sums.shape[-1] == len(syntax.COLUMNS))
+
 
 _HALF_ARRAYS = ("half_sums", "half_heads", "half_paired", "half_units")
 
@@ -86,9 +93,10 @@ class _BaselineRun(PassRun):
     def __init__(self, run, state: BaselineState):
         self.state, self.device, self.causal = state, run.device, bool(run.model.causal)
         self.totals = torch.from_numpy(state.sums).to(run.device)
-        # where the syntax metric's columns sit among the sweep's, in `syntax.COLUMNS` order
+        # where the syntax metric's columns sit among the sweep's, in `syntax.columns(causal)` order
         self.columns = [i for i, (metric, _, _) in enumerate(run.plan.columns) if metric.name == "syntax"]
-        paired = len(self.columns) == len(syntax.COLUMNS) and state.paired is not None
+        self.width = len(syntax.columns(self.causal))
+        paired = len(self.columns) == self.width and state.paired is not None
         self.paired = torch.from_numpy(state.paired).to(run.device) if paired else None
         self.units = torch.from_numpy(state.units).to(run.device) if paired else None
         halves = paired and state.has_halves  # a sweep resumed from a state saved without them keeps none
@@ -111,9 +119,9 @@ class _BaselineRun(PassRun):
         if self.paired is None or not self.parts:
             return
         n_units = len(window.units)
-        base = torch.zeros((n_units, len(syntax.BASELINE_OFFSETS), len(syntax.COLUMNS)), dtype=torch.float64,
+        base = torch.zeros((n_units, len(syntax.BASELINE_OFFSETS), self.width), dtype=torch.float64,
                            device=self.device)  # (unit, offset, column): the offsets' hits per unit
-        count = torch.zeros((n_units, len(syntax.COLUMNS)), dtype=torch.float64, device=self.device)
+        count = torch.zeros((n_units, self.width), dtype=torch.float64, device=self.device)
         for positions, sums, counts in self.parts:
             rows = torch.tensor([window.units[units[p]] for p in positions], dtype=torch.long, device=self.device)
             base.index_add_(0, rows, sums.to(torch.float64))
@@ -179,10 +187,10 @@ def _delta(difference_sum, count, n_units, ss, sc, cc, level: float):
 
 
 def _rows(frame, state: BaselineState) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Each row's syntax column (its index in `syntax.COLUMNS`; 0 where it is none of them), layer (its place on
-    the state's layer axes) and head, and whether its column is one of them."""
+    """Each row's syntax column (its index in the state's `BaselineState.columns`; 0 where it is none of them),
+    layer (its place on the state's layer axes) and head, and whether its column is one of them."""
     # one index look-up for every row, -1 for a (relation, direction) the sweep has none of
-    column = pd.MultiIndex.from_tuples(syntax.COLUMNS).get_indexer(
+    column = pd.MultiIndex.from_tuples(state.columns).get_indexer(
         pd.MultiIndex.from_arrays([frame["relation"], frame["direction"]])).astype(np.int64)
     layer = frame["layer"].to_numpy(int)
     if state.layers is not None:  # a sweep of some layers keeps those alone, in order
@@ -291,7 +299,7 @@ class BaselinePass(Pass):
         return plan.words
 
     def empty(self, plan, model) -> BaselineState:
-        n_offsets, n_columns = len(syntax.BASELINE_OFFSETS), len(syntax.COLUMNS)
+        n_offsets, n_columns = len(syntax.BASELINE_OFFSETS), len(syntax.columns(model.causal))
         shape = (n_offsets, len(plan.layers), model.n_heads, n_columns)
         some = tuple(plan.layers) if len(plan.layers) < model.n_layers else None
         return BaselineState(np.zeros((2, n_offsets, n_columns)), np.zeros((2, *shape)), np.zeros((2, n_columns)),
@@ -339,7 +347,7 @@ class BaselinePass(Pass):
     def load(self, header: dict, arrays: dict) -> BaselineState:
         layers = header.get("layers")
         sums = sums_array(arrays["sums"], 3)
-        if sums.shape[0] != 2:
+        if sums.shape[0] != 2 or sums.shape[-1] not in (len(syntax.COLUMNS), len(syntax.PLAIN_COLUMNS)):
             raise ValueError("its arrays do not fit together")
         if "paired" not in arrays:  # saved without the paired comparison: the table leaves it NaN
             return BaselineState(sums, layers=layers if layers is None else tuple(layers))
