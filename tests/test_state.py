@@ -94,7 +94,8 @@ def test_fingerprint_differences_name_each_key_and_the_columns_last():
     other = dict(FINGERPRINT, model=dict(FINGERPRINT["model"], id="x"), columns=[["a", []], ["b", []]])
     assert fingerprint_differences(FINGERPRINT, other) == [
         "model.id: 'm' != 'x'",
-        "columns: 1 != 2 score columns (1 only on the right, such as b; metrics or their axes differ)"]
+        "columns: 1 != 2 score columns (1 only on the left, such as prev_token; 2 only on the right, such as a; "
+        "metrics or their axes differ)"]
     assert fingerprint_differences(FINGERPRINT, dict(FINGERPRINT)) == []
 
 

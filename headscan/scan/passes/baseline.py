@@ -83,7 +83,11 @@ class BaselineState:
     def columns(self) -> tuple[tuple[str, str], ...]:
         """The (relation, direction) of each syntax column: a causal model's `syntax.COLUMNS`, a bidirectional
         one's `syntax.PLAIN_COLUMNS` (no ``_visible`` directions), told apart by their number."""
-        return syntax.columns(self.sums.shape[-1] == len(syntax.COLUMNS))
+        width = self.sums.shape[-1]
+        if width not in (len(syntax.COLUMNS), len(syntax.PLAIN_COLUMNS)):
+            raise ValueError(f"a syntax baseline state of {width} columns: neither a causal model's "
+                             f"{len(syntax.COLUMNS)} nor a bidirectional one's {len(syntax.PLAIN_COLUMNS)}")
+        return syntax.columns(width == len(syntax.COLUMNS))
 
 
 _HALF_ARRAYS = ("half_sums", "half_heads", "half_paired", "half_units")
@@ -347,7 +351,7 @@ class BaselinePass(Pass):
     def load(self, header: dict, arrays: dict) -> BaselineState:
         layers = header.get("layers")
         sums = sums_array(arrays["sums"], 3)
-        if sums.shape[0] != 2 or sums.shape[-1] not in (len(syntax.COLUMNS), len(syntax.PLAIN_COLUMNS)):
+        if sums.shape[0] != 2:
             raise ValueError("its arrays do not fit together")
         if "paired" not in arrays:  # saved without the paired comparison: the table leaves it NaN
             return BaselineState(sums, layers=layers if layers is None else tuple(layers))
