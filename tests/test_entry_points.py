@@ -1,13 +1,20 @@
 """Every ``headscan.NAME(`` that a reader is told to call exists: in README.md, docs/, the committed runs'
 ``run.json`` (whose ``command`` a run made in Python records as such a call) and the code that writes those
-commands. The names are read from the files, not listed here, so a new documented call is checked as it lands."""
+commands. The names are read from the files, not listed here, so a new documented call is checked as it lands.
+
+Every command has one Python entry point (`headscan.cli_options.ENTRY_POINTS`), named in docs/options.md and
+README.md, with an example in its docstring; the command calls it: with ``headscan.NAME`` replaced by a stand-in,
+running the command reaches the stand-in. (That a run's recorded command runs again: test_recorded_commands.py.)"""
 
 import re
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 import headscan
+from headscan.cli import cli
+from headscan.cli_options import ENTRY_POINTS
 
 ROOT = Path(__file__).resolve().parents[1]
 CALL = re.compile(r"\bheadscan\.([A-Za-z_]\w*)\(")
@@ -38,11 +45,6 @@ def test_every_documented_call_exists(name):
 
 
 # --- every command's Python entry point: documented, importable, and what the command calls ------------------------
-
-from click.testing import CliRunner  # noqa: E402
-
-from headscan.cli import cli  # noqa: E402
-from headscan.cli_options import ENTRY_POINTS  # noqa: E402
 
 OPTIONS_MD = (ROOT / "docs" / "options.md").read_text(encoding="utf-8")
 README = (ROOT / "README.md").read_text(encoding="utf-8")
