@@ -8,15 +8,21 @@ The public API is small:
   retrieval-head scores (Retrieval_Head's JSON) as such a run (`headscan import-scores`);
 - ``headscan.patch(models, pairs, out=None, **settings)`` patches every head, and paths between heads, between
   clean and corrupted prompts (the `headscan patch` command);
+- ``headscan.merge(outs, out=None)`` adds the shards of one sweep, or sweeps of disjoint layers (`headscan merge`);
+- ``headscan.pairs(kind, n, out)`` writes prompt pairs for patching (`headscan pairs`);
 - ``headscan.load(out)`` reads a sweep's tables back (``pd.read_parquet`` works too);
+- ``headscan.show(run, metric)`` is the text of a run's top heads (`headscan show`);
+- ``headscan.export(run, out)`` writes a run as a Hugging Face dataset folder (`headscan export`);
+- ``headscan.describe_models(specs)`` says how each spec would be hooked (`headscan models`);
 - ``headscan.report(runs, out=None, **settings)`` writes the report of one or more sweeps (the `headscan report`
-  command, without the example attention unless given ``examples``);
+  command, without the example attention unless given ``models=True``);
 - ``headscan.METRICS`` and ``headscan.TABLES`` are the metric and table registries;
 - ``headscan.pattern(name)`` and ``headscan.metric(name)`` register your own head scores (decorators;
   `headscan.metrics.custom`), swept like headscan's own;
 - ``headscan.SweepConfig`` holds the settings, ``headscan.load_model`` loads one hooked model.
 
-Importing headscan imports neither torch nor transformers; the first sweep does.
+Each ``headscan COMMAND`` calls exactly one of these (`headscan.cli_options.ENTRY_POINTS`; docs/options.md lists
+them). Importing headscan imports neither torch nor transformers; the first sweep does.
 
 >>> import headscan
 >>> list(headscan.METRICS)[:3]
@@ -36,18 +42,23 @@ from .errors import HeadscanError
 from .tables import TABLES, SweepTables, load
 
 __all__ = ["__version__", "HeadscanError", "METRICS", "TABLES", "SweepTables", "SweepConfig", "RetrievalConfig", "load",
-           "import_scores", "load_model", "merge", "metric", "patch", "pattern", "report", "retrieval", "sweep"]
+           "describe_models", "export", "import_scores", "load_model", "merge", "metric", "pairs", "patch", "pattern",
+           "report", "retrieval", "show", "sweep"]
 
-# Loaded on first use: these import torch and transformers.
-_LAZY = {"sweep": "headscan.scan", "merge": "headscan.scan", "retrieval": "headscan.scan",
-         "import_scores": "headscan.scan.published",
-         "patch": "headscan.scan.patching", "load_model": "headscan.models", "METRICS": "headscan.metrics",
-         "pattern": "headscan.metrics.custom", "metric": "headscan.metrics.custom"}
+# Loaded on first use (most import torch and transformers): name -> (module, its name there).
+_LAZY = {"sweep": ("headscan.scan", "sweep"), "merge": ("headscan.scan", "merge"),
+         "retrieval": ("headscan.scan", "retrieval"), "import_scores": ("headscan.scan.published", "import_scores"),
+         "patch": ("headscan.scan.patching", "patch"), "pairs": ("headscan.scan.patching", "write_generated_pairs"),
+         "export": ("headscan.tables", "export_dataset"), "show": ("headscan.analysis.show", "show"),
+         "describe_models": ("headscan.models.specs", "describe_models"), "load_model": ("headscan.models", "load_model"),
+         "METRICS": ("headscan.metrics", "METRICS"), "pattern": ("headscan.metrics.custom", "pattern"),
+         "metric": ("headscan.metrics.custom", "metric")}
 
 
 def __getattr__(name):
     if name == "report":  # the package headscan.report, callable as write_report (it imports matplotlib)
         return importlib.import_module("headscan.report")
     if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        module, attribute = _LAZY[name]
+        return getattr(importlib.import_module(module), attribute)
     raise AttributeError(f"module 'headscan' has no attribute {name!r}")

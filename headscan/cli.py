@@ -1,17 +1,20 @@
 """The `headscan` command line: parse options, call one library function, turn headscan errors into one line.
 
-No work happens here: see `headscan.scan`, `headscan.tables`, `headscan.analysis` and `headscan.report`.
+No work happens here: each command calls one public function, ``headscan.NAME`` (`entry_point`; the names are
+`headscan.cli_options.ENTRY_POINTS`), with what it parsed, and prints what that returns.
 """
 
 from __future__ import annotations
 
 import shlex
+import sys
+from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
 
 import click
 
-from .cli_options import GroupedCommand, config_from, flag_of, options, shown_opts
+from .cli_options import ENTRY_POINTS, GroupedCommand, config_from, flag_of, options, shown_opts
 from .config import RetrievalConfig, SweepConfig
 from .errors import ConfigError, HeadscanError, SweepInterrupted
 from .tables import TABLES
@@ -45,6 +48,11 @@ def _one_line_errors(command):
     return wrapper
 
 
+def entry_point(command: str) -> Callable:
+    """``headscan.NAME``, the function ``headscan COMMAND`` calls (imported on first use: most load torch)."""
+    return getattr(sys.modules[__package__], ENTRY_POINTS[command])
+
+
 def _effective_command(context: click.Context) -> str:
     """The command line with every option spelled out, defaults included, for provenance."""
     words = [context.command_path]
@@ -63,10 +71,6 @@ def _effective_command(context: click.Context) -> str:
             else:
                 words.append(flag if item is True else f"{flag} {shlex.quote(str(item))}")
     return " ".join(words)
-
-
-CONTROL_WHAT = {"random-init": "a control with untrained weights drawn from the config's initialiser: ",
-                "shuffled-words": "the model, as a control swept over each segment's words permuted: "}
 
 
 @click.group()
@@ -137,13 +141,13 @@ def sweep(models, corpus, out, save_every, shard, overwrite, restart, ray, quiet
     # every argument and path checked before torch is imported (the sweep checks them again, at no cost)
     check_sweep(models, corpus, out, config, overwrite=overwrite, save_every=save_every, shard=shard)
 
+    result = entry_point("sweep")(models, corpus, out, config, shard=shard, overwrite=overwrite, restart=restart,
+                                  progress=not quiet, command=command, save_every=save_every, ray=ray)
+
     from .analysis.claims import findings_note
     from .analysis.ranking import unit_note
     from .analysis.show import length_notes, top_heads_text
-    from .scan import sweep as run_sweep
 
-    result = run_sweep(models, corpus, out, config, shard=shard, overwrite=overwrite, restart=restart,
-                       progress=not quiet, command=command, save_every=save_every, ray=ray)
     click.echo(unit_note(result.provenance), err=True)
     for line in length_notes(result.provenance, config.long):
         click.echo(line, err=True)
@@ -194,11 +198,11 @@ def retrieval(models, corpus, needles, out, overwrite, restart, quiet, **setting
     command = _effective_command(click.get_current_context())
     check_retrieval(list(models), corpus, out, needles=needles, overwrite=overwrite)  # before torch is imported
 
-    from .analysis.whole_context import retrieval_summary
-    from .scan import retrieval as run_retrieval
+    result = entry_point("retrieval")(list(models), corpus, out, config, needles=needles, overwrite=overwrite,
+                                      restart=restart, progress=not quiet, command=command)
 
-    result = run_retrieval(list(models), corpus, out, config, needles=needles, overwrite=overwrite, restart=restart,
-                           progress=not quiet, command=command)
+    from .analysis.whole_context import retrieval_summary
+
     files = ", ".join(f"{out}/{TABLES[name].file}" for name in RETRIEVAL_TABLES if name in result.frames)
     click.echo(f"wrote {files} and {out}/run.json")
     click.echo(retrieval_summary(result))
@@ -225,13 +229,14 @@ def patch(models, pairs, select_pairs, out, overwrite, restart, quiet, **setting
         headscan pairs ioi --n 64 -m smollm2 --out pairs.jsonl
         headscan patch -m smollm2 --pairs pairs.jsonl --path-top 4 --out out/patch
     """
-    from .analysis.patching import patching_summary
     from .patching_config import PatchConfig
-    from .scan.patching import patch as run_patch
 
     config = config_from(PatchConfig, settings)
-    result = run_patch(list(models), pairs, out, config, select_pairs=select_pairs, overwrite=overwrite,
-                       restart=restart, progress=not quiet, command=_effective_command(click.get_current_context()))
+    result = entry_point("patch")(list(models), pairs, out, config, select_pairs=select_pairs, overwrite=overwrite,
+                                  restart=restart, progress=not quiet,
+                                  command=_effective_command(click.get_current_context()))
+
+    from .analysis.patching import patching_summary
     click.echo(f"wrote {result.path}")
     click.echo(patching_summary(result))
 
@@ -252,9 +257,7 @@ def pairs(kind, n, seed, model, out, overwrite):
     \b
         headscan pairs ioi --n 64 -m smollm2 --out pairs.jsonl
     """
-    from .scan.patching import write_generated_pairs
-
-    path = write_generated_pairs(kind, n, out, seed=seed, model=model, overwrite=overwrite)
+    path = entry_point("pairs")(kind, n, out, seed=seed, model=model, overwrite=overwrite)
     click.echo(f"wrote {n} {kind} pairs to {path}")
 
 
@@ -277,10 +280,8 @@ def merge(shards, out, overwrite):
         headscan merge out/part-0 out/part-1 out/part-2 out/part-3 --out out/all
         headscan merge out/layers-0-5 out/layers-6-11 --out out/all
     """
-    from .scan import merge as run_merge
-
     command = _effective_command(click.get_current_context())
-    run_merge(list(shards), out, overwrite=overwrite, command=command)
+    entry_point("merge")(list(shards), out, overwrite=overwrite, command=command)
     click.echo(f"merged {len(shards)} runs into {out}")
 
 
@@ -297,9 +298,7 @@ def export(run, out, overwrite):
     \b
         headscan export out/ewt --out out/ewt-dataset
     """
-    from .tables import export_dataset
-
-    folder = export_dataset(run, out, overwrite=overwrite)
+    folder = entry_point("export")(run, out, overwrite=overwrite)
     click.echo(f"wrote {folder}: load it with datasets.load_dataset({str(folder)!r}, 'heads')")
 
 
@@ -319,9 +318,7 @@ def import_scores(scores, out, model, seed, bootstrap, interval, overwrite):
         headscan import-scores head_score/llama-2-7b-80k.json --out out/llama-published
         headscan report out/ewt out/retrieval out/llama-published --out out/report
     """
-    from .scan.published import import_scores as read_published
-
-    run = read_published(scores, out, model=model, seed=seed, bootstrap=bootstrap, interval=interval,
+    run = entry_point("import-scores")(scores, out, model=model, seed=seed, bootstrap=bootstrap, interval=interval,
                          overwrite=overwrite, command=_effective_command(click.get_current_context()))
     part = run["retrieval"]
     top = part.sort_values(["value", "layer", "head"], ascending=[False, True, True], kind="stable").head(5)
@@ -349,21 +346,7 @@ def models(specs):
     \b
         headscan models minilm path/to/distilbert
     """
-    from .models import ALIASES, alias_status, describe_spec
-
-    if not specs:
-        for name, path in alias_status().items():
-            alias = ALIASES[name]
-            state = f"installed: {path}" if path else f"not installed ({alias.install})"
-            click.echo(f"{name:8} {alias.description}\n         {state}")
-        click.echo("controls: sweep --control random-init adds 'MODEL [random init]' (its architecture and tokenizer, "
-                   "untrained weights), --control shuffled-words 'MODEL [shuffled words]' (the model over the corpus "
-                   "with each segment's words permuted)")
-        return
-    for spec in specs:
-        found = describe_spec(spec)
-        what = CONTROL_WHAT.get(found["control"], "")
-        click.echo(f"{spec}: {what}{found['architecture']} ({found['model_type']}), hooked through {found['path']}")
+    click.echo(entry_point("models")(specs))
 
 
 @cli.command(cls=GroupedCommand, short_help="Print the top heads of a run for one metric, per model.")
@@ -392,13 +375,7 @@ def show(run, metric, top):
     from .tables import load
 
     tables = load(run)  # a missing or damaged run is refused before the metrics (and torch) are imported
-
-    from .analysis.ranking import controls_note, unit_note
-    from .analysis.show import top_heads_text
-
-    click.echo(top_heads_text(tables, metric, top))
-    for line in [*controls_note(tables.provenance), unit_note(tables.provenance)]:
-        click.echo(line)
+    click.echo(entry_point("show")(tables, metric, top))
 
 
 @cli.command(cls=GroupedCommand, short_help="Render runs into figures, report.md and an index.html head atlas.")
@@ -422,29 +399,10 @@ def report(runs, out, top, example, no_models, quiet, overwrite):
 
     loaded = [load(run) for run in runs]  # a missing or damaged run is refused before the report (and torch) loads
 
-    from .report import check_report_options, check_runs, report_folder, write_report
-    from .report.examples import check_example
-    from .tables.folders import lock
-
     def progress(line: str) -> None:
         if not quiet:
             click.echo(line, err=True)
 
-    check_report_options(top=top, out=out, overwrite=overwrite)  # before any model loads
-    if not no_models:
-        check_example(example)
-    check_runs(runs)
-    progress(f"read {len(runs)} run{'s' if len(runs) > 1 else ''}")
-    check_runs(loaded)
-    folder = report_folder(loaded, out)
-    with lock(folder):  # held from here, so that a second writer is refused before the models load
-        check_report_options(top=top, out=folder, overwrite=overwrite)
-        examples = None
-        if not no_models:
-            from .report.examples import compute_examples
-
-            examples = compute_examples(loaded, example, progress=progress)
-            for line in examples.failed:
-                click.echo(f"no example attention for {line}", err=True)
-        folder = write_report(loaded, folder, top=top, examples=examples, progress=progress, overwrite=overwrite)
+    folder = entry_point("report")(loaded, out, top=top, models=not no_models, example=example, progress=progress,
+                                   failed=lambda line: click.echo(line, err=True), overwrite=overwrite)
     click.echo(f"wrote {folder}/index.html and {folder}/report.md")

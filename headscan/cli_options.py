@@ -21,7 +21,7 @@ import click
 from .config import RetrievalConfig, SweepConfig, settings
 from .patching_config import PatchConfig
 
-__all__ = ["Opt", "OPTIONS", "TITLES", "GroupedCommand", "options", "config_from", "flag_of", "shown_opts",
+__all__ = ["Opt", "OPTIONS", "ENTRY_POINTS", "TITLES", "GroupedCommand", "options", "config_from", "flag_of", "shown_opts",
            "options_markdown"]
 
 # Section titles of --help and docs/options.md, in order: the groups of headscan.config.GROUPS, and "report".
@@ -253,6 +253,14 @@ OPTIONS: dict[str, list[Opt]] = {
 }
 
 
+# Each command's Python entry point: ``headscan COMMAND`` parses its options and calls ``headscan.NAME`` (`headscan.cli`
+# looks the function up here), which docs/options.md names under the command; tests/test_entry_points.py checks
+# that each one imports and is what its command calls.
+ENTRY_POINTS = {"sweep": "sweep", "retrieval": "retrieval", "patch": "patch", "pairs": "pairs", "merge": "merge",
+                "export": "export", "import-scores": "import_scores", "models": "describe_models", "show": "show",
+                "report": "report"}
+
+
 def options(command: str):
     """A decorator adding the options of `command` (a key of `OPTIONS`), in order."""
     def decorate(function):
@@ -300,16 +308,18 @@ class GroupedCommand(click.Command):
 def options_markdown() -> str:
     """docs/options.md: every command's options by group, as its --help lists them, from `OPTIONS`."""
     lines = ["# Command-line options", "",
-             "Every command's options by group, as `headscan COMMAND --help` lists them. Generated from the",
-             "declarations in `headscan/config.py` and `headscan/cli_options.py` by `python -m headscan.cli_options`.",
+             "Every command's options by group, as `headscan COMMAND --help` lists them, and the Python function",
+             "the command calls (`help(headscan.NAME)` says its arguments). Generated from the declarations in",
+             "`headscan/config.py` and `headscan/cli_options.py` by `python -m headscan.cli_options`.",
              ""]
     for name, opts in OPTIONS.items():
+        lines += [f"## headscan {name}", "", f"From Python: `headscan.{ENTRY_POINTS[name]}`, which the command calls.",
+                  ""]
         if not opts:
-            lines += [f"## headscan {name}", "", "No options.", ""]
+            lines += ["No options.", ""]
             continue
         command = click.command(name)(options(name)(lambda **_: None))
         context = click.Context(command, info_name=name)
-        lines += [f"## headscan {name}", ""]
         for group in [g for g in TITLES if any(o.group == g for o in opts)]:
             lines += [f"### {TITLES[group]}", ""]
             for parameter in (p for p in command.params if p.group == group):

@@ -1,13 +1,20 @@
 """Every ``headscan.NAME(`` that a reader is told to call exists: in README.md, docs/, the committed runs'
 ``run.json`` (whose ``command`` a run made in Python records as such a call) and the code that writes those
-commands. The names are read from the files, not listed here, so a new documented call is checked as it lands."""
+commands. The names are read from the files, not listed here, so a new documented call is checked as it lands.
+
+Every command has one Python entry point (`headscan.cli_options.ENTRY_POINTS`), named in docs/options.md and
+README.md, with an example in its docstring; the command calls it: with ``headscan.NAME`` replaced by a stand-in,
+running the command reaches the stand-in. (That a run's recorded command runs again: test_recorded_commands.py.)"""
 
 import re
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 import headscan
+from headscan.cli import cli
+from headscan.cli_options import ENTRY_POINTS
 
 ROOT = Path(__file__).resolve().parents[1]
 CALL = re.compile(r"\bheadscan\.([A-Za-z_]\w*)\(")
@@ -35,3 +42,54 @@ def test_the_documented_entry_points_are_found():
 def test_every_documented_call_exists(name):
     assert callable(getattr(headscan, name, None)), f"headscan.{name} is called in {sorted(CALLS[name])[:3]}"
     assert name in headscan.__all__
+
+
+# --- every command's Python entry point: documented, importable, and what the command calls ------------------------
+
+OPTIONS_MD = (ROOT / "docs" / "options.md").read_text(encoding="utf-8")
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+COMMITTED_RUN = ROOT / "reports" / "runs" / "ewt-dev"
+
+
+class Called(Exception):
+    """What a stand-in for ``headscan.NAME`` raises: the command reached it, with these arguments."""
+
+
+def _arguments(command: str, tmp_path, model: str) -> list[str]:
+    """The fewest arguments with which `command` gets past its own checks to its entry point."""
+    return {
+        "sweep": ["-m", model, "--limit", "2", "--device", "cpu"],
+        "retrieval": ["-m", model, "-c", "builtin", "--out", tmp_path / "r", "--device", "cpu"],
+        "patch": ["-m", model, "--pairs", tmp_path / "pairs.jsonl", "--out", tmp_path / "p", "--device", "cpu"],
+        "pairs": ["ioi", "--n", "2", "--out", tmp_path / "pairs.jsonl"],
+        "merge": [tmp_path / "a", tmp_path / "b", "--out", tmp_path / "m"],
+        "export": [COMMITTED_RUN, "--out", tmp_path / "e"],
+        "import-scores": [tmp_path / "scores.json", "--out", tmp_path / "i"],
+        "models": [model],
+        "show": [COMMITTED_RUN, "--metric", "prev_token"],
+        "report": [COMMITTED_RUN, "--no-models", "--out", tmp_path / "report"],
+    }[command]
+
+
+def test_every_command_has_an_entry_point_the_docs_name():
+    assert set(ENTRY_POINTS) == set(cli.commands)
+    for command, name in ENTRY_POINTS.items():
+        function = getattr(headscan, name)
+        assert callable(function) and name in headscan.__all__, name
+        assert "Example" in function.__doc__ or ">>>" in function.__doc__, f"headscan.{name}: no example"
+        assert f"## headscan {command}\n\nFrom Python: `headscan.{name}`" in OPTIONS_MD, command
+        row = next(line for line in README.splitlines() if line.startswith(f"| `headscan {command}")
+                   or (command == "pairs" and line.startswith("| `headscan patch")))
+        assert f"`headscan.{name}`" in row, (command, row)
+
+
+@pytest.mark.parametrize("command", sorted(ENTRY_POINTS))
+def test_each_command_calls_its_entry_point(command, tiny_gpt2, tmp_path, monkeypatch):
+    name = ENTRY_POINTS[command]
+
+    def stand_in(*args, **kwargs):
+        raise Called(args, kwargs)
+
+    monkeypatch.setattr(headscan, name, stand_in)  # the command looks headscan.NAME up when it runs
+    result = CliRunner().invoke(cli, [command, *map(str, _arguments(command, tmp_path, str(tiny_gpt2)))])
+    assert isinstance(result.exception, Called), (result.output, result.exception)

@@ -185,3 +185,45 @@ def test_the_command_line_says_how_to_resume_and_exits_130(circuit, tmp_path, mo
     result = CliRunner().invoke(cli, command)
     assert result.exit_code == 0, result.output
     assert not (tmp_path / "out.partial").exists()
+
+
+@pytest.mark.subprocess
+def test_a_patch_process_stopped_by_sigint_resumes_to_the_same_tables(circuit, whole, tmp_path):
+    """As a user stops it: ``headscan patch`` in a process of its own gets SIGINT once its first step is kept (the
+    kept-steps file polled, not a guessed sleep); it exits 130 keeping its steps, and the same command resumes to
+    every table of the uninterrupted run (`whole`, the same settings), to the bit."""
+    import subprocess
+    import sys
+    import time
+
+    from click.testing import CliRunner
+
+    from headscan.cli import cli
+    from headscan.corpus.pairs import write_pairs
+
+    path, pairs = circuit
+    file = write_pairs(pairs, tmp_path / "pairs.jsonl")
+    arguments = ["patch", "-m", path, "--pairs", str(file), "--path-top", "3", "--position-top", "2", "--bootstrap",
+                 "50", "--batch-size", "2", "--device", "cpu", "-q", "--out", str(tmp_path / "out")]  # = SETTINGS
+    kept = tmp_path / "out.partial" / f"patch-{spec_stem(path)}.jsonl"
+    process = subprocess.Popen([sys.executable, "-m", "headscan", *arguments], text=True, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, env=os.environ | {"HF_HUB_OFFLINE": "1"})
+    deadline = time.monotonic() + 300
+    while not (kept.is_file() and len(kept.read_text().splitlines()) >= 2):  # the fingerprint, then the first step
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"the run ended or stalled before its first step was kept: {process.communicate()}")
+        time.sleep(0.005)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 130, stderr
+    assert "steps kept in" in stderr and "run the same command again to resume" in stderr, stderr
+    assert not (tmp_path / "out").exists()
+    steps = len(kept.read_text().splitlines()) - 1
+    resumed = CliRunner().invoke(cli, arguments)
+    assert resumed.exit_code == 0, resumed.output
+    run = headscan.load(tmp_path / "out")
+    assert run.provenance.models[0].extra["patching"]["steps_resumed"] == steps > 0
+    assert list(run.frames) == list(whole.frames) == ["patching", "paths"]
+    for table in run.frames:
+        pd.testing.assert_frame_equal(run[table], whole[table], check_exact=True)

@@ -5,18 +5,26 @@ option `--help` no longer lists (an old spelling kept working is not listed eith
 fails. Then the parsed settings are compared with the settings the run records (`config`): replayed, the command
 would sweep with the settings the run was swept with. A command that repeats an option click keeps only once
 (``--lengths 1024 --lengths 2048``) would replay another run, and fails here.
+
+And a run's recorded command runs: a sweep made by the command line, its recorded command run again into another
+folder, and one made in Python, its recorded ``headscan.sweep(...)`` call evaluated with another ``out``, make
+the same tables to the bit.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import shlex
 from pathlib import Path
 
 import click
+import pandas as pd
 import pytest
+from click.testing import CliRunner
 
+import headscan
 from headscan.cli import cli
 from headscan.cli_options import config_from, shown_opts
 from headscan.config import RetrievalConfig, SweepConfig
@@ -89,3 +97,41 @@ def test_the_command_a_run_records_replays_its_own_settings(arguments):
     assert words[0] == name
     with cli.commands[name].make_context(name, words[1:]) as replayed:
         assert replayed.params == first, line
+
+
+# --- a run's recorded command, run again, makes the same tables ----------------------------------------------------
+
+SWEEP = ["--limit", "3", "--device", "cpu", "--bootstrap", "20", "-q"]
+
+
+def _same_tables(a: Path, b: Path) -> None:
+    first, second = headscan.load(a), headscan.load(b)
+    assert list(first.frames) == list(second.frames)
+    for name in first.frames:
+        pd.testing.assert_frame_equal(first[name], second[name], check_exact=True)
+
+
+def _elsewhere(arguments: list[str], out: Path) -> list[str]:
+    """`arguments` with the value of --out replaced by `out`."""
+    at = arguments.index("--out") + 1
+    return [*arguments[:at], str(out), *arguments[at + 1:]]
+
+
+def test_a_sweeps_recorded_command_runs_again_to_the_same_tables(tiny_gpt2, tmp_path):
+    first = tmp_path / "first"
+    made = CliRunner().invoke(cli, ["sweep", "-m", str(tiny_gpt2), "--out", str(first), *SWEEP], prog_name="headscan")
+    assert made.exit_code == 0, made.output
+    name, arguments = recorded(first / "run.json")
+    again = CliRunner().invoke(cli, [name, *_elsewhere(arguments, tmp_path / "again")], prog_name="headscan")
+    assert again.exit_code == 0, again.output
+    _same_tables(first, tmp_path / "again")
+
+
+def test_a_python_sweeps_recorded_call_runs_again_to_the_same_tables(tiny_gpt2, tmp_path):
+    first = headscan.sweep(str(tiny_gpt2), "builtin", tmp_path / "first", limit=3, device="cpu", bootstrap=20)
+    call = ast.parse(first.provenance.command, mode="eval")
+    assert ast.unparse(call.body.func) == "headscan.sweep"
+    [out] = [keyword for keyword in call.body.keywords if keyword.arg == "out"]
+    out.value = ast.Constant(str(tmp_path / "again"))
+    eval(compile(ast.fix_missing_locations(call), "run.json", "eval"), {"headscan": headscan})  # noqa: S307  the run's own record
+    _same_tables(tmp_path / "first", tmp_path / "again")

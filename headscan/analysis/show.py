@@ -12,20 +12,21 @@ This module draws nothing and loads no model.
 from __future__ import annotations
 
 import difflib
+import os
 
 import pandas as pd
 
 from ..errors import MetricError, TablesError
 from ..metrics import METRICS, describe
-from ..tables import TABLES, SweepTables
+from ..tables import TABLES, SweepTables, load
 from ..tables.schema import column_notes
 from .claims import why_not
 from .importance import effects
 from .patching import top_patched
-from .ranking import structural_reason, thin_note, thin_passed, top_heads, why_structural
+from .ranking import controls_note, structural_reason, thin_note, thin_passed, top_heads, unit_note, why_structural
 from .syntax import best_heads, offset_text, relation_order
 
-__all__ = ["SHOWN", "SELF_EVIDENT", "SHOW_NOTES", "top_heads_text", "show_metrics", "footer", "length_notes"]
+__all__ = ["show", "SHOWN", "SELF_EVIDENT", "SHOW_NOTES", "top_heads_text", "show_metrics", "footer", "length_notes"]
 
 
 # The columns `headscan show` prints; ``unsupported`` (why a row carries no claim) under the reports' own word.
@@ -144,6 +145,23 @@ def top_heads_text(run: SweepTables, metric: str | None = None, n: int = 10) -> 
     parts = [table.to_string(index=False), *passed,
              footer(table.columns, {"value": f"{metric} in {entry.unit}, {column_notes()['value']}"})] if shown else []
     return "\n".join(parts + said)
+
+
+def show(run: str | os.PathLike | SweepTables, metric: str | None = None, top: int = 10) -> str:
+    """What ``headscan show RUN --metric METRIC --top TOP`` prints: `run` (a run's folder, or its tables) read with
+    `headscan.load`, its `top` heads per model on `metric` (`top_heads_text`, which says what `metric` may be and
+    what is refused), then one line per control model and one on the unit its intervals resampled.
+
+    >>> heads = pd.DataFrame({"model": "gpt", "family": "causal", "layer": 0, "head": [0, 1], "label": ["L0H0", "L0H1"],
+    ...     "metric": "next_token", "value": 0.0, "ci_low": 0.0, "ci_high": 0.0, "count": 5.0, "units": 5.0,
+    ...     "top_unit_share": 0.2})
+    >>> print(show(SweepTables({"heads": heads}), "next_token"))
+    gpt: next_token: a causal model's queries cannot see later tokens, so it is 0 for every head
+    intervals resample segments
+    """
+    tables = run if isinstance(run, SweepTables) else load(run)
+    return "\n".join([top_heads_text(tables, metric, top), *controls_note(tables.provenance),
+                      unit_note(tables.provenance)])
 
 
 def footer(columns, notes: dict[str, str] | None = None) -> str:

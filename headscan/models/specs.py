@@ -15,7 +15,37 @@ from ..errors import ModelNotFoundError
 from .aliases import ALIASES, alias_status
 from .hub import architecture_name, has_adapter, hf_cache_revision, one_line, quiet
 
-__all__ = ["check_spec", "describe_spec"]
+__all__ = ["check_spec", "describe_spec", "describe_models"]
+
+# What `describe_models` says a control is, before its architecture.
+CONTROL_WHAT = {"random-init": "a control with untrained weights drawn from the config's initialiser: ",
+                "shuffled-words": "the model, as a control swept over each segment's words permuted: "}
+
+
+def describe_models(specs: str | list[str] | tuple[str, ...] = ()) -> str:
+    """What ``headscan models [SPEC]...`` prints: with no `specs`, the embedded aliases (each installed or how to
+    install it) and the controls a sweep can add; else one line per spec: its architecture and the path its
+    attention is read through (`describe_spec`, from its config alone).
+
+    The embedded model may not be installed where the docs are tested, hence the skip:
+
+    >>> print(describe_models("minilm"))  # doctest: +SKIP
+    minilm: BertModel (bert), hooked through transformer_lens
+    """
+    specs = [specs] if isinstance(specs, str) else list(specs)
+    if specs:
+        return "\n".join(f"{spec}: {CONTROL_WHAT.get(found['control'], '')}{found['architecture']} "
+                         f"({found['model_type']}), hooked through {found['path']}"
+                         for spec, found in ((spec, describe_spec(spec)) for spec in specs))
+    lines = []
+    for name, path in alias_status().items():
+        alias = ALIASES[name]
+        state = f"installed: {path}" if path else f"not installed ({alias.install})"
+        lines.append(f"{name:8} {alias.description}\n         {state}")
+    lines.append("controls: sweep --control random-init adds 'MODEL [random init]' (its architecture and tokenizer, "
+                 "untrained weights), --control shuffled-words 'MODEL [shuffled words]' (the model over the corpus "
+                 "with each segment's words permuted)")
+    return "\n".join(lines)
 
 
 def describe_spec(spec: str) -> dict:

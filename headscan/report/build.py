@@ -117,7 +117,10 @@ def write_report(
     *,
     top: int = 10,
     examples: Examples | None = None,
+    models: bool = False,
+    example: str | None = None,
     progress: Callable[[str], None] | None = None,
+    failed: Callable[[str], None] | None = None,
     overwrite: bool = False,
 ) -> Path:
     """Write a report over one or more sweep outputs; runs are compared side by side.
@@ -135,10 +138,17 @@ def write_report(
         How many top heads to list per metric and model.
     examples : Examples, optional
         Example attention patterns, computed beforehand with the models by
-        `headscan.report.examples.compute_examples` (as ``headscan report`` does unless ``--no-models``). Without
-        them the report says so; everything else needs only the tables.
+        `headscan.report.examples.compute_examples`. Without them (and without `models`) the report says so;
+        everything else needs only the tables.
+    models : bool, default False
+        Load each model of the runs once, on the CPU, and compute every head's attention on `example` (default:
+        a short English sentence) after the runs and options are checked, under the report folder's lock (as
+        ``headscan report`` does unless ``--no-models``); a model that cannot be loaded is left out, named
+        through `failed`.
     progress : callable, optional
         Called with one line as each part of the report is drawn and when it is written.
+    failed : callable, optional
+        Called with one line per model whose example attention could not be computed (``models``).
 
     Returns
     -------
@@ -157,13 +167,26 @@ def write_report(
     if not runs:
         raise ConfigError("report needs at least one sweep output folder (the --out of `headscan sweep`)")
     check_report_options(top=top, out=out, overwrite=overwrite)
+    if models:
+        from .examples import check_example
+
+        example = check_example(example)
     check_runs(runs)
     loaded = [run if isinstance(run, SweepTables) else load(run) for run in runs]
+    if progress is not None:
+        progress(f"read {len(runs)} run{'s' if len(runs) > 1 else ''}")
     check_runs(loaded)
     names = run_names([run.path or f"run{i + 1}" for i, run in enumerate(loaded)])
     out = report_folder(loaded, out)
-    with folders.lock(out):
+    with folders.lock(out):  # held from here, so that a second writer is refused before the models load
         check_report_options(top=top, out=out, overwrite=overwrite)
+        if models and examples is None:
+            from .examples import compute_examples
+
+            examples = compute_examples(loaded, example, progress=progress)
+            for line in examples.failed:
+                if failed is not None:
+                    failed(f"no example attention for {line}")
         document = build_report(compare_runs(loaded, names), top=top, examples=examples,
                                 title=f"headscan report: {' vs '.join(names)}", progress=progress)
         if progress is not None:

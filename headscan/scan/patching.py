@@ -380,7 +380,17 @@ def _paths_table(model, results: dict, config: PatchConfig) -> pd.DataFrame:
 
 def write_generated_pairs(kind: str, n: int, out: str | Path, *, seed: int = 0, model: str | None = None,
                           overwrite: bool = False) -> Path:
-    """`generate_pairs` into the JSON-lines file `out`; with `model`, only words that are one token for it."""
+    """`n` seeded prompt pairs of `kind` (``"ioi"``, ``"induction"`` or ``"capitals"``, `generate_pairs`) into the
+    JSON-lines file `out`, which ``headscan.patch`` reads; with `model`, only words that are one token for it. This
+    is ``headscan.pairs`` (the ``headscan pairs`` command); returns the file's path.
+
+    >>> import tempfile, pathlib
+    >>> path = write_generated_pairs("ioi", 4, pathlib.Path(tempfile.mkdtemp()) / "pairs.jsonl")
+    >>> len(path.read_text().splitlines())
+    4
+
+    Example: ``headscan.pairs("ioi", 64, "pairs.jsonl", model="smollm2")``
+    """
     out = Path(out)
     if out.exists() and not overwrite:
         raise ConfigError(f"{out} exists; pass --overwrite to replace it", setting="out")

@@ -269,7 +269,9 @@ def merge(outs: list[str | Path], out: str | Path | None = None, *, overwrite: b
 
     Each output must hold the partial states a sharded or layer sweep keeps (``OUT/state/``). Refuses outputs of
     different sweeps (naming what differs), a shard given twice, a missing shard, and two runs that sweep the
-    same layer (naming the runs and the layers).
+    same layer (naming the runs and the layers). This is ``headscan.merge`` (the ``headscan merge`` command).
+
+    Example: ``headscan.merge(["out/part-0", "out/part-1"], "out/all")``
     """
     if not outs:
         raise ConfigError("merge needs the output folders of the shards (headscan sweep --shard K/N --out ...)")

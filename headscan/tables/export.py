@@ -32,7 +32,10 @@ def export_dataset(run: str | os.PathLike | SweepTables, out: str | os.PathLike,
     """Write the run (a sweep or retrieval output folder, or its tables as loaded) into `out` as a dataset folder;
     replaces an earlier export there only with `overwrite`, and never a folder holding anything else.
 
-    Returns the folder's absolute path.
+    Returns the folder's absolute path. This is ``headscan.export`` (the ``headscan export`` command).
+
+    Example: ``headscan.export("out/ewt", "out/ewt-dataset")``, then ``datasets.load_dataset("out/ewt-dataset",
+    "heads")``
     """
     tables = run if isinstance(run, SweepTables) else load(run)
     if tables.path is None:
