@@ -225,7 +225,8 @@ def main() -> None:
     parser.add_argument("--child", nargs=2, metavar=("MODE", "LENGTH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.query_chunk is None:
-        from headscan.config import RetrievalConfig, SweepConfig
+        from headscan.config import SweepConfig
+        from headscan.retrieval_config import RetrievalConfig
 
         args.query_chunk = (RetrievalConfig if args.task == "retrieval" else SweepConfig).query_chunk
     if args.child:

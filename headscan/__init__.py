@@ -37,8 +37,9 @@ import importlib
 
 __version__ = "0.1.0"
 
-from .config import RetrievalConfig, SweepConfig
+from .config import SweepConfig
 from .errors import HeadscanError
+from .retrieval_config import RetrievalConfig
 from .tables import TABLES, SweepTables, load
 
 __all__ = ["__version__", "HeadscanError", "METRICS", "TABLES", "SweepTables", "SweepConfig", "RetrievalConfig", "load",

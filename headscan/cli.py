@@ -15,8 +15,9 @@ from pathlib import Path
 import click
 
 from .cli_options import ENTRY_POINTS, GroupedCommand, config_from, flag_of, options, shown_opts
-from .config import RetrievalConfig, SweepConfig
+from .config import SweepConfig
 from .errors import ConfigError, HeadscanError, SweepInterrupted
+from .retrieval_config import RetrievalConfig
 from .tables import TABLES
 
 # What `headscan retrieval` and `headscan patch` write; a sweep fills the other tables of the registry.

@@ -18,8 +18,9 @@ from typing import Literal, Union, get_args, get_origin, get_type_hints
 
 import click
 
-from .config import RetrievalConfig, SweepConfig, settings
+from .config import SweepConfig, settings
 from .patching_config import PatchConfig
+from .retrieval_config import RetrievalConfig
 
 __all__ = ["Opt", "OPTIONS", "ENTRY_POINTS", "TITLES", "GroupedCommand", "options", "config_from", "flag_of", "shown_opts",
            "options_markdown"]

@@ -1,7 +1,7 @@
 """Settings: frozen dataclasses that check every setting once, so nothing downstream checks again.
 
-`SweepConfig` holds a sweep's settings, `RetrievalConfig` those of the needle-in-a-haystack trials of
-``headscan retrieval``. Each field declares its command-line option once (a `Setting`: group and help); the
+`SweepConfig` holds a sweep's settings (`headscan.retrieval_config.RetrievalConfig`, declared the same way, those of the
+needle-in-a-haystack trials of ``headscan retrieval``). Each field declares its command-line option once (a `Setting`: group and help); the
 command line builds its options, choices and defaults from them, and turns a `ConfigError` naming a setting
 (``max_len``) into one naming the flag (``--max-len``). Inner functions trust a config they are handed.
 
@@ -28,7 +28,7 @@ from typing import Literal, get_args, get_type_hints
 from .errors import ConfigError
 from .setting_values import check_whole, format_layers, parse_layers
 
-__all__ = ["SweepConfig", "RetrievalConfig", "DEVICES", "DTYPES", "SPECIALS", "TEMPLATES", "CONTROLS", "MIN_BOOTSTRAP",
+__all__ = ["SweepConfig", "DEVICES", "DTYPES", "SPECIALS", "TEMPLATES", "CONTROLS", "MIN_BOOTSTRAP",
            "IMPORTANCE_METHODS", "IMPORTANCE_TARGETS", "GROUPS", "Setting", "choices", "settings", "control_name",
            "split_control", "control_number", "hf_offline", "option", "check_whole"]
 
@@ -367,98 +367,6 @@ def control_number(name: str) -> int:
     """
     found = _CONTROL_SUFFIX.search(name)
     return int(found.group(2)) if found is not None and found.group(2) else 1
-
-
-@dataclass(frozen=True)
-class RetrievalConfig:
-    """How ``headscan retrieval`` builds needle-in-a-haystack trials and decodes them (Wu et al. 2024).
-
-    One trial per (length, depth, needle). Every field is checked when the config is made.
-
-    >>> RetrievalConfig(lengths=(1024,), depths=(0.0, 0.5, 1.0)).lengths
-    (1024,)
-    >>> RetrievalConfig(depths=(1.5,))
-    Traceback (most recent call last):
-    ...
-    headscan.errors.ConfigError: depths must lie between 0 and 1 (0: the needle opens the haystack, 1: it closes it); got 1.5
-    """
-
-    lengths: tuple[int, ...] = option((1024, 2048), "trials", "Prompt lengths in tokens (template and question "
-                                      "included).", metavar="N,N")
-    depths: tuple[float, ...] = option(tuple(i / 10 for i in range(11)), "trials", "Needle depths: 0 opens the "
-                                       "haystack, 1 closes it.", metavar="D,D")
-    template: Template = option("raw", "trials", "'raw': haystack then question (Wu et al. on base models); 'chat': "
-                                "the tokenizer's chat template.")
-    max_new_tokens: int = option(50, "trials", "Greedy steps at most.")  # Wu et al.: 50
-    gate: float = option(0.5, "trials", "A trial counts when the answer's ROUGE-1 recall is above this.")  # Wu et al.
-    seed: int = option(0, "intervals", "Seed of the haystacks' starts and the bootstrap.")
-    bootstrap: int = option(200, BOOTSTRAP)  # over trials, the bootstrap unit of retrieval
-    interval: IntervalMethod = option("studentized_symmetric", INTERVAL)
-    device: Device = option("auto", DEVICE)
-    dtype: DType = option("float32", DTYPE)
-    prepend_bos: bool | None = option(None, "input", "Raw template: put BOS before the prompt ('auto' follows the "
-                                      "model's sweep default).", flag="--bos")
-    # 128: less memory than 256 at 8k tokens (benchmarks/long_context.py --task retrieval)
-    query_chunk: int = option(128, "model", "Queries per block of the chunked prefill (scores do not depend on it).")
-    # the masking test (Wu et al.'s needle_in_haystack_with_mask.py): off unless one of the two counts is set
-    mask_top: int = option(0, "trials", "Also decode every trial with the top K retrieval heads masked (their "
-                           "output z zeroed at every position, prefill and decoding); 0: no masking test.",
-                           metavar="K")
-    mask_random: int = option(0, "trials", "Also decode every trial with K random heads masked, one from the layer of "
-                              "each of the top K retrieval heads, never a top head; 0: none.", metavar="K")
-    mask_draws: int = option(20, "trials", "Seeded draws of --mask-random heads, each decoding every masked trial "
-                             "once; the top set's drop is ranked among theirs, so N draws allow a p-value down to "
-                             "1/(N+1) (19: 0.05).")
-    mask_from: str | None = option(None, "trials", "Rank the heads to mask by the retrieval scores of this earlier "
-                                   "headscan retrieval output folder, run on other needles, and mask every trial "
-                                   "(default: rank on this run's even needles, mask its odd ones' trials).",
-                                   metavar="FOLDER")
-
-    def __post_init__(self):
-        for name, values in choices(RetrievalConfig).items():
-            if getattr(self, name) not in values:
-                raise ConfigError(f"{name} must be one of {', '.join(values)}; got {getattr(self, name)!r}", setting=name)
-        for name in ("lengths", "depths"):
-            if not isinstance(getattr(self, name), tuple) or not getattr(self, name):
-                raise ConfigError(f"{name} must be a non-empty tuple, got {getattr(self, name)!r}", setting=name)
-        for length in self.lengths:
-            check_whole("lengths", length, 64)
-        if len(set(self.lengths)) != len(self.lengths) or len(set(self.depths)) != len(self.depths):
-            raise ConfigError("lengths and depths must not repeat a value: each trial would be run twice",
-                              setting="lengths")
-        for depth in self.depths:
-            if isinstance(depth, bool) or not isinstance(depth, (int, float)) or not 0 <= depth <= 1:
-                raise ConfigError(f"depths must lie between 0 and 1 (0: the needle opens the haystack, 1: it closes "
-                                  f"it); got {depth!r}", setting="depths")
-        for name, low in (("max_new_tokens", 1), ("seed", 0), ("query_chunk", 1)):
-            check_whole(name, getattr(self, name), low)
-        if isinstance(self.gate, bool) or not isinstance(self.gate, (int, float)) or not 0 <= self.gate < 1:
-            raise ConfigError(f"gate must be a recall in [0, 1), got {self.gate!r}", setting="gate")
-        check_whole("bootstrap", self.bootstrap, 0)
-        if 0 < self.bootstrap < MIN_BOOTSTRAP:
-            raise ConfigError(f"bootstrap must be 0 (no intervals) or at least {MIN_BOOTSTRAP}, got {self.bootstrap}",
-                              setting="bootstrap")
-        if self.prepend_bos not in (None, True, False):
-            raise ConfigError(f"prepend_bos must be None, True or False, got {self.prepend_bos!r}", setting="prepend_bos")
-        self._check_masking()
-
-    def _check_masking(self) -> None:
-        for name, low in (("mask_top", 0), ("mask_random", 0), ("mask_draws", 1)):
-            check_whole(name, getattr(self, name), low)
-        if self.mask_from is not None and not (isinstance(self.mask_from, str) and self.mask_from):
-            raise ConfigError(f"mask_from must be a folder, got {self.mask_from!r}", setting="mask_from")
-        if self.mask_from is not None and not self.masking:
-            raise ConfigError("mask_from names the scores to rank heads by, but nothing is masked; add --mask-top K "
-                              "or --mask-random K", setting="mask_from")
-
-    @property
-    def masking(self) -> bool:
-        """Whether the run adds the masking test (`headscan.scan.masking`)."""
-        return self.mask_top > 0 or self.mask_random > 0
-
-    def to_json(self) -> dict:
-        return {name: list(value) if isinstance(value, tuple) else value
-                for name, value in dataclasses.asdict(self).items()}
 
 
 def choices(config: type = SweepConfig) -> dict[str, tuple[str, ...]]:

@@ -214,7 +214,7 @@ def test_provenance_names_each_layers_sliding_window(checkpoint, name, windows):
     corpus = Corpus("test", "text", "", (Segment(SENTENCES[0], 1),))
     assert fingerprint(model, corpus, CONFIG)["model"].get("windows") == windows
     if model.causal:  # and a retrieval trial decoded before (its rows misplaced) is not reused
-        from headscan.config import RetrievalConfig
+        from headscan.retrieval_config import RetrievalConfig
         from headscan.scan.trials import _fingerprint
 
         assert _fingerprint(model, corpus, {"sha256": ""}, RetrievalConfig())["model"].get("windows") == windows

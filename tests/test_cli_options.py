@@ -10,7 +10,8 @@ from click.testing import CliRunner
 
 from headscan.cli import cli
 from headscan.cli_options import OPTIONS, TITLES, config_from, options_markdown, shown_opts
-from headscan.config import GROUPS, RetrievalConfig, SweepConfig
+from headscan.config import GROUPS, SweepConfig
+from headscan.retrieval_config import RetrievalConfig
 
 OPTIONS_MD = Path(__file__).resolve().parents[1] / "docs" / "options.md"
 

@@ -17,8 +17,8 @@ from conftest import NEEDLE_ANSWER, NEEDLE_HAYSTACK, NEEDLE_QUESTION, assert_a_s
 
 import headscan
 from headscan.cli import cli
-from headscan.config import RetrievalConfig
 from headscan.errors import ConfigError
+from headscan.retrieval_config import RetrievalConfig
 from headscan.scan.masking import random_heads
 from headscan.testing import build_architecture_checkpoint
 

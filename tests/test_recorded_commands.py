@@ -27,8 +27,9 @@ from click.testing import CliRunner
 import headscan
 from headscan.cli import cli
 from headscan.cli_options import config_from, shown_opts
-from headscan.config import RetrievalConfig, SweepConfig
+from headscan.config import SweepConfig
 from headscan.patching_config import PatchConfig
+from headscan.retrieval_config import RetrievalConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = sorted(ROOT.glob("reports/runs/*/run.json"))

@@ -23,13 +23,13 @@ from conftest import NEEDLE_ANSWER, NEEDLE_HAYSTACK, NEEDLE_QUESTION, assert_a_s
 
 import headscan
 from headscan.cli import cli
-from headscan.config import RetrievalConfig
 from headscan.corpus.needles import read_needles, sentences
 from headscan.corpus.rouge import porter_stem, rouge1_recall
 from headscan.errors import ModelLoadError, TablesError
 from headscan.metrics import AttentionBatch
 from headscan.metrics.retrieval import chance_steps
 from headscan.models.decode import PREFILL_CHUNK
+from headscan.retrieval_config import RetrievalConfig
 from headscan.testing import build_architecture_checkpoint, build_tiny_checkpoint
 
 ANSWER, QUESTION, HAYSTACK = NEEDLE_ANSWER, NEEDLE_QUESTION, NEEDLE_HAYSTACK

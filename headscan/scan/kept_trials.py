@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from .. import intervals
-from ..config import RetrievalConfig
 from ..errors import TablesError
+from ..retrieval_config import RetrievalConfig
 from .state import PartialState, fingerprint_differences
 
 __all__ = ["over_trials", "kept_trials", "keep_trial"]

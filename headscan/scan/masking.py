@@ -36,13 +36,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..config import RetrievalConfig
 from ..corpus.needles import build_prompt
 from ..corpus.rouge import rouge1_recall
 from ..errors import ConfigError, ModelLoadError, SweepInterrupted
 from ..intervals.pvalues import rank_p_value
 from ..models.ablation import head_cut, zeroed_heads
 from ..models.decode import greedy_decode, language_model
+from ..retrieval_config import RetrievalConfig
 from ..tables import TABLES, head_label, load
 from .kept_trials import keep_trial, kept_trials, over_trials
 

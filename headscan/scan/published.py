@@ -35,8 +35,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..config import RetrievalConfig
 from ..errors import TablesError
+from ..retrieval_config import RetrievalConfig
 from ..tables import (
     IMPORTED,
     TABLES,

@@ -37,7 +37,6 @@ import pandas as pd
 import torch
 
 from .. import __version__
-from ..config import RetrievalConfig
 from ..corpus import read_corpus
 from ..corpus.needles import SENTENCE_RULE, SPAN_RULE, TEMPLATES, build_prompt, plan_trials, read_needles
 from ..corpus.rouge import GATE_RULE, rouge1_recall
@@ -47,6 +46,7 @@ from ..metrics.retrieval import chance_steps
 from ..models import load_model
 from ..models.decode import PREFILL_CHUNK, greedy_decode
 from ..models.forward import chunked_refusal, refused
+from ..retrieval_config import RetrievalConfig
 from ..tables import TABLES, ModelProvenance, SweepTables, head_columns, write
 from ..tables.folders import holding_out
 from .finish import run_provenance
