@@ -60,7 +60,7 @@ def test_a_stopped_sweep_resumed_with_another_choice_is_refused_and_resumes_with
     out = tmp_path / "run"
     settings = SETTINGS | {"bootstrap": 0}
     expected = headscan.sweep([gpt2, bert], lines, importance_models=(gpt2,), **settings)
-    # gpt2 checks for a stop 12 times here, bert 4 (a window each and one more): stopped after bert's first window
+    # gpt2 asks whether to stop at 12 points here, bert at 4 (once a window and once more): it stops after bert's first window
     monkeypatch.setattr("headscan.scan.run.stop_requests", stop_after(14))
     with pytest.raises(SweepInterrupted, match=f"stopped while sweeping {bert} at segment .*: the .* segments of its "
                                                "1 finished window"):

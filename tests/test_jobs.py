@@ -241,6 +241,8 @@ NOT_FINGERPRINTED = {
     "control_seeds": "adds random-init controls, each fingerprinted per control model as model.control_seed",
     "fdr": "applied when the tables are published, over every model of the run (headscan.metrics.nulls)",
     "metric_modules": "adds metrics: each is fingerprinted by its columns and its text's sha256 (custom_metrics)",
+    "importance_models": "resolved per model before fingerprinting: a named model's fingerprint carries --importance, "
+                         "every other model's that of a sweep without it (tests/test_importance_models.py)",
 }
 # One other valid value for every setting that does change the sums.
 CHANGED = {"max_len": 64, "long": "split", "limit": 5, "dtype": "bfloat16", "specials": "exclude", "max_offset": 3,

@@ -100,7 +100,7 @@ def columns(causal: bool) -> tuple[tuple[str, str], ...]:
     `PLAIN_COLUMNS` for a bidirectional one (every head visible: its visible rows would equal its plain ones).
 
     >>> len(columns(True)) == 2 * len(columns(False)), columns(False)[-1]
-    (True, ('punct', 'head_to_dependent'))
+    (True, ('xcomp', 'head_to_dependent'))
     """
     return COLUMNS if causal else PLAIN_COLUMNS
 

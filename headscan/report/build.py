@@ -169,7 +169,6 @@ def write_report(
     check_report_options(top=top, out=out, overwrite=overwrite)
     if models:
         from .examples import check_example
-
         example = check_example(example)
     check_runs(runs)
     loaded = [run if isinstance(run, SweepTables) else load(run) for run in runs]
@@ -184,12 +183,11 @@ def write_report(
             from .examples import compute_examples
 
             examples = compute_examples(loaded, example, progress=progress)
-            for line in examples.failed:
-                if failed is not None:
-                    failed(f"no example attention for {line}")
+            for line in examples.failed if failed is not None else ():
+                failed(f"no example attention for {line}")
         document = build_report(compare_runs(loaded, names), top=top, examples=examples,
                                 title=f"headscan report: {' vs '.join(names)}", progress=progress)
-        if progress is not None:
+        if progress is not None:  # the models are loaded and the examples computed: what is left is writing
             progress(f"report: writing {out}")
         write_folder(document, out, image_scale=DISPLAY)
     return out
