@@ -66,7 +66,7 @@ from .batch import AttentionBatch
 from .registry import Axis, register
 
 __all__ = ["BASELINE_OFFSETS", "SCORED", "VISIBLE", "SCORED_DIRECTIONS", "COLUMNS", "PLAIN_COLUMNS", "columns",
-           "scored_directions", "visible_heads", "word_attention", "word_rows",
+           "scored_directions", "visible_heads", "word_attention", "word_rows", "add_word_rows",
            "most_attended", "dependency_accuracy", "accuracy_of", "offset_baseline", "visible_offsets", "best_baseline", "attach_baseline", "syntax_metric", "candidate_words",
            "syntax_chance"]
 
@@ -170,6 +170,24 @@ def word_rows(pattern: torch.Tensor, token_word: torch.Tensor, n_words: int,
     rows = torch.zeros((b, h, n_rows + 1, n_words + 1), dtype=dtype, device=pattern.device)
     rows.scatter_add_(2, row_index, to_word * per_token[:, None, :, None])  # the mean over each word's tokens
     return rows[:, :, :n_rows, :n_words], first
+
+
+def add_word_rows(total: torch.Tensor | None, pattern: torch.Tensor, token_word: torch.Tensor, n_words: int,
+                  query_start: int = 0) -> torch.Tensor:
+    """A running (batch, head, word, word) `word_attention` over blocks of query rows: `total` (None at the first
+    block; a sum the caller owns) with this block's `word_rows` added into their rows only.
+
+    >>> pattern = torch.tensor([[[[1.0, 0, 0, 0], [0.5, 0.5, 0, 0], [0.1, 0.6, 0.3, 0], [0.1, 0.2, 0.3, 0.4]]]])
+    >>> words = torch.tensor([[-1, 0, 1, 1]])
+    >>> total = add_word_rows(None, pattern[:, :, :3], words, 2)
+    >>> torch.equal(add_word_rows(total, pattern[:, :, 3:], words, 2, 3), word_attention(pattern, words, 2))
+    True
+    """
+    rows, first = word_rows(pattern, token_word, n_words, query_start)  # (batch, head, rows, word)
+    if total is None:
+        total = rows.new_zeros((*rows.shape[:2], n_words, n_words))
+    total[:, :, first: first + rows.shape[2]] += rows
+    return total
 
 
 def most_attended(attention: torch.Tensor) -> torch.Tensor:

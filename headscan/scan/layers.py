@@ -296,10 +296,8 @@ class LayerHooks:
         if self.syntax is not None:
             words = gathered.masks.words
             raw = batch.pattern if batch.raw_pattern is None else batch.raw_pattern
-            rows, first = syntax.word_rows(raw, words.token_word, words.n_words, where.start)  # (batch, head, rows, word)
-            if layer not in gathered.word_attention:  # the layer's (batch, head, word, word) sum, ours to add into
-                gathered.word_attention[layer] = rows.new_zeros((*rows.shape[:2], words.n_words, words.n_words))
-            gathered.word_attention[layer][:, :, first: first + rows.shape[2]] += rows
+            gathered.word_attention[layer] = syntax.add_word_rows(  # (batch, head, word, word), summed over blocks
+                gathered.word_attention.get(layer), raw, words.token_word, words.n_words, where.start)
             if where.stop == where.n_queries:
                 # from the words (and the window) alone: once per batch and window
                 words_chance = gathered.chance.setdefault(("words", batch.window), {})

@@ -39,7 +39,7 @@ from ..metrics.similarity import (
     with_sink,
     word_entries,
 )
-from ..metrics.syntax import word_attention
+from ..metrics.syntax import add_word_rows
 
 __all__ = ["SIMILARITY_SALT", "sample_of", "check_memory", "SimilarityRun", "notes", "across_sums"]
 
@@ -117,8 +117,8 @@ class SimilarityRun:
                             self.causal, query_start)  # (sampled, q, k)
         if self.words is not None:  # the sampled rows' word-level attention (blocks add up)
             token_word = self.words.token_word.index_select(0, rows.to(self.words.token_word.device)).to(pattern.device)
-            part = word_attention(pattern.index_select(0, rows).to(dtype), token_word, self.words.n_words, query_start)
-            self.word_parts[layer] = self.word_parts.get(layer, 0) + part
+            self.word_parts[layer] = add_word_rows(self.word_parts.get(layer), pattern.index_select(0, rows).to(dtype),
+                                                   token_word, self.words.n_words, query_start)
         for n, row in enumerate(self.rows):  # a loop over sampled segments (each has its own entries), not heads
             self.kept.setdefault((row, layer), []).append(smoothed_entries(chosen[n], seen[n]))
             if layer == 0:  # every layer has the same queries
