@@ -52,7 +52,7 @@ import torch  # noqa: E402
 from headscan import SweepConfig
 from headscan.corpus import batches, encode, read_corpus  # noqa: E402
 from headscan.models import ALIASES, load_model, pattern_forward
-from headscan.models.specs import _quiet  # noqa: E402
+from headscan.models.hub import quiet  # noqa: E402
 from headscan.scan import layers, reduce, sweep_model  # noqa: E402
 
 EWT = Path(__file__).resolve().parents[2] / "shared/data/ud-english-ewt/en_ewt-ud-dev.conllu"
@@ -63,7 +63,7 @@ def hf_models(name: str):
     from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
 
     path = ALIASES[name].locate() if name in ALIASES else Path(name)
-    with _quiet():
+    with quiet():
         if path.suffix == ".gguf":
             full = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, attn_implementation="eager")
         else:
