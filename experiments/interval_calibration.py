@@ -7,6 +7,18 @@ checked on the other.
     python experiments/interval_calibration.py --data out/unit_sums          # numpy only, a few minutes
     python experiments/interval_calibration.py --data out/unit_sums --package  # and write headscan/data/...csv
 
+Induction and duplicate tokens are defined only at a query whose token came before, so on EWT the ``thin`` rule
+trusts almost none of their rows and they cannot be measured there. They are measured on repeated random tokens
+(every second-half query has them), two draws the committed ``repeat-random`` run (seed 0) never saw, and put into
+the packaged table beside the EWT families (the output goes to its own folder):
+
+    python experiments/unit_sums.py minilm repeat-random:count=318,seed=1 out/unit_sums/minilm-repeat1.npz
+    python experiments/unit_sums.py minilm repeat-random:count=318,seed=2 out/unit_sums/minilm-repeat2.npz
+    ...                                                       # and smollm2
+    python experiments/interval_calibration.py --data out/unit_sums --fit --check --sparse-fit repeat1 \
+        --sparse-check repeat2 --tables heads value --merge-into headscan/data/interval_calibration.csv \
+        --out reports/experiments/interval_calibration/sparse --package
+
 Protocol. As ``experiments/interval_coverage.py`` (whose parts, states and rows this reuses): a part is N whole
 documents of a split, drawn at random (``--draws`` per N), and gets exactly the state a sweep of those documents
 alone builds; the truth is the whole split's value. For every row the ``thin`` rule trusts (count > 0, not a
@@ -139,6 +151,25 @@ def with_coverage(table: pd.DataFrame, coverage: pd.DataFrame, models, documents
                          "trusted": by["trusted"].sum().astype(int)}).reset_index()
 
 
+def only_sparse_from(per_row: pd.DataFrame, corpora) -> pd.DataFrame:
+    """`per_row` without the rows of `corpora` outside the sparse families. On repeated random tokens induction and
+    duplicate tokens are defined at every second-half query, where on EWT the ``thin`` rule trusts almost none
+    of their rows; the other families are measured on EWT, and random tokens are no text to measure them on."""
+    sparse = per_row["family"].str.removeprefix("value:").isin(SPARSE)
+    return per_row[sparse | ~per_row["corpus"].isin(corpora)].reset_index(drop=True)
+
+
+def merged(kept: pd.DataFrame, fitted: pd.DataFrame) -> pd.DataFrame:
+    """`kept`'s factors with those of the families fitted here put in their place, in family and N order.
+
+    >>> kept = pd.DataFrame({"family": ["prev_token", "induction"], "N": [10, 10], "factor": [1.5, 9.0]})
+    >>> merged(kept, pd.DataFrame({"family": ["induction"], "N": [10], "factor": [1.2]}))[["family", "factor"]].values.tolist()
+    [['induction', 1.2], ['prev_token', 1.5]]
+    """
+    both = pd.concat([kept[~kept["family"].isin(fitted["family"])], fitted], ignore_index=True)
+    return both.sort_values(["family", "N"], kind="stable").reset_index(drop=True)
+
+
 def check(per_row: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
     """Per model, family and N: the share of trusted rows the default and the calibrated interval hold."""
     tables = np.where(per_row["family"].str.startswith("value:"), "value", "heads")
@@ -157,7 +188,8 @@ def check(per_row: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
 
 
 def report(table: pd.DataFrame, checked: pd.DataFrame, args, seconds: float) -> str:
-    lines = ["# Calibrated intervals: fitted on EWT test, checked on EWT dev", "",
+    fitted, checked_on = [*args.fit, *args.sparse_fit], [*args.check, *args.sparse_check]
+    lines = [f"# Calibrated intervals: fitted on {', '.join(fitted)}, checked on {', '.join(checked_on)}", "",
              f"Made by `python experiments/interval_calibration.py {' '.join(sys.argv[1:])}` ({args.draws} random parts "
              f"per N, 200 replicates, seed 0; {seconds / 60:.0f} min). The factor is the 95th percentile of "
              "|value - truth| / half-width over the rows the `thin` rule trusts (parts drawn without replacement: "
@@ -171,7 +203,7 @@ def report(table: pd.DataFrame, checked: pd.DataFrame, args, seconds: float) -> 
         lines.append(f"| {family} | " + " | ".join(
             f"{c['factor'].iloc[0]:.2f} (default {c['coverage'].iloc[0]:.2f})" if len(c) else "–" for c in cells) + " |")
     for corpus, part in checked.groupby("corpus", sort=False):
-        lines += ["", f"## Coverage on {corpus}" + (" (held out)" if corpus in args.check else " (fit split)"), "",
+        lines += ["", f"## Coverage on {corpus}" + (" (held out)" if corpus in checked_on else " (fit split)"), "",
                   "| model | family | " + " | ".join(f"N={n}: default → calibrated" for n in args.sizes) + " |",
                   "|---|---|" + "---|" * len(args.sizes)]
         for (model, family), rows in part.groupby(["model", "family"]):
@@ -195,7 +227,7 @@ def main(argv=None) -> None:
     parser.add_argument("--data", type=Path, default=ROOT / "out" / "unit_sums",
                         help="folder of MODEL-CORPUS.npz from unit_sums.py")
     parser.add_argument("--models", nargs="+", default=["minilm", "smollm2"])
-    parser.add_argument("--fit", nargs="+", default=["test"], help="corpora the factors are fitted on")
+    parser.add_argument("--fit", nargs="*", default=["test"], help="corpora the factors are fitted on")
     parser.add_argument("--check", nargs="*", default=["dev"], help="corpora they are checked on")
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     parser.add_argument("--draws", type=int, default=100, help="random parts per N")
@@ -207,12 +239,19 @@ def main(argv=None) -> None:
                         help="interval_coverage.py's coverage.csv and the models to take from it, for models whose "
                              "unit sums are not at hand")
     parser.add_argument("--documents", type=int, default=316, help="documents of the split --from-coverage used")
+    parser.add_argument("--sparse-fit", nargs="*", default=[], metavar="CORPUS",
+                        help="corpora fitted for the sparse families only (induction, duplicate_token and their value "
+                             "rows): repeated random tokens, where every second-half query has them")
+    parser.add_argument("--sparse-check", nargs="*", default=[], metavar="CORPUS",
+                        help="corpora the sparse families' factors are checked on")
+    parser.add_argument("--merge-into", type=Path, metavar="CSV",
+                        help="a factor table (the packaged one) to keep but for the families fitted here")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore", category=RuntimeWarning)
     started = time.perf_counter()
     per_row = []
     for model in args.models:
-        for corpus in [*args.fit, *args.check]:
+        for corpus in [*args.fit, *args.check, *args.sparse_fit, *args.sparse_check]:
             path = args.data / f"{model}-{corpus}.npz"
             if not path.is_file():
                 print(f"skipped {model} {corpus}: no {path} (experiments/unit_sums.py makes it)", file=sys.stderr)
@@ -231,11 +270,13 @@ def main(argv=None) -> None:
                 per_row.append(frame)
                 print(f"{model} {corpus}: {len(parts)} parts of {size} ({time.perf_counter() - started:.0f} s)",
                       file=sys.stderr)
-    per_row = pd.concat(per_row, ignore_index=True)
-    table = fit(per_row[per_row["corpus"].isin(args.fit)])
+    per_row = only_sparse_from(pd.concat(per_row, ignore_index=True), [*args.sparse_fit, *args.sparse_check])
+    table = fit(per_row[per_row["corpus"].isin([*args.fit, *args.sparse_fit])])
     for given in args.from_coverage:
         path, models = given.rsplit(":", 1)
         table = with_coverage(table, pd.read_csv(path), models.split(","), args.documents)
+    if args.merge_into:
+        table = merged(pd.read_csv(args.merge_into), table)
     checked = check(per_row, table)
     args.out.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out / "calibration.csv", index=False)

@@ -250,7 +250,7 @@ def test_models_command_says_how_each_spec_is_hooked(tmp_path):
 
 
 @pytest.mark.parametrize("wanted", ["patterns", "head outputs", "residual"])
-def test_the_bridge_stops_at_the_last_pattern_when_nothing_else_of_its_block_is_wanted(tiny_models, wanted):
+def test_the_bridge_stops_before_the_last_mlp_unless_its_residual_is_wanted(tiny_models, wanted):
     model = tiny_models["gpt2"]
     last = model.n_layers - 1
     assert model.path == "transformer_lens"
@@ -267,5 +267,6 @@ def test_the_bridge_stops_at_the_last_pattern_when_nothing_else_of_its_block_is_
         handle.remove()
     expected = {"patterns": [], "head outputs": ["z"], "residual": ["out"]}[wanted]
     assert got == [*range(model.n_layers), *expected]
-    # the last block's MLP runs only when more than its pattern is wanted: a sweep without dla does not pay for it
-    assert mlp_calls == ([] if wanted == "patterns" else [1])
+    # the last block's MLP runs only when its residual is wanted (dla): the pattern and head outputs (every sweep
+    # with values reads them for output_norm) come before it, and a sweep without dla does not pay for it
+    assert mlp_calls == ([1] if wanted == "residual" else [])

@@ -98,9 +98,10 @@ def bridge_forward(bridge, hooks: dict[int, Callable], last: int, internals: dic
     """Pattern hooks on ``blocks.{L}.attn.hook_pattern``, and `internals` ({kind: {layer: fn(tensor, layer)}}) on
     the hook points of `BRIDGE_INTERNALS`: values (batch, k, kv_head, d_head) with b_V, fired before the
     layer's pattern; per-head outputs (batch, q, head, d_head); the residual after block L (batch, q, d_model).
-    The pass stops after block `last` (its "out" internal, if any, is called first), or at its pattern when
-    nothing else of that block is wanted: the rest of the block (for a small model's last layer, most of its
-    arithmetic: the output projection and the MLP) is then not run."""
+    The pass stops after block `last` (its "out" internal, if any, is called first), or, when nothing after
+    them is wanted, once that block's pattern and head outputs (where hooked) have been handed over: the rest of
+    the block (for a small model's last layer, most of its arithmetic: the output projection and the MLP) is then
+    not run."""
     internals = internals or {}
     fwd_hooks = [(f"blocks.{layer}.attn.hook_pattern", hook) for layer, hook in hooks.items()]
     final = None
@@ -110,20 +111,33 @@ def bridge_forward(bridge, hooks: dict[int, Callable], last: int, internals: dic
                 final = fn
             else:
                 fwd_hooks.append((f"blocks.{layer}.{BRIDGE_INTERNALS[kind]}", _handing(fn, layer)))
-    # A hook point's hooks run in the order they were added, so the stop comes after the pattern hook there. Values
-    # come before the pattern; head outputs may come before or after it (post-hoc patterns), so with them the
-    # pass runs to the end of the block.
-    wanted_after = final is not None or last in internals.get("z", {}) or last not in hooks
-    stop_at = "hook_out" if wanted_after else "attn.hook_pattern"
+    # A hook point's hooks run in the order they were added, so a stop added last runs after the wanted hook
+    # there. Values come before the pattern; head outputs may come before or after it (post-hoc patterns), so
+    # the pass stops once the last layer's pattern and head outputs have both been handed over: the output
+    # projection and the MLP after them are not run (a sixth of minilm's forward).
+    if final is not None or last not in hooks:
+        stops = [f"blocks.{last}.{BRIDGE_INTERNALS['out']}"]
+    else:
+        stops = [f"blocks.{last}.attn.hook_pattern"] + ([f"blocks.{last}.{BRIDGE_INTERNALS['z']}"]
+                                                          if last in internals.get("z", {}) else [])
+    fired: set[str] = set()
 
     def stop(tensor, hook):
+        fired.add(hook.name)
+        if len(fired) < len(stops):
+            return None
+        fired.clear()
         if final is not None:
             final(tensor, last)
         _stop_pass(tensor, hook)
 
-    with bridge.hooks(fwd_hooks=[*fwd_hooks, (f"blocks.{last}.{stop_at}", stop)]), unobserved_norms(bridge), \
+    def forward(input_ids, attention_mask):
+        fired.clear()  # a pass that failed part-way leaves nothing for the next one
+        return bridge(input_ids, attention_mask=attention_mask)
+
+    with bridge.hooks(fwd_hooks=[*fwd_hooks, *((name, stop) for name in stops)]), unobserved_norms(bridge), \
             unkept_patterns(bridge):
-        yield lambda input_ids, attention_mask: bridge(input_ids, attention_mask=attention_mask)
+        yield forward
 
 
 @contextlib.contextmanager
