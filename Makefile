@@ -56,10 +56,11 @@ deps: setup
 # The committed reports: the embedded defaults over the EWT dev sentences beside five random-init controls and a
 # shuffled-words control each (what untrained heads score: the findings' null), minilm's every head also ablated
 # exactly (--importance ablate --importance-model minilm: about 27 plain minilm sweeps; smollm2's would be about
-# 380 of its own, and the controls get none; docs/importance.md), and over repeated random tokens likewise; smollm2 over long packed EWT documents (no controls: hours on 2 cores, so its report makes no findings);
-# smollm2 patched over the IOI pairs of one length (by position too) and its retrieval heads masked (chosen on
-# needles disjoint from the masked ones, against 20 random draws: about 4 hours here, not yet run; the committed
-# run predates the split, see docs/retrieval.md), both reported beside its ewt-dev sweep.
+# 380 of its own, and the controls get none; docs/importance.md), and over repeated random tokens likewise; smollm2
+# over long packed EWT documents beside three random-init controls (about 40 minutes);
+# smollm2 patched over the IOI pairs of one length (by position too) and its retrieval heads masked at 512 tokens
+# (chosen on the even needles, masked on the odd ones, against 20 random draws: about 15 minutes on a quiet
+# machine; docs/retrieval.md), both reported beside its ewt-dev sweep.
 # Tables go to reports/runs/NAME, the report of each to reports/NAME.
 reports: setup
 	@test -f "$(EWT)" || { echo "make reports: no EWT treebank at $(EWT); pass its dev file: make reports EWT=path/to/en_ewt-ud-dev.conllu, or set HEADSCAN_EWT to its folder"; exit 1; }
@@ -70,7 +71,7 @@ reports: setup
 	HF_HUB_OFFLINE=1 $(BIN)/headscan pairs ioi --n 64 -m smollm2 --out reports/runs/patch-smollm2-ioi.pairs.jsonl --overwrite
 	grep -v '"clean": "Then ' reports/runs/patch-smollm2-ioi.pairs.jsonl > reports/runs/patch-smollm2-ioi-15.pairs.jsonl
 	HF_HUB_OFFLINE=1 $(BIN)/headscan patch -m smollm2 --pairs reports/runs/patch-smollm2-ioi-15.pairs.jsonl --path-top 5 --position-top 5 --out reports/runs/patch-smollm2-ioi --device cpu -q --overwrite
-	HF_HUB_OFFLINE=1 $(BIN)/headscan retrieval -m smollm2 --corpus $(EWT) --lengths 1024 --depths 0,0.25,0.5,0.75,1 --template chat --mask-top 10 --mask-random 10 --device cpu -q --out reports/runs/retrieval-mask-smollm2 --overwrite
+	HF_HUB_OFFLINE=1 $(BIN)/headscan retrieval -m smollm2 --corpus $(EWT) --lengths 512 --depths 0,0.5,1 --template chat --max-new-tokens 24 --mask-top 10 --mask-random 10 --device cpu -q --out reports/runs/retrieval-mask-smollm2 --overwrite
 	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/ewt-dev reports/runs/patch-smollm2-ioi reports/runs/retrieval-mask-smollm2 --out reports/ewt-dev --overwrite
 	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/ewt-long --out reports/ewt-long --overwrite
 	HF_HUB_OFFLINE=1 $(BIN)/headscan report reports/runs/repeat-random --out reports/repeat-random --overwrite
