@@ -610,3 +610,17 @@ def test_the_report_section_names_each_model_with_a_control_on_its_trained_scale
     spearman = row.split("|")[5].strip()
     assert spearman == "–" or -1 <= float(spearman) <= 1, row
     assert (tmp_path / "report" / "figures" / "importance_against_pattern.png").stat().st_size > 0
+
+
+def test_the_note_without_a_comparison_says_which_reason_holds():
+    """minilm's exact ablations measure hidden_change, which AtP cannot estimate: the note once said "no head was
+    ablated exactly" beside 72 exactly ablated heads."""
+    import pandas as pd
+
+    from headscan.report.sections.importance import _nothing_to_compare
+
+    rows = pd.DataFrame({"model": ["minilm"] * 3, "method": ["atp_zero", "zero_ablation", "mean_ablation"],
+                         "target": ["hidden_change"] * 3, "value": [float("nan"), 0.02, 0.01]})
+    note = _nothing_to_compare(rows)
+    assert note.startswith("Heads were ablated exactly (minilm (hidden_change))") and "first-order change is 0" in note
+    assert _nothing_to_compare(rows.iloc[:1]).startswith("No head was ablated exactly")

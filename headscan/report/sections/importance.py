@@ -135,6 +135,19 @@ def _flag_table(table: pd.DataFrame, single: bool) -> Table | Note:
                       f"{STRIKING:g}. Values resting on thin support flag nothing. Click a heading to sort.")
 
 
+def _nothing_to_compare(importance: pd.DataFrame) -> str:
+    """Why no head has both an AtP estimate and an exact ablation: which of the two reasons holds in these runs."""
+    exact = importance[~importance["method"].str.startswith("atp") & importance["value"].notna()]
+    if exact.empty:
+        return ("No head was ablated exactly in these runs (sweep with --importance ablate), so there is nothing to "
+                "compare.")
+    ablated = ", ".join(f"{model} ({', '.join(sorted(part['target'].unique()))})"
+                        for model, part in exact.groupby("model", sort=False))
+    return (f"Heads were ablated exactly ({ablated}), but AtP has no first-order estimate of that target "
+            f"(hidden_change, 1 - cosine of the final hidden states, is at its minimum when nothing is ablated: its "
+            f"first-order change is 0), so there is nothing to compare.")
+
+
 def _agreement_part(comparison: Comparison, pngs: Pngs) -> list:
     importance = comparison["importance"]
     agreed = agreement(importance)
@@ -145,8 +158,7 @@ def _agreement_part(comparison: Comparison, pngs: Pngs) -> list:
                          "over positions (Nanda 2023; Kramár et al. 2024). Where the sweep also ablated heads "
                          "exactly, the two are compared head by head.")]
     if agreed.empty:
-        return blocks + [Note("No head was ablated exactly in these runs (sweep with --importance ablate), or the "
-                              "target has no first-order estimate (hidden_change), so there is nothing to compare.")]
+        return blocks + [Note(_nothing_to_compare(importance))]
     models = [m.name for m in comparison.models if (agreed["model"] == m.name).any()]
     fig = Figure(figsize=(min(MAX_WIDTH, PANEL * len(models) + 0.4), PANEL), layout="constrained")
     axes = fig.subplots(1, len(models), squeeze=False)[0]
