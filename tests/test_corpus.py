@@ -1,6 +1,7 @@
 """Reading corpora: every source, its documents, its errors (exact text), reading files lazily and in bounded
 memory, tokenisation and batching."""
 
+import dataclasses
 import json
 import os
 import pickle
@@ -385,6 +386,12 @@ def test_repeat_random_tokens_repeat_and_are_seeded(tiny_models):
     assert encode(read_corpus("repeat-random:n=6,count=3,seed=2"), model, 64).token_ids != encoded.token_ids
     with pytest.raises(ConfigError, match="lower n or raise --max-len"):
         encode(read_corpus("repeat-random:n=40,count=1"), model, 64)
+    # a segment swept in a part of the corpus alone gets its own tokens, not the first segment's (the per-document
+    # sums of experiments/unit_sums.py once came out 318 times the same)
+    for i in range(3):
+        part = dataclasses.replace(corpus, segments=(corpus.segments[i],))
+        assert encode(part, model, 64).token_ids == (encoded.token_ids[i],)
+    assert len(set(encoded.token_ids)) == 3
 
 
 def test_encoders_get_cls_and_sep_and_keep_sep_when_truncated(tiny_models):

@@ -153,8 +153,9 @@ def _repeat_random_ids(corpus: Corpus, model, max_len: int, bos: int | None, ind
     vocab = np.array([i for i in range(min(model.vocab_size, len(model.tokenizer))) if i not in special])
     out = []
     for index in indices:
-        # one generator per segment: the same segment gets the same tokens whatever the batch size
-        rng = np.random.default_rng([seed, index])
+        # one generator per segment, keyed by its document (its index in the whole corpus): the same segment gets
+        # the same tokens whatever the batch size, and whatever part of the corpus it is swept in
+        rng = np.random.default_rng([seed, corpus.segments[index].document])
         half = rng.choice(vocab, size=n, replace=False).tolist()
         out.append(tuple(opening + half + half + closing))
     return tuple(out), 0
