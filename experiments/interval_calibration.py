@@ -275,16 +275,16 @@ def main(argv=None) -> None:
     for given in args.from_coverage:
         path, models = given.rsplit(":", 1)
         table = with_coverage(table, pd.read_csv(path), models.split(","), args.documents)
-    if args.merge_into:
-        table = merged(pd.read_csv(args.merge_into), table)
-    checked = check(per_row, table)
+    # the factors fitted here, and the whole table a sweep reads (with --merge-into, the others kept beside them)
+    whole = merged(pd.read_csv(args.merge_into), table) if args.merge_into else table
+    checked = check(per_row, whole)
     args.out.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out / "calibration.csv", index=False)
     checked.to_csv(args.out / "check.csv", index=False)
     markdown = report(table, checked, args, time.perf_counter() - started)
     (args.out / "calibration.md").write_text(markdown + "\n")
     if args.package:
-        table.to_csv(PACKAGED, index=False)
+        whole.to_csv(PACKAGED, index=False)
     print(markdown)
 
 
