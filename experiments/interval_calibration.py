@@ -9,14 +9,14 @@ checked on the other.
 
 Induction and duplicate tokens are defined only at a query whose token came before, so on EWT the ``thin`` rule
 trusts almost none of their rows and they cannot be measured there. They are measured on repeated random tokens
-(every second-half query has them), two draws the committed ``repeat-random`` run (seed 0) never saw, and put into
-the packaged table beside the EWT families (the output goes to its own folder):
+(every second-half query has them), fitted on two draws and checked on a third, none of them the committed
+``repeat-random`` run's (seed 0), and put into the packaged table beside the EWT families (the output goes to its
+own folder; about 25 minutes of unit sums on 2 loaded cores, 2 minutes of calibration):
 
     python experiments/unit_sums.py minilm repeat-random:count=318,seed=1 out/unit_sums/minilm-repeat1.npz
-    python experiments/unit_sums.py minilm repeat-random:count=318,seed=2 out/unit_sums/minilm-repeat2.npz
-    ...                                                       # and smollm2
-    python experiments/interval_calibration.py --data out/unit_sums --fit --check --sparse-fit repeat1 \
-        --sparse-check repeat2 --tables heads value --merge-into headscan/data/interval_calibration.csv \
+    ...                                                       # seeds 2 and 3, and smollm2
+    python experiments/interval_calibration.py --data out/unit_sums --fit --check --sparse-fit repeat1 repeat2 \
+        --sparse-check repeat3 --tables heads value --merge-into headscan/data/interval_calibration.csv \
         --out reports/experiments/interval_calibration/sparse --package
 
 Protocol. As ``experiments/interval_coverage.py`` (whose parts, states and rows this reuses): a part is N whole

@@ -20,9 +20,9 @@ The rule (`calibrate`):
 
 - a row of a measured family takes the factor interpolated between the measured sizes, linearly in log units;
   beyond the largest size, the largest size's;
-- a family never measured (a metric of your own, ``induction`` on natural text, where the ``thin`` rule trusts no
-  row; an importance target not measured) takes the widest factor of any family at that size, until it is
-  measured (``basis`` says so);
+- a family never measured (a metric of your own; an importance target not measured) takes the widest factor of
+  any family at that size, until it is measured (``basis`` says so). ``induction`` and ``duplicate_token``, which
+  the ``thin`` rule almost never trusts on EWT, are measured on repeated random tokens instead;
 - a row on fewer units than the smallest size measured is "too few units to assess": no factor, no test, never
   "within its null".
 
