@@ -362,7 +362,6 @@ def test_tables_sort_by_a_click_with_the_page_script_once(ewt, with_atlas, tmp_p
 
 
 @pytest.mark.browser
-@pytest.mark.xfail(strict=True, reason="the re-swept ewt-dev run adds output_norm, sink_ratio, attended_logit and importance to every panel: 1,680-1,743 px against the 1,600 px rule; the panel must fold more of its tables")
 @pytest.mark.parametrize("model, label", [("minilm", "L0H2"), ("smollm2", "L16H0")])
 def test_a_heads_panel_over_the_ewt_run_fits_one_screen_and_keeps_every_syntax_row(atlas_page, tmp_path, model,
                                                                                     label):
