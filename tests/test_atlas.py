@@ -362,13 +362,14 @@ def test_tables_sort_by_a_click_with_the_page_script_once(ewt, with_atlas, tmp_p
 
 
 @pytest.mark.browser
-@pytest.mark.xfail(strict=True, reason="the re-swept ewt-dev run adds output_norm, sink_ratio, attended_logit and importance to every panel: 1,680-1,743 px against the 1,600 px rule; the panel must fold more of its tables")
 @pytest.mark.parametrize("model, label", [("minilm", "L0H2"), ("smollm2", "L16H0")])
 def test_a_heads_panel_over_the_ewt_run_fits_one_screen_and_keeps_every_syntax_row(atlas_page, tmp_path, model,
                                                                                     label):
     """The committed EWT run's panel was about 5,300 px at 1,400 px wide, most of it a syntax table of 80-odd rows;
     folded, it fits 1,600 px (tests/test_report_layout.py states why), and the fold holds every row of the head's
-    syntax.parquet that the section shows."""
+    syntax.parquet that the section shows. The re-swept run's new scores (output_norm, sink_ratio, attended_logit,
+    importance) took it to 1,680-1,743 px; the panel now folds its less-read tables side by side and its notes on
+    reading the scores (about 1,370 and 1,450 px)."""
     from conftest import chromium_page
 
     from headscan.analysis.syntax import relation_order
@@ -382,6 +383,9 @@ def test_a_heads_panel_over_the_ewt_run_fits_one_screen_and_keeps_every_syntax_r
         page.locator(f'rect.atlas-cell[data-model="{model}"][data-label="{label}"]').click()
         panel = page.locator("#atlas-panel")
         assert panel.bounding_box()["height"] <= 1600
-        fold = panel.locator("h4.atlas-other", has_text="syntax").locator("xpath=following-sibling::details[1]")
-        assert fold.locator("tbody tr").count() == len(mine) > 50
+        heading = panel.locator("h4.atlas-other", has_text="syntax")
+        fold = heading.locator("xpath=following-sibling::details[1]")
+        preview = heading.locator("xpath=following-sibling::table[1]").locator("tbody tr").count()
+        # every row, many more than those shown first (minilm, bidirectional, has no _visible rows: 42 here)
+        assert fold.locator("tbody tr").count() == len(mine) > 4 * preview == 20
     assert errors == []

@@ -439,3 +439,35 @@ def test_a_causal_model_is_judged_on_visible_heads_and_beats_by_the_paired_inter
                     "5.0%), against 60.0% for the best fixed offset (-1), +2.0 points [+0.5, +3.5] on the same words.")
     cells = syntactic.syntax_display(best)
     assert cells.loc[(cells["model"] == "c") & (cells["relation"] == "det"), "dependents"].tolist()[0] == "20 seen"
+
+
+def test_the_report_s_table_puts_each_difference_beside_its_own_accuracy_and_baseline():
+    """The committed ewt-dev run's section: the held-out difference beside the held-out accuracy and baseline, the
+    in-sample one beside the in-sample accuracy and baseline, each pair checked against syntax.parquet's own row
+    by hand (smollm2's nsubj: held-out baseline 0.247, in-sample 0.281: the in-sample difference is not accuracy
+    minus the held-out baseline)."""
+    run = load(EWT_RUN)
+    blocks = syntax_section(compare_runs([run]), {}, Pngs())
+    (table,) = [b for b in blocks if type(b).__name__ == "Table"]
+    assert "held out (head and offset chosen on the other half" in table.note
+    syntax = run["syntax"]
+    frame = table.frame[~table.frame["model"].str.contains("[", regex=False)]
+    assert len(frame) > 50
+    for cell in frame.to_dict("records"):
+        number = {k: float(v) for k, v in cell.items() if k in ("accuracy", "held-out accuracy", "held-out baseline",
+                                                                "held-out vs baseline", "in-sample baseline",
+                                                                "in-sample vs baseline", "margin")}
+        assert abs(number["held-out accuracy"] - number["held-out baseline"] - number["held-out vs baseline"]) <= 0.0015
+        assert abs(number["accuracy"] - number["in-sample baseline"] - number["in-sample vs baseline"]) <= 0.0015
+        assert number["margin"] <= number["held-out vs baseline"] and cell["beats"].startswith("yes") == \
+            (number["margin"] > 0)
+        direction = {"dependent\u00a0\u2192\u00a0head": D2H, "head\u00a0\u2192\u00a0dependent": H2D}[cell["direction"]]
+        causal = (syntax.loc[syntax["model"] == cell["model"], "family"] == "causal").all()
+        row = syntax[(syntax["model"] == cell["model"]) & (syntax["label"] == cell["head"].split()[0])
+                     & (syntax["relation"] == cell["relation"])
+                     & (syntax["direction"] == direction + ("_visible" if causal else ""))].iloc[0]
+        for name, column in (("accuracy", "value"), ("held-out accuracy", "best_held_out"),
+                             ("held-out baseline", "baseline"), ("in-sample baseline", "baseline_in_sample")):
+            assert abs(number[name] - row[column]) <= 5e-4, (cell, name)
+    nsubj = frame[(frame["model"] == "smollm2") & (frame["relation"] == "nsubj")].iloc[0]
+    assert nsubj["held-out baseline"] != nsubj["in-sample baseline"]

@@ -190,8 +190,10 @@ def test_the_report_rests_on_the_held_out_difference_with_the_in_sample_one_besi
     odd = frame.loc[frame["best_odd"].astype(bool), "label"].iloc[0]
     assert row["halves"] == (even if even == odd else f"{even} / {odd}")
     cells = syntax_display(best).iloc[0]
-    assert cells["in sample"] == f"{named['vs_baseline_in_sample']:+.3f}"
-    assert cells["vs baseline"] == f"{named['best_vs_baseline']:+.3f}"
+    assert cells["in-sample vs baseline"] == f"{named['vs_baseline_in_sample']:+.3f}"
+    assert cells["held-out vs baseline"] == f"{named['best_vs_baseline']:+.3f}"
+    assert cells["held-out accuracy"] == f"{named['best_held_out']:.3f}"
+    assert cells["in-sample baseline"] == f"{named['baseline_in_sample']:.3f}"
     # a finding's sentence says it is held out and what in sample said
     said = syntax_findings(best.assign(beats=True))["m"][0]
     assert "held out" in said and f"{100 * named['vs_baseline_in_sample']:+.1f} in sample" in said
@@ -322,3 +324,35 @@ def test_the_sweeps_cross_fit_equals_a_plain_loop_over_documents(tiny_bert, tmp_
             checked += 1
     assert set(syntax["direction"]) == {"dependent_to_head", "head_to_dependent"}  # bidirectional: no _visible rows
     assert checked >= 3 * 2 * len(names) and differ > 0  # some choice differs between the halves
+
+
+def test_show_prints_held_out_numbers_that_add_up_and_a_row_without_them_in_sample():
+    """det is cross-fitted; amod has no dependent in the odd units, so no held-out estimate: show prints det's
+    held-out accuracy and baseline beside their difference, and says amod's in-sample comparison under the table,
+    with no verdict. Expected numbers are read off each frame's own row."""
+    from headscan.analysis.show import top_heads_text
+    from headscan.tables import SweepTables
+
+    heads, offsets, c = noise_units(3)
+    det = frame_of(heads, c, state_of(heads, offsets, c))
+    heads, offsets, c = noise_units(5, n_units=9)
+    odd = np.arange(len(c)) % 2 == 1
+    heads, offsets, c = heads * ~odd[:, None, None], offsets * ~odd[:, None], c * ~odd
+    amod = frame_of(heads, c, state_of(heads, offsets, c)).assign(relation="amod")
+    printed = top_heads_text(SweepTables({"syntax": pd.concat([det, amod], ignore_index=True)}), "syntax", 3)
+    lines = printed.splitlines()
+    header = lines[0].split()
+    cells = {fields[1]: dict(zip(header, fields)) for fields in (line.split() for line in lines[1:3])}
+    named = det.loc[det["value"].idxmax()]
+    assert cells["det"]["label"] == named["label"] and cells["det"]["accuracy"] == f"{named['value']:.3f}"
+    assert cells["det"]["accuracy_held_out"] == f"{named['best_held_out']:.3f}"
+    assert cells["det"]["baseline_held_out"] == f"{named['baseline']:.3f}"
+    assert cells["det"]["vs_baseline"] == f"{named['best_held_out'] - named['baseline']:.3f}"
+    assert cells["det"]["vs_low"] == f"{named['best_vs_baseline_low']:.3f}"
+    other = amod.loc[amod["value"].idxmax()]
+    assert [cells["amod"][c] for c in ("accuracy_held_out", "baseline_held_out", "vs_baseline", "beats")] == \
+        ["NaN", "NaN", "NaN", "False"]
+    assert (f"m amod dependent_to_head {other['label']}: no held-out estimate (a half of the units holds none of its "
+            f"dependents); in sample {other['value']:.3f} - {other['baseline_in_sample']:.3f} = "
+            f"{other['value'] - other['baseline_in_sample']:+.3f} [{other['vs_baseline_in_sample_low']:+.3f}, "
+            f"{other['vs_baseline_in_sample_high']:+.3f}], which carries no verdict") in lines

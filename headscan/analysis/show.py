@@ -308,8 +308,15 @@ def _importance_text(importance: pd.DataFrame, n: int) -> str:
 
 def _syntax_text(syntax: pd.DataFrame, n: int) -> str:
     """`top_heads_text` for ``syntax``: the best heads of the `n` relations with most dependents (``all`` first),
-    each against the best fixed offset on the same dependents: the difference, vs_baseline = accuracy - baseline,
-    with its paired 95% interval [vs_low, vs_high] (`headscan.analysis.syntax.best_heads`' margin is vs_low)."""
+    each against the best fixed offset on the same dependents: the difference, vs_baseline, with its paired 95%
+    interval [vs_low, vs_high] (`headscan.analysis.syntax.best_heads`' margin is vs_low).
+
+    The three printed numbers of the comparison are one estimate's and add up: where the table records the
+    cross-fitted one (head and offset chosen on one half of the units, scored on the other), vs_baseline is
+    accuracy_held_out - baseline_held_out, printed beside the head's own in-sample accuracy and interval; where it
+    records none (a table written before headscan cross-fitted), vs_baseline is accuracy - baseline, in sample.
+    A row of a cross-fitted table without a held-out estimate (a half of the units holds none of its
+    dependents) says its in-sample comparison in a line under the table."""
     if n < 1:
         raise TablesError(f"top must be at least 1, got {n}")
     best = best_heads(syntax, relations=relation_order(syntax)[:n])
@@ -317,18 +324,58 @@ def _syntax_text(syntax: pd.DataFrame, n: int) -> str:
         return "syntax: no scored dependent (the sweep scores relations on CoNLL-U treebanks only)"
     models = {name: i for i, name in enumerate(dict.fromkeys(syntax["model"]))}
     best = best.sort_values("model", key=lambda names: names.map(models), kind="stable")  # model by model
+    held = best["held_out"] & best["accuracy_held_out"].notna()
     # a table that did not record the paired difference: the difference itself is still accuracy - baseline, and
     # its interval the head's own interval's ends minus the baseline (best_heads' margin does the same)
     difference = best["vs_baseline"].fillna(best["accuracy"] - best["baseline"])
     high = best["vs_baseline_high"].fillna(best["ci_high"] - best["baseline"])
-    table = pd.DataFrame({
-        "model": best["model"], "relation": best["relation"], "direction": best["direction"], "label": best["label"],
-        "accuracy": best["accuracy"], "ci_low": best["ci_low"], "ci_high": best["ci_high"],
-        "dependents": best["count"].astype(int), "baseline": best["baseline"],
-        "baseline_offset": best["baseline_offset"].map(offset_text), "vs_baseline": difference,
-        "vs_low": best["margin"], "vs_high": high, "beats": best["beats"], "no claim": best["unsupported"]})
-    return (table.to_string(index=False, float_format=lambda v: f"{v:.3f}") + "\n"
-            + footer(table.columns, {"ci_low": "low end of the accuracy's 95% interval", "ci_high": "its high end"}))
+    head = {"model": best["model"], "relation": best["relation"], "direction": best["direction"],
+            "label": best["label"], "accuracy": best["accuracy"], "ci_low": best["ci_low"], "ci_high": best["ci_high"],
+            "dependents": best["count"].astype(int)}
+    offset = best["baseline_offset"].map(offset_text)
+    compared = {"vs_baseline": difference, "vs_low": best["margin"], "vs_high": high, "beats": best["beats"],
+                "no claim": best["unsupported"]}
+    if not held.any():  # in sample: accuracy - baseline
+        table = pd.DataFrame({**head, "baseline": best["baseline"], "baseline_offset": offset, **compared})
+        return (table.to_string(index=False, float_format=lambda v: f"{v:.3f}") + "\n"
+                + footer(table.columns, {"ci_low": "low end of the accuracy's 95% interval", "ci_high": "its high end"}))
+    compared |= {c: compared[c].where(held) for c in ("vs_baseline", "vs_low", "vs_high")}
+    table = pd.DataFrame({**head, "accuracy_held_out": best["accuracy_held_out"].where(held),
+                          "baseline_held_out": best["baseline"].where(held), "baseline_offset": offset, **compared})
+    lines = [table.to_string(index=False, float_format=lambda v: f"{v:.3f}"), *_in_sample_lines(best[~held])]
+    return "\n".join(lines + [footer(table.columns, HELD_OUT_NOTES)])
+
+
+# What the columns of `headscan show --metric syntax` hold where the table records held-out (cross-fitted) estimates
+HELD_OUT_NOTES = {
+    "accuracy": SHOW_NOTES["accuracy"] + ", in sample: the head named is the most accurate on all the dependents, "
+                "scored on the same",
+    "ci_low": "low end of the in-sample accuracy's 95% interval", "ci_high": "its high end",
+    "accuracy_held_out": "held out: on each half of the units (documents or segments, by the parity of their index) "
+                         "the accuracy of the head most accurate on the other half, the two halves added up (the "
+                         "halves may choose another head than the one named)",
+    "baseline_held_out": "held out: on each half the accuracy of the fixed offset best on the other half, on the "
+                         "same dependents, the two halves added up",
+    "baseline_offset": "the offset best on all the dependents (the held-out baseline uses each other half's best): "
+                       "always the word d away",
+    "vs_baseline": "accuracy_held_out minus baseline_held_out, on the same dependents",
+    "vs_low": "low end of vs_baseline's 95% interval, paired over the same units, the halves' choices held fixed",
+    "vs_high": "its high end",
+    "beats": "vs_low above 0: the head chosen on one half beats the offset chosen on it, on the other half",
+}
+
+
+def _in_sample_lines(rows: pd.DataFrame) -> list[str]:
+    """A line per `best_heads` row of a cross-fitted table that has no held-out estimate: its in-sample
+    comparison, head and offset chosen on every dependent, which carries no verdict (``beats`` False)."""
+    lines = []
+    for row in rows.itertuples():
+        said = ("no in-sample comparison either" if pd.isna(row.vs_baseline_in_sample) else
+                f"in sample {row.accuracy:.3f} - {row.baseline_in_sample:.3f} = {row.vs_baseline_in_sample:+.3f} "
+                f"[{row.vs_baseline_in_sample_low:+.3f}, {row.vs_baseline_in_sample_high:+.3f}]")
+        lines.append(f"{row.model} {row.relation} {row.direction} {row.label}: no held-out estimate (a half of the "
+                     f"units holds none of its dependents); {said}, which carries no verdict")
+    return lines
 
 
 def length_notes(provenance, long: str) -> list[str]:

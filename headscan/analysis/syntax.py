@@ -358,15 +358,34 @@ def _column(frame: pd.DataFrame, name: str, missing=np.nan) -> pd.Series:
 def syntax_display(best: pd.DataFrame, *, with_model: bool = True) -> pd.DataFrame:
     """`best_heads` as display strings, one row per (model, relation, direction), for a sortable table.
 
-    Columns ``model`` (unless not `with_model`), ``relation, direction, head, accuracy, held out, 95% low, 95% high,
-    dependents, baseline, offset, vs baseline, in sample, margin, beats, chance, no claim``; head adds the heads
-    the cross-fit's two halves chose where they differ; held out is the cross-fitted accuracy of the best head;
-    dependents ends in "seen" where only those whose head the query can see count; vs baseline is the paired
-    difference (cross-fitted where the table records it), in sample the same with head and offset chosen on the
-    whole corpus, margin (signed) the low end of vs baseline's interval, beats is "yes" (‡
-    where on thin support, which no finding rests on) or "", no claim says why a row carries none (the word
-    the head lists and ``headscan show`` use).
+    Columns ``model`` (unless not `with_model`), ``relation, direction, head, accuracy, 95% low, 95% high,
+    dependents``, then the comparison with the baseline, then ``chance, no claim``. head adds the heads the
+    cross-fit's two halves chose where they differ; accuracy and its interval are the named head's, in sample;
+    dependents ends in "seen" where only those whose head the query can see count. The comparison's columns are
+    each one estimate's, so that accuracy minus baseline is the difference beside them: where any row is held out
+    (the table records the cross-fit), ``held-out accuracy, held-out baseline, held-out vs baseline, margin,
+    beats`` (head and offset chosen on the other half of the units), then ``in-sample baseline, offset, in-sample
+    vs baseline`` (offset d chosen on every unit; accuracy minus in-sample baseline); else ``baseline, offset, vs
+    baseline, margin, beats``, in sample. margin (signed) is the low end of the verdict's difference's interval,
+    beats "yes" (‡ where on thin support, which no finding rests on) or "", no claim why a row carries none (the
+    word the head lists and ``headscan show`` use). "–" where a row has no such number.
     """
+    held = bool(_column(best, "held_out", False).fillna(False).astype(bool).any())
+    verdict = {
+        "margin": best["margin"].map(_signed),
+        "beats": [("yes" if beats else "") + ("\u2021" if thin else "")
+                  for beats, thin in zip(best["beats"], best["thin"])],
+    }
+    offset = best["baseline_offset"].map(offset_text)
+    if held:
+        compared = {"held-out accuracy": _column(best, "accuracy_held_out").map(_fmt),
+                    "held-out baseline": best["baseline"].map(_fmt),
+                    "held-out vs baseline": _column(best, "vs_baseline").map(_signed), **verdict,
+                    "in-sample baseline": _column(best, "baseline_in_sample").map(_fmt), "offset": offset,
+                    "in-sample vs baseline": _column(best, "vs_baseline_in_sample").map(_signed)}
+    else:
+        compared = {"baseline": best["baseline"].map(_fmt), "offset": offset,
+                    "vs baseline": _column(best, "vs_baseline").map(_signed), **verdict}
     frame = pd.DataFrame({
         "model": best["model"],
         "relation": best["relation"],
@@ -374,18 +393,11 @@ def syntax_display(best: pd.DataFrame, *, with_model: bool = True) -> pd.DataFra
         "head": [label + (f" ({halves})" if " / " in halves else "") for label, halves in
                  zip(best["label"], _column(best, "halves", "").fillna(""))],
         "accuracy": best["accuracy"].map(_fmt),
-        "held out": _column(best, "accuracy_held_out").map(_fmt),
         "95% low": best["ci_low"].map(_fmt),
         "95% high": best["ci_high"].map(_fmt),
         "dependents": [f"{int(n):,}" + (" seen" if seen else "") for n, seen in
                        zip(best["count"], best["visible"] if "visible" in best else [False] * len(best))],
-        "baseline": best["baseline"].map(_fmt),
-        "offset": best["baseline_offset"].map(offset_text),
-        "vs baseline": _column(best, "vs_baseline").map(_signed),
-        "in sample": _column(best, "vs_baseline_in_sample").map(_signed),
-        "margin": best["margin"].map(_signed),
-        "beats": [("yes" if beats else "") + ("\u2021" if thin else "")
-                  for beats, thin in zip(best["beats"], best["thin"])],
+        **compared,
         "chance": (best["chance"] if "chance" in best else pd.Series(np.nan, index=best.index)).map(_fmt),
         "no claim": (best["unsupported"] if "unsupported" in best else pd.Series("", index=best.index)).fillna(""),
     })

@@ -513,11 +513,12 @@ function exampleSvg(model, example, index) {
 }
 
 // A head's panel reads in one screen: a table of more than SHORT rows folds into a <details> under its name and
-// row count, except that one whose rows rank (syntax, by accuracy above the baseline) shows its PREVIEW best first.
-var SHORT = 3, PREVIEW = 5;
+// row count, the folds side by side on one line (an opened one takes the whole width), except that one whose rows
+// rank (syntax, by accuracy above the baseline) shows its PREVIEW best first.
+var SHORT = 1, PREVIEW = 5;
 
 function otherRows(model, index) {
-  var out = "";
+  var out = "", folds = [];
   (model.other || []).forEach(function (t) {
     var rows = [];
     t.at.forEach(function (at, i) { if (at === index) rows.push(i); });
@@ -545,11 +546,11 @@ function otherRows(model, index) {
         rows.length + " rows:</p>" + table(first.slice(0, PREVIEW), false) + '<details class="atlas-more"><summary>all ' +
         rows.length + " rows of " + esc(t.table) + "</summary>" + table(rows, true) + "</details>";
     } else {
-      out += '<details class="atlas-more"><summary>' + title + ' <span class="muted">' + rows.length + " rows</span>" +
-        "</summary>" + table(rows, true) + "</details>";
+      folds.push('<details class="atlas-more"><summary>' + title + ' <span class="muted">' + rows.length + " rows</span>" +
+        "</summary>" + table(rows, true) + "</details>");
     }
   });
-  return out;
+  return out + (folds.length ? '<div class="atlas-folds">' + folds.join("") + "</div>" : "");
 }
 
 function openPanel(m, index) {
@@ -604,11 +605,13 @@ function openPanel(m, index) {
     s += '<p class="muted atlas-small">Undefined for this head (no query counts for it): ' +
       undefinedHere.map(esc).join(", ") + ".</p>";
   }
-  s += '<p class="muted atlas-small">Rank 1: the model\'s highest value, or its lowest where low is striking (' +
+  // what the columns mean, the same for every head: folded, so that the head's own numbers keep to one screen
+  s += '<details class="atlas-more atlas-reading"><summary>how to read these scores</summary>' +
+    '<p class="muted atlas-small">Rank 1: the model\'s highest value, or its lowest where low is striking (' +
     D.metrics.filter(function (m) { return m.striking === "lowest"; }).map(function (m) { return esc(m.name); })
       .join(", ") + "). Chance: uniform attention over the keys each query sees, on the same queries. No claim: why " +
-    "the value cannot carry one (thin, or not beyond chance on the striking side). \u2021: thin support.</p>";
-  if (model.importance) s += '<p class="muted atlas-small">' + esc(model.importance) + "</p>";
+    "the value cannot carry one (thin, or not beyond chance on the striking side). \u2021: thin support.</p>" +
+    (model.importance ? '<p class="muted atlas-small">' + esc(model.importance) + "</p>" : "") + "</details>";
   s += corpusExamples(model, index);
   var controls = (D.controls || {})[model.name] || [], beside = "", besideCount = 0;
   controls.forEach(function (name) {

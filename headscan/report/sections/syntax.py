@@ -56,6 +56,21 @@ _INTRO = ("Does a head attend from a word to its syntactic head? As Clark et al.
           "BERT \u201chead 8-10\u201d is L7H9 here.")
 
 
+# What the sortable table's comparison columns hold (`headscan.analysis.syntax.syntax_display`): each difference
+# beside its own accuracy and baseline, held out where the table records the cross-fit, else in sample
+_HELD_OUT_NOTE = ("held out (head and offset chosen on the other half of the documents, the two halves added up; "
+                  "the head column adds the two halves' choices where they differ): the accuracy of the head chosen "
+                  "on the other half, the baseline (each half scored with the offset best on the other) and "
+                  "held-out vs baseline, the first minus the second on the same dependents, with margin, the low "
+                  "end of its 95% interval over documents, and beats: the margin is above 0; then in sample (head "
+                  "and offset d chosen on every document): the baseline, the offset d and in-sample vs baseline, "
+                  "the accuracy minus that baseline.")
+_IN_SAMPLE_NOTE = ("the baseline, the offset d best on the whole corpus, vs baseline: the head's accuracy minus the "
+                   "offset's on the same dependents, and margin: the low end of its 95% interval over documents "
+                   "(tables without it: the head's interval's low end minus the baseline); beats: the margin is "
+                   "above 0.")
+
+
 def _syntax_slot(models: int) -> float:
     """Inches per relation in the syntactic-heads figure: room for each model's point and rotated head label."""
     return max(0.36, 0.17 * models + 0.06)
@@ -151,23 +166,17 @@ def syntax_section(comparison: Comparison, palette: dict, pngs: Pngs) -> list:
     counts = syntax[syntax["count"] > 0].groupby("relation")["count"].max()
     left = sorted((r for r in counts.index if r not in relations), key=lambda r: (-counts[r], r))
     note = ("One row per model, relation and direction: the most accurate head (ties to the head whose interval "
-            "starts higher, then the lower layer and head), its accuracy and 95% interval, the relation's "
-            "dependents (\u201cseen\u201d: only those whose head the query can see), held out: the accuracy of the "
-            "head chosen on the other half of the documents, cross-fitted (the head column adds the two halves' "
-            "choices where they differ), the baseline (cross-fitted: each half scored with the offset best on the "
-            "other) and the offset d best on the whole corpus, vs baseline: the best head's accuracy minus the "
-            "offset's on the same dependents, cross-fitted, in sample: the same with head and offset chosen on "
-            "every document, and margin: the low end of the cross-fitted difference's 95% interval over documents "
-            "(tables without it: the in-sample one's, or the head's interval's low end minus the baseline); beats: "
-            "the margin is above 0. Click a heading to sort.")
+            "starts higher, then the lower layer and head), its accuracy and 95% interval, in sample, and the "
+            "relation's dependents (\u201cseen\u201d: only those whose head the query can see); then "
+            + (_HELD_OUT_NOTE if best["held_out"].any() else _IN_SAMPLE_NOTE)
+            + " Click a heading to sort.")
     if best["thin"].any():
         note += " \u2021: resting on thin support; no finding rests on it."
     if left:
         note += (f" Left out, each under {MIN_SHARE:.0%} of all dependents: "
                  + ", ".join(f"{code(r)} ({int(counts[r]):,})" for r in left) + "; syntax.parquet has them.")
     frame = syntax_display(best, with_model=len(models) > 1)
-    numeric = ("accuracy", "held out", "95% low", "95% high", "dependents", "baseline", "offset", "vs baseline",
-               "in sample", "margin")
+    numeric = [c for c in frame.columns if c not in ("model", "relation", "direction", "head", "beats", "no claim")]
     blocks.append(Table(frame, numeric=numeric, note=note, sortable=True))
     return blocks
 
