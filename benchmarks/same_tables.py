@@ -148,29 +148,30 @@ def json_differences(a, b, where: str = "") -> tuple[list[str], list[str]]:
     return ([] if same and type(a) is type(b) else [f"{where or '.'}: {a!r:.80} against {b!r:.80}"]), []
 
 
-def column_difference(x: pd.Series, y: pd.Series) -> str | None:
-    """None if the two columns are equal to the bit (NaN equal to NaN), else how they differ."""
-    if x.dtype != y.dtype:
-        note = f"dtype {x.dtype} against {y.dtype}"
-        if not (x.dtype.kind in "fiu" and y.dtype.kind in "fiu"):
-            return note
-    else:
-        note = ""
+def column_difference(x: pd.Series, y: pd.Series, by: pd.Series | None = None) -> str | None:
+    """None if the two columns are equal to the bit (NaN equal to NaN), else how they differ; `by` (a key column,
+    such as the metric) counts the differing cells by its values."""
+    note = f"dtype {x.dtype} against {y.dtype}" if x.dtype != y.dtype else ""
+    if note and not (x.dtype.kind in "fiu" and y.dtype.kind in "fiu"):
+        return note
     a, b = x.to_numpy(), y.to_numpy()
+    parts = [note]
     if a.dtype.kind == "f" and b.dtype.kind == "f":
         same_bits = a.view(f"u{a.itemsize}") == b.view(f"u{b.itemsize}") if a.dtype == b.dtype else a == b
         bad = ~(same_bits | (np.isnan(a) & np.isnan(b)))
-        if not bad.any():
-            return note or None
-        both = bad & np.isfinite(a) & np.isfinite(b)
-        largest = f"largest difference {np.max(np.abs(a[both] - b[both].astype(a.dtype))):.3g}" if both.any() \
-            else "no cell finite on both sides"
-        nan = int((bad & (np.isnan(a) ^ np.isnan(b))).sum())
-        return ", ".join(filter(None, [note, f"{int(bad.sum())} of {len(a)} cells differ", largest,
-                                       f"{nan} NaN on one side only" if nan else ""]))
-    xs, ys = x.astype(object).reset_index(drop=True), y.astype(object).reset_index(drop=True)
-    bad = ~((xs.isna() & ys.isna()) | (xs == ys).fillna(False).astype(bool))
-    return ", ".join(filter(None, [note, f"{int(bad.sum())} of {len(xs)} cells differ"])) if bad.any() else (note or None)
+        both, nan = bad & np.isfinite(a) & np.isfinite(b), int((bad & (np.isnan(a) ^ np.isnan(b))).sum())
+        parts += [f"largest difference {np.max(np.abs(a[both] - b[both].astype(a.dtype))):.3g}" if both.any()
+                  else "", f"{nan} NaN on one side only" if nan else ""]
+    else:
+        xs, ys = x.astype(object).reset_index(drop=True), y.astype(object).reset_index(drop=True)
+        bad = ~((xs.isna() & ys.isna()) | (xs == ys).fillna(False).astype(bool)).to_numpy()
+    if not bad.any():
+        return note or None
+    parts.insert(1, f"{int(bad.sum())} of {len(a)} cells differ")
+    if by is not None:
+        counts = pd.Series(by.to_numpy()[bad]).value_counts().sort_index()
+        parts.append(f"in {by.name} " + ", ".join(f"{value} {n}" for value, n in counts.items()))
+    return ", ".join(filter(None, parts))
 
 
 def _key(table: str) -> list[str] | None:
@@ -210,8 +211,10 @@ def frame_differences(a: pd.DataFrame, b: pd.DataFrame, table: str, common: bool
     elif len(a) != len(b):
         return [f"{len(a)} rows against {len(b)}, and no unique row key to match them by"], only
     differences = []
+    named = [c for c in ("model", "metric", "relation", "mode", "method", "condition") if c in a.columns and c in b.columns]
+    by = a[named].astype(str).agg(" ".join, axis=1).rename("/".join(named)) if named else None
     for column in (c for c in a.columns if c in b.columns):
-        problem = column_difference(a[column], b[column])
+        problem = column_difference(a[column], b[column], by)
         if problem:
             differences.append(f"{column}: {problem}")
     return differences, only
