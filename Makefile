@@ -92,6 +92,15 @@ benchmark-previous: setup
 	@test -n "$(REV)" || { echo "make benchmark-previous: name the revision to compare with: make benchmark-previous REV=7719a4e"; exit 1; }
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/previous.py $(foreach r,$(REV),--rev $(r)) --rounds $(ROUNDS) -- --corpus $(EWT_TEST) $(ARGS)
 
+# Every table of a fixed set of runs (benchmarks/same_tables.py: a sweep with each pass, importance and
+# composition among them, shards and their merge, retrieval with its masking test, patching with paths) written
+# with REV's code and with this checkout's, and compared to the bit; COMMON=1 compares only what both have (rows,
+# columns, run.json entries), listing the rest; OUT=FOLDER keeps both sets. About 4 minutes a side on 2 cores.
+.PHONY: same-tables
+same-tables: setup
+	@test -n "$(REV)" || { echo "make same-tables: name the revision to compare with: make same-tables REV=d7af62a"; exit 1; }
+	HF_HUB_OFFLINE=1 HEADSCAN_EWT=$(EWT) $(BIN)/python benchmarks/same_tables.py against $(REV) $(if $(COMMON),--common) $(if $(OUT),--out $(OUT))
+
 # The mutation score of the core modules ([tool.mutmut] in pyproject.toml): mutmut mutates them and runs, for each
 # mutant, the fast tests that call the mutated function; then the share killed. CPU-heavy: see docs/trusting.md.
 mutation: setup
