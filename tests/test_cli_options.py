@@ -59,6 +59,8 @@ def test_every_config_field_declares_its_group_and_help():
     assert set(GROUPS) <= set(TITLES)
     for config in (SweepConfig, RetrievalConfig):
         for field in dataclasses.fields(config):
+            if field.name == "extra":  # the values of settings added from outside, declared where they are added
+                continue
             setting = field.metadata["setting"]
             assert setting.group in GROUPS and setting.help.strip(), (config.__name__, field.name)
 
@@ -100,3 +102,65 @@ def test_a_refused_setting_is_named_by_its_flag(tmp_path):
                                       str(tmp_path / "out")])
     assert result.exit_code == 1
     assert result.output.strip() == "Error: --query-chunk must be a whole number >= 1, got 0"
+
+
+# --- the derived lists are the hand lists they replaced ----------------------------------------------------------
+# The hand lists the declarations replace, written once in their order, as the reference the derived lists must equal.
+OLD_SWEEP_SETTINGS = ("max_len", "long", "batch_size", "limit", "device", "dtype", "device_map", "specials",
+                      "prepend_bos", "max_offset", "bootstrap", "seed", "bootstrap_unit", "document_field", "interval",
+                      "fdr", "window", "pack", "attention", "query_chunk", "attention_budget", "values", "control",
+                      "control_seed", "control_seeds", "importance", "importance_models", "ablate_top", "ablate_first",
+                      "importance_sample", "mask_rate", "composition", "similarity_sample", "sink", "recent",
+                      "examples", "metric_modules", "layers")
+OLD_FINGERPRINT_FIELDS = ("max_len", "long", "limit", "dtype", "specials", "max_offset", "bootstrap", "seed",
+                          "prepend_bos", "bootstrap_unit", "window", "pack", "attention", "query_chunk", "values",
+                          "document_field", "importance", "ablate_top", "ablate_first", "importance_sample",
+                          "mask_rate", "sink", "recent", "similarity_sample", "examples", "composition", "layers")
+OLD_NOT_FINGERPRINTED = {"batch_size", "device", "device_map", "interval", "attention_budget", "control",
+                         "control_seed", "control_seeds", "fdr", "metric_modules", "importance_models"}
+OLD_RETRIEVAL_LEFT_OUT = ("device", "bootstrap", "interval", "query_chunk")  # and every mask_* setting
+OLD_PATCH_LEFT_OUT = ("device", "bootstrap", "interval", "seed")
+
+
+def test_the_derived_lists_are_the_hand_lists_they_replaced():
+    from headscan.patching_config import PatchConfig
+    from headscan.setting import fingerprinted, settings
+
+    sweep = [opt.name for opt in OPTIONS["sweep"]]
+    assert [name for name in sweep if name in settings(SweepConfig)] == list(OLD_SWEEP_SETTINGS)
+    assert sweep[:3] == ["models", "corpus", "out"]
+    assert sweep[3 + len(OLD_SWEEP_SETTINGS):] == ["save_every", "shard", "overwrite", "restart", "ray", "quiet",
+                                                   "checkpoints"]
+    assert set(fingerprinted(SweepConfig)) == set(OLD_FINGERPRINT_FIELDS)
+    assert set(settings(SweepConfig)) - set(fingerprinted(SweepConfig)) == OLD_NOT_FINGERPRINTED
+    retrieval = [name for name in settings(RetrievalConfig)
+                 if name not in OLD_RETRIEVAL_LEFT_OUT and not name.startswith("mask_")]
+    assert fingerprinted(RetrievalConfig) == tuple(retrieval)
+    assert fingerprinted(PatchConfig) == tuple(n for n in settings(PatchConfig) if n not in OLD_PATCH_LEFT_OUT)
+
+
+OTHER = {"max_len": 64, "long": "split", "limit": 5, "dtype": "bfloat16", "specials": "exclude", "max_offset": 3,
+         "bootstrap": 20, "seed": 1, "prepend_bos": False, "bootstrap_unit": "document", "window": 7,
+         "pack": "sentences", "attention": "chunked", "query_chunk": 128, "values": False, "document_field": "doc",
+         "importance": "ablate", "ablate_top": 3, "ablate_first": True, "importance_sample": 4, "mask_rate": 0.3,
+         "sink": 4, "recent": 8, "examples": 2, "composition": "on", "batch_size": 3, "fdr": 0.1,
+         "control": ("random-init",), "control_seeds": 2, "similarity_sample": 4}
+
+
+@pytest.mark.parametrize("changes", [{}, OTHER], ids=["default", "other"])
+def test_the_fingerprint_holds_what_the_hand_list_gave(tiny_models, changes):
+    """The settings of a sweep's fingerprint, by the code the hand list fed (scan/plan.py, with the list): equal
+    as the dicts a resume compares, and as JSON with sorted keys; only their order is now the fields' order."""
+    import json
+
+    from headscan.corpus import texts_corpus
+    from headscan.scan.plan import plan_sweep
+
+    for model in tiny_models.values():
+        plan = plan_sweep(model, texts_corpus(["the cat sat", "a dog ran"], None),
+                          SweepConfig(device="cpu", **changes).for_swept(model.name))
+        old = {name: list(value) if isinstance(value := getattr(plan.config, name), tuple) else value
+               for name in OLD_FINGERPRINT_FIELDS}
+        new = plan.fingerprint["settings"]
+        assert new == old
+        assert json.dumps(new, sort_keys=True) == json.dumps(old, sort_keys=True)

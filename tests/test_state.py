@@ -9,17 +9,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from headscan.config import SweepConfig
 from headscan.errors import ConfigError, TablesError
 from headscan.intervals import MOMENT_TERMS, replicate_moments, unit_moments, variance_df
 from headscan.scan.importance import ImportanceState
 from headscan.scan.passes.baseline import BaselineState
 from headscan.scan.passes.weights import WeightsState
-from headscan.scan.state import FINGERPRINT_FIELDS, PartialState, Shard, fingerprint_differences, merge_states
+from headscan.scan.state import PartialState, Shard, fingerprint_differences, merge_states
+from headscan.setting import fingerprinted
 
 SHAPE = (2, 3, 4)  # (layer, head, column)
 FINGERPRINT = {"headscan": "0.1.0", "model": {"name": "m", "id": "m", "revision": "r"},
                "corpus": {"source": "c.txt", "kind": "text", "sha256": "0" * 64},
-               "settings": {name: None for name in FINGERPRINT_FIELDS}, "columns": [["prev_token", []]]}
+               "settings": {name: None for name in fingerprinted(SweepConfig)}, "columns": [["prev_token", []]]}
 
 
 def shard_state(index: int, count: int = 3, seed: int = 0, replicates: int = 5) -> PartialState:
