@@ -9,9 +9,10 @@ import pytest
 from click.testing import CliRunner
 
 from headscan.cli import cli
-from headscan.cli_options import OPTIONS, TITLES, config_from, options_markdown, shown_opts
+from headscan.cli_options import CONFIGS, OPTIONS, TITLES, config_from, options_markdown, shown_opts
 from headscan.config import GROUPS, SweepConfig
 from headscan.retrieval_config import RetrievalConfig
+from headscan.setting import fingerprinted, settings
 
 OPTIONS_MD = Path(__file__).resolve().parents[1] / "docs" / "options.md"
 
@@ -104,63 +105,34 @@ def test_a_refused_setting_is_named_by_its_flag(tmp_path):
     assert result.output.strip() == "Error: --query-chunk must be a whole number >= 1, got 0"
 
 
-# --- the derived lists are the hand lists they replaced ----------------------------------------------------------
-# The hand lists the declarations replace, written once in their order, as the reference the derived lists must equal.
-OLD_SWEEP_SETTINGS = ("max_len", "long", "batch_size", "limit", "device", "dtype", "device_map", "specials",
-                      "prepend_bos", "max_offset", "bootstrap", "seed", "bootstrap_unit", "document_field", "interval",
-                      "fdr", "window", "pack", "attention", "query_chunk", "attention_budget", "values", "control",
-                      "control_seed", "control_seeds", "importance", "importance_models", "ablate_top", "ablate_first",
-                      "importance_sample", "mask_rate", "composition", "similarity_sample", "sink", "recent",
-                      "examples", "metric_modules", "layers")
-OLD_FINGERPRINT_FIELDS = ("max_len", "long", "limit", "dtype", "specials", "max_offset", "bootstrap", "seed",
-                          "prepend_bos", "bootstrap_unit", "window", "pack", "attention", "query_chunk", "values",
-                          "document_field", "importance", "ablate_top", "ablate_first", "importance_sample",
-                          "mask_rate", "sink", "recent", "similarity_sample", "examples", "composition", "layers")
-OLD_NOT_FINGERPRINTED = {"batch_size", "device", "device_map", "interval", "attention_budget", "control",
-                         "control_seed", "control_seeds", "fdr", "metric_modules", "importance_models"}
-OLD_RETRIEVAL_LEFT_OUT = ("device", "bootstrap", "interval", "query_chunk")  # and every mask_* setting
-OLD_PATCH_LEFT_OUT = ("device", "bootstrap", "interval", "seed")
+# --- each setting declared once: the lists derived from the declarations keep their properties ---------------------
+REQUIRED = {"sweep": [], "retrieval": ["-m", "x", "-c", "y"], "patch": ["-m", "x", "--pairs", "p"]}
 
 
-def test_the_derived_lists_are_the_hand_lists_they_replaced():
-    from headscan.patching_config import PatchConfig
-    from headscan.setting import fingerprinted, settings
-
-    sweep = [opt.name for opt in OPTIONS["sweep"]]
-    assert [name for name in sweep if name in settings(SweepConfig)] == list(OLD_SWEEP_SETTINGS)
-    assert sweep[:3] == ["models", "corpus", "out"]
-    assert sweep[3 + len(OLD_SWEEP_SETTINGS):] == ["save_every", "shard", "overwrite", "restart", "ray", "quiet",
-                                                   "checkpoints"]
-    assert set(fingerprinted(SweepConfig)) == set(OLD_FINGERPRINT_FIELDS)
-    assert set(settings(SweepConfig)) - set(fingerprinted(SweepConfig)) == OLD_NOT_FINGERPRINTED
-    retrieval = [name for name in settings(RetrievalConfig)
-                 if name not in OLD_RETRIEVAL_LEFT_OUT and not name.startswith("mask_")]
-    assert fingerprinted(RetrievalConfig) == tuple(retrieval)
-    assert fingerprinted(PatchConfig) == tuple(n for n in settings(PatchConfig) if n not in OLD_PATCH_LEFT_OUT)
+def test_each_config_command_lists_its_fields_as_options_in_their_order():
+    """A field of a config is an option of its command (`Config.command`), in the order of the fields, with its
+    `Setting`'s group and help and the field's default: the command's option list is not written anywhere else."""
+    assert set(CONFIGS) == set(REQUIRED)
+    for command, config in CONFIGS.items():
+        declared = {opt.name: opt for opt in OPTIONS[command]}
+        assert [name for name in declared if name in settings(config)] == list(settings(config)), command
+        for name, setting in settings(config).items():
+            assert (declared[name].help, declared[name].group) == (setting.help, setting.group), (command, name)
+        parsed = cli.commands[command].make_context(command, list(REQUIRED[command])).params
+        assert config_from(config, parsed) == config(), command
 
 
-OTHER = {"max_len": 64, "long": "split", "limit": 5, "dtype": "bfloat16", "specials": "exclude", "max_offset": 3,
-         "bootstrap": 20, "seed": 1, "prepend_bos": False, "bootstrap_unit": "document", "window": 7,
-         "pack": "sentences", "attention": "chunked", "query_chunk": 128, "values": False, "document_field": "doc",
-         "importance": "ablate", "ablate_top": 3, "ablate_first": True, "importance_sample": 4, "mask_rate": 0.3,
-         "sink": 4, "recent": 8, "examples": 2, "composition": "on", "batch_size": 3, "fdr": 0.1,
-         "control": ("random-init",), "control_seeds": 2, "similarity_sample": 4}
+def test_the_options_that_are_no_field_are_in_no_fingerprint():
+    """Where to write, whether to resume: the options of a config command that are no field of its config."""
+    for command, config in CONFIGS.items():
+        others = {opt.name for opt in OPTIONS[command]} - set(settings(config))
+        assert others and not others & {f.name for f in dataclasses.fields(config)}, command
+        assert not others & set(fingerprinted(config)), command
 
 
-@pytest.mark.parametrize("changes", [{}, OTHER], ids=["default", "other"])
-def test_the_fingerprint_holds_what_the_hand_list_gave(tiny_models, changes):
-    """The settings of a sweep's fingerprint, by the code the hand list fed (scan/plan.py, with the list): equal
-    as the dicts a resume compares, and as JSON with sorted keys; only their order is now the fields' order."""
-    import json
-
-    from headscan.corpus import texts_corpus
-    from headscan.scan.plan import plan_sweep
-
-    for model in tiny_models.values():
-        plan = plan_sweep(model, texts_corpus(["the cat sat", "a dog ran"], None),
-                          SweepConfig(device="cpu", **changes).for_swept(model.name))
-        old = {name: list(value) if isinstance(value := getattr(plan.config, name), tuple) else value
-               for name in OLD_FINGERPRINT_FIELDS}
-        new = plan.fingerprint["settings"]
-        assert new == old
-        assert json.dumps(new, sort_keys=True) == json.dumps(old, sort_keys=True)
+def test_the_fingerprinted_settings_are_fields_of_their_config_in_order():
+    for config in CONFIGS.values():
+        names = fingerprinted(config)
+        assert names and list(names) == [name for name in settings(config) if name in names], config.__name__
+        # where the model runs, and how replicates become an interval, change no number a run keeps
+        assert not {"device", "interval"} & set(names), config.__name__
