@@ -19,6 +19,9 @@ The public API is small:
 - ``headscan.METRICS`` and ``headscan.TABLES`` are the metric and table registries;
 - ``headscan.pattern(name)`` and ``headscan.metric(name)`` register your own head scores (decorators;
   `headscan.metrics.custom`), swept like headscan's own;
+- ``headscan.register_setting(name, default, type, group, help)`` adds a sweep setting of your own: an option of
+  ``headscan sweep`` and a keyword of ``headscan.sweep``, in the fingerprint and docs/options.md, read from the
+  config as ``config.name`` (`headscan.cli_options.register_setting`);
 - ``headscan.SweepConfig`` holds the settings, ``headscan.load_model`` loads one hooked model.
 
 Each ``headscan COMMAND`` calls exactly one of these (`headscan.cli_options.ENTRY_POINTS`; docs/options.md lists
@@ -44,7 +47,7 @@ from .tables import TABLES, SweepTables, load
 
 __all__ = ["__version__", "HeadscanError", "METRICS", "TABLES", "SweepTables", "SweepConfig", "RetrievalConfig", "load",
            "describe_models", "export", "import_scores", "load_model", "merge", "metric", "pairs", "patch", "pattern",
-           "report", "retrieval", "show", "sweep"]
+           "register_setting", "report", "retrieval", "show", "sweep"]
 
 # Loaded on first use (most import torch and transformers): name -> (module, its name there).
 _LAZY = {"sweep": ("headscan.scan", "sweep"), "merge": ("headscan.scan", "merge"),
@@ -53,7 +56,8 @@ _LAZY = {"sweep": ("headscan.scan", "sweep"), "merge": ("headscan.scan", "merge"
          "export": ("headscan.tables", "export_dataset"), "show": ("headscan.analysis.show", "show"),
          "describe_models": ("headscan.models.specs", "describe_models"), "load_model": ("headscan.models", "load_model"),
          "METRICS": ("headscan.metrics", "METRICS"), "pattern": ("headscan.metrics.custom", "pattern"),
-         "metric": ("headscan.metrics.custom", "metric")}
+         "metric": ("headscan.metrics.custom", "metric"),
+         "register_setting": ("headscan.cli_options", "register_setting")}
 
 
 def __getattr__(name):

@@ -57,7 +57,9 @@ def entry_point(command: str) -> Callable:
 def _effective_command(context: click.Context) -> str:
     """The command line with every option spelled out, defaults included, for provenance."""
     words = [context.command_path]
-    for parameter in context.command.params:
+    for parameter in context.command.get_params(context):  # settings added from outside included
+        if parameter.name == "help":
+            continue
         flag, value = max(shown_opts(parameter), key=len), context.params.get(parameter.name)
         if isinstance(value, tuple) and parameter.nargs == 1 and not parameter.multiple:  # --lengths 1024,2048: one option
             value = ",".join(map(str, value)) if value else None

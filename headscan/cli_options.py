@@ -1,8 +1,10 @@
 """The command line's options, each declared once, and docs/options.md generated from them.
 
-A config field's option comes from the field itself (its type, default and `headscan.config.Setting`); the options
-that are no setting (where to write, whether to resume) are declared here. `OPTIONS` lists each command's options in
-order: an option two commands share is the same `Opt`, so `sweep` and `retrieval` cannot drift apart.
+A config field's option comes from the field itself (its type, default and `headscan.setting.Setting`), in the
+order of the config's fields; the options that are no setting (where to write, whether to resume) are declared here.
+`OPTIONS` lists each command's options in order: an option two commands share is the same `Opt`, so `sweep` and
+`retrieval` cannot drift apart. A setting added from outside (`register_setting`) becomes an option of its command
+when the command is parsed or its help shown (`GroupedCommand`), listed after the declared ones of its group.
 ``python -m headscan.cli_options`` rewrites docs/options.md; tests/test_cli_options.py fails when it has drifted.
 This module parses nothing and runs nothing: `headscan.cli` applies these options to its commands.
 """
@@ -12,18 +14,21 @@ from __future__ import annotations
 import dataclasses
 import sys
 import types
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal, Union, get_args, get_origin, get_type_hints
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 import click
 
-from .config import SweepConfig, settings
+from .config import SweepConfig
+from .errors import ConfigError
 from .patching_config import PatchConfig
 from .retrieval_config import RetrievalConfig
+from .setting import ADDED, AddedSetting, Setting, added, settings, with_settings
 
-__all__ = ["Opt", "OPTIONS", "ENTRY_POINTS", "TITLES", "GroupedCommand", "options", "config_from", "flag_of", "shown_opts",
-           "options_markdown"]
+__all__ = ["Opt", "OPTIONS", "ENTRY_POINTS", "TITLES", "GroupedCommand", "options", "command_options", "config_from",
+           "flag_of", "shown_opts", "options_markdown", "register_setting"]
 
 # Section titles of --help and docs/options.md, in order: the groups of headscan.config.GROUPS, and "report".
 TITLES = {"input": "Input", "model": "Model and memory", "scores": "What is scored", "intervals": "Intervals",
@@ -79,6 +84,11 @@ class Opt:
         return click.option(*self.decls, *self.old, cls=_Option, declared=self, group=self.group, old=self.old,
                             help=self.help, **self.kwargs)(command)
 
+    def option(self) -> click.Option:
+        """A fresh `click.Option` of this declaration (what `__call__` adds to a command)."""
+        return _Option((*self.decls, *self.old), declared=self, group=self.group, old=self.old, help=self.help,
+                       **self.kwargs)
+
     def but(self, **changes) -> Opt:
         """This option as one command varies it: `help`, `old` or click keywords (`default`, `required`, ...);
         a keyword given as `DROP` is left out (a required option has no default)."""
@@ -105,7 +115,12 @@ def _tristate(hint) -> bool:
 def _from_config(config: type, name: str) -> Opt:
     """The option of field `name` of `config`, read off its type, default and `Setting`."""
     field = next(f for f in dataclasses.fields(config) if f.name == name)
-    setting, hint, default = field.metadata["setting"], get_type_hints(config)[name], field.default
+    return _declared(name, get_type_hints(config)[name], field.default, field.metadata["setting"])
+
+
+def _declared(name: str, hint, default, setting: Setting) -> Opt:
+    """The option of a setting `name` of type `hint` (a field's annotation), read off it, `default` and `setting`;
+    KeyError for a type the command line cannot parse."""
     flag = setting.flag or "--" + name.replace("_", "-")
     decls, kwargs = (name, flag), {"default": default, "show_default": True}
     args = tuple(a for a in get_args(hint) if a is not type(None))
@@ -165,14 +180,7 @@ QUIET = Opt(("quiet", "--quiet", "-q"), "run", "No progress bar or progress line
 
 OPTIONS: dict[str, list[Opt]] = {
     "sweep": [
-        MODEL, CORPUS, OUT, *(SWEEP[n] for n in ("max_len", "long", "batch_size", "limit", "device", "dtype",
-                                                 "device_map", "specials", "prepend_bos", "max_offset", "bootstrap",
-                                                 "seed", "bootstrap_unit", "document_field", "interval", "fdr", "window",
-                                                 "pack", "attention", "query_chunk", "attention_budget", "values",
-                                                 "control", "control_seed", "control_seeds", "importance", "importance_models", "ablate_top",
-                                                 "ablate_first",
-                                                 "importance_sample", "mask_rate", "composition", "similarity_sample", "sink",
-                                                 "recent", "examples", "metric_modules", "layers")),
+        MODEL, CORPUS, OUT, *SWEEP.values(),
         Opt(("save_every", "--save-every"), "run", "Save the partial state at the first window end after this many "
             "seconds.", {"default": 120.0, "show_default": True, "metavar": "SECONDS"}),
         Opt(("shard", "--shard"), "run", "Sweep only the K-th of N disjoint parts of the corpus (K from 0); combine "
@@ -262,8 +270,66 @@ ENTRY_POINTS = {"sweep": "sweep", "retrieval": "retrieval", "patch": "patch", "p
                 "report": "report"}
 
 
+# The commands whose settings are a config's fields: their options, fingerprint and added settings come from it.
+CONFIGS = {config.command: config for config in (SweepConfig, RetrievalConfig, PatchConfig)}
+
+
+def added_options(command: str) -> list[Opt]:
+    """The options of the settings added to `command` from outside (`register_setting`), in registered order."""
+    return [_declared(name, one.type, one.default, one.setting) for name, one in added(command).items()]
+
+
+def command_options(command: str) -> list[Opt]:
+    """Every option of `command` as it is parsed and listed now: its declared ones, then those added to it."""
+    return OPTIONS[command] + added_options(command)
+
+
+def register_setting(name: str, default, type, group: str, help: str, *, command: str = "sweep",
+                     fingerprint: bool = True, flag: str | None = None, metavar: str | None = None,
+                     check: Callable[[Any], None] | None = None) -> AddedSetting:
+    """Add the setting `name` to `command`'s config from outside the package, declared once here: its default, its
+    `type` (as a field's annotation: ``int``, ``float``, ``str``, ``bool``, ``bool | None``, ``Literal[...]``,
+    ``int | None``, ...), the `group` and `help` of its option (``--name-with-dashes`` unless `flag` says),
+    whether it enters the fingerprint (by default it does: a sweep swept with another value never resumes or
+    merges into this one), and `check`, which raises `headscan.errors.ConfigError` for a value it refuses.
+
+    From then on the command takes it as an option (its --help lists it, docs/options.md as generated lists it),
+    ``headscan.sweep(..., name=value)`` takes it as a keyword, and the config holds it: ``config.name`` (its value
+    is kept in ``config.extra``), where the code that uses it (a pass of your own, `headscan.scan.passes`) reads it
+    from the plan's config. Only ``sweep`` takes added settings. A name or flag already taken is refused; remove
+    one with ``del headscan.setting.ADDED[command][name]`` (tests/test_added_setting.py adds one and removes it).
+    """
+    config = CONFIGS.get(command)
+    if config is None or "extra" not in {f.name for f in dataclasses.fields(config)}:
+        raise ConfigError(f"register_setting: command {command!r} takes no added settings; only sweep does")
+    if not name.isidentifier() or name.startswith("_") or name != name.lower():
+        raise ConfigError(f"register_setting: a setting needs a lower-case name of letters, digits and _, got {name!r}")
+    taken = [opt.name for opt in command_options(command)] + [f.name for f in dataclasses.fields(config)]
+    if name in taken:
+        raise ConfigError(f"register_setting: {command} already has a setting or option named {name!r}; pick "
+                          f"another name (taken: {', '.join(taken)})")
+    try:
+        one = AddedSetting(name, default, type, Setting(group, help, flag, metavar), command, fingerprint, check)
+    except ValueError as error:  # a group that is none of GROUPS
+        raise ConfigError(f"register_setting: {name}: {error}") from None
+    try:
+        opt = _declared(name, type, default, one.setting)
+    except (KeyError, IndexError, TypeError):
+        raise ConfigError(f"register_setting: {name}: the command line cannot parse type {type!r}; give it as a "
+                          "field's annotation: int, float, str, bool, bool | None, Literal[...], int | None, "
+                          "tuple[str, ...], tuple[int, ...]") from None
+    flags = {spelling for o in command_options(command) for decl in (*o.decls[1:], *o.old)
+             for spelling in decl.split("/")}
+    if twice := sorted(flags & set(f for decl in opt.decls[1:] for f in decl.split("/"))):
+        raise ConfigError(f"register_setting: {name}: {command} already has the flag {twice[0]}; pass flag=...")
+    one.checked(default)
+    ADDED.setdefault(command, {})[name] = one
+    return one
+
+
 def options(command: str):
-    """A decorator adding the options of `command` (a key of `OPTIONS`), in order."""
+    """A decorator adding the declared options of `command` (a key of `OPTIONS`), in order; those added from
+    outside are added when the command is parsed (`GroupedCommand`)."""
     def decorate(function):
         for opt in reversed(OPTIONS[command]):  # click lists options in the reverse order of decoration
             function = opt(function)
@@ -272,16 +338,18 @@ def options(command: str):
 
 
 def config_from(config: type, params: dict):
-    """`config` (`SweepConfig`, `RetrievalConfig` or `PatchConfig`) from a command's parsed options; ConfigError if
-    refused."""
-    hints = get_type_hints(config)
-    values = {name: params[name] for name in settings(config)}
-    return config(**{name: TRISTATE[value] if _tristate(hints[name]) else value for name, value in values.items()})
+    """`config` (`SweepConfig`, `RetrievalConfig` or `PatchConfig`) from a command's parsed options, the settings
+    added to its command included; ConfigError if refused."""
+    extra = added(config.command)
+    hints = get_type_hints(config) | {name: one.type for name, one in extra.items()}
+    names = [*settings(config), *(name for name in extra if name in params)]
+    return with_settings(config(), {name: TRISTATE[params[name]] if _tristate(hints[name]) else params[name]
+                                    for name in names})
 
 
 def flag_of(name: str) -> str:
     """The flag of a setting or option named `name` (``prepend_bos``: ``--bos``), for messages."""
-    for opt in (opt for opts in OPTIONS.values() for opt in opts):
+    for opt in (opt for command in OPTIONS for opt in command_options(command)):
         if opt.name == name:
             return max((d.split("/")[0] for d in opt.decls[1:]), key=len)
     return "--" + name.replace("_", "-")
@@ -293,7 +361,17 @@ def shown_opts(parameter: click.Parameter) -> list[str]:
 
 
 class GroupedCommand(click.Command):
-    """A command whose --help lists its options by group, one section each, in the order of `TITLES`."""
+    """A command whose --help lists its options by group, one section each, in the order of `TITLES`, and which
+    parses and lists the settings added to it from outside (`register_setting`) as options of its own."""
+
+    _added: tuple = ((), [])  # (the added settings they were made for, their click options): made once per change
+
+    def get_params(self, ctx):
+        now = tuple(added(self.name).values())
+        if self._added[0] != now:  # one set of options per registration, so click parses and processes the same ones
+            self._added = (now, [opt.option() for opt in added_options(self.name)])
+        params = super().get_params(ctx)
+        return [*self.params, *self._added[1], *(p for p in params if p not in self.params)]
 
     def format_options(self, ctx, formatter):
         sections: dict[str, list] = {}
@@ -307,19 +385,25 @@ class GroupedCommand(click.Command):
 
 
 def options_markdown() -> str:
-    """docs/options.md: every command's options by group, as its --help lists them, from `OPTIONS`."""
+    """docs/options.md: every command's options by group, as its --help lists them, from `OPTIONS` and the settings
+    added from outside (`register_setting`) at the time."""
     lines = ["# Command-line options", "",
              "Every command's options by group, as `headscan COMMAND --help` lists them, and the Python function",
              "the command calls (`help(headscan.NAME)` says its arguments). Generated from the declarations in",
              "`headscan/config.py` and `headscan/cli_options.py` by `python -m headscan.cli_options`.",
+             "A setting of your own, added with `headscan.register_setting`, is listed with its command's.",
              ""]
-    for name, opts in OPTIONS.items():
+    for name in OPTIONS:
+        opts = command_options(name)
         lines += [f"## headscan {name}", "", f"From Python: `headscan.{ENTRY_POINTS[name]}`, which the command calls.",
                   ""]
         if not opts:
             lines += ["No options.", ""]
             continue
-        command = click.command(name)(options(name)(lambda **_: None))
+        function = lambda **_: None  # noqa: E731
+        for opt in reversed(opts):  # click lists options in the reverse order of decoration
+            function = opt(function)
+        command = click.command(name)(function)
         context = click.Context(command, info_name=name)
         for group in [g for g in TITLES if any(o.group == g for o in opts)]:
             lines += [f"### {TITLES[group]}", ""]

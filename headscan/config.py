@@ -1,9 +1,12 @@
 """Settings: frozen dataclasses that check every setting once, so nothing downstream checks again.
 
 `SweepConfig` holds a sweep's settings (`headscan.retrieval_config.RetrievalConfig`, declared the same way, those of the
-needle-in-a-haystack trials of ``headscan retrieval``). Each field declares its command-line option once (a `Setting`: group and help); the
-command line builds its options, choices and defaults from them, and turns a `ConfigError` naming a setting
-(``max_len``) into one naming the flag (``--max-len``). Inner functions trust a config they are handed.
+needle-in-a-haystack trials of ``headscan retrieval``). Each setting is declared once, as its field
+(`headscan.setting.option`): its command-line option (a `Setting`: group and help) and whether it enters the
+fingerprint. The command line builds its options, in the fields' order, their choices and defaults from them, and
+turns a `ConfigError` naming a setting (``max_len``) into one naming the flag (``--max-len``); the sweep's
+fingerprint holds the settings declared to enter it. A setting of your own: `headscan.register_setting`. Inner
+functions trust a config they are handed.
 
 This module imports no torch: ``headscan --help`` stays fast.
 
@@ -23,9 +26,10 @@ import dataclasses
 import os
 import re
 from dataclasses import dataclass
-from typing import Literal, get_args, get_type_hints
+from typing import Any, ClassVar, Literal, get_args, get_type_hints
 
 from .errors import ConfigError
+from .setting import GROUPS, Setting, fill_added, option, settings
 from .setting_values import check_whole, format_layers, parse_layers
 
 __all__ = ["SweepConfig", "DEVICES", "DTYPES", "SPECIALS", "TEMPLATES", "CONTROLS", "MIN_BOOTSTRAP",
@@ -63,32 +67,6 @@ TEMPLATES: tuple[str, ...] = get_args(Template)
 MIN_BOOTSTRAP = 20
 
 
-# The groups options are listed under in --help and docs/options.md, in this order.
-GROUPS = ("input", "model", "scores", "intervals", "trials", "run")
-
-
-@dataclass(frozen=True)
-class Setting:
-    """How a config field is offered on the command line and in docs/options.md: the group it is listed under,
-    its help, and its flag and metavar where they are not derived from the field (``max_len``: ``--max-len``)."""
-
-    group: str  # one of GROUPS
-    help: str
-    flag: str | None = None
-    metavar: str | None = None
-
-    def __post_init__(self):
-        if self.group not in GROUPS:  # a typo in a declaration below, caught when headscan is imported
-            raise ValueError(f"group must be one of {', '.join(GROUPS)}, got {self.group!r}")
-
-
-def option(default, setting: Setting | str, help: str = "", **more):
-    """A dataclass field that carries its command-line declaration (`setting`, or a group and help)."""
-    if isinstance(setting, str):
-        setting = Setting(setting, help, **more)
-    return dataclasses.field(default=default, metadata={"setting": setting})
-
-
 # Declared once for both configs: the command line shares these options between sweep and retrieval.
 DEVICE = Setting("model", "Where the model runs: auto takes a GPU (cuda, then mps) where torch sees one.")
 DTYPE = Setting("model", "Weights and activations (scores and sums stay float32 or float64).")
@@ -99,35 +77,51 @@ INTERVAL = Setting("intervals", "How bootstrap replicates become a 95% interval.
 @dataclass(frozen=True)
 class SweepConfig:
     """How a sweep reads the corpus and scores heads. Every field is checked when the config is made, and carries
-    its command-line option (``settings(SweepConfig)["max_len"]``)."""
+    its command-line option (``settings(SweepConfig)["max_len"]``) and whether it enters the fingerprint
+    (`headscan.setting.fingerprinted`). ``fingerprint=False`` marks a setting that changes no number a sweep's
+    state holds, with why in a comment."""
 
+    command: ClassVar[str] = "sweep"  # the command whose options these fields are, in this order
     max_len: int = option(128, "input", "Tokens per segment; longer ones are truncated.")
     long: Long = option("truncate", "input", "A segment longer than --max-len: 'truncate' cuts it, 'split' feeds it as "
                         "consecutive windows of --max-len tokens, each with the model's special tokens.")
-    batch_size: int = option(16, "model", "Segments per forward pass (scores do not depend on it).")
+    # not fingerprinted: scores do not depend on it (a test of test_sweep.py)
+    batch_size: int = option(16, "model", "Segments per forward pass (scores do not depend on it).",
+                             fingerprint=False)
     limit: int | None = option(None, "input", "Read at most this many segments.")
-    device: Device = option("auto", DEVICE)
-    device_map: str | None = option(
-        None, "model", "Spread a model too large for one device over several: a Hugging Face device map name such "
-        "as 'auto' (needs accelerate; replaces --device for the model's layers).", metavar="MAP")
+    device: Device = option("auto", DEVICE, fingerprint=False)  # where the model runs
     dtype: DType = option("float32", DTYPE)
+    device_map: str | None = option(  # not fingerprinted: where the model's layers run
+        None, "model", "Spread a model too large for one device over several: a Hugging Face device map name such "
+        "as 'auto' (needs accelerate; replaces --device for the model's layers).", metavar="MAP", fingerprint=False)
     specials: Specials = option("keep", "input", "'exclude': special tokens ([CLS], [SEP], BOS) count neither as "
                                 "queries nor keys, and each query's attention is renormalised over the keys left.")
+    # causal models: None follows TransformerLens' default per model (the command line's 'auto')
+    prepend_bos: bool | None = option(None, "input", "Causal models: put BOS before each segment ('auto' follows "
+                                      "TransformerLens' default).", flag="--bos")
     max_offset: int = option(8, "scores", "K of the offset profile (offsets -K..K).")
     bootstrap: int = option(200, BOOTSTRAP)
     # seeds the bootstrap weights and nothing else: the forward pass is deterministic
     seed: int = option(0, "intervals", "Seed of the bootstrap.")
-    # causal models: None follows TransformerLens' default per model (the command line's 'auto')
-    prepend_bos: bool | None = option(None, "input", "Causal models: put BOS before each segment ('auto' follows "
-                                      "TransformerLens' default).", flag="--bos")
     # the sweep resolves "auto" and records why: headscan.scan.plan.resolve_unit
     bootstrap_unit: BootstrapUnit = option(
         "auto", "intervals", "What the bootstrap resamples: segments, or whole documents (CoNLL-U '# newdoc', a "
         "JSONL --document-field, blank-line paragraphs), whose sentences are not independent; 'auto': documents "
         "where the corpus has documents of several segments, else segments.")
-    interval: IntervalMethod = option("studentized_symmetric", INTERVAL)
+    document_field: str | None = option(
+        None, "input", "A .jsonl or hf: corpus: the field whose value marks each line's document (consecutive lines "
+        "with equal values are one document; rows of an hf: corpus alike).", metavar="FIELD")
+    # not fingerprinted: applied when the tables are finished, from the states' replicates
+    interval: IntervalMethod = option("studentized_symmetric", INTERVAL, fingerprint=False)
+    # not fingerprinted: applied when the tables are published, over every model of the run (headscan.metrics.nulls)
+    fdr: float = option(0.05, "intervals", "False-discovery rate of the findings: Benjamini-Hochberg over every "
+                        "tested row of heads, value and syntax, one family per model (headscan.metrics.nulls).",
+                        metavar="Q", fingerprint=False)
     window: int = option(256, "run", "Segments added up per window: the unit of resuming (state is saved at "
                          "window ends).")
+    pack: Pack = option("none", "input", "Long inputs: 'sentences' joins consecutive segments until each holds "
+                        "--max-len words (so it fills --max-len tokens); 'documents' makes each document one segment "
+                        "(use --long split).")
     attention: Attention = option(
         "auto", "model", "'eager' reads each layer's attention pattern from the model; 'chunked' lets the model run "
         "its fast attention and recomputes the pattern from queries and keys, --query-chunk rows at a time (long "
@@ -137,52 +131,41 @@ class SweepConfig:
     # faster than 512, whose temporaries are faulted in anew)
     query_chunk: int | None = option(None, "model", "Queries per block in chunked mode (scores do not depend on "
                                      "it). Default: as many as keep a block within 8 MiB, at least 64.")
+    # not fingerprinted: it only chooses eager or chunked; the choice itself is the fingerprinted `attention`
     attention_budget: int | None = option(
         None, "model", "Memory one layer's eager attention (its patterns and the metrics' temporaries) may take "
-        "before --attention auto goes chunked (default: by device).", metavar="MIB")
-    pack: Pack = option("none", "input", "Long inputs: 'sentences' joins consecutive segments until each holds "
-                        "--max-len words (so it fills --max-len tokens); 'documents' makes each document one segment "
-                        "(use --long split).")
+        "before --attention auto goes chunked (default: by device).", metavar="MIB", fingerprint=False)
     values: bool = option(True, "scores", "Also score every head on value-weighted attention (value.parquet) and, "
                           "for causal models, its direct logit attribution (dla), in the same pass; --no-values "
                           "leaves both out.")
-    document_field: str | None = option(
-        None, "input", "A .jsonl or hf: corpus: the field whose value marks each line's document (consecutive lines "
-        "with equal values are one document; rows of an hf: corpus alike).", metavar="FIELD")
+    # not fingerprinted: it adds models, each control swept as a model of its own, fingerprinted as model.control
     control: tuple[Control, ...] = option(
         (), "scores", "Also sweep a control beside each model, as a model of its own: 'random-init' (the same "
         "architecture and tokenizer, weights drawn from its config's initialiser; named 'MODEL [random init]') or "
         "'shuffled-words' (the model over the corpus with each segment's words permuted; 'MODEL [shuffled "
-        "words]'). Repeat for both; each doubles the sweep's time.")
+        "words]'). Repeat for both; each doubles the sweep's time.", fingerprint=False)
+    # not fingerprinted: the controls' seed, fingerprinted per control model as model.control_seed
     control_seed: int | None = option(None, "scores", "Seed of the controls' weights and word orders (default: "
-                                      "--seed).", metavar="SEED")
-    fdr: float = option(0.05, "intervals", "False-discovery rate of the findings: Benjamini-Hochberg over every "
-                        "tested row of heads, value and syntax, one family per model (headscan.metrics.nulls).",
-                        metavar="Q")
-    examples: int = option(5, "scores", "Keep each head's K highest- and K lowest-scoring units (segments or "
-                           "documents) of every heads.parquet metric, with their text, in examples.parquet (0: none).",
-                           metavar="K")
-    # read, hashed and executed once per process (`headscan.metrics.custom`): their metrics are swept like headscan's
-    metric_modules: tuple[str, ...] = option(
-        (), "scores", "A Python file (or dotted module) of your own metrics, made with @headscan.pattern or "
-        "@headscan.metric: swept like headscan's own, with chance, null and intervals, its text's sha256 in run.json. "
-        "Repeat for several.", metavar="FILE", flag="--metric-module")
+                                      "--seed).", metavar="SEED", fingerprint=False)
     # one random-init control is one draw of what an untrained network scores: the findings' null is the range
-    # of several draws' heads, and with two or more each draw is checked against the others (held out)
+    # of several draws' heads, and with two or more each draw is checked against the others (held out). Not
+    # fingerprinted: it adds random-init controls, each fingerprinted per control model as model.control_seed
     control_seeds: int = option(1, "scores", "How many random-init controls, seeds --control-seed, +1, ... (named "
                                 "'MODEL [random init]', 'MODEL [random init 2]', ...). Their heads at each layer are "
                                 "the null of every finding; with 2 or more, each control is tested against the "
-                                "others. 5 is a good number.", metavar="N")
+                                "others. 5 is a good number.", metavar="N", fingerprint=False)
     importance: Importance = option(
         "off", "scores", "Does each head matter (importance.parquet): 'atp' estimates, for every head, the change of "
         "the model's loss when its output is replaced by its mean or by 0, from one backward pass per batch; "
         "'ablate' also replaces each head's output exactly, one head at a time (slow: two passes per head).")
-    # names as given to --model: a control's name is refused, and a model's controls get no importance with it
+    # names as given to --model: a control's name is refused, and a model's controls get no importance with it.
+    # Not fingerprinted: resolved per model before fingerprinting (`for_swept`): a named model's fingerprint carries
+    # --importance, every other model's that of a sweep without it (tests/test_importance_models.py)
     importance_models: tuple[str, ...] = option(
         (), "scores", "Measure --importance only for this model (as named by --model); repeat for several. Every "
         "other model of the sweep, and every control (random init, shuffled words), the named models' own "
         "included, is swept without importance. Default: every model and control.", metavar="MODEL",
-        flag="--importance-model")
+        flag="--importance-model", fingerprint=False)
     ablate_top: int | None = option(None, "scores", "With --importance ablate: only the N heads of largest |AtP| "
                                     "(on the importance sample).", metavar="N")
     # the first position (BOS, [CLS]) is where many heads park attention: replacing it there measures that sink
@@ -206,14 +189,28 @@ class SweepConfig:
                        "deployment value).")
     recent: int = option(256, "scores", "streaming: the last tokens it keeps, the query's own included "
                          "(DuoAttention's recent window).")
+    examples: int = option(5, "scores", "Keep each head's K highest- and K lowest-scoring units (segments or "
+                           "documents) of every heads.parquet metric, with their text, in examples.parquet (0: none).",
+                           metavar="K")
+    # read, hashed and executed once per process (`headscan.metrics.custom`): their metrics are swept like headscan's.
+    # Not fingerprinted: it adds metrics, each fingerprinted by its columns and its text's sha256 (custom_metrics)
+    metric_modules: tuple[str, ...] = option(
+        (), "scores", "A Python file (or dotted module) of your own metrics, made with @headscan.pattern or "
+        "@headscan.metric: swept like headscan's own, with chance, null and intervals, its text's sha256 in run.json. "
+        "Repeat for several.", metavar="FILE", flag="--metric-module",
+        fingerprint=False)
     # None: every layer. "0,5-7" is parsed here; the layer count is checked at planning, where the model is known
     layers: tuple[int, ...] | None = option(
         None, "model", "Sweep only these layers (from 0), e.g. '0,5-7': hooks and scores only there, so a large "
         "model costs less; `headscan merge` joins it with a sweep of the other layers into the whole model's "
         "tables (docs/distributed.md). Not with --importance or --similarity-sample, which need every layer.",
         metavar="LIST")
+    # the values of the settings added from outside (`headscan.register_setting`), by name, every one filled in;
+    # read as attributes (``config.my_setting``); no option of its own
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict, hash=False)
 
     def __post_init__(self):
+        fill_added(self)
         for name, values in choices().items():
             if getattr(self, name) not in values:
                 raise ConfigError(f"{name} must be one of {', '.join(values)}; got {getattr(self, name)!r}", setting=name)
@@ -320,9 +317,18 @@ class SweepConfig:
         return dataclasses.replace(self, **{field: default(field) for field in fields})
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self) | {"control": list(self.control), "metric_modules": list(self.metric_modules),
-                                           "layers": None if self.layers is None else list(self.layers),
-                                           "importance_models": list(self.importance_models)}
+        """The settings as run.json keeps them (``extra`` only where settings were added from outside)."""
+        own = dataclasses.asdict(self) | {"control": list(self.control), "metric_modules": list(self.metric_modules),
+                                          "layers": None if self.layers is None else list(self.layers),
+                                          "importance_models": list(self.importance_models)}
+        return own if self.extra else {k: v for k, v in own.items() if k != "extra"}
+
+    def __getattr__(self, name: str):
+        """An added setting's value (`headscan.register_setting`), as a field's would be read."""
+        extra = vars(self).get("extra") or {}
+        if name in extra:
+            return extra[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def controls_seed(self) -> int:
@@ -378,15 +384,6 @@ def choices(config: type = SweepConfig) -> dict[str, tuple[str, ...]]:
     """
     hints = get_type_hints(config)
     return {name: get_args(hint) for name, hint in hints.items() if getattr(hint, "__origin__", None) is Literal}
-
-
-def settings(config: type = SweepConfig) -> dict[str, Setting]:
-    """Each field of `config` (`SweepConfig` or `RetrievalConfig`) and its command-line declaration, in order.
-
-    >>> settings()["prepend_bos"].flag, settings()["max_len"].group
-    ('--bos', 'input')
-    """
-    return {field.name: field.metadata["setting"] for field in dataclasses.fields(config)}
 
 
 def default(name: str, config: type = SweepConfig):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass
+from typing import ClassVar
 
 from .config import (
     BOOTSTRAP,
@@ -63,6 +64,7 @@ class PatchConfig:
     headscan.errors.ConfigError: batch_size must be a whole number >= 1, got 0
     """
 
+    command: ClassVar[str] = "patch"  # the command whose options these fields are, in this order
     batch_size: int = option(8, "model", "Pairs per forward pass.")
     by_position: bool = option(False, "scores", "Also patch each head at each position alone (pairs must all have "
                                "the same number of tokens; one pass per head and position).")
@@ -76,10 +78,12 @@ class PatchConfig:
                            metavar="N")
     paths: tuple[str, ...] = option((), "scores", "Patch this path too: SENDER>RECEIVER[:q|k|v], 0-indexed "
                                     "(L0H0>L1H0:k); repeat for several.", metavar="PATH")
-    seed: int = option(0, "intervals", "Seed of the bootstrap over pairs.")
-    bootstrap: int = option(200, BOOTSTRAP)  # over pairs, the bootstrap unit of patching
-    interval: IntervalMethod = option("studentized_symmetric", INTERVAL)
-    device: Device = option("auto", DEVICE)
+    # not fingerprinted (a kept step is reused across them): the bootstrap and where the model runs only read or
+    # make the patches' numbers, which do not depend on them
+    seed: int = option(0, "intervals", "Seed of the bootstrap over pairs.", fingerprint=False)
+    bootstrap: int = option(200, BOOTSTRAP, fingerprint=False)  # over pairs, the bootstrap unit of patching
+    interval: IntervalMethod = option("studentized_symmetric", INTERVAL, fingerprint=False)
+    device: Device = option("auto", DEVICE, fingerprint=False)
     dtype: DType = option("float32", DTYPE)
 
     def __post_init__(self):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import ClassVar
 
 from .config import (
     BOOTSTRAP,
@@ -42,6 +43,7 @@ class RetrievalConfig:
     headscan.errors.ConfigError: depths must lie between 0 and 1 (0: the needle opens the haystack, 1: it closes it); got 1.5
     """
 
+    command: ClassVar[str] = "retrieval"  # the command whose options these fields are, in this order
     lengths: tuple[int, ...] = option((1024, 2048), "trials", "Prompt lengths in tokens (template and question "
                                       "included).", metavar="N,N")
     depths: tuple[float, ...] = option(tuple(i / 10 for i in range(11)), "trials", "Needle depths: 0 opens the "
@@ -51,27 +53,32 @@ class RetrievalConfig:
     max_new_tokens: int = option(50, "trials", "Greedy steps at most.")  # Wu et al.: 50
     gate: float = option(0.5, "trials", "A trial counts when the answer's ROUGE-1 recall is above this.")  # Wu et al.
     seed: int = option(0, "intervals", "Seed of the haystacks' starts and the bootstrap.")
-    bootstrap: int = option(200, BOOTSTRAP)  # over trials, the bootstrap unit of retrieval
-    interval: IntervalMethod = option("studentized_symmetric", INTERVAL)
-    device: Device = option("auto", DEVICE)
+    # not fingerprinted (a kept trial is reused across them): the bootstrap only reads the trials, and where the
+    # model runs changes none
+    bootstrap: int = option(200, BOOTSTRAP, fingerprint=False)  # over trials, the bootstrap unit of retrieval
+    interval: IntervalMethod = option("studentized_symmetric", INTERVAL, fingerprint=False)
+    device: Device = option("auto", DEVICE, fingerprint=False)
     dtype: DType = option("float32", DTYPE)
     prepend_bos: bool | None = option(None, "input", "Raw template: put BOS before the prompt ('auto' follows the "
                                       "model's sweep default).", flag="--bos")
     # 128: less memory than 256 at 8k tokens (benchmarks/long_context.py --task retrieval)
-    query_chunk: int = option(128, "model", "Queries per block of the chunked prefill (scores do not depend on it).")
-    # the masking test (Wu et al.'s needle_in_haystack_with_mask.py): off unless one of the two counts is set
+    query_chunk: int = option(128, "model", "Queries per block of the chunked prefill (scores do not depend on it).",
+                              fingerprint=False)
+    # the masking test (Wu et al.'s needle_in_haystack_with_mask.py): off unless one of the two counts is set. Not
+    # in the unmasked trials' fingerprint, as they change none: the masked trials' own (headscan.scan.masking)
     mask_top: int = option(0, "trials", "Also decode every trial with the top K retrieval heads masked (their "
                            "output z zeroed at every position, prefill and decoding); 0: no masking test.",
-                           metavar="K")
+                           metavar="K", fingerprint=False)
     mask_random: int = option(0, "trials", "Also decode every trial with K random heads masked, one from the layer of "
-                              "each of the top K retrieval heads, never a top head; 0: none.", metavar="K")
+                              "each of the top K retrieval heads, never a top head; 0: none.", metavar="K",
+                              fingerprint=False)
     mask_draws: int = option(20, "trials", "Seeded draws of --mask-random heads, each decoding every masked trial "
                              "once; the top set's drop is ranked among theirs, so N draws allow a p-value down to "
-                             "1/(N+1) (19: 0.05).")
+                             "1/(N+1) (19: 0.05).", fingerprint=False)
     mask_from: str | None = option(None, "trials", "Rank the heads to mask by the retrieval scores of this earlier "
                                    "headscan retrieval output folder, run on other needles, and mask every trial "
                                    "(default: rank on this run's even needles, mask its odd ones' trials).",
-                                   metavar="FOLDER")
+                                   metavar="FOLDER", fingerprint=False)
 
     def __post_init__(self):
         for name, values in choices(RetrievalConfig).items():

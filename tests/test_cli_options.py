@@ -9,9 +9,10 @@ import pytest
 from click.testing import CliRunner
 
 from headscan.cli import cli
-from headscan.cli_options import OPTIONS, TITLES, config_from, options_markdown, shown_opts
+from headscan.cli_options import CONFIGS, OPTIONS, TITLES, config_from, options_markdown, shown_opts
 from headscan.config import GROUPS, SweepConfig
 from headscan.retrieval_config import RetrievalConfig
+from headscan.setting import fingerprinted, settings
 
 OPTIONS_MD = Path(__file__).resolve().parents[1] / "docs" / "options.md"
 
@@ -59,6 +60,8 @@ def test_every_config_field_declares_its_group_and_help():
     assert set(GROUPS) <= set(TITLES)
     for config in (SweepConfig, RetrievalConfig):
         for field in dataclasses.fields(config):
+            if field.name == "extra":  # the values of settings added from outside, declared where they are added
+                continue
             setting = field.metadata["setting"]
             assert setting.group in GROUPS and setting.help.strip(), (config.__name__, field.name)
 
@@ -100,3 +103,36 @@ def test_a_refused_setting_is_named_by_its_flag(tmp_path):
                                       str(tmp_path / "out")])
     assert result.exit_code == 1
     assert result.output.strip() == "Error: --query-chunk must be a whole number >= 1, got 0"
+
+
+# --- each setting declared once: the lists derived from the declarations keep their properties ---------------------
+REQUIRED = {"sweep": [], "retrieval": ["-m", "x", "-c", "y"], "patch": ["-m", "x", "--pairs", "p"]}
+
+
+def test_each_config_command_lists_its_fields_as_options_in_their_order():
+    """A field of a config is an option of its command (`Config.command`), in the order of the fields, with its
+    `Setting`'s group and help and the field's default: the command's option list is not written anywhere else."""
+    assert set(CONFIGS) == set(REQUIRED)
+    for command, config in CONFIGS.items():
+        declared = {opt.name: opt for opt in OPTIONS[command]}
+        assert [name for name in declared if name in settings(config)] == list(settings(config)), command
+        for name, setting in settings(config).items():
+            assert (declared[name].help, declared[name].group) == (setting.help, setting.group), (command, name)
+        parsed = cli.commands[command].make_context(command, list(REQUIRED[command])).params
+        assert config_from(config, parsed) == config(), command
+
+
+def test_the_options_that_are_no_field_are_in_no_fingerprint():
+    """Where to write, whether to resume: the options of a config command that are no field of its config."""
+    for command, config in CONFIGS.items():
+        others = {opt.name for opt in OPTIONS[command]} - set(settings(config))
+        assert others and not others & {f.name for f in dataclasses.fields(config)}, command
+        assert not others & set(fingerprinted(config)), command
+
+
+def test_the_fingerprinted_settings_are_fields_of_their_config_in_order():
+    for config in CONFIGS.values():
+        names = fingerprinted(config)
+        assert names and list(names) == [name for name in settings(config) if name in names], config.__name__
+        # where the model runs, and how replicates become an interval, change no number a run keeps
+        assert not {"device", "interval"} & set(names), config.__name__

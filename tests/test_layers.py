@@ -131,11 +131,13 @@ def test_join_layers_puts_every_array_of_each_part_at_its_layers():
     is the whole state's (numpy's own slicing is the reference), whatever order the parts come in."""
     import numpy as np
 
+    from headscan.config import SweepConfig
     from headscan.scan.passes.weights import WeightsState
-    from headscan.scan.state import FINGERPRINT_FIELDS, join_layers
+    from headscan.scan.state import join_layers
+    from headscan.setting import fingerprinted
 
     rng = np.random.default_rng(0)
-    settings = {name: None for name in FINGERPRINT_FIELDS}
+    settings = {name: None for name in fingerprinted(SweepConfig)}
     fingerprint = {"model": {"name": "m"}, "corpus": {"sha256": "0" * 64}, "settings": settings, "columns": [["x", []]]}
     axes = {"sums": 0, "counts": 0, "chance": 0, "replicate_sums": 1, "replicate_counts": 1, "moments": 1,
             "replicate_power": 2}

@@ -9,17 +9,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from headscan.config import SweepConfig
 from headscan.errors import ConfigError, TablesError
 from headscan.intervals import MOMENT_TERMS, replicate_moments, unit_moments, variance_df
 from headscan.scan.importance import ImportanceState
 from headscan.scan.passes.baseline import BaselineState
 from headscan.scan.passes.weights import WeightsState
-from headscan.scan.state import FINGERPRINT_FIELDS, PartialState, Shard, fingerprint_differences, merge_states
+from headscan.scan.resume import check_resumable
+from headscan.scan.state import PartialState, Shard, fingerprint_differences, merge_states
+from headscan.setting import fingerprinted
 
 SHAPE = (2, 3, 4)  # (layer, head, column)
 FINGERPRINT = {"headscan": "0.1.0", "model": {"name": "m", "id": "m", "revision": "r"},
                "corpus": {"source": "c.txt", "kind": "text", "sha256": "0" * 64},
-               "settings": {name: None for name in FINGERPRINT_FIELDS}, "columns": [["prev_token", []]]}
+               "settings": {name: None for name in fingerprinted(SweepConfig)}, "columns": [["prev_token", []]]}
 
 
 def shard_state(index: int, count: int = 3, seed: int = 0, replicates: int = 5) -> PartialState:
@@ -88,6 +91,17 @@ def test_a_merge_refuses_what_is_not_every_shard_of_one_sweep():
     c.fingerprint = dict(FINGERPRINT, settings=dict(FINGERPRINT["settings"], seed=1))
     with pytest.raises(TablesError, match=r"^c: not a shard of the same sweep as a: settings.seed: None != 1$"):
         merge_states([a, b, c], ["a", "b", "c"])
+
+
+def test_the_order_of_a_fingerprint_s_keys_changes_nothing():
+    """A saved state's fingerprint is compared key by key, never hashed: one written with its settings in another
+    order (a state saved when the settings were listed otherwise) still matches."""
+    ordered = {**FINGERPRINT, "settings": {name: i for i, name in enumerate(FINGERPRINT["settings"])}}
+    turned = {**ordered, "settings": dict(reversed(ordered["settings"].items()))}
+    assert list(turned["settings"]) != list(ordered["settings"])
+    assert fingerprint_differences(turned, ordered) == []
+    state = PartialState.empty(turned, None, SHAPE, 0)
+    check_resumable(state, ordered, None, "state.npz", "m")  # refuses nothing
 
 
 def test_fingerprint_differences_name_each_key_and_the_columns_last():

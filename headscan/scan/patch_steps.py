@@ -30,6 +30,7 @@ import torch
 from .. import __version__
 from ..errors import SweepInterrupted
 from ..models.patching import attributions, pair_runs, patch_layer, patch_sender
+from ..setting import fingerprinted
 from .kept_trials import keep_trial, kept_trials
 
 __all__ = ["KeptSteps", "head_effects", "position_effects", "path_effects", "split_pairs", "top_heads", "patch_fingerprint", "SPLIT_RULE"]
@@ -42,7 +43,8 @@ SPLIT_RULE = ("path candidates: the top heads by exact denoising summed over the
 def patch_fingerprint(model, pairs_sha256: str, select_sha256: str | None, config) -> dict:
     """What a kept step must share with this run to be reused: all that changes a patch's numbers or which patches
     are made (not the bootstrap, which only reads them)."""
-    settings = {k: v for k, v in config.to_json().items() if k not in ("device", "bootstrap", "interval", "seed")}
+    kept = fingerprinted(type(config))  # the settings declared to enter it (headscan.patching_config)
+    settings = {k: v for k, v in config.to_json().items() if k in kept}
     return {"headscan": __version__, "model": {"name": model.name, "id": model.id, "revision": model.revision},
             "pairs": pairs_sha256, "select_pairs": select_sha256, "settings": settings}
 

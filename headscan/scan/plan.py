@@ -18,9 +18,10 @@ from .. import __version__
 from ..config import SweepConfig
 from ..corpus import Corpus, Segment  # noqa: F401  (Segment: the doctest's)
 from ..metrics import DECODED, METRICS, Metric
+from ..setting import fingerprinted
 from ..setting_values import check_layers
 from .passes.base import PASSES
-from .state import FINGERPRINT_FIELDS, Shard
+from .state import Shard
 
 if TYPE_CHECKING:
     from ..models import HookedModel
@@ -126,9 +127,10 @@ def plan_sweep(model: HookedModel, corpus: Corpus, config: SweepConfig, shard: S
                   # read windows (no entry) does not resume into one that does
                   **({"windows": list(model.windows)} if model.windows else {})},
         "corpus": {"source": corpus.source, "kind": corpus.kind, "sha256": corpus.sha256},
-        # as JSON gives them back (a saved state's are lists)
+        # the settings whose change changes the numbers, as declared (`headscan.setting.fingerprinted`), as JSON
+        # gives them back (a saved state's are lists)
         "settings": {name: list(value) if isinstance(value := getattr(config, name), tuple) else value
-                     for name in FINGERPRINT_FIELDS},
+                     for name in fingerprinted(SweepConfig)},
         "columns": column_names(columns),
     }
     # a metric defined outside headscan: its text's hash, so a state swept with another definition never mixes in

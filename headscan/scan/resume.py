@@ -11,7 +11,6 @@ This module runs no model, and imports no torch: `headscan.scan.inputs` checks a
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import re
 import signal
@@ -20,6 +19,7 @@ from pathlib import Path
 
 from ..config import control_number, split_control
 from ..errors import ConfigError, TablesError
+from ..setting import with_settings
 from ..tables.folders import fitting, where
 from .state import PartialState, Shard, fingerprint_differences
 
@@ -147,7 +147,7 @@ def checked_call(models, config, kind: type, settings: dict, out, overwrite: boo
     ``headscan patch``)."""
     from ..tables import check_out
 
-    config = dataclasses.replace(config or kind(), **settings) if settings else config or kind()
+    config = with_settings(config or kind(), settings) if settings else config or kind()
     models = check_models(models, example="--model smollm2")
     if out is not None:
         check_out(out, overwrite=overwrite)

@@ -30,6 +30,7 @@ from ..corpus import Corpus, pack_corpus, read_corpus, texts_corpus
 from ..errors import ConfigError, HeadscanError, ModelLoadError, SweepInterrupted, TablesError
 from ..metrics.custom import check_custom, load_metric_modules
 from ..models import DEFAULT_MODELS
+from ..setting import added, with_settings
 from ..setting_values import format_layers
 from ..tables import SweepTables, check_out, load
 from ..tables.folders import holding_out
@@ -45,13 +46,8 @@ __all__ = ["sweep", "merge", "SweepInterrupted"]
 
 
 def _resolve_settings(config: SweepConfig | None, settings: dict) -> SweepConfig:
-    if not settings:
-        return config or SweepConfig()
-    unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(SweepConfig)})
-    if unknown:
-        raise ConfigError(f"unknown setting(s) {unknown}; SweepConfig has "
-                          f"{', '.join(f.name for f in dataclasses.fields(SweepConfig))}")
-    return dataclasses.replace(config or SweepConfig(), **settings)
+    """`config` (default: the defaults) with `settings`, its fields' or those added from outside, in place."""
+    return with_settings(config or SweepConfig(), settings) if settings else config or SweepConfig()
 
 
 @holding_out
@@ -253,7 +249,8 @@ def _python_call(models: list[str], corpus, out, config: SweepConfig, shard: Sha
     """The call as a notebook user would write it, for provenance (lists of texts are summarised)."""
     shown = f"<{len(corpus)} texts>" if isinstance(corpus, (list, tuple)) else repr(str(corpus))
     changed = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
-               if getattr(config, f.name) != f.default}
+               if f.name != "extra" and getattr(config, f.name) != f.default}
+    changed |= {name: value for name, value in config.extra.items() if value != added("sweep")[name].default}
     arguments = [repr(models), shown] + ([f"out={str(out)!r}"] if out is not None else [])
     arguments += [f"{name}={value!r}" for name, value in changed.items()]
     arguments += [f"shard={str(shard)!r}"] if shard is not None else []

@@ -44,7 +44,7 @@ from ..errors import TablesError
 from ..setting_values import format_layers
 from .columns_text import columns_text
 
-__all__ = ["PartialState", "FINGERPRINT_FIELDS", "merge_states", "join_layers", "add_tallies", "Shard", "columns_text"]
+__all__ = ["PartialState", "merge_states", "join_layers", "add_tallies", "Shard", "columns_text"]
 
 # 2: states carry the null head's sums (chance); 3: the replicates' power sums (replicate_power); 4: each pass's state
 # under its own name. An older state is refused, to be swept again: what it lacks cannot be rebuilt from it.
@@ -52,13 +52,6 @@ STATE_VERSION = 4
 _ADDED_IN = {2: "the chance sums", 3: "the replicates' power sums, which the studentized interval needs",
              4: "each pass's state under its own name"}
 _CORE = ("sums", "counts", "replicate_sums", "replicate_counts", "moments", "chance", "replicate_power")
-
-# Settings whose change changes the numbers: two states must agree on each to be added, or to resume.
-FINGERPRINT_FIELDS = ("max_len", "long", "limit", "dtype", "specials", "max_offset", "bootstrap", "seed", "prepend_bos",
-                      "bootstrap_unit", "window", "pack", "attention", "query_chunk", "values", "document_field",
-                      "importance", "ablate_top", "ablate_first", "importance_sample", "mask_rate", "sink", "recent",
-                      "similarity_sample", "examples", "composition", "layers")
-
 
 @dataclass(frozen=True)
 class Shard:

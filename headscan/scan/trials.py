@@ -47,6 +47,7 @@ from ..models import load_model
 from ..models.decode import PREFILL_CHUNK, greedy_decode
 from ..models.forward import chunked_refusal, refused
 from ..retrieval_config import RetrievalConfig
+from ..setting import fingerprinted
 from ..tables import TABLES, ModelProvenance, SweepTables, head_columns, write
 from ..tables.folders import holding_out
 from .finish import run_provenance
@@ -290,9 +291,10 @@ def _tables(model, records: list[dict], config: RetrievalConfig) -> dict[str, pd
 
 def _fingerprint(model, corpus, about: dict, config: RetrievalConfig) -> dict:
     """What a kept trial must share with this run to be reused: all that changes a trial's prompt or decoding."""
-    # the mask settings change no unmasked trial: they are in the masked trials' fingerprint (headscan.scan.masking)
-    settings = {k: v for k, v in config.to_json().items()
-                if k not in ("device", "bootstrap", "interval", "query_chunk") and not k.startswith("mask_")}
+    # the settings declared to enter it (headscan.retrieval_config); the mask settings change no unmasked trial:
+    # they are in the masked trials' fingerprint (headscan.scan.masking)
+    kept = fingerprinted(RetrievalConfig)
+    settings = {k: v for k, v in config.to_json().items() if k in kept}
     # windows: a trial decoded before sliding windows were read misplaced their rows; it is not reused
     return {"headscan": __version__, "model": {"name": model.name, "id": model.id, "revision": model.revision,
                                                **({"windows": list(model.windows)} if model.windows else {})},
