@@ -58,7 +58,7 @@ class Called(Exception):
 def _arguments(command: str, tmp_path, model: str) -> list[str]:
     """The fewest arguments with which `command` gets past its own checks to its entry point."""
     return {
-        "sweep": ["-m", model, "--limit", "2", "--device", "cpu"],
+        "sweep": ["-m", model, "--limit", "2", "--out", tmp_path / "s", "--device", "cpu"],
         "retrieval": ["-m", model, "-c", "builtin", "--out", tmp_path / "r", "--device", "cpu"],
         "patch": ["-m", model, "--pairs", tmp_path / "pairs.jsonl", "--out", tmp_path / "p", "--device", "cpu"],
         "pairs": ["ioi", "--n", "2", "--out", tmp_path / "pairs.jsonl"],

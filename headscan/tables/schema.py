@@ -16,7 +16,6 @@ This module imports no torch.
 from __future__ import annotations
 
 import functools
-
 from dataclasses import dataclass, field
 
 import pandas as pd
