@@ -8,7 +8,9 @@ it fails: CI must not go green by skipping.
 """
 
 import contextlib
+import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import matplotlib
@@ -317,3 +319,18 @@ def assert_a_stopped_run_resumes(run, changed, out: Path, *, stop_at: int, kept:
     for name in tables:
         pd.testing.assert_frame_equal(resumed[name], expected[name])
     assert not out.with_name(out.name + ".partial").exists()
+
+
+def import_script(path: Path, name: str):
+    """A script of benchmarks/ or experiments/ (files, not a package) imported as the module `name`."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # a dataclass in the file looks its module up while the file executes
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def load_script():
+    """`import_script`, for tests and fixtures that import a benchmark or experiment script."""
+    return import_script

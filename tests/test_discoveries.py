@@ -7,7 +7,6 @@ and simulated heads whose truth is known (planted real heads among null heads; n
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -30,11 +29,8 @@ CALIBRATION = Path(__file__).resolve().parents[1] / "benchmarks" / "discoveries_
 
 
 @pytest.fixture(scope="module")
-def calibration():
-    spec = importlib.util.spec_from_file_location("discoveries_calibration", CALIBRATION)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def calibration(load_script):
+    return load_script(CALIBRATION, "discoveries_calibration")
 
 
 def _step_up_loop(p, alpha, factor=1.0):

@@ -1,7 +1,6 @@
 """experiments/syntax_held_out.py end to end on minilm: re-estimated on the very sentences it was chosen on, each
 finding's paired difference is the in-sample one it was chosen with (the same head, offset and dependents)."""
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -11,11 +10,9 @@ SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "syntax_held_out.
 
 
 def test_syntax_held_out_on_the_same_sentences_finds_its_in_sample_differences(minilm, ewt_dev, tmp_path,
-                                                                                monkeypatch, capsys):
+                                                                                monkeypatch, capsys, load_script):
     monkeypatch.syspath_prepend(str(SCRIPT.parent))  # the script imports its _common module
-    spec = importlib.util.spec_from_file_location("experiment_syntax_held_out", SCRIPT)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script(SCRIPT, "experiment_syntax_held_out")
     rc = script.main(["--dev", str(ewt_dev), "--dev-limit", "320", "--test", str(ewt_dev), "--test-limit", "320",
                       "--control-seeds", "1", "--out", str(tmp_path)])
     assert rc in (0, 1)
@@ -28,10 +25,8 @@ def test_syntax_held_out_on_the_same_sentences_finds_its_in_sample_differences(m
     assert "python experiments/syntax_held_out.py" in readme
 
 
-def test_syntax_held_out_refuses_a_corpus_without_trees(tmp_path, monkeypatch, capsys):
+def test_syntax_held_out_refuses_a_corpus_without_trees(tmp_path, monkeypatch, capsys, load_script):
     monkeypatch.syspath_prepend(str(SCRIPT.parent))
-    spec = importlib.util.spec_from_file_location("experiment_syntax_held_out", SCRIPT)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script(SCRIPT, "experiment_syntax_held_out")
     assert script.main(["--dev", "builtin", "--out", str(tmp_path)]) == 2
     assert "CoNLL-U" in capsys.readouterr().out

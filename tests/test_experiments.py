@@ -3,7 +3,6 @@ holds or not: on planted checkpoints (heads that look where they look by constru
 random ones where the claim's threshold is out of reach, FAIL is.
 """
 
-import importlib.util
 from pathlib import Path
 
 import pandas as pd
@@ -27,14 +26,11 @@ def label(layer_head) -> str:
 
 
 @pytest.fixture
-def experiment(monkeypatch):
+def experiment(monkeypatch, load_script):
     monkeypatch.syspath_prepend(str(EXPERIMENTS))  # the scripts import their _common module
 
     def load(name):
-        spec = importlib.util.spec_from_file_location(f"experiment_{name}", EXPERIMENTS / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
+        return load_script(EXPERIMENTS / f"{name}.py", f"experiment_{name}")
 
     return load
 

@@ -3,7 +3,6 @@
 The calibration tests run experiments/interval_simulation.py's own `simulate` and `coverage_check`, smaller.
 """
 
-import importlib.util
 import sys
 import warnings
 from pathlib import Path
@@ -47,13 +46,9 @@ S, C = MOMENT_TERMS.index("s"), MOMENT_TERMS.index("c")
 
 
 @pytest.fixture(scope="module")
-def simulation():
-    spec = importlib.util.spec_from_file_location("interval_simulation", SIMULATION)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+def simulation(load_script):
+    yield load_script(SIMULATION, "interval_simulation")
+    sys.modules.pop("interval_simulation", None)
 
 
 def ratio_data(seed=0, n=60, shape=(3,)):

@@ -3,7 +3,6 @@ float fails naming its column; a row only one side has fails unless only what bo
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -15,11 +14,8 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "same_tables.py"
 
 
 @pytest.fixture(scope="module")
-def same_tables():
-    spec = importlib.util.spec_from_file_location("same_tables", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def same_tables(load_script):
+    return load_script(SCRIPT, "same_tables")
 
 
 def heads() -> pd.DataFrame:
