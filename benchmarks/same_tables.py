@@ -21,9 +21,9 @@ each through the `headscan` command line of that tree (click's runner, in this p
 - `patch`: smollm2 over 12 IOI pairs (`pairs.jsonl`, written by `headscan pairs`), every head patched and
   path patching between the top 2 (`--path-top 2`).
 
-The set is not yet a few minutes on 2 cores: smollm2's composition null in `importance` (65,536 Haar-random
-draws, about 13 CPU seconds per 2,048) costs about 7 CPU minutes, more than the rest (`plain` about 80 CPU
-seconds); measured at a load of 9 to 17 on 2 shared cores, where `write` took over an hour. A run whose command or option the
+The set is not yet a few minutes on 2 cores: through `retrieval` it took 21 CPU minutes (at a load of 8 to 17
+on 2 shared cores: over an hour), most of it `importance`, where smollm2's composition null alone (65,536
+Haar-random draws, about 13 CPU seconds per 2,048) is about 7; `plain` is about 80 CPU seconds. A run whose command or option the
 imported headscan lacks is not written: `write` says which option, leaves `NAME.skipped` with the reason and
 exits 1 at the end, and `compare` reports that run as missing on that side.
 
