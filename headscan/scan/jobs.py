@@ -31,7 +31,7 @@ import pandas as pd
 
 from ..errors import ConfigError
 from ..setting import fingerprinted
-from ..tables import TABLES, CorpusProvenance, ModelProvenance
+from ..tables import RUN_TABLES, TABLES, CorpusProvenance, ModelProvenance
 
 __all__ = ["Job", "JobInput", "ModelDone", "JOBS", "register_job", "registered_jobs"]
 
@@ -67,7 +67,8 @@ class Job:
     - `config`: a frozen dataclass whose fields are made by `headscan.setting.option`, with the class attribute
       ``command`` equal to `name`; its fields are the command's options, and those declared so enter the
       fingerprint (`headscan.setting.fingerprinted`);
-    - `tables`: the names of the registered tables (`headscan.tables.register_table`) the job publishes;
+    - `tables`: the names of the registered tables (`headscan.tables.register_table`) the job publishes, the
+      first one in every run (`headscan.load` knows a run of the job by it);
     - `read(source, config) -> JobInput`: the input, read and checked once, before the first model;
     - `load(spec, config)`: one model, or `headscan.errors.ModelLoadError` (the model is then skipped, unless it is
       the only one); None: the work is handed the spec itself;
@@ -128,6 +129,8 @@ def register_job(job: Job) -> Job:
     if not job.help:
         raise ConfigError(f"register_job: {job.name}: needs a one-line help")
     JOBS[job.name] = job
+    if job.tables[0] not in RUN_TABLES:  # its runs' folders are read back by headscan.load
+        RUN_TABLES.append(job.tables[0])
     return job
 
 
