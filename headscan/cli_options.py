@@ -26,8 +26,8 @@ from .errors import ConfigError
 from .patching_config import PatchConfig
 from .retrieval_config import RetrievalConfig
 from .scan.jobs import JOBS, Job
-from .tables import TABLES
 from .setting import ADDED, AddedSetting, Setting, added, settings, with_settings
+from .tables import TABLES
 
 __all__ = ["Opt", "OPTIONS", "ENTRY_POINTS", "TITLES", "GroupedCommand", "options", "command_options", "config_from",
            "job_options", "declared_options", "job_commands",
