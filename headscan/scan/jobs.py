@@ -37,17 +37,19 @@ __all__ = ["Job", "JobInput", "ModelDone", "JOBS", "register_job", "registered_j
 
 _NAME = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
 # The modules of headscan that register its own jobs, imported by `registered_jobs` (they import torch).
-BUILTIN_JOB_MODULES = ("headscan.scan.published",)
+BUILTIN_JOB_MODULES = ("headscan.scan.published", "headscan.scan.patching")
 
 
 @dataclass(frozen=True)
 class JobInput:
     """A job's input as `Job.read` made it: what the work reads (`data`), what run.json says of it
-    (`provenance`, whose ``sha256`` enters each model's fingerprint) and notes for the run's provenance (`extra`)."""
+    (`provenance`, which enters each model's fingerprint), notes for the run's provenance (`extra`) and any other
+    fact of the input a kept state must share to be resumed (`fingerprint`: a second file's sha256, say)."""
 
     data: Any
     provenance: CorpusProvenance
     extra: dict = field(default_factory=dict)
+    fingerprint: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

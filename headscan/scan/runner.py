@@ -50,7 +50,7 @@ def job_fingerprint(job: Job, spec: str, given: JobInput, config) -> dict:
     settings that enter the fingerprint (`Job.fingerprinted`), as JSON holds them."""
     settings = {name: getattr(config, name) for name in job.fingerprinted}
     return json.loads(json.dumps({"job": job.name, "model": {"name": spec}, "corpus": given.provenance.to_json(),
-                                  "settings": settings}, default=str))
+                                  "input": given.fingerprint, "settings": settings}, default=str))
 
 
 class Kept:
@@ -59,9 +59,11 @@ class Kept:
     folder nothing is kept, and a stop request still stops the run."""
 
     def __init__(self, partial: Path | None, job: Job, spec: str, fingerprint: dict, should_stop: Callable[[], bool],
-                 *, save_every: float = SAVE_EVERY, progress: bool = False):
+                 *, save_every: float = SAVE_EVERY, progress: bool = False, restarted: bool = False):
         self.partial, self.job, self.spec, self.fingerprint = partial, job, spec, fingerprint
         self.should_stop, self.save_every, self.progress = should_stop, save_every, progress
+        # how a stop message says to resume (never with --restart, which would discard what was kept)
+        self.again = AGAIN + (" without --restart" if restarted else "")
         stem = f"job-{job.name}-{spec_stem(spec)}"
         self.path = partial / f"{stem}.npz" if partial is not None else None
         self.finished_path = partial / f"{stem}.json" if partial is not None else None
@@ -93,7 +95,7 @@ class Kept:
         if self.path is not None and (stop or time.monotonic() - self._saved >= self.save_every):
             self._save(state, done, total)
         if stop:
-            where = (f"{done:,} of {total:,} steps are kept in {self.partial}; {AGAIN} to resume" if self.path
+            where = (f"{done:,} of {total:,} steps are kept in {self.partial}; {self.again} to resume" if self.path
                      else "nothing was kept (no out)")
             raise SweepInterrupted(f"stopped while running {self.job.name} on {self.spec}: {where}")
 
@@ -179,27 +181,30 @@ def run_job(job: Job, models: str | list[str], source, out: str | Path | None = 
     with stop_requests() as should_stop:
         for index, spec in enumerate(models, start=1):
             kept = Kept(partial, job, spec, job_fingerprint(job, spec, given, config), should_stop,
-                        save_every=save_every, progress=progress)
+                        save_every=save_every, progress=progress, restarted=restart)
             clock = time.monotonic()
             if (finished := kept.finished()) is not None:
                 done[spec] = finished
                 how = f"kept from {kept.finished_path}"
             else:
                 try:
-                    done[spec] = _one_model(job, spec, given, config, kept)
+                    model = job.load(spec, config) if job.load is not None else spec
                 except ModelLoadError as error:  # one model that cannot be loaded does not cost the others
                     if len(models) == 1:
                         raise
                     skipped[spec] = str(error)
                     print(f"skipped {spec}: {error}", file=sys.stderr)
                     continue
+                done[spec] = _one_model(job, spec, model, given, config, kept)
+                del model  # the work released its own references: the next model is loaded alone
+                gc.collect()
                 kept.finish(done[spec])
                 how = f"done in {time.monotonic() - clock:.1f} s"
             if progress:
                 rows = sum(len(frame) for frame in done[spec].tables.values())
                 print(f"{job.name}: model {index} of {len(models)}, {spec}: {how} ({rows:,} rows)", file=sys.stderr)
             if index < len(models) and should_stop():
-                where = f"kept in {partial}; {AGAIN} to resume" if partial is not None else "nothing was kept (no out)"
+                where = f"kept in {partial}; {kept.again} to resume" if partial is not None else "nothing was kept (no out)"
                 raise SweepInterrupted(f"stopped after {spec}, {index} of {len(models)} models finished: {where}")
     if not done:
         raise ModelLoadError(f"{job.name}: no model could be run: {'; '.join(skipped.values())}")
@@ -217,9 +222,8 @@ def run_job(job: Job, models: str | list[str], source, out: str | Path | None = 
     return result
 
 
-def _one_model(job: Job, spec: str, given: JobInput, config, kept: Kept) -> ModelDone:
-    """One model's tables: loaded (`Job.load`), worked on and released before the next."""
-    model = job.load(spec, config) if job.load is not None else spec
+def _one_model(job: Job, spec: str, model, given: JobInput, config, kept: Kept) -> ModelDone:
+    """One model's tables (`Job.work`), checked: tables the job declares, each as its registry says."""
     try:
         finished = job.work(model, given, config, kept)
     finally:
