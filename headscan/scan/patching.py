@@ -22,7 +22,6 @@ This module does not draw or parse command lines.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import hashlib
 from pathlib import Path
 
@@ -220,58 +219,55 @@ def _rules() -> dict:
 def _patch_model(model, given: JobInput, config: PatchConfig, kept) -> ModelDone:
     """One model's patching (and paths) table; each step kept in ``OUT.partial/`` as it finishes (`KeptSteps`)."""
     (pairs, chooser), spec, partial = given.data, kept.spec, kept.partial
+    batches = encode_pairs(model, pairs, config.batch_size)
+    lengths = {int(b.mask.sum(1).max()) for b in batches} | {int(b.mask.sum(1).min()) for b in batches}
+    for setting in ("by_position", "position_top"):
+        if getattr(config, setting) and len(lengths) != 1:
+            raise ConfigError(f"{setting}: the pairs have {min(lengths)} to {max(lengths)} tokens, so a position "
+                              f"means different words in different pairs; patch by position pairs of one "
+                              f"template", setting=setting)
+    chosen_on, estimated_on = split_pairs(len(pairs), bool(config.path_top), chooser is not None)
+    expected = patch_fingerprint(model, _digest(pairs), _digest(chooser) if chooser is not None else None, config)
+    path = partial / f"patch-{spec_stem(spec)}.jsonl" if partial is not None else None
+    steps = KeptSteps(path, expected, spec, kept.should_stop, kept.progress,
+                      restarted=kept.again.endswith("without --restart"))
+    cut = head_cut(model)
     try:
-        batches = encode_pairs(model, pairs, config.batch_size)
-        lengths = {int(b.mask.sum(1).max()) for b in batches} | {int(b.mask.sum(1).min()) for b in batches}
-        for setting in ("by_position", "position_top"):
-            if getattr(config, setting) and len(lengths) != 1:
-                raise ConfigError(f"{setting}: the pairs have {min(lengths)} to {max(lengths)} tokens, so a position "
-                                  f"means different words in different pairs; patch by position pairs of one "
-                                  f"template", setting=setting)
-        chosen_on, estimated_on = split_pairs(len(pairs), bool(config.path_top), chooser is not None)
-        expected = patch_fingerprint(model, _digest(pairs), _digest(chooser) if chooser is not None else None, config)
-        path = partial / f"patch-{spec_stem(spec)}.jsonl" if partial is not None else None
-        steps = KeptSteps(path, expected, spec, kept.should_stop, kept.progress,
-                          restarted=kept.again.endswith("without --restart"))
-        cut = head_cut(model)
-        try:
-            with Surgery(model, cut, "next_token_loss") as surgery:
-                surgery.check()
-                heads = head_effects(surgery, batches, steps, n_heads=model.n_heads, by_position=config.by_position,
-                                     attribution=config.attribution)
-                if config.position_top:
-                    heads |= position_effects(surgery, batches, steps, top_heads(heads["denoise"], config.position_top),
-                                              n_heads=model.n_heads)
-                restored = heads["denoise"][:, chosen_on]
-                if chooser is not None:
-                    restored = head_effects(surgery, encode_pairs(model, chooser, config.batch_size), steps,
-                                            n_heads=model.n_heads, by_position=False, attribution=False,
-                                            methods=("denoise",), prefix="select")["denoise"]
-                candidates = top_heads(restored, config.path_top) if config.path_top else []
-                paths = _path_list(candidates, config, model.n_layers)
-                path_results = None
-                if paths:
-                    estimating = encode_pairs(model, [pairs[i] for i in estimated_on], config.batch_size)
-                    with Projections(projection_sites(surgery), surgery.cut.d_head) as projections:
-                        path_results = path_effects(surgery, projections, estimating, paths, model.kv_group, steps)
-        finally:
-            steps.close()
-        tables = {"patching": _heads_table(model, heads, config)}
-        if path_results is not None:
-            tables["paths"] = _paths_table(model, path_results, config)
-        clean, corrupted = heads["clean"], heads["corrupted"]
-        selection = {"rule": SPLIT_RULE, "candidates": [f"L{a}H{b}" for a, b in candidates],
-                     "chosen_on": "selection pairs file" if chooser is not None else _lines(chosen_on),
-                     "estimated_on": _lines(estimated_on)} if config.path_top else None
-        extra = {"pairs": len(pairs), "clean_right": int((clean > 0).sum()), "corrupted_right": int((corrupted > 0).sum()),
-                 "difference_not_positive": _lines(np.flatnonzero(clean - corrupted <= 0)),
-                 "mean_logit_difference": {"clean": float(clean.mean()), "corrupted": float(corrupted.mean())},
-                 "atp_recall": _recall(heads) if config.attribution else None, "paths": len(paths),
-                 "path_selection": selection, "ablation_passes": surgery.reuse_note,
-                 "steps_resumed": steps.kept_before}
-        return ModelDone(tables, ModelProvenance.from_json(model.provenance() | {"patching": extra}))
+        with Surgery(model, cut, "next_token_loss") as surgery:
+            surgery.check()
+            heads = head_effects(surgery, batches, steps, n_heads=model.n_heads, by_position=config.by_position,
+                                 attribution=config.attribution)
+            if config.position_top:
+                heads |= position_effects(surgery, batches, steps, top_heads(heads["denoise"], config.position_top),
+                                          n_heads=model.n_heads)
+            restored = heads["denoise"][:, chosen_on]
+            if chooser is not None:
+                restored = head_effects(surgery, encode_pairs(model, chooser, config.batch_size), steps,
+                                        n_heads=model.n_heads, by_position=False, attribution=False,
+                                        methods=("denoise",), prefix="select")["denoise"]
+            candidates = top_heads(restored, config.path_top) if config.path_top else []
+            paths = _path_list(candidates, config, model.n_layers)
+            path_results = None
+            if paths:
+                estimating = encode_pairs(model, [pairs[i] for i in estimated_on], config.batch_size)
+                with Projections(projection_sites(surgery), surgery.cut.d_head) as projections:
+                    path_results = path_effects(surgery, projections, estimating, paths, model.kv_group, steps)
     finally:
-        gc.collect()
+        steps.close()
+    tables = {"patching": _heads_table(model, heads, config)}
+    if path_results is not None:
+        tables["paths"] = _paths_table(model, path_results, config)
+    clean, corrupted = heads["clean"], heads["corrupted"]
+    selection = {"rule": SPLIT_RULE, "candidates": [f"L{a}H{b}" for a, b in candidates],
+                 "chosen_on": "selection pairs file" if chooser is not None else _lines(chosen_on),
+                 "estimated_on": _lines(estimated_on)} if config.path_top else None
+    extra = {"pairs": len(pairs), "clean_right": int((clean > 0).sum()), "corrupted_right": int((corrupted > 0).sum()),
+             "difference_not_positive": _lines(np.flatnonzero(clean - corrupted <= 0)),
+             "mean_logit_difference": {"clean": float(clean.mean()), "corrupted": float(corrupted.mean())},
+             "atp_recall": _recall(heads) if config.attribution else None, "paths": len(paths),
+             "path_selection": selection, "ablation_passes": surgery.reuse_note,
+             "steps_resumed": steps.kept_before}
+    return ModelDone(tables, ModelProvenance.from_json(model.provenance() | {"patching": extra}))
 
 
 PATCH = register_job(Job(

@@ -56,14 +56,18 @@ def job_fingerprint(job: Job, spec: str, given: JobInput, config) -> dict:
 class Kept:
     """One model's partial state in ``OUT.partial/``: the arrays a stopped run kept (`state`, None on a fresh
     start) and how far it got (`done`), and where the work says it may stop (`checkpoint`). Without an output
-    folder nothing is kept, and a stop request still stops the run."""
+    folder nothing is kept, and a stop request still stops the run.
+
+    A work that keeps its steps its own way (``headscan patch``: one JSON line per step) reads `partial` (the
+    folder, None without one), `spec`, `should_stop`, `progress`, `restarted` and `again` (how its stop message
+    says to resume) instead, and files of its own there must be named as `headscan.scan.resume` allows."""
 
     def __init__(self, partial: Path | None, job: Job, spec: str, fingerprint: dict, should_stop: Callable[[], bool],
                  *, save_every: float = SAVE_EVERY, progress: bool = False, restarted: bool = False):
         self.partial, self.job, self.spec, self.fingerprint = partial, job, spec, fingerprint
         self.should_stop, self.save_every, self.progress = should_stop, save_every, progress
         # how a stop message says to resume (never with --restart, which would discard what was kept)
-        self.again = AGAIN + (" without --restart" if restarted else "")
+        self.restarted, self.again = restarted, AGAIN + (" without --restart" if restarted else "")
         stem = f"job-{job.name}-{spec_stem(spec)}"
         self.path = partial / f"{stem}.npz" if partial is not None else None
         self.finished_path = partial / f"{stem}.json" if partial is not None else None
