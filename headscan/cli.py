@@ -36,7 +36,7 @@ def _one_line_errors(command):
             return command(*args, **kwargs)
         except SweepInterrupted as error:
             message = str(error)
-            if kwargs.get("restart"):  # the same command would discard again what it just kept
+            if kwargs.get("restart") and "without --restart" not in message:  # it would discard what it just kept
                 message = message.replace("run the same command again", "run the same command without --restart")
             click.echo(f"Interrupted: {message}", err=True)
             raise SystemExit(130) from None  # the shell's convention for a SIGINT

@@ -212,6 +212,12 @@ def test_the_command_line_says_how_to_resume_and_exits_130(circuit, tmp_path, mo
     result = CliRunner().invoke(cli, command)
     assert result.exit_code == 0, result.output
     assert not (tmp_path / "out.partial").exists()
+    _interrupting(monkeypatch, "patch_layer", 2)  # stopped after --restart: never told to restart again
+    result = CliRunner().invoke(cli, [*command, "--overwrite", "--restart"])
+    monkeypatch.undo()
+    last = result.output.splitlines()[-1]
+    assert result.exit_code == 130 and last.endswith("run the same command again without --restart to resume"), last
+    assert last.count("--restart") == 1, last
 
 
 @pytest.mark.subprocess

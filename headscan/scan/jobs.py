@@ -14,8 +14,9 @@ command, ``headscan.NAME``, resume, progress, provenance and a published folder,
 
 This module imports no torch.
 
->>> sorted(JOBS) == sorted(set(JOBS))
-True
+>>> job = registered_jobs()["import-scores"]
+>>> job.python_name, job.tables, job.fingerprinted
+('import_scores', ('retrieval',), ('seed',))
 """
 
 from __future__ import annotations
