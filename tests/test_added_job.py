@@ -2,7 +2,8 @@
 it is a command (``headscan head-entropy``, in ``headscan --help``, with its options read off its config) and
 ``headscan.head_entropy``; a run publishes its table and run.json; a stop after the first model, or in the middle
 of one, keeps what was done in OUT.partial/ and the same call resumes to tables equal to the bit to an
-uninterrupted run's; a line per model says how far the run is; a model that cannot be loaded is skipped.
+uninterrupted run's, and a crash resumes from the last save; a line per model says how far the run is; a model that
+cannot be loaded is skipped.
 
 The job: each head's mean attention entropy (nats) over the segments of a text file, each segment one bootstrap
 unit, read off the Hugging Face model's own attention weights (eager attention); its chance is the entropy of
@@ -14,6 +15,7 @@ import hashlib
 import json
 import math
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Literal
@@ -37,6 +39,7 @@ from headscan.tables import RUN_TABLES, TABLES, CorpusProvenance, ModelProvenanc
 TEXTS = ["The cat sat on the mat.", "It slept all day long, and then it woke.", "Dogs bark.",
          "A bird sang in the tall tree by the river.", "Rain fell.", "We went home after the long walk in the park."]
 HELP = "Each head's mean attention entropy over the segments of a text file."
+CRASH_AT = None  # a segment the work fails on, as a killed process would stop there (a test sets it)
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,8 @@ def entropy(loaded, given: JobInput, config: EntropyConfig, kept) -> ModelDone:
         "sums": np.zeros((n, n_layers, n_heads)), "counts": np.zeros((n, n_layers, n_heads)),  # (segment, layer, head)
         "chance": np.zeros((n, n_layers))}  # (segment, layer)
     for i in range(kept.done, n):
+        if i == CRASH_AT:
+            raise RuntimeError(f"crashed at segment {i}")
         ids = tokenizer(given.data[i], return_tensors="pt", truncation=True, max_length=config.max_len)
         with torch.no_grad():
             pattern = torch.stack(model(**ids, output_attentions=True).attentions)[:, 0].double()  # (layer, head, q, k)
@@ -258,3 +263,16 @@ def test_a_model_that_cannot_be_loaded_is_skipped(tiny_gpt2, texts, tmp_path, ca
     assert str(broken) in headscan.load(tmp_path / "out").provenance.extra["skipped"]
     with pytest.raises(ModelLoadError, match="cannot be loaded"):  # the only model: nothing to publish
         run([broken], texts, tmp_path / "o2")
+
+
+def test_a_crashed_run_resumes_from_its_last_save(tiny_gpt2, texts, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "out"
+    monkeypatch.setattr(sys.modules[__name__], "CRASH_AT", 4)
+    with pytest.raises(RuntimeError, match="crashed at segment 4"):
+        run([tiny_gpt2], texts, out, save_every=0)  # kept at every checkpoint, as --save-every 0 would
+    monkeypatch.undo()
+    capsys.readouterr()
+    resumed = run([tiny_gpt2], texts, out, progress=True)
+    assert f"head-entropy: resuming {tiny_gpt2} at 4 of 6" in capsys.readouterr().err
+    whole = run([tiny_gpt2], texts, None)
+    pd.testing.assert_frame_equal(resumed["head_entropy"], whole["head_entropy"], check_exact=True)
