@@ -31,7 +31,11 @@ interval is about.
 - Fit (``--fit``, EWT test): per model, family (`headscan.intervals.calibration.family_of`: ``prev_token``,
   ``value:prev_token``, ``syntax``, ...) and N, the ratio's 95th percentile, at least 1; the factor of a family
   at N is the larger of the models' (a family measured on one model only keeps that one's), over families with at
-  least 50 trusted rows there.
+  least 50 trusted rows there. A row whose interval has zero width (every unit of the part agrees, as a share
+  at 0 or 1 does: 11% of smollm2's ``sink_ratio`` rows at N = 10) is left out: no factor widens it, and the
+  sweep gives it the rule of three over its units instead (`headscan.intervals.calibration.zero_width_floor`),
+  which the check applies too. (Kept in, their infinite ratios had made smollm2's quantile NaN, which the
+  larger-of-the-models step then dropped without a word.)
 - Check (``--check``, EWT dev, never seen by the fit): per model, family and N, the share of trusted rows whose
   calibrated interval (`headscan.intervals.calibration.calibrate` with the fitted table: interpolated, and the
   widest factor for a family the fit did not measure) holds the truth, beside the default interval's. An exact
@@ -58,7 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from interval_coverage import SPARSE, load, part_state, parts_of  # noqa: E402
 
 from headscan import intervals  # noqa: E402
-from headscan.intervals.calibration import COVERAGE_TARGET, calibrate  # noqa: E402
+from headscan.intervals.calibration import COVERAGE_TARGET, calibrate, zero_width_floor  # noqa: E402
 from headscan.metrics import describe  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,23 +103,31 @@ def ratios(sums, counts, metric, parts) -> pd.DataFrame:
         keep &= metric != "offsets"
         half = np.fmax(value - low, high - value)
         fpc = np.sqrt((n_docs - len(part)) / (n_docs - 1))
+        error = np.abs(value - truth)
         with np.errstate(invalid="ignore", divide="ignore"):
-            ratio = np.abs(value - truth) / (half * fpc)
-        ratio = np.where(half > 0, ratio, np.where(value == truth, 0.0, np.inf))  # a zero-width interval
-        out.append(pd.DataFrame({"family": metric[keep], "ratio": ratio[keep], "raw": (np.abs(value - truth) /
-                                 np.where(half > 0, half, np.nan))[keep], "units": len(part)}))
+            ratio = error / (half * fpc)
+            # a zero-width interval: no factor widens it, the rule of three does (zero_width_floor), so it is
+            # checked against that and left out of the factor's fit
+            floor = zero_width_floor(low, high, np.full(len(value), float(len(part))), bounds)
+            raw = np.where(half > 0, error / half, np.where(error == 0, 0.0, error / floor))
+        out.append(pd.DataFrame({"family": metric[keep], "ratio": ratio[keep], "raw": raw[keep],
+                                 "zero_width": (half == 0)[keep], "units": len(part)}))
     return pd.concat(out, ignore_index=True)
 
 
 def fit(per_row: pd.DataFrame) -> pd.DataFrame:
     """``family, N, factor, coverage, models, trusted``: the ratio's 95th percentile per model, the larger over
     models; ``coverage`` is the default interval's (the lower over models)."""
+    per_row = per_row[~per_row["zero_width"]]  # the rule of three, not the factor, widens those
     grouped = per_row.groupby(["family", "N", "model"])
     per_model = pd.DataFrame({
         "factor": grouped["ratio"].quantile(COVERAGE_TARGET).clip(lower=1.0),
         "coverage": grouped["raw"].apply(lambda r: float((r <= 1).mean())),
         "trusted": grouped.size()}).reset_index()
     per_model = per_model[per_model["trusted"] >= MIN_TRUSTED]
+    broken = per_model[~np.isfinite(per_model["factor"])]
+    if len(broken):  # the larger-of-the-models step would drop a NaN without a word
+        raise SystemExit("no finite factor for " + ", ".join(f"{r.family} {r.model} N={r.N}" for r in broken.itertuples()))
     by = per_model.groupby(["family", "N"])
     return pd.DataFrame({"factor": by["factor"].max().round(4), "coverage": by["coverage"].min().round(4),
                          "models": by["model"].agg(lambda m: " ".join(sorted(m))),
@@ -180,11 +192,25 @@ def check(per_row: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
         factor[mine], _ = calibrate(name, metric[mine], per_row["N"].to_numpy()[mine], table)
     syntax = per_row["family"].to_numpy() == "syntax"
     factor[syntax], _ = calibrate("syntax", metric[syntax], per_row["N"].to_numpy()[syntax], table)
-    rows = per_row.assign(default=per_row["raw"] <= 1, calibrated=per_row["raw"] <= factor, factor=factor)
+    zero = per_row["zero_width"].to_numpy(dtype=bool)
+    # raw of a zero-width row is its error over the rule-of-three floor, which the calibrated interval is at least
+    rows = per_row.assign(default=np.where(zero, per_row["raw"] == 0, per_row["raw"] <= 1),
+                          calibrated=np.where(zero, per_row["raw"] <= 1, per_row["raw"] <= factor), factor=factor)
     grouped = rows.groupby(["corpus", "model", "family", "N"])
     return pd.DataFrame({"trusted": grouped.size(), "default": grouped["default"].mean().round(4),
                          "calibrated": grouped["calibrated"].mean().round(4),
                          "factor": grouped["factor"].mean().round(3)}).reset_index()
+
+
+def _coverage_cell(rows: pd.DataFrame) -> str:
+    """One size's coverage, default → calibrated; a cell of too few trusted rows shows their number instead (a
+    share of 5 rows is no coverage)."""
+    if not len(rows):
+        return "–"
+    row = rows.iloc[0]
+    if row["trusted"] < MIN_TRUSTED:
+        return f"– ({row['trusted']} rows)"
+    return f"{row['default']:.3f} → {row['calibrated']:.3f}"
 
 
 def report(table: pd.DataFrame, checked: pd.DataFrame, args, seconds: float) -> str:
@@ -194,7 +220,9 @@ def report(table: pd.DataFrame, checked: pd.DataFrame, args, seconds: float) -> 
              f"per N, 200 replicates, seed 0; {seconds / 60:.0f} min). The factor is the 95th percentile of "
              "|value - truth| / half-width over the rows the `thin` rule trusts (parts drawn without replacement: "
              "divided by the finite-population correction), at least 1, the larger of the models'. `default`: the share "
-             "of trusted rows the default 95% interval holds; `calibrated`: with the factor. An exact method covers "
+             "of trusted rows the default 95% interval holds; `calibrated`: with the factor, and a zero-width interval (every "
+             "unit of the part agrees) with the rule of three over its units instead, which no factor can widen "
+             "(`headscan.intervals.calibration.zero_width_floor`; those rows are left out of the fit). An exact method covers "
              "about 0.952, 0.955 and 0.981 of parts of 10, 30 and 100 of 318 documents.", "",
              "## Factors (fit split)", "", "| family | " + " | ".join(f"N={n}" for n in args.sizes) + " |",
              "|---|" + "---|" * len(args.sizes)]
@@ -208,8 +236,7 @@ def report(table: pd.DataFrame, checked: pd.DataFrame, args, seconds: float) -> 
                   "|---|---|" + "---|" * len(args.sizes)]
         for (model, family), rows in part.groupby(["model", "family"]):
             cells = [rows[rows["N"] == n] for n in args.sizes]
-            lines.append(f"| {model} | {family} | " + " | ".join(
-                f"{c['default'].iloc[0]:.3f} → {c['calibrated'].iloc[0]:.3f}" if len(c) else "–" for c in cells) + " |")
+            lines.append(f"| {model} | {family} | " + " | ".join(_coverage_cell(c) for c in cells) + " |")
         measured = part[part["trusted"] >= MIN_TRUSTED]  # a few trusted rows are no measurement (sparse metrics)
         held = measured.groupby("N").apply(lambda g: (g["calibrated"].min(), g.loc[g["calibrated"].idxmin(), "family"]
                                                      + " " + g.loc[g["calibrated"].idxmin(), "model"]))
@@ -258,12 +285,18 @@ def main(argv=None) -> None:
                 continue
             sums, counts, metric = None, None, None
             for size in args.sizes:
-                cached = args.data / f"ratios-{model}-{corpus}-{size}-{args.draws}-{args.seed}.parquet"
+                sparse_only = corpus in [*args.sparse_fit, *args.sparse_check]
+                # v2: zero-width rows kept apart (zero_width_floor); "sparse": the sparse families' columns only
+                cached = args.data / (f"ratios2-{model}-{corpus}-{size}-{args.draws}-{args.seed}"
+                                      f"{'-sparse' if sparse_only else ''}.parquet")
                 if cached.is_file():  # the ratios of these parts, from an earlier run on the same unit sums
                     per_row.append(pd.read_parquet(cached))
                     continue
                 if sums is None:
                     sums, counts, metric = load(path, tuple(args.tables))
+                    if sparse_only:  # random tokens measure the sparse families only (only_sparse_from)
+                        mine = np.isin([name.removeprefix("value:") for name in metric], SPARSE)
+                        sums, counts, metric = sums[:, mine], counts[:, mine], metric[mine]
                 parts = parts_of(len(sums), size, "random", args.draws, args.seed)
                 frame = ratios(sums, counts, metric, parts).assign(model=model, corpus=corpus, N=size)
                 frame.to_parquet(cached)

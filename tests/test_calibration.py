@@ -42,8 +42,25 @@ def test_the_packaged_factors_are_the_committed_experiments():
     pd.testing.assert_frame_equal(packaged, both, check_dtype=False)
     assert (packaged["factor"] >= 1).all() and set(packaged["N"]) == {10, 30, 100}
     # every family the report claims on was measured at every size
-    for family in ("prev_token", "next_token", "self", "first_token", "entropy", "syntax", "value:prev_token", *SPARSE):
+    for family in ("prev_token", "next_token", "self", "first_token", "entropy", "syntax", "value:prev_token",
+                   "sink_ratio", "value:sink_ratio", "output_norm", "attended_logit", *SPARSE):
         assert set(packaged[packaged["family"] == family]["N"]) == {10, 30, 100}, family
+
+
+@pytest.mark.parametrize("run", ["ewt-dev", "ewt-long", "repeat-random"])
+def test_every_committed_finding_rests_on_a_measured_family(run):
+    """No committed report claims on a family whose coverage was never measured: every finding's factor is its own
+    family's (``cal_basis`` measured), not the widest family's stand-in."""
+    folder = ROOT / "reports" / "runs" / run
+    for table in ("heads", "value", "syntax"):
+        path = folder / f"{table}.parquet"
+        if not path.is_file():
+            continue
+        frame = pd.read_parquet(path, columns=["metric", "finding", "cal_basis"] if table != "syntax" else
+                                ["finding", "cal_basis"])
+        found = frame[frame["finding"].fillna(False).astype(bool)]
+        unmeasured = found[found["cal_basis"] != "measured"]
+        assert len(found) and not len(unmeasured), (table, unmeasured.get("metric", unmeasured["cal_basis"]).unique())
 
 
 def test_induction_and_duplicate_tokens_cover_on_a_draw_they_were_not_fitted_on():
@@ -89,6 +106,36 @@ def test_the_calibrated_interval_widens_the_wider_half_and_stays_in_range():
     # a share at 0.99 whose interval was clipped at 1: the wider half (0.02) is the one widened
     low, high = calibrated_interval([0.99], [0.97], [1.0], [2.0], bounds=(0.0, 1.0))
     assert low[0] == pytest.approx(0.95) and high[0] == 1.0
+
+
+@pytest.mark.parametrize("units", [10, 30, 100, 318])
+def test_a_zero_width_interval_takes_the_rule_of_three(units):
+    """Every one of n units agrees (a share at 1): units unlike them make up at most x of the population with 95%
+    confidence, where (1 - x)^n = 0.05 (the binomial by hand); the floor is -ln(0.05) / n of the range, a little
+    above that, and a factor alone would leave the interval at width 0."""
+    exact = 1 - 0.05 ** (1 / units)
+    floor = calibration.zero_width_floor([1.0], [1.0], [float(units)], bounds=(0.0, 1.0))[0]
+    assert exact <= floor <= 1.2 * exact
+    low, high = calibrated_interval([1.0], [1.0], [1.0], [3.0], bounds=(0.0, 1.0), units=[float(units)])
+    assert low[0] == pytest.approx(1 - floor) and high[0] == 1.0
+    # an interval with width keeps its factor; an unbounded metric has no range to take a share of
+    assert calibration.zero_width_floor([0.5], [0.6], [10.0], bounds=(0.0, 1.0))[0] == 0.0
+    assert calibration.zero_width_floor([2.0], [2.0], [10.0], bounds=(0.0, np.inf))[0] == 0.0
+
+
+def test_a_zero_width_row_far_beyond_its_null_is_a_finding_with_a_p_value_from_its_floor(factors):
+    """A head at 1.0 on all of 30 units, zero width: still a finding (its floor, 0.10 wide, stays far above the
+    controls' 0.1), and its p-value is at least the normal's beyond the null at the floor's SE, never 0."""
+    from scipy import stats
+
+    frame = rows(30, values=(1.0,))
+    frame.loc[0, ["ci_low", "ci_high", "variance_df"]] = [1.0, 1.0, np.nan]
+    out, _ = add_findings({"heads": frame})
+    row = out["heads"].iloc[0]
+    floor = -np.log(0.05) / 30
+    assert row["finding"] and row["cal_low"] == pytest.approx(1 - floor)
+    by_hand = stats.norm.sf((1.0 - row["null_high"]) / (floor / stats.norm.ppf(0.975)))
+    assert row["p_value"] > 0 and row["p_value"] >= by_hand * (1 - 1e-9)
 
 
 def rows(units, values=(0.9,), controls=True, metric="prev_token"):

@@ -43,7 +43,7 @@ import pandas as pd
 
 from ..config import split_control
 from ..intervals import interval_se, q_values, t_p_value
-from ..intervals.calibration import BASES, calibrate, calibrated_interval, calibration_rule
+from ..intervals.calibration import BASES, calibrate, calibrated_interval, calibration_rule, zero_width_floor
 from ..intervals.verdicts import (
     FOUND,
     NO_EMPIRICAL,
@@ -57,6 +57,9 @@ from ..intervals.verdicts import (
 )
 from ..tables import FINDING_EXTRA, TABLES
 from .registry import METRICS, describe
+
+# the normal's 97.5% point: a floor half-width read as an SE, as interval_se reads an interval of unbounded df
+_Z = 1.959963984540054
 
 __all__ = ["FINDING_TABLES", "FINDING_COLUMNS", "CALIBRATION_COLUMNS", "VERDICTS", "add_findings",
            "control_pool"]
@@ -133,9 +136,11 @@ def _tested(table: str, rows: pd.DataFrame, controls: pd.DataFrame | None, *, un
     factor, basis = calibrate(table, metric, _column(rows, "units"))
     bounds = [names.map({m: describe(m).bounds()[end] for m in set(metric)}).to_numpy(dtype=np.float64)
               for end in (0, 1)]
-    cal_low, cal_high = calibrated_interval(value, ci_low, ci_high, factor, bounds)
+    units = _column(rows, "units")
+    cal_low, cal_high = calibrated_interval(value, ci_low, ci_high, factor, bounds, units)
     raw_se = interval_se(value, ci_low, ci_high, df)
-    se = raw_se * factor
+    # a zero-width interval (every unit agrees) has no SE for a factor to widen: the rule of three stands in
+    se = np.fmax(raw_se * factor, zero_width_floor(ci_low, ci_high, units, bounds) / _Z)
     predictive = np.full(n, np.nan)
     if controls is not None and len(controls):
         sample = _control_sample(rows, controls, list(TABLES[table].keys))
