@@ -24,6 +24,9 @@ The public API is small:
   config as ``config.name`` (`headscan.cli_options.register_setting`);
 - ``headscan.SweepConfig`` holds the settings, ``headscan.load_model`` loads one hooked model.
 
+A job registered with ``headscan.scan.jobs.register_job`` (from outside the package too) is a command,
+``headscan NAME``, and ``headscan.NAME``, both running it through `headscan.scan.runner.run_job`.
+
 Each ``headscan COMMAND`` calls exactly one of these (`headscan.cli_options.ENTRY_POINTS`; docs/options.md lists
 them). Importing headscan imports neither torch nor transformers; the first sweep does.
 
@@ -66,4 +69,8 @@ def __getattr__(name):
     if name in _LAZY:
         module, attribute = _LAZY[name]
         return getattr(importlib.import_module(module), attribute)
+    jobs = importlib.import_module("headscan.scan.jobs").JOBS  # a job registered from outside: headscan.NAME
+    job = next((job for job in jobs.values() if job.python_name == name), None)
+    if job is not None:
+        return importlib.import_module("headscan.scan.runner").job_function(job)
     raise AttributeError(f"module 'headscan' has no attribute {name!r}")

@@ -1,7 +1,8 @@
 """The `headscan` command line: parse options, call one library function, turn headscan errors into one line.
 
 No work happens here: each command calls one public function, ``headscan.NAME`` (`entry_point`; the names are
-`headscan.cli_options.ENTRY_POINTS`), with what it parsed, and prints what that returns.
+`headscan.cli_options.ENTRY_POINTS`), with what it parsed, and prints what that returns. A registered job with no
+command written here gets one made from it (`job_command`), which calls its ``headscan.NAME``.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from pathlib import Path
 
 import click
 
-from .cli_options import ENTRY_POINTS, GroupedCommand, config_from, flag_of, options, shown_opts
+from .cli_options import ENTRY_POINTS, GroupedCommand, config_from, flag_of, job_commands, options, shown_opts
 from .config import SweepConfig
 from .errors import ConfigError, HeadscanError, SweepInterrupted
 from .retrieval_config import RetrievalConfig
+from .scan.jobs import JOBS
 from .tables import TABLES
 
 # What `headscan retrieval` and `headscan patch` write; a sweep fills the other tables of the registry.
@@ -34,7 +36,7 @@ def _one_line_errors(command):
             return command(*args, **kwargs)
         except SweepInterrupted as error:
             message = str(error)
-            if kwargs.get("restart"):  # the same command would discard again what it just kept
+            if kwargs.get("restart") and "without --restart" not in message:  # it would discard what it just kept
                 message = message.replace("run the same command again", "run the same command without --restart")
             click.echo(f"Interrupted: {message}", err=True)
             raise SystemExit(130) from None  # the shell's convention for a SIGINT
@@ -76,7 +78,42 @@ def _effective_command(context: click.Context) -> str:
     return " ".join(words)
 
 
-@click.group()
+class JobGroup(click.Group):
+    """The command group, with a command made for each registered job that has no hand-written one
+    (`headscan.scan.jobs`, `job_command`), so that a job registered from outside is ``headscan NAME`` too."""
+
+    _made: dict = {}  # job -> its command, made once per registration
+
+    def list_commands(self, ctx):
+        return [*super().list_commands(ctx), *sorted(name for name in job_commands() if name not in self.commands)]
+
+    def get_command(self, ctx, name):
+        if name in self.commands or name not in JOBS:
+            return super().get_command(ctx, name)
+        job = JOBS[name]
+        if job not in self._made:
+            self._made[job] = job_command(job)
+        return self._made[job]
+
+
+def job_command(job) -> click.Command:
+    """``headscan NAME`` of a registered job: its options (`headscan.cli_options.job_options`), and ``headscan.NAME``
+    called with what they say."""
+
+    def command(models, source, out, overwrite, restart, quiet, **settings):
+        config = config_from(job.config, settings)
+        result = getattr(sys.modules[__package__], job.python_name)(
+            list(models), source, out, config, overwrite=overwrite, restart=restart, progress=not quiet,
+            command=_effective_command(click.get_current_context()))
+        files = ", ".join(f"{out}/{TABLES[name].file}" for name in result.frames)
+        click.echo(f"wrote {files} and {out}/run.json")
+
+    example = job.example or f"headscan {job.name} -m MODEL --input INPUT --out out/{job.name}"
+    command.__doc__ = f"{job.help}\n\n{job.description}\n\nExample:\n\n\b\n    {example}\n".replace("\n\n\n\n", "\n\n")
+    return click.command(job.name, cls=GroupedCommand, short_help=job.help)(options(job.name)(_one_line_errors(command)))
+
+
+@click.group(cls=JobGroup)
 @click.version_option(package_name="headscan")
 def cli():
     """Score every attention head of hooked transformers into tidy parquet tables.

@@ -25,9 +25,12 @@ from .config import SweepConfig
 from .errors import ConfigError
 from .patching_config import PatchConfig
 from .retrieval_config import RetrievalConfig
+from .scan.jobs import JOBS, Job
 from .setting import ADDED, AddedSetting, Setting, added, settings, with_settings
+from .tables import TABLES
 
 __all__ = ["Opt", "OPTIONS", "ENTRY_POINTS", "TITLES", "GroupedCommand", "options", "command_options", "config_from",
+           "job_options", "declared_options", "job_commands",
            "flag_of", "shown_opts", "options_markdown", "register_setting"]
 
 # Section titles of --help and docs/options.md, in order: the groups of headscan.config.GROUPS, and "report".
@@ -274,6 +277,28 @@ ENTRY_POINTS = {"sweep": "sweep", "retrieval": "retrieval", "patch": "patch", "p
 CONFIGS = {config.command: config for config in (SweepConfig, RetrievalConfig, PatchConfig)}
 
 
+def job_options(job: Job) -> list[Opt]:
+    """The options of the command made for a registered job (`headscan.scan.jobs`): its models and input, its
+    output, then its config's fields, each read off the field as a sweep's are, then how it runs."""
+    return [MODEL.but(help="Alias, local checkpoint folder, .gguf file or Hugging Face id; repeat for several "
+                      "models." if job.specs else "A name for the models in the tables; repeat for several.",
+                      required=True),
+            Opt(("source", "--input", "-i"), "input", job.input_help, {"required": True, "metavar": "INPUT"}),
+            OUT.but(help=f"Folder for {', '.join(TABLES[name].file for name in job.tables)} and run.json.",
+                    default=f"out/{job.name}"),
+            *(_from_config(job.config, name) for name in settings(job.config)), OVERWRITE, RESTART, QUIET]
+
+
+def declared_options(command: str) -> list[Opt]:
+    """The options declared for `command`: a hand-written command's (`OPTIONS`), else a registered job's."""
+    return OPTIONS[command] if command in OPTIONS else job_options(JOBS[command])
+
+
+def job_commands() -> list[str]:
+    """The registered jobs that have no hand-written command, whose commands are made from them."""
+    return [name for name in JOBS if name not in OPTIONS]
+
+
 def added_options(command: str) -> list[Opt]:
     """The options of the settings added to `command` from outside (`register_setting`), in registered order."""
     return [_declared(name, one.type, one.default, one.setting) for name, one in added(command).items()]
@@ -281,7 +306,7 @@ def added_options(command: str) -> list[Opt]:
 
 def command_options(command: str) -> list[Opt]:
     """Every option of `command` as it is parsed and listed now: its declared ones, then those added to it."""
-    return OPTIONS[command] + added_options(command)
+    return declared_options(command) + added_options(command)
 
 
 def register_setting(name: str, default, type, group: str, help: str, *, command: str = "sweep",
@@ -328,10 +353,10 @@ def register_setting(name: str, default, type, group: str, help: str, *, command
 
 
 def options(command: str):
-    """A decorator adding the declared options of `command` (a key of `OPTIONS`), in order; those added from
-    outside are added when the command is parsed (`GroupedCommand`)."""
+    """A decorator adding the declared options of `command` (a key of `OPTIONS`, or a registered job), in order;
+    those added from outside are added when the command is parsed (`GroupedCommand`)."""
     def decorate(function):
-        for opt in reversed(OPTIONS[command]):  # click lists options in the reverse order of decoration
+        for opt in reversed(declared_options(command)):  # click lists options in the reverse order of decoration
             function = opt(function)
         return function
     return decorate
@@ -393,10 +418,10 @@ def options_markdown() -> str:
              "`headscan/config.py` and `headscan/cli_options.py` by `python -m headscan.cli_options`.",
              "A setting of your own, added with `headscan.register_setting`, is listed with its command's.",
              ""]
-    for name in OPTIONS:
+    for name in [*OPTIONS, *job_commands()]:  # the jobs registered at the time (from outside) after headscan's
         opts = command_options(name)
-        lines += [f"## headscan {name}", "", f"From Python: `headscan.{ENTRY_POINTS[name]}`, which the command calls.",
-                  ""]
+        python = ENTRY_POINTS[name] if name in ENTRY_POINTS else JOBS[name].python_name
+        lines += [f"## headscan {name}", "", f"From Python: `headscan.{python}`, which the command calls.", ""]
         if not opts:
             lines += ["No options.", ""]
             continue

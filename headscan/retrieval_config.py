@@ -26,7 +26,7 @@ from .config import (
 from .errors import ConfigError
 from .setting_values import check_whole
 
-__all__ = ["RetrievalConfig"]
+__all__ = ["RetrievalConfig", "ImportConfig"]
 
 
 @dataclass(frozen=True)
@@ -125,3 +125,40 @@ class RetrievalConfig:
     def to_json(self) -> dict:
         return {name: list(value) if isinstance(value, tuple) else value
                 for name, value in dataclasses.asdict(self).items()}
+
+
+@dataclass(frozen=True)
+class ImportConfig:
+    """The settings of ``headscan import-scores``: the bootstrap over a published file's trials, made as
+    ``headscan retrieval`` makes its own (`headscan.scan.published`).
+
+    >>> ImportConfig(bootstrap=50).to_json()
+    {'bootstrap': 50, 'interval': 'studentized_symmetric', 'seed': 0}
+    """
+
+    command: ClassVar[str] = "import-scores"
+    seed: int = option(0, "intervals", "Seed of the bootstrap over trials.")
+    # not fingerprinted: the bootstrap only reads the file's trials
+    bootstrap: int = option(200, BOOTSTRAP, fingerprint=False)
+    interval: IntervalMethod = option("studentized_symmetric", INTERVAL, fingerprint=False)
+
+    def __post_init__(self):
+        if self.interval not in choices(ImportConfig)["interval"]:
+            raise ConfigError(f"interval must be one of {', '.join(choices(ImportConfig)['interval'])}; got "
+                              f"{self.interval!r}", setting="interval")
+        check_whole("seed", self.seed, 0)
+        check_whole("bootstrap", self.bootstrap, 0)
+        if 0 < self.bootstrap < MIN_BOOTSTRAP:
+            raise ConfigError(f"bootstrap must be 0 (no intervals) or at least {MIN_BOOTSTRAP}, got {self.bootstrap}",
+                              setting="bootstrap")
+
+    @classmethod
+    def of(cls, config: RetrievalConfig | ImportConfig | None) -> ImportConfig:
+        """The import settings of `config` (a retrieval run's bootstrap, interval and seed), or the defaults."""
+        if config is None or isinstance(config, ImportConfig):
+            return config or cls()
+        return cls(seed=config.seed, bootstrap=config.bootstrap, interval=config.interval)
+
+    def to_json(self) -> dict:
+        """As run.json keeps them (the order import-scores has always written)."""
+        return {name: getattr(self, name) for name in ("bootstrap", "interval", "seed")}

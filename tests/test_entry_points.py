@@ -4,7 +4,9 @@ commands. The names are read from the files, not listed here, so a new documente
 
 Every command has one Python entry point (`headscan.cli_options.ENTRY_POINTS`), named in docs/options.md and
 README.md, with an example in its docstring; the command calls it: with ``headscan.NAME`` replaced by a stand-in,
-running the command reaches the stand-in. (That a run's recorded command runs again: test_recorded_commands.py.)"""
+running the command reaches the stand-in. Every registered job (`headscan.scan.jobs`) has ``headscan.NAME`` and a
+command, and its entry point runs it through `headscan.scan.runner.run_job`. (That a run's recorded command runs
+again: test_recorded_commands.py.)"""
 
 import re
 from pathlib import Path
@@ -93,3 +95,37 @@ def test_each_command_calls_its_entry_point(command, tiny_gpt2, tmp_path, monkey
     monkeypatch.setattr(headscan, name, stand_in)  # the command looks headscan.NAME up when it runs
     result = CliRunner().invoke(cli, [command, *map(str, _arguments(command, tmp_path, str(tiny_gpt2)))])
     assert isinstance(result.exception, Called), (result.output, result.exception)
+
+
+# --- every registered job (headscan.scan.jobs): its entry point imports and runs it through run_job ---------------
+
+JOB_CALLS = {"patch": (["gpt2"], "pairs.jsonl"), "import-scores": ("scores.json",)}  # the fewest arguments of each
+
+
+def test_every_registered_job_has_an_entry_point_and_a_command():
+    from headscan.scan.jobs import registered_jobs
+
+    jobs = registered_jobs()
+    assert set(JOB_CALLS) <= set(jobs)
+    for job in jobs.values():
+        function = getattr(headscan, job.python_name)
+        assert callable(function) and "Example" in function.__doc__, job.name
+        assert job.name in cli.list_commands(None) and cli.get_command(None, job.name) is not None, job.name
+
+
+@pytest.mark.parametrize("name", sorted(JOB_CALLS))
+def test_each_jobs_entry_point_runs_it_through_run_job(name, monkeypatch):
+    import importlib
+
+    from headscan.scan.jobs import registered_jobs
+
+    job = registered_jobs()[name]
+
+    def stand_in(*args, **kwargs):
+        raise Called(args, kwargs)
+
+    module = importlib.import_module(job.work.__module__)  # where the job is declared, and its entry point
+    monkeypatch.setattr(module, "run_job", stand_in)
+    with pytest.raises(Called) as called:
+        getattr(headscan, job.python_name)(*JOB_CALLS[name])
+    assert called.value.args[0][0] is job

@@ -3,6 +3,7 @@
 - stopped by a real SIGINT in the middle of the head patches or of the paths, it keeps its finished steps in
   OUT.partial/, writes no OUT, says how to resume; the same call resumes from the kept steps to tables equal to
   an uninterrupted run's to the bit; other settings are refused naming --restart;
+- a run of two models stopped between them keeps the first one's tables, and resumes without patching it again;
 - the progress bar moves once per head patched (and once per path), not once per batch;
 - path candidates are chosen on pairs the paths are not estimated on (the odd lines of the file, or a selection
   file), shown by pairs that carry nothing on one side; q-values are scipy's Benjamini-Hochberg of the p-values;
@@ -77,6 +78,32 @@ def test_a_run_stopped_by_sigint_resumes_to_the_same_tables(circuit, whole, tmp_
         pd.testing.assert_frame_equal(resumed[table], whole[table], check_exact=True)
     assert not out.with_name("out.partial").exists()
     assert headscan.load(out)["paths"].equals(whole["paths"])
+
+
+def test_a_run_of_two_models_stopped_between_them_resumes_from_the_first_ones_tables(circuit, whole, tmp_path,
+                                                                                      monkeypatch, capsys):
+    import contextlib
+    import shutil
+
+    path, pairs = circuit
+    copy = str(shutil.copytree(path, tmp_path / "copy"))  # the same weights under another name: the same numbers
+    out = tmp_path / "out"
+    finished = out.with_name("out.partial") / f"job-patch-{spec_stem(path)}.json"
+    # a stop requested once the first model's tables are kept, as a Ctrl-C would be just then
+    monkeypatch.setattr("headscan.scan.runner.stop_requests", lambda: contextlib.nullcontext(finished.is_file))
+    with pytest.raises(SweepInterrupted, match=r"stopped after .*, 1 of 2 models finished: kept in .*out\.partial"):
+        patch([path, copy], pairs, out, **SETTINGS)
+    monkeypatch.undo()
+    assert finished.is_file() and not out.exists()
+    capsys.readouterr()
+    resumed = patch([path, copy], pairs, out, progress=True, **SETTINGS)
+    assert f"patch: model 1 of 2, {path}: kept from {finished}" in capsys.readouterr().err  # not patched again
+    for table in ("patching", "paths"):
+        rows = resumed[table]
+        for name in (path, copy):  # each model's rows are the one-model run's, to the bit
+            own = rows[rows["model"] == name].drop(columns="model").reset_index(drop=True)
+            pd.testing.assert_frame_equal(own, whole[table].drop(columns="model"), check_exact=True)
+    assert headscan.load(out)["patching"]["model"].unique().tolist() == [path, copy]
 
 
 def test_restart_discards_the_kept_steps_and_the_message_says_so(circuit, tmp_path, monkeypatch):
@@ -185,6 +212,12 @@ def test_the_command_line_says_how_to_resume_and_exits_130(circuit, tmp_path, mo
     result = CliRunner().invoke(cli, command)
     assert result.exit_code == 0, result.output
     assert not (tmp_path / "out.partial").exists()
+    _interrupting(monkeypatch, "patch_layer", 2)  # stopped after --restart: never told to restart again
+    result = CliRunner().invoke(cli, [*command, "--overwrite", "--restart"])
+    monkeypatch.undo()
+    last = result.output.splitlines()[-1]
+    assert result.exit_code == 130 and last.endswith("run the same command again without --restart to resume"), last
+    assert last.count("--restart") == 1, last
 
 
 @pytest.mark.subprocess

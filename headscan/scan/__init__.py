@@ -3,7 +3,8 @@
 `sweep` and `merge` (`headscan.scan.run`) are ``headscan.sweep`` and ``headscan.merge``; the Ray sweep is
 `headscan.scan.cluster`; optional work beside the window loop (`headscan.scan.reduce`) is a registered pass
 (`headscan.scan.passes`); `retrieval` (`headscan.scan.trials`) is ``headscan.retrieval``, the needle-in-a-haystack
-trials of retrieval heads. `headscan.scan.inputs` checks a run's inputs without torch, which the rest imports:
+trials of retrieval heads. A job (`headscan.scan.jobs`: ``headscan patch``, ``headscan import-scores``, or one registered from outside)
+runs through one lifecycle, `headscan.scan.runner.run_job`. `headscan.scan.inputs` checks a run's inputs without torch, which the rest imports:
 each name below is imported on first use, so that the command line checks its arguments before torch loads.
 """
 

@@ -44,7 +44,7 @@ from .plan import column_names, columns_of, has_words
 from .state import PartialState, Shard, columns_text
 
 __all__ = ["WEIGHT_METRICS", "WEIGHT_CHANCE", "finish", "weights_frame", "swept_config", "model_provenance",
-           "run_provenance", "publish"]
+           "run_provenance", "config_json", "publish"]
 
 def finish(state: PartialState, config: SweepConfig) -> dict[str, pd.DataFrame]:
     """The tables of a finished state: each score column's rows go to its metric's table."""
@@ -128,24 +128,34 @@ def model_provenance(state: PartialState, config: SweepConfig) -> ModelProvenanc
     })
 
 
-def run_provenance(corpus: Corpus, config: SweepConfig, models: Sequence[ModelProvenance] = (), *,
+def run_provenance(corpus: Corpus | CorpusProvenance, config, models: Sequence[ModelProvenance] = (), *,
                    command: str | None = None, started: datetime | None = None, shard: Shard | None = None,
                    unit_why: str) -> RunProvenance:
-    """A run's provenance: how it was called, on what corpus, with which settings and versions (and `models`);
-    `unit_why` says why the bootstrap resampled the unit it did (`headscan.scan.plan.resolve_unit`)."""
+    """A run's provenance: how it was called, on what corpus (or input), with which settings (`config`, any
+    run's config: a sweep's, retrieval's, a job's) and versions (and `models`); `unit_why` says why the bootstrap
+    resampled the unit it did (`headscan.scan.plan.resolve_unit`). Every run's provenance is built here."""
+    device = {"device": resolve_device(config.device)} if hasattr(config, "device") else {}
     return RunProvenance(
         headscan_version=__version__,
         git_revision=git_revision(),
         command=command,
         started=started.isoformat(timespec="seconds") if started else None,
         finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        corpus=CorpusProvenance.from_json(corpus.provenance()),
-        config=config.to_json() | {"device": resolve_device(config.device)},
+        corpus=corpus if isinstance(corpus, CorpusProvenance) else CorpusProvenance.from_json(corpus.provenance()),
+        config=config_json(config) | device,
         versions=dict(versions()),  # a copy: the cached dict stays as it was
         models=tuple(models),
         extra={"bootstrap_unit": unit_why} | ({} if shard is None else {"shard": str(shard)})
         | ({"custom_metrics": custom} if (custom := custom_provenance()) else {}),
     )
+
+
+def config_json(config) -> dict:
+    """A run's settings as run.json keeps them: the config's own ``to_json``, else its fields (tuples as lists)."""
+    if hasattr(config, "to_json"):
+        return config.to_json()
+    return {name: list(value) if isinstance(value, tuple) else value
+            for name, value in dataclasses.asdict(config).items()}
 
 
 def publish(states: Sequence[PartialState], config: SweepConfig, provenance: RunProvenance,

@@ -22,10 +22,7 @@ This module does not draw or parse command lines.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import hashlib
-import shutil
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -39,10 +36,9 @@ from ..models import check_spec, load_model
 from ..models.ablation import Surgery, head_cut
 from ..models.patching import PairBatch, Projections, projection_sites
 from ..patching_config import PatchConfig
-from ..tables import TABLES, ModelProvenance, SweepTables, head_columns, write
-from ..tables.folders import holding_out
-from ..tables.provenance import CorpusProvenance, RunProvenance
-from .environment import git_revision, versions
+from ..setting import with_settings
+from ..tables import TABLES, CorpusProvenance, ModelProvenance, SweepTables, head_columns
+from .jobs import Job, JobInput, ModelDone, register_job
 from .patch_steps import (
     SPLIT_RULE,
     KeptSteps,
@@ -53,10 +49,11 @@ from .patch_steps import (
     split_pairs,
     top_heads,
 )
-from .resume import checked_call, partial_folder, spec_stem, stop_requests
+from .resume import spec_stem
+from .runner import run_job
 from .state import PartialState
 
-__all__ = ["patch", "encode_pairs", "unit_values", "recall_at", "write_generated_pairs", "PAIR_UNIT"]
+__all__ = ["patch", "PATCH", "PatchInput", "encode_pairs", "unit_values", "recall_at", "write_generated_pairs", "PAIR_UNIT"]
 
 PAIR_UNIT = "pair: each clean/corrupted prompt pair is one unit"
 _METHODS = ("denoise", "noise", "atp_denoise", "atp_noise", "atp_star_denoise", "atp_star_noise")
@@ -124,7 +121,6 @@ def recall_at(estimate: np.ndarray, exact: np.ndarray, k: int) -> int:
     return len(top(estimate) & top(exact))
 
 
-@holding_out
 def patch(models: str | list[str], pairs: str | Path | list[Pair], out: str | Path | None = None,
           config: PatchConfig | None = None, *, select_pairs: str | Path | list[Pair] | None = None,
           overwrite: bool = False, restart: bool = False, progress: bool = False, command: str | None = None,
@@ -136,48 +132,53 @@ def patch(models: str | list[str], pairs: str | Path | list[Pair], out: str | Pa
     With ``path_top`` the path candidates are chosen on pairs the paths are not estimated on: the odd lines of
     `pairs` choose and the even lines estimate, or `select_pairs` (another pairs file) chooses and every pair
     estimates. With `out`, each finished step is kept in ``OUT.partial/`` and the same call resumes a stopped
-    run (`restart` discards it).
+    run (`restart` discards it). The job `PATCH`, run by `headscan.scan.runner.run_job`.
 
     Example: ``headscan.patch("gpt2", "pairs.jsonl", "out/patch", path_top=3)``
     """
-    models, config = checked_call(models, config, PatchConfig, settings, out, overwrite)
+    config = with_settings(config or PatchConfig(), settings) if settings else config or PatchConfig()
+    models = [models] if isinstance(models, str) else list(models)
     source = str(pairs) if not isinstance(pairs, list) else "pairs given in Python"
-    pairs = read_pairs(pairs) if not isinstance(pairs, list) else pairs
+    return run_job(PATCH, models, PatchInput(pairs, select_pairs), out, config, overwrite=overwrite,
+                   restart=restart, progress=progress,
+                   command=command or _python_call(models, source, select_pairs, config))
+
+
+@dataclasses.dataclass(frozen=True)
+class PatchInput:
+    """What ``headscan patch`` reads: the pairs, and the pairs that choose path candidates (None: half of them)."""
+
+    pairs: str | Path | list[Pair]
+    select_pairs: str | Path | list[Pair] | None = None
+
+
+def _read_input(given: PatchInput, config: PatchConfig) -> JobInput:
+    """The pairs (and selection pairs), read and checked before the first model."""
+    if not isinstance(given, PatchInput):
+        given = PatchInput(given)
+    source = str(given.pairs) if not isinstance(given.pairs, list) else "pairs given in Python"
+    pairs = read_pairs(given.pairs) if not isinstance(given.pairs, list) else given.pairs
     chooser = None
-    if select_pairs is not None:
-        chooser = read_pairs(select_pairs) if not isinstance(select_pairs, list) else select_pairs
+    if given.select_pairs is not None:
+        chooser = read_pairs(given.select_pairs) if not isinstance(given.select_pairs, list) else given.select_pairs
         if not config.path_top:
             raise ConfigError("select_pairs: the selection pairs choose path candidates, which only --path-top "
                               "asks for; add --path-top N or drop --select-pairs", setting="select_pairs")
-    partial = partial_folder(out) if out is not None else None
-    if partial is not None and restart:
-        shutil.rmtree(partial, ignore_errors=True)
-    started = datetime.now(timezone.utc)
-    frames: dict[str, list[pd.DataFrame]] = {}
-    described = []
-    with stop_requests() as should_stop:
-        for spec in models:
-            tables, about = _one_model(spec, pairs, chooser, config, partial, should_stop, progress, restart)
-            for name, frame in tables.items():
-                frames.setdefault(name, []).append(frame)
-            described.append(about)
-    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    digest = _digest(pairs)
-    provenance = RunProvenance(
-        git_revision=git_revision(), command=command or _python_call(models, source, select_pairs, config),
-        started=started.isoformat(timespec="seconds"), finished=now,
-        corpus=CorpusProvenance(source=source, kind="prompt pairs", sha256=digest, n_segments=len(pairs)),
-        config=config.to_json(), versions=dict(versions()), models=tuple(described),
-        extra={"bootstrap_unit": PAIR_UNIT, "patching": _rules()}
-        | ({"select_pairs": {"source": str(select_pairs) if not isinstance(select_pairs, list) else
-                             "pairs given in Python", "sha256": _digest(chooser), "n": len(chooser)}}
-           if chooser is not None else {}))
-    provenance = dataclasses.replace(provenance, headscan_version=provenance.versions.get("headscan"))
-    result = SweepTables({name: pd.concat(parts, ignore_index=True) for name, parts in frames.items()}, provenance)
-    if out is not None:
-        result.path = write(result, out, overwrite=overwrite)
-        shutil.rmtree(partial, ignore_errors=True)
-    return result
+    extra = {"patching": _rules()}
+    if chooser is not None:
+        extra["select_pairs"] = {"source": str(given.select_pairs) if not isinstance(given.select_pairs, list)
+                                 else "pairs given in Python", "sha256": _digest(chooser), "n": len(chooser)}
+    return JobInput((pairs, chooser), CorpusProvenance(source=source, kind="prompt pairs", sha256=_digest(pairs),
+                                                       n_segments=len(pairs)),
+                    extra, {"select_pairs": _digest(chooser) if chooser is not None else None})
+
+
+def _load_causal(spec: str, config: PatchConfig):
+    model = load_model(spec, device=config.device, dtype=config.dtype)
+    if not model.causal:
+        raise ModelLoadError(f"model {spec!r} is bidirectional: contrastive patching reads the next-token logits "
+                             f"at a prompt's last token; use a causal language model")
+    return model
 
 
 def _digest(pairs: list[Pair]) -> str:
@@ -215,65 +216,65 @@ def _rules() -> dict:
     }
 
 
-def _one_model(spec: str, pairs: list[Pair], chooser: list[Pair] | None, config: PatchConfig, partial: Path | None,
-               should_stop, progress: bool, restart: bool = False):
-    model = load_model(spec, device=config.device, dtype=config.dtype)
+def _patch_model(model, given: JobInput, config: PatchConfig, kept) -> ModelDone:
+    """One model's patching (and paths) table; each step kept in ``OUT.partial/`` as it finishes (`KeptSteps`)."""
+    (pairs, chooser), spec, partial = given.data, kept.spec, kept.partial
+    batches = encode_pairs(model, pairs, config.batch_size)
+    lengths = {int(b.mask.sum(1).max()) for b in batches} | {int(b.mask.sum(1).min()) for b in batches}
+    for setting in ("by_position", "position_top"):
+        if getattr(config, setting) and len(lengths) != 1:
+            raise ConfigError(f"{setting}: the pairs have {min(lengths)} to {max(lengths)} tokens, so a position "
+                              f"means different words in different pairs; patch by position pairs of one "
+                              f"template", setting=setting)
+    chosen_on, estimated_on = split_pairs(len(pairs), bool(config.path_top), chooser is not None)
+    expected = patch_fingerprint(model, _digest(pairs), _digest(chooser) if chooser is not None else None, config)
+    path = partial / f"patch-{spec_stem(spec)}.jsonl" if partial is not None else None
+    steps = KeptSteps(path, expected, spec, kept.should_stop, kept.progress,
+                      restarted=kept.again.endswith("without --restart"))
+    cut = head_cut(model)
     try:
-        if not model.causal:
-            raise ModelLoadError(f"model {spec!r} is bidirectional: contrastive patching reads the next-token logits "
-                                 f"at a prompt's last token; use a causal language model")
-        batches = encode_pairs(model, pairs, config.batch_size)
-        lengths = {int(b.mask.sum(1).max()) for b in batches} | {int(b.mask.sum(1).min()) for b in batches}
-        for setting in ("by_position", "position_top"):
-            if getattr(config, setting) and len(lengths) != 1:
-                raise ConfigError(f"{setting}: the pairs have {min(lengths)} to {max(lengths)} tokens, so a position "
-                                  f"means different words in different pairs; patch by position pairs of one "
-                                  f"template", setting=setting)
-        chosen_on, estimated_on = split_pairs(len(pairs), bool(config.path_top), chooser is not None)
-        expected = patch_fingerprint(model, _digest(pairs), _digest(chooser) if chooser is not None else None, config)
-        path = partial / f"patch-{spec_stem(spec)}.jsonl" if partial is not None else None
-        steps = KeptSteps(path, expected, spec, should_stop, progress, restarted=restart)
-        cut = head_cut(model)
-        try:
-            with Surgery(model, cut, "next_token_loss") as surgery:
-                surgery.check()
-                heads = head_effects(surgery, batches, steps, n_heads=model.n_heads, by_position=config.by_position,
-                                     attribution=config.attribution)
-                if config.position_top:
-                    heads |= position_effects(surgery, batches, steps, top_heads(heads["denoise"], config.position_top),
-                                              n_heads=model.n_heads)
-                restored = heads["denoise"][:, chosen_on]
-                if chooser is not None:
-                    restored = head_effects(surgery, encode_pairs(model, chooser, config.batch_size), steps,
-                                            n_heads=model.n_heads, by_position=False, attribution=False,
-                                            methods=("denoise",), prefix="select")["denoise"]
-                candidates = top_heads(restored, config.path_top) if config.path_top else []
-                paths = _path_list(candidates, config, model.n_layers)
-                path_results = None
-                if paths:
-                    estimating = encode_pairs(model, [pairs[i] for i in estimated_on], config.batch_size)
-                    with Projections(projection_sites(surgery), surgery.cut.d_head) as projections:
-                        path_results = path_effects(surgery, projections, estimating, paths, model.kv_group, steps)
-        finally:
-            steps.close()
-        tables = {"patching": _heads_table(model, heads, config)}
-        if path_results is not None:
-            tables["paths"] = _paths_table(model, path_results, config)
-        clean, corrupted = heads["clean"], heads["corrupted"]
-        selection = {"rule": SPLIT_RULE, "candidates": [f"L{a}H{b}" for a, b in candidates],
-                     "chosen_on": "selection pairs file" if chooser is not None else _lines(chosen_on),
-                     "estimated_on": _lines(estimated_on)} if config.path_top else None
-        extra = {"pairs": len(pairs), "clean_right": int((clean > 0).sum()), "corrupted_right": int((corrupted > 0).sum()),
-                 "difference_not_positive": _lines(np.flatnonzero(clean - corrupted <= 0)),
-                 "mean_logit_difference": {"clean": float(clean.mean()), "corrupted": float(corrupted.mean())},
-                 "atp_recall": _recall(heads) if config.attribution else None, "paths": len(paths),
-                 "path_selection": selection, "ablation_passes": surgery.reuse_note,
-                 "steps_resumed": steps.kept_before}
-        about = ModelProvenance.from_json(model.provenance() | {"patching": extra})
-        return tables, about
+        with Surgery(model, cut, "next_token_loss") as surgery:
+            surgery.check()
+            heads = head_effects(surgery, batches, steps, n_heads=model.n_heads, by_position=config.by_position,
+                                 attribution=config.attribution)
+            if config.position_top:
+                heads |= position_effects(surgery, batches, steps, top_heads(heads["denoise"], config.position_top),
+                                          n_heads=model.n_heads)
+            restored = heads["denoise"][:, chosen_on]
+            if chooser is not None:
+                restored = head_effects(surgery, encode_pairs(model, chooser, config.batch_size), steps,
+                                        n_heads=model.n_heads, by_position=False, attribution=False,
+                                        methods=("denoise",), prefix="select")["denoise"]
+            candidates = top_heads(restored, config.path_top) if config.path_top else []
+            paths = _path_list(candidates, config, model.n_layers)
+            path_results = None
+            if paths:
+                estimating = encode_pairs(model, [pairs[i] for i in estimated_on], config.batch_size)
+                with Projections(projection_sites(surgery), surgery.cut.d_head) as projections:
+                    path_results = path_effects(surgery, projections, estimating, paths, model.kv_group, steps)
     finally:
-        del model
-        gc.collect()
+        steps.close()
+    tables = {"patching": _heads_table(model, heads, config)}
+    if path_results is not None:
+        tables["paths"] = _paths_table(model, path_results, config)
+    clean, corrupted = heads["clean"], heads["corrupted"]
+    selection = {"rule": SPLIT_RULE, "candidates": [f"L{a}H{b}" for a, b in candidates],
+                 "chosen_on": "selection pairs file" if chooser is not None else _lines(chosen_on),
+                 "estimated_on": _lines(estimated_on)} if config.path_top else None
+    extra = {"pairs": len(pairs), "clean_right": int((clean > 0).sum()), "corrupted_right": int((corrupted > 0).sum()),
+             "difference_not_positive": _lines(np.flatnonzero(clean - corrupted <= 0)),
+             "mean_logit_difference": {"clean": float(clean.mean()), "corrupted": float(corrupted.mean())},
+             "atp_recall": _recall(heads) if config.attribution else None, "paths": len(paths),
+             "path_selection": selection, "ablation_passes": surgery.reuse_note,
+             "steps_resumed": steps.kept_before}
+    return ModelDone(tables, ModelProvenance.from_json(model.provenance() | {"patching": extra}))
+
+
+PATCH = register_job(Job(
+    "patch", "Patch every head (and paths between heads) between prompt pairs.", PatchConfig, ("patching", "paths"),
+    read=_read_input, work=_patch_model, load=_load_causal, unit=PAIR_UNIT,
+    input_help='JSONL of {"clean", "corrupted", "answer", "wrong"}, one pair a line (headscan pairs writes some).',
+    example="headscan patch -m smollm2 --pairs pairs.jsonl --path-top 4 --out out/patch"))
 
 
 def _lines(indices) -> str:

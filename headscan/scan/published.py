@@ -23,35 +23,25 @@ gated score, ``retrieval`` (the file holds only trials that passed), and no ``re
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import math
 import os
 import re
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from ..errors import TablesError
-from ..retrieval_config import RetrievalConfig
-from ..tables import (
-    IMPORTED,
-    TABLES,
-    CorpusProvenance,
-    ModelProvenance,
-    RunProvenance,
-    SweepTables,
-    check_out,
-    head_columns,
-    write,
-)
-from .environment import git_revision, versions
-from .trials import TRIAL_UNIT, over_trials
+from ..retrieval_config import ImportConfig, RetrievalConfig
+from ..tables import IMPORTED, TABLES, CorpusProvenance, ModelProvenance, SweepTables, head_columns
+from .jobs import Job, JobInput, ModelDone, register_job
+from .kept_trials import over_trials
+from .runner import run_job
+from .trials import TRIAL_UNIT
 
-__all__ = ["import_scores", "PUBLISHED_FORMATS"]
+__all__ = ["import_scores", "PUBLISHED_FORMATS", "IMPORT_SCORES"]
 
 # the formats import_scores reads, and what each is
 PUBLISHED_FORMATS = {"retrieval-head": "Retrieval_Head's head_score/MODEL.json (Wu et al. 2024): "
@@ -103,21 +93,25 @@ def _read(path: Path) -> dict[tuple[int, int], list[float]]:
     return scores
 
 
-def import_scores(path: str | os.PathLike, out: str | os.PathLike | None = None, *, model: str | None = None,
-                  config: RetrievalConfig | None = None, overwrite: bool = False, command: str | None = None,
-                  **settings) -> SweepTables:
-    """Read a published retrieval-head score file (`PUBLISHED_FORMATS`) as a retrieval run; write it to `out` if
-    given. `model` names the model (default: the file's name without ``.json``); `config`'s (or the keywords')
-    ``bootstrap``, ``interval`` and ``seed`` make the intervals over trials, as in ``headscan retrieval``.
-
-    Example: ``headscan.import_scores("head_score/llama-2-7b-80k.json", "out/llama-retrieval")``
-    """
-    config = dataclasses.replace(config or RetrievalConfig(), **settings) if settings else config or RetrievalConfig()
+def _read_input(path: str | os.PathLike, config: ImportConfig) -> JobInput:
+    """The score file, read and checked (`_read`) before anything is written: the job's input."""
     path = Path(path)
-    if out is not None:
-        check_out(out, overwrite=overwrite)
     scores = _read(path)
-    name = model or path.name.removesuffix(".json")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    trials = len(next(iter(scores.values())))
+    imported = {"format": PUBLISHED_FORMATS["retrieval-head"], "file": str(path), "sha256": digest, "trials": trials,
+                "gate": "the publishers' own: a trial is in the file only when its answer passed their gate",
+                "undefined": "chance (the file holds no haystack lengths), retrieval_ungated and retrieval_trials "
+                             "(the file holds no failed trials, prompts or answers), kv_group (set to the head)"}
+    return JobInput((path, scores, digest),
+                    CorpusProvenance(source=str(path), kind="published scores", sha256=digest),
+                    {"imported": imported})
+
+
+def _retrieval_table(name: str, given: JobInput, config: ImportConfig, kept) -> ModelDone:
+    """The retrieval rows of the file's heads under the model name `name`, intervals over its trials (the file is
+    read whole, so there is nothing to stop at or keep part way)."""
+    path, scores, digest = given.data
     n_layers = 1 + max(layer for layer, _ in scores)
     n_heads = 1 + max(head for _, head in scores)
     trials = len(next(iter(scores.values())))
@@ -128,23 +122,29 @@ def import_scores(path: str | os.PathLike, out: str | os.PathLike | None = None,
     layer, head = np.meshgrid(np.arange(n_layers), np.arange(n_heads), indexing="ij")
     rows = pd.DataFrame(head_columns(name, "causal", layer.ravel(), head.ravel(), head.ravel())
                         | {"metric": "retrieval"} | {k: v.ravel() for k, v in values.items()})
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
     described = ModelProvenance(name, source=IMPORTED, id=str(path), revision=digest, family="causal",
                                 n_layers=n_layers, n_heads=n_heads,
                                 extra={"trials": trials, "format": "retrieval-head"})
-    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    provenance = RunProvenance(
-        git_revision=git_revision(), command=command or f"headscan.import_scores({str(path)!r})",
-        started=now, finished=now, corpus=CorpusProvenance(source=str(path), kind="published scores", sha256=digest),
-        config={k: getattr(config, k) for k in ("bootstrap", "interval", "seed")}, versions=dict(versions()),
-        models=(described,),
-        extra={"bootstrap_unit": TRIAL_UNIT, "imported": {
-            "format": PUBLISHED_FORMATS["retrieval-head"], "file": str(path), "sha256": digest, "trials": trials,
-            "gate": "the publishers' own: a trial is in the file only when its answer passed their gate",
-            "undefined": "chance (the file holds no haystack lengths), retrieval_ungated and retrieval_trials "
-                         "(the file holds no failed trials, prompts or answers), kv_group (set to the head)"}})
-    provenance = dataclasses.replace(provenance, headscan_version=provenance.versions.get("headscan"))
-    result = SweepTables({"retrieval": TABLES["retrieval"].conform(rows)}, provenance)
-    if out is not None:
-        result.path = write(result, out, overwrite=overwrite)
-    return result
+    return ModelDone({"retrieval": TABLES["retrieval"].conform(rows)}, described)
+
+
+IMPORT_SCORES = register_job(Job(
+    "import-scores", "Read a published retrieval-head score file (Retrieval_Head's JSON) as a retrieval run.",
+    ImportConfig, ("retrieval",), read=_read_input, work=_retrieval_table, unit=TRIAL_UNIT, specs=False,
+    input_help=f"The score file: {PUBLISHED_FORMATS['retrieval-head']}.",
+    example="headscan import-scores head_score/llama-2-7b-80k.json --out out/llama-published"))
+
+
+def import_scores(path: str | os.PathLike, out: str | os.PathLike | None = None, *, model: str | None = None,
+                  config: RetrievalConfig | ImportConfig | None = None, overwrite: bool = False,
+                  command: str | None = None, **settings) -> SweepTables:
+    """Read a published retrieval-head score file (`PUBLISHED_FORMATS`) as a retrieval run; write it to `out` if
+    given. `model` names the model (default: the file's name without ``.json``); `config`'s (or the keywords')
+    ``bootstrap``, ``interval`` and ``seed`` make the intervals over trials, as in ``headscan retrieval``. The
+    job `IMPORT_SCORES`, run by `headscan.scan.runner.run_job`.
+
+    Example: ``headscan.import_scores("head_score/llama-2-7b-80k.json", "out/llama-retrieval")``
+    """
+    name = model or Path(path).name.removesuffix(".json")
+    return run_job(IMPORT_SCORES, [name], path, out, ImportConfig.of(config), overwrite=overwrite,
+                   command=command or f"headscan.import_scores({str(path)!r})", **settings)

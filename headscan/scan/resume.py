@@ -30,8 +30,9 @@ SAVE_EVERY = 120.0  # seconds between saves of a model's partial state
 
 
 # All that a sweep (`state_file`, saved through a hidden temporary file), a retrieval run (its trials, and its
-# masked trials) or a patch run (its steps) keeps in OUT.partial/
-_PARTIAL_ENTRY = re.compile(r"[^.].*\.npz|(retrieval|masking|patch)-.+\.jsonl|\..+\.tmp")
+# masked trials), a patch run (its steps) or a job (`headscan.scan.runner.Kept`: a state, finished tables) keeps in
+# OUT.partial/
+_PARTIAL_ENTRY = re.compile(r"[^.].*\.npz|(retrieval|masking|patch)-.+\.jsonl|job-.+\.(parquet|json)|\..+\.tmp")
 
 
 def partial_folder(out: str | Path) -> Path:

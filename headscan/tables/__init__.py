@@ -4,7 +4,7 @@ Torch-free: ``import headscan`` and ``headscan.load`` need nothing heavier than 
 """
 
 from .export import export_dataset
-from .io import SweepTables, check_out, load, merge_tables, side_by_side, thin_rows, write
+from .io import RUN_TABLES, SweepTables, check_out, load, merge_tables, side_by_side, thin_rows, write
 from .provenance import IMPORTED, CorpusProvenance, ModelProvenance, RunProvenance
 from .schema import (
     FINDING_EXTRA,
@@ -19,5 +19,5 @@ from .schema import (
 )
 
 __all__ = ["export_dataset", "IMPORTED", "HEAD_COLUMNS", "VALUE_COLUMNS", "FINDING_EXTRA", "Table", "TABLES", "register_table", "tables_markdown", "head_label",
-           "head_columns", "SweepTables", "load", "write", "check_out", "merge_tables", "side_by_side", "thin_rows",
+           "head_columns", "RUN_TABLES", "SweepTables", "load", "write", "check_out", "merge_tables", "side_by_side", "thin_rows",
            "RunProvenance", "ModelProvenance", "CorpusProvenance"]

@@ -30,10 +30,12 @@ from . import folders
 from .provenance import RunProvenance
 from .schema import HEAD_COLUMNS, TABLES
 
-__all__ = ["SweepTables", "load", "write", "check_out", "merge_tables", "side_by_side", "thin_rows"]
+__all__ = ["RUN_TABLES", "SweepTables", "load", "write", "check_out", "merge_tables", "side_by_side", "thin_rows"]
 
 PROVENANCE_KEY = b"headscan"
-RUN_TABLES = ("heads", "retrieval", "patching")  # a run holds one of these: a sweep's, headscan retrieval's or patch's
+# A run holds one of these: a sweep's, headscan retrieval's or patch's; a registered job adds its first table
+# (`headscan.scan.jobs.register_job`).
+RUN_TABLES = ["heads", "retrieval", "patching"]
 
 
 @dataclass
@@ -167,7 +169,7 @@ def load(out: str | os.PathLike) -> SweepTables:
     out = Path(out)
     if not out.is_dir():
         raise TablesError(f"{out}: no such folder; pass the --out folder of a `headscan sweep` run")
-    main = next((name for name in RUN_TABLES if (out / TABLES[name].file).is_file()), None)
+    main = next((name for name in RUN_TABLES if name in TABLES and (out / TABLES[name].file).is_file()), None)
     if main is None:
         raise TablesError(f"{out}: has no heads.parquet, retrieval.parquet or patching.parquet; is it the --out "
                           f"folder of a `headscan sweep`, `headscan retrieval` or `headscan patch` run?")
