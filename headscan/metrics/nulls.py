@@ -133,10 +133,10 @@ def _tested(table: str, rows: pd.DataFrame, controls: pd.DataFrame | None, *, un
     df = np.where(np.isnan(df), np.inf, df)  # an interval without a recorded df: the normal's quantile
     # the interval widened by what its family needed to hold 95% at this many units (headscan.intervals.calibration);
     # the test reads the widened one, the row keeps both
-    factor, basis = calibrate(table, metric, _column(rows, "units"))
+    units = _column(rows, "units")
+    factor, basis = calibrate(table, metric, units)
     bounds = [names.map({m: describe(m).bounds()[end] for m in set(metric)}).to_numpy(dtype=np.float64)
               for end in (0, 1)]
-    units = _column(rows, "units")
     cal_low, cal_high = calibrated_interval(value, ci_low, ci_high, factor, bounds, units)
     raw_se = interval_se(value, ci_low, ci_high, df)
     # a zero-width interval (every unit agrees) has no SE for a factor to widen: the rule of three stands in
